@@ -1,0 +1,80 @@
+#include "actors/data_feeder.hpp"
+
+namespace asgd {
+
+BatchSource::BatchSource(FeederSetup setup) : setup_(std::move(setup)) {
+  if (!exhausted()) start_epoch();
+}
+
+void BatchSource::start_epoch() {
+  const std::size_t n = setup_.partition.size();
+  order_ = data::shuffled_order(n, setup_.seed, setup_.stream, epoch_);
+  for (auto& i : order_) i += setup_.partition.begin;
+  pos_ = 0;
+  index_ = 0;
+}
+
+data::Batch BatchSource::next() {
+  data::Batch batch;
+  if (exhausted() || order_.empty()) {
+    epoch_ = setup_.epochs;
+    return batch;
+  }
+  const std::size_t take = std::min<std::size_t>(setup_.batch, order_.size() - pos_);
+  data::gather_batch(setup_.data->train, std::span(order_).subspan(pos_, take), batch);
+  batch.epoch = epoch_;
+  batch.index = index_++;
+  pos_ += take;
+  batch.last_in_epoch = pos_ == order_.size();
+  if (batch.last_in_epoch && ++epoch_ < setup_.epochs) start_epoch();
+  return batch;
+}
+
+caf::behavior data_feeder(caf::stateful_actor<FeederState>* self, FeederSetup setup) {
+  auto& st = self->state;
+  st.capacity = std::max<std::uint32_t>(1, setup.capacity);
+  st.source = std::make_unique<BatchSource>(std::move(setup));
+  auto schedule = [self] {
+    auto& s = self->state;
+    if (!s.producing && !s.source->exhausted() && s.ready.size() < s.capacity) {
+      s.producing = true;
+      self->send(self, produce_atom::value);
+    }
+  };
+  schedule();
+  return {
+      [self, schedule](next_atom) -> caf::result<data::Batch> {
+        auto& s = self->state;
+        if (!s.ready.empty()) {
+          data::Batch b = std::move(s.ready.front());
+          s.ready.pop_front();
+          schedule();
+          return b;
+        }
+        if (s.source->exhausted()) return data::Batch{};
+        s.waiting.push_back(self->make_response_promise());
+        schedule();
+        return caf::delegated<data::Batch>();
+      },
+      [self, schedule](produce_atom) {
+        auto& s = self->state;
+        s.producing = false;
+        if (s.source->exhausted()) {
+          // Whoever still waits gets the end-of-data marker.
+          for (auto& p : s.waiting) p.deliver(data::Batch{});
+          s.waiting.clear();
+          return;
+        }
+        data::Batch b = s.source->next();
+        if (!s.waiting.empty()) {
+          s.waiting.front().deliver(std::move(b));
+          s.waiting.pop_front();
+        } else {
+          s.ready.push_back(std::move(b));
+        }
+        schedule();
+      },
+  };
+}
+
+}  // namespace asgd

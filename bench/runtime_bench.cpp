@@ -1,0 +1,140 @@
+// `asgd bench runtime`: what the actor runtime costs. In one run it measures
+// training samples/s of
+//   (a) a plain single-threaded loop over the same kernels, data order and
+//       optimizer, with no actors, and
+//   (b) the in-process runtime with one worker and one shard (run_job),
+// alternating a and b `repeats` times and reporting medians and (b)/(a).
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <thread>
+
+#include "actors/data_feeder.hpp"
+#include "asgd/job.hpp"
+#include "compute/blas.hpp"
+#include "compute/model.hpp"
+#include "compute/optimizer.hpp"
+#include "tools/asgd/commands.hpp"
+
+namespace asgd::cli {
+
+namespace {
+
+struct BenchOptions {
+  std::string data_dir;
+  std::string model = "mlp";
+  std::uint32_t batch = 64;
+  std::uint32_t threads = 0;
+  std::uint32_t repeats = 3;
+  std::uint64_t seed = 1;
+  bool json = false;
+};
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+// (a): the loop a user would write by hand.
+Result<double> plain_loop(const JobConfig& c, const std::shared_ptr<const data::DatasetSplits>& data) {
+  const auto& train = data->train;
+  auto model = Model::build(c.model, {train.channels, train.rows, train.cols}, data->num_classes);
+  if (!model) return model.status();
+  model->init_params(c.seed);
+  auto opt = make_optimizer({c.optimizer, static_cast<float>(c.lr), static_cast<float>(c.momentum), 0.0f},
+                            model->num_params());
+  if (!opt) return opt.status();
+  BatchSource source({data, data::partition_for(train.count, 0, 1), 1, c.batch, 1, c.seed, 1});
+  std::size_t samples = 0;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (data::Batch b = source.next(); b.size > 0; b = source.next()) {
+    model->compute_gradients(b.x, b.y);
+    (*opt)->step(model->params(), model->grads());
+    samples += b.size;
+  }
+  const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return static_cast<double>(samples) / s;
+}
+
+int run_bench_runtime(const BenchOptions& o) {
+  spdlog::set_level(spdlog::level::warn);
+  JobConfig c;
+  c.data_dir = o.data_dir;
+  c.model = o.model;
+  c.workers = 1;
+  c.shards = 1;
+  c.epochs = 1;
+  c.batch = o.batch;
+  c.seed = o.seed;
+  c.threads = o.threads > 0 ? o.threads : std::max(1u, std::thread::hardware_concurrency());
+  if (Status s = validate(c); !s.ok()) {
+    print_error(s.message());
+    return kExitUsage;
+  }
+  auto loaded = data::load_dataset(c.dataset, resolve_data_dir(c), c.validation_size, c.seed);
+  if (!loaded) {
+    print_error(loaded.status().message());
+    return loaded.status().code() == StatusCode::corruption ? kExitFailure : kExitUsage;
+  }
+  auto data = std::make_shared<const data::DatasetSplits>(std::move(loaded).value());
+  if (!o.json)
+    std::printf("bench runtime: %s on %s, batch %u, %u BLAS threads, %zu samples per run, %u repeats\n",
+                c.model.c_str(), c.dataset.c_str(), c.batch, c.threads, data->train.count, o.repeats);
+
+  std::vector<double> plain, runtime;
+  for (std::uint32_t r = 0; r < o.repeats; ++r) {
+    blas::set_threads(static_cast<int>(c.threads));
+    auto a = plain_loop(c, data);
+    if (!a) {
+      print_error(a.status().to_string());
+      return kExitFailure;
+    }
+    auto b = run_job(c);
+    if (!b) {
+      print_error(b.status().to_string());
+      return kExitFailure;
+    }
+    plain.push_back(*a);
+    runtime.push_back(b->samples_per_s);
+    if (!o.json) std::printf("  repeat %u: (a) plain %.0f samples/s, (b) runtime %.0f samples/s\n", r + 1, *a, b->samples_per_s);
+  }
+  const double a = median(plain), b = median(runtime);
+  if (o.json) {
+    std::printf("{\"model\": \"%s\", \"batch\": %u, \"threads\": %u, \"plain_samples_per_s\": %.1f, "
+                "\"runtime_samples_per_s\": %.1f, \"ratio\": %.4f}\n",
+                c.model.c_str(), c.batch, c.threads, a, b, b / a);
+  } else {
+    std::printf("(a) plain loop, no actors:     %.0f samples/s (median)\n", a);
+    std::printf("(b) 1 worker + 1 shard actors: %.0f samples/s (median)\n", b);
+    std::printf("ratio (b)/(a): %.3f (target >= 0.90)\n", b / a);
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
+std::function<int()> add_bench_command(CLI::App& app) {
+  auto* bench = app.add_subcommand("bench", "benchmarks");
+  bench->require_subcommand(1);
+  auto* rt = bench->add_subcommand("runtime", "samples/s of a plain loop vs one worker and one shard in-process");
+  auto o = std::make_shared<BenchOptions>();
+  rt->add_option("--data-dir", o->data_dir, "MNIST folder (default $ASGD_DATA_DIR/mnist, else ./data/mnist)");
+  rt->add_option("--model", o->model, "model (default mlp)");
+  rt->add_option("--batch", o->batch, "batch size (default 64)")->check(CLI::PositiveNumber);
+  rt->add_option("--threads", o->threads, "BLAS threads (default: all cores)");
+  rt->add_option("--repeats", o->repeats, "alternating runs of (a) and (b) (default 3)")->check(CLI::PositiveNumber);
+  rt->add_option("--seed", o->seed, "seed (default 1)");
+  rt->add_flag("--json", o->json, "print one JSON object instead of text");
+  return [o, rt] {
+    if (!rt->parsed()) {
+      print_error("bench: name a benchmark (runtime)");
+      return kExitUsage;
+    }
+    return run_bench_runtime(*o);
+  };
+}
+
+}  // namespace asgd::cli

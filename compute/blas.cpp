@@ -1,0 +1,20 @@
+#include "compute/blas.hpp"
+
+#include <cblas.h>
+
+namespace asgd::blas {
+
+void gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha,
+          const float* a, const float* b, float beta, float* c) {
+  const auto lda = static_cast<blasint>(trans_a ? m : k);
+  const auto ldb = static_cast<blasint>(trans_b ? k : n);
+  cblas_sgemm(CblasRowMajor, trans_a ? CblasTrans : CblasNoTrans, trans_b ? CblasTrans : CblasNoTrans,
+              static_cast<blasint>(m), static_cast<blasint>(n), static_cast<blasint>(k), alpha, a, lda,
+              b, ldb, beta, c, static_cast<blasint>(n));
+}
+
+void set_threads(int threads) { openblas_set_num_threads(threads < 1 ? 1 : threads); }
+
+int threads() { return openblas_get_num_threads(); }
+
+}  // namespace asgd::blas

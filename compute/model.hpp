@@ -1,0 +1,96 @@
+#pragma once
+// A sequential model: layers, one flat parameter allocation split into
+// per-tensor views (llm.c style), and a matching gradient allocation. The
+// flat vector is what a worker pulls and pushes; keys are its indices.
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "asgd/status.hpp"
+#include "compute/layers.hpp"
+
+namespace asgd {
+
+/// Where one named parameter tensor sits in the flat vector. Names follow
+/// torch.nn.Sequential ("0.weight", "0.bias", "2.weight", ...), so exported
+/// weights load into the equivalent PyTorch module.
+struct ParamEntry {
+  std::string name;
+  Shape shape;
+  std::size_t offset = 0;
+  std::size_t size = 0;
+};
+
+/// Loss and accuracy over a set of samples.
+struct EvalResult {
+  double loss = 0.0;       // mean cross-entropy
+  double accuracy = 0.0;   // fraction of argmax == label
+  std::size_t samples = 0;
+};
+
+/// Model names build() accepts, for help texts and errors.
+const std::vector<std::string>& known_models();
+
+/// Not thread-safe: each worker owns its own Model. Move-only (layers point
+/// into the model's own buffers, which a move keeps in place).
+class Model {
+ public:
+  /// Builds a model by name for samples of `sample_shape` (C, H, W) and
+  /// `classes` outputs. Errors: invalid_argument for an unknown name.
+  ///   mlp: Flatten -> Dense(784, 256) -> ReLU -> Dense(256, 128) -> ReLU
+  ///        -> Dense(128, 10); 235,146 parameters on 28x28 inputs.
+  static Result<Model> build(const std::string& name, const Shape& sample_shape, std::size_t classes);
+
+  Model(Model&&) = default;
+  Model& operator=(Model&&) = default;
+  ~Model();
+
+  const std::string& name() const { return name_; }
+  std::size_t num_params() const { return params_.size(); }
+  const std::vector<ParamEntry>& layout() const { return layout_; }
+
+  std::span<float> params() { return params_; }
+  std::span<const float> params() const { return params_; }
+  std::span<const float> grads() const { return grads_; }
+
+  /// Exchanges the parameter (or gradient) storage with `storage`, which
+  /// must hold num_params() values, and rebinds the layers: an in-process
+  /// worker trades whole buffers with its shard instead of copying them.
+  void swap_params(std::vector<float>& storage);
+  void swap_grads(std::vector<float>& storage);
+
+  /// Initialises every parameter from `seed` (He-uniform weights, zero
+  /// biases); the same seed gives bitwise the same parameters.
+  void init_params(std::uint64_t seed);
+
+  /// Forward and backward over one batch x (B, sample...) with labels y (B,):
+  /// overwrites grads() with the gradient of the mean loss, returns that loss.
+  float compute_gradients(std::span<const float> x, std::span<const std::int32_t> y);
+
+  /// Forward only over n samples stored back to back, in chunks of `chunk`.
+  EvalResult evaluate(std::span<const float> x, std::span<const std::int32_t> y, std::size_t chunk = 1000);
+
+ private:
+  Model() = default;
+  void add(std::unique_ptr<Layer> layer, Shape& shape);
+  void finalize();
+  void bind_layers();
+  float forward(std::span<const float> x, std::size_t batch, std::span<const std::int32_t> y);
+
+  std::string name_;
+  Shape sample_shape_;
+  std::vector<std::unique_ptr<Layer>> layers_;
+  std::vector<ParamEntry> layout_;
+  std::vector<std::size_t> layer_offset_;  // per layer: first parameter index
+  std::vector<std::size_t> layer_size_;    // per layer: parameter count
+  std::vector<float> params_;
+  std::vector<float> grads_;
+  std::vector<Tensor> acts_;               // acts_[i] = output of layer i
+  std::vector<Tensor> grad_acts_;          // scratch for dL/d(acts)
+  SoftmaxCrossEntropy loss_;
+};
+
+}  // namespace asgd

@@ -1,0 +1,41 @@
+#pragma once
+// Optimizers over a contiguous slice of parameters. A shard owns one for its
+// key range; a plain training loop owns one for the whole model. Each keeps
+// its own state (momentum buffers) sized to the slice it was made for.
+
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "asgd/status.hpp"
+
+namespace asgd {
+
+struct OptimizerConfig {
+  std::string kind = "momentum";  ///< "sgd" or "momentum"
+  float lr = 0.05f;               ///< learning rate, > 0
+  float momentum = 0.9f;          ///< used by "momentum", in [0, 1)
+  float weight_decay = 0.0f;      ///< L2 coefficient added to the gradient, >= 0
+};
+
+/// Names make_optimizer accepts.
+const std::vector<std::string>& known_optimizers();
+
+/// Not thread-safe: one owner applies steps.
+class Optimizer {
+ public:
+  virtual ~Optimizer() = default;
+  /// params -= step(grads); both spans have the size the optimizer was made for.
+  /// `lr_scale` multiplies the learning rate for this step only. When `copy`
+  /// is not empty (same size), the updated parameters are also written there
+  /// in the same pass: a shard answering with fresh parameters saves a
+  /// separate copy over memory.
+  virtual void step(std::span<float> params, std::span<const float> grads, float lr_scale = 1.0f,
+                    std::span<float> copy = {}) = 0;
+};
+
+/// Errors: invalid_argument for an unknown kind or an out-of-range value.
+Result<std::unique_ptr<Optimizer>> make_optimizer(const OptimizerConfig& config, std::size_t size);
+
+}  // namespace asgd

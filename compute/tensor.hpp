@@ -1,0 +1,64 @@
+#pragma once
+// float32 tensors: an owning Tensor and non-owning views over someone else's
+// memory (a model's single parameter allocation, a message payload).
+// Row-major; the first dimension is the batch where there is one.
+
+#include <cstddef>
+#include <initializer_list>
+#include <numeric>
+#include <span>
+#include <string>
+#include <vector>
+
+namespace asgd {
+
+using Shape = std::vector<std::size_t>;
+
+inline std::size_t numel(const Shape& shape) {
+  return std::accumulate(shape.begin(), shape.end(), std::size_t{1}, std::multiplies<>());
+}
+
+std::string shape_string(const Shape& shape);  // "(64, 784)"
+
+/// Owning, contiguous float32 tensor. Copyable and movable; not thread-safe.
+class Tensor {
+ public:
+  Tensor() = default;
+  explicit Tensor(Shape shape, float fill = 0.0f) : shape_(std::move(shape)), data_(numel(shape_), fill) {}
+
+  const Shape& shape() const { return shape_; }
+  std::size_t dim(std::size_t i) const { return shape_[i]; }
+  std::size_t rank() const { return shape_.size(); }
+  std::size_t size() const { return data_.size(); }
+
+  float* data() { return data_.data(); }
+  const float* data() const { return data_.data(); }
+  std::span<float> span() { return data_; }
+  std::span<const float> span() const { return data_; }
+  float& operator[](std::size_t i) { return data_[i]; }
+  float operator[](std::size_t i) const { return data_[i]; }
+
+  /// Changes the shape, keeping (and growing if needed) the storage: layers
+  /// call this every step, so a steady batch size never reallocates.
+  void resize(Shape shape) {
+    shape_ = std::move(shape);
+    data_.resize(numel(shape_));
+  }
+
+ private:
+  Shape shape_;
+  std::vector<float> data_;
+};
+
+/// A non-owning view: pointer plus shape. The viewed memory must outlive it.
+template <class T>
+struct BasicView {
+  T* data = nullptr;
+  Shape shape;
+  std::size_t size() const { return numel(shape); }
+  std::span<T> span() const { return {data, size()}; }
+};
+using TensorView = BasicView<float>;
+using ConstTensorView = BasicView<const float>;
+
+}  // namespace asgd

@@ -1,0 +1,86 @@
+#pragma once
+// In-memory labelled image datasets, their train/validation/test splits, and
+// the seeded orderings and batches that workers train on.
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "asgd/status.hpp"
+
+namespace asgd::data {
+
+/// Images as normalised float32 and their integer labels.
+struct LabeledImages {
+  std::size_t count = 0;
+  std::size_t channels = 1;
+  std::size_t rows = 0;
+  std::size_t cols = 0;
+  std::vector<float> pixels;          // (count, channels, rows, cols), normalised
+  std::vector<std::int32_t> labels;   // (count,), each in [0, num_classes)
+
+  std::size_t sample_size() const { return channels * rows * cols; }
+};
+
+/// Per-channel normalisation x' = (x / 255 - mean) / stddev, with mean and
+/// stddev measured on the training split (never on validation or test).
+struct Normalization {
+  float mean = 0.0f;
+  float stddev = 1.0f;
+};
+
+/// The three splits of one dataset.
+struct DatasetSplits {
+  std::string name;            // "mnist", "fashion-mnist"
+  std::size_t num_classes = 10;
+  Normalization normalization;
+  LabeledImages train;         // official training set minus the validation split
+  LabeledImages validation;    // held out from the official training set
+  LabeledImages test;          // the official test set, untouched
+};
+
+/// Names load_dataset understands.
+bool is_known_dataset(const std::string& name);
+
+/// Loads `name` from `dir`, which holds the four IDX files under their
+/// official names (train-images-idx3-ubyte, train-labels-idx1-ubyte,
+/// t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte), each with or without
+/// ".gz". `validation_size` images are held out of the training set, chosen
+/// by a permutation seeded with `seed`, so the split is reproducible.
+/// Errors: invalid_argument (unknown name, validation_size >= train count),
+/// not_found (missing directory or file, the message names it), corruption.
+Result<DatasetSplits> load_dataset(const std::string& name, const std::filesystem::path& dir,
+                                   std::size_t validation_size, std::uint64_t seed);
+
+/// A random permutation of [0, n) that depends only on (seed, stream, epoch):
+/// used for per-epoch shuffling, one stream per worker.
+std::vector<std::size_t> shuffled_order(std::size_t n, std::uint64_t seed, std::uint64_t stream,
+                                        std::uint64_t epoch);
+
+/// The part of [0, n) that worker `index` of `count` trains on: contiguous,
+/// sizes differ by at most one, together they cover [0, n) exactly once.
+struct Partition {
+  std::size_t begin = 0;
+  std::size_t end = 0;
+  std::size_t size() const { return end - begin; }
+};
+Partition partition_for(std::size_t n, std::size_t index, std::size_t count);
+
+/// One mini-batch, copied out of a LabeledImages.
+struct Batch {
+  std::uint64_t epoch = 0;
+  std::uint64_t index = 0;          // position of this batch within its epoch
+  bool last_in_epoch = false;
+  std::size_t size = 0;             // B
+  std::vector<float> x;             // (B, channels, rows, cols)
+  std::vector<std::int32_t> y;      // (B,)
+};
+
+/// Fills `batch` (x, y, size) with the samples of `images` at `indices`,
+/// reusing its storage.
+void gather_batch(const LabeledImages& images, std::span<const std::size_t> indices, Batch& batch);
+
+}  // namespace asgd::data

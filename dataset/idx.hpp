@@ -1,0 +1,43 @@
+#pragma once
+// Reader for the IDX format of MNIST and Fashion-MNIST (big-endian u32
+// header, then unsigned bytes), gzip-compressed or plain; zlib reads both.
+//
+// Every function validates before it trusts: magic number, dimension count,
+// declared sizes against the decompressed length (exact), and label range.
+// A bad file gives StatusCode::corruption (or not_found / io_error) with a
+// one-line message that starts with the file's path.
+
+#include <cstddef>
+#include <cstdint>
+#include <filesystem>
+#include <vector>
+
+#include "asgd/status.hpp"
+
+namespace asgd::data {
+
+/// Pixels of an idx3 file: count images of rows x cols bytes, row-major.
+struct IdxImages {
+  std::size_t count = 0;
+  std::size_t rows = 0;
+  std::size_t cols = 0;
+  std::vector<std::uint8_t> pixels;  // (count, rows, cols)
+};
+
+/// Largest decompressed file the reader accepts (guards against a hostile
+/// header or a gzip bomb): 1 GiB.
+inline constexpr std::size_t kMaxIdxBytes = std::size_t{1} << 30;
+
+/// Decompresses `path` (gzip or plain) into memory, at most kMaxIdxBytes.
+/// Errors: not_found, io_error, corruption (bad gzip stream, CRC, truncation).
+Result<std::vector<std::uint8_t>> read_gz_file(const std::filesystem::path& path);
+
+/// Reads an idx3 image file (magic 0x00000803).
+Result<IdxImages> read_idx_images(const std::filesystem::path& path);
+
+/// Reads an idx1 label file (magic 0x00000801); every label must be
+/// < num_classes.
+Result<std::vector<std::uint8_t>> read_idx_labels(const std::filesystem::path& path,
+                                                  std::size_t num_classes);
+
+}  // namespace asgd::data

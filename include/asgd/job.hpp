@@ -1,0 +1,95 @@
+#pragma once
+// A training job: its configuration (a plain struct, every field with its
+// default), what it reports per epoch and at the end, and how to run it.
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <stop_token>
+#include <string>
+
+#include "asgd/status.hpp"
+
+namespace asgd {
+
+/// Everything that defines one job. Each field is also a TOML key and a
+/// command-line flag of `asgd train` (the flag is the field name with '_'
+/// written as '-'). Plain data: copy it freely.
+struct JobConfig {
+  std::string dataset = "mnist";    ///< mnist | fashion-mnist
+  std::string data_dir;             ///< the dataset's own folder; empty: $ASGD_DATA_DIR/<dataset>, else ./data/<dataset>
+  std::string model = "mlp";        ///< see known_models()
+  std::string policy = "async";     ///< consistency policy, see policies/
+  std::uint32_t fetch_every = 1;    ///< async: pull fresh parameters every n-th step
+  std::uint32_t push_every = 1;     ///< async: push accumulated gradients every n-th step
+  std::uint32_t workers = 2;        ///< worker actors, >= 1
+  std::uint32_t shards = 1;         ///< parameter shards, >= 1
+  std::string device = "cpu";       ///< where workers compute
+  std::uint32_t epochs = 3;         ///< passes over the training split, >= 1
+  std::uint32_t batch = 64;         ///< samples per worker step, >= 1
+  double lr = 0.01;                 ///< learning rate, > 0
+  std::string optimizer = "momentum";  ///< shard-side optimizer: sgd | momentum
+  double momentum = 0.9;            ///< for optimizer = momentum
+  std::uint64_t seed = 1;           ///< seeds initialisation, the validation split and shuffling
+  std::optional<double> target_accuracy;  ///< validation accuracy whose first crossing time is reported
+  std::string metrics_out;          ///< JSON Lines metrics file; empty: none
+  std::uint32_t validation_size = 5000;  ///< training images held out for validation
+  std::uint32_t threads = 0;        ///< BLAS threads per worker; 0: cores / workers (at least 1)
+  std::uint32_t prefetch = 4;       ///< batches each data feeder keeps ready
+  double rpc_timeout_s = 60.0;      ///< longest wait for any reply (shard, feeder) before the job fails
+};
+
+/// Checks every field; the message names the flag and the bad value.
+Status validate(const JobConfig& config);
+
+/// The data folder a job reads: config.data_dir, else $ASGD_DATA_DIR/<dataset>,
+/// else ./data/<dataset>.
+std::string resolve_data_dir(const JobConfig& config);
+
+/// One line of progress, reported when every worker has finished an epoch.
+struct EpochMetrics {
+  std::uint32_t epoch = 0;        ///< 1-based
+  double wall_s = 0.0;            ///< seconds since training started
+  double train_loss = 0.0;        ///< mean training loss over the epoch's batches
+  double val_accuracy = 0.0;      ///< on the held-out validation split
+  double samples_per_s = 0.0;     ///< training samples this epoch / its duration
+  std::uint64_t updates = 0;      ///< gradient updates applied so far (cumulative)
+};
+
+/// The job's outcome; the metrics file's "summary" record.
+struct JobSummary {
+  std::string policy;
+  std::optional<std::uint32_t> staleness;  ///< the policy's staleness bound; none for async
+  std::uint32_t workers = 0;
+  std::uint32_t shards = 0;
+  std::string device;
+  std::string model;
+  std::string dataset;
+  std::uint32_t epochs = 0;
+  double wall_s = 0.0;            ///< whole job: loading data, training, final evaluation
+  double train_s = 0.0;           ///< training only: first step to the last worker's last step
+  double samples_per_s = 0.0;     ///< training samples / train_s
+  double final_test_accuracy = 0.0;  ///< on the official test set, after training
+  std::optional<double> time_to_target_s;  ///< training seconds until val accuracy >= target
+  std::uint64_t updates_applied = 0;  ///< worker pushes applied by the shards
+  double staleness_mean = 0.0;    ///< over every (push, shard) application
+  double staleness_p99 = 0.0;
+  double staleness_max = 0.0;
+};
+
+/// Called from a runtime thread, one call at a time, in epoch order.
+struct JobCallbacks {
+  std::function<void(const EpochMetrics&)> on_epoch;
+};
+
+/// Runs a job to its end inside this process: loads the data, starts an
+/// actor system of its own (coordinator, shards, workers, data feeders),
+/// trains, evaluates, writes config.metrics_out if set, and stops every actor
+/// before returning. Reentrant: jobs in different threads do not share state.
+/// `stop` cancels the job (StatusCode::cancelled). Errors: invalid_argument
+/// and not_found for configuration and missing data, corruption for bad data
+/// files, timeout when a reply takes longer than rpc_timeout_s, internal.
+Result<JobSummary> run_job(const JobConfig& config, const JobCallbacks& callbacks = {},
+                           std::stop_token stop = {});
+
+}  // namespace asgd

@@ -1,0 +1,32 @@
+#pragma once
+// async (Downpour SGD, Dean et al. 2012): shards apply every push the moment
+// it arrives and answer every pull at once; workers never wait for each
+// other. A worker pulls every `fetch_every` steps and pushes the gradients it
+// accumulated every `push_every` steps (Downpour's n_fetch and n_push), which
+// trades traffic for staleness.
+
+#include "policies/policy.hpp"
+
+namespace asgd {
+
+class AsyncPolicy final : public ConsistencyPolicy {
+ public:
+  AsyncPolicy(std::uint32_t fetch_every, std::uint32_t push_every)
+      : fetch_every_(fetch_every), push_every_(push_every) {}
+
+  std::string name() const override { return "async"; }
+  std::optional<std::uint32_t> staleness_bound() const override { return std::nullopt; }
+
+  StepPlan plan(std::uint64_t step) const override {
+    return {.push = (step + 1) % push_every_ == 0, .pull = (step + 1) % fetch_every_ == 0};
+  }
+  PushAction admit_push(const PushInfo&) override { return PushAction::apply; }
+  bool may_answer_pull(const PullInfo&) const override { return true; }
+  void on_clock_advance(Clock) override {}
+
+ private:
+  std::uint32_t fetch_every_;
+  std::uint32_t push_every_;
+};
+
+}  // namespace asgd

@@ -1,0 +1,140 @@
+#include "runtime/config_file.hpp"
+
+#include <toml.hpp>
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+#include <cstdio>
+#include <filesystem>
+#include <limits>
+
+namespace asgd {
+
+namespace {
+
+template <class Int>
+Status parse_uint(const std::string& text, Int& out) {
+  std::uint64_t v = 0;
+  const char* end = text.data() + text.size();
+  auto [ptr, ec] = std::from_chars(text.data(), end, v);
+  if (text.empty() || ec != std::errc() || ptr != end || v > std::numeric_limits<Int>::max())
+    return Status::InvalidArgument("expected a non-negative integer");
+  out = static_cast<Int>(v);
+  return {};
+}
+
+Status parse_double(const std::string& text, double& out) {
+  // from_chars for floating point is in libstdc++ 11+; strtod would accept
+  // leading spaces and hex, which a config value should not.
+  const char* end = text.data() + text.size();
+  auto [ptr, ec] = std::from_chars(text.data(), end, out);
+  if (text.empty() || ec != std::errc() || ptr != end || !std::isfinite(out))
+    return Status::InvalidArgument("expected a number");
+  return {};
+}
+
+template <class Int>
+std::function<Status(JobConfig&, const std::string&)> uint_field(Int JobConfig::*member) {
+  return [member](JobConfig& c, const std::string& t) { return parse_uint(t, c.*member); };
+}
+
+std::function<Status(JobConfig&, const std::string&)> double_field(double JobConfig::*member) {
+  return [member](JobConfig& c, const std::string& t) { return parse_double(t, c.*member); };
+}
+
+std::function<Status(JobConfig&, const std::string&)> string_field(std::string JobConfig::*member) {
+  return [member](JobConfig& c, const std::string& t) {
+    c.*member = t;
+    return Status{};
+  };
+}
+
+std::string normalize(std::string key) {
+  std::replace(key.begin(), key.end(), '_', '-');
+  return key;
+}
+
+}  // namespace
+
+const std::vector<ConfigField>& job_config_fields() {
+  static const std::vector<ConfigField> fields = {
+      {"dataset", "dataset: mnist | fashion-mnist (default mnist)", "NAME", string_field(&JobConfig::dataset)},
+      {"data-dir", "the dataset's folder (default $ASGD_DATA_DIR/NAME, else ./data/NAME)", "DIR",
+       string_field(&JobConfig::data_dir)},
+      {"model", "model: mlp (default mlp)", "NAME", string_field(&JobConfig::model)},
+      {"policy", "consistency policy: async (default async)", "NAME", string_field(&JobConfig::policy)},
+      {"fetch-every", "async: pull parameters every N steps (default 1)", "N", uint_field(&JobConfig::fetch_every)},
+      {"push-every", "async: push accumulated gradients every N steps (default 1)", "N",
+       uint_field(&JobConfig::push_every)},
+      {"workers", "worker actors (default 2)", "N", uint_field(&JobConfig::workers)},
+      {"shards", "parameter shards (default 1)", "M", uint_field(&JobConfig::shards)},
+      {"device", "where workers compute: cpu (default cpu)", "DEV", string_field(&JobConfig::device)},
+      {"epochs", "passes over the training data (default 3)", "E", uint_field(&JobConfig::epochs)},
+      {"batch", "samples per worker step (default 64)", "B", uint_field(&JobConfig::batch)},
+      {"lr", "learning rate (default 0.01)", "X", double_field(&JobConfig::lr)},
+      {"optimizer", "shard optimizer: sgd | momentum (default momentum)", "NAME", string_field(&JobConfig::optimizer)},
+      {"momentum", "momentum coefficient (default 0.9)", "X", double_field(&JobConfig::momentum)},
+      {"seed", "seed for initialisation, validation split and shuffling (default 1)", "N",
+       uint_field(&JobConfig::seed)},
+      {"target-accuracy", "report the training time until validation accuracy reaches A", "A",
+       [](JobConfig& c, const std::string& t) {
+         double v = 0;
+         Status s = parse_double(t, v);
+         if (s.ok()) c.target_accuracy = v;
+         return s;
+       }},
+      {"metrics-out", "write metrics as JSON Lines to FILE", "FILE", string_field(&JobConfig::metrics_out)},
+      {"validation-size", "training images held out for validation (default 5000)", "N",
+       uint_field(&JobConfig::validation_size)},
+      {"threads", "BLAS threads per worker (default cores / workers)", "N", uint_field(&JobConfig::threads)},
+      {"prefetch", "batches each data feeder keeps ready (default 4)", "N", uint_field(&JobConfig::prefetch)},
+      {"rpc-timeout", "seconds to wait for any reply before failing (default 60)", "S",
+       double_field(&JobConfig::rpc_timeout_s)},
+  };
+  return fields;
+}
+
+Status set_job_field(JobConfig& config, const std::string& key, const std::string& text) {
+  const std::string k = normalize(key);
+  const auto& fields = job_config_fields();
+  auto it = std::find_if(fields.begin(), fields.end(), [&](const ConfigField& f) { return f.key == k; });
+  if (it == fields.end()) return Status::InvalidArgument("unknown setting '" + key + "'");
+  Status s = it->set(config, text);
+  if (!s.ok()) return Status::InvalidArgument("--" + k + " " + text + ": " + s.message());
+  return {};
+}
+
+Status apply_toml_file(const std::string& path, JobConfig& config) {
+  if (!std::filesystem::exists(path)) return Status::NotFound("config file " + path + " does not exist");
+  toml::value root;
+  try {
+    root = toml::parse(path);
+  } catch (const std::exception& e) {
+    // toml11's messages span several lines; keep the first, which says what.
+    std::string what = e.what();
+    what = what.substr(0, what.find('\n'));
+    return Status::InvalidArgument("config file " + path + ": " + what);
+  }
+  if (!root.is_table()) return Status::InvalidArgument("config file " + path + ": not a TOML table");
+  for (const auto& [key, value] : root.as_table()) {
+    std::string text;
+    if (value.is_string()) {
+      text = value.as_string().str;
+    } else if (value.is_integer()) {
+      text = std::to_string(value.as_integer());
+    } else if (value.is_floating()) {
+      char buf[64];
+      std::snprintf(buf, sizeof buf, "%.17g", value.as_floating());
+      text = buf;
+    } else {
+      return Status::InvalidArgument("config file " + path + ": key '" + key +
+                                     "' must be a string or a number");
+    }
+    Status s = set_job_field(config, key, text);
+    if (!s.ok()) return Status::InvalidArgument("config file " + path + ": " + s.message());
+  }
+  return {};
+}
+
+}  // namespace asgd

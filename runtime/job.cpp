@@ -1,0 +1,145 @@
+// run_job: the in-process runtime. Loads the data, starts a private actor
+// system, lets the coordinator run the job, and waits for its outcome.
+
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdlib>
+#include <filesystem>
+#include <future>
+#include <thread>
+
+#include "actors/coordinator.hpp"
+#include "asgd/job.hpp"
+#include "compute/blas.hpp"
+#include "compute/model.hpp"
+#include "compute/optimizer.hpp"
+#include "dataset/dataset.hpp"
+#include "runtime/metrics.hpp"
+
+namespace asgd {
+
+namespace {
+
+template <class T>
+bool contains(const std::vector<std::string>& names, const T& x) {
+  return std::find(names.begin(), names.end(), x) != names.end();
+}
+
+std::string join(const std::vector<std::string>& names) {
+  std::string out;
+  for (const auto& n : names) out += (out.empty() ? "" : ", ") + n;
+  return out;
+}
+
+}  // namespace
+
+Status validate(const JobConfig& c) {
+  auto bad = [](const std::string& flag, const std::string& value, const std::string& why) {
+    return Status::InvalidArgument("--" + flag + " " + value + ": " + why);
+  };
+  if (!data::is_known_dataset(c.dataset)) return bad("dataset", c.dataset, "unknown dataset (known: mnist, fashion-mnist)");
+  if (!contains(known_models(), c.model)) return bad("model", c.model, "unknown model (known: " + join(known_models()) + ")");
+  if (auto p = make_policy({c.policy, c.fetch_every, c.push_every, std::nullopt}); !p) {
+    const std::string& msg = p.status().message();
+    if (c.fetch_every == 0) return bad("fetch-every", "0", "must be >= 1");
+    if (c.push_every == 0) return bad("push-every", "0", "must be >= 1");
+    return bad("policy", c.policy, msg);
+  }
+  if (c.workers < 1) return bad("workers", std::to_string(c.workers), "must be >= 1");
+  if (c.shards < 1) return bad("shards", std::to_string(c.shards), "must be >= 1");
+  if (c.device != "cpu") return bad("device", c.device, "only 'cpu' is available in this build");
+  if (c.epochs < 1) return bad("epochs", std::to_string(c.epochs), "must be >= 1");
+  if (c.batch < 1) return bad("batch", std::to_string(c.batch), "must be >= 1");
+  if (!(c.lr > 0.0) || !std::isfinite(c.lr)) return bad("lr", std::to_string(c.lr), "must be a positive number");
+  if (!contains(known_optimizers(), c.optimizer))
+    return bad("optimizer", c.optimizer, "unknown optimizer (known: " + join(known_optimizers()) + ")");
+  if (!(c.momentum >= 0.0 && c.momentum < 1.0)) return bad("momentum", std::to_string(c.momentum), "must be in [0, 1)");
+  if (c.target_accuracy && !(*c.target_accuracy > 0.0 && *c.target_accuracy <= 1.0))
+    return bad("target-accuracy", std::to_string(*c.target_accuracy), "must be in (0, 1]");
+  if (c.validation_size < 1) return bad("validation-size", "0", "must be >= 1");
+  if (c.prefetch < 1) return bad("prefetch", "0", "must be >= 1");
+  if (!(c.rpc_timeout_s > 0.0) || !std::isfinite(c.rpc_timeout_s))
+    return bad("rpc-timeout", std::to_string(c.rpc_timeout_s), "must be a positive number of seconds");
+  return {};
+}
+
+std::string resolve_data_dir(const JobConfig& c) {
+  if (!c.data_dir.empty()) return c.data_dir;
+  if (const char* root = std::getenv("ASGD_DATA_DIR"); root && *root)
+    return (std::filesystem::path(root) / c.dataset).string();
+  return (std::filesystem::path("data") / c.dataset).string();
+}
+
+Result<JobSummary> run_job(const JobConfig& config, const JobCallbacks& callbacks, std::stop_token stop) {
+  const auto job_start = std::chrono::steady_clock::now();
+  if (Status s = validate(config); !s.ok()) return s;
+
+  std::optional<MetricsWriter> metrics;
+  if (!config.metrics_out.empty()) {
+    auto w = MetricsWriter::open(config.metrics_out);
+    if (!w) return w.status();
+    metrics.emplace(std::move(w).value());
+  }
+
+  const std::string dir = resolve_data_dir(config);
+  auto loaded = data::load_dataset(config.dataset, dir, config.validation_size, config.seed);
+  if (!loaded) return loaded.status();
+  auto data = std::make_shared<const data::DatasetSplits>(std::move(loaded).value());
+  if (config.workers > data->train.count)
+    return Status::InvalidArgument("--workers " + std::to_string(config.workers) + ": more workers than the " +
+                                   std::to_string(data->train.count) + " training samples");
+  spdlog::info("loaded {} from {}: {} train, {} validation, {} test images", config.dataset, dir,
+               data->train.count, data->validation.count, data->test.count);
+
+  // OpenBLAS keeps one pool per process: give each worker its share of cores.
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  const unsigned blas_threads = config.threads > 0 ? config.threads : std::max(1u, cores / config.workers);
+  blas::set_threads(static_cast<int>(blas_threads));
+
+  caf::actor_system_config cfg;
+  cfg.add_message_types<caf::id_block::asgd>();
+  // Workers compute inside their handlers; one scheduler thread each, plus
+  // one so shards and the coordinator are never starved by them.
+  cfg.set("scheduler.max-threads", static_cast<std::size_t>(std::max(cores, config.workers + 1)));
+
+  Status write_error;
+  auto on_epoch = [&](const EpochMetrics& m) {
+    if (metrics && write_error.ok()) write_error = metrics->write(to_json(m));
+    if (callbacks.on_epoch) callbacks.on_epoch(m);
+  };
+
+  auto outcome = std::make_shared<std::promise<Result<JobSummary>>>();
+  auto future = outcome->get_future();
+  {
+    caf::actor_system system{cfg};
+    auto coord = system.spawn(coordinator, CoordinatorSetup{config, data, on_epoch, outcome});
+    outcome.reset();  // the coordinator holds the only reference now
+    bool cancelled = false;
+    while (future.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready) {
+      if (!cancelled && stop.stop_requested()) {
+        cancelled = true;
+        caf::anon_send(coord, cancel_atom::value);
+      }
+    }
+    // Leaving the scope waits for every actor to stop.
+  }
+
+  Result<JobSummary> result = [&]() -> Result<JobSummary> {
+    try {
+      return future.get();
+    } catch (const std::future_error&) {
+      return Status::Internal("the coordinator stopped without reporting an outcome");
+    }
+  }();
+  if (!result) return result;
+  JobSummary summary = std::move(result).value();
+  summary.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - job_start).count();
+  if (metrics && write_error.ok()) write_error = metrics->write(to_json(summary));
+  if (!write_error.ok()) return write_error;
+  return summary;
+}
+
+}  // namespace asgd

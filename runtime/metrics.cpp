@@ -1,0 +1,54 @@
+#include "runtime/metrics.hpp"
+
+#include <cerrno>
+#include <cstring>
+
+namespace asgd {
+
+nlohmann::json to_json(const EpochMetrics& m) {
+  return {{"event", "epoch"},           {"epoch", m.epoch},
+          {"wall_s", m.wall_s},         {"train_loss", m.train_loss},
+          {"val_accuracy", m.val_accuracy}, {"samples_per_s", m.samples_per_s},
+          {"updates", m.updates}};
+}
+
+nlohmann::json to_json(const JobSummary& s) {
+  nlohmann::json j = {{"event", "summary"},
+                      {"policy", s.policy},
+                      {"staleness", nullptr},
+                      {"workers", s.workers},
+                      {"shards", s.shards},
+                      {"device", s.device},
+                      {"model", s.model},
+                      {"dataset", s.dataset},
+                      {"epochs", s.epochs},
+                      {"wall_s", s.wall_s},
+                      {"train_s", s.train_s},
+                      {"samples_per_s", s.samples_per_s},
+                      {"final_test_accuracy", s.final_test_accuracy},
+                      {"time_to_target_s", nullptr},
+                      {"updates_applied", s.updates_applied},
+                      {"staleness_mean", s.staleness_mean},
+                      {"staleness_p99", s.staleness_p99},
+                      {"staleness_max", s.staleness_max}};
+  if (s.staleness) j["staleness"] = *s.staleness;
+  if (s.time_to_target_s) j["time_to_target_s"] = *s.time_to_target_s;
+  return j;
+}
+
+Result<MetricsWriter> MetricsWriter::open(const std::string& path) {
+  MetricsWriter w;
+  w.path_ = path;
+  w.out_.open(path, std::ios::out | std::ios::trunc);
+  if (!w.out_) return Status::IOError("cannot write metrics file " + path + ": " + std::strerror(errno));
+  return w;
+}
+
+Status MetricsWriter::write(const nlohmann::json& record) {
+  out_ << record.dump() << '\n';
+  out_.flush();
+  if (!out_) return Status::IOError("writing metrics file " + path_ + " failed");
+  return {};
+}
+
+}  // namespace asgd

@@ -1,0 +1,32 @@
+#pragma once
+// The metrics file: JSON Lines, one object per line, each with "event".
+// "epoch" lines as epochs finish, then exactly one "summary" line, always
+// the last. Field names and meanings are the contract of DESIGN.md and
+// docs/metrics.md.
+
+#include <fstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "asgd/job.hpp"
+
+namespace asgd {
+
+nlohmann::json to_json(const EpochMetrics& m);
+nlohmann::json to_json(const JobSummary& s);
+
+/// Appends records to a file, flushing each line so a crash loses at most
+/// the line being written. Not thread-safe.
+class MetricsWriter {
+ public:
+  /// Creates (truncates) `path`. Errors: io_error naming the path.
+  static Result<MetricsWriter> open(const std::string& path);
+  Status write(const nlohmann::json& record);
+
+ private:
+  std::string path_;
+  std::ofstream out_;
+};
+
+}  // namespace asgd

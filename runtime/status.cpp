@@ -1,0 +1,24 @@
+#include "asgd/status.hpp"
+
+namespace asgd {
+
+const char* to_string(StatusCode code) {
+  switch (code) {
+    case StatusCode::ok: return "ok";
+    case StatusCode::invalid_argument: return "invalid argument";
+    case StatusCode::not_found: return "not found";
+    case StatusCode::corruption: return "corruption";
+    case StatusCode::io_error: return "I/O error";
+    case StatusCode::timeout: return "timeout";
+    case StatusCode::cancelled: return "cancelled";
+    case StatusCode::internal: return "internal error";
+  }
+  return "unknown";
+}
+
+std::string Status::to_string() const {
+  if (ok()) return "ok";
+  return std::string(asgd::to_string(code_)) + ": " + message_;
+}
+
+}  // namespace asgd

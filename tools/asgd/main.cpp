@@ -1,0 +1,43 @@
+// asgd: the command-line front end. Parses the command, dispatches to one
+// subcommand, and maps failures to exit codes (0 ok, 1 runtime, 2 usage).
+
+#include <spdlog/spdlog.h>
+
+#include <iostream>
+
+#include "tools/asgd/commands.hpp"
+
+int main(int argc, char** argv) {
+  using namespace asgd::cli;
+  CLI::App app{"asgd: a runtime for data-parallel stochastic gradient descent"};
+  app.require_subcommand(1);
+  app.set_version_flag("--version", "asgd 0.1.0");
+  auto train = add_train_command(app);
+  std::function<int()> bench;
+#ifdef ASGD_WITH_BENCH
+  bench = add_bench_command(app);
+#endif
+  // With no arguments at all, `asgd` behaves as `asgd train`: the embedded default.
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.empty()) args.push_back("train");
+  std::reverse(args.begin(), args.end());  // CLI11 takes them last-first
+  try {
+    app.parse(args);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    print_error(e.what());
+    return kExitUsage;
+  }
+  spdlog::set_pattern("[%H:%M:%S.%e] %^%l%$ %v");
+  for (auto* sub : app.get_subcommands()) {
+    if (sub->get_name() == "train") return train();
+    if (sub->get_name() == "bench" && bench) return bench();
+  }
+  print_error("no command given; try --help");
+  return kExitUsage;
+}
