@@ -64,7 +64,7 @@ int run_train(const TrainOptions& o) {
     print_error(s.message());
     return kExitUsage;
   }
-  const std::string logs_at = o.log_file.empty() ? "stderr" : o.log_file;
+  const std::string logs_at = o.log_file.empty() ? "the log on stderr" : "the log in " + o.log_file;
   JobConfig config;
   if (!o.config_file.empty()) {
     if (Status s = apply_toml_file(o.config_file, config); !s.ok()) {
@@ -90,9 +90,11 @@ int run_train(const TrainOptions& o) {
     return kExitUsage;
   }
 
-  std::printf("asgd train: %s on %s, policy %s, %u workers, %u shards, %u epochs, batch %u, lr %g (data: %s)\n",
-              config.model.c_str(), config.dataset.c_str(), config.policy.c_str(), config.workers, config.shards,
-              config.epochs, config.batch, config.lr, dir.c_str());
+  auto plural = [](std::uint32_t n, const char* word) { return std::to_string(n) + " " + word + (n == 1 ? "" : "s"); };
+  std::printf("asgd train: %s on %s, policy %s, %s, %s, %s, batch %u, lr %g (data: %s)\n", config.model.c_str(),
+              config.dataset.c_str(), config.policy.c_str(), plural(config.workers, "worker").c_str(),
+              plural(config.shards, "shard").c_str(), plural(config.epochs, "epoch").c_str(), config.batch, config.lr,
+              dir.c_str());
   std::fflush(stdout);
 
   std::stop_source stop;
@@ -123,7 +125,7 @@ int run_train(const TrainOptions& o) {
       return kExitFailure;
     }
     const int code = exit_code_for(s);
-    print_error(code == kExitUsage ? s.message() : s.to_string() + " (log: " + logs_at + ")");
+    print_error(code == kExitUsage ? s.message() : s.to_string() + " (details in " + logs_at + ")");
     return code;
   }
   const JobSummary& sum = *result;

@@ -1,0 +1,462 @@
+#!/usr/bin/python3
+"""Train the same MLP as `asgd bench runtime` with PyTorch and compare samples/s.
+
+One run of this script measures, for one batch size and thread count:
+
+  * PyTorch: a hand-written training loop (no DataLoader workers) over the
+    55000 MNIST training images, data pre-loaded as one float32 tensor,
+    per-epoch shuffled permutation, Linear(784,256) ReLU Linear(256,128) ReLU
+    Linear(128,10), mean softmax cross-entropy, torch.optim.SGD(lr=0.01,
+    momentum=0.9); one epoch timed after a ~20-step warm-up, median of R repeats;
+  * ours: `asgd bench runtime --json` for the same batch, threads and repeats,
+    which reports (a) a plain single-threaded loop over our kernels and (b) the
+    actor runtime with 1 worker and 1 shard;
+
+and prints a table with ours/PyTorch ratios (runtime over PyTorch is the
+headline, target >= 1.5) and one final JSON line with every number.
+
+It also reports which BLAS torch really uses: Debian's python3-torch links the
+generic libblas.so.3, which is OpenBLAS only when libopenblas0-pthread (or
+another optimised provider) is installed; the reference BLAS fallback is ~20x
+slower and makes the comparison meaningless, so that case is warned about loudly.
+
+Usage: /usr/bin/python3 bench/pytorch_mlp.py [--batch 64] [--threads N]
+           [--repeats 3] [--asgd build/bin/asgd] [--data-dir DIR]
+Exit status: 0 ok, 1 torch missing or a run failed, 2 binary or data missing.
+"""
+
+import argparse
+import ctypes
+import gzip
+import json
+import os
+import statistics
+import struct
+import subprocess
+import sys
+import time
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRAIN_IMAGES = "train-images-idx3-ubyte"
+TRAIN_LABELS = "train-labels-idx1-ubyte"
+VALIDATION_SIZE = 5000
+LR = 0.01
+MOMENTUM = 0.9
+WARMUP_STEPS = 20
+TARGET_RATIO = 1.5
+
+
+def fail(code, message):
+    print(f"pytorch_mlp: {message}", file=sys.stderr)
+    sys.exit(code)
+
+
+def available_cores():
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:
+        return os.cpu_count() or 1
+
+
+# --------------------------------------------------------------------------
+# data
+
+
+def idx_file(directory, base):
+    """The .gz file if present, else the decompressed one, else None."""
+    for name in (base + ".gz", base):
+        path = os.path.join(directory, name)
+        if os.path.isfile(path):
+            return path
+    return None
+
+
+def has_mnist(directory):
+    return bool(directory) and idx_file(directory, TRAIN_IMAGES) and idx_file(directory, TRAIN_LABELS)
+
+
+def resolve_data_dir(arg):
+    """The folder holding the MNIST IDX files, or None.
+
+    --data-dir may name the MNIST folder itself (as `asgd --data-dir` expects)
+    or its parent; without it: $ASGD_DATA_DIR/mnist, /work/shared/data/mnist,
+    <repo>/../shared/data/mnist, <repo>/data/mnist.
+    """
+    if arg:
+        candidates = [arg, os.path.join(arg, "mnist")]
+    else:
+        candidates = []
+        env = os.environ.get("ASGD_DATA_DIR")
+        if env:
+            candidates.append(os.path.join(env, "mnist"))
+        candidates += [
+            "/work/shared/data/mnist",
+            os.path.join(REPO_ROOT, "..", "shared", "data", "mnist"),
+            os.path.join(REPO_ROOT, "data", "mnist"),
+        ]
+    for c in candidates:
+        if has_mnist(c):
+            return os.path.realpath(c)
+    return None
+
+
+def read_idx(path, want_magic, np):
+    opener = gzip.open if path.endswith(".gz") else open
+    with opener(path, "rb") as f:
+        raw = f.read()
+    if len(raw) < 8:
+        raise ValueError(f"{path}: {len(raw)} bytes, too short for an IDX header")
+    (magic,) = struct.unpack(">I", raw[:4])
+    if magic != want_magic:
+        raise ValueError(f"{path}: magic 0x{magic:08x}, expected 0x{want_magic:08x}")
+    if want_magic == 2051:  # images: u32 count, rows, cols, then u8 pixels
+        if len(raw) < 16:
+            raise ValueError(f"{path}: truncated image header")
+        count, rows, cols = struct.unpack(">III", raw[4:16])
+        if rows != 28 or cols != 28:
+            raise ValueError(f"{path}: images are {rows}x{cols}, expected 28x28")
+        if len(raw) != 16 + count * rows * cols:
+            raise ValueError(f"{path}: {len(raw)} bytes, expected {16 + count * rows * cols} for {count} images")
+        return np.frombuffer(raw, dtype=np.uint8, offset=16).reshape(count, rows * cols)
+    (count,) = struct.unpack(">I", raw[4:8])  # labels: u32 count, then u8 labels
+    if len(raw) != 8 + count:
+        raise ValueError(f"{path}: {len(raw)} bytes, expected {8 + count} for {count} labels")
+    labels = np.frombuffer(raw, dtype=np.uint8, offset=8)
+    if labels.size and labels.max() > 9:
+        raise ValueError(f"{path}: label {labels.max()} out of range 0..9")
+    return labels
+
+
+def load_mnist(directory, seed, torch, np):
+    """(x_train float32 (N,784), y_train int64, x_val, y_val), normalised with the
+    training split's pixel mean/std; VALIDATION_SIZE images held out at random."""
+    images = read_idx(idx_file(directory, TRAIN_IMAGES), 2051, np)
+    labels = read_idx(idx_file(directory, TRAIN_LABELS), 2049, np)
+    if images.shape[0] != labels.shape[0]:
+        raise ValueError(f"{images.shape[0]} training images but {labels.shape[0]} labels")
+    n = images.shape[0]
+    if VALIDATION_SIZE >= n:
+        raise ValueError(f"only {n} training images, cannot hold out {VALIDATION_SIZE}")
+    perm = np.random.default_rng(seed).permutation(n)
+    held_out = np.zeros(n, dtype=bool)
+    held_out[perm[:VALIDATION_SIZE]] = True
+    train_idx = np.flatnonzero(~held_out)
+    val_idx = np.flatnonzero(held_out)
+    # Mean and std of the training pixels (scaled to [0,1]) from a histogram,
+    # then one lookup table byte -> normalised float32, as our loader does.
+    hist = np.bincount(images[train_idx].ravel(), minlength=256).astype(np.float64)
+    values = np.arange(256, dtype=np.float64) / 255.0
+    mean = float((hist * values).sum() / hist.sum())
+    std = float(np.sqrt((hist * (values - mean) ** 2).sum() / hist.sum())) or 1.0
+    lut = ((values - mean) / std).astype(np.float32)
+    x_train = torch.from_numpy(np.ascontiguousarray(lut[images[train_idx]]))
+    y_train = torch.from_numpy(labels[train_idx].astype(np.int64))
+    x_val = torch.from_numpy(np.ascontiguousarray(lut[images[val_idx]]))
+    y_val = torch.from_numpy(labels[val_idx].astype(np.int64))
+    return x_train, y_train, x_val, y_val, mean, std
+
+
+# --------------------------------------------------------------------------
+# BLAS detection
+
+
+def run_quiet(cmd):
+    try:
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=20)
+        return r.returncode, r.stdout
+    except (OSError, subprocess.SubprocessError):
+        return None, ""
+
+
+def mapped_libraries():
+    """Real paths of the shared objects mapped into this process."""
+    libs = []
+    try:
+        with open("/proc/self/maps") as f:
+            for line in f:
+                parts = line.split(None, 5)
+                if len(parts) == 6 and parts[5].startswith("/") and ".so" in parts[5]:
+                    path = parts[5].strip()
+                    if path not in libs:
+                        libs.append(path)
+    except OSError:
+        pass
+    return libs
+
+
+def openblas_handle(libs):
+    for path in libs:
+        if "openblas" in os.path.basename(path).lower() or "openblas" in path.lower():
+            try:
+                lib = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+                lib.openblas_get_num_threads  # raises AttributeError if absent
+                return path, lib
+            except (OSError, AttributeError):
+                continue
+    return None, None
+
+
+def sgemm_gflops(torch, n=512, reps=10):
+    a = torch.randn(n, n)
+    b = torch.randn(n, n)
+    torch.mm(a, b)
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        torch.mm(a, b)
+    s = time.perf_counter() - t0
+    return 2.0 * n * n * n * reps / s / 1e9
+
+
+def inspect_blas(torch, threads):
+    """Which BLAS torch's matmuls go to; sets OpenBLAS's pool to `threads`."""
+    info = {}
+    config = torch.__config__.show()
+    blas_info = "unknown"
+    for token in config.replace(",", " ").split():
+        if token.startswith("BLAS_INFO="):
+            blas_info = token.split("=", 1)[1]
+    info["torch_blas_info"] = blas_info
+
+    rc, out = run_quiet(["dpkg-query", "-W", "-f=${Status} ${Version}", "libopenblas0-pthread"])
+    info["libopenblas0_pthread"] = out.strip() if rc == 0 else "not installed"
+    rc, out = run_quiet(["update-alternatives", "--query", "libblas.so.3-x86_64-linux-gnu"])
+    info["libblas_alternative"] = None
+    if rc == 0:
+        for line in out.splitlines():
+            if line.startswith("Value:"):
+                info["libblas_alternative"] = line.split(":", 1)[1].strip()
+
+    # Make torch call BLAS, then look at what the dynamic loader actually mapped.
+    x = torch.randn(64, 784)
+    w = torch.randn(256, 784)
+    torch.nn.functional.linear(x, w).sum().item()
+    libs = mapped_libraries()
+    blas_libs = [p for p in libs if any(k in os.path.basename(p).lower() for k in ("blas", "mkl", "lapack", "blis"))]
+    info["mapped_blas_libraries"] = blas_libs
+    libblas = [p for p in blas_libs if os.path.basename(p).startswith("libblas.so")]
+    info["libblas_so3_resolved"] = os.path.realpath(libblas[0]) if libblas else None
+
+    path, lib = openblas_handle(blas_libs)
+    if lib is not None:
+        info["provider"] = "OpenBLAS"
+        lib.openblas_get_config.restype = ctypes.c_char_p
+        lib.openblas_get_corename.restype = ctypes.c_char_p
+        info["openblas_library"] = path
+        info["openblas_config"] = lib.openblas_get_config().decode(errors="replace").strip()
+        info["openblas_core"] = lib.openblas_get_corename().decode(errors="replace").strip()
+        info["openblas_threads_default"] = lib.openblas_get_num_threads()
+        # torch.set_num_threads only sizes the OpenMP pool (and MKL's); an
+        # OpenBLAS pthread build keeps its own pool, sized to all cores unless
+        # told otherwise, so give it the same thread count as our runtime.
+        lib.openblas_set_num_threads(ctypes.c_int(threads))
+        info["openblas_threads"] = lib.openblas_get_num_threads()
+    elif blas_info.lower().startswith("mkl") or any("mkl" in os.path.basename(p).lower() for p in blas_libs):
+        info["provider"] = "MKL"
+    elif info["libblas_so3_resolved"] and "/blas/" in info["libblas_so3_resolved"]:
+        info["provider"] = "reference BLAS (netlib)"
+    elif info["libblas_so3_resolved"]:
+        info["provider"] = "other: " + info["libblas_so3_resolved"]
+    else:
+        info["provider"] = "unknown (no BLAS library mapped)"
+    info["sgemm_512_gflops"] = round(sgemm_gflops(torch), 1)
+    info["optimised"] = info["provider"] in ("OpenBLAS", "MKL") or info["provider"].startswith("other")
+    return info
+
+
+def warn_blas(info):
+    bar = "!" * 78
+    lines = [
+        bar,
+        f"!! WARNING: torch's BLAS is {info['provider']}, not an optimised BLAS.",
+        f"!! libblas.so.3 resolves to {info['libblas_so3_resolved']}; libopenblas0-pthread: "
+        f"{info['libopenblas0_pthread']}.",
+        "!! PyTorch matmuls will be ~20x slower and the ratios below are NOT meaningful.",
+        "!! Fix: apt-get install libopenblas0-pthread (or: update-alternatives --config",
+        "!!      libblas.so.3-x86_64-linux-gnu and pick openblas-pthread).",
+        bar,
+    ]
+    print("\n".join(lines), file=sys.stderr, flush=True)
+
+
+# --------------------------------------------------------------------------
+# the two sides
+
+
+def build_model(torch):
+    nn = torch.nn
+    return nn.Sequential(
+        nn.Linear(784, 256), nn.ReLU(),
+        nn.Linear(256, 128), nn.ReLU(),
+        nn.Linear(128, 10),
+    )
+
+
+def train_epoch_pytorch(torch, x, y, batch, seed):
+    """One epoch over (x, y); returns (samples/s of the timed epoch, last loss, model)."""
+    torch.manual_seed(seed)
+    model = build_model(torch)
+    model.train()
+    opt = torch.optim.SGD(model.parameters(), lr=LR, momentum=MOMENTUM)
+    loss_fn = torch.nn.CrossEntropyLoss()  # mean softmax cross-entropy
+    n = x.shape[0]
+    gen = torch.Generator().manual_seed(seed)
+
+    # Warm-up (not timed): a few steps to fault in buffers and spin up thread pools.
+    perm = torch.randperm(n, generator=gen)
+    for i in range(WARMUP_STEPS):
+        idx = perm[i * batch:(i + 1) * batch]
+        opt.zero_grad(set_to_none=True)
+        loss_fn(model(x[idx]), y[idx]).backward()
+        opt.step()
+
+    t0 = time.perf_counter()
+    perm = torch.randperm(n, generator=gen)  # per-epoch shuffle
+    for i in range(0, n, batch):
+        idx = perm[i:i + batch]
+        xb = x[idx]
+        yb = y[idx]
+        opt.zero_grad(set_to_none=True)
+        loss = loss_fn(model(xb), yb)
+        loss.backward()
+        opt.step()
+    elapsed = time.perf_counter() - t0
+    return n / elapsed, float(loss.item()), model
+
+
+def accuracy(torch, model, x, y):
+    model.eval()
+    with torch.no_grad():
+        return float((model(x).argmax(1) == y).float().mean().item())
+
+
+def run_ours(asgd, batch, threads, repeats, data_dir, env):
+    cmd = [asgd, "bench", "runtime", "--json", "--batch", str(batch), "--threads", str(threads),
+           "--repeats", str(repeats), "--data-dir", data_dir]
+    r = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if r.returncode != 0:
+        fail(1, f"{' '.join(cmd)} exited {r.returncode}: {r.stderr.strip() or r.stdout.strip()}")
+    for line in reversed(r.stdout.splitlines()):
+        line = line.strip()
+        if line.startswith("{"):
+            try:
+                return cmd, json.loads(line)
+            except json.JSONDecodeError:
+                break
+    fail(1, f"{' '.join(cmd)} printed no JSON line: {r.stdout.strip()!r}")
+
+
+# --------------------------------------------------------------------------
+
+
+def main():
+    p = argparse.ArgumentParser(description="PyTorch vs asgd samples/s for the MNIST MLP (one epoch)")
+    p.add_argument("--batch", type=int, default=64, help="batch size (default 64)")
+    p.add_argument("--threads", type=int, default=available_cores(),
+                   help=f"threads for both sides (default: number of cores, {available_cores()})")
+    p.add_argument("--repeats", type=int, default=3, help="epochs timed per side; medians reported (default 3)")
+    p.add_argument("--asgd", default=os.path.join(REPO_ROOT, "build", "bin", "asgd"),
+                   help="the asgd binary (default <repo>/build/bin/asgd)")
+    p.add_argument("--data-dir", default=None,
+                   help="MNIST folder or its parent (default $ASGD_DATA_DIR/mnist, else /work/shared/data/mnist, "
+                        "else <repo>/../shared/data/mnist)")
+    p.add_argument("--seed", type=int, default=1, help="seed for the split, init and shuffles (default 1)")
+    a = p.parse_args()
+    if a.batch <= 0 or a.threads <= 0 or a.repeats <= 0:
+        p.error("--batch, --threads and --repeats must be positive")
+
+    asgd = os.path.abspath(a.asgd)
+    if not (os.path.isfile(asgd) and os.access(asgd, os.X_OK)):
+        fail(2, f"asgd binary not found or not executable: {asgd} (build it, or pass --asgd)")
+    data_dir = resolve_data_dir(a.data_dir)
+    if data_dir is None:
+        where = a.data_dir or "$ASGD_DATA_DIR/mnist, /work/shared/data/mnist, <repo>/../shared/data/mnist"
+        fail(2, f"MNIST not found ({TRAIN_IMAGES}[.gz] and {TRAIN_LABELS}[.gz]) in {where}; pass --data-dir")
+
+    child_env = dict(os.environ)
+    # Size every pool before torch (and its BLAS) is loaded; OpenBLAS reads this
+    # when it initialises. Set again through its API below.
+    for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
+        os.environ[var] = str(a.threads)
+    try:
+        import numpy as np
+        import torch
+    except ImportError as e:
+        fail(1, f"cannot import {e.name or 'torch'} ({e}); install python3-torch and run with /usr/bin/python3")
+
+    torch.set_num_threads(a.threads)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:
+        pass
+    blas = inspect_blas(torch, a.threads)
+
+    print(f"torch {torch.__version__} (python {sys.version.split()[0]}), intra-op threads {torch.get_num_threads()}, "
+          f"inter-op threads {torch.get_num_interop_threads()}, cores {available_cores()}")
+    print(f"torch BLAS: {blas['provider']} (BLAS_INFO={blas['torch_blas_info']}); "
+          f"libblas.so.3 -> {blas['libblas_so3_resolved']}; libopenblas0-pthread: {blas['libopenblas0_pthread']}")
+    if blas["provider"] == "OpenBLAS":
+        print(f"  OpenBLAS {blas['openblas_config']}, core {blas['openblas_core']}, "
+              f"threads {blas['openblas_threads_default']} -> {blas['openblas_threads']}")
+    print(f"  512x512 sgemm: {blas['sgemm_512_gflops']} GFLOP/s")
+    if not blas["optimised"]:
+        warn_blas(blas)
+
+    try:
+        x_train, y_train, x_val, y_val, mean, std = load_mnist(data_dir, a.seed, torch, np)
+    except (OSError, ValueError, EOFError) as e:
+        fail(1, f"bad MNIST data in {data_dir}: {e}")
+    n = x_train.shape[0]
+    print(f"MNIST from {data_dir}: {n} train, {x_val.shape[0]} held out; pixel mean {mean:.4f} std {std:.4f}")
+    print(f"batch {a.batch}, threads {a.threads}, repeats {a.repeats}, {n} samples per epoch, "
+          f"SGD lr {LR} momentum {MOMENTUM}, {WARMUP_STEPS} warm-up steps", flush=True)
+
+    cmd, ours = run_ours(asgd, a.batch, a.threads, a.repeats, data_dir, child_env)
+    print(f"ours: {' '.join(cmd)}\n  -> {json.dumps(ours)}", flush=True)
+
+    torch_runs, losses, val_acc = [], [], None
+    for r in range(a.repeats):
+        sps, loss, model = train_epoch_pytorch(torch, x_train, y_train, a.batch, a.seed + r)
+        torch_runs.append(sps)
+        losses.append(loss)
+        val_acc = accuracy(torch, model, x_val, y_val)
+        print(f"  pytorch repeat {r + 1}: {sps:.0f} samples/s (last batch loss {loss:.4f}, "
+              f"val accuracy {val_acc:.4f})", flush=True)
+    pt = statistics.median(torch_runs)
+    plain = float(ours["plain_samples_per_s"])
+    runtime = float(ours["runtime_samples_per_s"])
+
+    rows = [
+        ("PyTorch (hand-written loop)", pt, 1.0),
+        ("asgd plain loop, no actors", plain, plain / pt),
+        ("asgd runtime, 1 worker + 1 shard", runtime, runtime / pt),
+    ]
+    print()
+    print(f"MLP 784-256-128-10, MNIST {n} samples, batch {a.batch}, {a.threads} threads, median of {a.repeats}")
+    print(f"  {'':34s} {'samples/s':>10s}  {'vs PyTorch':>10s}")
+    for name, v, ratio in rows:
+        print(f"  {name:34s} {v:10.0f}  {ratio:9.2f}x")
+    headline = runtime / pt
+    verdict = "meets" if headline >= TARGET_RATIO else "BELOW"
+    print(f"headline: asgd runtime / PyTorch = {headline:.2f}x ({verdict} target >= {TARGET_RATIO}x)")
+    if not blas["optimised"]:
+        print(f"WARNING: torch used {blas['provider']}; the PyTorch number is not representative.")
+
+    result = {
+        "model": "mlp", "batch": a.batch, "threads": a.threads, "repeats": a.repeats, "samples": n,
+        "torch_version": torch.__version__, "torch_blas": blas["provider"],
+        "libblas_so3": blas["libblas_so3_resolved"], "openblas_threads": blas.get("openblas_threads"),
+        "pytorch_samples_per_s": round(pt, 1),
+        "pytorch_runs": [round(v, 1) for v in torch_runs],
+        "pytorch_val_accuracy": round(val_acc, 4),
+        "plain_samples_per_s": plain, "runtime_samples_per_s": runtime,
+        "runtime_over_plain": round(runtime / plain, 4),
+        "plain_over_pytorch": round(plain / pt, 4),
+        "runtime_over_pytorch": round(headline, 4),
+        "target_runtime_over_pytorch": TARGET_RATIO,
+    }
+    print(json.dumps(result), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+// A real worker, data feeder and shards, wired as the coordinator wires them:
+// one training step must update every parameter exactly once, at the shard
+// that owns its key, by exactly -lr * the gradient the worker computed.
+
+#include <gtest/gtest.h>
+
+#include <caf/all.hpp>
+
+#include "actors/data_feeder.hpp"
+#include "actors/parameter_shard.hpp"
+#include "actors/worker.hpp"
+#include "synthetic_data.hpp"
+
+namespace asgd {
+namespace {
+
+TEST(WorkerAndShards, AGradientPushedByAWorkerReachesTheShardThatOwnsEachKey) {
+  constexpr std::uint32_t kShards = 3;
+  constexpr std::uint32_t kBatch = 8;
+  constexpr float kLr = 0.1f;
+  auto data = asgd_test::synthetic_splits(kBatch);
+
+  auto model = Model::build("mlp", {1, 28, 28}, 10);
+  ASSERT_TRUE(model.ok());
+  model->init_params(42);
+  const std::vector<float> initial(model->params().begin(), model->params().end());
+  const auto ranges = partition_keys(model->num_params(), kShards);
+
+  caf::actor_system_config cfg;
+  cfg.add_message_types<caf::id_block::asgd>();
+  caf::actor_system sys{cfg};
+  caf::scoped_actor self{sys};
+
+  std::vector<caf::actor> shards;
+  for (std::uint32_t i = 0; i < kShards; ++i) {
+    std::vector<float> slice(initial.begin() + static_cast<std::ptrdiff_t>(ranges[i].begin),
+                             initial.begin() + static_cast<std::ptrdiff_t>(ranges[i].end));
+    auto core = ShardCore::make({i, ranges[i], std::move(slice), {"sgd", kLr, 0.0f, 0.0f}, {}});
+    ASSERT_TRUE(core.ok()) << core.status().to_string();
+    shards.push_back(sys.spawn(parameter_shard, std::make_shared<ShardCore>(std::move(core).value())));
+  }
+  // One epoch of exactly one batch: the worker takes one step, then stops.
+  auto feeder = sys.spawn<caf::detached>(data_feeder, FeederSetup{data, {0, kBatch}, 1, kBatch, 2, 1, 1});
+  auto w = sys.spawn(worker, WorkerSetup{0, "mlp", {1, 28, 28}, 10, shards, ranges, feeder,
+                                         caf::actor_cast<caf::actor>(self), PolicyConfig{},
+                                         std::chrono::seconds(10)});
+  self->send(w, start_atom::value);
+
+  EpochReport report;
+  self->receive([&](EpochReport& r) { report = r; },
+                caf::after(std::chrono::seconds(10)) >> [] { FAIL() << "no epoch report from the worker within 10 s"; });
+  EXPECT_EQ(report.samples, kBatch);
+  EXPECT_EQ(report.updates, 1u);
+
+  // The reference: the same gradient computed outside the runtime. The
+  // feeder shuffles, so order the batch the way it did.
+  const auto order = data::shuffled_order(kBatch, 1, 1, 0);
+  data::Batch batch;
+  data::gather_batch(data->train, order, batch);
+  const float loss = model->compute_gradients(batch.x, batch.y);
+  EXPECT_NEAR(report.loss_sum / kBatch, loss, 1e-5);
+  const auto grads = model->grads();
+
+  for (std::uint32_t i = 0; i < kShards; ++i) {
+    ParamsReply snap;
+    self->request(shards[i], std::chrono::seconds(10), snapshot_atom::value)
+        .receive([&](ParamsReply& r) { snap = std::move(r); },
+                 [&](caf::error& e) { FAIL() << "shard " << i << ": " << sys.render(e); });
+    ASSERT_EQ(snap.params.size(), ranges[i].size());
+    EXPECT_EQ(snap.version, 1u) << "shard " << i << " applied the push exactly once";
+    for (std::size_t k = 0; k < snap.params.size(); ++k) {
+      const std::size_t key = ranges[i].begin + k;
+      const float expected = initial[key] - kLr * grads[key];
+      ASSERT_NEAR(snap.params[k], expected, 1e-6f + 1e-5f * std::abs(expected)) << "key " << key;
+    }
+  }
+  for (auto& s : shards) self->send_exit(s, caf::exit_reason::user_shutdown);
+  self->send_exit(feeder, caf::exit_reason::user_shutdown);
+}
+
+TEST(BatchSource, ServesEverySampleOfItsPartitionOncePerEpochThenEnds) {
+  auto data = asgd_test::synthetic_splits(50);
+  BatchSource source({data, {10, 33}, 2, 5, 1, 3, 1});  // 23 samples -> 4 full batches and one of 3
+  for (std::uint64_t epoch = 0; epoch < 2; ++epoch) {
+    std::vector<int> seen(50, 0);
+    std::size_t batches = 0;
+    while (true) {
+      data::Batch b = source.next();
+      ASSERT_EQ(b.epoch, epoch);
+      ASSERT_EQ(b.index, batches);
+      ++batches;
+      for (std::size_t i = 0; i < b.size; ++i) {
+        // Find which training sample this row is (rows are unique random data).
+        for (std::size_t s = 10; s < 33; ++s) {
+          if (std::equal(b.x.begin() + static_cast<std::ptrdiff_t>(i * 784), b.x.begin() + static_cast<std::ptrdiff_t>((i + 1) * 784),
+                         data->train.pixels.begin() + static_cast<std::ptrdiff_t>(s * 784))) {
+            ++seen[s];
+            EXPECT_EQ(b.y[i], data->train.labels[s]);
+          }
+        }
+      }
+      if (b.last_in_epoch) {
+        EXPECT_EQ(b.size, 3u);
+        break;
+      }
+      EXPECT_EQ(b.size, 5u);
+    }
+    EXPECT_EQ(batches, 5u);
+    for (std::size_t s = 0; s < 50; ++s) EXPECT_EQ(seen[s], (s >= 10 && s < 33) ? 1 : 0) << "sample " << s;
+  }
+  EXPECT_TRUE(source.exhausted());
+  EXPECT_EQ(source.next().size, 0u);
+}
+
+}  // namespace
+}  // namespace asgd

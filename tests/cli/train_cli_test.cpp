@@ -1,0 +1,132 @@
+// The asgd binary as a user meets it: exit codes and one-line errors.
+
+#include <gtest/gtest.h>
+
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <sstream>
+
+#include "test_data.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct CliRun {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+fs::path scratch() {
+  auto dir = fs::temp_directory_path() / ("asgd_cli_test_" + std::to_string(::getpid()));
+  fs::create_directories(dir);
+  return dir;
+}
+
+CliRun asgd(const std::string& args) {
+  const fs::path dir = scratch();
+  const std::string cmd = std::string(ASGD_CLI_PATH) + " " + args + " >" + (dir / "out").string() + " 2>" +
+                          (dir / "err").string() + " </dev/null";
+  const int status = std::system(cmd.c_str());
+  CliRun r;
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = slurp(dir / "out");
+  r.err = slurp(dir / "err");
+  return r;
+}
+
+std::size_t lines(const std::string& s) { return static_cast<std::size_t>(std::count(s.begin(), s.end(), '\n')); }
+
+void expect_one_line_error(const CliRun& r, int code, const std::string& needle) {
+  EXPECT_EQ(r.exit_code, code) << r.err;
+  EXPECT_EQ(lines(r.err), 1u) << r.err;
+  EXPECT_EQ(r.err.rfind("asgd: error: ", 0), 0u) << r.err;
+  EXPECT_NE(r.err.find(needle), std::string::npos) << "expected '" << needle << "' in: " << r.err;
+}
+
+// A copy of MNIST in a scratch folder, for damaging one file.
+fs::path copy_of_mnist(const fs::path& mnist, const std::string& name) {
+  const fs::path dir = scratch() / name;
+  fs::create_directories(dir);
+  for (const auto& e : fs::directory_iterator(mnist))
+    fs::copy_file(e.path(), dir / e.path().filename(), fs::copy_options::overwrite_existing);
+  return dir;
+}
+
+TEST(TrainCli, RejectsAnInvalidFlagValueWithExitCode2NamingIt) {
+  expect_one_line_error(asgd("train --workers abc"), 2, "--workers");
+  expect_one_line_error(asgd("train --workers 0"), 2, "--workers 0");
+  expect_one_line_error(asgd("train --policy gossip"), 2, "--policy gossip");
+  expect_one_line_error(asgd("train --lr -3"), 2, "--lr");
+  expect_one_line_error(asgd("train --dataset imagenet"), 2, "--dataset imagenet");
+}
+
+TEST(TrainCli, RejectsAnUnknownFlagWithExitCode2) {
+  expect_one_line_error(asgd("train --wrokers 2"), 2, "wrokers");
+}
+
+TEST(TrainCli, ReportsAMissingDataDirectoryWithExitCode2) {
+  expect_one_line_error(asgd("train --data-dir /nonexistent/mnist"), 2, "/nonexistent/mnist");
+}
+
+TEST(TrainCli, ReportsATruncatedIdxFileByNameWithExitCode1) {
+  ASGD_REQUIRE_DATASET(mnist, "mnist");
+  const fs::path dir = copy_of_mnist(mnist, "truncated");
+  const fs::path victim = dir / "train-images-idx3-ubyte.gz";
+  fs::resize_file(victim, fs::file_size(victim) / 2);
+  expect_one_line_error(asgd("train --data-dir " + dir.string()), 1, victim.string());
+}
+
+TEST(TrainCli, ReportsACorruptIdxFileByNameWithExitCode1) {
+  ASGD_REQUIRE_DATASET(mnist, "mnist");
+  const fs::path dir = copy_of_mnist(mnist, "corrupt");
+  // An uncompressed label file with a wrong magic number takes precedence
+  // only if the .gz is gone.
+  fs::remove(dir / "t10k-labels-idx1-ubyte.gz");
+  std::ofstream(dir / "t10k-labels-idx1-ubyte", std::ios::binary) << std::string("\x00\x00\x09\x99\x00\x00\x00\x01\x05", 9);
+  expect_one_line_error(asgd("train --data-dir " + dir.string()), 1, (dir / "t10k-labels-idx1-ubyte").string());
+}
+
+TEST(TrainCli, ReportsABadConfigFileWithExitCode2) {
+  const fs::path cfg = scratch() / "bad.toml";
+  std::ofstream(cfg) << "epochs = \"three\"\n";
+  expect_one_line_error(asgd("train --config " + cfg.string()), 2, "epochs");
+}
+
+TEST(TrainCli, TrainsAndWritesTheSummaryAsTheLastMetricsLine) {
+  ASGD_REQUIRE_DATASET(mnist, "mnist");
+  const fs::path metrics = scratch() / "cli.jsonl";
+  const fs::path cfg = scratch() / "job.toml";
+  std::ofstream(cfg) << "epochs = 1\nworkers = 2\nvalidation-size = 1000\n";
+  // The flag overrides the file.
+  CliRun r = asgd("train --config " + cfg.string() + " --shards 2 --data-dir " + mnist.string() + " --metrics-out " +
+               metrics.string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("epoch 1/1"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("2 shards"), std::string::npos) << r.out;
+  const std::string m = slurp(metrics);
+  ASSERT_EQ(lines(m), 2u) << m;
+  const std::string last = m.substr(m.rfind('\n', m.size() - 2) + 1);
+  EXPECT_NE(last.find("\"event\":\"summary\""), std::string::npos) << last;
+}
+
+TEST(TrainCli, PrintsHelpAndExitsZero) {
+  CliRun r = asgd("train --help");
+  EXPECT_EQ(r.exit_code, 0);
+  EXPECT_NE(r.out.find("--workers"), std::string::npos);
+  EXPECT_NE(r.out.find("--metrics-out"), std::string::npos);
+}
+
+}  // namespace

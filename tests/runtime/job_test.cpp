@@ -1,0 +1,159 @@
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+
+#include <nlohmann/json.hpp>
+
+#include "asgd/job.hpp"
+#include "runtime/config_file.hpp"
+#include "test_data.hpp"
+
+namespace asgd {
+namespace {
+
+std::filesystem::path temp_path(const std::string& name) {
+  auto dir = std::filesystem::temp_directory_path() / ("asgd_job_test_" + std::to_string(::getpid()));
+  std::filesystem::create_directories(dir);
+  return dir / name;
+}
+
+std::vector<nlohmann::json> read_jsonl(const std::filesystem::path& p) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(p);
+  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+TEST(RunJob, TrainsMnistAcrossTwoWorkersAndTwoShardsAndWritesTheMetricsFile) {
+  ASGD_REQUIRE_DATASET(dir, "mnist");
+  JobConfig c;
+  c.data_dir = dir.string();
+  c.workers = 2;
+  c.shards = 2;
+  c.epochs = 2;
+  c.target_accuracy = 0.5;
+  c.metrics_out = temp_path("run.jsonl").string();
+  std::vector<EpochMetrics> seen;
+  auto result = run_job(c, {.on_epoch = [&](const EpochMetrics& m) { seen.push_back(m); }});
+  ASSERT_TRUE(result.ok()) << result.status().to_string();
+  EXPECT_GE(result->final_test_accuracy, 0.95);
+  ASSERT_EQ(seen.size(), 2u);
+  EXPECT_EQ(seen[0].epoch, 1u);
+  EXPECT_LT(seen[1].train_loss, seen[0].train_loss);
+  EXPECT_GT(seen[1].updates, seen[0].updates);
+  ASSERT_TRUE(result->time_to_target_s.has_value());
+  // Each worker pushes once per batch; every push is applied under async.
+  const std::uint64_t batches_per_worker = (27500 + 63) / 64;
+  EXPECT_EQ(result->updates_applied, 2 * 2 * batches_per_worker);
+
+  const auto lines = read_jsonl(c.metrics_out);
+  ASSERT_EQ(lines.size(), 3u);
+  for (int i = 0; i < 2; ++i) {
+    EXPECT_EQ(lines[i]["event"], "epoch");
+    for (const char* k : {"epoch", "wall_s", "train_loss", "val_accuracy", "samples_per_s", "updates"})
+      EXPECT_TRUE(lines[i].contains(k)) << k;
+  }
+  const auto& s = lines.back();
+  EXPECT_EQ(s["event"], "summary");
+  const std::set<std::string> expected = {"event", "policy", "staleness", "workers", "shards", "device", "model",
+                                          "dataset", "epochs", "wall_s", "train_s", "samples_per_s",
+                                          "final_test_accuracy", "time_to_target_s", "updates_applied",
+                                          "staleness_mean", "staleness_p99", "staleness_max"};
+  std::set<std::string> keys;
+  for (const auto& [k, v] : s.items()) keys.insert(k);
+  EXPECT_EQ(keys, expected);
+  EXPECT_EQ(s["policy"], "async");
+  EXPECT_TRUE(s["staleness"].is_null());
+  EXPECT_EQ(s["workers"], 2);
+  EXPECT_EQ(s["shards"], 2);
+  EXPECT_EQ(s["final_test_accuracy"], result->final_test_accuracy);
+  EXPECT_GE(s["wall_s"].get<double>(), s["train_s"].get<double>());
+}
+
+TEST(RunJob, StopsPromptlyAndSaysSoWhenCancelled) {
+  ASGD_REQUIRE_DATASET(dir, "mnist");
+  JobConfig c;
+  c.data_dir = dir.string();
+  c.epochs = 50;
+  std::stop_source stop;
+  stop.request_stop();
+  const auto t0 = std::chrono::steady_clock::now();
+  auto result = run_job(c, {}, stop.get_token());
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.status().code(), StatusCode::cancelled);
+  EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 30.0);
+}
+
+TEST(RunJob, ReportsAMissingDataDirectoryAsNotFound) {
+  JobConfig c;
+  c.data_dir = "/nonexistent/asgd/mnist";
+  auto result = run_job(c);
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.status().code(), StatusCode::not_found);
+  EXPECT_NE(result.status().message().find("/nonexistent/asgd/mnist"), std::string::npos);
+}
+
+TEST(Validate, NamesTheFlagAndTheBadValue) {
+  JobConfig c;
+  c.workers = 0;
+  Status s = validate(c);
+  EXPECT_EQ(s.code(), StatusCode::invalid_argument);
+  EXPECT_NE(s.message().find("--workers 0"), std::string::npos) << s.message();
+  c = {};
+  c.policy = "gossip";
+  s = validate(c);
+  EXPECT_NE(s.message().find("--policy gossip"), std::string::npos) << s.message();
+  c = {};
+  c.lr = -1;
+  EXPECT_FALSE(validate(c).ok());
+  c = {};
+  c.target_accuracy = 1.5;
+  EXPECT_FALSE(validate(c).ok());
+  EXPECT_TRUE(validate(JobConfig{}).ok());
+}
+
+TEST(ConfigFile, SetsTheSameKeysAsTheFlags) {
+  const auto path = temp_path("job.toml");
+  std::ofstream(path) << "dataset = \"fashion-mnist\"\nworkers = 3\nshards = 2\nlr = 0.02\n"
+                         "target-accuracy = 0.9\nmetrics_out = \"m.jsonl\"\n";
+  JobConfig c;
+  ASSERT_TRUE(apply_toml_file(path.string(), c).ok());
+  EXPECT_EQ(c.dataset, "fashion-mnist");
+  EXPECT_EQ(c.workers, 3u);
+  EXPECT_EQ(c.shards, 2u);
+  EXPECT_DOUBLE_EQ(c.lr, 0.02);
+  EXPECT_DOUBLE_EQ(*c.target_accuracy, 0.9);
+  EXPECT_EQ(c.metrics_out, "m.jsonl");
+}
+
+TEST(ConfigFile, RejectsUnknownKeysAndWrongTypesNamingThem) {
+  const auto path = temp_path("bad.toml");
+  std::ofstream(path) << "wrokers = 3\n";
+  JobConfig c;
+  Status s = apply_toml_file(path.string(), c);
+  EXPECT_EQ(s.code(), StatusCode::invalid_argument);
+  EXPECT_NE(s.message().find("wrokers"), std::string::npos) << s.message();
+  std::ofstream(path) << "workers = \"many\"\n";
+  s = apply_toml_file(path.string(), c);
+  EXPECT_NE(s.message().find("--workers many"), std::string::npos) << s.message();
+  std::ofstream(path) << "workers = -2\n";
+  EXPECT_FALSE(apply_toml_file(path.string(), c).ok());
+  EXPECT_EQ(apply_toml_file("/nonexistent.toml", c).code(), StatusCode::not_found);
+}
+
+TEST(ConfigFile, ParsesFlagValuesStrictly) {
+  JobConfig c;
+  EXPECT_FALSE(set_job_field(c, "workers", "2x").ok());
+  EXPECT_FALSE(set_job_field(c, "workers", "").ok());
+  EXPECT_FALSE(set_job_field(c, "lr", "fast").ok());
+  EXPECT_FALSE(set_job_field(c, "lr", "nan").ok());
+  EXPECT_TRUE(set_job_field(c, "batch", "128").ok());
+  EXPECT_EQ(c.batch, 128u);
+  EXPECT_TRUE(set_job_field(c, "data_dir", "/x").ok());
+  EXPECT_EQ(c.data_dir, "/x");
+}
+
+}  // namespace
+}  // namespace asgd
