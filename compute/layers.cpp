@@ -4,23 +4,14 @@
 #include <cassert>
 #include <cmath>
 #include <limits>
-#include <sstream>
 
 #include "compute/blas.hpp"
 
 namespace asgd {
 
-std::string shape_string(const Shape& shape) {
-  std::ostringstream out;
-  out << '(';
-  for (std::size_t i = 0; i < shape.size(); ++i) out << (i ? ", " : "") << shape[i];
-  out << ')';
-  return out.str();
-}
-
 // ---- Dense ----------------------------------------------------------------
 
-Shape Dense::output_shape(const Shape& input) const {
+Shape Dense::output_shape([[maybe_unused]] const Shape& input) const {
   assert(numel(input) == in_);
   return {out_};
 }

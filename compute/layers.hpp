@@ -42,7 +42,7 @@ class Layer {
 
   /// Points the layer at its parameters and their gradients: contiguous
   /// slices, in param_specs() order, that outlive the layer's use.
-  virtual void bind(std::span<float> params, std::span<float> grads) {}
+  virtual void bind(std::span<float> /*params*/, std::span<float> /*grads*/) {}
 
   /// y = f(x). x is (B, input...), y is resized to (B, output...).
   virtual void forward(ConstTensorView x, Tensor& y) = 0;

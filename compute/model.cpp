@@ -103,6 +103,10 @@ float Model::forward(std::span<const float> x, std::size_t batch, std::span<cons
 
 float Model::compute_gradients(std::span<const float> x, std::span<const std::int32_t> y) {
   const std::size_t batch = y.size();
+  if (batch == 0) {  // no samples, no gradient (and no 1/0 in the loss)
+    std::fill(grads_.begin(), grads_.end(), 0.0f);
+    return 0.0f;
+  }
   const float loss = forward(x, batch, y);
   Tensor* dy = &grad_acts_[0];
   Tensor* dx = &grad_acts_[1];
@@ -121,6 +125,7 @@ float Model::compute_gradients(std::span<const float> x, std::span<const std::in
 EvalResult Model::evaluate(std::span<const float> x, std::span<const std::int32_t> y, std::size_t chunk) {
   EvalResult r;
   const std::size_t n = y.size();
+  chunk = std::max<std::size_t>(chunk, 1);
   const std::size_t per_sample = numel(sample_shape_);
   double loss_sum = 0.0;
   std::size_t hits = 0;

@@ -68,9 +68,11 @@ class Model {
 
   /// Forward and backward over one batch x (B, sample...) with labels y (B,):
   /// overwrites grads() with the gradient of the mean loss, returns that loss.
+  /// An empty batch gives loss 0 and zero gradients.
   float compute_gradients(std::span<const float> x, std::span<const std::int32_t> y);
 
-  /// Forward only over n samples stored back to back, in chunks of `chunk`.
+  /// Forward only over n samples stored back to back, in chunks of `chunk`
+  /// (0 counts as 1).
   EvalResult evaluate(std::span<const float> x, std::span<const std::int32_t> y, std::size_t chunk = 1000);
 
  private:

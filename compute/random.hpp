@@ -51,7 +51,11 @@ class Rng {
   float uniform() { return static_cast<float>(next() >> 40) * (1.0f / 16777216.0f); }
 
   /// Uniform in [lo, hi).
-  float uniform(float lo, float hi) { return lo + (hi - lo) * uniform(); }
+  float uniform(float lo, float hi) {
+    // Rounding can land exactly on hi when |lo| dwarfs hi - lo; keep [lo, hi).
+    const float v = lo + (hi - lo) * uniform();
+    return v < hi ? v : std::nextafter(hi, lo);
+  }
 
   /// Standard normal via Box-Muller (one value per call; simple over fast).
   float normal() {

@@ -4,6 +4,7 @@
 // Row-major; the first dimension is the batch where there is one.
 
 #include <cstddef>
+#include <functional>
 #include <initializer_list>
 #include <numeric>
 #include <span>

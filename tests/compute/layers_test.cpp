@@ -71,7 +71,8 @@ double max_scaled_error(std::span<const float> analytic, const std::vector<doubl
   EXPECT_EQ(analytic.size(), numeric.size());
   double worst = 0.0;
   for (std::size_t i = 0; i < numeric.size(); ++i) {
-    const double err = std::abs(static_cast<double>(analytic[i]) - numeric[i]) / std::max(1.0, std::abs(numeric[i]));
+    const double err =
+        std::abs(static_cast<double>(analytic[i]) - numeric[i]) / std::max(1.0, std::abs(numeric[i]));
     worst = std::max(worst, err);
   }
   return worst;
@@ -230,7 +231,8 @@ TEST(Dense, RunsWithADifferentBatchSizeAfterTheFirst) {
     d.layer.forward(view(x), y);
     ASSERT_EQ(y.shape(), (Shape{batch, 4}));
     const std::vector<double> ref = dense_reference(x, d);
-    for (std::size_t i = 0; i < ref.size(); ++i) EXPECT_NEAR(y[i], ref[i], 1e-5 * std::max(1.0, std::abs(ref[i])));
+    for (std::size_t i = 0; i < ref.size(); ++i)
+      EXPECT_NEAR(y[i], ref[i], 1e-5 * std::max(1.0, std::abs(ref[i])));
     d.layer.backward(view(x), y, dy, &dx);
     ASSERT_EQ(dx.shape(), (Shape{batch, 6}));
     expect_dense_param_grads(x, dy, d);

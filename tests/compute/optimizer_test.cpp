@@ -42,7 +42,8 @@ void expect_three_steps(const OptimizerConfig& config, const std::array<Vec3, 3>
   Vec3 p = kStart;
   for (std::size_t s = 0; s < 3; ++s) {
     opt->step(p, kGrads[s]);
-    for (std::size_t i = 0; i < 3; ++i) EXPECT_NEAR(p[i], expected[s][i], kTol) << "step " << s + 1 << ", index " << i;
+    for (std::size_t i = 0; i < 3; ++i)
+      EXPECT_NEAR(p[i], expected[s][i], kTol) << "step " << s + 1 << ", index " << i;
   }
 }
 
@@ -63,7 +64,8 @@ std::vector<float> random_vector(Rng& rng, std::size_t n) {
 
 TEST(OptimizerSgd, MatchesHandComputedStepsWithoutWeightDecay) {
   // p -= 0.1 * g
-  expect_three_steps(config("sgd", 0.1f), {{{0.95f, -1.9f, 0.3f}, {0.925f, -1.95f, 0.4f}, {1.025f, -1.95f, 0.35f}}});
+  expect_three_steps(config("sgd", 0.1f),
+                     {{{0.95f, -1.9f, 0.3f}, {0.925f, -1.95f, 0.4f}, {1.025f, -1.95f, 0.35f}}});
 }
 
 TEST(OptimizerSgd, MatchesHandComputedStepsWithWeightDecay) {

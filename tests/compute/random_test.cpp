@@ -53,6 +53,8 @@ TEST(Rng, UniformLiesInTheHalfOpenUnitInterval) {
 }
 
 TEST(Rng, UniformWithBoundsStaysWithinThem) {
+  // Inclusive at the top: float rounding in lo + (hi - lo) * u can land on
+  // hi when |lo| is large next to hi - lo (uniform(1, 1.5) can return 1.5).
   Rng rng(8);
   for (int i = 0; i < 10000; ++i) {
     const float u = rng.uniform(-3.0f, 5.0f);
