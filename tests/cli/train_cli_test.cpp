@@ -10,6 +10,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "temp_dir.hpp"
 #include "test_data.hpp"
 
 namespace {
@@ -29,14 +30,9 @@ std::string slurp(const fs::path& p) {
   return s.str();
 }
 
-fs::path scratch() {
-  auto dir = fs::temp_directory_path() / ("asgd_cli_test_" + std::to_string(::getpid()));
-  fs::create_directories(dir);
-  return dir;
-}
-
 CliRun asgd(const std::string& args) {
-  const fs::path dir = scratch();
+  const asgd_test::TempDir dir_holder("_stdio");
+  const fs::path& dir = dir_holder.path();
   const std::string cmd = std::string(ASGD_CLI_PATH) + " " + args + " >" + (dir / "out").string() + " 2>" +
                           (dir / "err").string() + " </dev/null";
   const int status = std::system(cmd.c_str());
@@ -57,8 +53,8 @@ void expect_one_line_error(const CliRun& r, int code, const std::string& needle)
 }
 
 // A copy of MNIST in a scratch folder, for damaging one file.
-fs::path copy_of_mnist(const fs::path& mnist, const std::string& name) {
-  const fs::path dir = scratch() / name;
+fs::path copy_of_mnist(const fs::path& mnist, const asgd_test::TempDir& scratch) {
+  const fs::path dir = scratch / "mnist";
   fs::create_directories(dir);
   for (const auto& e : fs::directory_iterator(mnist))
     fs::copy_file(e.path(), dir / e.path().filename(), fs::copy_options::overwrite_existing);
@@ -83,7 +79,8 @@ TEST(TrainCli, ReportsAMissingDataDirectoryWithExitCode2) {
 
 TEST(TrainCli, ReportsATruncatedIdxFileByNameWithExitCode1) {
   ASGD_REQUIRE_DATASET(mnist, "mnist");
-  const fs::path dir = copy_of_mnist(mnist, "truncated");
+  const asgd_test::TempDir scratch;
+  const fs::path dir = copy_of_mnist(mnist, scratch);
   const fs::path victim = dir / "train-images-idx3-ubyte.gz";
   fs::resize_file(victim, fs::file_size(victim) / 2);
   expect_one_line_error(asgd("train --data-dir " + dir.string()), 1, victim.string());
@@ -91,7 +88,8 @@ TEST(TrainCli, ReportsATruncatedIdxFileByNameWithExitCode1) {
 
 TEST(TrainCli, ReportsACorruptIdxFileByNameWithExitCode1) {
   ASGD_REQUIRE_DATASET(mnist, "mnist");
-  const fs::path dir = copy_of_mnist(mnist, "corrupt");
+  const asgd_test::TempDir scratch;
+  const fs::path dir = copy_of_mnist(mnist, scratch);
   // An uncompressed label file with a wrong magic number takes precedence
   // only if the .gz is gone.
   fs::remove(dir / "t10k-labels-idx1-ubyte.gz");
@@ -100,15 +98,17 @@ TEST(TrainCli, ReportsACorruptIdxFileByNameWithExitCode1) {
 }
 
 TEST(TrainCli, ReportsABadConfigFileWithExitCode2) {
-  const fs::path cfg = scratch() / "bad.toml";
+  const asgd_test::TempDir scratch;
+  const fs::path cfg = scratch / "bad.toml";
   std::ofstream(cfg) << "epochs = \"three\"\n";
   expect_one_line_error(asgd("train --config " + cfg.string()), 2, "epochs");
 }
 
 TEST(TrainCli, TrainsAndWritesTheSummaryAsTheLastMetricsLine) {
   ASGD_REQUIRE_DATASET(mnist, "mnist");
-  const fs::path metrics = scratch() / "cli.jsonl";
-  const fs::path cfg = scratch() / "job.toml";
+  const asgd_test::TempDir scratch;
+  const fs::path metrics = scratch / "cli.jsonl";
+  const fs::path cfg = scratch / "job.toml";
   std::ofstream(cfg) << "epochs = 1\nworkers = 2\nvalidation-size = 1000\n";
   // The flag overrides the file.
   CliRun r = asgd("train --config " + cfg.string() + " --shards 2 --data-dir " + mnist.string() + " --metrics-out " +

@@ -1,6 +1,8 @@
 #include "dataset/dataset.hpp"
 
 #include <gtest/gtest.h>
+
+#include "temp_dir.hpp"
 #include <unistd.h>
 #include <zlib.h>
 
@@ -22,36 +24,12 @@ namespace {
 
 namespace fs = std::filesystem;
 using Bytes = std::vector<std::uint8_t>;
+using asgd_test::put_be32;
+using asgd_test::TempDir;
 
 constexpr std::array<int, 10> kMnistTrainClassCounts = {5923, 6742, 5958, 6131, 5842,
                                                         5421, 5918, 6265, 5851, 5949};
 constexpr std::array<int, 10> kMnistTestClassCounts = {980, 1135, 1032, 1010, 982, 892, 958, 1028, 974, 1009};
-
-// A fresh directory per test, removed afterwards.
-class TempDir {
- public:
-  TempDir() {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path_ = fs::temp_directory_path() / ("asgd_dataset_test_" + std::to_string(::getpid()) + "_" +
-                                         info->test_suite_name() + "_" + info->name());
-    fs::remove_all(path_);
-    fs::create_directories(path_);
-  }
-  ~TempDir() {
-    std::error_code ec;
-    fs::remove_all(path_, ec);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-  const fs::path& path() const { return path_; }
-
- private:
-  fs::path path_;
-};
-
-void put_be32(Bytes& out, std::uint32_t v) {
-  for (int shift = 24; shift >= 0; shift -= 8) out.push_back(static_cast<std::uint8_t>(v >> shift));
-}
 
 // Image i is 4x4; its first two pixels hold i (low byte, high byte), so a
 // test can tell which original image ended up where.

@@ -8,16 +8,11 @@
 
 #include "asgd/job.hpp"
 #include "runtime/config_file.hpp"
+#include "temp_dir.hpp"
 #include "test_data.hpp"
 
 namespace asgd {
 namespace {
-
-std::filesystem::path temp_path(const std::string& name) {
-  auto dir = std::filesystem::temp_directory_path() / ("asgd_job_test_" + std::to_string(::getpid()));
-  std::filesystem::create_directories(dir);
-  return dir / name;
-}
 
 std::vector<nlohmann::json> read_jsonl(const std::filesystem::path& p) {
   std::vector<nlohmann::json> out;
@@ -34,7 +29,8 @@ TEST(RunJob, TrainsMnistAcrossTwoWorkersAndTwoShardsAndWritesTheMetricsFile) {
   c.shards = 2;
   c.epochs = 2;
   c.target_accuracy = 0.5;
-  c.metrics_out = temp_path("run.jsonl").string();
+  const asgd_test::TempDir scratch;
+  c.metrics_out = (scratch / "run.jsonl").string();
   std::vector<EpochMetrics> seen;
   auto result = run_job(c, {.on_epoch = [&](const EpochMetrics& m) { seen.push_back(m); }});
   ASSERT_TRUE(result.ok()) << result.status().to_string();
@@ -115,7 +111,8 @@ TEST(Validate, NamesTheFlagAndTheBadValue) {
 }
 
 TEST(ConfigFile, SetsTheSameKeysAsTheFlags) {
-  const auto path = temp_path("job.toml");
+  const asgd_test::TempDir scratch;
+  const auto path = scratch / "job.toml";
   std::ofstream(path) << "dataset = \"fashion-mnist\"\nworkers = 3\nshards = 2\nlr = 0.02\n"
                          "target-accuracy = 0.9\nmetrics_out = \"m.jsonl\"\n";
   JobConfig c;
@@ -129,7 +126,8 @@ TEST(ConfigFile, SetsTheSameKeysAsTheFlags) {
 }
 
 TEST(ConfigFile, RejectsUnknownKeysAndWrongTypesNamingThem) {
-  const auto path = temp_path("bad.toml");
+  const asgd_test::TempDir scratch;
+  const auto path = scratch / "bad.toml";
   std::ofstream(path) << "wrokers = 3\n";
   JobConfig c;
   Status s = apply_toml_file(path.string(), c);
