@@ -90,8 +90,8 @@ def resolve_data_dir(arg):
     """The folder holding the MNIST IDX files, or None.
 
     --data-dir may name the MNIST folder itself (as `asgd --data-dir` expects)
-    or its parent; without it: $ASGD_DATA_DIR/mnist, /work/shared/data/mnist,
-    <repo>/../shared/data/mnist, <repo>/data/mnist.
+    or its parent; without it: $ASGD_DATA_DIR/mnist, <repo>/../shared/data/mnist,
+    <repo>/data/mnist.
     """
     if arg:
         candidates = [arg, os.path.join(arg, "mnist")]
@@ -101,7 +101,6 @@ def resolve_data_dir(arg):
         if env:
             candidates.append(os.path.join(env, "mnist"))
         candidates += [
-            "/work/shared/data/mnist",
             os.path.join(REPO_ROOT, "..", "shared", "data", "mnist"),
             os.path.join(REPO_ROOT, "data", "mnist"),
         ]
@@ -360,10 +359,31 @@ def cpu_model():
 
 def warn_generic_core(info):
     print(f"!! note: OpenBLAS picked its '{info['openblas_core']}' kernels (no AVX2) on a CPU with AVX2"
-          f"{'/AVX-512' if 'avx512f' in cpu_flags() else ''} ({cpu_model()}): it does not recognise this CPU.\n"
-          "!!       asgd links the same libopenblas, so both sides are slowed alike and the ratios stay fair;\n"
-          "!!       for faster absolute numbers rerun with --openblas-coretype SkylakeX (sets OPENBLAS_CORETYPE\n"
-          "!!       for torch and for the asgd subprocess).", file=sys.stderr, flush=True)
+          f"{'/AVX-512' if 'avx512f' in cpu_flags() else ''} ({cpu_model()}): it does not recognise this CPU,\n"
+          "!!       and OPENBLAS_CORETYPE is set to it explicitly, so asgd keeps it too: both sides run the\n"
+          "!!       same slow kernels and the ratios stay fair.", file=sys.stderr, flush=True)
+
+
+def coretype_asgd_would_pick():
+    """The OPENBLAS_CORETYPE the asgd CLI sets for itself (compute/blas.cpp,
+    suggested_coretype): where OpenBLAS falls back to its generic kernels on a
+    CPU it does not know, the AVX-512 or AVX2 set the CPU supports. None when
+    OpenBLAS's own choice stands."""
+    import ctypes
+    try:
+        lib = ctypes.CDLL("libopenblas.so.0")
+    except OSError:
+        return None
+    lib.openblas_get_corename.restype = ctypes.c_char_p
+    core = lib.openblas_get_corename().decode()
+    if core not in ("Prescott", "Core2", "Nehalem", "Sandybridge"):
+        return None
+    flags = cpu_flags()
+    if {"avx512f", "avx512bw", "avx512vl", "avx512dq"} <= flags:
+        return "SkylakeX"
+    if {"avx2", "fma"} <= flags:
+        return "Haswell"
+    return None
 
 
 def warn_blas(info):
@@ -489,11 +509,11 @@ def main():
     p.add_argument("--asgd", default=os.path.join(REPO_ROOT, "build", "bin", "asgd"),
                    help="the asgd binary (default <repo>/build/bin/asgd)")
     p.add_argument("--data-dir", default=None,
-                   help="MNIST folder or its parent (default $ASGD_DATA_DIR/mnist, else /work/shared/data/mnist, "
+                   help="MNIST folder or its parent (default $ASGD_DATA_DIR/mnist, "
                         "else <repo>/../shared/data/mnist)")
     p.add_argument("--openblas-coretype", default=None, metavar="CORE",
                    help="set OPENBLAS_CORETYPE (e.g. SkylakeX, Haswell) for torch and the asgd subprocess alike "
-                        "(default: leave the environment as it is)")
+                        "(default: the kernels asgd itself would pick, see compute/blas.hpp)")
     p.add_argument("--no-passive-check", action="store_true",
                    help="with --threads > 1, do not also time PyTorch under OMP_WAIT_POLICY=PASSIVE")
     p.add_argument("--seed", type=int, default=1, help="seed for the split, init and shuffles (default 1)")
@@ -507,11 +527,20 @@ def main():
         fail(2, f"asgd binary not found or not executable: {asgd} (build it, or pass --asgd)")
     data_dir = resolve_data_dir(a.data_dir)
     if data_dir is None:
-        where = a.data_dir or "$ASGD_DATA_DIR/mnist, /work/shared/data/mnist, <repo>/../shared/data/mnist"
+        where = a.data_dir or "$ASGD_DATA_DIR/mnist, <repo>/../shared/data/mnist"
         fail(2, f"MNIST not found ({TRAIN_IMAGES}[.gz] and {TRAIN_LABELS}[.gz]) in {where}; pass --data-dir")
 
     if a.openblas_coretype:
         os.environ["OPENBLAS_CORETYPE"] = a.openblas_coretype
+    elif "OPENBLAS_CORETYPE" not in os.environ:
+        # asgd re-executes itself with better kernels where OpenBLAS does not
+        # know the CPU; give PyTorch the same kernels, or the comparison would
+        # measure OpenBLAS's CPU detection rather than the two frameworks.
+        # OpenBLAS reads the variable when it loads, so start again with it.
+        core = coretype_asgd_would_pick()
+        if core:
+            os.environ["OPENBLAS_CORETYPE"] = core
+            os.execv(sys.executable, [sys.executable] + sys.argv)
     child_env = dict(os.environ)
     # Size every pool before torch (and its BLAS) is loaded; OpenBLAS reads this
     # when it initialises. Set again through its API below.

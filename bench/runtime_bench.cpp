@@ -81,8 +81,10 @@ int run_bench_runtime(const BenchOptions& o) {
   }
   auto data = std::make_shared<const data::DatasetSplits>(std::move(loaded).value());
   if (!o.json)
-    std::printf("bench runtime: %s on %s, batch %u, %u BLAS threads, %zu samples per run, %u repeats\n",
-                c.model.c_str(), c.dataset.c_str(), c.batch, c.threads, data->train.count, o.repeats);
+    std::printf("bench runtime: %s on %s, batch %u, %u BLAS threads (OpenBLAS %s kernels), %zu samples per run, "
+                "%u repeats\n",
+                c.model.c_str(), c.dataset.c_str(), c.batch, c.threads, blas::core_name().c_str(), data->train.count,
+                o.repeats);
 
   std::vector<double> plain, runtime;
   for (std::uint32_t r = 0; r < o.repeats; ++r) {
@@ -103,9 +105,10 @@ int run_bench_runtime(const BenchOptions& o) {
   }
   const double a = median(plain), b = median(runtime);
   if (o.json) {
-    std::printf("{\"model\": \"%s\", \"batch\": %u, \"threads\": %u, \"plain_samples_per_s\": %.1f, "
+    std::printf("{\"model\": \"%s\", \"batch\": %u, \"threads\": %u, \"blas_core\": \"%s\", "
+                "\"plain_samples_per_s\": %.1f, "
                 "\"runtime_samples_per_s\": %.1f, \"ratio\": %.4f}\n",
-                c.model.c_str(), c.batch, c.threads, a, b, b / a);
+                c.model.c_str(), c.batch, c.threads, blas::core_name().c_str(), a, b, b / a);
   } else {
     std::printf("(a) plain loop, no actors:     %.0f samples/s (median)\n", a);
     std::printf("(b) 1 worker + 1 shard actors: %.0f samples/s (median)\n", b);

@@ -98,6 +98,11 @@ Result<JobSummary> run_job(const JobConfig& config, const JobCallbacks& callback
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   const unsigned blas_threads = config.threads > 0 ? config.threads : std::max(1u, cores / config.workers);
   blas::set_threads(static_cast<int>(blas_threads));
+  if (const std::string better = blas::suggested_coretype(); !better.empty()) {
+    spdlog::warn("OpenBLAS runs its generic {} kernels on this CPU; set OPENBLAS_CORETYPE={} for faster matrix products",
+                 blas::core_name(), better);
+  }
+  spdlog::info("OpenBLAS {} kernels, {} thread(s) per worker", blas::core_name(), blas_threads);
 
   caf::actor_system_config cfg;
   cfg.add_message_types<caf::id_block::asgd>();

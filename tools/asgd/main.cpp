@@ -2,13 +2,34 @@
 // subcommand, and maps failures to exit codes (0 ok, 1 runtime, 2 usage).
 
 #include <spdlog/spdlog.h>
+#include <unistd.h>
 
+#include <cstdlib>
 #include <iostream>
+
+#include "compute/blas.hpp"
 
 #include "tools/asgd/commands.hpp"
 
+namespace {
+
+// OpenBLAS picks its kernels when it loads, before main(); where it picked
+// its slow generic ones on a CPU it does not know, start again once with
+// OPENBLAS_CORETYPE set. A value the user set is always left alone.
+void reexec_with_better_blas_kernels(char** argv) {
+  if (std::getenv("OPENBLAS_CORETYPE")) return;
+  const std::string core = asgd::blas::suggested_coretype();
+  if (core.empty()) return;
+  ::setenv("OPENBLAS_CORETYPE", core.c_str(), 1);
+  ::execv("/proc/self/exe", argv);
+  // execv only returns on failure: carry on with the kernels we have.
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   using namespace asgd::cli;
+  reexec_with_better_blas_kernels(argv);
   CLI::App app{"asgd: a runtime for data-parallel stochastic gradient descent"};
   app.require_subcommand(1);
   app.set_version_flag("--version", "asgd 0.1.0");
