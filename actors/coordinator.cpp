@@ -149,6 +149,16 @@ void maybe_evaluate(Self self) {
 
 }  // namespace
 
+std::uint64_t planned_pushes(const JobConfig& cfg, std::size_t train_count) {
+  std::uint64_t total = 0;
+  for (std::uint32_t w = 0; w < cfg.workers; ++w) {
+    const std::uint64_t samples = data::partition_for(train_count, w, cfg.workers).size();
+    const std::uint64_t steps = cfg.epochs * ((samples + cfg.batch - 1) / cfg.batch);
+    total += steps / cfg.push_every;  // a worker pushes after every push_every-th step
+  }
+  return total;
+}
+
 StalenessSummary summarize_staleness(const std::vector<ShardStats>& stats) {
   std::vector<std::uint64_t> merged;
   for (const auto& s : stats) {
@@ -200,12 +210,15 @@ caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self, Coordinat
 
   const PolicyConfig policy{cfg.policy, cfg.fetch_every, cfg.push_every, std::nullopt};
   const OptimizerConfig optimizer{cfg.optimizer, static_cast<float>(cfg.lr), static_cast<float>(cfg.momentum), 0.0f};
+  LrSchedule schedule;
+  LrSchedule::parse(cfg.lr_schedule, schedule.kind);  // validated by run_job
+  schedule.total_steps = planned_pushes(cfg, train.count);
   for (std::uint32_t i = 0; i < cfg.shards; ++i) {
     const KeyRange r = st.ranges[i];
     auto params = st.model->params();
     auto core = ShardCore::make({i, r, std::vector<float>(params.begin() + static_cast<std::ptrdiff_t>(r.begin),
                                                          params.begin() + static_cast<std::ptrdiff_t>(r.end)),
-                                 optimizer, policy});
+                                 optimizer, policy, schedule});
     if (!core) {
       fail(self, core.status());
       return {};

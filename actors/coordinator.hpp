@@ -67,6 +67,11 @@ struct CoordinatorState {
 
 caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self, CoordinatorSetup setup);
 
+/// How many pushes every worker together will send over the whole job (each
+/// shard applies all of them under async): the length of the learning-rate
+/// schedule.
+std::uint64_t planned_pushes(const JobConfig& config, std::size_t train_count);
+
 /// Merges shard staleness histograms into (mean, p99, max).
 struct StalenessSummary {
   double mean = 0.0;

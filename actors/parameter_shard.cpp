@@ -40,7 +40,7 @@ PushReply ShardCore::push(PushRequest&& request) {
     // The reply reuses the gradient's buffer: the optimizer reads g[i]
     // before it writes the updated p[i] into the same slot.
     std::span<float> out = request.want_params ? std::span<float>(request.grad) : std::span<float>();
-    optimizer_->step(params_, request.grad, 1.0f, out);
+    optimizer_->step(params_, request.grad, setup_.schedule.scale(version_), out);
     ++version_;
     ++stats_.updates_applied;
     reply.applied = true;

@@ -18,6 +18,7 @@
 #include "actors/key_range.hpp"
 #include "actors/messages.hpp"
 #include "compute/optimizer.hpp"
+#include "compute/schedule.hpp"
 #include "policies/policy.hpp"
 
 namespace asgd {
@@ -28,6 +29,7 @@ struct ShardSetup {
   std::vector<float> initial;       ///< (range.size(),) starting parameters
   OptimizerConfig optimizer;
   PolicyConfig policy;
+  LrSchedule schedule;              ///< by this shard's applied-update count
 };
 
 /// The shard's logic without any actor around it, so tests drive it directly.

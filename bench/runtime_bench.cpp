@@ -12,11 +12,13 @@
 #include <cstdio>
 #include <thread>
 
+#include "actors/coordinator.hpp"
 #include "actors/data_feeder.hpp"
 #include "asgd/job.hpp"
 #include "compute/blas.hpp"
 #include "compute/model.hpp"
 #include "compute/optimizer.hpp"
+#include "compute/schedule.hpp"
 #include "tools/asgd/commands.hpp"
 
 namespace asgd::cli {
@@ -48,11 +50,16 @@ Result<double> plain_loop(const JobConfig& c, const std::shared_ptr<const data::
                             model->num_params());
   if (!opt) return opt.status();
   BatchSource source({data, data::partition_for(train.count, 0, 1), 1, c.batch, 1, c.seed, 1});
+  // The same schedule the shard applies, so both sides run the same kernels.
+  LrSchedule schedule;
+  LrSchedule::parse(c.lr_schedule, schedule.kind);
+  schedule.total_steps = planned_pushes(c, train.count);
+  std::uint64_t step = 0;
   std::size_t samples = 0;
   const auto t0 = std::chrono::steady_clock::now();
   for (data::Batch b = source.next(); b.size > 0; b = source.next()) {
     model->compute_gradients(b.x, b.y);
-    (*opt)->step(model->params(), model->grads());
+    (*opt)->step(model->params(), model->grads(), schedule.scale(step++));
     samples += b.size;
   }
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();

@@ -16,6 +16,7 @@
 #include "compute/blas.hpp"
 #include "compute/model.hpp"
 #include "compute/optimizer.hpp"
+#include "compute/schedule.hpp"
 #include "dataset/dataset.hpp"
 #include "runtime/metrics.hpp"
 
@@ -54,6 +55,8 @@ Status validate(const JobConfig& c) {
   if (c.epochs < 1) return bad("epochs", std::to_string(c.epochs), "must be >= 1");
   if (c.batch < 1) return bad("batch", std::to_string(c.batch), "must be >= 1");
   if (!(c.lr > 0.0) || !std::isfinite(c.lr)) return bad("lr", std::to_string(c.lr), "must be a positive number");
+  if (LrSchedule::Kind kind; !LrSchedule::parse(c.lr_schedule, kind))
+    return bad("lr-schedule", c.lr_schedule, "unknown schedule (known: constant, cosine)");
   if (!contains(known_optimizers(), c.optimizer))
     return bad("optimizer", c.optimizer, "unknown optimizer (known: " + join(known_optimizers()) + ")");
   if (!(c.momentum >= 0.0 && c.momentum < 1.0)) return bad("momentum", std::to_string(c.momentum), "must be in [0, 1)");

@@ -27,7 +27,8 @@ struct JobConfig {
   std::string device = "cpu";       ///< where workers compute
   std::uint32_t epochs = 3;         ///< passes over the training split, >= 1
   std::uint32_t batch = 64;         ///< samples per worker step, >= 1
-  double lr = 0.01;                 ///< learning rate, > 0
+  double lr = 0.02;                 ///< base learning rate, > 0
+  std::string lr_schedule = "cosine";  ///< constant | cosine (decays to 0 over the job's updates)
   std::string optimizer = "momentum";  ///< shard-side optimizer: sgd | momentum
   double momentum = 0.9;            ///< for optimizer = momentum
   std::uint64_t seed = 1;           ///< seeds initialisation, the validation split and shuffling

@@ -35,7 +35,7 @@ TEST(WorkerAndShards, AGradientPushedByAWorkerReachesTheShardThatOwnsEachKey) {
   for (std::uint32_t i = 0; i < kShards; ++i) {
     std::vector<float> slice(initial.begin() + static_cast<std::ptrdiff_t>(ranges[i].begin),
                              initial.begin() + static_cast<std::ptrdiff_t>(ranges[i].end));
-    auto core = ShardCore::make({i, ranges[i], std::move(slice), {"sgd", kLr, 0.0f, 0.0f}, {}});
+    auto core = ShardCore::make({i, ranges[i], std::move(slice), {"sgd", kLr, 0.0f, 0.0f}, {}, {}});
     ASSERT_TRUE(core.ok()) << core.status().to_string();
     shards.push_back(sys.spawn(parameter_shard, std::make_shared<ShardCore>(std::move(core).value())));
   }

@@ -1,0 +1,35 @@
+#pragma once
+// Learning-rate schedules: a multiplier of the base rate as a function of
+// how many updates have been applied. Shards apply them by their own update
+// count, so the schedule needs no coordination between actors.
+
+#include <cmath>
+#include <cstdint>
+#include <string>
+
+namespace asgd {
+
+struct LrSchedule {
+  enum class Kind { constant, cosine };
+  Kind kind = Kind::constant;
+  std::uint64_t total_steps = 0;  ///< updates the whole job is expected to apply
+
+  /// constant: 1. cosine: 0.5 * (1 + cos(pi * step / total_steps)), falling
+  /// from 1 to 0 over the job (and staying at 0 past it); 1 when
+  /// total_steps is 0.
+  float scale(std::uint64_t step) const {
+    if (kind == Kind::constant || total_steps == 0) return 1.0f;
+    const double t = step >= total_steps ? 1.0 : static_cast<double>(step) / static_cast<double>(total_steps);
+    return static_cast<float>(0.5 * (1.0 + std::cos(3.14159265358979323846 * t)));
+  }
+
+  /// "constant" or "cosine"; false for anything else.
+  static bool parse(const std::string& name, Kind& out) {
+    if (name == "constant") out = Kind::constant;
+    else if (name == "cosine") out = Kind::cosine;
+    else return false;
+    return true;
+  }
+};
+
+}  // namespace asgd
