@@ -109,9 +109,14 @@ Result<JobSummary> run_job(const JobConfig& config, const JobCallbacks& callback
 
   caf::actor_system_config cfg;
   cfg.add_message_types<caf::id_block::asgd>();
-  // Workers compute inside their handlers; one scheduler thread each, plus
-  // one so shards and the coordinator are never starved by them.
-  cfg.set("scheduler.max-threads", static_cast<std::size_t>(std::max(cores, config.workers + 1)));
+  // Workers compute inside their handlers: one scheduler thread per worker,
+  // up to the number of cores. Shards and the coordinator run on the same
+  // threads between worker steps (a push queues the shard on its sender's
+  // thread, which is free once the step's handler returns). A spare thread
+  // only spins while idle and steals cores from the BLAS threads: measured
+  // on 2 cores, bench runtime (b)/(a) went from 0.88-0.91 to 0.97-1.01, and
+  // 2-worker training from ~135k to ~165k samples/s.
+  cfg.set("scheduler.max-threads", static_cast<std::size_t>(std::clamp(config.workers, 1u, cores)));
 
   Status write_error;
   auto on_epoch = [&](const EpochMetrics& m) {
