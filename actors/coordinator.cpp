@@ -129,7 +129,10 @@ void maybe_evaluate(Self self) {
     EpochMetrics m;
     m.epoch = static_cast<std::uint32_t>(e + 1);
     m.wall_s = agg.end_s;
-    m.train_loss = agg.sum.samples ? agg.sum.loss_sum / static_cast<double>(agg.sum.samples) : 0.0;
+    const std::uint64_t loss_samples = agg.sum.samples - agg.sum.dropped_samples;
+    m.train_loss = loss_samples ? agg.sum.loss_sum / static_cast<double>(loss_samples) : 0.0;
+    if (agg.sum.dropped_batches > 0)
+      spdlog::warn("epoch {}: dropped {} batch gradients whose loss was NaN or infinite", e + 1, agg.sum.dropped_batches);
     m.val_accuracy = r.accuracy;
     m.samples_per_s = agg.duration_s > 0 ? static_cast<double>(agg.sum.samples) / agg.duration_s : 0.0;
     s.updates += agg.sum.updates;
@@ -269,6 +272,9 @@ caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self, Coordinat
         agg.sum.samples += r.samples;
         agg.sum.batches += r.batches;
         agg.sum.loss_sum += r.loss_sum;
+        agg.sum.dropped_batches += r.dropped_batches;
+        agg.sum.dropped_samples += r.dropped_samples;
+        total.dropped_batches += r.dropped_batches;
         agg.sum.updates += r.updates;
         if (agg.reports == s.setup.config.workers) {
           const auto now = SteadyClock::now();
@@ -280,7 +286,9 @@ caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self, Coordinat
           maybe_evaluate(self);
         }
       },
-      [self](failed_atom, const std::string& what) { fail(self, Status::Timeout(what)); },
+      [self](failed_atom, std::int32_t code, const std::string& what) {
+        fail(self, static_cast<StatusCode>(code) == StatusCode::diverged ? Status::Diverged(what) : Status::Timeout(what));
+      },
       [self](cancel_atom) { fail(self, Status::Cancelled("the job was cancelled")); },
   };
 }

@@ -8,7 +8,7 @@
 //
 // Accepts:
 //   EpochReport                  from workers
-//   (failed_atom, std::string)   from a worker that cannot go on: the job fails
+//   (failed_atom, int32 StatusCode, std::string)  from a worker that cannot go on: the job fails
 //   (cancel_atom)                from the runtime: the job stops, cancelled
 // Watches every actor it started; one that stops abnormally fails the job
 // with a message naming it.

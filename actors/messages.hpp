@@ -56,6 +56,8 @@ struct EpochReport {
   double compute_s = 0.0;           ///< forward + backward
   double comm_s = 0.0;              ///< waiting for shard replies
   double data_wait_s = 0.0;         ///< waiting for the data feeder
+  std::uint64_t dropped_batches = 0;  ///< gradients not pushed: the loss was NaN or infinite
+  std::uint64_t dropped_samples = 0;  ///< their samples (left out of loss_sum)
 };
 
 /// shard -> coordinator at the end: what the shard applied.
@@ -86,7 +88,7 @@ typename Inspector::result_type inspect(Inspector& f, ParamsReply& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, EpochReport& x) {
   return f(caf::meta::type_name("EpochReport"), x.worker, x.epoch, x.samples, x.batches, x.loss_sum,
-           x.updates, x.compute_s, x.comm_s, x.data_wait_s);
+           x.updates, x.compute_s, x.comm_s, x.data_wait_s, x.dropped_batches, x.dropped_samples);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ShardStats& x) {

@@ -1,6 +1,7 @@
 #include "actors/worker.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 namespace asgd {
 
@@ -13,13 +14,16 @@ double seconds_since(SteadyClock::time_point t) {
   return std::chrono::duration<double>(SteadyClock::now() - t).count();
 }
 
-void fail(Self self, const std::string& what) {
+void fail(Self self, StatusCode code, const std::string& what) {
   auto& st = self->state;
   if (st.finished) return;
   st.finished = true;
-  self->send(st.setup.coordinator, failed_atom::value, "worker " + std::to_string(st.setup.id) + ": " + what);
+  self->send(st.setup.coordinator, failed_atom::value, static_cast<std::int32_t>(code),
+             "worker " + std::to_string(st.setup.id) + ": " + what);
   self->quit();
 }
+
+void fail(Self self, const std::string& what) { fail(self, StatusCode::timeout, what); }
 
 void try_step(Self self);
 
@@ -151,13 +155,31 @@ void try_step(Self self) {
   const auto t0 = SteadyClock::now();
   const float loss = st.model->compute_gradients(batch.x, batch.y);
   st.report.compute_s += seconds_since(t0);
-  st.report.loss_sum += static_cast<double>(loss) * static_cast<double>(batch.size);
   st.report.samples += batch.size;
   ++st.report.batches;
+  // A NaN or infinite loss means a gradient that would poison the shards'
+  // parameters: drop it, count it, and stop the job once it is clearly
+  // diverging rather than a single bad batch.
+  const bool drop = !std::isfinite(loss);
+  if (drop) {
+    ++st.report.dropped_batches;
+    st.report.dropped_samples += batch.size;
+    if (++st.nonfinite_streak >= kMaxNonFiniteSteps) {
+      fail(self, StatusCode::diverged,
+           "the loss was " + std::to_string(loss) + " for " + std::to_string(kMaxNonFiniteSteps) +
+               " steps in a row (up to step " + std::to_string(st.step) + "); try a lower --lr");
+      return;
+    }
+  } else {
+    st.nonfinite_streak = 0;
+    st.report.loss_sum += static_cast<double>(loss) * static_cast<double>(batch.size);
+  }
 
-  const StepPlan plan = st.policy->plan(st.step);
+  StepPlan plan = st.policy->plan(st.step);
   std::span<const float> grads = st.model->grads();
-  if (st.setup.policy.push_every > 1) {
+  if (drop) {
+    plan.push = false;  // keep what was accumulated so far; add nothing
+  } else if (st.setup.policy.push_every > 1) {
     // Downpour's n_push > 1: sum the gradients until the push.
     if (st.accumulated_steps++ == 0) {
       st.accumulated.assign(grads.begin(), grads.end());
@@ -169,7 +191,7 @@ void try_step(Self self) {
   st.step_ends_epoch = batch.last_in_epoch;
   st.step_epoch = batch.epoch;
   st.applied_in_step = 0;
-  if (plan.push) {
+  if (plan.push && !(st.setup.policy.push_every > 1 && st.accumulated_steps == 0)) {
     st.accumulated_steps = 0;
     send_pushes(self, grads, plan.pull);
   } else if (plan.pull) {

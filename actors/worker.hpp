@@ -12,7 +12,8 @@
 // Hot-path requests carry no CAF timeout (each one would wake CAF's timer
 // thread twice per step); one periodic watchdog tick checks them instead.
 // Sends to the coordinator: EpochReport after each epoch, and
-//   (failed_atom, std::string) when a reply does not come in time.
+//   (failed_atom, int32 StatusCode, std::string) when a reply does not come in
+//   time (timeout) or training diverged (diverged).
 
 #include <caf/all.hpp>
 
@@ -41,6 +42,9 @@ struct WorkerSetup {
   caf::timespan rpc_timeout = std::chrono::seconds(60);
 };
 
+/// Consecutive NaN/Inf losses after which a worker declares the job diverged.
+inline constexpr std::uint32_t kMaxNonFiniteSteps = 10;
+
 struct WorkerState {
   WorkerSetup setup;
   std::optional<Model> model;
@@ -66,6 +70,7 @@ struct WorkerState {
   std::optional<std::chrono::steady_clock::time_point> idle_since;  // ready, but no batch yet
 
   EpochReport report;                           // the epoch being trained
+  std::uint32_t nonfinite_streak = 0;           // consecutive steps with a NaN/Inf loss
   bool finished = false;
   static inline const char* name = "worker";
 };

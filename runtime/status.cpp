@@ -11,6 +11,7 @@ const char* to_string(StatusCode code) {
     case StatusCode::io_error: return "I/O error";
     case StatusCode::timeout: return "timeout";
     case StatusCode::cancelled: return "cancelled";
+    case StatusCode::diverged: return "training diverged";
     case StatusCode::internal: return "internal error";
   }
   return "unknown";

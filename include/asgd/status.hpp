@@ -19,6 +19,7 @@ enum class StatusCode {
   io_error,          ///< The operating system refused a read or write.
   timeout,           ///< A wait ran past its limit.
   cancelled,         ///< The user or the runtime stopped the work.
+  diverged,          ///< Training produced NaN or infinite losses and was stopped.
   internal,          ///< A bug or an unexpected failure inside asgd.
 };
 
@@ -36,6 +37,7 @@ class Status {
   static Status IOError(std::string msg) { return {StatusCode::io_error, std::move(msg)}; }
   static Status Timeout(std::string msg) { return {StatusCode::timeout, std::move(msg)}; }
   static Status Cancelled(std::string msg) { return {StatusCode::cancelled, std::move(msg)}; }
+  static Status Diverged(std::string msg) { return {StatusCode::diverged, std::move(msg)}; }
   static Status Internal(std::string msg) { return {StatusCode::internal, std::move(msg)}; }
 
   bool ok() const { return code_ == StatusCode::ok; }

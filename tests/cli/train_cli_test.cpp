@@ -130,3 +130,14 @@ TEST(TrainCli, PrintsHelpAndExitsZero) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(TrainCli, StopsADivergingJobWithExitCode1SayingSo) {
+  ASGD_REQUIRE_DATASET(mnist, "mnist");
+  CliRun r = asgd("train --lr 1000 --epochs 1 --validation-size 1000 --log-level off --data-dir " + mnist.string());
+  expect_one_line_error(r, 1, "training diverged");
+  EXPECT_NE(r.err.find("--lr"), std::string::npos) << r.err;
+}
+
+}  // namespace
