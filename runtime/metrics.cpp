@@ -40,7 +40,8 @@ Result<MetricsWriter> MetricsWriter::open(const std::string& path) {
   MetricsWriter w;
   w.path_ = path;
   w.out_.open(path, std::ios::out | std::ios::trunc);
-  if (!w.out_) return Status::IOError("cannot write metrics file " + path + ": " + std::strerror(errno));
+  // A path that cannot be created is the user's to fix: a configuration error.
+  if (!w.out_) return Status::InvalidArgument("--metrics-out " + path + ": cannot write it: " + std::strerror(errno));
   return w;
 }
 

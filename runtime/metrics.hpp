@@ -20,7 +20,8 @@ nlohmann::json to_json(const JobSummary& s);
 /// the line being written. Not thread-safe.
 class MetricsWriter {
  public:
-  /// Creates (truncates) `path`. Errors: io_error naming the path.
+  /// Creates (truncates) `path`. Errors: invalid_argument naming the path
+  /// when it cannot be created.
   static Result<MetricsWriter> open(const std::string& path);
   Status write(const nlohmann::json& record);
 

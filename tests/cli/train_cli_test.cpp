@@ -69,6 +69,10 @@ TEST(TrainCli, RejectsAnInvalidFlagValueWithExitCode2NamingIt) {
   expect_one_line_error(asgd("train --dataset imagenet"), 2, "--dataset imagenet");
 }
 
+TEST(TrainCli, RejectsAnUnwritableMetricsFileWithExitCode2) {
+  expect_one_line_error(asgd("train --metrics-out /nonexistent/dir/m.jsonl"), 2, "/nonexistent/dir/m.jsonl");
+}
+
 TEST(TrainCli, RejectsAnUnknownFlagWithExitCode2) {
   expect_one_line_error(asgd("train --wrokers 2"), 2, "wrokers");
 }
