@@ -287,7 +287,11 @@ caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self, Coordinat
         }
       },
       [self](failed_atom, std::int32_t code, const std::string& what) {
-        fail(self, static_cast<StatusCode>(code) == StatusCode::diverged ? Status::Diverged(what) : Status::Timeout(what));
+        switch (static_cast<StatusCode>(code)) {
+          case StatusCode::diverged: fail(self, Status::Diverged(what)); break;
+          case StatusCode::timeout: fail(self, Status::Timeout(what)); break;
+          default: fail(self, Status::Internal(what)); break;
+        }
       },
       [self](cancel_atom) { fail(self, Status::Cancelled("the job was cancelled")); },
   };

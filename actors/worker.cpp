@@ -1,5 +1,7 @@
 #include "actors/worker.hpp"
 
+#include <spdlog/fmt/fmt.h>
+
 #include <algorithm>
 #include <cmath>
 
@@ -27,13 +29,22 @@ void fail(Self self, const std::string& what) { fail(self, StatusCode::timeout, 
 
 void try_step(Self self);
 
-// Copies a shard's parameters into our replica and keeps the buffer for reuse.
-void accept_params(Self self, std::uint32_t shard, std::uint64_t version, std::vector<float>& params) {
+// Copies the parameters shard `shard` sent into our replica and keeps the
+// buffer for reuse. `shard` is the index we sent the request to; the reply's
+// own shard field is checked against it, never used to index.
+void accept_params(Self self, std::size_t shard, std::uint32_t claimed, std::uint64_t version,
+                   std::vector<float>& params) {
   auto& st = self->state;
   const KeyRange& r = st.setup.ranges[shard];
+  if (claimed != shard) {
+    fail(self, StatusCode::internal,
+         "a reply from shard " + std::to_string(shard) + " claims to come from shard " + std::to_string(claimed));
+    return;
+  }
   if (params.size() != r.size()) {
-    fail(self, "shard " + std::to_string(shard) + " sent " + std::to_string(params.size()) +
-                   " parameters for a range of " + std::to_string(r.size()));
+    fail(self, StatusCode::internal,
+         "shard " + std::to_string(shard) + " sent " + std::to_string(params.size()) +
+             " parameters for a range of " + std::to_string(r.size()));
     return;
   }
   if (r.size() == st.model->num_params()) {
@@ -78,9 +89,9 @@ void send_pulls(Self self) {
   for (std::size_t i = 0; i < st.setup.shards.size(); ++i) {
     self->request(st.setup.shards[i], caf::infinite, pull_atom::value, PullRequest{st.setup.id, st.step})
         .then(
-            [self](ParamsReply& reply) {
-              accept_params(self, reply.shard, reply.version, reply.params);
-              on_reply_done(self, reply.shard);
+            [self, i](ParamsReply& reply) {
+              accept_params(self, i, reply.shard, reply.version, reply.params);
+              on_reply_done(self, i);
             },
             [self, i](caf::error& err) { fail(self, rpc_error(self, "pull", i, err)); });
   }
@@ -104,13 +115,11 @@ void send_pushes(Self self, std::span<const float> grads, bool want_params) {
     }
     self->request(st.setup.shards[i], caf::infinite, push_atom::value, std::move(req))
         .then(
-            [self](PushReply& reply) {
+            [self, i](PushReply& reply) {
               auto& s = self->state;
               if (reply.applied) ++s.applied_in_step;
-              if (!reply.params.empty()) {
-                accept_params(self, reply.shard, reply.version, reply.params);
-              }
-              on_reply_done(self, reply.shard);
+              if (!reply.params.empty()) accept_params(self, i, reply.shard, reply.version, reply.params);
+              on_reply_done(self, i);
             },
             [self, i](caf::error& err) { fail(self, rpc_error(self, "push", i, err)); });
   }
@@ -191,7 +200,10 @@ void try_step(Self self) {
   st.step_ends_epoch = batch.last_in_epoch;
   st.step_epoch = batch.epoch;
   st.applied_in_step = 0;
-  if (plan.push && !(st.setup.policy.push_every > 1 && st.accumulated_steps == 0)) {
+  // With push_every > 1 a push step may find nothing accumulated (every
+  // gradient since the last push was dropped): then there is nothing to send.
+  const bool have_gradient = st.setup.policy.push_every > 1 ? st.accumulated_steps > 0 : !drop;
+  if (plan.push && have_gradient) {
     st.accumulated_steps = 0;
     send_pushes(self, grads, plan.pull);
   } else if (plan.pull) {
@@ -215,13 +227,11 @@ void check_overdue(Self self) {
     std::string who;
     for (std::size_t i = 0; i < st.awaiting.size(); ++i)
       if (st.awaiting[i]) who += (who.empty() ? "" : ", ") + std::to_string(i);
-    fail(self, "no reply from shard(s) " + who + " within " + std::to_string(static_cast<int>(limit)) +
-                   " s (rpc-timeout) at step " + std::to_string(st.step));
+    fail(self, fmt::format("no reply from shard(s) {} within {:g} s (--rpc-timeout) at step {}", who, limit, st.step));
     return;
   }
   if (st.batch_requested && std::chrono::duration<double>(now - st.batch_requested_at).count() > limit) {
-    fail(self, "no batch from the data feeder within " + std::to_string(static_cast<int>(limit)) +
-                   " s (rpc-timeout) at step " + std::to_string(st.step));
+    fail(self, fmt::format("no batch from the data feeder within {:g} s (--rpc-timeout) at step {}", limit, st.step));
     return;
   }
   self->delayed_send(self, std::min<caf::timespan>(st.setup.rpc_timeout / 4, std::chrono::seconds(1)),

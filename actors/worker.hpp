@@ -13,7 +13,8 @@
 // thread twice per step); one periodic watchdog tick checks them instead.
 // Sends to the coordinator: EpochReport after each epoch, and
 //   (failed_atom, int32 StatusCode, std::string) when a reply does not come in
-//   time (timeout) or training diverged (diverged).
+//   time (timeout), training diverged (diverged) or a shard answered nonsense
+//   (internal).
 
 #include <caf/all.hpp>
 

@@ -114,3 +114,59 @@ TEST(BatchSource, ServesEverySampleOfItsPartitionOncePerEpochThenEnds) {
 
 }  // namespace
 }  // namespace asgd
+
+namespace asgd {
+namespace {
+
+// A "shard" that accepts every request and never answers.
+caf::behavior silent_shard(caf::event_based_actor* self) {
+  return {
+      [self](push_atom, const PushRequest&) {
+        self->make_response_promise();  // dropped unanswered
+        return caf::delegated<PushReply>();
+      },
+      [self](pull_atom, const PullRequest&) {
+        self->make_response_promise();
+        return caf::delegated<ParamsReply>();
+      },
+  };
+}
+
+TEST(Worker, FailsNamingTheShardThatDidNotAnswerWithinTheTimeout) {
+  auto data = asgd_test::synthetic_splits(8);
+  auto model = Model::build("mlp", {1, 28, 28}, 10);
+  ASSERT_TRUE(model.ok());
+  const auto ranges = partition_keys(model->num_params(), 2);
+
+  caf::actor_system_config cfg;
+  cfg.add_message_types<caf::id_block::asgd>();
+  caf::actor_system sys{cfg};
+  caf::scoped_actor self{sys};
+  std::vector<float> slice(ranges[0].size(), 0.0f);
+  auto core = ShardCore::make({0, ranges[0], std::move(slice), {"sgd", 0.1f, 0.0f, 0.0f}, {}, {}});
+  ASSERT_TRUE(core.ok());
+  std::vector<caf::actor> shards = {sys.spawn(parameter_shard, std::make_shared<ShardCore>(std::move(core).value())),
+                                    sys.spawn(silent_shard)};
+  auto feeder = sys.spawn<caf::detached>(data_feeder, FeederSetup{data, {0, 8}, 1, 8, 2, 1, 1});
+  auto w = sys.spawn(worker, WorkerSetup{3, "mlp", {1, 28, 28}, 10, shards, ranges, feeder,
+                                         caf::actor_cast<caf::actor>(self), PolicyConfig{},
+                                         std::chrono::milliseconds(300)});
+  const auto t0 = std::chrono::steady_clock::now();
+  self->send(w, start_atom::value);
+  std::string message;
+  std::int32_t code = 0;
+  self->receive([&](failed_atom, std::int32_t c, const std::string& m) { code = c; message = m; },
+                caf::after(std::chrono::seconds(10)) >> [] { FAIL() << "the worker never gave up on the silent shard"; });
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(static_cast<StatusCode>(code), StatusCode::timeout);
+  EXPECT_NE(message.find("worker 3"), std::string::npos) << message;
+  EXPECT_NE(message.find("shard(s) 1 "), std::string::npos) << message;
+  EXPECT_NE(message.find("0.3 s"), std::string::npos) << message;
+  EXPECT_GE(waited, 0.3);
+  EXPECT_LT(waited, 5.0);
+  for (auto& s : shards) self->send_exit(s, caf::exit_reason::user_shutdown);
+  self->send_exit(feeder, caf::exit_reason::user_shutdown);
+}
+
+}  // namespace
+}  // namespace asgd
