@@ -47,11 +47,11 @@ void snapshot(Self self, std::function<void()> then) {
   for (std::size_t i = 0; i < st.shards.size(); ++i) {
     self->request(st.shards[i], rpc_timeout(st.setup.config), snapshot_atom::value)
         .then(
-            [self, remaining, then](ParamsReply& reply) {
+            [self, remaining, then, i](ParamsReply& reply) {
               auto& s = self->state;
-              const KeyRange& r = s.ranges.at(reply.shard);
-              if (reply.params.size() != r.size()) {
-                fail(self, Status::Internal("shard " + std::to_string(reply.shard) + " sent a snapshot of the wrong size"));
+              const KeyRange& r = s.ranges[i];
+              if (reply.shard != i || reply.params.size() != r.size()) {
+                fail(self, Status::Internal("shard " + std::to_string(i) + " sent a malformed snapshot"));
                 return;
               }
               std::copy(reply.params.begin(), reply.params.end(),
@@ -65,6 +65,33 @@ void snapshot(Self self, std::function<void()> then) {
   }
 }
 
+JobSummary make_summary(const CoordinatorState& c, const EvalResult& test, const std::vector<ShardStats>& stats) {
+  const JobConfig& cfg = c.setup.config;
+  auto policy = make_policy({cfg.policy, cfg.fetch_every, cfg.push_every, std::nullopt});
+  JobSummary sum;
+  sum.policy = cfg.policy;
+  sum.staleness = policy ? (*policy)->staleness_bound() : std::nullopt;
+  sum.workers = cfg.workers;
+  sum.shards = cfg.shards;
+  sum.device = cfg.device;
+  sum.model = cfg.model;
+  sum.dataset = cfg.dataset;
+  sum.epochs = cfg.epochs;
+  sum.train_s = c.train_s;
+  std::uint64_t samples = 0;
+  for (const auto& w : c.worker_totals) samples += w.samples;
+  sum.samples_per_s = c.train_s > 0 ? static_cast<double>(samples) / c.train_s : 0.0;
+  sum.final_test_accuracy = test.accuracy;
+  sum.time_to_target_s = c.time_to_target_s;
+  sum.updates_applied = c.updates;
+  const StalenessSummary stale = summarize_staleness(stats);
+  sum.staleness_mean = stale.mean;
+  sum.staleness_p99 = stale.p99;
+  sum.staleness_max = stale.max;
+  return sum;
+}
+
+// After the last epoch: test accuracy, shard statistics, the outcome, stop.
 void finish(Self self) {
   auto& st = self->state;
   const auto& test = st.setup.data->test;
@@ -77,35 +104,14 @@ void finish(Self self) {
               stats->push_back(std::move(s));
               auto& c = self->state;
               if (stats->size() < c.shards.size() || c.done) return;
-              const JobConfig& cfg = c.setup.config;
-              auto policy = make_policy({cfg.policy, cfg.fetch_every, cfg.push_every, std::nullopt});
-              JobSummary sum;
-              sum.policy = cfg.policy;
-              sum.staleness = policy ? (*policy)->staleness_bound() : std::nullopt;
-              sum.workers = cfg.workers;
-              sum.shards = cfg.shards;
-              sum.device = cfg.device;
-              sum.model = cfg.model;
-              sum.dataset = cfg.dataset;
-              sum.epochs = cfg.epochs;
-              sum.train_s = c.train_s;
-              std::uint64_t samples = 0;
-              for (const auto& w : c.worker_totals) samples += w.samples;
-              sum.samples_per_s = c.train_s > 0 ? static_cast<double>(samples) / c.train_s : 0.0;
-              sum.final_test_accuracy = result.accuracy;
-              sum.time_to_target_s = c.time_to_target_s;
-              sum.updates_applied = c.updates;
-              const StalenessSummary stale = summarize_staleness(*stats);
-              sum.staleness_mean = stale.mean;
-              sum.staleness_p99 = stale.p99;
-              sum.staleness_max = stale.max;
               for (const auto& w : c.worker_totals)
-                spdlog::info("worker {}: {} samples, compute {:.2f} s, shard round trips {:.2f} s, waiting for data {:.2f} s",
-                             w.worker, w.samples, w.compute_s, w.comm_s, w.data_wait_s);
+                spdlog::info("worker {}: {} samples, compute {:.2f} s, shard round trips {:.2f} s, waiting for data "
+                             "{:.2f} s, {} batches dropped (NaN/Inf loss)",
+                             w.worker, w.samples, w.compute_s, w.comm_s, w.data_wait_s, w.dropped_batches);
               for (const auto& s2 : *stats)
                 if (s2.rejected > 0) spdlog::warn("shard {} rejected {} malformed pushes", s2.shard, s2.rejected);
               c.done = true;
-              c.setup.outcome->set_value(std::move(sum));
+              c.setup.outcome->set_value(make_summary(c, result, *stats));
               shut_down(self);
             },
             [self, i](caf::error& err) {
