@@ -118,8 +118,10 @@ TEST(BatchSource, ServesEverySampleOfItsPartitionOncePerEpochThenEnds) {
 namespace asgd {
 namespace {
 
-// A "shard" that accepts every request and never answers.
-caf::behavior silent_shard(caf::event_based_actor* self) {
+// A "shard" that accepts every request and never answers. (The unused
+// argument sidesteps CAF 0.17 binding a null tuple for argument-less function
+// actors, which UBSan reports.)
+caf::behavior silent_shard(caf::event_based_actor* self, int /*unused*/) {
   return {
       [self](push_atom, const PushRequest&) {
         self->make_response_promise();  // dropped unanswered
@@ -146,7 +148,7 @@ TEST(Worker, FailsNamingTheShardThatDidNotAnswerWithinTheTimeout) {
   auto core = ShardCore::make({0, ranges[0], std::move(slice), {"sgd", 0.1f, 0.0f, 0.0f}, {}, {}});
   ASSERT_TRUE(core.ok());
   std::vector<caf::actor> shards = {sys.spawn(parameter_shard, std::make_shared<ShardCore>(std::move(core).value())),
-                                    sys.spawn(silent_shard)};
+                                    sys.spawn(silent_shard, 0)};
   auto feeder = sys.spawn<caf::detached>(data_feeder, FeederSetup{data, {0, 8}, 1, 8, 2, 1, 1});
   auto w = sys.spawn(worker, WorkerSetup{3, "mlp", {1, 28, 28}, 10, shards, ranges, feeder,
                                          caf::actor_cast<caf::actor>(self), PolicyConfig{},
