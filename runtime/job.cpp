@@ -1,6 +1,7 @@
 // run_job: the in-process runtime. Loads the data, starts a private actor
 // system, lets the coordinator run the job, and waits for its outcome.
 
+#include <spdlog/fmt/fmt.h>
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
@@ -43,29 +44,27 @@ Status validate(const JobConfig& c) {
   };
   if (!data::is_known_dataset(c.dataset)) return bad("dataset", c.dataset, "unknown dataset (known: mnist, fashion-mnist)");
   if (!contains(known_models(), c.model)) return bad("model", c.model, "unknown model (known: " + join(known_models()) + ")");
-  if (auto p = make_policy({c.policy, c.fetch_every, c.push_every, std::nullopt}); !p) {
-    const std::string& msg = p.status().message();
-    if (c.fetch_every == 0) return bad("fetch-every", "0", "must be >= 1");
-    if (c.push_every == 0) return bad("push-every", "0", "must be >= 1");
-    return bad("policy", c.policy, msg);
-  }
+  if (c.fetch_every == 0) return bad("fetch-every", "0", "must be >= 1");
+  if (c.push_every == 0) return bad("push-every", "0", "must be >= 1");
+  if (auto p = make_policy({c.policy, c.fetch_every, c.push_every, std::nullopt}); !p)
+    return bad("policy", c.policy, p.status().message());
   if (c.workers < 1) return bad("workers", std::to_string(c.workers), "must be >= 1");
   if (c.shards < 1) return bad("shards", std::to_string(c.shards), "must be >= 1");
   if (c.device != "cpu") return bad("device", c.device, "only 'cpu' is available in this build");
   if (c.epochs < 1) return bad("epochs", std::to_string(c.epochs), "must be >= 1");
   if (c.batch < 1) return bad("batch", std::to_string(c.batch), "must be >= 1");
-  if (!(c.lr > 0.0) || !std::isfinite(c.lr)) return bad("lr", std::to_string(c.lr), "must be a positive number");
+  if (!(c.lr > 0.0) || !std::isfinite(c.lr)) return bad("lr", fmt::format("{:g}", c.lr), "must be a positive number");
   if (LrSchedule::Kind kind; !LrSchedule::parse(c.lr_schedule, kind))
     return bad("lr-schedule", c.lr_schedule, "unknown schedule (known: constant, cosine)");
   if (!contains(known_optimizers(), c.optimizer))
     return bad("optimizer", c.optimizer, "unknown optimizer (known: " + join(known_optimizers()) + ")");
-  if (!(c.momentum >= 0.0 && c.momentum < 1.0)) return bad("momentum", std::to_string(c.momentum), "must be in [0, 1)");
+  if (!(c.momentum >= 0.0 && c.momentum < 1.0)) return bad("momentum", fmt::format("{:g}", c.momentum), "must be in [0, 1)");
   if (c.target_accuracy && !(*c.target_accuracy > 0.0 && *c.target_accuracy <= 1.0))
-    return bad("target-accuracy", std::to_string(*c.target_accuracy), "must be in (0, 1]");
+    return bad("target-accuracy", fmt::format("{:g}", *c.target_accuracy), "must be in (0, 1]");
   if (c.validation_size < 1) return bad("validation-size", "0", "must be >= 1");
   if (c.prefetch < 1) return bad("prefetch", "0", "must be >= 1");
   if (!(c.rpc_timeout_s > 0.0) || !std::isfinite(c.rpc_timeout_s))
-    return bad("rpc-timeout", std::to_string(c.rpc_timeout_s), "must be a positive number of seconds");
+    return bad("rpc-timeout", fmt::format("{:g}", c.rpc_timeout_s), "must be a positive number of seconds");
   return {};
 }
 
