@@ -31,6 +31,7 @@ int main(int argc, char** argv) {
   using namespace asgd::cli;
   reexec_with_better_blas_kernels(argv);
   CLI::App app{"asgd: a runtime for data-parallel stochastic gradient descent"};
+  app.name("asgd");
   app.require_subcommand(1);
   app.set_version_flag("--version", "asgd 0.1.0");
   auto train = add_train_command(app);

@@ -150,12 +150,13 @@ void print_error(const std::string& message) {
 std::function<int()> add_train_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("train", "run one training job in this process (no flags: the embedded default)");
   auto opts = std::make_shared<TrainOptions>();
-  cmd->add_option("--config", opts->config_file, "TOML file with job settings (flags override it)");
+  cmd->add_option("--config", opts->config_file, "TOML file with job settings (flags override it)")->type_name("FILE");
   for (const ConfigField& f : job_config_fields()) {
     opts->options[f.key] = cmd->add_option("--" + f.key, opts->flags[f.key], f.help)->type_name(f.value_name);
   }
-  cmd->add_option("--log-file", opts->log_file, "also write the log to FILE");
-  cmd->add_option("--log-level", opts->log_level, "trace | debug | info | warn | error | off (default info)");
+  cmd->add_option("--log-file", opts->log_file, "also write the log to FILE")->type_name("FILE");
+  cmd->add_option("--log-level", opts->log_level, "trace | debug | info | warn | error | off (default info)")
+      ->type_name("LEVEL");
   return [opts] { return run_train(*opts); };
 }
 
