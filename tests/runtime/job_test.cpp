@@ -3,6 +3,7 @@
 #include <filesystem>
 #include <fstream>
 #include <set>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
@@ -66,6 +67,30 @@ TEST(RunJob, TrainsMnistAcrossTwoWorkersAndTwoShardsAndWritesTheMetricsFile) {
   EXPECT_EQ(s["shards"], 2);
   EXPECT_EQ(s["final_test_accuracy"], result->final_test_accuracy);
   EXPECT_GE(s["wall_s"].get<double>(), s["train_s"].get<double>());
+}
+
+TEST(RunJob, TwoJobsRunAtTheSameTimeInOneProcessWithoutSharingState) {
+  ASGD_REQUIRE_DATASET(mnist, "mnist");
+  ASGD_REQUIRE_DATASET(fashion, "fashion-mnist");
+  JobConfig a;
+  a.data_dir = mnist.string();
+  a.epochs = 1;
+  JobConfig b = a;
+  b.dataset = "fashion-mnist";
+  b.data_dir = fashion.string();
+  b.shards = 2;
+  Result<JobSummary> ra = Status::Internal("not run"), rb = Status::Internal("not run");
+  {
+    std::jthread ta([&] { ra = run_job(a); });
+    std::jthread tb([&] { rb = run_job(b); });
+  }
+  ASSERT_TRUE(ra.ok()) << ra.status().to_string();
+  ASSERT_TRUE(rb.ok()) << rb.status().to_string();
+  EXPECT_EQ(ra->dataset, "mnist");
+  EXPECT_EQ(rb->dataset, "fashion-mnist");
+  EXPECT_GE(ra->final_test_accuracy, 0.93);  // one epoch of MNIST
+  EXPECT_GE(rb->final_test_accuracy, 0.80);  // one epoch of Fashion-MNIST
+  EXPECT_EQ(ra->updates_applied, rb->updates_applied);  // same split sizes, batch and workers
 }
 
 TEST(RunJob, StopsPromptlyAndSaysSoWhenCancelled) {
