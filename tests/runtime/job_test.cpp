@@ -88,8 +88,8 @@ TEST(RunJob, TwoJobsRunAtTheSameTimeInOneProcessWithoutSharingState) {
   ASSERT_TRUE(rb.ok()) << rb.status().to_string();
   EXPECT_EQ(ra->dataset, "mnist");
   EXPECT_EQ(rb->dataset, "fashion-mnist");
-  EXPECT_GE(ra->final_test_accuracy, 0.93);  // one epoch of MNIST
-  EXPECT_GE(rb->final_test_accuracy, 0.80);  // one epoch of Fashion-MNIST
+  EXPECT_GE(ra->final_test_accuracy, 0.93) << "MNIST";  // one epoch: about 0.96
+  EXPECT_GE(rb->final_test_accuracy, 0.80) << "Fashion-MNIST";  // one epoch: about 0.85
   EXPECT_EQ(ra->updates_applied, rb->updates_applied);  // same split sizes, batch and workers
 }
 
