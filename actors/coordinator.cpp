@@ -218,7 +218,8 @@ caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self, Coordinat
   st.ranges = partition_keys(st.model->num_params(), cfg.shards);
 
   const PolicyConfig policy{cfg.policy, cfg.fetch_every, cfg.push_every, std::nullopt};
-  const OptimizerConfig optimizer{cfg.optimizer, static_cast<float>(cfg.lr), static_cast<float>(cfg.momentum), 0.0f};
+  const OptimizerConfig optimizer{cfg.optimizer, static_cast<float>(cfg.lr), static_cast<float>(cfg.momentum),
+                                  static_cast<float>(cfg.weight_decay)};
   LrSchedule schedule;
   LrSchedule::parse(cfg.lr_schedule, schedule.kind);  // validated by run_job
   schedule.total_steps = planned_pushes(cfg, train.count);

@@ -46,7 +46,8 @@ Result<double> plain_loop(const JobConfig& c, const std::shared_ptr<const data::
   auto model = Model::build(c.model, {train.channels, train.rows, train.cols}, data->num_classes);
   if (!model) return model.status();
   model->init_params(c.seed);
-  auto opt = make_optimizer({c.optimizer, static_cast<float>(c.lr), static_cast<float>(c.momentum), 0.0f},
+  auto opt = make_optimizer({c.optimizer, static_cast<float>(c.lr), static_cast<float>(c.momentum),
+                             static_cast<float>(c.weight_decay)},
                             model->num_params());
   if (!opt) return opt.status();
   BatchSource source({data, data::partition_for(train.count, 0, 1), 1, c.batch, 1, c.seed, 1});

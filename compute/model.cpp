@@ -3,6 +3,7 @@
 #include <cassert>
 #include <cmath>
 
+#include "compute/denormals.hpp"
 #include "compute/random.hpp"
 
 namespace asgd {
@@ -102,6 +103,7 @@ float Model::forward(std::span<const float> x, std::size_t batch, std::span<cons
 }
 
 float Model::compute_gradients(std::span<const float> x, std::span<const std::int32_t> y) {
+  const FlushDenormals flush;
   const std::size_t batch = y.size();
   if (batch == 0) {  // no samples, no gradient (and no 1/0 in the loss)
     std::fill(grads_.begin(), grads_.end(), 0.0f);
@@ -123,6 +125,7 @@ float Model::compute_gradients(std::span<const float> x, std::span<const std::in
 }
 
 EvalResult Model::evaluate(std::span<const float> x, std::span<const std::int32_t> y, std::size_t chunk) {
+  const FlushDenormals flush;
   EvalResult r;
   const std::size_t n = y.size();
   chunk = std::max<std::size_t>(chunk, 1);

@@ -1,7 +1,10 @@
 #include "compute/optimizer.hpp"
 
+#include "compute/denormals.hpp"
+
 #include <cassert>
 #include <cmath>
+#include <cstdint>
 
 namespace asgd {
 
@@ -12,6 +15,7 @@ class Sgd final : public Optimizer {
  public:
   explicit Sgd(const OptimizerConfig& c) : c_(c) {}
   void step(std::span<float> p, std::span<const float> g, float lr_scale, std::span<float> copy) override {
+    const FlushDenormals flush;
     assert(p.size() == g.size() && (copy.empty() || copy.size() == p.size()));
     const float lr = c_.lr * lr_scale;
     const float wd = c_.weight_decay;
@@ -31,6 +35,7 @@ class Momentum final : public Optimizer {
  public:
   Momentum(const OptimizerConfig& c, std::size_t size) : c_(c), v_(size, 0.0f) {}
   void step(std::span<float> p, std::span<const float> g, float lr_scale, std::span<float> copy) override {
+    const FlushDenormals flush;
     assert(p.size() == v_.size() && g.size() == v_.size() && (copy.empty() || copy.size() == p.size()));
     const float lr = c_.lr * lr_scale;
     const float mu = c_.momentum;
@@ -55,10 +60,71 @@ class Momentum final : public Optimizer {
   std::vector<float> v_;  // (size,) momentum buffer
 };
 
+// Adagrad (Duchi et al. 2011) as torch.optim.Adagrad with lr_decay 0.
+class Adagrad final : public Optimizer {
+ public:
+  Adagrad(const OptimizerConfig& c, std::size_t size) : c_(c), sum_(size, 0.0f) {}
+  void step(std::span<float> p, std::span<const float> g, float lr_scale, std::span<float> copy) override {
+    const FlushDenormals flush;
+    assert(p.size() == sum_.size() && g.size() == sum_.size() && (copy.empty() || copy.size() == p.size()));
+    const float lr = c_.lr * lr_scale;
+    const float wd = c_.weight_decay;
+    float* s = sum_.data();
+    // The copy (when wanted) may alias g: read g[i] before writing copy[i].
+    float* out = copy.empty() ? p.data() : copy.data();
+    for (std::size_t i = 0; i < p.size(); ++i) {
+      const float gi = g[i] + wd * p[i];
+      s[i] += gi * gi;
+      out[i] = p[i] -= lr * gi / (std::sqrt(s[i]) + kEps);
+    }
+  }
+
+ private:
+  static constexpr float kEps = 1e-10f;
+  OptimizerConfig c_;
+  std::vector<float> sum_;  // (size,) running sum of squared gradients
+};
+
+// Adam (Kingma and Ba 2015) as torch.optim.Adam with its default betas and
+// eps. The step count is this optimizer's own (a shard's applied updates).
+class Adam final : public Optimizer {
+ public:
+  Adam(const OptimizerConfig& c, std::size_t size) : c_(c), m_(size, 0.0f), v_(size, 0.0f) {}
+  void step(std::span<float> p, std::span<const float> g, float lr_scale, std::span<float> copy) override {
+    const FlushDenormals flush;
+    assert(p.size() == m_.size() && g.size() == m_.size() && (copy.empty() || copy.size() == p.size()));
+    ++t_;
+    const double bias1 = 1.0 - std::pow(static_cast<double>(kBeta1), static_cast<double>(t_));
+    const double bias2 = 1.0 - std::pow(static_cast<double>(kBeta2), static_cast<double>(t_));
+    const auto step_size = static_cast<float>(c_.lr * lr_scale / bias1);
+    const auto inv_sqrt_bias2 = static_cast<float>(1.0 / std::sqrt(bias2));
+    const float wd = c_.weight_decay;
+    float* m = m_.data();
+    float* v = v_.data();
+    // The copy (when wanted) may alias g: read g[i] before writing copy[i].
+    float* out = copy.empty() ? p.data() : copy.data();
+    for (std::size_t i = 0; i < p.size(); ++i) {
+      const float gi = g[i] + wd * p[i];
+      m[i] = kBeta1 * m[i] + (1.0f - kBeta1) * gi;
+      v[i] = kBeta2 * v[i] + (1.0f - kBeta2) * gi * gi;
+      out[i] = p[i] -= step_size * m[i] / (std::sqrt(v[i]) * inv_sqrt_bias2 + kEps);
+    }
+  }
+
+ private:
+  static constexpr float kBeta1 = 0.9f;
+  static constexpr float kBeta2 = 0.999f;
+  static constexpr float kEps = 1e-8f;
+  OptimizerConfig c_;
+  std::vector<float> m_;  // (size,) first moment
+  std::vector<float> v_;  // (size,) second moment
+  std::uint64_t t_ = 0;   // steps taken
+};
+
 }  // namespace
 
 const std::vector<std::string>& known_optimizers() {
-  static const std::vector<std::string> names = {"sgd", "momentum"};
+  static const std::vector<std::string> names = {"sgd", "momentum", "adagrad", "adam"};
   return names;
 }
 
@@ -73,7 +139,9 @@ Result<std::unique_ptr<Optimizer>> make_optimizer(const OptimizerConfig& c, std:
       return Status::InvalidArgument("momentum must be in [0, 1), got " + std::to_string(c.momentum));
     return std::unique_ptr<Optimizer>(std::make_unique<Momentum>(c, size));
   }
-  return Status::InvalidArgument("unknown optimizer '" + c.kind + "' (known: sgd, momentum)");
+  if (c.kind == "adagrad") return std::unique_ptr<Optimizer>(std::make_unique<Adagrad>(c, size));
+  if (c.kind == "adam") return std::unique_ptr<Optimizer>(std::make_unique<Adam>(c, size));
+  return Status::InvalidArgument("unknown optimizer '" + c.kind + "' (known: sgd, momentum, adagrad, adam)");
 }
 
 }  // namespace asgd

@@ -1,5 +1,13 @@
 #pragma once
-// Optimizers over a contiguous slice of parameters. A shard owns one for its
+// Optimizers over a contiguous slice of parameters, with PyTorch's update
+// rules and defaults, so results compare with torch.optim:
+//   sgd:      p -= lr * g
+//   momentum: v = mu * v + g;  p -= lr * v
+//   adagrad:  s += g^2;  p -= lr * g / (sqrt(s) + 1e-10)
+//   adam:     m = 0.9 m + 0.1 g;  v = 0.999 v + 0.001 g^2;
+//             p -= lr * (m / (1 - 0.9^t)) / (sqrt(v / (1 - 0.999^t)) + 1e-8)
+// where g already includes weight_decay * p (L2, as torch.optim's
+// weight_decay; not AdamW's decoupled decay). A shard owns one for its
 // key range; a plain training loop owns one for the whole model. Each keeps
 // its own state (momentum buffers) sized to the slice it was made for.
 
@@ -13,7 +21,7 @@
 namespace asgd {
 
 struct OptimizerConfig {
-  std::string kind = "momentum";  ///< "sgd" or "momentum"
+  std::string kind = "momentum";  ///< "sgd", "momentum", "adagrad" or "adam"
   float lr = 0.05f;               ///< learning rate, > 0
   float momentum = 0.9f;          ///< used by "momentum", in [0, 1)
   float weight_decay = 0.0f;      ///< L2 coefficient added to the gradient, >= 0

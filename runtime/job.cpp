@@ -58,6 +58,8 @@ Status validate(const JobConfig& c) {
     return bad("lr-schedule", c.lr_schedule, "unknown schedule (known: constant, cosine)");
   if (!contains(known_optimizers(), c.optimizer))
     return bad("optimizer", c.optimizer, "unknown optimizer (known: " + join(known_optimizers()) + ")");
+  if (!(c.weight_decay >= 0.0) || !std::isfinite(c.weight_decay))
+    return bad("weight-decay", fmt::format("{:g}", c.weight_decay), "must be a number >= 0");
   if (!(c.momentum >= 0.0 && c.momentum < 1.0)) return bad("momentum", fmt::format("{:g}", c.momentum), "must be in [0, 1)");
   if (c.target_accuracy && !(*c.target_accuracy > 0.0 && *c.target_accuracy <= 1.0))
     return bad("target-accuracy", fmt::format("{:g}", *c.target_accuracy), "must be in (0, 1]");

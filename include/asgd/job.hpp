@@ -29,8 +29,9 @@ struct JobConfig {
   std::uint32_t batch = 64;         ///< samples per worker step, >= 1
   double lr = 0.02;                 ///< base learning rate, > 0
   std::string lr_schedule = "cosine";  ///< constant | cosine (decays to 0 over the job's updates)
-  std::string optimizer = "momentum";  ///< shard-side optimizer: sgd | momentum
+  std::string optimizer = "momentum";  ///< shard-side optimizer: sgd | momentum | adagrad | adam
   double momentum = 0.9;            ///< for optimizer = momentum
+  double weight_decay = 0.0;        ///< L2 coefficient added to every gradient, >= 0
   std::uint64_t seed = 1;           ///< seeds initialisation, the validation split and shuffling
   std::optional<double> target_accuracy;  ///< validation accuracy whose first crossing time is reported
   std::string metrics_out;          ///< JSON Lines metrics file; empty: none

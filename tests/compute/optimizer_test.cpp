@@ -209,7 +209,7 @@ TEST(Optimizer, InvalidConfigsAreRejected) {
       {"NaN momentum", config("momentum", 0.1f, nan)},
       {"negative weight decay", config("sgd", 0.1f, 0.9f, -0.01f)},
       {"NaN weight decay", config("momentum", 0.1f, 0.9f, nan)},
-      {"unknown kind", config("adam", 0.1f)},
+      {"unknown kind", config("rmsprop", 0.1f)},
       {"empty kind", config("", 0.1f)},
   };
   for (const auto& [what, c] : cases) {
@@ -224,13 +224,55 @@ TEST(Optimizer, DefaultConfigIsValid) {
   EXPECT_TRUE(made.ok()) << made.status().to_string();
 }
 
-TEST(Optimizer, KnownOptimizersListsSgdAndMomentumAndEachCanBeMade) {
+TEST(Optimizer, KnownOptimizersListsAllFourAndEachCanBeMade) {
   const auto& names = known_optimizers();
-  EXPECT_NE(std::find(names.begin(), names.end(), "sgd"), names.end());
-  EXPECT_NE(std::find(names.begin(), names.end(), "momentum"), names.end());
+  for (const char* want : {"sgd", "momentum", "adagrad", "adam"})
+    EXPECT_NE(std::find(names.begin(), names.end(), want), names.end()) << want;
   for (const std::string& name : names) {
     auto made = make_optimizer(config(name, 0.1f), 3);
     EXPECT_TRUE(made.ok()) << name << ": " << made.status().to_string();
+  }
+}
+
+// Expected values from torch.optim.Adagrad / torch.optim.Adam (float64,
+// lr 0.1), the same three gradients, with and without weight decay.
+struct TorchCase {
+  const char* kind;
+  float weight_decay;
+  std::vector<float> expected;
+};
+
+TEST(Optimizer, AdagradAndAdamMatchTorchOptimOverThreeSteps) {
+  const std::vector<std::vector<float>> grads = {{0.5f, -1.0f}, {0.1f, 0.3f}, {-0.2f, 0.05f}};
+  const std::vector<TorchCase> cases = {
+      {"adagrad", 0.0f, {0.916903224f, -1.933518437f}},
+      {"adagrad", 0.01f, {0.913522677f, -1.929463314f}},
+      {"adam", 0.0f, {0.785260532f, -1.827239043f}},
+      {"adam", 0.01f, {0.782165847f, -1.822442349f}},
+  };
+  for (const auto& c : cases) {
+    auto opt = make_optimizer(config(c.kind, 0.1f, 0.9f, c.weight_decay), 2);
+    ASSERT_TRUE(opt.ok()) << c.kind;
+    std::vector<float> p = {1.0f, -2.0f};
+    for (const auto& g : grads) (*opt)->step(p, g);
+    EXPECT_NEAR(p[0], c.expected[0], 2e-6) << c.kind << " wd " << c.weight_decay;
+    EXPECT_NEAR(p[1], c.expected[1], 2e-6) << c.kind << " wd " << c.weight_decay;
+  }
+}
+
+TEST(Optimizer, AdagradAndAdamWriteTheUpdatedParametersIntoAnAliasedCopy) {
+  for (const char* kind : {"adagrad", "adam"}) {
+    auto a = make_optimizer(config(kind, 0.1f), 3);
+    auto b = make_optimizer(config(kind, 0.1f), 3);
+    ASSERT_TRUE(a.ok() && b.ok());
+    std::vector<float> pa = {1.0f, 2.0f, 3.0f}, pb = pa;
+    for (int step = 0; step < 3; ++step) {
+      std::vector<float> g = {0.3f, -0.2f, 0.1f * static_cast<float>(step)};
+      (*a)->step(pa, g);
+      (*b)->step(pb, g, 1.0f, g);  // the shard's use: the gradient buffer becomes the reply
+      EXPECT_EQ(pa, pb) << kind;
+      EXPECT_EQ(g, pb) << kind;
+    }
   }
 }
 
