@@ -7,7 +7,10 @@
 namespace asgd {
 namespace {
 
-float halve(volatile float x) { return x * 0.5f; }  // volatile: computed at run time
+float halve(float x) {
+  volatile float v = x;  // computed at run time, not folded by the compiler
+  return v * 0.5f;
+}
 
 TEST(FlushDenormals, FlushesDenormalResultsOnlyWhileAlive) {
   const float tiny = std::numeric_limits<float>::min();  // smallest normal
