@@ -13,7 +13,6 @@
 namespace asgd::data {
 namespace {
 
-constexpr std::array<const char*, 2> kKnownDatasets = {"mnist", "fashion-mnist"};
 constexpr std::size_t kNumClasses = 10;
 // Stream of the train/validation split permutation ("va"), kept apart from
 // the per-worker shuffling streams.
@@ -21,7 +20,7 @@ constexpr std::uint64_t kValidationStream = 0x7661;
 
 std::string known_names() {
   std::string names;
-  for (const char* n : kKnownDatasets) {
+  for (const std::string& n : known_datasets()) {
     if (!names.empty()) names += ", ";
     names += n;
   }
@@ -68,8 +67,14 @@ std::vector<std::size_t> iota(std::size_t n) {
 
 }  // namespace
 
+const std::vector<std::string>& known_datasets() {
+  static const std::vector<std::string> names = {"mnist", "fashion-mnist"};
+  return names;
+}
+
 bool is_known_dataset(const std::string& name) {
-  return std::find(kKnownDatasets.begin(), kKnownDatasets.end(), name) != kKnownDatasets.end();
+  const auto& names = known_datasets();
+  return std::find(names.begin(), names.end(), name) != names.end();
 }
 
 Result<DatasetSplits> load_dataset(const std::string& name, const std::filesystem::path& dir,

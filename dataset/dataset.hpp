@@ -43,6 +43,7 @@ struct DatasetSplits {
 };
 
 /// Names load_dataset understands.
+const std::vector<std::string>& known_datasets();
 bool is_known_dataset(const std::string& name);
 
 /// Loads `name` from `dir`, which holds the four IDX files under their

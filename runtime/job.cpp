@@ -42,7 +42,8 @@ Status validate(const JobConfig& c) {
   auto bad = [](const std::string& flag, const std::string& value, const std::string& why) {
     return Status::InvalidArgument("--" + flag + " " + value + ": " + why);
   };
-  if (!data::is_known_dataset(c.dataset)) return bad("dataset", c.dataset, "unknown dataset (known: mnist, fashion-mnist)");
+  if (!data::is_known_dataset(c.dataset))
+    return bad("dataset", c.dataset, "unknown dataset (known: " + join(data::known_datasets()) + ")");
   if (!contains(known_models(), c.model)) return bad("model", c.model, "unknown model (known: " + join(known_models()) + ")");
   if (c.fetch_every == 0) return bad("fetch-every", "0", "must be >= 1");
   if (c.push_every == 0) return bad("push-every", "0", "must be >= 1");
