@@ -11,7 +11,10 @@
 //   (failed_atom, int32 StatusCode, std::string)  from a worker that cannot go on: the job fails
 //   (cancel_atom)                from the runtime: the job stops, cancelled
 // Watches every actor it started; one that stops abnormally fails the job
-// with a message naming it.
+// with a message naming it. With --worker-weights auto it first asks each
+// worker, one at a time, how many samples per second it computes, and sizes
+// batches and data partitions from the answers. The final evaluation waits
+// until every worker has stopped, so it sees every last push.
 
 #include <caf/all.hpp>
 
@@ -25,6 +28,7 @@
 
 #include "actors/key_range.hpp"
 #include "actors/messages.hpp"
+#include "actors/shared_parameters.hpp"
 #include "asgd/job.hpp"
 #include "compute/model.hpp"
 
@@ -34,8 +38,36 @@ struct CoordinatorSetup {
   JobConfig config;
   std::shared_ptr<const data::DatasetSplits> data;
   std::function<void(const EpochMetrics&)> on_epoch;   ///< called from the coordinator's thread
+  std::function<void(std::span<const float>)> on_final_params;  ///< called from the coordinator's thread
   std::shared_ptr<std::promise<Result<JobSummary>>> outcome;  ///< set exactly once
 };
+
+/// The policy settings a job's configuration gives.
+PolicyConfig policy_config(const JobConfig& config);
+
+/// Per-worker weights from --worker-weights "W0,W1,..." (empty: all 1).
+/// Errors: invalid_argument unless there is one positive number per worker.
+Result<std::vector<double>> parse_worker_weights(const std::string& text, std::uint32_t workers);
+
+/// Per-worker slow-down factors from --straggler "W:F[,W:F...]" (1 for the
+/// rest). Errors: invalid_argument for a bad worker index or a factor < 1.
+Result<std::vector<double>> parse_stragglers(const std::string& text, std::uint32_t workers);
+
+/// What one worker trains on: its part of the training split and its batch.
+struct WorkerShare {
+  data::Partition partition;
+  std::uint32_t batch = 0;
+};
+
+/// Splits `train_count` samples and the global batch (batch x workers) in
+/// proportion to `weights`, so every worker takes about as many steps per
+/// epoch whatever its weight. Equal weights give data::partition_for and
+/// `batch` exactly.
+std::vector<WorkerShare> assign_shares(std::size_t train_count, std::uint32_t batch, const std::vector<double>& weights);
+
+/// The most steps any worker takes over the job: the length of the
+/// learning-rate schedule, which runs by clock.
+std::uint64_t planned_clocks(const std::vector<WorkerShare>& shares, std::uint32_t epochs);
 
 struct CoordinatorState {
   CoordinatorSetup setup;
@@ -44,11 +76,18 @@ struct CoordinatorState {
   std::vector<caf::actor> shards;
   std::vector<caf::actor> workers;
   std::vector<caf::actor> feeders;
+  std::vector<WorkerShare> shares;
+  std::vector<double> stragglers;             // per worker: slow-down factor
+  std::shared_ptr<SharedParameters> shared;   // hogwild only
+  std::uint32_t workers_stopped = 0;
+  bool last_epoch_evaluated = false;
+  bool finishing = false;
   std::map<caf::actor_addr, std::string> names;  // for diagnostics: "worker 1", "shard 0"
 
   struct EpochAgg {
     std::uint32_t reports = 0;
-    EpochReport sum;          // samples, loss and updates summed over workers
+    EpochReport sum;          // samples and updates summed over workers
+    std::vector<double> loss_by_worker;  // summed in worker order: reproducible
     double end_s = 0.0;       // when the last report arrived, since train_start
     double duration_s = 0.0;  // since the previous epoch ended
   };
@@ -60,17 +99,12 @@ struct CoordinatorState {
   std::chrono::steady_clock::time_point last_epoch_end;
   double train_s = 0.0;
   std::optional<double> time_to_target_s;
-  std::vector<EpochReport> worker_totals;     // per worker, for the closing log
+  std::vector<EpochReport> worker_totals;     // per worker, for the closing log and the summary
   bool done = false;
   static inline const char* name = "coordinator";
 };
 
 caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self, CoordinatorSetup setup);
-
-/// How many pushes every worker together will send over the whole job (each
-/// shard applies all of them under async): the length of the learning-rate
-/// schedule.
-std::uint64_t planned_pushes(const JobConfig& config, std::size_t train_count);
 
 /// Merges shard staleness histograms into (mean, p99, max).
 struct StalenessSummary {
@@ -79,6 +113,9 @@ struct StalenessSummary {
   double max = 0.0;
   std::uint64_t count = 0;
 };
-StalenessSummary summarize_staleness(const std::vector<ShardStats>& stats);
+StalenessSummary summarize_staleness(const std::vector<std::uint64_t>& histogram);
+
+/// Adds histogram `h` into `into`, growing it as needed.
+void merge_histogram(std::vector<std::uint64_t>& into, const std::vector<std::uint64_t>& h);
 
 }  // namespace asgd

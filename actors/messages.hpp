@@ -14,35 +14,41 @@
 
 namespace asgd {
 
-/// worker -> shard: gradients for the shard's key range.
+/// worker -> shard: a payload for the shard's key range.
 struct PushRequest {
   WorkerId worker = 0;
-  Clock clock = 0;
-  std::uint64_t base_version = 0;   ///< shard version the gradient was computed on
-  bool want_params = true;          ///< answer with the parameters after applying
-  std::vector<float> grad;          ///< (range size,)
+  Clock clock = 0;                  ///< the step that produced it (its last, when steps were summed)
+  Clock base_clock = 0;             ///< complete clock of the read it was computed on
+  std::uint32_t samples = 0;        ///< samples behind it: its weight in an aggregate
+  bool want_params = true;          ///< answer with the parameters for the read at clock + 1
+  std::vector<float> payload;       ///< (range size,) gradients or parameters, as the policy says
 };
 
-/// shard -> worker: the push's fate and, if asked, fresh parameters. The
-/// shard reuses the request's gradient buffer for them (no allocation).
-struct PushReply {
-  std::uint32_t shard = 0;
-  bool applied = false;
-  std::uint64_t version = 0;        ///< shard version after this push
-  std::vector<float> params;        ///< (range size,) or empty
-};
-
-/// worker -> shard: "send me your parameters".
+/// worker -> shard: "send me your parameters for step `clock`".
 struct PullRequest {
   WorkerId worker = 0;
   Clock clock = 0;
 };
 
-/// shard -> worker or coordinator: parameters of one key range.
-struct ParamsReply {
+/// What happened to a push.
+enum class PushOutcome : std::uint8_t {
+  none = 0,        ///< the reply answers a pull or a snapshot
+  applied = 1,     ///< applied at once
+  aggregated = 2,  ///< added to its clock's aggregate (applied when that commits)
+  discarded = 3,   ///< dropped by the policy (a late backup gradient)
+  rejected = 4,    ///< malformed: wrong size, unknown or departed worker
+};
+
+/// shard -> worker or coordinator: a push's fate and, when a read was asked
+/// for, the parameters of the shard's key range. A push's reply reuses the
+/// push's buffer for them (no allocation).
+struct ShardReply {
   std::uint32_t shard = 0;
-  std::uint64_t version = 0;
-  std::vector<float> params;        ///< (range size,)
+  std::uint8_t outcome = 0;         ///< a PushOutcome
+  Clock clock = 0;                  ///< complete clock of `params`: every update of clocks below is in
+  std::uint64_t version = 0;        ///< updates (or aggregates) the shard has applied
+  double held_s = 0.0;              ///< how long the policy held the read back
+  std::vector<float> params;        ///< (range size,) or empty
 };
 
 /// worker -> coordinator, once per finished epoch.
@@ -56,6 +62,9 @@ struct EpochReport {
   double compute_s = 0.0;           ///< forward + backward
   double comm_s = 0.0;              ///< waiting for shard replies
   double data_wait_s = 0.0;         ///< waiting for the data feeder
+  double policy_wait_s = 0.0;       ///< of comm_s: replies the policy held back (the slowest shard's, per step)
+  std::uint64_t local_updates = 0;  ///< updates the worker applied itself (hogwild, averaging)
+  std::vector<std::uint64_t> staleness_histogram;  ///< of updates applied to shared parameters (hogwild)
   std::uint64_t dropped_batches = 0;  ///< gradients not pushed: the loss was NaN or infinite
   std::uint64_t dropped_samples = 0;  ///< their samples (left out of loss_sum)
 };
@@ -63,7 +72,8 @@ struct EpochReport {
 /// shard -> coordinator at the end: what the shard applied.
 struct ShardStats {
   std::uint32_t shard = 0;
-  std::uint64_t updates_applied = 0;
+  std::uint64_t updates_applied = 0;         ///< pushes applied, alone or inside a committed aggregate
+  std::uint64_t commits = 0;                 ///< optimizer steps or averages the shard took
   std::uint64_t updates_discarded = 0;
   std::uint64_t rejected = 0;                 ///< malformed pushes
   std::vector<std::uint64_t> staleness_histogram;  ///< [s] = applications with staleness s
@@ -71,28 +81,25 @@ struct ShardStats {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, PushRequest& x) {
-  return f(caf::meta::type_name("PushRequest"), x.worker, x.clock, x.base_version, x.want_params, x.grad);
-}
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, PushReply& x) {
-  return f(caf::meta::type_name("PushReply"), x.shard, x.applied, x.version, x.params);
+  return f(caf::meta::type_name("PushRequest"), x.worker, x.clock, x.base_clock, x.samples, x.want_params, x.payload);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, PullRequest& x) {
   return f(caf::meta::type_name("PullRequest"), x.worker, x.clock);
 }
 template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, ParamsReply& x) {
-  return f(caf::meta::type_name("ParamsReply"), x.shard, x.version, x.params);
+typename Inspector::result_type inspect(Inspector& f, ShardReply& x) {
+  return f(caf::meta::type_name("ShardReply"), x.shard, x.outcome, x.clock, x.version, x.held_s, x.params);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, EpochReport& x) {
   return f(caf::meta::type_name("EpochReport"), x.worker, x.epoch, x.samples, x.batches, x.loss_sum,
-           x.updates, x.compute_s, x.comm_s, x.data_wait_s, x.dropped_batches, x.dropped_samples);
+           x.updates, x.compute_s, x.comm_s, x.data_wait_s, x.policy_wait_s, x.local_updates, x.staleness_histogram,
+           x.dropped_batches, x.dropped_samples);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ShardStats& x) {
-  return f(caf::meta::type_name("ShardStats"), x.shard, x.updates_applied, x.updates_discarded, x.rejected,
+  return f(caf::meta::type_name("ShardStats"), x.shard, x.updates_applied, x.commits, x.updates_discarded, x.rejected,
            x.staleness_histogram);
 }
 
@@ -115,14 +122,16 @@ using start_atom = caf::atom_constant<caf::atom("start")>;
 using failed_atom = caf::atom_constant<caf::atom("failed")>;
 using cancel_atom = caf::atom_constant<caf::atom("cancel")>;
 using tick_atom = caf::atom_constant<caf::atom("tick")>;
+using leave_atom = caf::atom_constant<caf::atom("leave")>;
+using resume_atom = caf::atom_constant<caf::atom("resume")>;
+using calibrate_atom = caf::atom_constant<caf::atom("calibrate")>;
 
 }  // namespace asgd
 
 CAF_BEGIN_TYPE_ID_BLOCK(asgd, caf::first_custom_type_id)
   CAF_ADD_TYPE_ID(asgd, (asgd::PushRequest))
-  CAF_ADD_TYPE_ID(asgd, (asgd::PushReply))
   CAF_ADD_TYPE_ID(asgd, (asgd::PullRequest))
-  CAF_ADD_TYPE_ID(asgd, (asgd::ParamsReply))
+  CAF_ADD_TYPE_ID(asgd, (asgd::ShardReply))
   CAF_ADD_TYPE_ID(asgd, (asgd::EpochReport))
   CAF_ADD_TYPE_ID(asgd, (asgd::ShardStats))
   CAF_ADD_TYPE_ID(asgd, (asgd::data::Batch))

@@ -1,11 +1,15 @@
 #include "actors/parameter_shard.hpp"
 
 #include <algorithm>
+#include <limits>
 
 namespace asgd {
 
 Result<ShardCore> ShardCore::make(ShardSetup setup) {
-  if (setup.initial.size() != setup.range.size())
+  if (setup.workers == 0) return Status::InvalidArgument("shard " + std::to_string(setup.index) + ": no workers");
+  if (setup.shared && setup.shared->values.size() < setup.range.end)
+    return Status::InvalidArgument("shard " + std::to_string(setup.index) + ": the shared buffer is smaller than its range");
+  if (!setup.shared && setup.initial.size() != setup.range.size())
     return Status::InvalidArgument("shard " + std::to_string(setup.index) + ": initial parameters have " +
                                    std::to_string(setup.initial.size()) + " values for a range of " +
                                    std::to_string(setup.range.size()));
@@ -14,82 +18,262 @@ Result<ShardCore> ShardCore::make(ShardSetup setup) {
   auto policy = make_policy(setup.policy);
   if (!policy) return policy.status();
   ShardCore core;
-  core.params_ = std::move(setup.initial);
+  if (setup.shared) {
+    core.params_ = std::span(setup.shared->values).subspan(setup.range.begin, setup.range.size());
+  } else {
+    core.owned_ = std::move(setup.initial);
+    core.params_ = core.owned_;
+  }
   core.setup_ = std::move(setup);
   core.optimizer_ = std::move(optimizer).value();
   core.policy_ = std::move(policy).value();
+  core.clock_.assign(core.setup_.workers, 0);
+  core.live_.assign(core.setup_.workers, true);
   core.stats_.shard = core.setup_.index;
   return core;
 }
 
-PushReply ShardCore::push(PushRequest&& request) {
-  PushReply reply;
-  reply.shard = setup_.index;
-  if (request.grad.size() != params_.size()) {
-    ++stats_.rejected;
-    reply.version = version_;
-    return reply;
-  }
-  const PushInfo info{request.worker, request.clock, request.base_version, version_};
-  if (policy_->admit_push(info) == PushAction::apply) {
-    // A base version from the future can only come from a confused peer;
-    // count it as fresh rather than wrapping around.
-    const std::uint64_t staleness = version_ > request.base_version ? version_ - request.base_version : 0;
-    if (stats_.staleness_histogram.size() <= staleness) stats_.staleness_histogram.resize(staleness + 1, 0);
-    ++stats_.staleness_histogram[staleness];
-    // The reply reuses the gradient's buffer: the optimizer reads g[i]
-    // before it writes the updated p[i] into the same slot.
-    std::span<float> out = request.want_params ? std::span<float>(request.grad) : std::span<float>();
-    optimizer_->step(params_, request.grad, setup_.schedule.scale(version_), out);
-    ++version_;
-    ++stats_.updates_applied;
-    reply.applied = true;
-    if (request.want_params) reply.params = std::move(request.grad);
-  } else {
-    ++stats_.updates_discarded;
-    if (request.want_params) {
-      reply.params = std::move(request.grad);
-      std::copy(params_.begin(), params_.end(), reply.params.begin());
+ClockView ShardCore::view() const {
+  ClockView v;
+  Clock lowest = std::numeric_limits<Clock>::max(), highest = 0;
+  for (std::size_t w = 0; w < clock_.size(); ++w) {
+    highest = std::max(highest, clock_[w]);
+    if (live_[w]) {
+      ++v.live_workers;
+      lowest = std::min(lowest, clock_[w]);
     }
   }
-  reply.version = version_;
-  return reply;
+  v.min_clock = v.live_workers > 0 ? lowest : highest;
+  v.committed = committed_;
+  return v;
 }
 
-bool ShardCore::may_answer(const PullRequest& pull) const {
-  return policy_->may_answer_pull({pull.worker, pull.clock});
+// Updates enter the parameters either as they arrive (then every clock below
+// the slowest live worker's is in) or through commits (then every committed
+// clock is); a policy uses one way or the other, and the further is the truth.
+Clock ShardCore::complete_clock() const { return std::max(committed_, view().min_clock); }
+
+ShardReply ShardCore::reply(PushOutcome outcome, std::vector<float> buffer, bool with_params) const {
+  ShardReply r;
+  r.shard = setup_.index;
+  r.outcome = static_cast<std::uint8_t>(outcome);
+  r.clock = complete_clock();
+  r.version = version_;
+  if (with_params) {
+    buffer.assign(params_.begin(), params_.end());
+    r.params = std::move(buffer);
+  }
+  return r;
 }
 
-ParamsReply ShardCore::params_reply(std::vector<float> buffer) const {
-  buffer.assign(params_.begin(), params_.end());
-  return {setup_.index, version_, std::move(buffer)};
+void ShardCore::record_staleness(Clock clock, Clock base) {
+  // A base clock from the future can only come from a confused peer; count
+  // it as fresh rather than wrapping around.
+  const Clock staleness = clock > base ? clock - base : 0;
+  auto& h = stats_.staleness_histogram;
+  if (h.size() <= staleness) h.resize(staleness + 1, 0);
+  ++h[staleness];
 }
 
-ShardStats ShardCore::stats() const { return stats_; }
+float ShardCore::lr_scale(Clock clock, Clock staleness) const {
+  float scale = setup_.schedule.scale(clock);
+  if (setup_.staleness_aware_lr && staleness > 1) scale /= static_cast<float>(staleness);
+  return scale;
+}
+
+void ShardCore::answer_or_hold(Ticket ticket, PullInfo read, PushOutcome outcome, std::vector<float> buffer,
+                               Instant now, std::vector<Answer>& out) {
+  if (policy_->may_answer_pull(read, view())) {
+    out.push_back({ticket, reply(outcome, std::move(buffer), true)});
+  } else {
+    held_.push_back({ticket, read, outcome, std::move(buffer), now});
+  }
+}
+
+void ShardCore::release_held(Instant now, std::vector<Answer>& out) {
+  if (held_.empty()) return;
+  const ClockView v = view();
+  auto still_held = std::stable_partition(held_.begin(), held_.end(),
+                                          [&](const Held& h) { return !policy_->may_answer_pull(h.read, v); });
+  for (auto it = still_held; it != held_.end(); ++it) {
+    ShardReply r = reply(it->outcome, std::move(it->buffer), true);
+    r.held_s = it->since == Instant{} ? 0.0 : std::chrono::duration<double>(now - it->since).count();
+    out.push_back({it->ticket, std::move(r)});
+  }
+  held_.erase(still_held, held_.end());
+}
+
+void ShardCore::commit_ready_aggregates() {
+  // Strictly in clock order: a later clock never overtakes an earlier one.
+  while (!pending_.empty()) {
+    auto it = pending_.begin();
+    const Clock t = it->first;
+    Aggregate& agg = it->second;
+    // Only live workers' pushes count towards completeness (one that left
+    // after pushing must not stand in for one still computing), but every
+    // push in the aggregate is applied.
+    std::uint32_t live_contributions = 0;
+    for (std::size_t w = 0; w < agg.present.size(); ++w) live_contributions += agg.present[w] && live_[w];
+    if (!policy_->commit_ready(t, live_contributions, view())) return;
+    double total = 0.0;
+    for (auto n : agg.samples) total += n;
+    if (total == 0) {  // only clock ticks: nothing to apply
+      committed_ = t + 1;
+      pending_.erase(it);
+      continue;
+    }
+    // Summed in worker order, so a run is bitwise reproducible whatever
+    // order the pushes arrived in. Weighted by samples: with unequal
+    // batches this is the mean over every sample of the clock.
+    mean_.assign(params_.size(), 0.0f);
+    for (std::size_t w = 0; w < agg.slots.size(); ++w) {
+      if (agg.samples[w] == 0) continue;
+      const float weight = static_cast<float>(agg.samples[w] / total);
+      const float* g = agg.slots[w].data();
+      for (std::size_t i = 0; i < mean_.size(); ++i) mean_[i] += weight * g[i];
+      record_staleness(t, agg.base[w]);
+      ++stats_.updates_applied;
+    }
+    if (policy_->payload() == Payload::parameters) {
+      std::copy(mean_.begin(), mean_.end(), params_.begin());
+    } else {
+      optimizer_->step(params_, mean_, lr_scale(t, 0));
+    }
+    ++version_;
+    ++stats_.commits;
+    committed_ = t + 1;
+    pending_.erase(it);
+  }
+}
+
+void ShardCore::push(PushRequest&& req, Ticket ticket, Instant now, std::vector<Answer>& out) {
+  const bool known = req.worker < setup_.workers && live_[req.worker];
+  const auto slot = pending_.find(req.clock);
+  const bool duplicate = known && slot != pending_.end() && slot->second.present[req.worker];
+  const bool tick = req.samples == 0 && req.payload.empty();
+  if (!known || duplicate || (!tick && req.payload.size() != params_.size())) {
+    ++stats_.rejected;
+    out.push_back({ticket, reply(PushOutcome::rejected, {}, false)});
+    return;
+  }
+  clock_[req.worker] = std::max(clock_[req.worker], req.clock + 1);
+  const PushInfo info{req.worker, req.clock, req.base_clock};
+  const PullInfo read{req.worker, req.clock + 1};
+  PushOutcome outcome = PushOutcome::applied;
+  switch (policy_->admit_push(info, view())) {
+    case PushAction::apply: {
+      if (tick) break;
+      const Clock staleness = req.clock > req.base_clock ? req.clock - req.base_clock : 0;
+      record_staleness(req.clock, req.base_clock);
+      ++stats_.updates_applied;
+      ++stats_.commits;
+      ++version_;
+      const float scale = lr_scale(req.clock, staleness);
+      if (req.want_params && policy_->may_answer_pull(read, view())) {
+        // The common async case: write the fresh parameters into the
+        // request's buffer in the optimizer's pass (it reads g[i] before it
+        // writes p[i] into the same slot) and answer at once.
+        optimizer_->step(params_, req.payload, scale, req.payload);
+        ShardReply r = reply(PushOutcome::applied, {}, false);
+        r.params = std::move(req.payload);
+        out.push_back({ticket, std::move(r)});
+        release_held(now, out);
+        return;
+      }
+      optimizer_->step(params_, req.payload, scale);
+      break;
+    }
+    case PushAction::aggregate: {
+      Aggregate& agg = pending_[req.clock];
+      if (agg.slots.empty()) {
+        agg.slots.resize(setup_.workers);
+        agg.samples.assign(setup_.workers, 0);
+        agg.base.assign(setup_.workers, 0);
+        agg.present.assign(setup_.workers, false);
+      }
+      agg.present[req.worker] = true;
+      ++agg.count;
+      agg.samples[req.worker] = req.samples;
+      agg.base[req.worker] = req.base_clock;
+      agg.slots[req.worker] = std::move(req.payload);
+      outcome = PushOutcome::aggregated;
+      commit_ready_aggregates();
+      break;
+    }
+    case PushAction::discard:
+      ++stats_.updates_discarded;
+      outcome = PushOutcome::discarded;
+      break;
+  }
+  if (tick && outcome != PushOutcome::discarded) outcome = PushOutcome::none;  // nothing was applied
+  if (req.want_params) {
+    answer_or_hold(ticket, read, outcome, std::move(req.payload), now, out);
+  } else {
+    out.push_back({ticket, reply(outcome, {}, false)});
+  }
+  release_held(now, out);
+}
+
+void ShardCore::pull(const PullRequest& pull, Ticket ticket, Instant now, std::vector<Answer>& out) {
+  if (pull.worker >= setup_.workers || !live_[pull.worker]) {
+    ++stats_.rejected;
+    out.push_back({ticket, reply(PushOutcome::rejected, {}, false)});
+    return;
+  }
+  answer_or_hold(ticket, {pull.worker, pull.clock}, PushOutcome::none, {}, now, out);
+}
+
+void ShardCore::leave(WorkerId worker, Instant now, std::vector<Answer>& out) {
+  if (worker >= setup_.workers || !live_[worker]) return;
+  live_[worker] = false;
+  commit_ready_aggregates();
+  release_held(now, out);
+}
+
+ShardReply ShardCore::snapshot() const { return reply(PushOutcome::none, {}, true); }
 
 caf::behavior parameter_shard(caf::stateful_actor<ShardState>* self, std::shared_ptr<ShardCore> core) {
   self->state.core = std::make_unique<ShardCore>(std::move(*core));
-  // Answers every held pull the policy now allows.
-  auto release_held = [self] {
-    auto& held = self->state.held;
-    auto ready = std::stable_partition(held.begin(), held.end(),
-                                       [&](const auto& h) { return !self->state.core->may_answer(h.request); });
-    for (auto it = ready; it != held.end(); ++it) it->promise.deliver(self->state.core->params_reply());
-    held.erase(ready, held.end());
+  // Delivers the answers the core produced for held reads (through their
+  // promises) and hands back the current request's own, if it is due.
+  auto flush = [self](std::optional<ShardCore::Ticket> current) {
+    auto& st = self->state;
+    std::optional<ShardReply> own;
+    for (auto& a : st.answers) {
+      if (a.ticket == current) {
+        own = std::move(a.reply);
+      } else if (auto it = st.promises.find(a.ticket); it != st.promises.end()) {
+        it->second.deliver(std::move(a.reply));
+        st.promises.erase(it);
+      }
+    }
+    st.answers.clear();
+    return own;
+  };
+  auto deliver = [self, flush](ShardCore::Ticket current) -> caf::result<ShardReply> {
+    if (auto own = flush(current)) return std::move(*own);
+    self->state.promises.emplace(current, self->make_response_promise());
+    return caf::delegated<ShardReply>();
   };
   return {
-      [self, release_held](push_atom, PushRequest& request) {
-        PushReply reply = self->state.core->push(std::move(request));
-        if (reply.applied && !self->state.held.empty()) release_held();
-        return reply;
+      [self, deliver](push_atom, PushRequest& request) {
+        auto& st = self->state;
+        const auto ticket = st.next_ticket++;
+        st.core->push(std::move(request), ticket, std::chrono::steady_clock::now(), st.answers);
+        return deliver(ticket);
       },
-      [self](pull_atom, const PullRequest& request) -> caf::result<ParamsReply> {
-        if (self->state.core->may_answer(request)) return self->state.core->params_reply();
-        auto promise = self->make_response_promise();
-        self->state.held.push_back({request, promise});
-        return caf::delegated<ParamsReply>();
+      [self, deliver](pull_atom, const PullRequest& request) {
+        auto& st = self->state;
+        const auto ticket = st.next_ticket++;
+        st.core->pull(request, ticket, std::chrono::steady_clock::now(), st.answers);
+        return deliver(ticket);
       },
-      [self](snapshot_atom) { return self->state.core->params_reply(); },
+      [self, flush](leave_atom, WorkerId worker) {
+        auto& st = self->state;
+        st.core->leave(worker, std::chrono::steady_clock::now(), st.answers);
+        flush(std::nullopt);
+      },
+      [self](snapshot_atom) { return self->state.core->snapshot(); },
       [self](stats_atom) { return self->state.core->stats(); },
   };
 }

@@ -1,22 +1,26 @@
 #pragma once
-// parameter_shard: owns one key range of the model's parameters, applies the
-// gradients workers push with its own optimizer state, answers pulls, and
-// counts how stale every applied gradient was. What it may apply or answer
-// when is the consistency policy's call, never the shard's.
+// parameter_shard: owns one key range of the model's parameters, keeps the
+// clock table of the workers that push to it, applies or aggregates pushes,
+// and answers reads, each exactly when the consistency policy says. It
+// counts how stale every applied update was (see policies/policy.hpp).
 //
 // Accepts:
-//   (push_atom, PushRequest)  -> PushReply     gradient for this range
-//   (pull_atom, PullRequest)  -> ParamsReply   (held while the policy says no)
-//   (snapshot_atom)           -> ParamsReply   for evaluation, never held
-//   (stats_atom)              -> ShardStats
+//   (push_atom, PushRequest)     -> ShardReply   (held while the policy holds the read it asks for)
+//   (pull_atom, PullRequest)     -> ShardReply   (held while the policy says no)
+//   (leave_atom, WorkerId)       a worker has finished: stop waiting for it
+//   (snapshot_atom)              -> ShardReply   for evaluation, never held
+//   (stats_atom)                 -> ShardStats
 
 #include <caf/all.hpp>
 
+#include <chrono>
+#include <map>
 #include <memory>
 #include <vector>
 
 #include "actors/key_range.hpp"
 #include "actors/messages.hpp"
+#include "actors/shared_parameters.hpp"
 #include "compute/optimizer.hpp"
 #include "compute/schedule.hpp"
 #include "policies/policy.hpp"
@@ -26,55 +30,109 @@ namespace asgd {
 struct ShardSetup {
   std::uint32_t index = 0;
   KeyRange range;
-  std::vector<float> initial;       ///< (range.size(),) starting parameters
+  std::vector<float> initial;       ///< (range.size(),) starting parameters; ignored with `shared`
   OptimizerConfig optimizer;
   PolicyConfig policy;
-  LrSchedule schedule;              ///< by this shard's applied-update count
+  LrSchedule schedule;              ///< by the clock of the update
+  std::uint32_t workers = 1;        ///< workers 0..workers-1 push to this shard
+  bool staleness_aware_lr = false;  ///< divide an applied update's step by its staleness (when > 1)
+  /// hogwild: the shard serves snapshots of this buffer's range instead of
+  /// owning parameters (the workers update it themselves).
+  std::shared_ptr<SharedParameters> shared;
 };
 
-/// The shard's logic without any actor around it, so tests drive it directly.
-/// Not thread-safe; the actor serialises calls.
+/// The shard's logic without any actor around it, so tests drive it message
+/// by message. Not thread-safe; the actor serialises calls. Move-only.
 class ShardCore {
  public:
-  /// Errors: invalid_argument for a bad optimizer or policy, or an initial
-  /// vector whose size is not the range's.
+  using Ticket = std::uint64_t;  ///< the caller's handle for a reply it owes
+  using Instant = std::chrono::steady_clock::time_point;
+  struct Answer {
+    Ticket ticket;
+    ShardReply reply;
+  };
+
+  /// Errors: invalid_argument for a bad optimizer or policy, no workers, or
+  /// an initial vector whose size is not the range's.
   static Result<ShardCore> make(ShardSetup setup);
+
+  ShardCore(ShardCore&&) = default;
+  ShardCore& operator=(ShardCore&&) = default;
 
   std::uint32_t index() const { return setup_.index; }
   const KeyRange& range() const { return setup_.range; }
-  std::uint64_t version() const { return version_; }
   std::span<const float> params() const { return params_; }
+  const ConsistencyPolicy& policy() const { return *policy_; }
+  ClockView view() const;
+  /// Complete clock of the current parameters: every update of clocks below it is in.
+  Clock complete_clock() const;
+  std::size_t held_reads() const { return held_.size(); }
 
-  /// Applies or discards one push as the policy says. A gradient whose size
-  /// is not the range's is rejected (counted, not applied) and answered
-  /// with applied = false. Reuses the request's buffer for the reply.
-  PushReply push(PushRequest&& request);
+  /// A push. Appends to `out` the replies that are due now: the push's own
+  /// (unless the policy holds the read it asks for) and every held read the
+  /// push released. A malformed push (wrong size, unknown or departed
+  /// worker, a second push for an aggregate's slot) is counted and answered
+  /// `rejected`, without parameters. A push with no samples and an empty
+  /// payload is a clock tick: it advances the worker's clock (and counts
+  /// towards an aggregate) without changing any parameter.
+  void push(PushRequest&& request, Ticket ticket, Instant now, std::vector<Answer>& out);
 
-  /// May a pull be answered now?
-  bool may_answer(const PullRequest& pull) const;
+  /// A read at pull.clock: answered into `out` now or held until allowed.
+  void pull(const PullRequest& pull, Ticket ticket, Instant now, std::vector<Answer>& out);
 
-  /// The current parameters, copied into a reply (reusing `buffer`).
-  ParamsReply params_reply(std::vector<float> buffer = {}) const;
+  /// Worker `worker` is done: it no longer counts for min_clock or for
+  /// aggregates, which may release held reads into `out`.
+  void leave(WorkerId worker, Instant now, std::vector<Answer>& out);
 
-  ShardStats stats() const;
+  /// The current parameters, regardless of policy (for evaluation).
+  ShardReply snapshot() const;
+  ShardStats stats() const { return stats_; }
 
  private:
+  struct Aggregate {
+    std::vector<std::vector<float>> slots;  // per worker: (range size,) or empty
+    std::vector<std::uint32_t> samples;     // per worker: 0 for a clock tick (no payload)
+    std::vector<bool> present;              // per worker: pushed for this clock
+    std::vector<Clock> base;                // per worker: base_clock of its push
+    std::uint32_t count = 0;
+  };
+  struct Held {
+    Ticket ticket;
+    PullInfo read;
+    PushOutcome outcome;
+    std::vector<float> buffer;  // reused for the reply
+    Instant since;
+  };
+
   ShardCore() = default;
+  ShardReply reply(PushOutcome outcome, std::vector<float> buffer, bool with_params) const;
+  void answer_or_hold(Ticket ticket, PullInfo read, PushOutcome outcome, std::vector<float> buffer, Instant now,
+                      std::vector<Answer>& out);
+  void commit_ready_aggregates();
+  void release_held(Instant now, std::vector<Answer>& out);
+  void record_staleness(Clock clock, Clock base);
+  float lr_scale(Clock clock, Clock staleness) const;
+
   ShardSetup setup_;
-  std::vector<float> params_;      // (range.size(),)
+  std::vector<float> owned_;            // (range.size(),) unless shared
+  std::span<float> params_;             // owned_ or the shared buffer's range
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<ConsistencyPolicy> policy_;
-  std::uint64_t version_ = 0;      // pushes applied so far
+  std::uint64_t version_ = 0;           // optimizer steps or averages taken
+  std::vector<Clock> clock_;            // per worker: highest pushed clock + 1
+  std::vector<bool> live_;              // per worker
+  Clock committed_ = 0;
+  std::map<Clock, Aggregate> pending_;  // by clock, committed in order
+  std::vector<float> mean_;             // (range.size(),) scratch for commits
+  std::vector<Held> held_;
   ShardStats stats_;
 };
 
 struct ShardState {
   std::unique_ptr<ShardCore> core;
-  struct HeldPull {
-    PullRequest request;
-    caf::response_promise promise;
-  };
-  std::vector<HeldPull> held;
+  std::map<ShardCore::Ticket, caf::response_promise> promises;  // replies owed for held reads
+  ShardCore::Ticket next_ticket = 0;
+  std::vector<ShardCore::Answer> answers;  // reused between messages
   static inline const char* name = "parameter_shard";
 };
 

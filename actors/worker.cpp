@@ -29,36 +29,46 @@ void fail(Self self, const std::string& what) { fail(self, StatusCode::timeout, 
 
 void try_step(Self self);
 
+// Out of data: tell every shard to stop waiting for us, then stop.
+void leave(Self self) {
+  auto& st = self->state;
+  for (auto& shard : st.setup.shards) self->send(shard, leave_atom::value, st.setup.id);
+  if (st.setup.shared) st.setup.shared->live[st.setup.id].store(false, std::memory_order_release);
+  st.finished = true;
+  self->quit();
+}
+
 // Copies the parameters shard `shard` sent into our replica and keeps the
 // buffer for reuse. `shard` is the index we sent the request to; the reply's
 // own shard field is checked against it, never used to index.
-void accept_params(Self self, std::size_t shard, std::uint32_t claimed, std::uint64_t version,
-                   std::vector<float>& params) {
+void accept_params(Self self, std::size_t shard, ShardReply& reply) {
   auto& st = self->state;
   const KeyRange& r = st.setup.ranges[shard];
-  if (claimed != shard) {
+  if (reply.shard != shard) {
     fail(self, StatusCode::internal,
-         "a reply from shard " + std::to_string(shard) + " claims to come from shard " + std::to_string(claimed));
+         "a reply from shard " + std::to_string(shard) + " claims to come from shard " + std::to_string(reply.shard));
     return;
   }
-  if (params.size() != r.size()) {
+  if (reply.params.size() != r.size()) {
     fail(self, StatusCode::internal,
-         "shard " + std::to_string(shard) + " sent " + std::to_string(params.size()) +
+         "shard " + std::to_string(shard) + " sent " + std::to_string(reply.params.size()) +
              " parameters for a range of " + std::to_string(r.size()));
     return;
   }
   if (r.size() == st.model->num_params()) {
-    st.model->swap_params(params);  // one shard owns everything: trade buffers, copy nothing
+    st.model->swap_params(reply.params);  // one shard owns everything: trade buffers, copy nothing
   } else {
-    std::copy(params.begin(), params.end(), st.model->params().begin() + static_cast<std::ptrdiff_t>(r.begin));
+    std::copy(reply.params.begin(), reply.params.end(),
+              st.model->params().begin() + static_cast<std::ptrdiff_t>(r.begin));
   }
-  st.base_version[shard] = version;
-  st.buffers[shard] = std::move(params);
+  st.base_clock[shard] = reply.clock;
+  st.buffers[shard] = std::move(reply.params);
 }
 
 void finish_step(Self self) {
   auto& st = self->state;
   st.report.comm_s += seconds_since(st.comm_start);
+  st.report.policy_wait_s += st.held_in_step;
   if (st.applied_in_step == st.setup.shards.size()) ++st.report.updates;
   if (st.step_ends_epoch) {
     st.report.worker = st.setup.id;
@@ -66,14 +76,11 @@ void finish_step(Self self) {
     self->send(st.setup.coordinator, st.report);
     st.report = EpochReport{};
   }
+  if (st.finishing) {
+    leave(self);
+    return;
+  }
   self->send(self, step_atom::value);
-}
-
-void on_reply_done(Self self, std::size_t shard) {
-  auto& st = self->state;
-  if (st.finished) return;
-  st.awaiting[shard] = false;
-  if (--st.outstanding == 0) finish_step(self);
 }
 
 std::string rpc_error(Self self, const char* what, std::size_t shard, const caf::error& err) {
@@ -81,48 +88,76 @@ std::string rpc_error(Self self, const char* what, std::size_t shard, const caf:
          std::to_string(self->state.step) + ": " + self->system().render(err);
 }
 
-void send_pulls(Self self) {
+void on_reply(Self self, std::size_t shard, ShardReply& reply, const char* what) {
+  auto& st = self->state;
+  if (st.finished) return;
+  const auto outcome = static_cast<PushOutcome>(reply.outcome);
+  if (outcome == PushOutcome::rejected) {
+    fail(self, StatusCode::internal,
+         fmt::format("shard {} rejected our {} at step {} (malformed, or we are not one of its workers)", shard, what,
+                     st.step));
+    return;
+  }
+  if (outcome == PushOutcome::applied || outcome == PushOutcome::aggregated) ++st.applied_in_step;
+  st.held_in_step = std::max(st.held_in_step, reply.held_s);
+  if (!reply.params.empty()) {
+    accept_params(self, shard, reply);
+    if (st.finished) return;
+  }
+  st.awaiting[shard] = false;
+  if (--st.outstanding == 0) finish_step(self);
+}
+
+void begin_round_trip(Self self) {
   auto& st = self->state;
   st.outstanding = st.setup.shards.size();
   st.awaiting.assign(st.outstanding, true);
+  st.applied_in_step = 0;
+  st.held_in_step = 0.0;
   st.comm_start = SteadyClock::now();
+}
+
+void send_pulls(Self self) {
+  auto& st = self->state;
+  begin_round_trip(self);
   for (std::size_t i = 0; i < st.setup.shards.size(); ++i) {
     self->request(st.setup.shards[i], caf::infinite, pull_atom::value, PullRequest{st.setup.id, st.step})
-        .then(
-            [self, i](ParamsReply& reply) {
-              accept_params(self, i, reply.shard, reply.version, reply.params);
-              on_reply_done(self, i);
-            },
-            [self, i](caf::error& err) { fail(self, rpc_error(self, "pull", i, err)); });
+        .then([self, i](ShardReply& reply) { on_reply(self, i, reply, "pull"); },
+              [self, i](caf::error& err) { fail(self, rpc_error(self, "pull", i, err)); });
   }
 }
 
-void send_pushes(Self self, std::span<const float> grads, bool want_params) {
+// Pushes what accumulated since the last push, tagged with clock `clock`.
+// With no samples behind it (every step since was dropped) the push is an
+// empty clock tick, so synchronous policies do not wait for us.
+void send_pushes(Self self, Clock clock, bool want_params) {
   auto& st = self->state;
-  st.outstanding = st.setup.shards.size();
-  st.awaiting.assign(st.outstanding, true);
-  st.comm_start = SteadyClock::now();
+  const bool params_payload = st.policy->payload() == Payload::parameters;
+  const bool tick = st.unpushed_samples == 0;
+  std::span<const float> source = params_payload  ? std::span<const float>(st.model->params())
+                                  : st.sum_in_model ? st.model->grads()
+                                                    : std::span<const float>(st.accumulated);
+  begin_round_trip(self);
   for (std::size_t i = 0; i < st.setup.shards.size(); ++i) {
     const KeyRange& r = st.setup.ranges[i];
-    PushRequest req{st.setup.id, st.step, st.base_version[i], want_params, std::move(st.buffers[i])};
-    if (r.size() == st.model->num_params() && grads.data() == st.model->grads().data()) {
+    PushRequest req{st.setup.id, clock, st.base_clock[i], st.unpushed_samples, want_params, std::move(st.buffers[i])};
+    if (tick) {
+      req.payload.clear();
+    } else if (!params_payload && r.size() == st.model->num_params() && source.data() == st.model->grads().data()) {
       // One shard owns everything: hand over the gradient buffer itself.
-      req.grad.resize(r.size());
-      st.model->swap_grads(req.grad);
+      req.payload.resize(r.size());
+      st.model->swap_grads(req.payload);
     } else {
-      req.grad.assign(grads.begin() + static_cast<std::ptrdiff_t>(r.begin),
-                      grads.begin() + static_cast<std::ptrdiff_t>(r.end));
+      req.payload.assign(source.begin() + static_cast<std::ptrdiff_t>(r.begin),
+                         source.begin() + static_cast<std::ptrdiff_t>(r.end));
     }
     self->request(st.setup.shards[i], caf::infinite, push_atom::value, std::move(req))
-        .then(
-            [self, i](PushReply& reply) {
-              auto& s = self->state;
-              if (reply.applied) ++s.applied_in_step;
-              if (!reply.params.empty()) accept_params(self, i, reply.shard, reply.version, reply.params);
-              on_reply_done(self, i);
-            },
-            [self, i](caf::error& err) { fail(self, rpc_error(self, "push", i, err)); });
+        .then([self, i](ShardReply& reply) { on_reply(self, i, reply, "push"); },
+              [self, i](caf::error& err) { fail(self, rpc_error(self, "push", i, err)); });
   }
+  st.unpushed_steps = 0;
+  st.unpushed_samples = 0;
+  st.sum_in_model = false;
 }
 
 void request_batch(Self self) {
@@ -140,9 +175,68 @@ void request_batch(Self self) {
           [self](caf::error& err) { fail(self, "no batch from the data feeder: " + self->system().render(err)); });
 }
 
+// The hogwild path: apply our gradient to the shared buffer in place and
+// record how far behind the slowest live worker's clock our view was.
+void update_shared(Self self, Clock base) {
+  auto& st = self->state;
+  SharedParameters& shared = *st.setup.shared;
+  const Clock staleness = st.step > base ? st.step - base : 0;
+  auto& h = st.report.staleness_histogram;
+  if (h.size() <= staleness) h.resize(staleness + 1, 0);
+  ++h[staleness];
+  shared.clocks[st.setup.id].store(st.step + 1, std::memory_order_release);
+}
+
+// Everything a step does after its gradient is computed (and, for a
+// simulated straggler, after its delay).
+void continue_step(Self self) {
+  auto& st = self->state;
+  const StepPlan plan = st.policy->plan(st.step);
+  const bool carried_by_push = !plan.local_update || st.policy->payload() == Payload::parameters;
+  if (!st.step_dropped) {
+    if (plan.local_update) {
+      const Clock base = st.setup.shared ? st.setup.shared->min_live_clock() : 0;
+      st.local_optimizer->step(st.model->params(), st.model->grads(), st.setup.schedule.scale(st.step));
+      ++st.report.local_updates;
+      if (st.setup.shared) {
+        update_shared(self, base);
+        ++st.report.updates;
+      }
+    }
+    if (carried_by_push) {
+      if (st.policy->payload() == Payload::gradients) {
+        // Downpour's n_push > 1: sum the gradients until the push. A step
+        // that pushes its own gradients alone sends them straight from the
+        // model.
+        auto g = st.model->grads();
+        st.sum_in_model = st.unpushed_steps == 0 && plan.push;
+        if (st.unpushed_steps == 0) {
+          if (!plan.push) st.accumulated.assign(g.begin(), g.end());
+        } else {
+          for (std::size_t i = 0; i < g.size(); ++i) st.accumulated[i] += g[i];
+        }
+      }
+      ++st.unpushed_steps;
+      st.unpushed_samples += st.step_samples;
+    }
+  }
+  if (plan.push) {
+    send_pushes(self, st.step, plan.pull);
+  } else if (plan.pull) {
+    send_pulls(self);
+  }
+  ++st.step;
+  if (st.outstanding == 0) {
+    st.comm_start = SteadyClock::now();
+    st.held_in_step = 0.0;
+    st.applied_in_step = 0;
+    finish_step(self);
+  }
+}
+
 void try_step(Self self) {
   auto& st = self->state;
-  if (st.finished || st.outstanding > 0) return;
+  if (st.finished || st.finishing || st.straggling || st.outstanding > 0) return;
   if (!st.next_batch) {
     if (!st.idle_since) st.idle_since = SteadyClock::now();
     if (!st.batch_requested) request_batch(self);
@@ -155,22 +249,30 @@ void try_step(Self self) {
   data::Batch batch = std::move(*st.next_batch);
   st.next_batch.reset();
   if (batch.size == 0) {  // every epoch done
-    st.finished = true;
-    self->quit();
+    if (st.unpushed_samples > 0) {
+      // The plan had not pushed our last steps yet (averaging's last
+      // partial round, Downpour's n_push): carry them before leaving.
+      st.finishing = true;
+      st.step_ends_epoch = false;
+      send_pushes(self, st.step - 1, false);
+    } else {
+      leave(self);
+    }
     return;
   }
   request_batch(self);  // the feeder prepares the next one while we compute
 
   const auto t0 = SteadyClock::now();
   const float loss = st.model->compute_gradients(batch.x, batch.y);
-  st.report.compute_s += seconds_since(t0);
+  const double compute_s = seconds_since(t0);
+  st.report.compute_s += compute_s;
   st.report.samples += batch.size;
   ++st.report.batches;
-  // A NaN or infinite loss means a gradient that would poison the shards'
+  // A NaN or infinite loss means a gradient that would poison the
   // parameters: drop it, count it, and stop the job once it is clearly
   // diverging rather than a single bad batch.
-  const bool drop = !std::isfinite(loss);
-  if (drop) {
+  st.step_dropped = !std::isfinite(loss);
+  if (st.step_dropped) {
     ++st.report.dropped_batches;
     st.report.dropped_samples += batch.size;
     if (++st.nonfinite_streak >= kMaxNonFiniteSteps) {
@@ -183,37 +285,18 @@ void try_step(Self self) {
     st.nonfinite_streak = 0;
     st.report.loss_sum += static_cast<double>(loss) * static_cast<double>(batch.size);
   }
-
-  StepPlan plan = st.policy->plan(st.step);
-  std::span<const float> grads = st.model->grads();
-  if (drop) {
-    plan.push = false;  // keep what was accumulated so far; add nothing
-  } else if (st.setup.policy.push_every > 1) {
-    // Downpour's n_push > 1: sum the gradients until the push.
-    if (st.accumulated_steps++ == 0) {
-      st.accumulated.assign(grads.begin(), grads.end());
-    } else {
-      for (std::size_t i = 0; i < grads.size(); ++i) st.accumulated[i] += grads[i];
-    }
-    grads = st.accumulated;
-  }
+  st.step_samples = static_cast<std::uint32_t>(batch.size);
   st.step_ends_epoch = batch.last_in_epoch;
   st.step_epoch = batch.epoch;
-  st.applied_in_step = 0;
-  // With push_every > 1 a push step may find nothing accumulated (every
-  // gradient since the last push was dropped): then there is nothing to send.
-  const bool have_gradient = st.setup.policy.push_every > 1 ? st.accumulated_steps > 0 : !drop;
-  if (plan.push && have_gradient) {
-    st.accumulated_steps = 0;
-    send_pushes(self, grads, plan.pull);
-  } else if (plan.pull) {
-    send_pulls(self);
+  if (st.setup.straggler_factor > 1.0) {
+    // A slower device: the step takes factor x its compute time, spent on a
+    // timer so the core stays free for the other workers.
+    st.straggling = true;
+    const auto delay = std::chrono::duration<double>(compute_s * (st.setup.straggler_factor - 1.0));
+    self->delayed_send(self, std::chrono::duration_cast<caf::timespan>(delay), resume_atom::value);
+    return;
   }
-  ++st.step;
-  if (st.outstanding == 0) {
-    st.comm_start = SteadyClock::now();
-    finish_step(self);
-  }
+  continue_step(self);
 }
 
 // The watchdog: fails the job, naming who did not answer, once a reply is
@@ -227,7 +310,9 @@ void check_overdue(Self self) {
     std::string who;
     for (std::size_t i = 0; i < st.awaiting.size(); ++i)
       if (st.awaiting[i]) who += (who.empty() ? "" : ", ") + std::to_string(i);
-    fail(self, fmt::format("no reply from shard(s) {} within {:g} s (--rpc-timeout) at step {}", who, limit, st.step));
+    fail(self, fmt::format("no reply from shard(s) {} within {:g} s (--rpc-timeout) at step {} under policy {}: "
+                           "a synchronous policy holds a read until the slowest worker catches up",
+                           who, limit, st.step, st.policy->name()));
     return;
   }
   if (st.batch_requested && std::chrono::duration<double>(now - st.batch_requested_at).count() > limit) {
@@ -246,21 +331,60 @@ caf::behavior worker(caf::stateful_actor<WorkerState>* self, WorkerSetup setup) 
   auto policy = make_policy(setup.policy);
   st.setup = std::move(setup);
   if (!model || !policy) {
-    fail(self, (!model ? model.status() : policy.status()).to_string());
+    fail(self, StatusCode::invalid_argument, (!model ? model.status() : policy.status()).to_string());
     return {};
   }
   st.model.emplace(std::move(model).value());
   st.policy = std::move(policy).value();
-  st.base_version.assign(st.setup.shards.size(), 0);
+  if (st.setup.shared) {
+    if (st.setup.shared->values.size() != st.model->num_params() || st.setup.id >= st.setup.shared->clocks.size()) {
+      fail(self, StatusCode::invalid_argument, "the shared parameter buffer does not fit the model or the worker");
+      return {};
+    }
+    st.model->use_params(st.setup.shared->values);
+  }
+  if (st.policy->plan(0).local_update) {  // a policy that updates locally does so on every step
+    auto opt = make_optimizer(st.setup.optimizer, st.model->num_params());
+    if (!opt) {
+      fail(self, StatusCode::invalid_argument, opt.status().to_string());
+      return {};
+    }
+    st.local_optimizer = std::move(opt).value();
+  }
+  st.base_clock.assign(st.setup.shards.size(), 0);
   st.buffers.resize(st.setup.shards.size());
+  auto start = [self] {
+    auto& s = self->state;
+    // The first step trains on the shards' parameters, not our own
+    // (with a shared buffer there is nothing to fetch).
+    if (!s.setup.shared) send_pulls(self);
+    request_batch(self);
+    check_overdue(self);
+  };
   return {
-      [self](start_atom) {
-        // The first step trains on the shards' parameters, not our own.
-        send_pulls(self);
-        request_batch(self);
-        check_overdue(self);
+      [start](start_atom) { start(); },
+      [self, start](start_atom, caf::actor feeder) {
+        self->state.setup.feeder = std::move(feeder);
+        start();
+      },
+      [self](calibrate_atom, const data::Batch& probe) {
+        // Samples per second on this worker's device, straggling included:
+        // one warm-up step, then the mean of a few.
+        auto& s = self->state;
+        constexpr int kSteps = 5;
+        s.model->compute_gradients(probe.x, probe.y);
+        const auto t0 = SteadyClock::now();
+        for (int i = 0; i < kSteps; ++i) s.model->compute_gradients(probe.x, probe.y);
+        const double seconds = seconds_since(t0) * s.setup.straggler_factor;
+        return seconds > 0 ? static_cast<double>(probe.size * kSteps) / seconds : 0.0;
       },
       [self](step_atom) { try_step(self); },
+      [self](resume_atom) {
+        auto& s = self->state;
+        if (s.finished) return;
+        s.straggling = false;
+        continue_step(self);
+      },
       [self](tick_atom) { check_overdue(self); },
   };
 }

@@ -1,20 +1,23 @@
 #pragma once
 // worker: trains a replica of the model on the batches its data feeder
-// serves. Each step it computes a gradient, pushes it to the shards that own
-// each key range and refreshes its parameters from their replies, when and as
-// often as the consistency policy's plan says. Event-based: it never blocks a
-// scheduler thread waiting for a reply.
+// serves. Each step it computes a gradient and then does what the
+// consistency policy's plan says: update its own parameters, push the
+// payload (gradients or parameters) to the shards that own each key range,
+// and refresh its parameters from their replies. Event-based: it never
+// blocks a scheduler thread waiting for a reply, and a simulated straggler
+// waits on a timer, not on a thread.
 //
 // Accepts:
 //   (start_atom)   from the coordinator: pull the parameters, then train
 //   (step_atom)    self-message between steps, so other messages interleave
+//   (resume_atom)  self-message: a straggler's delayed step goes on
 //   (tick_atom)    self-message: the watchdog that enforces rpc_timeout
 // Hot-path requests carry no CAF timeout (each one would wake CAF's timer
 // thread twice per step); one periodic watchdog tick checks them instead.
 // Sends to the coordinator: EpochReport after each epoch, and
 //   (failed_atom, int32 StatusCode, std::string) when a reply does not come in
 //   time (timeout), training diverged (diverged) or a shard answered nonsense
-//   (internal).
+//   (internal). Sends (leave_atom, id) to every shard once out of data.
 
 #include <caf/all.hpp>
 
@@ -25,7 +28,10 @@
 
 #include "actors/key_range.hpp"
 #include "actors/messages.hpp"
+#include "actors/shared_parameters.hpp"
 #include "compute/model.hpp"
+#include "compute/optimizer.hpp"
+#include "compute/schedule.hpp"
 #include "policies/policy.hpp"
 
 namespace asgd {
@@ -41,6 +47,10 @@ struct WorkerSetup {
   caf::actor coordinator;
   PolicyConfig policy;
   caf::timespan rpc_timeout = std::chrono::seconds(60);
+  OptimizerConfig optimizer;          ///< for local updates (hogwild, averaging)
+  LrSchedule schedule;                ///< for local updates, by the worker's own clock
+  double straggler_factor = 1.0;      ///< > 1: each step takes this many times its compute time
+  std::shared_ptr<SharedParameters> shared;  ///< hogwild: the buffer every worker updates
 };
 
 /// Consecutive NaN/Inf losses after which a worker declares the job diverged.
@@ -50,18 +60,24 @@ struct WorkerState {
   WorkerSetup setup;
   std::optional<Model> model;
   std::unique_ptr<ConsistencyPolicy> policy;
-  std::uint64_t step = 0;                       // steps completed
-  std::vector<std::uint64_t> base_version;      // per shard: version of our copy
+  std::unique_ptr<Optimizer> local_optimizer;   // when the plan updates locally
+  std::uint64_t step = 0;                       // steps completed: the worker's clock
+  std::vector<Clock> base_clock;                // per shard: complete clock of our copy
   std::vector<std::vector<float>> buffers;      // per shard: recycled message buffers
-  std::vector<float> accumulated;               // (num_params,) when push_every > 1
-  std::size_t accumulated_steps = 0;
+  std::vector<float> accumulated;               // (num_params,) gradients summed between pushes
+  std::size_t unpushed_steps = 0;               // steps whose work no push has carried yet
+  std::uint32_t unpushed_samples = 0;
+  bool sum_in_model = false;                    // the unpushed gradients are exactly the model's grads()
 
   // The step in flight.
   std::size_t outstanding = 0;                  // shard replies still expected
   std::vector<bool> awaiting;                   // per shard: reply still expected
   std::size_t applied_in_step = 0;
+  double held_in_step = 0.0;                    // longest a shard held this step's read
   bool step_ends_epoch = false;
   std::uint64_t step_epoch = 0;
+  bool step_dropped = false;                    // the step's loss was NaN/Inf
+  std::uint32_t step_samples = 0;
   std::chrono::steady_clock::time_point comm_start;
 
   // The batch the next step trains on.
@@ -72,6 +88,8 @@ struct WorkerState {
 
   EpochReport report;                           // the epoch being trained
   std::uint32_t nonfinite_streak = 0;           // consecutive steps with a NaN/Inf loss
+  bool straggling = false;                      // a delayed step is waiting for resume_atom
+  bool finishing = false;                       // out of data: the last push is in flight
   bool finished = false;
   static inline const char* name = "worker";
 };

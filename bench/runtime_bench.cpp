@@ -54,7 +54,7 @@ Result<double> plain_loop(const JobConfig& c, const std::shared_ptr<const data::
   // The same schedule the shard applies, so both sides run the same kernels.
   LrSchedule schedule;
   LrSchedule::parse(c.lr_schedule, schedule.kind);
-  schedule.total_steps = planned_pushes(c, train.count);
+  schedule.total_steps = planned_clocks(assign_shares(train.count, c.batch, std::vector<double>(c.workers, 1.0)), c.epochs);
   std::uint64_t step = 0;
   std::size_t samples = 0;
   const auto t0 = std::chrono::steady_clock::now();

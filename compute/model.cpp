@@ -56,15 +56,23 @@ void Model::finalize() {
 }
 
 void Model::bind_layers() {
+  if (!external_params_) view_ = params_;
   for (std::size_t i = 0; i < layers_.size(); ++i) {
-    layers_[i]->bind(std::span(params_).subspan(layer_offset_[i], layer_size_[i]),
+    layers_[i]->bind(view_.subspan(layer_offset_[i], layer_size_[i]),
                      std::span(grads_).subspan(layer_offset_[i], layer_size_[i]));
   }
 }
 
 void Model::swap_params(std::vector<float>& storage) {
-  assert(storage.size() == params_.size());
+  assert(storage.size() == params_.size() && !external_params_);
   params_.swap(storage);
+  bind_layers();
+}
+
+void Model::use_params(std::span<float> storage) {
+  assert(storage.size() == params_.size());
+  external_params_ = true;
+  view_ = storage;
   bind_layers();
 }
 
@@ -80,7 +88,7 @@ void Model::init_params(std::uint64_t seed) {
   for (const auto& layer : layers_) {
     for (const ParamSpec& spec : layer->param_specs()) {
       const ParamEntry& e = layout_[entry++];
-      float* p = params_.data() + e.offset;
+      float* p = view_.data() + e.offset;
       if (spec.init == Init::he_uniform) {
         const float bound = std::sqrt(6.0f / static_cast<float>(spec.fan_in));
         for (std::size_t i = 0; i < e.size; ++i) p[i] = rng.uniform(-bound, bound);

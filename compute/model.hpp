@@ -52,8 +52,8 @@ class Model {
   std::size_t num_params() const { return params_.size(); }
   const std::vector<ParamEntry>& layout() const { return layout_; }
 
-  std::span<float> params() { return params_; }
-  std::span<const float> params() const { return params_; }
+  std::span<float> params() { return view_; }
+  std::span<const float> params() const { return view_; }
   std::span<const float> grads() const { return grads_; }
 
   /// Exchanges the parameter (or gradient) storage with `storage`, which
@@ -61,6 +61,12 @@ class Model {
   /// worker trades whole buffers with its shard instead of copying them.
   void swap_params(std::vector<float>& storage);
   void swap_grads(std::vector<float>& storage);
+
+  /// From now on computes on `storage` (num_params() values, owned by the
+  /// caller and outliving this model) instead of its own parameters: hogwild
+  /// workers share one buffer this way. Afterwards swap_params must not be
+  /// called.
+  void use_params(std::span<float> storage);
 
   /// Initialises every parameter from `seed` (He-uniform weights, zero
   /// biases); the same seed gives bitwise the same parameters.
@@ -89,6 +95,8 @@ class Model {
   std::vector<std::size_t> layer_offset_;  // per layer: first parameter index
   std::vector<std::size_t> layer_size_;    // per layer: parameter count
   std::vector<float> params_;
+  std::span<float> view_;                  // params_, or external storage (use_params)
+  bool external_params_ = false;
   std::vector<float> grads_;
   std::vector<Tensor> acts_;               // acts_[i] = output of layer i
   std::vector<Tensor> grad_acts_;          // scratch for dL/d(acts)

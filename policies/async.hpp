@@ -1,6 +1,6 @@
 #pragma once
 // async (Downpour SGD, Dean et al. 2012): shards apply every push the moment
-// it arrives and answer every pull at once; workers never wait for each
+// it arrives and answer every read at once; workers never wait for each
 // other. A worker pulls every `fetch_every` steps and pushes the gradients it
 // accumulated every `push_every` steps (Downpour's n_fetch and n_push), which
 // trades traffic for staleness.
@@ -16,13 +16,11 @@ class AsyncPolicy final : public ConsistencyPolicy {
 
   std::string name() const override { return "async"; }
   std::optional<std::uint32_t> staleness_bound() const override { return std::nullopt; }
-
   StepPlan plan(std::uint64_t step) const override {
-    return {.push = (step + 1) % push_every_ == 0, .pull = (step + 1) % fetch_every_ == 0};
+    return {.local_update = false, .push = (step + 1) % push_every_ == 0, .pull = (step + 1) % fetch_every_ == 0};
   }
-  PushAction admit_push(const PushInfo&) override { return PushAction::apply; }
-  bool may_answer_pull(const PullInfo&) const override { return true; }
-  void on_clock_advance(Clock) override {}
+  PushAction admit_push(const PushInfo&, const ClockView&) const override { return PushAction::apply; }
+  bool may_answer_pull(const PullInfo&, const ClockView&) const override { return true; }
 
  private:
   std::uint32_t fetch_every_;

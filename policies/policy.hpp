@@ -1,11 +1,24 @@
 #pragma once
 // The consistency policy: the only thing that decides how stale a worker may
-// be. Actors ask it three questions (may this push be applied now, may this
-// pull be answered now, what happens when a clock advances) plus, on the
-// worker side, which steps talk to the shards at all. Actors hold no
-// policy-specific branches; a new policy is one short file in policies/.
+// be. A shard asks it three questions (what to do with an arriving push,
+// whether an aggregate is complete, whether a read may be answered now) and
+// a worker asks which steps update locally, push or pull. Policies are pure:
+// the state they judge (every worker's clock, what the shard has committed)
+// is the shard's ClockView, passed in. Actors hold no policy-specific
+// branches; a new policy is one short file in policies/.
+//
+// Clocks. A worker's clock is the number of steps it has completed: the
+// gradient of its step t is pushed tagged with clock t, and the read that
+// precedes step c is a read "at clock c". Staleness is counted in clocks,
+// the unit Ho et al. (2013) bound: every update records
+//   staleness = (clock of the update) - (complete clock of the read it was computed on)
+// where a read's complete clock V means it contains every live worker's
+// updates of clocks < V. bsp gives 0, ssp(s) at most s, averaging over k local
+// steps k - 1, async whatever gap between the fastest and slowest worker
+// opens up.
 
 #include <cstdint>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -21,44 +34,65 @@ using Clock = std::uint64_t;
 
 /// What one worker step does besides computing a gradient.
 struct StepPlan {
-  bool push = true;  ///< send the gradients accumulated since the last push
-  bool pull = true;  ///< refresh the local parameters before the next step
+  bool local_update = false;  ///< apply the gradient to the worker's own parameters with its own optimizer
+  bool push = true;           ///< send the payload accumulated since the last push
+  bool pull = true;           ///< refresh the local parameters before the next step
+};
+
+/// What a worker pushes.
+enum class Payload {
+  gradients,   ///< the (summed) gradients since the last push
+  parameters,  ///< its own parameters, after local updates
 };
 
 /// What a shard does with an arriving push.
 enum class PushAction {
-  apply,    ///< apply it now with the shard's optimizer
-  discard,  ///< drop it (for example a late gradient under backup workers)
+  apply,      ///< apply it now with the shard's optimizer
+  aggregate,  ///< add it to its clock's aggregate, applied once commit_ready says so
+  discard,    ///< drop it (a late gradient under backup workers)
+};
+
+/// What a shard knows when it asks its policy: its view of the workers'
+/// clocks, built from the pushes it received.
+struct ClockView {
+  std::uint32_t live_workers = 0;  ///< workers that have not left the job
+  /// The slowest live worker's clock (the pushes of clocks below it have all
+  /// arrived); the largest clock seen when no worker is live.
+  Clock min_clock = 0;
+  Clock committed = 0;             ///< aggregates committed: clocks < committed are in the parameters
 };
 
 /// What a shard knows about an arriving push.
 struct PushInfo {
   WorkerId worker = 0;
-  Clock clock = 0;                 ///< the worker's clock when it computed the gradient
-  std::uint64_t base_version = 0;  ///< the shard version the gradient was computed on
-  std::uint64_t shard_version = 0; ///< the shard's version now
+  Clock clock = 0;       ///< the step that produced it
+  Clock base_clock = 0;  ///< complete clock of the read it was computed on
 };
 
-/// What a shard knows about an arriving pull.
+/// A read: a pull, or the parameters a push asks for in its reply.
 struct PullInfo {
   WorkerId worker = 0;
-  Clock clock = 0;
+  Clock clock = 0;       ///< the step the worker will compute next
 };
 
 /// Settings a policy may read; each policy documents which it uses.
 struct PolicyConfig {
+  /// "bsp", "ssp", "ssp:S" (staleness S), "async", "hogwild" or "averaging".
   std::string name = "async";
-  std::uint32_t fetch_every = 1;    ///< async: pull every n-th step (Downpour n_fetch)
-  std::uint32_t push_every = 1;     ///< async: push every n-th step (Downpour n_push)
-  std::optional<std::uint32_t> staleness;  ///< ssp's s
+  std::uint32_t fetch_every = 1;             ///< async: pull every n-th step (Downpour n_fetch)
+  std::uint32_t push_every = 1;              ///< async: push every n-th step (Downpour n_push)
+  std::optional<std::uint32_t> staleness;    ///< ssp's s (default 3; "ssp:S" sets it too)
+  std::uint32_t backup_workers = 0;          ///< bsp: commit once workers - backup_workers have pushed
+  std::uint32_t local_steps = 8;             ///< averaging: local steps between averages (k)
 };
 
 /// One instance per actor that consults it (each shard and each worker own
-/// theirs), so implementations need no locking.
+/// theirs). Implementations are stateless after construction.
 class ConsistencyPolicy {
  public:
   virtual ~ConsistencyPolicy() = default;
 
+  /// The name as given on the command line, with its parameter ("ssp:3").
   virtual std::string name() const = 0;
 
   /// The bound on staleness this policy guarantees, if any (null: none).
@@ -67,22 +101,36 @@ class ConsistencyPolicy {
   /// Worker side: what step `step` (0-based) does after computing.
   virtual StepPlan plan(std::uint64_t step) const = 0;
 
-  /// Shard side: may this push be applied now?
-  virtual PushAction admit_push(const PushInfo& push) = 0;
+  /// Worker side: what a push carries.
+  virtual Payload payload() const { return Payload::gradients; }
 
-  /// Shard side: may this pull be answered now? A pull that may not is held
-  /// by the shard and asked again after every applied push or clock advance.
-  virtual bool may_answer_pull(const PullInfo& pull) const = 0;
+  /// Workers update one shared parameter buffer in place (hogwild): only
+  /// possible when they share an address space and the parameters' memory.
+  virtual bool shares_parameters() const { return false; }
 
-  /// Shard side: the slowest live worker's clock advanced to `min_clock`.
-  virtual void on_clock_advance(Clock min_clock) = 0;
+  /// Shard side: what to do with this push. Called after the push's clock
+  /// entered the view.
+  virtual PushAction admit_push(const PushInfo& push, const ClockView& view) const = 0;
+
+  /// Shard side: may the aggregate of clock `clock` be committed now, with
+  /// pushes from `contributions` of the live workers in it? Asked again
+  /// whenever the view changes (a push arrives, a worker leaves).
+  virtual bool commit_ready(Clock clock, std::uint32_t contributions, const ClockView& view) const {
+    (void)clock;
+    return contributions >= view.live_workers;
+  }
+
+  /// Shard side: may this read be answered now? A read that may not is held
+  /// by the shard and asked again whenever the view changes.
+  virtual bool may_answer_pull(const PullInfo& pull, const ClockView& view) const = 0;
 };
 
-/// Names make_policy knows, and those this build implements.
+/// Policy names make_policy knows.
 const std::vector<std::string>& known_policies();
 
 /// Errors: invalid_argument naming the bad value (unknown policy, a
-/// fetch_every or push_every of 0, a policy this build does not implement).
+/// malformed "ssp:S", a fetch_every, push_every or local_steps of 0, or a
+/// setting the policy does not use set away from its default).
 Result<std::unique_ptr<ConsistencyPolicy>> make_policy(const PolicyConfig& config);
 
 }  // namespace asgd

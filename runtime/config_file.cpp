@@ -63,7 +63,31 @@ const std::vector<ConfigField>& job_config_fields() {
       {"data-dir", "the dataset's folder (default $ASGD_DATA_DIR/NAME, else ./data/NAME)", "DIR",
        string_field(&JobConfig::data_dir)},
       {"model", "model: mlp (default mlp)", "NAME", string_field(&JobConfig::model)},
-      {"policy", "consistency policy: async (default async)", "NAME", string_field(&JobConfig::policy)},
+      {"policy", "consistency policy: bsp | ssp | ssp:S | async | hogwild | averaging (default async)", "NAME",
+       string_field(&JobConfig::policy)},
+      {"staleness", "ssp: how many clocks a worker may run ahead of the slowest (default 3)", "S",
+       [](JobConfig& c, const std::string& t) {
+         std::uint32_t v = 0;
+         Status s = parse_uint(t, v);
+         if (s.ok()) c.staleness = v;
+         return s;
+       }},
+      {"backup-workers", "bsp: apply a clock once all but B workers pushed; drop the late (default 0)", "B",
+       uint_field(&JobConfig::backup_workers)},
+      {"local-steps", "averaging: local steps between parameter averages (default 8)", "K",
+       uint_field(&JobConfig::local_steps)},
+      {"staleness-aware-lr", "async, ssp: divide each update's step by its staleness: true | false (default false)",
+       "BOOL",
+       [](JobConfig& c, const std::string& t) {
+         if (t == "true" || t == "1") c.staleness_aware_lr = true;
+         else if (t == "false" || t == "0") c.staleness_aware_lr = false;
+         else return Status::InvalidArgument("expected true or false");
+         return Status{};
+       }},
+      {"worker-weights", "per-worker batch weights: W0,W1,... or auto (default equal)", "LIST",
+       string_field(&JobConfig::worker_weights)},
+      {"straggler", "slow worker W by FACTOR, for experiments: W:FACTOR[,W:FACTOR...]", "W:F",
+       string_field(&JobConfig::straggler)},
       {"fetch-every", "async: pull parameters every N steps (default 1)", "N", uint_field(&JobConfig::fetch_every)},
       {"push-every", "async: push accumulated gradients every N steps (default 1)", "N",
        uint_field(&JobConfig::push_every)},
@@ -126,6 +150,8 @@ Status apply_toml_file(const std::string& path, JobConfig& config) {
     std::string text;
     if (value.is_string()) {
       text = value.as_string().str;
+    } else if (value.is_boolean()) {
+      text = value.as_boolean() ? "true" : "false";
     } else if (value.is_integer()) {
       text = std::to_string(value.as_integer());
     } else if (value.is_floating()) {
@@ -134,7 +160,7 @@ Status apply_toml_file(const std::string& path, JobConfig& config) {
       text = buf;
     } else {
       return Status::InvalidArgument("config file " + path + ": key '" + key +
-                                     "' must be a string or a number");
+                                     "' must be a string, a number or a boolean");
     }
     Status s = set_job_field(config, key, text);
     if (!s.ok()) return Status::InvalidArgument("config file " + path + ": " + s.message());

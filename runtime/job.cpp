@@ -47,11 +47,24 @@ Status validate(const JobConfig& c) {
   if (!contains(known_models(), c.model)) return bad("model", c.model, "unknown model (known: " + join(known_models()) + ")");
   if (c.fetch_every == 0) return bad("fetch-every", "0", "must be >= 1");
   if (c.push_every == 0) return bad("push-every", "0", "must be >= 1");
-  if (auto p = make_policy({c.policy, c.fetch_every, c.push_every, std::nullopt}); !p)
-    return bad("policy", c.policy, p.status().message());
+  auto policy = make_policy(policy_config(c));
+  if (!policy) return bad("policy", c.policy, policy.status().message());
   if (c.workers < 1) return bad("workers", std::to_string(c.workers), "must be >= 1");
+  if (c.backup_workers >= c.workers)
+    return bad("backup-workers", std::to_string(c.backup_workers),
+               "must be less than --workers " + std::to_string(c.workers) + " (at least one gradient per clock)");
+  if (c.local_steps < 1) return bad("local-steps", "0", "must be >= 1");
+  if (c.worker_weights != "auto") {
+    if (auto w = parse_worker_weights(c.worker_weights, c.workers); !w) return w.status();
+  }
+  if (auto f = parse_stragglers(c.straggler, c.workers); !f) return f.status();
   if (c.shards < 1) return bad("shards", std::to_string(c.shards), "must be >= 1");
   if (c.device != "cpu") return bad("device", c.device, "only 'cpu' is available in this build");
+  // Hogwild's lock-free shared buffer needs every worker in this process
+  // with the parameters in host memory: true of every job run_job runs
+  // today (CPU workers, one process). Multi-process roles must refuse it.
+  if (c.staleness_aware_lr && (*policy)->name() != "async" && (*policy)->name().rfind("ssp", 0) != 0)
+    return bad("staleness-aware-lr", "true", "applies to --policy async and ssp only, not to " + (*policy)->name());
   if (c.epochs < 1) return bad("epochs", std::to_string(c.epochs), "must be >= 1");
   if (c.batch < 1) return bad("batch", std::to_string(c.batch), "must be >= 1");
   if (!(c.lr > 0.0) || !std::isfinite(c.lr)) return bad("lr", fmt::format("{:g}", c.lr), "must be a positive number");
@@ -130,7 +143,7 @@ Result<JobSummary> run_job(const JobConfig& config, const JobCallbacks& callback
   auto future = outcome->get_future();
   {
     caf::actor_system system{cfg};
-    auto coord = system.spawn(coordinator, CoordinatorSetup{config, data, on_epoch, outcome});
+    auto coord = system.spawn(coordinator, CoordinatorSetup{config, data, on_epoch, callbacks.on_final_params, outcome});
     outcome.reset();  // the coordinator holds the only reference now
     bool cancelled = false;
     while (future.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready) {

@@ -30,7 +30,10 @@ nlohmann::json to_json(const JobSummary& s) {
                       {"updates_applied", s.updates_applied},
                       {"staleness_mean", s.staleness_mean},
                       {"staleness_p99", s.staleness_p99},
-                      {"staleness_max", s.staleness_max}};
+                      {"staleness_max", s.staleness_max},
+                      {"staleness_histogram", s.staleness_histogram},
+                      {"worker_batch", s.worker_batch},
+                      {"worker_wait_s", s.worker_wait_s}};
   if (s.staleness) j["staleness"] = *s.staleness;
   if (s.time_to_target_s) j["time_to_target_s"] = *s.time_to_target_s;
   return j;

@@ -6,7 +6,9 @@
 #include <functional>
 #include <optional>
 #include <stop_token>
+#include <span>
 #include <string>
+#include <vector>
 
 #include "asgd/status.hpp"
 
@@ -19,9 +21,20 @@ struct JobConfig {
   std::string dataset = "mnist";    ///< mnist | fashion-mnist
   std::string data_dir;             ///< the dataset's own folder; empty: $ASGD_DATA_DIR/<dataset>, else ./data/<dataset>
   std::string model = "mlp";        ///< see known_models()
-  std::string policy = "async";     ///< consistency policy, see policies/
+  std::string policy = "async";     ///< bsp | ssp | ssp:S | async | hogwild | averaging (docs/policies.md)
+  std::optional<std::uint32_t> staleness;  ///< ssp's s; default 3 ("--policy ssp:S" sets it too)
   std::uint32_t fetch_every = 1;    ///< async: pull fresh parameters every n-th step
   std::uint32_t push_every = 1;     ///< async: push accumulated gradients every n-th step
+  std::uint32_t backup_workers = 0; ///< bsp: commit a clock once workers - backup_workers gradients are in
+  std::uint32_t local_steps = 8;    ///< averaging: local steps between two averages, >= 1
+  bool staleness_aware_lr = false;  ///< async, ssp: divide each update's step by its staleness (when > 1)
+  /// Per-worker batch-size weights: "" (equal), "W0,W1,..." (one positive
+  /// number per worker; batch and data partition scale with the weight), or
+  /// "auto" (measured from each worker's throughput before training).
+  std::string worker_weights;
+  /// Simulated slow workers for experiments: "W:FACTOR[,W:FACTOR...]" makes
+  /// each step of worker W take FACTOR times its compute time.
+  std::string straggler;
   std::uint32_t workers = 2;        ///< worker actors, >= 1
   std::uint32_t shards = 1;         ///< parameter shards, >= 1
   std::string device = "cpu";       ///< where workers compute
@@ -77,11 +90,18 @@ struct JobSummary {
   double staleness_mean = 0.0;    ///< over every (push, shard) application
   double staleness_p99 = 0.0;
   double staleness_max = 0.0;
+  /// [s] = updates applied with staleness s (clocks; see docs/policies.md).
+  std::vector<std::uint64_t> staleness_histogram;
+  std::vector<std::uint32_t> worker_batch;  ///< per worker: its batch size (after weights)
+  std::vector<double> worker_wait_s;        ///< per worker: seconds the policy held its reads back
 };
 
 /// Called from a runtime thread, one call at a time, in epoch order.
 struct JobCallbacks {
   std::function<void(const EpochMetrics&)> on_epoch;
+  /// Once, after training and before the summary: the final parameters in
+  /// the model's flat layout. The span is valid during the call only.
+  std::function<void(std::span<const float>)> on_final_params;
 };
 
 /// Runs a job to its end inside this process: loads the data, starts an

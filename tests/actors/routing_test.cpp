@@ -35,15 +35,27 @@ TEST(WorkerAndShards, AGradientPushedByAWorkerReachesTheShardThatOwnsEachKey) {
   for (std::uint32_t i = 0; i < kShards; ++i) {
     std::vector<float> slice(initial.begin() + static_cast<std::ptrdiff_t>(ranges[i].begin),
                              initial.begin() + static_cast<std::ptrdiff_t>(ranges[i].end));
-    auto core = ShardCore::make({i, ranges[i], std::move(slice), {"sgd", kLr, 0.0f, 0.0f}, {}, {}});
+    ShardSetup ss;
+    ss.index = i;
+    ss.range = ranges[i];
+    ss.initial = std::move(slice);
+    ss.optimizer = {"sgd", kLr, 0.0f, 0.0f};
+    auto core = ShardCore::make(std::move(ss));
     ASSERT_TRUE(core.ok()) << core.status().to_string();
     shards.push_back(sys.spawn(parameter_shard, std::make_shared<ShardCore>(std::move(core).value())));
   }
   // One epoch of exactly one batch: the worker takes one step, then stops.
   auto feeder = sys.spawn<caf::detached>(data_feeder, FeederSetup{data, {0, kBatch}, 1, kBatch, 2, 1, 1});
-  auto w = sys.spawn(worker, WorkerSetup{0, "mlp", {1, 28, 28}, 10, shards, ranges, feeder,
-                                         caf::actor_cast<caf::actor>(self), PolicyConfig{},
-                                         std::chrono::seconds(10)});
+  WorkerSetup ws;
+  ws.id = 0;
+  ws.model = "mlp";
+  ws.sample_shape = {1, 28, 28};
+  ws.shards = shards;
+  ws.ranges = ranges;
+  ws.feeder = feeder;
+  ws.coordinator = caf::actor_cast<caf::actor>(self);
+  ws.rpc_timeout = std::chrono::seconds(10);
+  auto w = sys.spawn(worker, std::move(ws));
   self->send(w, start_atom::value);
 
   EpochReport report;
@@ -62,9 +74,9 @@ TEST(WorkerAndShards, AGradientPushedByAWorkerReachesTheShardThatOwnsEachKey) {
   const auto grads = model->grads();
 
   for (std::uint32_t i = 0; i < kShards; ++i) {
-    ParamsReply snap;
+    ShardReply snap;
     self->request(shards[i], std::chrono::seconds(10), snapshot_atom::value)
-        .receive([&](ParamsReply& r) { snap = std::move(r); },
+        .receive([&](ShardReply& r) { snap = std::move(r); },
                  [&](caf::error& e) { FAIL() << "shard " << i << ": " << sys.render(e); });
     ASSERT_EQ(snap.params.size(), ranges[i].size());
     EXPECT_EQ(snap.version, 1u) << "shard " << i << " applied the push exactly once";
@@ -125,11 +137,11 @@ caf::behavior silent_shard(caf::event_based_actor* self, int /*unused*/) {
   return {
       [self](push_atom, const PushRequest&) {
         self->make_response_promise();  // dropped unanswered
-        return caf::delegated<PushReply>();
+        return caf::delegated<ShardReply>();
       },
       [self](pull_atom, const PullRequest&) {
         self->make_response_promise();
-        return caf::delegated<ParamsReply>();
+        return caf::delegated<ShardReply>();
       },
   };
 }
@@ -145,14 +157,26 @@ TEST(Worker, FailsNamingTheShardThatDidNotAnswerWithinTheTimeout) {
   caf::actor_system sys{cfg};
   caf::scoped_actor self{sys};
   std::vector<float> slice(ranges[0].size(), 0.0f);
-  auto core = ShardCore::make({0, ranges[0], std::move(slice), {"sgd", 0.1f, 0.0f, 0.0f}, {}, {}});
+  ShardSetup ss;
+  ss.range = ranges[0];
+  ss.initial = std::move(slice);
+  ss.optimizer = {"sgd", 0.1f, 0.0f, 0.0f};
+  ss.workers = 4;
+  auto core = ShardCore::make(std::move(ss));
   ASSERT_TRUE(core.ok());
   std::vector<caf::actor> shards = {sys.spawn(parameter_shard, std::make_shared<ShardCore>(std::move(core).value())),
                                     sys.spawn(silent_shard, 0)};
   auto feeder = sys.spawn<caf::detached>(data_feeder, FeederSetup{data, {0, 8}, 1, 8, 2, 1, 1});
-  auto w = sys.spawn(worker, WorkerSetup{3, "mlp", {1, 28, 28}, 10, shards, ranges, feeder,
-                                         caf::actor_cast<caf::actor>(self), PolicyConfig{},
-                                         std::chrono::milliseconds(300)});
+  WorkerSetup ws;
+  ws.id = 3;
+  ws.model = "mlp";
+  ws.sample_shape = {1, 28, 28};
+  ws.shards = shards;
+  ws.ranges = ranges;
+  ws.feeder = feeder;
+  ws.coordinator = caf::actor_cast<caf::actor>(self);
+  ws.rpc_timeout = std::chrono::milliseconds(300);
+  auto w = sys.spawn(worker, std::move(ws));
   const auto t0 = std::chrono::steady_clock::now();
   self->send(w, start_atom::value);
   std::string message;

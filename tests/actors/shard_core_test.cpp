@@ -3,83 +3,122 @@
 #include <gtest/gtest.h>
 
 #include "actors/coordinator.hpp"
+#include "shard_driver.hpp"
 
 namespace asgd {
 namespace {
 
-ShardCore make_shard(std::size_t size, float lr = 0.5f) {
-  auto core = ShardCore::make({3, {10, 10 + size}, std::vector<float>(size, 1.0f), {"sgd", lr, 0.0f, 0.0f}, {}, {}});
+using asgd_test::ShardDriver;
+
+ShardSetup setup(std::size_t size, float lr = 0.5f, std::uint32_t workers = 2) {
+  ShardSetup s;
+  s.index = 3;
+  s.range = {10, 10 + size};
+  s.initial.assign(size, 1.0f);
+  s.optimizer = {"sgd", lr, 0.0f, 0.0f};
+  s.workers = workers;
+  return s;
+}
+
+ShardDriver make_shard(std::size_t size, float lr = 0.5f) {
+  auto core = ShardCore::make(setup(size, lr));
   EXPECT_TRUE(core.ok()) << core.status().to_string();
-  return std::move(core).value();
+  return ShardDriver(std::move(core).value());
+}
+
+PushRequest grad(WorkerId w, Clock c, Clock base, std::vector<float> g, bool want = true) {
+  return {w, c, base, 1, want, std::move(g)};
 }
 
 TEST(ShardCore, AppliesAPushWithItsOptimizerAndAnswersWithTheNewParameters) {
-  ShardCore shard = make_shard(4);
-  PushReply r = shard.push({0, 0, 0, true, {1.0f, 2.0f, 0.0f, -2.0f}});
-  EXPECT_TRUE(r.applied);
+  ShardDriver shard = make_shard(4);
+  ShardReply r = shard.push_now(grad(0, 0, 0, {1.0f, 2.0f, 0.0f, -2.0f}));
+  EXPECT_EQ(static_cast<PushOutcome>(r.outcome), PushOutcome::applied);
   EXPECT_EQ(r.shard, 3u);
   EXPECT_EQ(r.version, 1u);
   EXPECT_EQ(r.params, (std::vector<float>{0.5f, 0.0f, 1.0f, 2.0f}));
-  EXPECT_EQ(std::vector<float>(shard.params().begin(), shard.params().end()), r.params);
+  EXPECT_EQ(std::vector<float>(shard.core.params().begin(), shard.core.params().end()), r.params);
 }
 
 TEST(ShardCore, RejectsAGradientOfTheWrongSizeWithoutApplyingIt) {
-  ShardCore shard = make_shard(4);
-  PushReply r = shard.push({0, 0, 0, true, {1.0f, 2.0f}});
-  EXPECT_FALSE(r.applied);
+  ShardDriver shard = make_shard(4);
+  ShardReply r = shard.push_now(grad(0, 0, 0, {1.0f, 2.0f}));
+  EXPECT_EQ(static_cast<PushOutcome>(r.outcome), PushOutcome::rejected);
+  EXPECT_TRUE(r.params.empty());
   EXPECT_EQ(r.version, 0u);
-  EXPECT_EQ(shard.stats().rejected, 1u);
-  EXPECT_EQ(shard.stats().updates_applied, 0u);
-  for (float p : shard.params()) EXPECT_EQ(p, 1.0f);
+  EXPECT_EQ(shard.core.stats().rejected, 1u);
+  EXPECT_EQ(shard.core.stats().updates_applied, 0u);
+  for (float p : shard.core.params()) EXPECT_EQ(p, 1.0f);
 }
 
-TEST(ShardCore, RecordsHowStaleEachAppliedGradientWas) {
-  ShardCore shard = make_shard(2);
-  shard.push({0, 0, 0, false, {0.0f, 0.0f}});  // staleness 0
-  shard.push({1, 0, 0, false, {0.0f, 0.0f}});  // computed on version 0, applied at 1
-  shard.push({1, 1, 0, false, {0.0f, 0.0f}});  // applied at 2
-  shard.push({0, 1, 3, false, {0.0f, 0.0f}});  // fresh again
-  const ShardStats s = shard.stats();
-  EXPECT_EQ(s.updates_applied, 4u);
-  EXPECT_EQ(s.staleness_histogram, (std::vector<std::uint64_t>{2, 1, 1}));
+TEST(ShardCore, RejectsPushesAndPullsFromAWorkerItDoesNotKnowOrThatLeft) {
+  ShardDriver shard = make_shard(2);
+  EXPECT_EQ(static_cast<PushOutcome>(shard.push_now(grad(7, 0, 0, {1.0f, 1.0f})).outcome), PushOutcome::rejected);
+  shard.leave(1);
+  EXPECT_EQ(static_cast<PushOutcome>(shard.push_now(grad(1, 0, 0, {1.0f, 1.0f})).outcome), PushOutcome::rejected);
+  const auto t = shard.pull({1, 0});
+  EXPECT_EQ(static_cast<PushOutcome>(shard.reply(t).outcome), PushOutcome::rejected);
+  EXPECT_EQ(shard.core.stats().rejected, 3u);
+}
+
+TEST(ShardCore, RecordsStalenessInClocksBehindTheReadTheUpdateWasComputedOn) {
+  ShardDriver shard = make_shard(2);
+  shard.push_now(grad(0, 0, 0, {0.0f, 0.0f}, false));  // staleness 0
+  shard.push_now(grad(1, 0, 0, {0.0f, 0.0f}, false));  // 0
+  shard.push_now(grad(1, 1, 0, {0.0f, 0.0f}, false));  // clock 1 on a read complete to 0: 1
+  shard.push_now(grad(0, 3, 1, {0.0f, 0.0f}, false));  // 2
+  shard.push_now(grad(0, 4, 9, {0.0f, 0.0f}, false));  // a base from the future counts as fresh
+  const ShardStats s = shard.core.stats();
+  EXPECT_EQ(s.updates_applied, 5u);
+  EXPECT_EQ(s.staleness_histogram, (std::vector<std::uint64_t>{3, 1, 1}));
+}
+
+TEST(ShardCore, TellsEachReadHowCompleteItIs) {
+  ShardDriver shard = make_shard(2);
+  EXPECT_EQ(shard.push_now(grad(0, 0, 0, {0.0f, 0.0f})).clock, 0u);  // worker 1 has pushed nothing
+  EXPECT_EQ(shard.push_now(grad(1, 0, 0, {0.0f, 0.0f})).clock, 1u);  // both pushed clock 0
+  EXPECT_EQ(shard.push_now(grad(1, 1, 1, {0.0f, 0.0f})).clock, 1u);
+  shard.leave(0);
+  EXPECT_EQ(shard.core.complete_clock(), 2u);  // only worker 1 is live
 }
 
 TEST(ShardCore, AnswersWithoutParametersWhenNoneAreWanted) {
-  ShardCore shard = make_shard(2);
-  PushReply r = shard.push({0, 0, 0, false, {1.0f, 1.0f}});
-  EXPECT_TRUE(r.applied);
+  ShardDriver shard = make_shard(2);
+  ShardReply r = shard.push_now(grad(0, 0, 0, {1.0f, 1.0f}, false));
+  EXPECT_EQ(static_cast<PushOutcome>(r.outcome), PushOutcome::applied);
   EXPECT_TRUE(r.params.empty());
 }
 
+TEST(ShardCore, TreatsAnEmptyPushWithoutSamplesAsAClockTick) {
+  ShardDriver shard = make_shard(2);
+  ShardReply r = shard.push_now({0, 0, 0, 0, true, {}});
+  EXPECT_EQ(static_cast<PushOutcome>(r.outcome), PushOutcome::none);
+  EXPECT_EQ(r.params, (std::vector<float>{1.0f, 1.0f}));
+  EXPECT_EQ(shard.core.view().min_clock, 0u);  // worker 1 is still at 0
+  EXPECT_EQ(shard.core.stats().updates_applied, 0u);
+  shard.push_now({1, 0, 0, 0, false, {}});
+  EXPECT_EQ(shard.core.view().min_clock, 1u);
+}
+
 TEST(ShardCore, RefusesInitialParametersOfTheWrongSize) {
-  auto core = ShardCore::make({0, {0, 5}, std::vector<float>(4, 0.0f), {}, {}, {}});
+  ShardSetup s = setup(5);
+  s.initial.resize(4);
+  auto core = ShardCore::make(s);
   ASSERT_FALSE(core.ok());
   EXPECT_EQ(core.status().code(), StatusCode::invalid_argument);
 }
 
-TEST(ShardCore, UnderAsyncAnswersEveryPullAtOnce) {
-  ShardCore shard = make_shard(2);
-  EXPECT_TRUE(shard.may_answer({0, 0}));
-  EXPECT_TRUE(shard.may_answer({1, 1000}));
-}
-
-TEST(StalenessSummary, MergesShardHistogramsIntoMeanP99AndMax) {
-  ShardStats a, b;
-  a.staleness_histogram = {50, 40};        // 50 x 0, 40 x 1
-  b.staleness_histogram = {0, 0, 9, 0, 1};  // 9 x 2, 1 x 4
-  const StalenessSummary s = summarize_staleness({a, b});
+TEST(StalenessSummary, MergesHistogramsIntoMeanP99AndMax) {
+  std::vector<std::uint64_t> merged;
+  merge_histogram(merged, {50, 40});         // 50 x 0, 40 x 1
+  merge_histogram(merged, {0, 0, 9, 0, 1});  // 9 x 2, 1 x 4
+  const StalenessSummary s = summarize_staleness(merged);
   EXPECT_EQ(s.count, 100u);
   EXPECT_DOUBLE_EQ(s.mean, (40.0 + 18.0 + 4.0) / 100.0);
   EXPECT_DOUBLE_EQ(s.p99, 2.0);
   EXPECT_DOUBLE_EQ(s.max, 4.0);
   EXPECT_EQ(summarize_staleness({}).count, 0u);
 }
-
-}  // namespace
-}  // namespace asgd
-
-namespace asgd {
-namespace {
 
 TEST(LrSchedule, CosineFallsFromOneToZeroOverTheJob) {
   const LrSchedule cosine{LrSchedule::Kind::cosine, 100};
@@ -96,22 +135,60 @@ TEST(LrSchedule, CosineFallsFromOneToZeroOverTheJob) {
   EXPECT_FALSE(LrSchedule::parse("linear", k));
 }
 
-TEST(ShardCore, ScalesEachStepByTheScheduleAtItsOwnUpdateCount) {
-  auto core = ShardCore::make({0, {0, 1}, {0.0f}, {"sgd", 1.0f, 0.0f, 0.0f}, {}, {LrSchedule::Kind::cosine, 2}});
+TEST(ShardCore, ScalesEachStepByTheScheduleAtTheUpdatesClock) {
+  ShardSetup s = setup(1, 1.0f, 1);
+  s.initial = {0.0f};
+  s.schedule = {LrSchedule::Kind::cosine, 2};
+  auto core = ShardCore::make(s);
   ASSERT_TRUE(core.ok());
-  EXPECT_FLOAT_EQ(core->push({0, 0, 0, true, {1.0f}}).params[0], -1.0f);   // scale 1 at update 0
-  EXPECT_FLOAT_EQ(core->push({0, 1, 1, true, {1.0f}}).params[0], -1.5f);   // scale 0.5 at update 1
-  EXPECT_NEAR(core->push({0, 2, 2, true, {1.0f}}).params[0], -1.5f, 1e-6);  // 0 past the end
+  ShardDriver shard(std::move(core).value());
+  EXPECT_FLOAT_EQ(shard.push_now(grad(0, 0, 0, {1.0f})).params[0], -1.0f);   // scale 1 at clock 0
+  EXPECT_FLOAT_EQ(shard.push_now(grad(0, 1, 1, {1.0f})).params[0], -1.5f);   // scale 0.5 at clock 1
+  EXPECT_NEAR(shard.push_now(grad(0, 2, 2, {1.0f})).params[0], -1.5f, 1e-6);  // 0 past the end
 }
 
-TEST(PlannedPushes, CountsEveryWorkersPushesOverTheJob) {
-  JobConfig c;
-  c.workers = 2;
-  c.batch = 64;
-  c.epochs = 3;
-  EXPECT_EQ(planned_pushes(c, 55000), 2u * 3u * 430u);  // 27500 samples -> 430 batches each
-  c.push_every = 4;
-  EXPECT_EQ(planned_pushes(c, 55000), 2u * (1290u / 4u));
+TEST(ShardCore, StalenessAwareLearningRateDividesTheStepByTheStaleness) {
+  ShardSetup s = setup(1, 1.0f, 1);
+  s.initial = {0.0f};
+  s.staleness_aware_lr = true;
+  auto core = ShardCore::make(s);
+  ASSERT_TRUE(core.ok());
+  ShardDriver shard(std::move(core).value());
+  EXPECT_FLOAT_EQ(shard.push_now(grad(0, 0, 0, {1.0f})).params[0], -1.0f);   // fresh: full step
+  EXPECT_FLOAT_EQ(shard.push_now(grad(0, 1, 0, {1.0f})).params[0], -2.0f);   // staleness 1: full step
+  EXPECT_FLOAT_EQ(shard.push_now(grad(0, 5, 1, {1.0f})).params[0], -2.25f);  // staleness 4: a quarter
+}
+
+TEST(WorkerShares, SplitDataAndBatchInProportionToTheWeights) {
+  const auto equal = assign_shares(55000, 64, {1.0, 1.0});
+  EXPECT_EQ(equal[0].partition.size(), 27500u);
+  EXPECT_EQ(equal[1].batch, 64u);
+  EXPECT_EQ(planned_clocks(equal, 3), 3u * 430u);  // 27500 samples -> 430 batches each
+  const auto weighted = assign_shares(1000, 10, {1.0, 3.0});
+  EXPECT_EQ(weighted[0].partition.size(), 250u);
+  EXPECT_EQ(weighted[1].partition.size(), 750u);
+  EXPECT_EQ(weighted[0].partition.end, weighted[1].partition.begin);
+  EXPECT_EQ(weighted[0].batch, 5u);
+  EXPECT_EQ(weighted[1].batch, 15u);
+  EXPECT_EQ(planned_clocks(weighted, 1), 50u);  // both take 50 steps per epoch
+}
+
+TEST(WorkerWeights, ParseOnePositiveNumberPerWorker) {
+  EXPECT_EQ(*parse_worker_weights("", 3), (std::vector<double>{1, 1, 1}));
+  EXPECT_EQ(*parse_worker_weights("1,2.5", 2), (std::vector<double>{1, 2.5}));
+  EXPECT_FALSE(parse_worker_weights("1,2", 3).ok());
+  EXPECT_FALSE(parse_worker_weights("1,-2", 2).ok());
+  EXPECT_FALSE(parse_worker_weights("1,x", 2).ok());
+}
+
+TEST(Stragglers, ParseWorkerColonFactor) {
+  EXPECT_EQ(*parse_stragglers("", 2), (std::vector<double>{1, 1}));
+  EXPECT_EQ(*parse_stragglers("0:4", 2), (std::vector<double>{4, 1}));
+  EXPECT_EQ(*parse_stragglers("1:2,0:3", 2), (std::vector<double>{3, 2}));
+  EXPECT_FALSE(parse_stragglers("2:4", 2).ok());
+  EXPECT_FALSE(parse_stragglers("0:0.5", 2).ok());
+  EXPECT_FALSE(parse_stragglers("0", 2).ok());
+  EXPECT_FALSE(parse_stragglers("a:2", 2).ok());
 }
 
 }  // namespace
