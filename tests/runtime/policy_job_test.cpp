@@ -1,0 +1,144 @@
+// Whole jobs under each consistency policy, on real MNIST: what a researcher
+// switching --policy relies on.
+
+#include <gtest/gtest.h>
+
+#include <vector>
+
+#include "asgd/job.hpp"
+#include "test_data.hpp"
+
+namespace asgd {
+namespace {
+
+JobConfig mnist_job(const std::string& dir, const std::string& policy) {
+  JobConfig c;
+  c.data_dir = dir;
+  c.policy = policy;
+  c.workers = 2;
+  c.epochs = 3;
+  return c;
+}
+
+struct Outcome {
+  JobSummary summary;
+  std::vector<double> losses;
+  std::vector<float> params;
+};
+
+Outcome run(const JobConfig& c) {
+  Outcome r;
+  JobCallbacks cb;
+  cb.on_epoch = [&](const EpochMetrics& m) { r.losses.push_back(m.train_loss); };
+  cb.on_final_params = [&](std::span<const float> p) { r.params.assign(p.begin(), p.end()); };
+  auto result = run_job(c, cb);
+  EXPECT_TRUE(result.ok()) << c.policy << ": " << result.status().to_string();
+  if (result.ok()) r.summary = *result;
+  return r;
+}
+
+TEST(Policies, EachTrainsMnistMlpWithTwoWorkersToAtLeast97PercentInThreeEpochs) {
+  ASGD_REQUIRE_DATASET(dir, "mnist");
+  for (const std::string policy : {"bsp", "ssp:3", "async", "hogwild", "averaging"}) {
+    const Outcome r = run(mnist_job(dir.string(), policy));
+    const JobSummary& s = r.summary;
+    EXPECT_GE(s.final_test_accuracy, 0.97) << policy;
+    EXPECT_EQ(s.policy, policy);
+    EXPECT_EQ(r.losses.size(), 3u) << policy;
+    EXPECT_GT(s.updates_applied, 0u) << policy;
+    std::uint64_t counted = 0;
+    for (auto n : s.staleness_histogram) counted += n;
+    EXPECT_GT(counted, 0u) << policy << ": no update recorded its staleness";
+    if (policy == "bsp") {
+      EXPECT_EQ(s.staleness_max, 0.0) << "bsp updates are never stale";
+    } else if (policy == "ssp:3") {
+      EXPECT_LE(s.staleness_max, 3.0) << "ssp(3) bounds staleness by 3";
+    } else if (policy == "averaging") {
+      EXPECT_LE(s.staleness_max, 7.0) << "8 local steps lag at most 7 clocks";
+    }
+    ASSERT_EQ(s.worker_wait_s.size(), 2u);
+    if (policy == "async" || policy == "hogwild") {
+      for (double w : s.worker_wait_s) EXPECT_EQ(w, 0.0) << policy << " never holds a read";
+    }
+  }
+}
+
+TEST(Policies, TwoBspRunsWithTheSameSeedAreBitwiseIdentical) {
+  ASGD_REQUIRE_DATASET(dir, "mnist");
+  JobConfig c = mnist_job(dir.string(), "bsp");
+  c.epochs = 2;
+  c.shards = 2;
+  const Outcome a = run(c);
+  const Outcome b = run(c);
+  ASSERT_EQ(a.losses.size(), 2u);
+  EXPECT_EQ(a.losses, b.losses);  // exact: no tolerance
+  ASSERT_EQ(a.params.size(), 235146u);
+  EXPECT_TRUE(a.params == b.params) << "final parameters differ";
+  EXPECT_EQ(a.summary.final_test_accuracy, b.summary.final_test_accuracy);
+}
+
+TEST(Policies, UnderBspAStragglersPeerWaitsForItAndTheStragglerHardlyWaits) {
+  ASGD_REQUIRE_DATASET(dir, "mnist");
+  JobConfig c = mnist_job(dir.string(), "bsp");
+  c.epochs = 1;
+  c.straggler = "0:4";
+  const Outcome r = run(c);
+  ASSERT_EQ(r.summary.worker_wait_s.size(), 2u);
+  EXPECT_GT(r.summary.worker_wait_s[1], 2.0 * r.summary.worker_wait_s[0])
+      << "worker 1 should spend its time waiting for the slow worker 0";
+}
+
+TEST(Policies, AutomaticWorkerWeightsGiveASlowWorkerASmallerBatch) {
+  ASGD_REQUIRE_DATASET(dir, "mnist");
+  JobConfig c = mnist_job(dir.string(), "bsp");
+  c.epochs = 1;
+  c.straggler = "0:4";
+  c.worker_weights = "auto";
+  const Outcome r = run(c);
+  ASSERT_EQ(r.summary.worker_batch.size(), 2u);
+  // Calibrated from measured throughput: about 1:4, so 128 samples split
+  // about 26:102. Timing noise moves it a little, never past 1:2.
+  EXPECT_LT(2 * r.summary.worker_batch[0], r.summary.worker_batch[1]);
+  EXPECT_NEAR(static_cast<double>(r.summary.worker_batch[0] + r.summary.worker_batch[1]), 128.0, 1.0);
+  EXPECT_GE(r.summary.final_test_accuracy, 0.9);
+}
+
+TEST(Policies, ExplicitWorkerWeightsScaleEachWorkersBatch) {
+  ASGD_REQUIRE_DATASET(dir, "mnist");
+  JobConfig c = mnist_job(dir.string(), "ssp:2");
+  c.epochs = 1;
+  c.worker_weights = "1,3";
+  const Outcome r = run(c);
+  EXPECT_EQ(r.summary.worker_batch, (std::vector<std::uint32_t>{32, 96}));
+  EXPECT_LE(r.summary.staleness_max, 2.0);
+}
+
+TEST(Policies, ValidateNamesTheBadPolicySetting) {
+  auto error = [](auto edit) {
+    JobConfig c;
+    edit(c);
+    return validate(c).message();
+  };
+  EXPECT_NE(error([](JobConfig& c) { c.policy = "ssp:x"; }).find("ssp:S"), std::string::npos);
+  EXPECT_NE(error([](JobConfig& c) { c.policy = "bsp:2"; }).find("only ssp takes a parameter"), std::string::npos);
+  EXPECT_NE(error([](JobConfig& c) { c.policy = "gossip"; }).find("unknown policy 'gossip'"), std::string::npos);
+  EXPECT_NE(error([](JobConfig& c) { c.policy = "bsp"; c.fetch_every = 4; }).find("--policy async only"),
+            std::string::npos);
+  EXPECT_NE(error([](JobConfig& c) { c.policy = "async"; c.staleness = 2; }).find("--staleness"), std::string::npos);
+  EXPECT_NE(error([](JobConfig& c) { c.policy = "ssp:2"; c.staleness = 3; }).find("disagrees"), std::string::npos);
+  EXPECT_NE(error([](JobConfig& c) { c.policy = "bsp"; c.backup_workers = 2; }).find("--backup-workers 2"),
+            std::string::npos);
+  EXPECT_NE(error([](JobConfig& c) { c.policy = "averaging"; c.local_steps = 0; }).find("local-steps"),
+            std::string::npos);
+  EXPECT_NE(error([](JobConfig& c) { c.worker_weights = "1,2,3"; }).find("one per worker"), std::string::npos);
+  EXPECT_NE(error([](JobConfig& c) { c.straggler = "5:2"; }).find("no worker 5"), std::string::npos);
+  EXPECT_NE(error([](JobConfig& c) { c.policy = "bsp"; c.staleness_aware_lr = true; }).find("async and ssp only"),
+            std::string::npos);
+  JobConfig ok;
+  ok.policy = "ssp";
+  ok.staleness = 2;
+  EXPECT_TRUE(validate(ok).ok());
+}
+
+}  // namespace
+}  // namespace asgd
