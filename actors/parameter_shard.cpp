@@ -111,9 +111,12 @@ void ShardCore::commit_ready_aggregates() {
     Aggregate& agg = it->second;
     // Only live workers' pushes count towards completeness (one that left
     // after pushing must not stand in for one still computing), but every
-    // push in the aggregate is applied.
+    // push in the aggregate is applied. A live worker whose clock passed t
+    // without a push for t never will push for it (averaging's partial last
+    // round of a worker with fewer steps): it counts as done, not awaited.
     std::uint32_t live_contributions = 0;
-    for (std::size_t w = 0; w < agg.present.size(); ++w) live_contributions += agg.present[w] && live_[w];
+    for (std::size_t w = 0; w < agg.present.size(); ++w)
+      live_contributions += live_[w] && (agg.present[w] || clock_[w] > t);
     if (!policy_->commit_ready(t, live_contributions, view())) return;
     double total = 0.0;
     for (auto n : agg.samples) total += n;

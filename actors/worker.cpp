@@ -252,9 +252,19 @@ void try_step(Self self) {
     if (st.unpushed_samples > 0) {
       // The plan had not pushed our last steps yet (averaging's last
       // partial round, Downpour's n_push): carry them before leaving.
+      // Tagged with the clock at which the plan would have pushed next, so
+      // under averaging a worker with fewer steps joins the others' next
+      // average instead of committing alone.
       st.finishing = true;
       st.step_ends_epoch = false;
-      send_pushes(self, st.step - 1, false);
+      Clock clock = st.step - 1;
+      for (Clock s = st.step - 1; s < st.step + 1'000'000; ++s) {
+        if (st.policy->plan(s).push) {
+          clock = s;
+          break;
+        }
+      }
+      send_pushes(self, clock, false);
     } else {
       leave(self);
     }
@@ -336,6 +346,12 @@ caf::behavior worker(caf::stateful_actor<WorkerState>* self, WorkerSetup setup) 
   }
   st.model.emplace(std::move(model).value());
   st.policy = std::move(policy).value();
+  if (st.policy->shares_parameters() && !st.setup.shared) {
+    fail(self, StatusCode::invalid_argument,
+         "policy " + st.policy->name() + " needs the parameter buffer every worker of this process shares; "
+         "it cannot run across processes or devices");
+    return {};
+  }
   if (st.setup.shared) {
     if (st.setup.shared->values.size() != st.model->num_params() || st.setup.id >= st.setup.shared->clocks.size()) {
       fail(self, StatusCode::invalid_argument, "the shared parameter buffer does not fit the model or the worker");

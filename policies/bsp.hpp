@@ -20,7 +20,10 @@ class BspPolicy final : public ConsistencyPolicy {
     return push.clock < view.committed ? PushAction::discard : PushAction::aggregate;
   }
   bool commit_ready(Clock, std::uint32_t contributions, const ClockView& view) const override {
-    // At least one: with every worker gone there is nothing left to wait for.
+    // With every worker gone there is nothing left to wait for: commit what
+    // the departed pushed. Otherwise at least one live push, even when
+    // backups outnumber the live workers.
+    if (view.live_workers == 0) return true;
     const std::uint32_t needed = view.live_workers > backups_ ? view.live_workers - backups_ : 1;
     return contributions >= needed;
   }

@@ -113,8 +113,9 @@ class ConsistencyPolicy {
   virtual PushAction admit_push(const PushInfo& push, const ClockView& view) const = 0;
 
   /// Shard side: may the aggregate of clock `clock` be committed now, with
-  /// pushes from `contributions` of the live workers in it? Asked again
-  /// whenever the view changes (a push arrives, a worker leaves).
+  /// `contributions` of the live workers done with it (they pushed for it,
+  /// or their clock passed it without a push, so they never will)? Asked
+  /// again whenever the view changes (a push arrives, a worker leaves).
   virtual bool commit_ready(Clock clock, std::uint32_t contributions, const ClockView& view) const {
     (void)clock;
     return contributions >= view.live_workers;
