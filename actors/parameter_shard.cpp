@@ -17,6 +17,10 @@ Result<ShardCore> ShardCore::make(ShardSetup setup) {
   if (!optimizer) return optimizer.status();
   auto policy = make_policy(setup.policy);
   if (!policy) return policy.status();
+  if ((*policy)->shares_parameters() && !setup.shared)
+    return Status::InvalidArgument("shard " + std::to_string(setup.index) + ": policy " + (*policy)->name() +
+                                   " needs the parameter buffer the workers of one process share; it cannot run "
+                                   "across processes");
   ShardCore core;
   if (setup.shared) {
     core.params_ = std::span(setup.shared->values).subspan(setup.range.begin, setup.range.size());

@@ -108,6 +108,16 @@ TEST(ShardCore, RefusesInitialParametersOfTheWrongSize) {
   EXPECT_EQ(core.status().code(), StatusCode::invalid_argument);
 }
 
+TEST(ShardCore, RefusesHogwildWithoutAParameterBufferSharedWithItsWorkers) {
+  ShardSetup s = setup(2);
+  s.policy.name = "hogwild";
+  auto core = ShardCore::make(s);
+  ASSERT_FALSE(core.ok());
+  EXPECT_NE(core.status().message().find("cannot run across processes"), std::string::npos) << core.status().message();
+  s.shared = std::make_shared<SharedParameters>(std::vector<float>(20, 0.0f), 2);
+  EXPECT_TRUE(ShardCore::make(s).ok());
+}
+
 TEST(StalenessSummary, MergesHistogramsIntoMeanP99AndMax) {
   std::vector<std::uint64_t> merged;
   merge_histogram(merged, {50, 40});         // 50 x 0, 40 x 1
