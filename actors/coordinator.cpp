@@ -25,6 +25,15 @@ caf::timespan rpc_timeout(const JobConfig& c) {
   return std::chrono::duration_cast<caf::timespan>(std::chrono::duration<double>(c.rpc_timeout_s));
 }
 
+caf::timespan eval_period(const JobConfig& c) {
+  return std::chrono::duration_cast<caf::timespan>(std::chrono::duration<double>(c.eval_every_s));
+}
+
+void note_accuracy(CoordinatorState& s, double accuracy, double at_s) {
+  const auto& target = s.setup.config.target_accuracy;
+  if (target && !s.time_to_target_s && accuracy >= *target) s.time_to_target_s = at_s;
+}
+
 void shut_down(Self self) {
   for (auto* group : {&self->state.workers, &self->state.feeders, &self->state.shards})
     for (auto& a : *group) self->send_exit(a, caf::exit_reason::user_shutdown);
@@ -167,8 +176,7 @@ void maybe_evaluate(Self self) {
     m.samples_per_s = agg.duration_s > 0 ? static_cast<double>(agg.sum.samples) / agg.duration_s : 0.0;
     s.updates += agg.sum.updates;
     m.updates = s.updates;
-    const auto& target = s.setup.config.target_accuracy;
-    if (target && !s.time_to_target_s && r.accuracy >= *target) s.time_to_target_s = m.wall_s;
+    note_accuracy(s, r.accuracy, m.wall_s);
     if (s.setup.on_epoch) s.setup.on_epoch(m);
     s.epochs.erase(e);
     s.evaluating = false;
@@ -328,6 +336,7 @@ void start_training(Self self) {
   st.train_start = SteadyClock::now();
   st.last_epoch_end = st.train_start;
   for (std::uint32_t w = 0; w < cfg.workers; ++w) self->send(st.workers[w], start_atom::value, st.feeders[w]);
+  if (cfg.eval_every_s > 0) self->delayed_send(self, eval_period(cfg), eval_atom::value);
 }
 
 // --worker-weights auto: asks the workers one at a time (so they do not
@@ -517,6 +526,23 @@ caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self, Coordinat
         }
       },
       [self](cancel_atom) { fail(self, Status::Cancelled("the job was cancelled")); },
+      [self](eval_atom) {
+        auto& s = self->state;
+        if (s.done || s.finishing || s.last_epoch_evaluated) return;
+        self->delayed_send(self, eval_period(s.setup.config), eval_atom::value);
+        if (s.evaluating) return;  // an epoch's evaluation is under way: skip this one
+        s.evaluating = true;
+        const double taken_s = seconds_between(s.train_start, SteadyClock::now());
+        snapshot(self, [self, taken_s] {
+          auto& c = self->state;
+          const auto& val = c.setup.data->validation;
+          const EvalResult r = c.model->evaluate(val.pixels, val.labels);
+          note_accuracy(c, r.accuracy, taken_s);
+          if (c.setup.on_eval) c.setup.on_eval({taken_s, r.accuracy});
+          c.evaluating = false;
+          maybe_evaluate(self);
+        });
+      },
   };
 }
 

@@ -10,6 +10,7 @@
 //   EpochReport                  from workers
 //   (failed_atom, int32 StatusCode, std::string)  from a worker that cannot go on: the job fails
 //   (cancel_atom)                from the runtime: the job stops, cancelled
+//   (eval_atom)                  self-message every --eval-every seconds: evaluate now
 // Watches every actor it started; one that stops abnormally fails the job
 // with a message naming it. With --worker-weights auto it first asks each
 // worker, one at a time, how many samples per second it computes, and sizes
@@ -38,6 +39,7 @@ struct CoordinatorSetup {
   JobConfig config;
   std::shared_ptr<const data::DatasetSplits> data;
   std::function<void(const EpochMetrics&)> on_epoch;   ///< called from the coordinator's thread
+  std::function<void(const EvalPoint&)> on_eval;       ///< likewise, for --eval-every
   std::function<void(std::span<const float>)> on_final_params;  ///< called from the coordinator's thread
   std::shared_ptr<std::promise<Result<JobSummary>>> outcome;  ///< set exactly once
 };

@@ -125,6 +125,7 @@ using tick_atom = caf::atom_constant<caf::atom("tick")>;
 using leave_atom = caf::atom_constant<caf::atom("leave")>;
 using resume_atom = caf::atom_constant<caf::atom("resume")>;
 using calibrate_atom = caf::atom_constant<caf::atom("calibrate")>;
+using eval_atom = caf::atom_constant<caf::atom("eval")>;
 
 }  // namespace asgd
 

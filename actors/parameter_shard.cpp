@@ -175,7 +175,12 @@ void ShardCore::push(PushRequest&& req, Ticket ticket, Instant now, std::vector<
       ++stats_.updates_applied;
       ++stats_.commits;
       ++version_;
-      const float scale = lr_scale(req.clock, staleness);
+      // The schedule follows the model's progress, not this worker's: under
+      // async a straggler's late pushes must not get an early, larger rate.
+      Clock progress = 0;
+      for (Clock c : clock_) progress += c;
+      progress /= clock_.size();
+      const float scale = lr_scale(progress > 0 ? progress - 1 : 0, staleness);
       if (req.want_params && policy_->may_answer_pull(read, view())) {
         // The common async case: write the fresh parameters into the
         // request's buffer in the optimizer's pass (it reads g[i] before it

@@ -33,7 +33,7 @@ struct ShardSetup {
   std::vector<float> initial;       ///< (range.size(),) starting parameters; ignored with `shared`
   OptimizerConfig optimizer;
   PolicyConfig policy;
-  LrSchedule schedule;              ///< by the clock of the update
+  LrSchedule schedule;              ///< by the model's progress: an aggregate's clock, else the workers' mean clock
   std::uint32_t workers = 1;        ///< workers 0..workers-1 push to this shard
   bool staleness_aware_lr = false;  ///< divide an applied update's step by its staleness (when > 1)
   /// hogwild: the shard serves snapshots of this buffer's range instead of

@@ -19,6 +19,8 @@ namespace {
 
 /// Default ssp staleness when neither "ssp:S" nor --staleness gives one.
 constexpr std::uint32_t kDefaultStaleness = 3;
+/// Default averaging round length when --local-steps is not given.
+constexpr std::uint32_t kDefaultLocalSteps = 8;
 
 Status only_for(const char* setting, const char* policies, const std::string& name) {
   return Status::InvalidArgument(std::string(setting) + " applies to " + policies + " only, not to --policy " + name);
@@ -42,17 +44,18 @@ Result<std::unique_ptr<ConsistencyPolicy>> make_policy(const PolicyConfig& c) {
   }
   if (c.fetch_every == 0) return Status::InvalidArgument("fetch-every must be >= 1, got 0");
   if (c.push_every == 0) return Status::InvalidArgument("push-every must be >= 1, got 0");
-  if (c.local_steps == 0) return Status::InvalidArgument("local-steps must be >= 1, got 0");
+  if (c.local_steps == 0u) return Status::InvalidArgument("local-steps must be >= 1, got 0");
   if (base != "async" && (c.fetch_every != 1 || c.push_every != 1))
     return only_for("--fetch-every and --push-every", "--policy async", base);
   if (base != "ssp" && staleness) return only_for("--staleness", "--policy ssp", base);
   if (base != "bsp" && c.backup_workers != 0) return only_for("--backup-workers", "--policy bsp", base);
+  if (base != "averaging" && c.local_steps) return only_for("--local-steps", "--policy averaging", base);
 
   std::unique_ptr<ConsistencyPolicy> p;
   if (base == "async") p = std::make_unique<AsyncPolicy>(c.fetch_every, c.push_every);
   else if (base == "ssp") p = std::make_unique<SspPolicy>(staleness.value_or(kDefaultStaleness));
   else if (base == "bsp") p = std::make_unique<BspPolicy>(c.backup_workers);
-  else if (base == "averaging") p = std::make_unique<AveragingPolicy>(c.local_steps);
+  else if (base == "averaging") p = std::make_unique<AveragingPolicy>(c.local_steps.value_or(kDefaultLocalSteps));
   else if (base == "hogwild") p = std::make_unique<HogwildPolicy>();
   else return Status::InvalidArgument("unknown policy '" + c.name + "' (known: bsp, ssp, ssp:S, async, hogwild, averaging)");
   return p;

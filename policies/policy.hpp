@@ -83,7 +83,7 @@ struct PolicyConfig {
   std::uint32_t push_every = 1;              ///< async: push every n-th step (Downpour n_push)
   std::optional<std::uint32_t> staleness;    ///< ssp's s (default 3; "ssp:S" sets it too)
   std::uint32_t backup_workers = 0;          ///< bsp: commit once workers - backup_workers have pushed
-  std::uint32_t local_steps = 8;             ///< averaging: local steps between averages (k)
+  std::optional<std::uint32_t> local_steps; ///< averaging: local steps between averages (k; default 8)
 };
 
 /// One instance per actor that consults it (each shard and each worker own

@@ -75,7 +75,12 @@ const std::vector<ConfigField>& job_config_fields() {
       {"backup-workers", "bsp: apply a clock once all but B workers pushed; drop the late (default 0)", "B",
        uint_field(&JobConfig::backup_workers)},
       {"local-steps", "averaging: local steps between parameter averages (default 8)", "K",
-       uint_field(&JobConfig::local_steps)},
+       [](JobConfig& c, const std::string& t) {
+         std::uint32_t v = 0;
+         Status s = parse_uint(t, v);
+         if (s.ok()) c.local_steps = v;
+         return s;
+       }},
       {"staleness-aware-lr", "async, ssp: divide each update's step by its staleness: true | false (default false)",
        "BOOL",
        [](JobConfig& c, const std::string& t) {
@@ -113,6 +118,8 @@ const std::vector<ConfigField>& job_config_fields() {
          if (s.ok()) c.target_accuracy = v;
          return s;
        }},
+      {"eval-every", "also evaluate on the validation split every S seconds of training (default 0: per epoch only)",
+       "S", double_field(&JobConfig::eval_every_s)},
       {"metrics-out", "write metrics as JSON Lines to FILE", "FILE", string_field(&JobConfig::metrics_out)},
       {"validation-size", "training images held out for validation (default 5000)", "N",
        uint_field(&JobConfig::validation_size)},

@@ -53,7 +53,7 @@ Status validate(const JobConfig& c) {
   if (c.backup_workers >= c.workers)
     return bad("backup-workers", std::to_string(c.backup_workers),
                "must be less than --workers " + std::to_string(c.workers) + " (at least one gradient per clock)");
-  if (c.local_steps < 1) return bad("local-steps", "0", "must be >= 1");
+  if (c.local_steps == 0u) return bad("local-steps", "0", "must be >= 1");
   if (c.worker_weights != "auto") {
     if (auto w = parse_worker_weights(c.worker_weights, c.workers); !w) return w.status();
   }
@@ -77,6 +77,8 @@ Status validate(const JobConfig& c) {
   if (!(c.momentum >= 0.0 && c.momentum < 1.0)) return bad("momentum", fmt::format("{:g}", c.momentum), "must be in [0, 1)");
   if (c.target_accuracy && !(*c.target_accuracy > 0.0 && *c.target_accuracy <= 1.0))
     return bad("target-accuracy", fmt::format("{:g}", *c.target_accuracy), "must be in (0, 1]");
+  if (!(c.eval_every_s >= 0.0) || !std::isfinite(c.eval_every_s))
+    return bad("eval-every", fmt::format("{:g}", c.eval_every_s), "must be a number of seconds >= 0");
   if (c.validation_size < 1) return bad("validation-size", "0", "must be >= 1");
   if (c.prefetch < 1) return bad("prefetch", "0", "must be >= 1");
   if (!(c.rpc_timeout_s > 0.0) || !std::isfinite(c.rpc_timeout_s))
@@ -143,7 +145,12 @@ Result<JobSummary> run_job(const JobConfig& config, const JobCallbacks& callback
   auto future = outcome->get_future();
   {
     caf::actor_system system{cfg};
-    auto coord = system.spawn(coordinator, CoordinatorSetup{config, data, on_epoch, callbacks.on_final_params, outcome});
+    auto on_eval = [&](const EvalPoint& e) {
+      if (metrics && write_error.ok()) write_error = metrics->write(to_json(e));
+      if (callbacks.on_eval) callbacks.on_eval(e);
+    };
+    CoordinatorSetup setup{config, data, on_epoch, on_eval, callbacks.on_final_params, outcome};
+    auto coord = system.spawn(coordinator, std::move(setup));
     outcome.reset();  // the coordinator holds the only reference now
     bool cancelled = false;
     while (future.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready) {

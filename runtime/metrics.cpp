@@ -12,6 +12,10 @@ nlohmann::json to_json(const EpochMetrics& m) {
           {"updates", m.updates}};
 }
 
+nlohmann::json to_json(const EvalPoint& e) {
+  return {{"event", "eval"}, {"wall_s", e.wall_s}, {"val_accuracy", e.val_accuracy}};
+}
+
 nlohmann::json to_json(const JobSummary& s) {
   nlohmann::json j = {{"event", "summary"},
                       {"policy", s.policy},

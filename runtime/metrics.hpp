@@ -14,6 +14,7 @@
 namespace asgd {
 
 nlohmann::json to_json(const EpochMetrics& m);
+nlohmann::json to_json(const EvalPoint& e);
 nlohmann::json to_json(const JobSummary& s);
 
 /// Appends records to a file, flushing each line so a crash loses at most

@@ -26,7 +26,7 @@ struct JobConfig {
   std::uint32_t fetch_every = 1;    ///< async: pull fresh parameters every n-th step
   std::uint32_t push_every = 1;     ///< async: push accumulated gradients every n-th step
   std::uint32_t backup_workers = 0; ///< bsp: commit a clock once workers - backup_workers gradients are in
-  std::uint32_t local_steps = 8;    ///< averaging: local steps between two averages, >= 1
+  std::optional<std::uint32_t> local_steps;  ///< averaging: local steps between two averages, >= 1 (default 8)
   bool staleness_aware_lr = false;  ///< async, ssp: divide each update's step by its staleness (when > 1)
   /// Per-worker batch-size weights: "" (equal), "W0,W1,..." (one positive
   /// number per worker; batch and data partition scale with the weight), or
@@ -47,6 +47,9 @@ struct JobConfig {
   double weight_decay = 0.0;        ///< L2 coefficient added to every gradient, >= 0
   std::uint64_t seed = 1;           ///< seeds initialisation, the validation split and shuffling
   std::optional<double> target_accuracy;  ///< validation accuracy whose first crossing time is reported
+  /// Also evaluate on the validation split every S seconds of training, for
+  /// a finer time-to-target and accuracy curve (0: only after each epoch).
+  double eval_every_s = 0.0;
   std::string metrics_out;          ///< JSON Lines metrics file; empty: none
   std::uint32_t validation_size = 5000;  ///< training images held out for validation
   std::uint32_t threads = 0;        ///< BLAS threads per worker; 0: cores / workers (at least 1)
@@ -69,6 +72,13 @@ struct EpochMetrics {
   double val_accuracy = 0.0;      ///< on the held-out validation split
   double samples_per_s = 0.0;     ///< training samples this epoch / its duration
   std::uint64_t updates = 0;      ///< gradient updates applied so far (cumulative)
+};
+
+/// A validation evaluation between epochs (--eval-every); the metrics
+/// file's "eval" record.
+struct EvalPoint {
+  double wall_s = 0.0;            ///< seconds since training started, when the parameters were read
+  double val_accuracy = 0.0;
 };
 
 /// The job's outcome; the metrics file's "summary" record.
@@ -99,6 +109,7 @@ struct JobSummary {
 /// Called from a runtime thread, one call at a time, in epoch order.
 struct JobCallbacks {
   std::function<void(const EpochMetrics&)> on_epoch;
+  std::function<void(const EvalPoint&)> on_eval;  ///< --eval-every evaluations
   /// Once, after training and before the summary: the final parameters in
   /// the model's flat layout. The span is valid during the call only.
   std::function<void(std::span<const float>)> on_final_params;

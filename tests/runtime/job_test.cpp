@@ -184,3 +184,39 @@ TEST(ConfigFile, ParsesFlagValuesStrictly) {
 
 }  // namespace
 }  // namespace asgd
+
+namespace asgd {
+namespace {
+
+TEST(RunJob, EvaluatesBetweenEpochsEveryEvalEverySecondsAndWritesEvalRecords) {
+  ASGD_REQUIRE_DATASET(dir, "mnist");
+  JobConfig c;
+  c.data_dir = dir.string();
+  c.epochs = 2;
+  c.eval_every_s = 0.1;
+  c.target_accuracy = 0.5;
+  const asgd_test::TempDir scratch;
+  c.metrics_out = (scratch / "run.jsonl").string();
+  std::vector<EvalPoint> evals;
+  JobCallbacks callbacks;
+  callbacks.on_eval = [&](const EvalPoint& e) { evals.push_back(e); };
+  auto result = run_job(c, callbacks);
+  ASSERT_TRUE(result.ok()) << result.status().to_string();
+  ASSERT_GE(evals.size(), 2u) << "training took " << result->train_s << " s";
+  for (std::size_t i = 0; i < evals.size(); ++i) {
+    EXPECT_GT(evals[i].val_accuracy, 0.1);
+    if (i > 0) {
+      EXPECT_GT(evals[i].wall_s, evals[i - 1].wall_s);
+    }
+  }
+  // The first evaluation already beats 0.5, so the target time is its time
+  // (or an earlier epoch's), never later.
+  ASSERT_TRUE(result->time_to_target_s.has_value());
+  EXPECT_LE(*result->time_to_target_s, evals.front().wall_s);
+  std::size_t eval_lines = 0;
+  for (const auto& j : read_jsonl(c.metrics_out)) eval_lines += j["event"] == "eval";
+  EXPECT_EQ(eval_lines, evals.size());
+}
+
+}  // namespace
+}  // namespace asgd

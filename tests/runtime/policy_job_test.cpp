@@ -134,6 +134,8 @@ TEST(Policies, ValidateNamesTheBadPolicySetting) {
   EXPECT_NE(error([](JobConfig& c) { c.straggler = "5:2"; }).find("no worker 5"), std::string::npos);
   EXPECT_NE(error([](JobConfig& c) { c.policy = "bsp"; c.staleness_aware_lr = true; }).find("async and ssp only"),
             std::string::npos);
+  EXPECT_NE(error([](JobConfig& c) { c.policy = "bsp"; c.local_steps = 4; }).find("--policy averaging only"),
+            std::string::npos);
   JobConfig ok;
   ok.policy = "ssp";
   ok.staleness = 2;

@@ -116,6 +116,10 @@ int run_train(const TrainOptions& o) {
                 m.train_loss, m.val_accuracy, m.samples_per_s, m.wall_s);
     std::fflush(stdout);
   };
+  callbacks.on_eval = [](const EvalPoint& e) {
+    std::printf("  eval at %.2f s  val_acc %.4f\n", e.wall_s, e.val_accuracy);
+    std::fflush(stdout);
+  };
   auto result = run_job(config, callbacks, stop.get_token());
   watcher.request_stop();
   if (!result) {
