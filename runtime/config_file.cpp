@@ -39,6 +39,16 @@ std::function<Status(JobConfig&, const std::string&)> uint_field(Int JobConfig::
   return [member](JobConfig& c, const std::string& t) { return parse_uint(t, c.*member); };
 }
 
+std::function<Status(JobConfig&, const std::string&)> optional_uint_field(
+    std::optional<std::uint32_t> JobConfig::*member) {
+  return [member](JobConfig& c, const std::string& t) {
+    std::uint32_t v = 0;
+    Status s = parse_uint(t, v);
+    if (s.ok()) c.*member = v;
+    return s;
+  };
+}
+
 std::function<Status(JobConfig&, const std::string&)> double_field(double JobConfig::*member) {
   return [member](JobConfig& c, const std::string& t) { return parse_double(t, c.*member); };
 }
@@ -66,21 +76,11 @@ const std::vector<ConfigField>& job_config_fields() {
       {"policy", "consistency policy: bsp | ssp | ssp:S | async | hogwild | averaging (default async)", "NAME",
        string_field(&JobConfig::policy)},
       {"staleness", "ssp: how many clocks a worker may run ahead of the slowest (default 3)", "S",
-       [](JobConfig& c, const std::string& t) {
-         std::uint32_t v = 0;
-         Status s = parse_uint(t, v);
-         if (s.ok()) c.staleness = v;
-         return s;
-       }},
+       optional_uint_field(&JobConfig::staleness)},
       {"backup-workers", "bsp: apply a clock once all but B workers pushed; drop the late (default 0)", "B",
        uint_field(&JobConfig::backup_workers)},
       {"local-steps", "averaging: local steps between parameter averages (default 8)", "K",
-       [](JobConfig& c, const std::string& t) {
-         std::uint32_t v = 0;
-         Status s = parse_uint(t, v);
-         if (s.ok()) c.local_steps = v;
-         return s;
-       }},
+       optional_uint_field(&JobConfig::local_steps)},
       {"staleness-aware-lr", "async, ssp: divide each update's step by its staleness: true | false (default false)",
        "BOOL",
        [](JobConfig& c, const std::string& t) {

@@ -14,6 +14,21 @@
 namespace asgd {
 namespace {
 
+// A worker training the mlp on 28x28 images, replying to `coordinator`.
+WorkerSetup mlp_worker(WorkerId id, std::vector<caf::actor> shards, std::vector<KeyRange> ranges, caf::actor feeder,
+                       caf::scoped_actor& coordinator, caf::timespan rpc_timeout) {
+  WorkerSetup ws;
+  ws.id = id;
+  ws.model = "mlp";
+  ws.sample_shape = {1, 28, 28};
+  ws.shards = std::move(shards);
+  ws.ranges = std::move(ranges);
+  ws.feeder = std::move(feeder);
+  ws.coordinator = caf::actor_cast<caf::actor>(coordinator);
+  ws.rpc_timeout = rpc_timeout;
+  return ws;
+}
+
 TEST(WorkerAndShards, AGradientPushedByAWorkerReachesTheShardThatOwnsEachKey) {
   constexpr std::uint32_t kShards = 3;
   constexpr std::uint32_t kBatch = 8;
@@ -46,16 +61,7 @@ TEST(WorkerAndShards, AGradientPushedByAWorkerReachesTheShardThatOwnsEachKey) {
   }
   // One epoch of exactly one batch: the worker takes one step, then stops.
   auto feeder = sys.spawn<caf::detached>(data_feeder, FeederSetup{data, {0, kBatch}, 1, kBatch, 2, 1, 1});
-  WorkerSetup ws;
-  ws.id = 0;
-  ws.model = "mlp";
-  ws.sample_shape = {1, 28, 28};
-  ws.shards = shards;
-  ws.ranges = ranges;
-  ws.feeder = feeder;
-  ws.coordinator = caf::actor_cast<caf::actor>(self);
-  ws.rpc_timeout = std::chrono::seconds(10);
-  auto w = sys.spawn(worker, std::move(ws));
+  auto w = sys.spawn(worker, mlp_worker(0, shards, ranges, feeder, self, std::chrono::seconds(10)));
   self->send(w, start_atom::value);
 
   EpochReport report;
@@ -167,16 +173,7 @@ TEST(Worker, FailsNamingTheShardThatDidNotAnswerWithinTheTimeout) {
   std::vector<caf::actor> shards = {sys.spawn(parameter_shard, std::make_shared<ShardCore>(std::move(core).value())),
                                     sys.spawn(silent_shard, 0)};
   auto feeder = sys.spawn<caf::detached>(data_feeder, FeederSetup{data, {0, 8}, 1, 8, 2, 1, 1});
-  WorkerSetup ws;
-  ws.id = 3;
-  ws.model = "mlp";
-  ws.sample_shape = {1, 28, 28};
-  ws.shards = shards;
-  ws.ranges = ranges;
-  ws.feeder = feeder;
-  ws.coordinator = caf::actor_cast<caf::actor>(self);
-  ws.rpc_timeout = std::chrono::milliseconds(300);
-  auto w = sys.spawn(worker, std::move(ws));
+  auto w = sys.spawn(worker, mlp_worker(3, shards, ranges, feeder, self, std::chrono::milliseconds(300)));
   const auto t0 = std::chrono::steady_clock::now();
   self->send(w, start_atom::value);
   std::string message;

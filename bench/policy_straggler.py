@@ -1,0 +1,326 @@
+#!/usr/bin/python3
+"""Time to accuracy under bsp, ssp:3 and async with one slow worker.
+
+One run of this script trains the same job (MNIST, mlp, 4 workers, worker 0
+slowed 4x with `--straggler 0:4`) under each policy R times and compares the
+training seconds until validation accuracy first reaches the target
+(`time_to_target_s` in asgd's metrics summary):
+
+  * runs are interleaved (bsp, ssp:3, async, bsp, ssp:3, async, ...) so that
+    machine noise falls on every policy alike;
+  * repeat r (0-based) uses --seed r+1 under every policy, so the policies see
+    the same initialisation, validation split and data order;
+  * per policy it prints the median, min and max time to target, the epoch of
+    each run in which the target was crossed, final test accuracy, samples/s,
+    staleness (in clocks) and the seconds each worker's reads were held back
+    by the policy; then median(ssp:3)/median(bsp) and median(async)/median(bsp)
+    with PASS/FAIL against the acceptance threshold (<= 0.6).
+
+A run that never reaches the target is reported as such; a policy with such a
+run has no median time, and a ratio involving it is "not measurable". No
+number is ever filled in for a run that did not reach the target.
+
+Why these defaults (measured on the 2-core development VM, 2026-11-21):
+
+  * --eval-every 0.1. Without it validation runs only when the *slowest*
+    worker finishes an epoch, so under async (whose fast workers run far
+    ahead of the straggler) the first look at the model comes when the
+    straggler ends its first epoch, and the "time to target" is that moment,
+    not when the model got there. Every policy pays the same evaluation cost
+    (one snapshot and 5000 validation images every 0.1 s; at 0.25 s the
+    times were quantised coarsely enough to move the ssp:3 ratio by 0.05).
+  * --lr-schedule cosine, --epochs 8: the product's default schedule, over a
+    budget long enough that bsp reaches 0.97 with every seed tried (it
+    averages the 4 workers' gradients into one update per clock, a quarter of
+    the updates ssp and async apply, and crosses in epoch 3 or 4). The
+    schedule's length is the epoch budget, so the figures belong to
+    --epochs 8. With --lr-schedule constant (rate independent of the budget)
+    ssp:3 gains less over bsp; both results are in docs/benchmarks.md.
+  * A straggler that is slow every step paces ssp as it paces bsp once the
+    fast workers are s clocks ahead; ssp's gain here comes from applying each
+    worker's gradient as its own update (4 per clock against bsp's 1) and
+    from the slack at the start, not from escaping the straggler.
+
+Usage: /usr/bin/python3 bench/policy_straggler.py [--repeats 3] [--epochs 8]
+           [--workers 4] [--straggler 0:4] [--target 0.97] [--lr-schedule constant]
+           [--asgd build/bin/asgd] [--data-dir DIR] [--out DIR] [--json]
+Exit status: 0 every run completed (whatever the verdict), 1 a run failed,
+2 bad options, or the binary or the data is missing.
+"""
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+POLICIES = ["bsp", "ssp:3", "async"]
+BASELINE = "bsp"
+THRESHOLD = 0.6  # acceptance: median(policy) / median(bsp) <= 0.6
+RUN_TIMEOUT_S = 600
+
+
+def fail(code, message):
+    print(f"policy_straggler: {message}", file=sys.stderr)
+    sys.exit(code)
+
+
+def has_mnist(directory):
+    return any(os.path.isfile(os.path.join(directory, "train-images-idx3-ubyte" + ext)) for ext in (".gz", ""))
+
+
+def default_data_dir():
+    env = os.environ.get("ASGD_DATA_DIR")
+    if env:
+        return os.path.join(env, "mnist")
+    return os.path.join(REPO_ROOT, "..", "shared", "data", "mnist")
+
+
+def read_metrics(path):
+    """(epoch records, summary record or None) from a JSON Lines metrics file."""
+    epochs, summary = [], None
+    try:
+        with open(path) as f:
+            for line in f:
+                line = line.strip()
+                if not line:
+                    continue
+                rec = json.loads(line)
+                if rec.get("event") == "epoch":
+                    epochs.append(rec)
+                elif rec.get("event") == "summary":
+                    summary = rec
+    except (OSError, ValueError):
+        pass
+    return epochs, summary
+
+
+def run_one(a, policy, seed, metrics_path):
+    """Trains once; returns a dict describing the run (with "error" if it failed)."""
+    cmd = [a.asgd, "train", "--data-dir", a.data_dir, "--policy", policy, "--workers", str(a.workers),
+           "--straggler", a.straggler, "--epochs", str(a.epochs), "--lr-schedule", a.lr_schedule,
+           "--seed", str(seed), "--target-accuracy", repr(a.target), "--metrics-out", metrics_path,
+           "--eval-every", repr(a.eval_every), "--log-level", "warn"]
+    run = {"policy": policy, "seed": seed, "command": " ".join(cmd)}
+    start = time.monotonic()
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        run["error"] = f"did not finish within {RUN_TIMEOUT_S} s"
+        return run
+    run["process_s"] = round(time.monotonic() - start, 2)
+    epochs, summary = read_metrics(metrics_path)
+    if proc.returncode != 0 or summary is None:
+        detail = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
+        run["error"] = f"exit {proc.returncode}: " + (detail[-1] if detail else "no output")
+        return run
+    ttt = summary.get("time_to_target_s")
+    # The epoch during which the target was first seen (by an epoch's or an
+    # --eval-every evaluation).
+    crossing = next((e["epoch"] for e in epochs if ttt is not None and e["wall_s"] >= ttt - 1e-9), None)
+    run.update({
+        "time_to_target_s": ttt,
+        "target_epoch": crossing if ttt is not None else None,
+        "val_accuracy": [e["val_accuracy"] for e in epochs],
+        "epoch_end_s": [round(e["wall_s"], 3) for e in epochs],
+        "train_s": summary["train_s"],
+        "final_test_accuracy": summary["final_test_accuracy"],
+        "samples_per_s": summary["samples_per_s"],
+        "updates_applied": summary["updates_applied"],
+        "staleness_mean": summary["staleness_mean"],
+        "staleness_p99": summary["staleness_p99"],
+        "staleness_max": summary["staleness_max"],
+        "worker_wait_s": summary.get("worker_wait_s", []),
+        "worker_batch": summary.get("worker_batch", []),
+    })
+    return run
+
+
+def describe(run, target):
+    if "error" in run:
+        return f"FAILED ({run['error']})"
+    if run["time_to_target_s"] is None:
+        best = max(run["val_accuracy"], default=0.0)
+        return (f"did NOT reach {target} in {len(run['val_accuracy'])} epochs (best val {best:.4f}); "
+                f"train {run['train_s']:.1f} s")
+    return (f"reached {target} in epoch {run['target_epoch']} after {run['time_to_target_s']:.2f} s; "
+            f"train {run['train_s']:.1f} s, test {run['final_test_accuracy']:.4f}")
+
+
+def summarize(policy, runs):
+    """Aggregates of one policy's runs; medians only over figures that exist."""
+    done = [r for r in runs if "error" not in r]
+    reached = [r["time_to_target_s"] for r in done if r["time_to_target_s"] is not None]
+    s = {"policy": policy, "runs": len(runs), "failed_runs": len(runs) - len(done),
+         "reached_runs": len(reached), "time_to_target_s": [r.get("time_to_target_s") for r in runs],
+         "target_epoch": [r.get("target_epoch") for r in runs]}
+    # A median time exists only when every run got there: a run that did not
+    # is not "slow", it is unmeasured, and any stand-in value would be made up.
+    all_reached = len(reached) == len(runs) and runs
+    s["ttt_median_s"] = statistics.median(reached) if all_reached else None
+    s["ttt_min_s"] = min(reached) if all_reached else None
+    s["ttt_max_s"] = max(reached) if all_reached else None
+    if done:
+        s["final_test_accuracy_median"] = statistics.median(r["final_test_accuracy"] for r in done)
+        s["final_test_accuracy_min"] = min(r["final_test_accuracy"] for r in done)
+        s["final_test_accuracy_max"] = max(r["final_test_accuracy"] for r in done)
+        s["samples_per_s_median"] = statistics.median(r["samples_per_s"] for r in done)
+        s["train_s_median"] = statistics.median(r["train_s"] for r in done)
+        firsts = [r["epoch_end_s"][0] for r in done if r["epoch_end_s"]]
+        s["first_eval_s_median"] = statistics.median(firsts) if firsts else None
+        s["staleness_mean_median"] = statistics.median(r["staleness_mean"] for r in done)
+        s["staleness_max"] = max(r["staleness_max"] for r in done)
+        workers = max(len(r["worker_wait_s"]) for r in done)
+        s["worker_wait_s_median"] = [
+            statistics.median(r["worker_wait_s"][w] for r in done if len(r["worker_wait_s"]) > w)
+            for w in range(workers)]
+    return s
+
+
+def fmt_ttt(s, target):
+    if s["ttt_median_s"] is not None:
+        return f"{s['ttt_median_s']:.2f} s (min {s['ttt_min_s']:.2f}, max {s['ttt_max_s']:.2f})"
+    parts = []
+    missed = s["runs"] - s["failed_runs"] - s["reached_runs"]
+    if missed:
+        parts.append(f"{missed} of {s['runs']} runs did NOT reach {target}")
+    if s["failed_runs"]:
+        parts.append(f"{s['failed_runs']} of {s['runs']} runs FAILED")
+    got = [f"{t:.2f}" for t in s["time_to_target_s"] if t is not None]
+    if got:
+        parts.append("reached in the others after " + ", ".join(got) + " s")
+    return "not measurable: " + "; ".join(parts)
+
+
+def ratio(summaries, policy, target):
+    """(value or None, verdict text) for median(policy) / median(bsp)."""
+    num, den = summaries[policy]["ttt_median_s"], summaries[BASELINE]["ttt_median_s"]
+    if num is None or den is None:
+        who = " and ".join(p for p, v in ((policy, num), (BASELINE, den)) if v is None)
+        return None, f"not measurable ({who}: no median time to {target}, see above)"
+    value = num / den
+    verdict = "PASS" if value <= THRESHOLD else "FAIL"
+    return value, f"{value:.3f}  {verdict} (threshold <= {THRESHOLD})"
+
+
+def main():
+    p = argparse.ArgumentParser(
+        description="Time to validation accuracy under bsp, ssp:3 and async with a straggler (MNIST mlp).")
+    p.add_argument("--asgd", default=os.path.join(REPO_ROOT, "build", "bin", "asgd"),
+                   help="the asgd binary (default <repo>/build/bin/asgd)")
+    p.add_argument("--data-dir", default=None,
+                   help="the MNIST folder (default $ASGD_DATA_DIR/mnist, else <repo>/../shared/data/mnist)")
+    p.add_argument("--repeats", type=int, default=3, help="runs per policy, interleaved (default 3)")
+    p.add_argument("--epochs", type=int, default=8,
+                   help="epochs per run; long enough for bsp to reach the target (default 8)")
+    p.add_argument("--workers", type=int, default=4, help="worker actors (default 4)")
+    p.add_argument("--straggler", default="0:4", help="asgd's --straggler W:FACTOR (default 0:4)")
+    p.add_argument("--target", type=float, default=0.97, help="validation accuracy to reach (default 0.97)")
+    p.add_argument("--eval-every", type=float, default=0.1,
+                   help="asgd's --eval-every: also evaluate every S training seconds (default 0.1; 0: per epoch)")
+    p.add_argument("--lr-schedule", default="cosine", choices=["constant", "cosine"],
+                   help="learning-rate schedule of every run (default cosine; see the module docstring)")
+    p.add_argument("--out", default=None, metavar="DIR",
+                   help="keep every run's metrics file in DIR (default: a temporary folder, removed)")
+    p.add_argument("--json", action="store_true", help="end with one JSON line holding every run and figure")
+    a = p.parse_args()
+
+    if a.repeats < 1 or a.epochs < 1 or a.workers < 1:
+        fail(2, "--repeats, --epochs and --workers must be >= 1")
+    if not 0.0 < a.target <= 1.0:
+        fail(2, f"--target {a.target}: must be in (0, 1]")
+    a.asgd = os.path.abspath(a.asgd)
+    if not (os.path.isfile(a.asgd) and os.access(a.asgd, os.X_OK)):
+        fail(2, f"no asgd binary at {a.asgd} (build it with scripts/build, or pass --asgd)")
+    a.data_dir = os.path.realpath(a.data_dir or default_data_dir())
+    if not has_mnist(a.data_dir):
+        fail(2, f"no MNIST training images in {a.data_dir} (pass --data-dir or set ASGD_DATA_DIR)")
+
+    out_dir = a.out or tempfile.mkdtemp(prefix="policy_straggler.")
+    os.makedirs(out_dir, exist_ok=True)
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    print(f"MNIST mlp, {a.workers} workers, straggler {a.straggler}, {a.epochs} epochs, "
+          f"lr schedule {a.lr_schedule}, target val accuracy {a.target}, {a.repeats} repeats "
+          f"(seeds 1..{a.repeats}), {cores} cores; data {a.data_dir}", flush=True)
+    print(f"command: {a.asgd} train --data-dir DIR --policy P --workers {a.workers} --straggler {a.straggler} "
+          f"--epochs {a.epochs} --lr-schedule {a.lr_schedule} --seed R --target-accuracy {a.target} "
+          f"--eval-every {a.eval_every} --metrics-out FILE", flush=True)
+
+    runs = {pol: [] for pol in POLICIES}
+    in_order = []
+    started = time.monotonic()
+    total = a.repeats * len(POLICIES)
+    n = 0
+    try:
+        for r in range(a.repeats):
+            for pol in POLICIES:
+                n += 1
+                seed = r + 1
+                path = os.path.join(out_dir, f"{pol.replace(':', '')}_seed{seed}.jsonl")
+                run = run_one(a, pol, seed, path)
+                runs[pol].append(run)
+                in_order.append(run)
+                print(f"[{n}/{total}] {pol:6s} seed {seed}: {describe(run, a.target)}", flush=True)
+    finally:
+        if a.out is None:
+            shutil.rmtree(out_dir, ignore_errors=True)
+    elapsed = time.monotonic() - started
+
+    summaries = {pol: summarize(pol, runs[pol]) for pol in POLICIES}
+    print()
+    cadence = f"every {a.eval_every:g} s and after each epoch" if a.eval_every > 0 else "once per epoch"
+    print(f"Time to validation accuracy {a.target} (training seconds; validation checked {cadence}; an epoch "
+          f"ends when the slowest worker finishes it)")
+    for pol in POLICIES:
+        s = summaries[pol]
+        print(f"\n  {pol}")
+        print(f"    time to target     {fmt_ttt(s, a.target)}")
+        print(f"    crossed in epoch   " + ", ".join("-" if e is None else str(e) for e in s["target_epoch"]))
+        if s.get("first_eval_s_median") is not None:
+            print(f"    epoch 1 ended at   {s['first_eval_s_median']:.2f} s (median; the first evaluation)")
+        if a.eval_every == 0 and s["reached_runs"] and all(e in (None, 1) for e in s["target_epoch"]):
+            print(f"    note               past the target at the first evaluation: its time is when the slowest "
+                  f"worker finished epoch 1, an upper bound")
+        if "samples_per_s_median" not in s:
+            continue
+        print(f"    final test acc.    {s['final_test_accuracy_median']:.4f} "
+              f"(min {s['final_test_accuracy_min']:.4f}, max {s['final_test_accuracy_max']:.4f})")
+        print(f"    samples/s          {s['samples_per_s_median']:.0f}  (train_s {s['train_s_median']:.1f} s, medians)")
+        print(f"    staleness          mean {s['staleness_mean_median']:.2f} (median of runs), "
+              f"max {s['staleness_max']:.0f} (over runs), in clocks")
+        print(f"    worker wait (s)    " + "  ".join(f"w{w} {v:.2f}" for w, v in enumerate(s["worker_wait_s_median"]))
+              + "  (medians: seconds the policy held each worker's reads back)")
+
+    print()
+    ratios = {}
+    for pol in POLICIES:
+        if pol == BASELINE:
+            continue
+        value, text = ratio(summaries, pol, a.target)
+        ratios[pol] = value
+        print(f"  median({pol}) / median({BASELINE}) = {text}")
+    print(f"\n{total} runs in {elapsed:.0f} s" + (f"; metrics files in {out_dir}" if a.out else ""), flush=True)
+
+    failed = sum(s["failed_runs"] for s in summaries.values())
+    if failed:
+        print(f"policy_straggler: {failed} run(s) failed; see above", file=sys.stderr)
+    if a.json:
+        print(json.dumps({
+            "workers": a.workers, "straggler": a.straggler, "epochs": a.epochs, "lr_schedule": a.lr_schedule,
+            "eval_every_s": a.eval_every,
+            "target": a.target, "repeats": a.repeats, "threshold": THRESHOLD, "elapsed_s": round(elapsed, 1),
+            "summaries": summaries,
+            "ratios": {f"{pol}/{BASELINE}": v for pol, v in ratios.items()},
+            "verdicts": {f"{pol}/{BASELINE}": (None if v is None else v <= THRESHOLD) for pol, v in ratios.items()},
+            "runs": in_order,
+        }), flush=True)
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
