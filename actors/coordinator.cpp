@@ -326,6 +326,14 @@ namespace {
 void start_training(Self self) {
   auto& st = self->state;
   const JobConfig& cfg = st.setup.config;
+  st.train_start = SteadyClock::now();
+  st.last_epoch_end = st.train_start;
+  if (st.setup.remote) {  // each worker process feeds its own worker
+    for (std::uint32_t w = 0; w < cfg.workers; ++w)
+      st.setup.remote->start_worker(w, st.shares[w], st.stragglers[w], st.schedule_steps);
+    if (cfg.eval_every_s > 0) self->delayed_send(self, eval_period(cfg), eval_atom::value);
+    return;
+  }
   for (std::uint32_t w = 0; w < cfg.workers; ++w) {
     FeederSetup fs{st.setup.data, st.shares[w].partition, cfg.epochs, st.shares[w].batch, cfg.prefetch, cfg.seed, w + 1};
     auto feeder = self->spawn<caf::detached>(data_feeder, std::move(fs));
@@ -416,6 +424,7 @@ caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self, Coordinat
   // By clock: equal shares give the length; weights aim at the same number
   // of steps per epoch, so auto weights leave it (within a step) unchanged.
   schedule.total_steps = planned_clocks(st.shares, cfg.epochs);
+  st.schedule_steps = schedule.total_steps;
   for (std::uint32_t i = 0; i < cfg.shards; ++i) {
     const KeyRange r = st.ranges[i];
     ShardSetup ss;
@@ -432,12 +441,22 @@ caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self, Coordinat
     ss.workers = cfg.workers;
     ss.staleness_aware_lr = cfg.staleness_aware_lr;
     ss.shared = st.shared;
-    auto core = ShardCore::make(std::move(ss));
+    auto core = ShardCore::make(ss);  // checks the setup, remote or not
     if (!core) {
       fail(self, core.status());
       return {};
     }
-    auto shard = self->spawn(parameter_shard, std::make_shared<ShardCore>(std::move(core).value()));
+    caf::actor shard;
+    if (st.setup.remote) {
+      auto placed = st.setup.remote->place_shard(self, ss);
+      if (!placed) {
+        fail(self, placed.status());
+        return {};
+      }
+      shard = *placed;
+    } else {
+      shard = self->spawn(parameter_shard, std::make_shared<ShardCore>(std::move(core).value()));
+    }
     st.names[shard.address()] = "shard " + std::to_string(i);
     st.shards.push_back(shard);
   }
@@ -457,7 +476,17 @@ caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self, Coordinat
     ws.schedule = schedule;
     ws.straggler_factor = st.stragglers[w];
     ws.shared = st.shared;
-    auto wk = self->spawn(worker, std::move(ws));
+    caf::actor wk;
+    if (st.setup.remote) {
+      auto placed = st.setup.remote->place_worker(self, w);
+      if (!placed) {
+        fail(self, placed.status());
+        return {};
+      }
+      wk = *placed;
+    } else {
+      wk = self->spawn(worker, std::move(ws));
+    }
     st.names[wk.address()] = "worker " + std::to_string(w);
     st.workers.push_back(wk);
   }

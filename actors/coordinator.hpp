@@ -29,11 +29,15 @@
 
 #include "actors/key_range.hpp"
 #include "actors/messages.hpp"
+#include "actors/parameter_shard.hpp"
 #include "actors/shared_parameters.hpp"
 #include "asgd/job.hpp"
 #include "compute/model.hpp"
 
 namespace asgd {
+
+struct WorkerShare;
+class RemotePlacement;
 
 struct CoordinatorSetup {
   JobConfig config;
@@ -42,6 +46,9 @@ struct CoordinatorSetup {
   std::function<void(const EvalPoint&)> on_eval;       ///< likewise, for --eval-every
   std::function<void(std::span<const float>)> on_final_params;  ///< called from the coordinator's thread
   std::shared_ptr<std::promise<Result<JobSummary>>> outcome;  ///< set exactly once
+  /// Where shards and workers run when they are other processes; null:
+  /// spawned here.
+  std::shared_ptr<RemotePlacement> remote;
 };
 
 /// The policy settings a job's configuration gives.
@@ -67,6 +74,23 @@ struct WorkerShare {
 /// `batch` exactly.
 std::vector<WorkerShare> assign_shares(std::size_t train_count, std::uint32_t batch, const std::vector<double>& weights);
 
+/// Shards and workers in other processes (runtime/cluster.cpp). The
+/// coordinator calls it from its own thread only.
+class RemotePlacement {
+ public:
+  virtual ~RemotePlacement() = default;
+  /// Hands shard setup.index its setup (range, initial parameters, ...) and
+  /// returns the local actor that stands for it.
+  virtual Result<caf::actor> place_shard(caf::local_actor* coordinator, const ShardSetup& setup) = 0;
+  /// The local actor that stands for worker `w`: it stops normally once the
+  /// worker has finished, abnormally when its process went silent.
+  virtual Result<caf::actor> place_worker(caf::local_actor* coordinator, std::uint32_t w) = 0;
+  /// Starts worker `w` on `share`, slowed by `straggler`, with a learning-rate
+  /// schedule of `schedule_steps`.
+  virtual void start_worker(std::uint32_t w, const WorkerShare& share, double straggler,
+                            std::uint64_t schedule_steps) = 0;
+};
+
 /// The most steps any worker takes over the job: the length of the
 /// learning-rate schedule, which runs by clock.
 std::uint64_t planned_clocks(const std::vector<WorkerShare>& shares, std::uint32_t epochs);
@@ -80,6 +104,7 @@ struct CoordinatorState {
   std::vector<caf::actor> feeders;
   std::vector<WorkerShare> shares;
   std::vector<double> stragglers;             // per worker: slow-down factor
+  std::uint64_t schedule_steps = 0;
   std::shared_ptr<SharedParameters> shared;   // hogwild only
   std::uint32_t workers_stopped = 0;
   bool last_epoch_evaluated = false;

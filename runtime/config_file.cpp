@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <limits>
+#include <sstream>
 
 namespace asgd {
 
@@ -34,30 +35,42 @@ Status parse_double(const std::string& text, double& out) {
   return {};
 }
 
+std::string number_text(double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.17g", v);
+  return buf;
+}
+
 template <class Int>
-std::function<Status(JobConfig&, const std::string&)> uint_field(Int JobConfig::*member) {
-  return [member](JobConfig& c, const std::string& t) { return parse_uint(t, c.*member); };
+FieldAccess uint_field(Int JobConfig::*member) {
+  return {[member](JobConfig& c, const std::string& t) { return parse_uint(t, c.*member); },
+          [member](const JobConfig& c) -> std::optional<std::string> { return std::to_string(c.*member); }};
 }
 
-std::function<Status(JobConfig&, const std::string&)> optional_uint_field(
-    std::optional<std::uint32_t> JobConfig::*member) {
-  return [member](JobConfig& c, const std::string& t) {
-    std::uint32_t v = 0;
-    Status s = parse_uint(t, v);
-    if (s.ok()) c.*member = v;
-    return s;
-  };
+FieldAccess optional_uint_field(std::optional<std::uint32_t> JobConfig::*member) {
+  return {[member](JobConfig& c, const std::string& t) {
+            std::uint32_t v = 0;
+            Status s = parse_uint(t, v);
+            if (s.ok()) c.*member = v;
+            return s;
+          },
+          [member](const JobConfig& c) -> std::optional<std::string> {
+            if (!(c.*member)) return std::nullopt;
+            return std::to_string(*(c.*member));
+          }};
 }
 
-std::function<Status(JobConfig&, const std::string&)> double_field(double JobConfig::*member) {
-  return [member](JobConfig& c, const std::string& t) { return parse_double(t, c.*member); };
+FieldAccess double_field(double JobConfig::*member) {
+  return {[member](JobConfig& c, const std::string& t) { return parse_double(t, c.*member); },
+          [member](const JobConfig& c) -> std::optional<std::string> { return number_text(c.*member); }};
 }
 
-std::function<Status(JobConfig&, const std::string&)> string_field(std::string JobConfig::*member) {
-  return [member](JobConfig& c, const std::string& t) {
-    c.*member = t;
-    return Status{};
-  };
+FieldAccess string_field(std::string JobConfig::*member) {
+  return {[member](JobConfig& c, const std::string& t) {
+            c.*member = t;
+            return Status{};
+          },
+          [member](const JobConfig& c) -> std::optional<std::string> { return c.*member; }};
 }
 
 std::string normalize(std::string key) {
@@ -83,12 +96,13 @@ const std::vector<ConfigField>& job_config_fields() {
        optional_uint_field(&JobConfig::local_steps)},
       {"staleness-aware-lr", "async, ssp: divide each update's step by its staleness: true | false (default false)",
        "BOOL",
-       [](JobConfig& c, const std::string& t) {
-         if (t == "true" || t == "1") c.staleness_aware_lr = true;
-         else if (t == "false" || t == "0") c.staleness_aware_lr = false;
-         else return Status::InvalidArgument("expected true or false");
-         return Status{};
-       }},
+       {[](JobConfig& c, const std::string& t) {
+          if (t == "true" || t == "1") c.staleness_aware_lr = true;
+          else if (t == "false" || t == "0") c.staleness_aware_lr = false;
+          else return Status::InvalidArgument("expected true or false");
+          return Status{};
+        },
+        [](const JobConfig& c) -> std::optional<std::string> { return c.staleness_aware_lr ? "true" : "false"; }}},
       {"worker-weights", "per-worker batch weights: W0,W1,... or auto (default equal)", "LIST",
        string_field(&JobConfig::worker_weights)},
       {"straggler", "slow worker W by FACTOR, for experiments: W:FACTOR[,W:FACTOR...]", "W:F",
@@ -112,12 +126,16 @@ const std::vector<ConfigField>& job_config_fields() {
       {"seed", "seed for initialisation, validation split and shuffling (default 1)", "N",
        uint_field(&JobConfig::seed)},
       {"target-accuracy", "report the training time until validation accuracy reaches A", "A",
-       [](JobConfig& c, const std::string& t) {
-         double v = 0;
-         Status s = parse_double(t, v);
-         if (s.ok()) c.target_accuracy = v;
-         return s;
-       }},
+       {[](JobConfig& c, const std::string& t) {
+          double v = 0;
+          Status s = parse_double(t, v);
+          if (s.ok()) c.target_accuracy = v;
+          return s;
+        },
+        [](const JobConfig& c) -> std::optional<std::string> {
+          if (!c.target_accuracy) return std::nullopt;
+          return number_text(*c.target_accuracy);
+        }}},
       {"eval-every", "also evaluate on the validation split every S seconds of training (default 0: per epoch only)",
        "S", double_field(&JobConfig::eval_every_s)},
       {"metrics-out", "write metrics as JSON Lines to FILE", "FILE", string_field(&JobConfig::metrics_out)},
@@ -125,6 +143,7 @@ const std::vector<ConfigField>& job_config_fields() {
        uint_field(&JobConfig::validation_size)},
       {"threads", "BLAS threads per worker (default cores / workers)", "N", uint_field(&JobConfig::threads)},
       {"prefetch", "batches each data feeder keeps ready (default 4)", "N", uint_field(&JobConfig::prefetch)},
+      {"compress", "tensors between processes: none | fp16 (default none)", "NAME", string_field(&JobConfig::compress)},
       {"rpc-timeout", "seconds to wait for any reply before failing (default 60)", "S",
        double_field(&JobConfig::rpc_timeout_s)},
   };
@@ -141,18 +160,10 @@ Status set_job_field(JobConfig& config, const std::string& key, const std::strin
   return {};
 }
 
-Status apply_toml_file(const std::string& path, JobConfig& config) {
-  if (!std::filesystem::exists(path)) return Status::NotFound("config file " + path + " does not exist");
-  toml::value root;
-  try {
-    root = toml::parse(path);
-  } catch (const std::exception& e) {
-    // toml11's messages span several lines; keep the first, which says what.
-    std::string what = e.what();
-    what = what.substr(0, what.find('\n'));
-    return Status::InvalidArgument("config file " + path + ": " + what);
-  }
-  if (!root.is_table()) return Status::InvalidArgument("config file " + path + ": not a TOML table");
+namespace {
+
+Status apply_toml_value(const toml::value& root, const std::string& origin, JobConfig& config) {
+  if (!root.is_table()) return Status::InvalidArgument("config file " + origin + ": not a TOML table");
   for (const auto& [key, value] : root.as_table()) {
     std::string text;
     if (value.is_string()) {
@@ -162,17 +173,56 @@ Status apply_toml_file(const std::string& path, JobConfig& config) {
     } else if (value.is_integer()) {
       text = std::to_string(value.as_integer());
     } else if (value.is_floating()) {
-      char buf[64];
-      std::snprintf(buf, sizeof buf, "%.17g", value.as_floating());
-      text = buf;
+      text = number_text(value.as_floating());
     } else {
-      return Status::InvalidArgument("config file " + path + ": key '" + key +
+      return Status::InvalidArgument("config file " + origin + ": key '" + key +
                                      "' must be a string, a number or a boolean");
     }
     Status s = set_job_field(config, key, text);
-    if (!s.ok()) return Status::InvalidArgument("config file " + path + ": " + s.message());
+    if (!s.ok()) return Status::InvalidArgument("config file " + origin + ": " + s.message());
   }
   return {};
+}
+
+// toml11's messages span several lines; keep the first, which says what.
+std::string first_line(const std::exception& e) {
+  std::string what = e.what();
+  return what.substr(0, what.find('\n'));
+}
+
+}  // namespace
+
+Status apply_toml_file(const std::string& path, JobConfig& config) {
+  if (!std::filesystem::exists(path)) return Status::NotFound("config file " + path + " does not exist");
+  toml::value root;
+  try {
+    root = toml::parse(path);
+  } catch (const std::exception& e) {
+    return Status::InvalidArgument("config file " + path + ": " + first_line(e));
+  }
+  return apply_toml_value(root, path, config);
+}
+
+Status apply_toml_text(const std::string& text, const std::string& origin, JobConfig& config) {
+  toml::value root;
+  try {
+    std::istringstream in(text);
+    root = toml::parse(in, origin);
+  } catch (const std::exception& e) {
+    return Status::InvalidArgument("config " + origin + ": " + first_line(e));
+  }
+  return apply_toml_value(root, origin, config);
+}
+
+std::string to_toml(const JobConfig& config) {
+  std::string out;
+  for (const ConfigField& f : job_config_fields()) {
+    auto v = f.access.get(config);
+    if (!v) continue;
+    // Every value goes as a TOML string (set_job_field parses the text).
+    out += f.key + " = " + toml::format(toml::value(*v)) + "\n";
+  }
+  return out;
 }
 
 }  // namespace asgd

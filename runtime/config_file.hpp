@@ -3,6 +3,7 @@
 // TOML config file alike, so a key parses, and fails, the same way in both.
 
 #include <functional>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -10,13 +11,22 @@
 
 namespace asgd {
 
+/// How to read and write one field as text.
+struct FieldAccess {
+  /// Parses `text` into the field. Errors: invalid_argument naming the
+  /// expected kind of value.
+  std::function<Status(JobConfig&, const std::string& text)> set;
+  /// The field as text that `set` parses back to the same value; nullopt
+  /// for an optional field that is not set.
+  std::function<std::optional<std::string>(const JobConfig&)> get;
+};
+
 struct ConfigField {
   std::string key;    ///< flag without "--" and TOML key: "data-dir"
   std::string help;
   std::string value_name;  ///< "N", "X", "DIR", ...
-  /// Parses `text` into the field. Errors: invalid_argument naming the
-  /// expected kind of value.
-  std::function<Status(JobConfig&, const std::string& text)> set;
+  FieldAccess access;
+  Status set(JobConfig& c, const std::string& text) const { return access.set(c, text); }
 };
 
 const std::vector<ConfigField>& job_config_fields();
@@ -24,6 +34,13 @@ const std::vector<ConfigField>& job_config_fields();
 /// Sets one field by key ("workers" or "workers" spelled "workers"; '_' and
 /// '-' are interchangeable). Errors name the key and the value.
 Status set_job_field(JobConfig& config, const std::string& key, const std::string& text);
+
+/// Every set field as TOML ("key = value" lines, strings quoted): what a
+/// coordinator sends its processes; apply_toml_text reads it back.
+std::string to_toml(const JobConfig& config);
+
+/// Applies TOML text (see apply_toml_file). `origin` names it in errors.
+Status apply_toml_text(const std::string& text, const std::string& origin, JobConfig& config);
 
 /// Applies every key of the TOML file at `path` to `config`. Unknown keys,
 /// wrong types and unreadable files are errors naming the file and the key.

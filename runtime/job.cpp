@@ -20,6 +20,7 @@
 #include "compute/schedule.hpp"
 #include "dataset/dataset.hpp"
 #include "runtime/metrics.hpp"
+#include "runtime/job_internal.hpp"
 
 namespace asgd {
 
@@ -81,6 +82,7 @@ Status validate(const JobConfig& c) {
     return bad("eval-every", fmt::format("{:g}", c.eval_every_s), "must be a number of seconds >= 0");
   if (c.validation_size < 1) return bad("validation-size", "0", "must be >= 1");
   if (c.prefetch < 1) return bad("prefetch", "0", "must be >= 1");
+  if (c.compress != "none" && c.compress != "fp16") return bad("compress", c.compress, "expected none or fp16");
   if (!(c.rpc_timeout_s > 0.0) || !std::isfinite(c.rpc_timeout_s))
     return bad("rpc-timeout", fmt::format("{:g}", c.rpc_timeout_s), "must be a positive number of seconds");
   return {};
@@ -94,6 +96,11 @@ std::string resolve_data_dir(const JobConfig& c) {
 }
 
 Result<JobSummary> run_job(const JobConfig& config, const JobCallbacks& callbacks, std::stop_token stop) {
+  return run_job_with(config, callbacks, stop, {});
+}
+
+Result<JobSummary> run_job_with(const JobConfig& config, const JobCallbacks& callbacks, std::stop_token stop,
+                                const ClusterHooks& hooks) {
   const auto job_start = std::chrono::steady_clock::now();
   if (Status s = validate(config); !s.ok()) return s;
 
@@ -142,15 +149,21 @@ Result<JobSummary> run_job(const JobConfig& config, const JobCallbacks& callback
   };
 
   auto outcome = std::make_shared<std::promise<Result<JobSummary>>>();
-  auto future = outcome->get_future();
+  auto future = outcome->get_future().share();
   {
     caf::actor_system system{cfg};
     auto on_eval = [&](const EvalPoint& e) {
       if (metrics && write_error.ok()) write_error = metrics->write(to_json(e));
       if (callbacks.on_eval) callbacks.on_eval(e);
     };
-    CoordinatorSetup setup{config, data, on_epoch, on_eval, callbacks.on_final_params, outcome};
+    CoordinatorSetup setup{config, data, on_epoch, on_eval, callbacks.on_final_params, outcome, nullptr};
+    if (hooks.make_placement) {
+      auto placement = hooks.make_placement(system);
+      if (!placement) return placement.status();
+      setup.remote = std::move(placement).value();
+    }
     auto coord = system.spawn(coordinator, std::move(setup));
+    if (hooks.on_coordinator) hooks.on_coordinator(coord);
     outcome.reset();  // the coordinator holds the only reference now
     bool cancelled = false;
     while (future.wait_for(std::chrono::milliseconds(100)) != std::future_status::ready) {
@@ -158,6 +171,11 @@ Result<JobSummary> run_job(const JobConfig& config, const JobCallbacks& callback
         cancelled = true;
         caf::anon_send(coord, cancel_atom::value);
       }
+    }
+    if (hooks.before_shutdown) {
+      // Peek at the outcome without taking it.
+      const auto& peeked = future.get();
+      hooks.before_shutdown(peeked.ok() ? Status{} : peeked.status());
     }
     // Leaving the scope waits for every actor to stop.
   }

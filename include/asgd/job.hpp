@@ -55,6 +55,9 @@ struct JobConfig {
   std::uint32_t threads = 0;        ///< BLAS threads per worker; 0: cores / workers (at least 1)
   std::uint32_t prefetch = 4;       ///< batches each data feeder keeps ready
   double rpc_timeout_s = 60.0;      ///< longest wait for any reply (shard, feeder) before the job fails
+  /// Tensors between processes (asgd cluster): none (float32) or fp16,
+  /// which halves the bytes on the wire. In-process jobs copy nothing.
+  std::string compress = "none";
 };
 
 /// Checks every field; the message names the flag and the bad value.

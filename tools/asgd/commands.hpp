@@ -6,6 +6,14 @@
 #include <CLI/CLI.hpp>
 
 #include <functional>
+#include <map>
+#include <optional>
+#include <stop_token>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "asgd/job.hpp"
 
 namespace asgd::cli {
 
@@ -19,7 +27,53 @@ std::function<int()> add_train_command(CLI::App& app);
 /// Adds `bench` (with `runtime`) to `app`.
 std::function<int()> add_bench_command(CLI::App& app);
 
+/// Adds `cluster`, `coordinator`, `shard` and `worker` to `app`; the
+/// returned function runs whichever was chosen.
+std::function<int(const std::string& name)> add_cluster_commands(CLI::App& app);
+
 /// "asgd: error: <message>" on stderr, one line.
 void print_error(const std::string& message);
+
+struct LogOptions {
+  std::string log_file;
+  std::string log_level = "info";
+};
+
+/// The job flags of train, cluster and coordinator: every JobConfig field,
+/// a config file, and logging.
+struct JobOptions {
+  std::string config_file;
+  std::map<std::string, std::string> flags;  // key -> text, as given
+  std::map<std::string, CLI::Option*> options;
+  LogOptions log;
+};
+void add_job_flags(CLI::App* cmd, JobOptions& opts);
+void add_log_flags(CLI::App* cmd, LogOptions& log);
+/// The flags as given, to hand to another asgd process.
+std::vector<std::string> given_job_flags(const JobOptions& o);
+
+/// Sets up logging and builds the job's configuration from defaults, the
+/// config file and the flags; an exit code when that fails (the error is
+/// printed).
+std::optional<int> load_job(const JobOptions& o, JobConfig& config);
+Status setup_logging(const LogOptions& o);
+int exit_code_for(const Status& s);
+std::string logs_at(const LogOptions& o);
+
+/// Per-epoch progress lines on stdout.
+JobCallbacks progress_callbacks(const JobConfig& config);
+/// Prints the summary or the error; the exit code.
+int report_outcome(const Result<JobSummary>& result, const JobConfig& config, const LogOptions& log);
+
+/// Turns SIGINT and SIGTERM into a stop request while it lives.
+class Interrupts {
+ public:
+  Interrupts();
+  std::stop_token token() const { return stop_.get_token(); }
+
+ private:
+  std::stop_source stop_;
+  std::jthread watcher_;
+};
 
 }  // namespace asgd::cli

@@ -35,6 +35,7 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version", "asgd 0.1.0");
   auto train = add_train_command(app);
+  auto roles = add_cluster_commands(app);
   std::function<int()> bench;
 #ifdef ASGD_WITH_BENCH
   bench = add_bench_command(app);
@@ -58,6 +59,9 @@ int main(int argc, char** argv) {
   spdlog::set_pattern("[%H:%M:%S.%e] %^%l%$ %v");
   for (auto* sub : app.get_subcommands()) {
     if (sub->get_name() == "train") return train();
+    if (sub->get_name() == "cluster" || sub->get_name() == "coordinator" || sub->get_name() == "shard" ||
+        sub->get_name() == "worker")
+      return roles(sub->get_name());
     if (sub->get_name() == "bench" && bench) return bench();
   }
   print_error("no command given; try --help");

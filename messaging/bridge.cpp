@@ -1,0 +1,320 @@
+#include "messaging/bridge.hpp"
+
+#include <spdlog/spdlog.h>
+
+namespace asgd::messaging {
+
+Result<std::shared_ptr<Bridge>> Bridge::start(BridgeOptions options, Handler handler,
+                                              std::unique_ptr<Transport> transport) {
+  if (!transport) transport = make_zmq_transport();
+  std::shared_ptr<Bridge> b(new Bridge(std::move(options), std::move(handler), std::move(transport)));
+  if (!b->options_.listen.empty()) {
+    auto bound = b->transport_->bind(b->options_.listen);
+    if (!bound) return bound.status();
+    b->endpoint_ = *bound;
+  }
+  b->io_ = std::thread([raw = b.get()] { raw->run(); });
+  return b;
+}
+
+Bridge::Bridge(BridgeOptions options, Handler handler, std::unique_ptr<Transport> transport)
+    : options_(std::move(options)), handler_(std::move(handler)), transport_(std::move(transport)) {
+  coding_ = options_.coding;
+}
+
+Bridge::~Bridge() { stop(); }
+
+void Bridge::stop(std::chrono::milliseconds linger) {
+  if (!io_.joinable()) return;
+  {
+    std::lock_guard lock(mu_);
+    linger_until_ = std::chrono::steady_clock::now() + linger;
+  }
+  stopping_ = true;
+  transport_->wake();
+  io_.join();
+}
+
+Result<PeerId> Bridge::connect(const std::string& endpoint) {
+  std::future<Result<PeerId>> done;
+  {
+    std::lock_guard lock(mu_);
+    connects_.emplace_back(endpoint, std::promise<Result<PeerId>>());
+    done = connects_.back().second.get_future();
+  }
+  transport_->wake();
+  if (done.wait_for(std::chrono::seconds(30)) != std::future_status::ready)
+    return Status::Timeout(options_.name + ": connecting to " + endpoint + " took over 30 s");
+  return done.get();
+}
+
+void Bridge::send(const PeerId& peer, Message message) {
+  {
+    std::lock_guard lock(mu_);
+    for (const auto& p : message) stats_.bytes_out += p.bytes.size();
+    outbox_.push_back({peer, std::move(message)});
+  }
+  transport_->wake();
+}
+
+void Bridge::request(const PeerId& peer, std::uint64_t id, Message message, caf::actor reply_to) {
+  {
+    std::lock_guard lock(mu_);
+    pending_[id] = std::move(reply_to);
+    for (const auto& p : message) stats_.bytes_out += p.bytes.size();
+    outbox_.push_back({peer, std::move(message)});
+  }
+  transport_->wake();
+}
+
+BridgeStats Bridge::stats() const {
+  std::lock_guard lock(mu_);
+  return stats_;
+}
+
+void Bridge::reject(const PeerId& peer, FrameError why) {
+  bool first = false;
+  {
+    std::lock_guard lock(mu_);
+    ++stats_.rejected;
+    ++stats_.rejected_by_reason[to_string(why)];
+    first = !logged_[peer];
+    logged_[peer] = true;
+  }
+  // Once per sender: a peer sending garbage must not flood the log.
+  if (first) spdlog::warn("{}: dropped a malformed frame from {} ({}); further ones from it are counted, not logged",
+                          options_.name, peer, to_string(why));
+}
+
+void Bridge::run() {
+  std::deque<Outgoing> backlog;  // accepted but not yet taken by the transport (would block)
+  while (true) {
+    std::deque<std::pair<std::string, std::promise<Result<PeerId>>>> connects;
+    {
+      std::lock_guard lock(mu_);
+      connects.swap(connects_);
+      while (!outbox_.empty()) {
+        backlog.push_back(std::move(outbox_.front()));
+        outbox_.pop_front();
+      }
+    }
+    for (auto& [endpoint, done] : connects) done.set_value(transport_->connect(endpoint));
+    bool blocked = false;
+    while (!backlog.empty()) {
+      auto sent = transport_->send(backlog.front().peer, backlog.front().message);
+      if (sent && !*sent) {  // the peer's queue is full: keep it, read meanwhile
+        blocked = true;
+        break;
+      }
+      if (!sent) spdlog::warn("{}: a frame to {} was not sent: {}", options_.name, backlog.front().peer,
+                              sent.status().message());
+      backlog.pop_front();
+      std::lock_guard lock(mu_);
+      ++stats_.frames_out;
+    }
+    if (stopping_) {
+      std::lock_guard lock(mu_);
+      if ((backlog.empty() && outbox_.empty()) || std::chrono::steady_clock::now() > linger_until_) break;
+    }
+    auto in = transport_->receive(blocked || stopping_ ? std::chrono::milliseconds(1) : std::chrono::milliseconds(200));
+    if (!in) {
+      spdlog::error("{}: receiving failed: {}", options_.name, in.status().message());
+      continue;
+    }
+    if (*in) handle(std::move(**in));
+  }
+}
+
+namespace {
+
+template <class M>
+FrameError decode_into(const Frame& f, Inbound& ib) {
+  M m;
+  FrameError e = decode(f, m);
+  if (e == FrameError::none) ib.body = std::move(m);
+  return e;
+}
+
+}  // namespace
+
+void Bridge::handle(Incoming&& in) {
+  {
+    std::lock_guard lock(mu_);
+    ++stats_.frames_in;
+  }
+  Frame f;
+  if (FrameError e = parse_frame(in.message, f); e != FrameError::none) return reject(in.from, e);
+  if (!is_known(f.header.type)) return reject(in.from, FrameError::unknown_type);
+  const auto type = static_cast<MsgType>(f.header.type);
+  const std::uint64_t id = f.header.request_id;
+
+  // Replies go to whoever asked.
+  if (type == MsgType::parameters || type == MsgType::stats_reply) {
+    caf::actor to;
+    {
+      std::lock_guard lock(mu_);
+      if (auto it = pending_.find(id); it != pending_.end()) {
+        to = std::move(it->second);
+        pending_.erase(it);
+      } else {
+        ++stats_.unmatched_replies;
+      }
+    }
+    FrameError e = FrameError::none;
+    if (type == MsgType::parameters) {
+      ShardReply r;
+      e = decode(f, r);
+      if (e == FrameError::none) e = decode_tensor(f, r.params);
+      if (e == FrameError::none && to) caf::anon_send(to, reply_atom::value, id, std::move(r));
+    } else {
+      ShardStats s;
+      e = decode(f, s);
+      if (e == FrameError::none && !f.tensor.empty()) e = FrameError::bad_body;
+      if (e == FrameError::none && to) caf::anon_send(to, reply_atom::value, id, std::move(s));
+    }
+    if (e != FrameError::none) reject(in.from, e);
+    return;
+  }
+
+  Inbound ib;
+  ib.peer = in.from;
+  ib.request_id = id;
+  FrameError e = FrameError::none;
+  switch (type) {
+    case MsgType::registration: e = decode_into<Registration>(f, ib); break;
+    case MsgType::assignment: e = decode_into<Assignment>(f, ib); break;
+    case MsgType::push: {
+      PushRequest req;
+      e = decode(f, req);
+      if (e == FrameError::none) e = decode_tensor(f, req.payload);
+      if (e == FrameError::none) ib.body = std::move(req);
+      break;
+    }
+    case MsgType::pull: e = decode_into<PullRequest>(f, ib); break;
+    case MsgType::clock: e = decode_into<ClockNotice>(f, ib); break;
+    case MsgType::heartbeat: e = decode_into<Heartbeat>(f, ib); break;
+    case MsgType::evaluation: e = decode_into<EvaluationRequest>(f, ib); break;
+    case MsgType::checkpoint: e = decode_into<CheckpointRequest>(f, ib); break;
+    case MsgType::shutdown: e = decode_into<Shutdown>(f, ib); break;
+    case MsgType::epoch_report: e = decode_into<EpochReport>(f, ib); break;
+    case MsgType::failure: e = decode_into<Failure>(f, ib); break;
+    case MsgType::stats: e = decode_into<StatsRequest>(f, ib); break;
+    case MsgType::start: e = decode_into<StartTraining>(f, ib); break;
+    case MsgType::parameters:
+    case MsgType::stats_reply: break;  // handled above
+  }
+  if (e == FrameError::none && type != MsgType::push) {
+    // Only pushes and assignments carry tensors.
+    if (type == MsgType::assignment) {
+      e = decode_tensor(f, ib.tensor);
+    } else if (!f.tensor.empty()) {
+      e = FrameError::bad_body;
+    }
+  }
+  if (e != FrameError::none) return reject(in.from, e);
+  if (handler_) handler_(std::move(ib));
+}
+
+caf::behavior remote_shard(caf::event_based_actor* self, std::shared_ptr<Bridge> bridge, PeerId peer,
+                           std::uint32_t index) {
+  struct Waiting {
+    std::map<std::uint64_t, caf::response_promise> replies;
+  };
+  auto waiting = std::make_shared<Waiting>();
+  auto ask = [self, bridge, peer, waiting](std::uint64_t id, Message m) {
+    waiting->replies.emplace(id, self->make_response_promise());
+    bridge->request(peer, id, std::move(m), caf::actor_cast<caf::actor>(self));
+  };
+  (void)index;
+  return {
+      [bridge, ask](push_atom, PushRequest& req) -> caf::result<ShardReply> {
+        const auto id = bridge->next_id();
+        std::vector<float> payload = std::move(req.payload);
+        ask(id, encode(req, id, std::move(payload), bridge->coding()));
+        return caf::delegated<ShardReply>();
+      },
+      [bridge, ask](pull_atom, const PullRequest& req) -> caf::result<ShardReply> {
+        const auto id = bridge->next_id();
+        ask(id, encode(req, id));
+        return caf::delegated<ShardReply>();
+      },
+      [bridge, ask](snapshot_atom) -> caf::result<ShardReply> {
+        const auto id = bridge->next_id();
+        ask(id, encode(EvaluationRequest{}, id));
+        return caf::delegated<ShardReply>();
+      },
+      [bridge, ask](stats_atom) -> caf::result<ShardStats> {
+        const auto id = bridge->next_id();
+        ask(id, encode(StatsRequest{}, id));
+        return caf::delegated<ShardStats>();
+      },
+      [bridge, peer](leave_atom, WorkerId worker) {
+        bridge->send(peer, encode(ClockNotice{worker, 0, true}, bridge->next_id()));
+      },
+      [waiting](reply_atom, std::uint64_t id, ShardReply& r) {
+        if (auto it = waiting->replies.find(id); it != waiting->replies.end()) {
+          it->second.deliver(std::move(r));
+          waiting->replies.erase(it);
+        }
+      },
+      [waiting](reply_atom, std::uint64_t id, ShardStats& s) {
+        if (auto it = waiting->replies.find(id); it != waiting->replies.end()) {
+          it->second.deliver(std::move(s));
+          waiting->replies.erase(it);
+        }
+      },
+  };
+}
+
+caf::behavior shard_server(caf::event_based_actor* self, std::shared_ptr<Bridge> bridge, caf::actor shard) {
+  auto answer = [bridge](const PeerId& peer, std::uint64_t id, ShardReply& r) {
+    std::vector<float> params = std::move(r.params);
+    bridge->send(peer, encode(r, id, std::move(params), bridge->coding()));
+  };
+  return {
+      [self, shard, answer](inbound_atom, const PeerId& peer, std::uint64_t id, PushRequest& req) {
+        self->request(shard, caf::infinite, push_atom::value, std::move(req))
+            .then([answer, peer, id](ShardReply& r) { answer(peer, id, r); }, [](caf::error&) {});
+      },
+      [self, shard, answer](inbound_atom, const PeerId& peer, std::uint64_t id, const PullRequest& req) {
+        self->request(shard, caf::infinite, pull_atom::value, req)
+            .then([answer, peer, id](ShardReply& r) { answer(peer, id, r); }, [](caf::error&) {});
+      },
+      [self, shard, answer](inbound_atom, const PeerId& peer, std::uint64_t id, snapshot_atom) {
+        self->request(shard, caf::infinite, snapshot_atom::value)
+            .then([answer, peer, id](ShardReply& r) { answer(peer, id, r); }, [](caf::error&) {});
+      },
+      [self, shard, bridge](inbound_atom, const PeerId& peer, std::uint64_t id, stats_atom) {
+        self->request(shard, caf::infinite, stats_atom::value)
+            .then([bridge, peer, id](ShardStats& s) { bridge->send(peer, encode(s, id)); }, [](caf::error&) {});
+      },
+      [self, shard](inbound_atom, const PeerId&, std::uint64_t, leave_atom, WorkerId worker) {
+        self->send(shard, leave_atom::value, worker);
+      },
+  };
+}
+
+bool post_to_shard_server(const caf::actor& server, Inbound&& in) {
+  return std::visit(
+      [&](auto& body) -> bool {
+        using T = std::decay_t<decltype(body)>;
+        if constexpr (std::is_same_v<T, PushRequest>) {
+          caf::anon_send(server, inbound_atom::value, in.peer, in.request_id, std::move(body));
+        } else if constexpr (std::is_same_v<T, PullRequest>) {
+          caf::anon_send(server, inbound_atom::value, in.peer, in.request_id, body);
+        } else if constexpr (std::is_same_v<T, EvaluationRequest>) {
+          caf::anon_send(server, inbound_atom::value, in.peer, in.request_id, snapshot_atom::value);
+        } else if constexpr (std::is_same_v<T, StatsRequest>) {
+          caf::anon_send(server, inbound_atom::value, in.peer, in.request_id, stats_atom::value);
+        } else if constexpr (std::is_same_v<T, ClockNotice>) {
+          if (!body.leaving) return true;  // a plain clock notice carries nothing a shard needs
+          caf::anon_send(server, inbound_atom::value, in.peer, in.request_id, leave_atom::value, body.worker);
+        } else {
+          return false;
+        }
+        return true;
+      },
+      in.body);
+}
+
+}  // namespace asgd::messaging

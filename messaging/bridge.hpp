@@ -1,0 +1,145 @@
+#pragma once
+// The bridge between CAF actors and the transport: one per process. Its I/O
+// thread owns the transport (which is not thread-safe); everything else
+// talks to it through thread-safe calls. It
+//   - sends frames queued by any thread (send, request),
+//   - checks every incoming frame (messaging/untrusted.hpp): a malformed one
+//     is dropped, counted by reason, and logged once per sender,
+//   - delivers replies to the actor that asked (request ids), and
+//   - hands every other message to the process's handler, decoded.
+// remote_shard() makes a local actor that stands in for a shard in another
+// process, with parameter_shard's interface, so a worker does not know
+// whether its shards are local or remote; shard_server() serves a local
+// shard actor to remote workers and the coordinator.
+
+#include <caf/all.hpp>
+
+#include <atomic>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <future>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <thread>
+#include <variant>
+
+#include "messaging/messages.hpp"
+#include "messaging/transport.hpp"
+
+namespace asgd::messaging {
+
+/// A decoded message that is not a reply.
+struct Inbound {
+  PeerId peer;
+  std::uint64_t request_id = 0;
+  std::variant<Registration, Assignment, PushRequest, PullRequest, ClockNotice, Heartbeat, EvaluationRequest,
+               CheckpointRequest, Shutdown, EpochReport, Failure, StatsRequest, StartTraining>
+      body;
+  std::vector<float> tensor;  ///< an assignment's initial parameters (a push's payload is in the PushRequest)
+};
+
+struct BridgeOptions {
+  std::string listen;                          ///< endpoint to bind; empty: none
+  TensorCoding coding = TensorCoding::float32; ///< how this process sends tensors
+  std::string name = "process";                ///< for log lines: "shard 1", "worker 0", "coordinator"
+};
+
+struct BridgeStats {
+  std::uint64_t frames_in = 0;
+  std::uint64_t frames_out = 0;
+  std::uint64_t rejected = 0;                  ///< malformed frames dropped
+  std::map<std::string, std::uint64_t> rejected_by_reason;
+  std::uint64_t unmatched_replies = 0;         ///< replies nobody was waiting for
+  std::uint64_t bytes_out = 0;                 ///< frame bytes queued for sending
+};
+
+class Bridge {
+ public:
+  using Handler = std::function<void(Inbound&&)>;
+
+  /// Starts the I/O thread on `transport` (a ZeroMQ transport when null),
+  /// binding options.listen if set. `handler` runs on the I/O thread for
+  /// every message that is not a reply: keep it short (post to an actor or
+  /// a queue). Errors: io_error when the endpoint cannot be bound.
+  static Result<std::shared_ptr<Bridge>> start(BridgeOptions options, Handler handler,
+                                               std::unique_ptr<Transport> transport = nullptr);
+  ~Bridge();
+  Bridge(const Bridge&) = delete;
+  Bridge& operator=(const Bridge&) = delete;
+
+  /// The endpoint actually bound ("" when none).
+  const std::string& endpoint() const { return endpoint_; }
+  TensorCoding coding() const { return coding_.load(); }
+  /// Changes how tensors are sent from now on (a process learns it from its
+  /// assignment). Thread-safe.
+  void set_coding(TensorCoding c) { coding_ = c; }
+  const std::string& name() const { return options_.name; }
+
+  /// Connects to a peer's endpoint (on the I/O thread; waits for it).
+  Result<PeerId> connect(const std::string& endpoint);
+
+  /// Queues a frame for `peer`. Thread-safe.
+  void send(const PeerId& peer, Message message);
+
+  /// A fresh request id. Thread-safe.
+  std::uint64_t next_id() { return next_id_.fetch_add(1) + 1; }
+
+  /// Queues a request whose reply (a parameters or stats_reply frame with
+  /// the same id) goes to `reply_to` as (reply_atom, id, ShardReply) or
+  /// (reply_atom, id, ShardStats). Thread-safe.
+  void request(const PeerId& peer, std::uint64_t id, Message message, caf::actor reply_to);
+
+  BridgeStats stats() const;
+
+  /// Stops the I/O thread after sending what is queued (up to `linger`).
+  void stop(std::chrono::milliseconds linger = std::chrono::milliseconds(500));
+
+ private:
+  Bridge(BridgeOptions options, Handler handler, std::unique_ptr<Transport> transport);
+  void run();
+  void handle(Incoming&& in);
+  void reject(const PeerId& peer, FrameError why);
+
+  BridgeOptions options_;
+  Handler handler_;
+  std::unique_ptr<Transport> transport_;
+  std::string endpoint_;
+  std::thread io_;
+  std::atomic<bool> stopping_{false};
+  std::atomic<std::uint64_t> next_id_{0};
+  std::atomic<TensorCoding> coding_{TensorCoding::float32};
+
+  mutable std::mutex mu_;  // guards everything below
+  struct Outgoing {
+    PeerId peer;
+    Message message;
+  };
+  std::deque<Outgoing> outbox_;
+  std::deque<std::pair<std::string, std::promise<Result<PeerId>>>> connects_;
+  std::map<std::uint64_t, caf::actor> pending_;  // request id -> who waits for the reply
+  std::map<PeerId, bool> logged_;                // senders already logged for a bad frame
+  std::chrono::steady_clock::time_point linger_until_;
+  BridgeStats stats_;
+};
+
+using inbound_atom = caf::atom_constant<caf::atom("inbound")>;
+using reply_atom = caf::atom_constant<caf::atom("reply")>;
+
+/// A local stand-in for shard `index` reachable at `peer`: accepts what
+/// parameter_shard accepts (push, pull, leave, snapshot, stats) and answers
+/// with the remote shard's replies.
+caf::behavior remote_shard(caf::event_based_actor* self, std::shared_ptr<Bridge> bridge, PeerId peer,
+                           std::uint32_t index);
+
+/// Serves the local shard actor `shard` to remote peers: the process's
+/// handler posts (inbound_atom, peer, id, request) here.
+caf::behavior shard_server(caf::event_based_actor* self, std::shared_ptr<Bridge> bridge, caf::actor shard);
+
+/// Posts an inbound request for a shard to `server` (a shard_server).
+/// Returns false for a message a shard does not serve.
+bool post_to_shard_server(const caf::actor& server, Inbound&& in);
+
+}  // namespace asgd::messaging

@@ -1,0 +1,116 @@
+#include "messaging/messages.hpp"
+
+#include <cstring>
+#include <sstream>
+#include <streambuf>
+
+namespace asgd::messaging {
+
+const char* to_string(MsgType t) {
+  switch (t) {
+    case MsgType::registration: return "registration";
+    case MsgType::assignment: return "assignment";
+    case MsgType::push: return "push";
+    case MsgType::pull: return "pull";
+    case MsgType::parameters: return "parameters";
+    case MsgType::clock: return "clock";
+    case MsgType::heartbeat: return "heartbeat";
+    case MsgType::evaluation: return "evaluation";
+    case MsgType::checkpoint: return "checkpoint";
+    case MsgType::shutdown: return "shutdown";
+    case MsgType::epoch_report: return "epoch_report";
+    case MsgType::failure: return "failure";
+    case MsgType::stats: return "stats";
+    case MsgType::start: return "start";
+    case MsgType::stats_reply: return "stats_reply";
+  }
+  return "unknown";
+}
+
+bool is_known(std::uint16_t type) { return type >= 1 && type <= static_cast<std::uint16_t>(MsgType::stats_reply); }
+
+namespace {
+
+// Reads straight out of a frame's bytes: no copy, and what is left is known.
+class SpanBuf : public std::streambuf {
+ public:
+  explicit SpanBuf(std::span<const std::byte> bytes) {
+    char* begin = const_cast<char*>(reinterpret_cast<const char*>(bytes.data()));
+    setg(begin, begin, begin + bytes.size());
+  }
+  std::size_t left() const { return static_cast<std::size_t>(egptr() - gptr()); }
+};
+
+class VectorBuf : public std::streambuf {
+ public:
+  std::vector<std::byte> bytes;
+
+ protected:
+  std::streamsize xsputn(const char* s, std::streamsize n) override {
+    const auto* p = reinterpret_cast<const std::byte*>(s);
+    bytes.insert(bytes.end(), p, p + n);
+    return n;
+  }
+  int_type overflow(int_type c) override {
+    if (c != traits_type::eof()) bytes.push_back(static_cast<std::byte>(c));
+    return c;
+  }
+};
+
+}  // namespace
+
+std::vector<std::byte> serialize_body(const std::function<void(cereal::PortableBinaryOutputArchive&)>& write) {
+  VectorBuf buf;
+  {
+    std::ostream os(&buf);
+    cereal::PortableBinaryOutputArchive ar(os);
+    write(ar);
+  }
+  return std::move(buf.bytes);
+}
+
+FrameError deserialize_body(std::span<const std::byte> body,
+                            const std::function<void(cereal::PortableBinaryInputArchive&)>& read) {
+  SpanBuf buf(body);
+  std::istream is(&buf);
+  try {
+    cereal::PortableBinaryInputArchive ar(is);
+    read(ar);
+  } catch (const std::exception&) {  // cereal::Exception: truncated, or a bound exceeded
+    return FrameError::bad_body;
+  }
+  return buf.left() == 0 ? FrameError::none : FrameError::bad_body;
+}
+
+Part tensor_part(std::vector<float>&& tensor, TensorCoding coding) {
+  if (tensor.empty()) return {};
+  if (coding == TensorCoding::float32) return Part::take(std::move(tensor));
+  std::vector<std::uint16_t> half(tensor.size());
+  to_half(tensor, half);
+  return Part::take(std::move(half));
+}
+
+FrameError decode_tensor(const Frame& frame, std::vector<float>& out, std::optional<std::size_t> expected) {
+  const bool fp16 = frame.header.flags & kFlagFp16;
+  const std::size_t width = fp16 ? 2 : 4;
+  if (frame.tensor.size() % width != 0) return FrameError::bad_body;
+  const std::size_t n = frame.tensor.size() / width;
+  if (expected && n != *expected) return FrameError::bad_body;
+  out.resize(n);
+  if (fp16) {
+    // The part's bytes need not be 2-byte aligned: convert from a copy in
+    // blocks rather than reinterpret them.
+    constexpr std::size_t kBlock = 4096;
+    std::uint16_t block[kBlock];
+    for (std::size_t i = 0; i < n; i += kBlock) {
+      const std::size_t m = std::min(kBlock, n - i);
+      std::memcpy(block, frame.tensor.data() + i * 2, m * 2);
+      from_half(std::span<const std::uint16_t>(block, m), std::span<float>(out).subspan(i, m));
+    }
+  } else if (n > 0) {  // memcpy with a null pointer is undefined even for 0 bytes
+    std::memcpy(out.data(), frame.tensor.data(), frame.tensor.size());
+  }
+  return FrameError::none;
+}
+
+}  // namespace asgd::messaging

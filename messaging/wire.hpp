@@ -1,0 +1,92 @@
+#pragma once
+// The framed wire format. Every message is one ZeroMQ multipart message:
+//
+//   part 0: a 32-byte header, then the body (the message's fields, cereal
+//           portable binary, at most kMaxBody bytes)
+//   part 1: optional, the tensor: float32 values, or float16 when the
+//           header's fp16 flag is set (at most kMaxTensorBytes)
+//
+// header (little-endian):
+//   u32 magic "ASGD" | u16 version | u16 type | u16 flags | u16 reserved (0)
+//   u64 request id (a reply carries its request's id)
+//   u32 body bytes | u32 tensor bytes | u32 CRC-32C of header (this field 0),
+//   body and tensor
+//
+// The decoder trusts nothing it has not checked: lengths against the part
+// sizes and the limits before anything is allocated, the checksum before
+// any field is read, every variable-length field in the body against its
+// own bound (messages.hpp). A frame that fails a check is rejected with a
+// reason; the bridge drops it, counts it and logs the sender once.
+
+#include <cstdint>
+#include <span>
+#include <string>
+
+#include "asgd/status.hpp"
+#include "messaging/transport.hpp"
+
+namespace asgd::messaging {
+
+inline constexpr std::uint32_t kMagic = 0x44475341;  // "ASGD" read as little-endian bytes
+inline constexpr std::uint16_t kProtocolVersion = 1;
+inline constexpr std::size_t kHeaderBytes = 32;
+inline constexpr std::size_t kMaxBody = 1u << 20;            ///< 1 MiB of fields
+inline constexpr std::size_t kMaxTensorBytes = 256u << 20;   ///< 64M float32 values
+
+/// Frame flags.
+inline constexpr std::uint16_t kFlagFp16 = 1;  ///< the tensor part holds float16 values
+
+struct FrameHeader {
+  std::uint32_t magic = kMagic;
+  std::uint16_t version = kProtocolVersion;
+  std::uint16_t type = 0;
+  std::uint16_t flags = 0;
+  std::uint16_t reserved = 0;
+  std::uint64_t request_id = 0;
+  std::uint32_t body_bytes = 0;
+  std::uint32_t tensor_bytes = 0;
+  std::uint32_t checksum = 0;
+};
+
+/// Why a frame was rejected (for counting and for the log).
+enum class FrameError : std::uint8_t {
+  none = 0,
+  no_parts,         ///< an empty message, or more than two parts
+  short_header,     ///< part 0 shorter than the header
+  bad_magic,
+  bad_version,
+  oversized,        ///< a length over its limit
+  length_mismatch,  ///< a length that does not match the part it describes
+  bad_checksum,
+  bad_body,         ///< the fields did not decode (truncated, a bound exceeded, trailing bytes)
+  unknown_type,
+};
+const char* to_string(FrameError e);
+
+/// A checked frame: header and views of body and tensor into the message's
+/// parts (valid while the message lives).
+struct Frame {
+  FrameHeader header;
+  std::span<const std::byte> body;
+  std::span<const std::byte> tensor;
+};
+
+/// Checks everything but the body's fields. Never allocates.
+FrameError parse_frame(const Message& message, Frame& out);
+
+/// Builds part 0 (header + body) and, when `tensor` has bytes, part 1, with
+/// the checksum filled in. `tensor` is moved into the message (no copy).
+Message build_frame(std::uint16_t type, std::uint16_t flags, std::uint64_t request_id, std::span<const std::byte> body,
+                    Part tensor);
+
+/// CRC-32C (Castagnoli), continuing from `crc` (0 to start). Uses the
+/// SSE4.2 instruction where the CPU has it.
+std::uint32_t crc32c(std::span<const std::byte> bytes, std::uint32_t crc = 0);
+
+/// IEEE half precision, round to nearest even; infinities and NaN kept.
+std::uint16_t to_half(float f);
+float from_half(std::uint16_t h);
+void to_half(std::span<const float> in, std::span<std::uint16_t> out);
+void from_half(std::span<const std::uint16_t> in, std::span<float> out);
+
+}  // namespace asgd::messaging

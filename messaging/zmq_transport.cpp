@@ -1,0 +1,330 @@
+// The ZeroMQ transport. Everything ZeroMQ-specific (cppzmq types, its
+// exceptions, errno values) stays in this file: callers see Status values.
+
+#include <zmq.hpp>
+
+#include <algorithm>
+#include <cerrno>
+#include <charconv>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <mutex>
+#include <optional>
+#include <string_view>
+#include <utility>
+
+#include "messaging/transport.hpp"
+
+namespace asgd::messaging {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+// Closing a socket waits this long for queued messages to leave, so a last
+// message sent just before shutdown usually still goes out, while closing
+// with an unreachable peer stays quick.
+constexpr int kLingerMs = 100;
+
+// Parts this small are copied: libzmq stores up to 33 bytes inside the
+// message itself, so a copy costs less than sharing the owner (two heap
+// allocations).
+constexpr std::size_t kCopyUpToBytes = 33;
+
+std::string hex_encode(std::span<const std::byte> bytes) {
+  static constexpr char kDigits[] = "0123456789abcdef";
+  std::string out;
+  out.reserve(bytes.size() * 2);
+  for (std::byte b : bytes) {
+    const auto v = std::to_integer<unsigned>(b);
+    out.push_back(kDigits[v >> 4]);
+    out.push_back(kDigits[v & 0xF]);
+  }
+  return out;
+}
+
+int hex_value(char c) {
+  if (c >= '0' && c <= '9') return c - '0';
+  if (c >= 'a' && c <= 'f') return c - 'a' + 10;
+  if (c >= 'A' && c <= 'F') return c - 'A' + 10;
+  return -1;
+}
+
+std::optional<std::string> hex_decode(std::string_view hex) {
+  if (hex.empty() || hex.size() % 2 != 0) return std::nullopt;
+  std::string out(hex.size() / 2, '\0');
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    const int hi = hex_value(hex[2 * i]);
+    const int lo = hex_value(hex[2 * i + 1]);
+    if (hi < 0 || lo < 0) return std::nullopt;
+    out[i] = static_cast<char>(hi * 16 + lo);
+  }
+  return out;
+}
+
+std::string describe(const zmq::error_t& e) { return std::string(e.what()) + " (errno " + std::to_string(e.num()) + ")"; }
+
+// zmq_msg_init_data's free function: drops the reference that kept the
+// part's bytes alive while libzmq owned them. May run on a libzmq I/O thread
+// (shared_ptr's count is atomic, so that is fine).
+void release_owner(void* /*data*/, void* hint) { delete static_cast<std::shared_ptr<const void>*>(hint); }
+
+// A zmq message over `part`'s bytes, sharing its owner instead of copying.
+zmq::message_t to_zmq(const Part& part) {
+  const std::size_t size = part.bytes.size();
+  if (size == 0) return zmq::message_t();
+  if (size <= kCopyUpToBytes || !part.owner) return zmq::message_t(part.bytes.data(), size);
+  auto hint = std::make_unique<std::shared_ptr<const void>>(part.owner);
+  // libzmq only reads the bytes of an outgoing message; the cast is for its C API.
+  zmq::message_t msg(const_cast<std::byte*>(part.bytes.data()), size, &release_owner, hint.get());
+  hint.release();  // the message owns it now; release_owner deletes it
+  return msg;
+}
+
+// A Part over a received message's bytes, owning the message (no copy).
+Part from_zmq(zmq::message_t&& msg) {
+  auto holder = std::make_shared<zmq::message_t>(std::move(msg));
+  Part p;
+  // Read the address only now: a small message keeps its bytes inside the
+  // message_t object itself, so they moved with it.
+  p.bytes = std::span<const std::byte>(static_cast<const std::byte*>(holder->data()), holder->size());
+  p.owner = std::move(holder);
+  return p;
+}
+
+class ZmqTransport final : public Transport {
+ public:
+  explicit ZmqTransport(TransportLimits limits) : limits_(limits) {
+    // A PAIR of inproc sockets lets other threads interrupt a poll.
+    const std::string name = "inproc://asgd-wake-" + std::to_string(reinterpret_cast<std::uintptr_t>(this));
+    wake_rx_.bind(name);
+    wake_tx_.connect(name);
+    wake_rx_.set(zmq::sockopt::linger, 0);
+    wake_tx_.set(zmq::sockopt::linger, 0);
+  }
+
+  void wake() override {
+    std::lock_guard lock(wake_mu_);
+    zmq::message_t ping(1);
+    try {
+      // A full queue already holds a wake-up: nothing is lost.
+      (void)wake_tx_.send(ping, zmq::send_flags::dontwait);
+    } catch (const zmq::error_t&) {
+    }
+  }
+
+  Result<std::string> bind(const std::string& endpoint) override {
+    try {
+      if (!router_) {
+        zmq::socket_t router(context_, zmq::socket_type::router);
+        configure(router);
+        // A send to an identity we do not know fails (EHOSTUNREACH) instead
+        // of vanishing, and a full peer queue says EAGAIN instead of dropping.
+        router.set(zmq::sockopt::router_mandatory, true);
+        router_ = std::move(router);
+      }
+      router_->bind(endpoint);
+      bound_ = router_->get(zmq::sockopt::last_endpoint);
+      return bound_;
+    } catch (const zmq::error_t& e) {
+      return Status::IOError("bind " + endpoint + ": " + describe(e));
+    }
+  }
+
+  Result<PeerId> connect(const std::string& endpoint) override {
+    try {
+      zmq::socket_t dealer(context_, zmq::socket_type::dealer);
+      configure(dealer);
+      dealer.connect(endpoint);
+      PeerId id = "c:" + std::to_string(connections_.size());
+      connections_.push_back({id, endpoint, std::move(dealer)});
+      return id;
+    } catch (const zmq::error_t& e) {
+      const std::string msg = "connect " + endpoint + ": " + describe(e);
+      switch (e.num()) {
+        case EINVAL:
+        case EPROTONOSUPPORT:
+        case ENOCOMPATPROTO:
+          return Status::InvalidArgument(msg);
+        default:
+          return Status::IOError(msg);
+      }
+    }
+  }
+
+  Result<bool> send(const PeerId& peer, Message message) override {
+    if (message.empty()) return Status::InvalidArgument("send to " + peer + ": a message needs at least one part");
+    std::string where = peer;
+    try {
+      if (peer.starts_with("c:")) {
+        Connection* c = connection(peer);
+        if (c == nullptr) return Status::NotFound("send to " + peer + ": no such connection");
+        where = peer + " (" + c->endpoint + ")";
+        return send_parts(c->socket, std::nullopt, message);
+      }
+      if (peer.starts_with("r:") && router_) {
+        where = peer + " (via " + bound_ + ")";
+        auto identity = hex_decode(std::string_view(peer).substr(2));
+        if (!identity) return Status::NotFound("send to " + peer + ": not a peer identity");
+        return send_parts(*router_, std::move(*identity), message);
+      }
+      return Status::NotFound("send to " + peer + ": unknown peer");
+    } catch (const zmq::error_t& e) {
+      if (e.num() == EHOSTUNREACH) return Status::NotFound("send to " + where + ": peer is not connected");
+      return Status::IOError("send to " + where + ": " + describe(e));
+    }
+  }
+
+  Result<std::optional<Incoming>> receive(std::chrono::milliseconds timeout) override {
+    const auto deadline = Clock::now() + std::max(timeout, std::chrono::milliseconds(0));
+    try {
+      std::vector<zmq_pollitem_t> items;
+      std::vector<zmq::socket_t*> sockets;
+      if (router_) sockets.push_back(&*router_);
+      for (auto& c : connections_) sockets.push_back(&c.socket);
+      for (auto* s : sockets) items.push_back({s->handle(), 0, ZMQ_POLLIN, 0});
+      items.push_back({wake_rx_.handle(), 0, ZMQ_POLLIN, 0});  // last: not a peer
+      while (true) {
+        const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
+        try {
+          zmq::poll(items, std::max(left, std::chrono::milliseconds(0)));
+        } catch (const zmq::error_t& e) {
+          if (e.num() != EINTR) throw;
+        }
+        if (items.back().revents & ZMQ_POLLIN) {  // woken: drain, and return to the caller
+          zmq::message_t ping;
+          while (wake_rx_.recv(ping, zmq::recv_flags::dontwait)) {
+          }
+          return std::optional<Incoming>();
+        }
+        // Start after the socket served last time, so one busy peer cannot
+        // starve the others.
+        for (std::size_t k = 0; k < sockets.size(); ++k) {
+          const std::size_t i = (next_first_ + k) % sockets.size();
+          if ((items[i].revents & ZMQ_POLLIN) == 0) continue;
+          next_first_ = i + 1;
+          const bool is_router = router_ && i == 0;
+          std::optional<Incoming> in = read_message(*sockets[i], is_router ? nullptr : &connections_[i - (router_ ? 1 : 0)]);
+          if (in) {
+            ++stats_.received;
+            return in;
+          }
+        }
+        if (Clock::now() >= deadline) return std::optional<Incoming>();
+      }
+    } catch (const zmq::error_t& e) {
+      return Status::IOError("receive: " + describe(e));
+    }
+  }
+
+  TransportStats stats() const override { return stats_; }
+
+ private:
+  struct Connection {
+    PeerId id;
+    std::string endpoint;
+    zmq::socket_t socket;
+  };
+
+  void configure(zmq::socket_t& s) const {
+    s.set(zmq::sockopt::sndhwm, limits_.send_high_water_mark);
+    s.set(zmq::sockopt::rcvhwm, limits_.receive_high_water_mark);
+    // libzmq refuses a single frame over the limit before allocating it; over
+    // tcp and ipc it does so by dropping the sending peer's connection (the
+    // peer reconnects), so such a message never reaches receive() to be
+    // counted. Messages whose frames are each under it but that are too large
+    // or too many in sum are counted in read_message.
+    s.set(zmq::sockopt::maxmsgsize, static_cast<std::int64_t>(std::min<std::size_t>(
+                                        limits_.max_message_bytes, static_cast<std::size_t>(std::numeric_limits<std::int64_t>::max()))));
+    s.set(zmq::sockopt::linger, kLingerMs);
+  }
+
+  Connection* connection(const PeerId& peer) {
+    std::size_t n = 0;
+    const char* first = peer.data() + 2;
+    const char* last = peer.data() + peer.size();
+    auto [end, ec] = std::from_chars(first, last, n);
+    if (ec != std::errc() || end != last || first == last || n >= connections_.size()) return nullptr;
+    return &connections_[n];
+  }
+
+  // Sends `identity` (router only) then the parts. All or nothing: libzmq
+  // accepts the rest of a multipart message once it accepted its first frame.
+  Result<bool> send_parts(zmq::socket_t& socket, std::optional<std::string> identity, const Message& message) {
+    std::vector<zmq::message_t> frames;
+    frames.reserve(message.size());
+    for (const Part& p : message) frames.push_back(to_zmq(p));
+    bool first = true;
+    if (identity) {
+      zmq::message_t id(identity->data(), identity->size());
+      if (!socket.send(id, zmq::send_flags::dontwait | zmq::send_flags::sndmore)) return false;
+      first = false;
+    }
+    for (std::size_t i = 0; i < frames.size(); ++i) {
+      auto flags = zmq::send_flags::dontwait;
+      if (i + 1 < frames.size()) flags = flags | zmq::send_flags::sndmore;
+      if (!socket.send(frames[i], flags)) {
+        if (first) return false;
+        // Cannot happen (see above); if it did, the message is half sent.
+        return Status::Internal("send: libzmq refused a later part of a multipart message");
+      }
+      first = false;
+    }
+    ++stats_.sent;
+    return true;
+  }
+
+  // Reads one whole multipart message from a socket poll said is readable;
+  // nullopt when it was dropped (over the limits) or not there after all.
+  std::optional<Incoming> read_message(zmq::socket_t& socket, const Connection* from) {
+    zmq::message_t frame;
+    if (!socket.recv(frame, zmq::recv_flags::dontwait)) return std::nullopt;
+    Incoming in;
+    if (from == nullptr) {
+      in.from = "r:" + hex_encode(std::span<const std::byte>(static_cast<const std::byte*>(frame.data()), frame.size()));
+      // libzmq delivers a multipart message whole: the rest is already here.
+      if (!frame.more() || !socket.recv(frame, zmq::recv_flags::dontwait)) return std::nullopt;
+    } else {
+      in.from = from->id;
+    }
+    bool too_large = false;
+    std::size_t parts = 0;
+    std::size_t bytes = 0;
+    while (true) {
+      const bool more = frame.more();
+      ++parts;
+      bytes += frame.size();
+      if (parts > limits_.max_parts || bytes > limits_.max_message_bytes) too_large = true;
+      if (too_large) {
+        in.message.clear();  // free what was kept; read and discard the rest
+      } else {
+        in.message.push_back(from_zmq(std::move(frame)));
+      }
+      if (!more || !socket.recv(frame, zmq::recv_flags::dontwait)) break;
+    }
+    if (too_large) {
+      ++stats_.dropped_oversized;
+      return std::nullopt;
+    }
+    return in;
+  }
+
+  TransportLimits limits_;
+  // Declared before the sockets so it outlives them: closing a context waits
+  // for its sockets.
+  zmq::context_t context_;
+  std::optional<zmq::socket_t> router_;
+  std::string bound_;
+  std::vector<Connection> connections_;
+  std::size_t next_first_ = 0;
+  TransportStats stats_;
+  zmq::socket_t wake_rx_{context_, zmq::socket_type::pair};
+  zmq::socket_t wake_tx_{context_, zmq::socket_type::pair};
+  std::mutex wake_mu_;  // wake() is the one call other threads make
+};
+
+}  // namespace
+
+std::unique_ptr<Transport> make_zmq_transport(TransportLimits limits) { return std::make_unique<ZmqTransport>(limits); }
+
+}  // namespace asgd::messaging

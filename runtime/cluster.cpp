@@ -1,0 +1,548 @@
+#include "runtime/cluster.hpp"
+
+#include <spdlog/fmt/fmt.h>
+#include <spdlog/spdlog.h>
+#include <unistd.h>
+
+#include <condition_variable>
+#include <deque>
+#include <future>
+#include <map>
+#include <mutex>
+#include <thread>
+
+#include "actors/coordinator.hpp"
+#include "actors/data_feeder.hpp"
+#include "actors/parameter_shard.hpp"
+#include "actors/worker.hpp"
+#include "compute/blas.hpp"
+#include "dataset/dataset.hpp"
+#include "messaging/bridge.hpp"
+#include "runtime/config_file.hpp"
+#include "runtime/job_internal.hpp"
+
+namespace asgd {
+
+namespace {
+
+using namespace messaging;
+using SteadyClock = std::chrono::steady_clock;
+using alive_atom = caf::atom_constant<caf::atom("alive")>;
+using done_atom = caf::atom_constant<caf::atom("done")>;
+
+constexpr auto kHeartbeatEvery = std::chrono::seconds(1);
+
+std::chrono::milliseconds millis(double seconds) {
+  return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000.0));
+}
+
+std::string host_name() {
+  char buf[256] = {};
+  if (gethostname(buf, sizeof buf - 1) != 0) return "?";
+  return buf;
+}
+
+TensorCoding coding_of(const JobConfig& c) {
+  return c.compress == "fp16" ? TensorCoding::float16 : TensorCoding::float32;
+}
+
+/// A thread-safe queue the bridge's handler fills and a main thread drains.
+template <class T>
+class Inbox {
+ public:
+  void push(T x) {
+    {
+      std::lock_guard lock(mu_);
+      items_.push_back(std::move(x));
+    }
+    cv_.notify_one();
+  }
+  std::optional<T> pop(std::chrono::milliseconds timeout) {
+    std::unique_lock lock(mu_);
+    if (!cv_.wait_for(lock, timeout, [&] { return !items_.empty(); })) return std::nullopt;
+    T x = std::move(items_.front());
+    items_.pop_front();
+    return x;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<T> items_;
+};
+
+caf::actor_system_config actor_config(std::size_t threads) {
+  caf::actor_system_config cfg;
+  cfg.add_message_types<caf::id_block::asgd>();
+  cfg.set("scheduler.max-threads", std::max<std::size_t>(1, threads));
+  return cfg;
+}
+
+// ---------------------------------------------------------------------------
+// The coordinator process.
+
+// Stands for a worker process at the coordinator: stops normally once the
+// worker has finished, abnormally when its process has gone silent.
+caf::behavior remote_worker(caf::event_based_actor* self, caf::timespan silence_limit) {
+  auto last = std::make_shared<SteadyClock::time_point>(SteadyClock::now());
+  self->delayed_send(self, kHeartbeatEvery, tick_atom::value);
+  return {
+      [last](alive_atom) { *last = SteadyClock::now(); },
+      [self](done_atom) { self->quit(); },
+      [self, last, silence_limit](tick_atom) {
+        if (SteadyClock::now() - *last > silence_limit) {
+          self->quit(caf::make_error(
+              caf::sec::runtime_error,
+              fmt::format("its process sent no heartbeat for {:g} s (--rpc-timeout)",
+                          std::chrono::duration<double>(silence_limit).count())));
+          return;
+        }
+        self->delayed_send(self, kHeartbeatEvery, tick_atom::value);
+      },
+  };
+}
+
+// Where the coordinator process's bridge hands what it receives.
+struct CoordinatorRouter {
+  std::mutex mu;
+  std::shared_ptr<Bridge> bridge;
+  caf::actor coordinator;
+  std::map<PeerId, caf::actor> workers;                 // worker process -> its remote_worker
+  std::map<PeerId, std::promise<void>> shard_ready;     // shard process -> its first heartbeat
+  Inbox<Inbound> registrations;
+
+  void operator()(Inbound&& in) {
+    std::unique_lock lock(mu);
+    std::visit(
+        [&](auto& m) {
+          using T = std::decay_t<decltype(m)>;
+          if constexpr (std::is_same_v<T, Registration>) {
+            lock.unlock();
+            registrations.push(std::move(in));
+          } else if constexpr (std::is_same_v<T, EpochReport>) {
+            if (coordinator) caf::anon_send(coordinator, std::move(m));
+          } else if constexpr (std::is_same_v<T, Failure>) {
+            if (coordinator) caf::anon_send(coordinator, failed_atom::value, m.code, m.what);
+          } else if constexpr (std::is_same_v<T, Heartbeat>) {
+            if (auto w = workers.find(in.peer); w != workers.end()) caf::anon_send(w->second, alive_atom::value);
+            if (auto s = shard_ready.find(in.peer); s != shard_ready.end()) {
+              s->second.set_value();
+              shard_ready.erase(s);
+            }
+            // Echo it: the process learns the coordinator is alive.
+            if (bridge) bridge->send(in.peer, encode(Heartbeat{Role::coordinator, 0, m.sequence}, in.request_id));
+          } else if constexpr (std::is_same_v<T, ClockNotice>) {
+            if (auto w = workers.find(in.peer); w != workers.end() && m.leaving) caf::anon_send(w->second, done_atom::value);
+          }
+        },
+        in.body);
+  }
+
+  // Before the job's actor system goes: nothing may be sent to its actors.
+  void detach() {
+    std::lock_guard lock(mu);
+    coordinator = nullptr;
+    workers.clear();
+  }
+};
+
+struct Member {
+  PeerId peer;
+  Registration reg;
+};
+
+class ClusterPlacement final : public RemotePlacement {
+ public:
+  ClusterPlacement(std::shared_ptr<Bridge> bridge, std::shared_ptr<CoordinatorRouter> router, JobConfig config,
+                   std::vector<Member> shards, std::vector<Member> workers, double join_timeout_s)
+      : bridge_(std::move(bridge)),
+        router_(std::move(router)),
+        config_(std::move(config)),
+        config_text_(to_toml(config_)),
+        shards_(std::move(shards)),
+        workers_(std::move(workers)),
+        join_timeout_s_(join_timeout_s) {
+    bounds_.assign(shards_.size() + 1, 0);
+  }
+
+  Result<caf::actor> place_shard(caf::local_actor* self, const ShardSetup& setup) override {
+    const Member& m = shards_.at(setup.index);
+    Assignment a;
+    a.role = Role::shard;
+    a.index = setup.index;
+    a.config = config_text_;
+    a.workers = setup.workers;
+    a.range_begin = setup.range.begin;
+    a.range_end = setup.range.end;
+    a.schedule_steps = setup.schedule.total_steps;
+    std::future<void> ready;
+    {
+      std::lock_guard lock(router_->mu);
+      ready = router_->shard_ready[m.peer].get_future();
+    }
+    bridge_->send(m.peer, encode(a, bridge_->next_id(), setup.initial, bridge_->coding()));
+    if (ready.wait_for(millis(join_timeout_s_)) != std::future_status::ready)
+      return Status::Timeout(fmt::format("shard process {} (pid {} on {}) did not take its assignment within {:g} s",
+                                         setup.index, m.reg.pid, m.reg.host, join_timeout_s_));
+    auto peer = bridge_->connect(m.reg.endpoint);
+    if (!peer) return peer.status();
+    bounds_[setup.index] = setup.range.begin;
+    bounds_[setup.index + 1] = setup.range.end;
+    return self->spawn(remote_shard, bridge_, *peer, setup.index);
+  }
+
+  Result<caf::actor> place_worker(caf::local_actor* self, std::uint32_t w) override {
+    auto proxy = self->spawn(remote_worker, std::chrono::duration_cast<caf::timespan>(
+                                                std::chrono::duration<double>(config_.rpc_timeout_s)));
+    std::lock_guard lock(router_->mu);
+    router_->workers[workers_.at(w).peer] = proxy;
+    return proxy;
+  }
+
+  void start_worker(std::uint32_t w, const WorkerShare& share, double straggler, std::uint64_t schedule_steps) override {
+    Assignment a;
+    a.role = Role::worker;
+    a.index = w;
+    a.config = config_text_;
+    a.workers = static_cast<std::uint32_t>(workers_.size());
+    a.partition_begin = share.partition.begin;
+    a.partition_end = share.partition.end;
+    a.batch = share.batch;
+    a.straggler = straggler;
+    a.schedule_steps = schedule_steps;
+    for (const Member& s : shards_) a.shard_endpoints.push_back(s.reg.endpoint);
+    a.range_bounds = bounds_;
+    const PeerId& peer = workers_.at(w).peer;
+    bridge_->send(peer, encode(a, bridge_->next_id()));
+    bridge_->send(peer, encode(StartTraining{}, bridge_->next_id()));
+  }
+
+ private:
+  std::shared_ptr<Bridge> bridge_;
+  std::shared_ptr<CoordinatorRouter> router_;
+  JobConfig config_;
+  std::string config_text_;
+  std::vector<Member> shards_;
+  std::vector<Member> workers_;
+  std::vector<std::uint64_t> bounds_;
+  double join_timeout_s_;
+};
+
+// ---------------------------------------------------------------------------
+// Shard and worker processes.
+
+// Stands for the coordinator inside a worker process.
+caf::behavior remote_coordinator(caf::event_based_actor* self, std::shared_ptr<Bridge> bridge, PeerId peer) {
+  (void)self;
+  return {
+      [bridge, peer](EpochReport& r) { bridge->send(peer, encode(r, bridge->next_id())); },
+      [bridge, peer](failed_atom, std::int32_t code, const std::string& what) {
+        bridge->send(peer, encode(Failure{code, what}, bridge->next_id()));
+      },
+  };
+}
+
+// Registration and the wait for an assignment, shared by shard and worker.
+struct Joined {
+  std::shared_ptr<Bridge> bridge;
+  std::shared_ptr<Inbox<Inbound>> inbox;
+  PeerId coordinator;
+  Assignment assignment;
+  std::vector<float> tensor;
+  JobConfig config;
+};
+
+Result<Joined> join(const ProcessOptions& o, Role role, const std::string& name, bool listen,
+                    std::function<bool(Inbound&)> fast_path, std::stop_token stop) {
+  if (o.coordinator.empty()) return Status::InvalidArgument("--coordinator: the coordinator's endpoint is required");
+  Joined j;
+  j.inbox = std::make_shared<Inbox<Inbound>>();
+  BridgeOptions bo;
+  bo.listen = listen ? o.listen : "";
+  bo.name = name;
+  auto inbox = j.inbox;
+  auto bridge = Bridge::start(bo, [inbox, fast_path](Inbound&& in) {
+    if (fast_path && fast_path(in)) return;
+    inbox->push(std::move(in));
+  });
+  if (!bridge) return bridge.status();
+  j.bridge = *bridge;
+  auto peer = j.bridge->connect(o.coordinator);
+  if (!peer) return peer.status();
+  j.coordinator = *peer;
+  j.bridge->send(j.coordinator, encode(Registration{role, 0, j.bridge->endpoint(), host_name(),
+                                                    static_cast<std::uint32_t>(getpid())},
+                                       j.bridge->next_id()));
+  const auto deadline = SteadyClock::now() + millis(o.join_timeout_s);
+  while (true) {
+    if (stop.stop_requested()) return Status::Cancelled(name + ": stopped before it was assigned a part");
+    if (SteadyClock::now() > deadline)
+      return Status::Timeout(fmt::format("{}: no assignment from the coordinator at {} within {:g} s (--join-timeout)",
+                                         name, o.coordinator, o.join_timeout_s));
+    auto in = j.inbox->pop(std::chrono::milliseconds(100));
+    if (!in) continue;
+    if (auto* s = std::get_if<Shutdown>(&in->body))
+      return Status::Cancelled(name + ": the coordinator said stop before assigning a part: " + s->reason);
+    if (auto* a = std::get_if<Assignment>(&in->body)) {
+      if (a->role != role) return Status::Internal(name + ": assigned a different role");
+      j.assignment = std::move(*a);
+      j.tensor = std::move(in->tensor);
+      break;
+    }
+  }
+  if (Status s = apply_toml_text(j.assignment.config, "from the coordinator", j.config); !s.ok()) return s;
+  if (!o.data_dir.empty()) j.config.data_dir = o.data_dir;
+  j.bridge->set_coding(coding_of(j.config));
+  return j;
+}
+
+// Runs until the coordinator says stop (or goes silent): heartbeats each
+// second. `on_message` sees everything else that arrives.
+Status serve_until_shutdown(Joined& j, const std::string& name, std::stop_token stop,
+                            const std::function<Status(Inbound&)>& on_message) {
+  const auto silence = millis(std::max(j.config.rpc_timeout_s, 3.0));
+  auto last_heard = SteadyClock::now();
+  auto next_beat = SteadyClock::now();
+  std::uint64_t beat = 0;
+  while (!stop.stop_requested()) {
+    const auto now = SteadyClock::now();
+    if (now >= next_beat) {
+      j.bridge->send(j.coordinator, encode(Heartbeat{j.assignment.role, j.assignment.index, ++beat}, j.bridge->next_id()));
+      next_beat = now + kHeartbeatEvery;
+    }
+    if (now - last_heard > silence)
+      return Status::Timeout(fmt::format("{}: the coordinator sent nothing for {:g} s; giving up", name,
+                                         std::chrono::duration<double>(silence).count()));
+    auto in = j.inbox->pop(std::chrono::milliseconds(100));
+    if (!in) continue;
+    last_heard = SteadyClock::now();
+    if (std::holds_alternative<Shutdown>(in->body)) return {};
+    if (Status s = on_message(*in); !s.ok()) return s;
+  }
+  return Status::Cancelled(name + ": stopped");
+}
+
+}  // namespace
+
+Status validate_for_cluster(const JobConfig& c) {
+  if (Status s = validate(c); !s.ok()) return s;
+  auto policy = make_policy(policy_config(c));
+  if (policy && (*policy)->shares_parameters())
+    return Status::InvalidArgument("--policy " + c.policy +
+                                   ": workers in separate processes cannot share one parameter buffer; use "
+                                   "asgd train for hogwild");
+  if (c.worker_weights == "auto")
+    return Status::InvalidArgument("--worker-weights auto: calibration runs in one process only; give the weights");
+  return {};
+}
+
+Result<JobSummary> run_coordinator_process(const JobConfig& config, const ProcessOptions& o,
+                                           const JobCallbacks& callbacks, std::stop_token stop,
+                                           const std::function<void(const std::string&)>& on_listening) {
+  if (Status s = validate_for_cluster(config); !s.ok()) return s;
+  if (o.shards != config.shards || o.workers != config.workers)
+    return Status::InvalidArgument("the coordinator expects --shards and --workers processes as the job says");
+  auto router = std::make_shared<CoordinatorRouter>();
+  BridgeOptions bo;
+  bo.listen = o.listen;
+  bo.coding = coding_of(config);
+  bo.name = "coordinator";
+  auto started = Bridge::start(bo, [router](Inbound&& in) { (*router)(std::move(in)); });
+  if (!started) return started.status();
+  std::shared_ptr<Bridge> bridge = *started;
+  {
+    std::lock_guard lock(router->mu);
+    router->bridge = bridge;
+  }
+  if (on_listening) on_listening(bridge->endpoint());
+  spdlog::info("coordinator listening on {}: waiting for {} shard and {} worker processes", bridge->endpoint(),
+               config.shards, config.workers);
+
+  std::vector<Member> shards, workers;
+  auto say_stop = [&](const std::string& why) {
+    for (const auto* group : {&shards, &workers})
+      for (const Member& m : *group) bridge->send(m.peer, encode(Shutdown{why}, bridge->next_id()));
+    bridge->stop(std::chrono::seconds(2));
+  };
+  const auto deadline = SteadyClock::now() + millis(o.join_timeout_s);
+  while (shards.size() < config.shards || workers.size() < config.workers) {
+    if (stop.stop_requested()) {
+      say_stop("cancelled");
+      return Status::Cancelled("the job was cancelled while processes registered");
+    }
+    if (SteadyClock::now() > deadline) {
+      say_stop("the job did not start");
+      return Status::Timeout(fmt::format(
+          "{} of {} shard and {} of {} worker processes registered within {:g} s (--join-timeout)", shards.size(),
+          config.shards, workers.size(), config.workers, o.join_timeout_s));
+    }
+    auto in = router->registrations.pop(std::chrono::milliseconds(100));
+    if (!in) continue;
+    auto& reg = std::get<Registration>(in->body);
+    auto& group = reg.role == Role::shard ? shards : workers;
+    const std::uint32_t wanted = reg.role == Role::shard ? config.shards : config.workers;
+    if (reg.role == Role::coordinator || group.size() >= wanted) {
+      bridge->send(in->peer, encode(Shutdown{"the job needs no more of these"}, bridge->next_id()));
+      continue;
+    }
+    if (reg.role == Role::shard && reg.endpoint.empty()) {
+      bridge->send(in->peer, encode(Shutdown{"a shard must give its endpoint"}, bridge->next_id()));
+      continue;
+    }
+    spdlog::info("{} {} registered: pid {} on {}{}", reg.role == Role::shard ? "shard" : "worker", group.size(),
+                 reg.pid, reg.host, reg.endpoint.empty() ? "" : ", at " + reg.endpoint);
+    group.push_back({in->peer, reg});
+  }
+
+  ClusterHooks hooks;
+  hooks.make_placement = [&](caf::actor_system&) -> Result<std::shared_ptr<RemotePlacement>> {
+    return std::shared_ptr<RemotePlacement>(
+        std::make_shared<ClusterPlacement>(bridge, router, config, shards, workers, o.join_timeout_s));
+  };
+  hooks.on_coordinator = [&](caf::actor c) {
+    std::lock_guard lock(router->mu);
+    router->coordinator = std::move(c);
+  };
+  hooks.before_shutdown = [&](const Status& outcome) {
+    router->detach();
+    say_stop(outcome.ok() ? "the job is done" : "the job failed: " + outcome.message());
+  };
+  return run_job_with(config, callbacks, stop, hooks);
+}
+
+Status run_shard_process(const ProcessOptions& o, std::stop_token stop) {
+  // Requests for the shard go straight from the I/O thread to its server.
+  auto server = std::make_shared<std::atomic<caf::actor*>>(nullptr);
+  auto server_handle = std::make_shared<caf::actor>();
+  auto fast = [server](Inbound& in) {
+    caf::actor* s = server->load();
+    return s && post_to_shard_server(*s, std::move(in));
+  };
+  auto joined = join(o, Role::shard, "shard", true, fast, stop);
+  if (!joined) return joined.status();
+  Joined& j = *joined;
+  const Assignment& a = j.assignment;
+  const std::string name = "shard " + std::to_string(a.index);
+
+  auto actor_cfg = actor_config(1);
+  caf::actor_system system{actor_cfg};
+  ShardSetup ss;
+  ss.index = a.index;
+  ss.range = {a.range_begin, a.range_end};
+  ss.initial = std::move(j.tensor);
+  ss.optimizer = {j.config.optimizer, static_cast<float>(j.config.lr), static_cast<float>(j.config.momentum),
+                  static_cast<float>(j.config.weight_decay)};
+  ss.policy = policy_config(j.config);
+  LrSchedule::parse(j.config.lr_schedule, ss.schedule.kind);
+  ss.schedule.total_steps = a.schedule_steps;
+  ss.workers = a.workers;
+  ss.staleness_aware_lr = j.config.staleness_aware_lr;
+  auto core = ShardCore::make(std::move(ss));
+  if (!core) {
+    j.bridge->send(j.coordinator, encode(Failure{static_cast<std::int32_t>(core.status().code()),
+                                                 name + ": " + core.status().message()},
+                                         j.bridge->next_id()));
+    j.bridge->stop();
+    return core.status();
+  }
+  auto shard = system.spawn(parameter_shard, std::make_shared<ShardCore>(std::move(core).value()));
+  *server_handle = system.spawn(shard_server, j.bridge, shard);
+  server->store(server_handle.get());
+  spdlog::info("{}: keys [{}, {}) for {} workers, serving at {}", name, a.range_begin, a.range_end, a.workers,
+               j.bridge->endpoint());
+  Status s = serve_until_shutdown(j, name, stop, [](Inbound&) { return Status{}; });
+  server->store(nullptr);
+  j.bridge->stop();
+  const auto st = j.bridge->stats();
+  if (st.rejected > 0) spdlog::warn("{}: dropped {} malformed frames", name, st.rejected);
+  caf::anon_send_exit(*server_handle, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(shard, caf::exit_reason::user_shutdown);
+  return s;
+}
+
+Status run_worker_process(const ProcessOptions& o, std::stop_token stop) {
+  auto joined = join(o, Role::worker, "worker", false, nullptr, stop);
+  if (!joined) return joined.status();
+  Joined& j = *joined;
+  const Assignment& a = j.assignment;
+  const JobConfig& cfg = j.config;
+  const std::string name = "worker " + std::to_string(a.index);
+  auto fail_early = [&](const Status& s) {
+    j.bridge->send(j.coordinator, encode(Failure{static_cast<std::int32_t>(s.code()), name + ": " + s.message()},
+                                         j.bridge->next_id()));
+    j.bridge->stop(std::chrono::seconds(2));
+    return s;
+  };
+  if (a.range_bounds.size() != a.shard_endpoints.size() + 1 || a.shard_endpoints.empty())
+    return fail_early(Status::Internal("the assignment's shard ranges do not match its shards"));
+
+  auto loaded = data::load_dataset(cfg.dataset, resolve_data_dir(cfg), cfg.validation_size, cfg.seed);
+  if (!loaded) return fail_early(loaded.status());
+  auto data = std::make_shared<const data::DatasetSplits>(std::move(loaded).value());
+  if (a.partition_end > data->train.count || a.partition_begin > a.partition_end || a.batch == 0)
+    return fail_early(Status::Internal("the assigned partition does not fit the training data here"));
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  blas::set_threads(static_cast<int>(cfg.threads > 0 ? cfg.threads : std::max(1u, cores / cfg.workers)));
+
+  auto actor_cfg = actor_config(1);
+  caf::actor_system system{actor_cfg};
+  std::vector<caf::actor> shards;
+  std::vector<KeyRange> ranges;
+  for (std::size_t i = 0; i < a.shard_endpoints.size(); ++i) {
+    auto peer = j.bridge->connect(a.shard_endpoints[i]);
+    if (!peer) return fail_early(peer.status());
+    shards.push_back(system.spawn(remote_shard, j.bridge, *peer, static_cast<std::uint32_t>(i)));
+    ranges.push_back({a.range_bounds[i], a.range_bounds[i + 1]});
+  }
+  const auto& train = data->train;
+  auto feeder = system.spawn<caf::detached>(
+      data_feeder, FeederSetup{data, {a.partition_begin, a.partition_end}, cfg.epochs, a.batch, cfg.prefetch, cfg.seed,
+                               a.index + 1});
+  WorkerSetup ws;
+  ws.id = a.index;
+  ws.model = cfg.model;
+  ws.sample_shape = {train.channels, train.rows, train.cols};
+  ws.classes = data->num_classes;
+  ws.shards = shards;
+  ws.ranges = ranges;
+  ws.feeder = feeder;
+  ws.coordinator = system.spawn(remote_coordinator, j.bridge, j.coordinator);
+  ws.policy = policy_config(cfg);
+  ws.rpc_timeout = std::chrono::duration_cast<caf::timespan>(std::chrono::duration<double>(cfg.rpc_timeout_s));
+  ws.optimizer = {cfg.optimizer, static_cast<float>(cfg.lr), static_cast<float>(cfg.momentum),
+                  static_cast<float>(cfg.weight_decay)};
+  LrSchedule::parse(cfg.lr_schedule, ws.schedule.kind);
+  ws.schedule.total_steps = a.schedule_steps;
+  ws.straggler_factor = a.straggler;
+  auto worker_actor = system.spawn(worker, std::move(ws));
+  // Tells the coordinator when the worker has finished (a failure it
+  // reports itself). Held here: CAF ends an actor nobody refers to.
+  auto bridge = j.bridge;
+  auto coord = j.coordinator;
+  const std::uint32_t index = a.index;
+  caf::actor watcher = system.spawn(
+      [bridge, coord, index](caf::event_based_actor* self, caf::actor watched) -> caf::behavior {
+        self->monitor(watched);
+        self->set_down_handler([self, bridge, coord, index](caf::down_msg& dm) {
+          if (dm.reason == caf::exit_reason::normal)
+            bridge->send(coord, encode(ClockNotice{index, 0, true}, bridge->next_id()));
+          self->quit();
+        });
+        return {[](int) {}};
+      },
+      worker_actor);
+  spdlog::info("{}: samples [{}, {}) in batches of {}, {} shard(s)", name, a.partition_begin, a.partition_end,
+               a.batch, shards.size());
+  Status s = serve_until_shutdown(j, name, stop, [&](Inbound& in) {
+    if (std::holds_alternative<StartTraining>(in.body)) caf::anon_send(worker_actor, start_atom::value);
+    return Status{};
+  });
+  j.bridge->stop();
+  for (auto& x : shards) caf::anon_send_exit(x, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(worker_actor, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(feeder, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(watcher, caf::exit_reason::user_shutdown);
+  return s;
+}
+
+}  // namespace asgd

@@ -1,0 +1,54 @@
+#pragma once
+// One job as separate processes: a coordinator, M shard processes and N
+// worker processes, on one host or several, talking through the bridge
+// (messaging/bridge.hpp) over ZeroMQ.
+//
+//   coordinator  binds --listen, waits for M shards and N workers to
+//                register (up to --join-timeout), hands each its part
+//                (Assignment), runs the job as run_job does, writes the
+//                metrics file, and tells every process to stop.
+//   shard        binds its own endpoint, registers, serves its key range.
+//   worker       registers, loads its data partition itself (the data must
+//                be at --data-dir on its host), connects to every shard and
+//                trains when told to.
+// Every process sends a heartbeat each second; the coordinator fails the
+// job naming a worker whose process is silent for --rpc-timeout, and a
+// shard or worker process gives up when the coordinator is silent as long.
+
+#include <functional>
+#include <stop_token>
+#include <string>
+
+#include "asgd/job.hpp"
+
+namespace asgd {
+
+struct ProcessOptions {
+  std::string coordinator;             ///< shard, worker: the coordinator's endpoint
+  std::string listen = "tcp://127.0.0.1:0";  ///< coordinator, shard: where to listen
+  double join_timeout_s = 60.0;        ///< coordinator: wait for registrations; others: for their assignment
+  std::uint32_t shards = 0;            ///< coordinator: shard processes to wait for
+  std::uint32_t workers = 0;           ///< coordinator: worker processes to wait for
+  std::string data_dir;                ///< worker: the dataset's folder here, if not the coordinator's
+};
+
+/// The coordinator process. `on_listening` gets the bound endpoint before
+/// it waits for registrations (asgd cluster reads it from stdout).
+/// Errors as run_job, plus timeout when processes do not register in time
+/// (naming how many of which arrived) and invalid_argument for a job that
+/// cannot run across processes (hogwild, --worker-weights auto).
+Result<JobSummary> run_coordinator_process(const JobConfig& config, const ProcessOptions& options,
+                                           const JobCallbacks& callbacks, std::stop_token stop,
+                                           const std::function<void(const std::string&)>& on_listening);
+
+/// A shard process: runs until the coordinator says stop. Errors: timeout
+/// (no assignment, or the coordinator went silent), io_error, internal.
+Status run_shard_process(const ProcessOptions& options, std::stop_token stop);
+
+/// A worker process: trains its share, then waits for the coordinator's stop.
+Status run_worker_process(const ProcessOptions& options, std::stop_token stop);
+
+/// Checks a job for running across processes.
+Status validate_for_cluster(const JobConfig& config);
+
+}  // namespace asgd

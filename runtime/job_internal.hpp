@@ -1,0 +1,30 @@
+#pragma once
+// run_job's machinery for a coordinator whose shards and workers are other
+// processes (runtime/cluster.cpp). Not part of the public API.
+
+#include <caf/all.hpp>
+
+#include <functional>
+#include <memory>
+
+#include "actors/coordinator.hpp"
+#include "asgd/job.hpp"
+
+namespace asgd {
+
+struct ClusterHooks {
+  /// Called once the job's actor system exists, before the coordinator
+  /// starts: where its shards and workers are.
+  std::function<Result<std::shared_ptr<RemotePlacement>>(caf::actor_system&)> make_placement;
+  /// Called with the coordinator once it is spawned (to route reports to it).
+  std::function<void(caf::actor)> on_coordinator;
+  /// Called once the outcome is known, while the actor system still runs:
+  /// the last moment to stop sending to its actors.
+  std::function<void(const Status& outcome)> before_shutdown;
+};
+
+/// run_job, with shards and workers placed by `hooks` when set.
+Result<JobSummary> run_job_with(const JobConfig& config, const JobCallbacks& callbacks, std::stop_token stop,
+                                const ClusterHooks& hooks);
+
+}  // namespace asgd

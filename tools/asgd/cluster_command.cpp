@@ -1,0 +1,323 @@
+// `asgd cluster` (the job as local processes) and the one-role commands
+// `asgd coordinator`, `asgd shard`, `asgd worker` for several hosts.
+
+#include <fcntl.h>
+#include <poll.h>
+#include <signal.h>
+#include <spawn.h>
+#include <spdlog/spdlog.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "runtime/cluster.hpp"
+#include "tools/asgd/commands.hpp"
+
+extern char** environ;
+
+namespace asgd::cli {
+
+namespace {
+
+struct ProcessFlags {
+  std::string coordinator;
+  std::string listen = "tcp://127.0.0.1:0";
+  std::string data_dir;
+  double join_timeout_s = 60.0;
+  LogOptions log;
+};
+
+void add_process_flags(CLI::App* cmd, ProcessFlags& f, bool listens, bool needs_coordinator) {
+  if (needs_coordinator)
+    cmd->add_option("--coordinator", f.coordinator, "the coordinator's endpoint, tcp://HOST:PORT")
+        ->type_name("ENDPOINT")
+        ->required();
+  if (listens)
+    cmd->add_option("--listen", f.listen, "where to listen (default tcp://127.0.0.1:0, a free port)")
+        ->type_name("ENDPOINT");
+  cmd->add_option("--join-timeout", f.join_timeout_s, "seconds to wait for the other processes (default 60)")
+      ->type_name("S");
+}
+
+int run_coordinator(const JobOptions& jo, const ProcessFlags& pf) {
+  JobConfig config;
+  if (auto code = load_job(jo, config)) return *code;
+  if (Status s = validate_for_cluster(config); !s.ok()) {
+    print_error(s.message());
+    return kExitUsage;
+  }
+  Interrupts interrupts;
+  ProcessOptions po;
+  po.listen = pf.listen;
+  po.join_timeout_s = pf.join_timeout_s;
+  po.shards = config.shards;
+  po.workers = config.workers;
+  auto result = run_coordinator_process(config, po, progress_callbacks(config), interrupts.token(),
+                                        [](const std::string& endpoint) {
+                                          // asgd cluster reads this line to find us.
+                                          std::printf("coordinator listening on %s\n", endpoint.c_str());
+                                          std::fflush(stdout);
+                                        });
+  return report_outcome(result, config, jo.log);
+}
+
+int run_role(const ProcessFlags& pf, bool shard) {
+  if (Status s = setup_logging(pf.log); !s.ok()) {
+    print_error(s.message());
+    return kExitUsage;
+  }
+  Interrupts interrupts;
+  ProcessOptions po;
+  po.coordinator = pf.coordinator;
+  po.listen = pf.listen;
+  po.join_timeout_s = pf.join_timeout_s;
+  po.data_dir = pf.data_dir;
+  Status s = shard ? run_shard_process(po, interrupts.token()) : run_worker_process(po, interrupts.token());
+  if (!s.ok()) {
+    print_error(s.to_string());
+    return exit_code_for(s);
+  }
+  return kExitOk;
+}
+
+// ---------------------------------------------------------------------------
+// asgd cluster
+
+struct Child {
+  std::string name;
+  pid_t pid = -1;
+  int out = -1;        // read end of its stdout+stderr
+  std::string partial;  // an unfinished line
+  bool exited = false;
+  int status = 0;
+};
+
+// Starts this executable with `args`, its output on a pipe.
+Result<Child> spawn_self(const std::string& name, const std::vector<std::string>& args) {
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) return Status::IOError("pipe: " + std::string(std::strerror(errno)));
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
+  posix_spawn_file_actions_adddup2(&actions, fds[1], STDERR_FILENO);
+  std::vector<std::string> argv_s = {"/proc/self/exe"};
+  argv_s.insert(argv_s.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : argv_s) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = -1;
+  const int rc = posix_spawn(&pid, "/proc/self/exe", &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  close(fds[1]);
+  if (rc != 0) {
+    close(fds[0]);
+    return Status::IOError("starting the " + name + " process: " + std::strerror(rc));
+  }
+  Child c;
+  c.name = name;
+  c.pid = pid;
+  c.out = fds[0];
+  return c;
+}
+
+// Reads what is there; prints whole lines with the child's name in front.
+// Returns the lines read (for the coordinator's endpoint).
+std::vector<std::string> pump(Child& c) {
+  std::vector<std::string> lines;
+  char buf[4096];
+  const ssize_t n = read(c.out, buf, sizeof buf);
+  if (n <= 0) {
+    if (!c.partial.empty()) lines.push_back(std::move(c.partial));
+    c.partial.clear();
+    close(c.out);
+    c.out = -1;
+  } else {
+    c.partial.append(buf, static_cast<std::size_t>(n));
+    std::size_t nl;
+    while ((nl = c.partial.find('\n')) != std::string::npos) {
+      lines.push_back(c.partial.substr(0, nl));
+      c.partial.erase(0, nl + 1);
+    }
+  }
+  for (const auto& l : lines) std::printf("[%s] %s\n", c.name.c_str(), l.c_str());
+  std::fflush(stdout);
+  return lines;
+}
+
+bool reap(Child& c, bool block) {
+  if (c.exited) return true;
+  int status = 0;
+  const pid_t r = waitpid(c.pid, &status, block ? 0 : WNOHANG);
+  if (r == c.pid) {
+    c.exited = true;
+    c.status = status;
+  }
+  return c.exited;
+}
+
+int exit_status(const Child& c) {
+  if (WIFEXITED(c.status)) return WEXITSTATUS(c.status);
+  return kExitFailure;
+}
+
+int run_cluster(const JobOptions& jo, const ProcessFlags& pf) {
+  JobConfig config;
+  if (auto code = load_job(jo, config)) return *code;
+  if (Status s = validate_for_cluster(config); !s.ok()) {
+    print_error(s.message());
+    return kExitUsage;
+  }
+  std::printf("asgd cluster: 1 coordinator, %u shard and %u worker processes on this machine\n", config.shards,
+              config.workers);
+  std::fflush(stdout);
+  Interrupts interrupts;
+  std::vector<std::string> coord_args = {"coordinator", "--listen", pf.listen, "--join-timeout",
+                                         std::to_string(pf.join_timeout_s)};
+  for (auto& a : given_job_flags(jo)) coord_args.push_back(a);
+  std::vector<Child> children;
+  auto coordinator = spawn_self("coordinator", coord_args);
+  if (!coordinator) {
+    print_error(coordinator.status().message());
+    return kExitFailure;
+  }
+  children.push_back(std::move(coordinator).value());
+
+  auto stop_all = [&](int sig) {
+    for (auto& c : children)
+      if (!c.exited) kill(c.pid, sig);
+  };
+  // Waits for the coordinator's endpoint, then starts the others.
+  std::string endpoint;
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(pf.join_timeout_s);
+  bool started = false;
+  const auto started_at = std::chrono::steady_clock::now();
+  std::optional<std::chrono::steady_clock::time_point> coordinator_done;
+  while (true) {
+    std::vector<pollfd> fds;
+    for (auto& c : children)
+      if (c.out >= 0) fds.push_back({c.out, POLLIN, 0});
+    if (!fds.empty()) poll(fds.data(), fds.size(), 100);
+    for (auto& c : children) {
+      if (c.out < 0) continue;
+      pollfd p{c.out, POLLIN, 0};
+      if (poll(&p, 1, 0) > 0) {
+        for (const auto& line : pump(c)) {
+          const std::string tag = "coordinator listening on ";
+          if (&c == &children[0] && endpoint.empty() && line.rfind(tag, 0) == 0) endpoint = line.substr(tag.size());
+        }
+      }
+    }
+    for (auto& c : children) reap(c, false);
+    if (!started && !endpoint.empty()) {
+      started = true;
+      for (std::uint32_t i = 0; i < config.shards; ++i) {
+        auto c = spawn_self("shard " + std::to_string(i),
+                            {"shard", "--coordinator", endpoint, "--join-timeout", std::to_string(pf.join_timeout_s),
+                             "--log-level", jo.log.log_level});
+        if (!c) {
+          print_error(c.status().message());
+          stop_all(SIGTERM);
+          break;
+        }
+        children.push_back(std::move(c).value());
+      }
+      for (std::uint32_t i = 0; i < config.workers; ++i) {
+        auto c = spawn_self("worker " + std::to_string(i),
+                            {"worker", "--coordinator", endpoint, "--join-timeout", std::to_string(pf.join_timeout_s),
+                             "--log-level", jo.log.log_level});
+        if (!c) {
+          print_error(c.status().message());
+          stop_all(SIGTERM);
+          break;
+        }
+        children.push_back(std::move(c).value());
+      }
+    }
+    if (!started && (children[0].exited || std::chrono::steady_clock::now() > deadline)) {
+      if (!children[0].exited) print_error("the coordinator did not say where it listens");
+      stop_all(SIGTERM);
+      break;
+    }
+    if (interrupts.token().stop_requested()) {
+      // Ctrl-C: the coordinator stops the job and tells the others.
+      stop_all(SIGTERM);
+      break;
+    }
+    if (children[0].exited && !coordinator_done) coordinator_done = std::chrono::steady_clock::now();
+    bool all_done = true;
+    for (auto& c : children) all_done = all_done && c.exited && c.out < 0;
+    if (all_done) break;
+    // The others stop when the coordinator says so; give them a few seconds.
+    if (coordinator_done && std::chrono::steady_clock::now() - *coordinator_done > std::chrono::seconds(10)) {
+      stop_all(SIGTERM);
+      break;
+    }
+  }
+  (void)started_at;
+  // Drain and reap everyone; a child that ignores SIGTERM for 5 s is killed.
+  const auto grace = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (true) {
+    bool all = true;
+    for (auto& c : children) {
+      if (c.out >= 0) {
+        pollfd p{c.out, POLLIN, 0};
+        if (poll(&p, 1, 20) > 0) pump(c);
+      }
+      all = reap(c, false) && all;
+    }
+    if (all) break;
+    if (std::chrono::steady_clock::now() > grace) {
+      stop_all(SIGKILL);
+      for (auto& c : children) reap(c, true);
+      break;
+    }
+  }
+  for (auto& c : children)
+    while (c.out >= 0) pump(c);
+  int failed = 0;
+  for (auto& c : children)
+    if (exit_status(c) != 0 && &c != &children[0]) ++failed;
+  if (failed > 0) spdlog::warn("{} of the shard and worker processes did not exit cleanly", failed);
+  return exit_status(children[0]);
+}
+
+}  // namespace
+
+std::function<int(const std::string&)> add_cluster_commands(CLI::App& app) {
+  struct All {
+    JobOptions cluster_job, coord_job;
+    ProcessFlags cluster, coord, shard, worker;
+  };
+  auto all = std::make_shared<All>();
+  auto* cluster = app.add_subcommand("cluster", "run the job as separate processes on this machine");
+  add_job_flags(cluster, all->cluster_job);
+  cluster->add_option("--join-timeout", all->cluster.join_timeout_s,
+                      "seconds to wait for the processes to start and register (default 60)")
+      ->type_name("S");
+  auto* coord = app.add_subcommand("coordinator", "run the coordinator of a job whose shards and workers connect to it");
+  add_job_flags(coord, all->coord_job);
+  add_process_flags(coord, all->coord, true, false);
+  auto* shard = app.add_subcommand("shard", "run one parameter shard for the coordinator at --coordinator");
+  add_process_flags(shard, all->shard, true, true);
+  add_log_flags(shard, all->shard.log);
+  auto* worker = app.add_subcommand("worker", "run one worker for the coordinator at --coordinator");
+  add_process_flags(worker, all->worker, false, true);
+  worker->add_option("--data-dir", all->worker.data_dir, "the dataset's folder on this host (default: the job's)")
+      ->type_name("DIR");
+  add_log_flags(worker, all->worker.log);
+  return [all](const std::string& name) {
+    if (name == "cluster") return run_cluster(all->cluster_job, all->cluster);
+    if (name == "coordinator") return run_coordinator(all->coord_job, all->coord);
+    if (name == "shard") return run_role(all->shard, true);
+    return run_role(all->worker, false);
+  };
+}
+
+}  // namespace asgd::cli
