@@ -135,13 +135,19 @@ void finish(Self self) {
                                w.worker, w.samples, w.compute_s, w.comm_s, w.policy_wait_s, w.data_wait_s,
                                w.dropped_batches);
                 }
+                std::uint64_t malformed = 0;
                 for (const auto& s2 : *stats) {
+                  malformed += s2.malformed_frames;
+                  if (s2.malformed_frames > 0)
+                    spdlog::warn("shard {}'s process dropped {} malformed frames", s2.shard, s2.malformed_frames);
                   if (s2.rejected > 0) spdlog::warn("shard {} rejected {} malformed pushes", s2.shard, s2.rejected);
                   if (s2.updates_discarded > 0)
                     spdlog::info("shard {} discarded {} late pushes", s2.shard, s2.updates_discarded);
                 }
                 c2.done = true;
-                c2.setup.outcome->set_value(make_summary(c2, result, histogram));
+                JobSummary summary = make_summary(c2, result, histogram);
+                summary.malformed_frames = malformed;
+                c2.setup.outcome->set_value(std::move(summary));
                 shut_down(self);
               },
               [self, i](caf::error& err) {

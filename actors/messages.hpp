@@ -76,6 +76,7 @@ struct ShardStats {
   std::uint64_t commits = 0;                 ///< optimizer steps or averages the shard took
   std::uint64_t updates_discarded = 0;
   std::uint64_t rejected = 0;                 ///< malformed pushes
+  std::uint64_t malformed_frames = 0;         ///< frames its process dropped unread (bad length, checksum, ...)
   std::vector<std::uint64_t> staleness_histogram;  ///< [s] = applications with staleness s
 };
 
@@ -99,7 +100,7 @@ typename Inspector::result_type inspect(Inspector& f, EpochReport& x) {
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ShardStats& x) {
-  return f(caf::meta::type_name("ShardStats"), x.shard, x.updates_applied, x.commits, x.updates_discarded, x.rejected,
+  return f(caf::meta::type_name("ShardStats"), x.shard, x.updates_applied, x.commits, x.updates_discarded, x.rejected, x.malformed_frames,
            x.staleness_histogram);
 }
 

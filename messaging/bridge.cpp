@@ -286,7 +286,12 @@ caf::behavior shard_server(caf::event_based_actor* self, std::shared_ptr<Bridge>
       },
       [self, shard, bridge](inbound_atom, const PeerId& peer, std::uint64_t id, stats_atom) {
         self->request(shard, caf::infinite, stats_atom::value)
-            .then([bridge, peer, id](ShardStats& s) { bridge->send(peer, encode(s, id)); }, [](caf::error&) {});
+            .then(
+                [bridge, peer, id](ShardStats& s) {
+                  s.malformed_frames = bridge->stats().rejected;
+                  bridge->send(peer, encode(s, id));
+                },
+                [](caf::error&) {});
       },
       [self, shard](inbound_atom, const PeerId&, std::uint64_t, leave_atom, WorkerId worker) {
         self->send(shard, leave_atom::value, worker);

@@ -4,6 +4,7 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <condition_variable>
 #include <deque>
 #include <future>
@@ -270,7 +271,7 @@ Result<Joined> join(const ProcessOptions& o, Role role, const std::string& name,
   auto peer = j.bridge->connect(o.coordinator);
   if (!peer) return peer.status();
   j.coordinator = *peer;
-  j.bridge->send(j.coordinator, encode(Registration{role, 0, j.bridge->endpoint(), host_name(),
+  j.bridge->send(j.coordinator, encode(Registration{role, o.index, j.bridge->endpoint(), host_name(),
                                                     static_cast<std::uint32_t>(getpid())},
                                        j.bridge->next_id()));
   const auto deadline = SteadyClock::now() + millis(o.join_timeout_s);
@@ -358,14 +359,27 @@ Result<JobSummary> run_coordinator_process(const JobConfig& config, const Proces
   spdlog::info("coordinator listening on {}: waiting for {} shard and {} worker processes", bridge->endpoint(),
                config.shards, config.workers);
 
+  // Slots by index: a process may ask for one (--index), else gets the
+  // first free.
+  std::vector<std::optional<Member>> shard_slots(config.shards), worker_slots(config.workers);
   std::vector<Member> shards, workers;
+  auto members = [](const std::vector<std::optional<Member>>& slots) {
+    std::vector<Member> out;
+    for (const auto& m : slots)
+      if (m) out.push_back(*m);
+    return out;
+  };
   auto say_stop = [&](const std::string& why) {
-    for (const auto* group : {&shards, &workers})
-      for (const Member& m : *group) bridge->send(m.peer, encode(Shutdown{why}, bridge->next_id()));
+    for (const auto* group : {&shard_slots, &worker_slots})
+      for (const auto& m : *group)
+        if (m) bridge->send(m->peer, encode(Shutdown{why}, bridge->next_id()));
     bridge->stop(std::chrono::seconds(2));
   };
+  auto filled = [](const std::vector<std::optional<Member>>& slots) {
+    return static_cast<std::size_t>(std::count_if(slots.begin(), slots.end(), [](const auto& m) { return m.has_value(); }));
+  };
   const auto deadline = SteadyClock::now() + millis(o.join_timeout_s);
-  while (shards.size() < config.shards || workers.size() < config.workers) {
+  while (filled(shard_slots) < config.shards || filled(worker_slots) < config.workers) {
     if (stop.stop_requested()) {
       say_stop("cancelled");
       return Status::Cancelled("the job was cancelled while processes registered");
@@ -373,15 +387,21 @@ Result<JobSummary> run_coordinator_process(const JobConfig& config, const Proces
     if (SteadyClock::now() > deadline) {
       say_stop("the job did not start");
       return Status::Timeout(fmt::format(
-          "{} of {} shard and {} of {} worker processes registered within {:g} s (--join-timeout)", shards.size(),
-          config.shards, workers.size(), config.workers, o.join_timeout_s));
+          "{} of {} shard and {} of {} worker processes registered within {:g} s (--join-timeout)",
+          filled(shard_slots), config.shards, filled(worker_slots), config.workers, o.join_timeout_s));
     }
     auto in = router->registrations.pop(std::chrono::milliseconds(100));
     if (!in) continue;
     auto& reg = std::get<Registration>(in->body);
-    auto& group = reg.role == Role::shard ? shards : workers;
-    const std::uint32_t wanted = reg.role == Role::shard ? config.shards : config.workers;
-    if (reg.role == Role::coordinator || group.size() >= wanted) {
+    if (reg.role == Role::coordinator) {
+      bridge->send(in->peer, encode(Shutdown{"a coordinator cannot join a job"}, bridge->next_id()));
+      continue;
+    }
+    auto& slots = reg.role == Role::shard ? shard_slots : worker_slots;
+    std::size_t slot = reg.index < slots.size() && !slots[reg.index] ? reg.index : slots.size();
+    for (std::size_t i = 0; slot == slots.size() && i < slots.size(); ++i)
+      if (!slots[i]) slot = i;
+    if (slot == slots.size()) {
       bridge->send(in->peer, encode(Shutdown{"the job needs no more of these"}, bridge->next_id()));
       continue;
     }
@@ -389,10 +409,12 @@ Result<JobSummary> run_coordinator_process(const JobConfig& config, const Proces
       bridge->send(in->peer, encode(Shutdown{"a shard must give its endpoint"}, bridge->next_id()));
       continue;
     }
-    spdlog::info("{} {} registered: pid {} on {}{}", reg.role == Role::shard ? "shard" : "worker", group.size(),
-                 reg.pid, reg.host, reg.endpoint.empty() ? "" : ", at " + reg.endpoint);
-    group.push_back({in->peer, reg});
+    spdlog::info("{} {} registered: pid {} on {}{}", reg.role == Role::shard ? "shard" : "worker", slot, reg.pid,
+                 reg.host, reg.endpoint.empty() ? "" : ", at " + reg.endpoint);
+    slots[slot] = Member{in->peer, reg};
   }
+  shards = members(shard_slots);
+  workers = members(worker_slots);
 
   ClusterHooks hooks;
   hooks.make_placement = [&](caf::actor_system&) -> Result<std::shared_ptr<RemotePlacement>> {

@@ -15,6 +15,7 @@
 // job naming a worker whose process is silent for --rpc-timeout, and a
 // shard or worker process gives up when the coordinator is silent as long.
 
+#include <cstdint>
 #include <functional>
 #include <stop_token>
 #include <string>
@@ -30,6 +31,7 @@ struct ProcessOptions {
   std::uint32_t shards = 0;            ///< coordinator: shard processes to wait for
   std::uint32_t workers = 0;           ///< coordinator: worker processes to wait for
   std::string data_dir;                ///< worker: the dataset's folder here, if not the coordinator's
+  std::uint32_t index = UINT32_MAX;    ///< shard, worker: the index to ask for (default: any free one)
 };
 
 /// The coordinator process. `on_listening` gets the bound endpoint before

@@ -37,7 +37,8 @@ nlohmann::json to_json(const JobSummary& s) {
                       {"staleness_max", s.staleness_max},
                       {"staleness_histogram", s.staleness_histogram},
                       {"worker_batch", s.worker_batch},
-                      {"worker_wait_s", s.worker_wait_s}};
+                      {"worker_wait_s", s.worker_wait_s},
+                      {"malformed_frames", s.malformed_frames}};
   if (s.staleness) j["staleness"] = *s.staleness;
   if (s.time_to_target_s) j["time_to_target_s"] = *s.time_to_target_s;
   return j;

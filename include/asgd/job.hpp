@@ -107,6 +107,7 @@ struct JobSummary {
   std::vector<std::uint64_t> staleness_histogram;
   std::vector<std::uint32_t> worker_batch;  ///< per worker: its batch size (after weights)
   std::vector<double> worker_wait_s;        ///< per worker: seconds the policy held its reads back
+  std::uint64_t malformed_frames = 0;       ///< frames the shards' processes dropped unread (asgd cluster)
 };
 
 /// Called from a runtime thread, one call at a time, in epoch order.

@@ -145,3 +145,29 @@ TEST(TrainCli, StopsADivergingJobWithExitCode1SayingSo) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(ClusterCli, RunsTheJobAsFiveProcessesAndWritesTheSameMetricsFormat) {
+  ASGD_REQUIRE_DATASET(mnist, "mnist");
+  const asgd_test::TempDir scratch;
+  const fs::path metrics = scratch / "cluster.jsonl";
+  CliRun r = asgd("cluster --workers 2 --shards 2 --epochs 1 --data-dir " + mnist.string() + " --metrics-out " +
+                  metrics.string() + " --log-level warn");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  for (const char* line : {"1 coordinator, 2 shard and 2 worker processes", "[coordinator] epoch 1/1",
+                           "[coordinator] done"})
+    EXPECT_NE(r.out.find(line), std::string::npos) << line << " missing in:\n" << r.out;
+  const std::string m = slurp(metrics);
+  ASSERT_EQ(lines(m), 2u) << m;
+  for (const char* key : {"\"event\":\"summary\"", "\"shards\":2", "\"workers\":2", "\"final_test_accuracy\"",
+                          "\"staleness_histogram\"", "\"malformed_frames\":0"})
+    EXPECT_NE(m.find(key), std::string::npos) << key << " missing in " << m;
+}
+
+TEST(ClusterCli, RefusesHogwildAcrossProcessesWithExitCode2) {
+  CliRun r = asgd("cluster --workers 2 --shards 1 --policy hogwild --data-dir /tmp");
+  expect_one_line_error(r, 2, "cannot share one parameter buffer");
+}
+
+}  // namespace

@@ -61,7 +61,8 @@ TEST(RunJob, TrainsMnistAcrossTwoWorkersAndTwoShardsAndWritesTheMetricsFile) {
                                           "final_test_accuracy", "time_to_target_s", "updates_applied",
                                           "staleness_mean", "staleness_p99", "staleness_max",
                                           // beyond DESIGN.md's list: the histogram and per-worker figures
-                                          "staleness_histogram", "worker_batch", "worker_wait_s"};
+                                          "staleness_histogram", "worker_batch", "worker_wait_s",
+                                          "malformed_frames"};
   std::set<std::string> keys;
   for (const auto& [k, v] : s.items()) keys.insert(k);
   EXPECT_EQ(keys, expected);

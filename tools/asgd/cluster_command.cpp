@@ -31,6 +31,7 @@ struct ProcessFlags {
   std::string listen = "tcp://127.0.0.1:0";
   std::string data_dir;
   double join_timeout_s = 60.0;
+  std::int64_t index = -1;
   LogOptions log;
 };
 
@@ -44,6 +45,8 @@ void add_process_flags(CLI::App* cmd, ProcessFlags& f, bool listens, bool needs_
         ->type_name("ENDPOINT");
   cmd->add_option("--join-timeout", f.join_timeout_s, "seconds to wait for the other processes (default 60)")
       ->type_name("S");
+  if (needs_coordinator)
+    cmd->add_option("--index", f.index, "ask for this index (default: the first free one)")->type_name("K");
 }
 
 int run_coordinator(const JobOptions& jo, const ProcessFlags& pf) {
@@ -79,6 +82,7 @@ int run_role(const ProcessFlags& pf, bool shard) {
   po.listen = pf.listen;
   po.join_timeout_s = pf.join_timeout_s;
   po.data_dir = pf.data_dir;
+  if (pf.index >= 0) po.index = static_cast<std::uint32_t>(pf.index);
   Status s = shard ? run_shard_process(po, interrupts.token()) : run_worker_process(po, interrupts.token());
   if (!s.ok()) {
     print_error(s.to_string());
@@ -219,7 +223,8 @@ int run_cluster(const JobOptions& jo, const ProcessFlags& pf) {
       started = true;
       for (std::uint32_t i = 0; i < config.shards; ++i) {
         auto c = spawn_self("shard " + std::to_string(i),
-                            {"shard", "--coordinator", endpoint, "--join-timeout", std::to_string(pf.join_timeout_s),
+                            {"shard", "--coordinator", endpoint, "--index", std::to_string(i), "--join-timeout",
+                             std::to_string(pf.join_timeout_s),
                              "--log-level", jo.log.log_level});
         if (!c) {
           print_error(c.status().message());
@@ -230,7 +235,8 @@ int run_cluster(const JobOptions& jo, const ProcessFlags& pf) {
       }
       for (std::uint32_t i = 0; i < config.workers; ++i) {
         auto c = spawn_self("worker " + std::to_string(i),
-                            {"worker", "--coordinator", endpoint, "--join-timeout", std::to_string(pf.join_timeout_s),
+                            {"worker", "--coordinator", endpoint, "--index", std::to_string(i), "--join-timeout",
+                             std::to_string(pf.join_timeout_s),
                              "--log-level", jo.log.log_level});
         if (!c) {
           print_error(c.status().message());

@@ -1,0 +1,163 @@
+// Jobs whose coordinator, shards and workers are separate "processes": each
+// role runs as it does in its own process (its own bridge, ZeroMQ context
+// and actor system), here on threads of the test, talking over ipc and tcp.
+
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+#include <thread>
+
+#include <unistd.h>
+
+#include "messaging/bridge.hpp"
+#include "messaging/untrusted.hpp"
+#include "runtime/cluster.hpp"
+#include "temp_dir.hpp"
+#include "test_data.hpp"
+
+namespace asgd {
+namespace {
+
+using namespace messaging;
+
+// One of each kind of bad frame a confused or hostile peer might send.
+std::vector<Message> bad_frames() {
+  std::vector<Message> out;
+  const Message good = encode(PushRequest{0, 0, 0, 1, true, {}}, 1, std::vector<float>(10, 1.0f));
+  auto head = [&] { return std::vector<std::byte>(good[0].bytes.begin(), good[0].bytes.end()); };
+  auto with = [&](std::vector<std::byte> h, bool tensor) {
+    Message m;
+    m.push_back(Part::take(std::move(h)));
+    if (tensor) m.push_back(good[1]);
+    return m;
+  };
+  auto h = head();
+  h.resize(12);  // truncated header
+  out.push_back(with(h, false));
+  h = head();
+  const std::uint32_t huge = 0x7FFFFFFF;  // claims a tensor over the limit
+  std::memcpy(h.data() + 24, &huge, 4);
+  out.push_back(with(h, true));
+  h = head();
+  h[4] = std::byte{9};  // protocol version 9
+  out.push_back(with(h, true));
+  h = head();
+  h[kHeaderBytes] ^= std::byte{1};  // a flipped bit: bad checksum
+  out.push_back(with(h, true));
+  std::vector<std::byte> noise(300);
+  for (std::size_t i = 0; i < noise.size(); ++i) noise[i] = static_cast<std::byte>((i * 7919) % 251);
+  out.push_back(with(noise, false));  // random bytes
+  out.push_back(with(head(), false));  // the tensor part missing
+  return out;
+}
+
+TEST(ClusterProcesses, TrainMnistWhileAShardIsSentMalformedFramesWhichItCountsAndSurvives) {
+  ASGD_REQUIRE_DATASET(dir, "mnist");
+  // ipc paths must fit in a sockaddr_un (108 bytes): short names in /tmp.
+  const std::string ipc = "ipc:///tmp/asgd-" + std::to_string(::getpid()) + "-shard";
+  JobConfig c;
+  c.data_dir = dir.string();
+  c.workers = 2;
+  c.shards = 2;
+  c.epochs = 1;
+  c.rpc_timeout_s = 30;
+  ProcessOptions coord;
+  coord.shards = 2;
+  coord.workers = 2;
+  coord.join_timeout_s = 30;
+  std::promise<std::string> endpoint;
+  auto endpoint_future = endpoint.get_future();
+  std::atomic<bool> training_done = false;
+  std::optional<Result<JobSummary>> outcome;
+  std::thread coordinator([&] {
+    outcome = run_coordinator_process(c, coord, {}, {}, [&](const std::string& e) { endpoint.set_value(e); });
+    training_done = true;
+  });
+  ASSERT_EQ(endpoint_future.wait_for(std::chrono::seconds(10)), std::future_status::ready);
+  const std::string at = endpoint_future.get();
+  std::vector<std::thread> roles;
+  std::vector<Status> role_status(4);
+  for (std::uint32_t i = 0; i < 2; ++i) {
+    roles.emplace_back([&, i] {
+      ProcessOptions o;
+      o.coordinator = at;
+      o.listen = ipc + std::to_string(i);
+      o.index = i;
+      role_status[i] = run_shard_process(o, {});
+    });
+    roles.emplace_back([&, i] {
+      ProcessOptions o;
+      o.coordinator = at;
+      o.index = i;
+      role_status[2 + i] = run_worker_process(o, {});
+    });
+  }
+  // A rogue peer: connects to shard 0 and sends every kind of bad frame,
+  // over and over, while the job trains.
+  std::uint64_t sent = 0;
+  {
+    auto rogue = make_zmq_transport();
+    auto peer = rogue->connect(ipc + "0");
+    EXPECT_TRUE(peer.ok()) << peer.status().to_string();
+    const auto frames = bad_frames();
+    for (const auto& f : frames) EXPECT_NE(check_untrusted(f), FrameError::none);
+    while (peer.ok() && !training_done && sent < 20000) {
+      for (const auto& f : frames) {
+        auto r = rogue->send(*peer, f);
+        if (r.ok() && *r) ++sent;
+      }
+      (void)rogue->receive(std::chrono::milliseconds(5));  // spread over the whole job
+    }
+  }
+  coordinator.join();
+  for (auto& t : roles) t.join();
+  ASSERT_TRUE(outcome.has_value());
+  ASSERT_TRUE(outcome->ok()) << outcome->status().to_string();
+  EXPECT_GE((*outcome)->final_test_accuracy, 0.9);
+  EXPECT_GT(sent, 0u);
+  // Every bad frame was counted, but those still in flight when the
+  // coordinator asked for the shard's statistics at the end.
+  EXPECT_LE((*outcome)->malformed_frames, sent);
+  EXPECT_GE((*outcome)->malformed_frames + 200, sent) << "sent " << sent;
+  for (const auto& s : role_status) EXPECT_TRUE(s.ok()) << s.to_string();
+}
+
+TEST(ClusterProcesses, ACoordinatorThatNobodyJoinsGivesUpNamingWhoIsMissing) {
+  JobConfig c;
+  c.data_dir = "/nonexistent";  // never read: the job does not start
+  c.shards = 1;
+  c.workers = 2;
+  ProcessOptions o;
+  o.shards = 1;
+  o.workers = 2;
+  o.join_timeout_s = 0.3;
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = run_coordinator_process(c, o, {}, {}, {});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::timeout);
+  EXPECT_NE(r.status().message().find("0 of 1 shard and 0 of 2 worker processes"), std::string::npos)
+      << r.status().message();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+}
+
+TEST(ClusterProcesses, AWorkerWithoutACoordinatorGivesUpAfterItsJoinTimeout) {
+  ProcessOptions o;
+  o.coordinator = "tcp://127.0.0.1:9";  // nothing listens there
+  o.join_timeout_s = 0.3;
+  Status s = run_worker_process(o, {});
+  EXPECT_EQ(s.code(), StatusCode::timeout) << s.to_string();
+  EXPECT_NE(s.message().find("no assignment from the coordinator"), std::string::npos) << s.message();
+}
+
+TEST(ClusterProcesses, HogwildAndAutomaticWeightsAreRefusedAcrossProcesses) {
+  JobConfig c;
+  c.policy = "hogwild";
+  EXPECT_NE(validate_for_cluster(c).message().find("cannot share one parameter buffer"), std::string::npos);
+  c.policy = "async";
+  c.worker_weights = "auto";
+  EXPECT_NE(validate_for_cluster(c).message().find("--worker-weights auto"), std::string::npos);
+}
+
+}  // namespace
+}  // namespace asgd
