@@ -139,9 +139,11 @@ std::function<int()> add_bench_command(CLI::App& app) {
   rt->add_option("--repeats", o->repeats, "alternating runs of (a) and (b) (default 3)")->check(CLI::PositiveNumber);
   rt->add_option("--seed", o->seed, "seed (default 1)");
   rt->add_flag("--json", o->json, "print one JSON object instead of text");
-  return [o, rt] {
+  auto comm = add_comm_bench(bench);
+  return [o, rt, comm] {
+    if (comm.parsed()) return comm.run();
     if (!rt->parsed()) {
-      print_error("bench: name a benchmark (runtime)");
+      print_error("bench: name a benchmark (runtime, comm)");
       return kExitUsage;
     }
     return run_bench_runtime(*o);

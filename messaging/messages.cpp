@@ -97,18 +97,23 @@ FrameError decode_tensor(const Frame& frame, std::vector<float>& out, std::optio
   const std::size_t n = frame.tensor.size() / width;
   if (expected && n != *expected) return FrameError::bad_body;
   out.resize(n);
+  std::uint32_t crc = 0;
   if (fp16) {
-    // The part's bytes need not be 2-byte aligned: convert from a copy in
-    // blocks rather than reinterpret them.
+    // The part's bytes need not be 2-byte aligned: copy (and check) blocks
+    // into an aligned buffer, then convert.
     constexpr std::size_t kBlock = 4096;
     std::uint16_t block[kBlock];
     for (std::size_t i = 0; i < n; i += kBlock) {
       const std::size_t m = std::min(kBlock, n - i);
-      std::memcpy(block, frame.tensor.data() + i * 2, m * 2);
+      crc = crc32c_copy(reinterpret_cast<std::byte*>(block), frame.tensor.subspan(i * 2, m * 2), crc);
       from_half(std::span<const std::uint16_t>(block, m), std::span<float>(out).subspan(i, m));
     }
-  } else if (n > 0) {  // memcpy with a null pointer is undefined even for 0 bytes
-    std::memcpy(out.data(), frame.tensor.data(), frame.tensor.size());
+  } else if (n > 0) {  // copy and check in one pass over memory
+    crc = crc32c_copy(reinterpret_cast<std::byte*>(out.data()), frame.tensor);
+  }
+  if (crc != frame.header.tensor_checksum) {
+    out.clear();
+    return FrameError::bad_checksum;
   }
   return FrameError::none;
 }

@@ -62,10 +62,11 @@ FrameError check_untrusted_bytes(std::span<const std::byte> data) {
     // tensor decoders (a fuzzer cannot forge CRCs by itself).
     std::vector<std::byte> head(m[0].bytes.begin(), m[0].bytes.end());
     if (head.size() >= kHeaderBytes) {
-      std::memset(head.data() + 28, 0, 4);
-      std::uint32_t crc = crc32c(head);
-      if (m.size() == 2) crc = crc32c(m[1].bytes, crc);
-      std::memcpy(head.data() + 28, &crc, 4);
+      const std::uint32_t tensor_crc = m.size() == 2 && !m[1].bytes.empty() ? crc32c(m[1].bytes) : 0;
+      std::memcpy(head.data() + 28, &tensor_crc, 4);
+      std::memset(head.data() + 32, 0, 4);
+      const std::uint32_t crc = crc32c(head);
+      std::memcpy(head.data() + 32, &crc, 4);
       m[0] = Part::take(std::move(head));
     }
   }

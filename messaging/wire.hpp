@@ -6,17 +6,20 @@
 //   part 1: optional, the tensor: float32 values, or float16 when the
 //           header's fp16 flag is set (at most kMaxTensorBytes)
 //
-// header (little-endian):
+// header (little-endian, 36 bytes):
 //   u32 magic "ASGD" | u16 version | u16 type | u16 flags | u16 reserved (0)
 //   u64 request id (a reply carries its request's id)
-//   u32 body bytes | u32 tensor bytes | u32 CRC-32C of header (this field 0),
-//   body and tensor
+//   u32 body bytes | u32 tensor bytes
+//   u32 CRC-32C of the tensor
+//   u32 CRC-32C of header (this field 0) and body
 //
 // The decoder trusts nothing it has not checked: lengths against the part
-// sizes and the limits before anything is allocated, the checksum before
-// any field is read, every variable-length field in the body against its
-// own bound (messages.hpp). A frame that fails a check is rejected with a
-// reason; the bridge drops it, counts it and logs the sender once.
+// sizes and the limits before anything is allocated, the header and body's
+// checksum before any field is read, the tensor's checksum in the same pass
+// that copies it out (decode_tensor: the one way to read it), every
+// variable-length field in the body against its own bound (messages.hpp).
+// A frame that fails a check is rejected with a reason; the bridge drops
+// it, counts it and logs the sender once.
 
 #include <cstdint>
 #include <span>
@@ -29,7 +32,7 @@ namespace asgd::messaging {
 
 inline constexpr std::uint32_t kMagic = 0x44475341;  // "ASGD" read as little-endian bytes
 inline constexpr std::uint16_t kProtocolVersion = 1;
-inline constexpr std::size_t kHeaderBytes = 32;
+inline constexpr std::size_t kHeaderBytes = 36;
 inline constexpr std::size_t kMaxBody = 1u << 20;            ///< 1 MiB of fields
 inline constexpr std::size_t kMaxTensorBytes = 256u << 20;   ///< 64M float32 values
 
@@ -45,6 +48,7 @@ struct FrameHeader {
   std::uint64_t request_id = 0;
   std::uint32_t body_bytes = 0;
   std::uint32_t tensor_bytes = 0;
+  std::uint32_t tensor_checksum = 0;
   std::uint32_t checksum = 0;
 };
 
@@ -64,14 +68,16 @@ enum class FrameError : std::uint8_t {
 const char* to_string(FrameError e);
 
 /// A checked frame: header and views of body and tensor into the message's
-/// parts (valid while the message lives).
+/// parts (valid while the message lives). The tensor's checksum is not yet
+/// checked: read it only through decode_tensor.
 struct Frame {
   FrameHeader header;
   std::span<const std::byte> body;
   std::span<const std::byte> tensor;
 };
 
-/// Checks everything but the body's fields. Never allocates.
+/// Checks everything but the body's fields and the tensor's checksum.
+/// Never allocates.
 FrameError parse_frame(const Message& message, Frame& out);
 
 /// Builds part 0 (header + body) and, when `tensor` has bytes, part 1, with
@@ -80,8 +86,12 @@ Message build_frame(std::uint16_t type, std::uint16_t flags, std::uint64_t reque
                     Part tensor);
 
 /// CRC-32C (Castagnoli), continuing from `crc` (0 to start). Uses the
-/// SSE4.2 instruction where the CPU has it.
+/// SSE4.2 instruction on three interleaved streams where the CPU has it.
 std::uint32_t crc32c(std::span<const std::byte> bytes, std::uint32_t crc = 0);
+
+/// Copies `src` to `dst` (same size) and returns CRC-32C of the bytes, in
+/// one pass over memory.
+std::uint32_t crc32c_copy(std::byte* dst, std::span<const std::byte> src, std::uint32_t crc = 0);
 
 /// IEEE half precision, round to nearest even; infinities and NaN kept.
 std::uint16_t to_half(float f);

@@ -23,6 +23,20 @@ TEST(Crc32c, MatchesTheStandardCheckValue) {
   EXPECT_EQ(crc32c(bytes_of("6789"), crc32c(bytes_of("12345"))), 0xE3069283u);
 }
 
+TEST(Crc32c, TheInterleavedPathAndTheFusedCopyAgreeWithByteAtATime) {
+  // 100 KB takes the three-stream path with its shift tables; 7-byte
+  // pieces never do.
+  std::vector<std::byte> data(100'003);
+  for (std::size_t i = 0; i < data.size(); ++i) data[i] = static_cast<std::byte>((i * 2654435761u) >> 13);
+  std::uint32_t piecewise = 0;
+  for (std::size_t i = 0; i < data.size(); i += 7)
+    piecewise = crc32c(std::span(data).subspan(i, std::min<std::size_t>(7, data.size() - i)), piecewise);
+  EXPECT_EQ(crc32c(data), piecewise);
+  std::vector<std::byte> copy(data.size());
+  EXPECT_EQ(crc32c_copy(copy.data(), data), piecewise);
+  EXPECT_EQ(copy, data);
+}
+
 TEST(Half, RoundTripsExactValuesAndRoundsToNearestEven) {
   for (float f : {0.0f, -0.0f, 1.0f, -2.5f, 65504.0f, 6.103515625e-05f, 5.9604645e-08f}) {
     EXPECT_EQ(from_half(to_half(f)), f) << f;
@@ -217,6 +231,12 @@ TEST_F(CorruptFrame, EveryCheckRejectsWithItsReason) {
   h = head();
   h.back() ^= std::byte{0x40};  // a flipped bit in the body
   EXPECT_EQ(check_untrusted(with_head(h)), FrameError::bad_checksum);
+  Message flipped_tensor;
+  flipped_tensor.push_back(good[0]);
+  std::vector<std::byte> t(good[1].bytes.begin(), good[1].bytes.end());
+  t[5] ^= std::byte{0x10};
+  flipped_tensor.push_back(Part::take(std::move(t)));
+  EXPECT_EQ(check_untrusted(flipped_tensor), FrameError::bad_checksum);  // caught while copying it out
   Message truncated_tensor;
   truncated_tensor.push_back(good[0]);
   truncated_tensor.push_back(Part::copy_of(good[1].bytes.first(8)));

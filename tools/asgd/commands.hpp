@@ -24,8 +24,15 @@ inline constexpr int kExitUsage = 2;
 /// Adds `train` to `app`; the returned function runs it after parsing.
 std::function<int()> add_train_command(CLI::App& app);
 
-/// Adds `bench` (with `runtime`) to `app`.
+/// Adds `bench` (with `runtime` and `comm`) to `app`.
 std::function<int()> add_bench_command(CLI::App& app);
+
+/// `bench comm` (and its hidden server): whether it was chosen, and its run.
+struct CommBench {
+  std::function<bool()> parsed;
+  std::function<int()> run;
+};
+CommBench add_comm_bench(CLI::App* bench);
 
 /// Adds `cluster`, `coordinator`, `shard` and `worker` to `app`; the
 /// returned function runs whichever was chosen.

@@ -1,0 +1,367 @@
+// asgd bench comm: push-and-pull round trips of N float parameters between
+// this process (a worker) and a shard process over tcp loopback, through the
+// whole stack (bridge, wire format, ZeroMQ, the shard actor and its
+// optimizer); and, in the same run, raw ZeroMQ moving the same bytes between
+// two processes (a DEALER and an echoing ROUTER). Prints GB/s for both,
+// their ratio, and small-message latency. Runs alternate (raw, ours, raw,
+// ...) and medians are reported.
+
+#include <signal.h>
+#include <spawn.h>
+#include <spdlog/spdlog.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include <zmq.hpp>
+
+#include <algorithm>
+#include <charconv>
+#include <csignal>
+#include <chrono>
+#include <cstdio>
+#include <future>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "actors/parameter_shard.hpp"
+#include "messaging/bridge.hpp"
+#include "tools/asgd/commands.hpp"
+
+extern char** environ;
+
+namespace asgd::cli {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using namespace messaging;
+
+struct CommOptions {
+  std::vector<std::string> sizes = {"1M", "4M", "16M"};
+  int repeats = 5;            // alternating measurements per size
+  int round_trips = 10;       // per measurement (scaled up for small sizes)
+  std::string compress = "none";
+  bool json = false;
+  // comm-server only
+  std::string mode = "raw";
+  std::uint64_t size = 0;
+};
+
+Result<std::uint64_t> parse_size(const std::string& s) {
+  if (s.empty()) return Status::InvalidArgument("empty size");
+  std::uint64_t mult = 1;
+  std::string digits = s;
+  if (s.back() == 'M' || s.back() == 'm') mult = 1u << 20, digits.pop_back();
+  else if (s.back() == 'K' || s.back() == 'k') mult = 1u << 10, digits.pop_back();
+  std::uint64_t n = 0;
+  auto [p, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), n);
+  if (ec != std::errc() || p != digits.data() + digits.size() || n == 0)
+    return Status::InvalidArgument("size '" + s + "': expected a number of floats like 4M, 512K or 1000");
+  return n * mult;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+// ---------------------------------------------------------------------------
+// The server processes.
+
+volatile sig_atomic_t g_stop = 0;
+extern "C" void on_term(int) { g_stop = 1; }
+
+int serve_raw() {
+  zmq::context_t ctx;
+  zmq::socket_t router(ctx, zmq::socket_type::router);
+  router.bind("tcp://127.0.0.1:0");
+  std::printf("listening on %s\n", router.get(zmq::sockopt::last_endpoint).c_str());
+  std::fflush(stdout);
+  try {
+    while (!g_stop) {
+      zmq::pollitem_t item{router.handle(), 0, ZMQ_POLLIN, 0};
+      zmq::poll(&item, 1, std::chrono::milliseconds(100));
+      if (!(item.revents & ZMQ_POLLIN)) continue;
+      zmq::message_t id, payload;
+      if (!router.recv(id) || !router.recv(payload)) continue;
+      router.send(id, zmq::send_flags::sndmore);
+      router.send(payload, zmq::send_flags::none);  // echo the same bytes, no copy
+    }
+  } catch (const zmq::error_t& e) {
+    if (e.num() != EINTR) {  // SIGTERM during poll is how we are told to stop
+      print_error(std::string("bench raw server: ") + e.what());
+      return kExitFailure;
+    }
+  }
+  return 0;
+}
+
+int serve_shard(const CommOptions& o) {
+  caf::actor_system_config cfg;
+  cfg.add_message_types<caf::id_block::asgd>();
+  cfg.set("scheduler.max-threads", std::size_t{1});
+  caf::actor_system system{cfg};
+  ShardSetup ss;
+  ss.range = {0, o.size};
+  ss.initial.assign(o.size, 0.5f);
+  ss.optimizer = {"sgd", 1e-6f, 0.0f, 0.0f};  // a real update, small enough to stay finite
+  ss.workers = 1;
+  auto core = ShardCore::make(std::move(ss));
+  if (!core) {
+    print_error(core.status().to_string());
+    return kExitFailure;
+  }
+  auto shard = system.spawn(parameter_shard, std::make_shared<ShardCore>(std::move(core).value()));
+  auto server = std::make_shared<caf::actor>();
+  BridgeOptions bo;
+  bo.listen = "tcp://127.0.0.1:0";
+  bo.name = "bench shard";
+  bo.coding = o.compress == "fp16" ? TensorCoding::float16 : TensorCoding::float32;
+  auto ready = std::make_shared<std::atomic<bool>>(false);
+  auto bridge = Bridge::start(bo, [server, ready](Inbound&& in) {
+    if (ready->load()) post_to_shard_server(*server, std::move(in));
+  });
+  if (!bridge) {
+    print_error(bridge.status().to_string());
+    return kExitFailure;
+  }
+  *server = system.spawn(shard_server, *bridge, shard);
+  ready->store(true);
+  std::printf("listening on %s\n", (*bridge)->endpoint().c_str());
+  std::fflush(stdout);
+  while (!g_stop) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ready->store(false);
+  (*bridge)->stop();
+  caf::anon_send_exit(*server, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(shard, caf::exit_reason::user_shutdown);
+  return 0;
+}
+
+struct Server {
+  pid_t pid = -1;
+  std::string endpoint;
+  ~Server() {
+    if (pid > 0) {
+      kill(pid, SIGTERM);
+      int st = 0;
+      waitpid(pid, &st, 0);
+    }
+  }
+};
+
+// Starts `asgd bench comm-server ...` and reads the endpoint it prints.
+Result<std::unique_ptr<Server>> start_server(const std::vector<std::string>& args) {
+  int fds[2];
+  if (pipe(fds) != 0) return Status::IOError("pipe failed");
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  posix_spawn_file_actions_adddup2(&fa, fds[1], STDOUT_FILENO);
+  posix_spawn_file_actions_addclose(&fa, fds[0]);
+  std::vector<std::string> a = {"/proc/self/exe", "bench", "comm-server"};
+  a.insert(a.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& s : a) argv.push_back(s.data());
+  argv.push_back(nullptr);
+  auto srv = std::make_unique<Server>();
+  const int rc = posix_spawn(&srv->pid, "/proc/self/exe", &fa, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  close(fds[1]);
+  if (rc != 0) {
+    close(fds[0]);
+    srv->pid = -1;
+    return Status::IOError("starting a bench server failed");
+  }
+  std::string line;
+  char c;
+  while (read(fds[0], &c, 1) == 1 && c != '\n') line += c;
+  close(fds[0]);
+  const std::string tag = "listening on ";
+  if (line.rfind(tag, 0) != 0) return Status::Internal("the bench server said '" + line + "'");
+  srv->endpoint = line.substr(tag.size());
+  return srv;
+}
+
+// ---------------------------------------------------------------------------
+// The two measurements.
+
+// Seconds per round trip of `bytes` each way through raw ZeroMQ.
+double raw_round_trip(zmq::socket_t& dealer, std::vector<float>& buffer, std::size_t bytes, int trips) {
+  auto once = [&] {
+    zmq::message_t out(buffer.data(), bytes, [](void*, void*) {}, nullptr);  // our buffer, not copied
+    dealer.send(out, zmq::send_flags::none);
+    zmq::message_t back;
+    (void)dealer.recv(back);
+    if (back.size() != bytes) throw std::runtime_error("raw echo returned the wrong size");
+  };
+  once();  // warm up
+  const auto t0 = Clock::now();
+  for (int i = 0; i < trips; ++i) once();
+  return std::chrono::duration<double>(Clock::now() - t0).count() / trips;
+}
+
+// Seconds per push-and-pull round trip through the whole stack: an
+// event-based actor pushes N gradients to the remote shard and gets its N
+// parameters back, `trips` times in a row.
+double ours_round_trip(caf::actor_system& system, const caf::actor& shard, std::size_t n, int trips) {
+  auto done = std::make_shared<std::promise<double>>();
+  auto fut = done->get_future();
+  system.spawn(
+      [shard, n, trips, done](caf::event_based_actor* self, int) -> caf::behavior {
+        struct Loop {
+          int left;
+          Clock::time_point t0;
+          std::vector<float> buffer;
+        };
+        auto loop = std::make_shared<Loop>(Loop{trips + 1, {}, std::vector<float>(n, 0.001f)});
+        auto step = std::make_shared<std::function<void(Clock::time_point)>>();
+        *step = [self, shard, loop, step, done, trips](Clock::time_point) {
+          if (loop->left == trips) loop->t0 = Clock::now();  // after one warm-up trip
+          if (loop->left-- == 0) {
+            done->set_value(std::chrono::duration<double>(Clock::now() - loop->t0).count() / trips);
+            self->quit();
+            return;
+          }
+          PushRequest req{0, 0, 0, 1, true, std::move(loop->buffer)};
+          self->request(shard, caf::infinite, push_atom::value, std::move(req))
+              .then(
+                  [loop, step](ShardReply& r) {
+                    loop->buffer = std::move(r.params);  // reused as the next push's payload
+                    (*step)(Clock::now());
+                  },
+                  [done, self](caf::error&) {
+                    done->set_value(-1.0);
+                    self->quit();
+                  });
+        };
+        (*step)(Clock::now());
+        return {[](int) {}};
+      },
+      0);
+  if (fut.wait_for(std::chrono::minutes(2)) != std::future_status::ready) return -1.0;
+  return fut.get();
+}
+
+int run_comm(const CommOptions& o) {
+  spdlog::set_level(spdlog::level::warn);
+  std::vector<std::uint64_t> sizes;
+  for (const auto& s : o.sizes) {
+    auto n = parse_size(s);
+    if (!n) {
+      print_error("--sizes: " + n.status().message());
+      return kExitUsage;
+    }
+    sizes.push_back(*n);
+  }
+  if (o.compress != "none" && o.compress != "fp16") {
+    print_error("--compress " + o.compress + ": expected none or fp16");
+    return kExitUsage;
+  }
+  const bool fp16 = o.compress == "fp16";
+  auto raw_server = start_server({"--mode", "raw"});
+  if (!raw_server) {
+    print_error(raw_server.status().to_string());
+    return kExitFailure;
+  }
+  zmq::context_t ctx;
+  zmq::socket_t dealer(ctx, zmq::socket_type::dealer);
+  dealer.connect((*raw_server)->endpoint);
+
+  caf::actor_system_config cfg;
+  cfg.add_message_types<caf::id_block::asgd>();
+  cfg.set("scheduler.max-threads", std::size_t{1});
+  caf::actor_system system{cfg};
+  BridgeOptions bo;
+  bo.name = "bench worker";
+  bo.coding = fp16 ? TensorCoding::float16 : TensorCoding::float32;
+  auto bridge = Bridge::start(bo, nullptr);
+  if (!bridge) {
+    print_error(bridge.status().to_string());
+    return kExitFailure;
+  }
+
+  nlohmann::json results = nlohmann::json::array();
+  if (!o.json)
+    std::printf("%-6s %10s %12s %12s %8s %12s\n", "floats", "bytes/dir", "raw GB/s", "ours GB/s", "ratio",
+                "wire MB/dir");
+  auto measure_size = [&](std::uint64_t n, int trips) -> std::optional<std::pair<double, double>> {
+    auto shard_server = start_server({"--mode", "shard", "--size", std::to_string(n), "--compress", o.compress});
+    if (!shard_server) {
+      print_error(shard_server.status().to_string());
+      return std::nullopt;
+    }
+    auto peer = (*bridge)->connect((*shard_server)->endpoint);
+    if (!peer) {
+      print_error(peer.status().to_string());
+      return std::nullopt;
+    }
+    auto shard = system.spawn(remote_shard, *bridge, *peer, 0u);
+    std::vector<float> raw_buffer(n, 0.001f);
+    std::vector<double> raw_s, ours_s;
+    for (int r = 0; r < o.repeats; ++r) {
+      raw_s.push_back(raw_round_trip(dealer, raw_buffer, n * sizeof(float), trips));
+      const double t = ours_round_trip(system, shard, n, trips);
+      if (t < 0) {
+        print_error("no reply from the bench shard");
+        return std::nullopt;
+      }
+      ours_s.push_back(t);
+    }
+    caf::anon_send_exit(shard, caf::exit_reason::user_shutdown);
+    return std::make_pair(median(raw_s), median(ours_s));
+  };
+  for (std::uint64_t n : sizes) {
+    const std::size_t bytes = n * sizeof(float);
+    const int trips = std::max<int>(o.round_trips, static_cast<int>((64u << 20) / bytes));  // at least 64 MiB per measurement
+    auto m = measure_size(n, std::min(trips, 1000));
+    if (!m) return kExitFailure;
+    const double raw_gbs = 2.0 * static_cast<double>(bytes) / m->first / 1e9;
+    const double ours_gbs = 2.0 * static_cast<double>(bytes) / m->second / 1e9;
+    const double wire_mb = static_cast<double>(fp16 ? bytes / 2 : bytes) / 1e6;
+    results.push_back({{"floats", n}, {"bytes_per_direction", bytes}, {"raw_gb_per_s", raw_gbs},
+                       {"ours_gb_per_s", ours_gbs}, {"ratio", ours_gbs / raw_gbs},
+                       {"wire_mb_per_direction", wire_mb}, {"raw_round_trip_s", m->first},
+                       {"ours_round_trip_s", m->second}});
+    if (!o.json)
+      std::printf("%-6s %10zu %12.2f %12.2f %8.2f %12.1f\n", std::to_string(n >> 20 ? n >> 20 : n).append(n >> 20 ? "M" : "").c_str(),
+                  bytes, raw_gbs, ours_gbs, ours_gbs / raw_gbs, wire_mb);
+  }
+  // Small messages: one float each way, many round trips.
+  auto small = measure_size(1, 2000);
+  if (!small) return kExitFailure;
+  const double raw_us = small->first * 1e6, ours_us = small->second * 1e6;
+  if (o.json) {
+    nlohmann::json j = {{"compress", o.compress}, {"repeats", o.repeats}, {"sizes", results},
+                        {"small_round_trip_us", {{"raw", raw_us}, {"ours", ours_us}}}};
+    std::printf("%s\n", j.dump().c_str());
+  } else {
+    std::printf("small-message round trip (1 float): raw %.1f us, ours %.1f us (medians of %d runs of 2000)\n", raw_us,
+                ours_us, o.repeats);
+    std::printf("ratio = ours/raw throughput in parameter bytes (push + pull); compress %s\n", o.compress.c_str());
+  }
+  (*bridge)->stop();
+  return kExitOk;
+}
+
+}  // namespace
+
+CommBench add_comm_bench(CLI::App* bench) {
+  auto o = std::make_shared<CommOptions>();
+  auto* comm = bench->add_subcommand("comm", "push+pull round trips to a shard process vs raw ZeroMQ, over tcp loopback");
+  comm->add_option("--sizes", o->sizes, "parameter counts, comma-separated (default 1M,4M,16M)")->delimiter(',');
+  comm->add_option("--repeats", o->repeats, "alternating measurements per size (default 5)")->check(CLI::PositiveNumber);
+  comm->add_option("--compress", o->compress, "none | fp16 (default none)");
+  comm->add_flag("--json", o->json, "print one JSON object instead of a table");
+  auto* server = bench->add_subcommand("comm-server", "")->group("");  // hidden: started by bench comm
+  server->add_option("--mode", o->mode)->required();
+  server->add_option("--size", o->size);
+  server->add_option("--compress", o->compress);
+  return {[comm, server] { return comm->parsed() || server->parsed(); },
+          [o, comm]() -> int {
+            if (comm->parsed()) return run_comm(*o);
+            std::signal(SIGTERM, on_term);
+            return o->mode == "raw" ? serve_raw() : serve_shard(*o);
+          }};
+}
+
+}  // namespace asgd::cli
