@@ -77,6 +77,7 @@ struct ShardStats {
   std::uint64_t updates_discarded = 0;
   std::uint64_t rejected = 0;                 ///< malformed pushes
   std::uint64_t malformed_frames = 0;         ///< frames its process dropped unread (bad length, checksum, ...)
+  std::uint64_t duplicate_requests = 0;       ///< requests delivered twice, served once
   std::vector<std::uint64_t> staleness_histogram;  ///< [s] = applications with staleness s
 };
 
@@ -100,7 +101,7 @@ typename Inspector::result_type inspect(Inspector& f, EpochReport& x) {
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ShardStats& x) {
-  return f(caf::meta::type_name("ShardStats"), x.shard, x.updates_applied, x.commits, x.updates_discarded, x.rejected, x.malformed_frames,
+  return f(caf::meta::type_name("ShardStats"), x.shard, x.updates_applied, x.commits, x.updates_discarded, x.rejected, x.malformed_frames, x.duplicate_requests,
            x.staleness_histogram);
 }
 

@@ -2,6 +2,9 @@
 
 #include <spdlog/spdlog.h>
 
+#include <deque>
+#include <set>
+
 namespace asgd::messaging {
 
 Result<std::shared_ptr<Bridge>> Bridge::start(BridgeOptions options, Handler handler,
@@ -266,17 +269,57 @@ caf::behavior remote_shard(caf::event_based_actor* self, std::shared_ptr<Bridge>
   };
 }
 
+namespace {
+
+// Request ids a shard server has seen from each peer, so a frame the
+// network delivered twice is applied once. Ids from one peer grow, but may
+// arrive out of order: remember a window of the latest.
+class SeenRequests {
+ public:
+  /// True the first time (peer, id) is seen.
+  bool first(const PeerId& peer, std::uint64_t id) {
+    auto& w = peers_[peer];
+    if (!w.ids.insert(id).second) return false;
+    w.order.push_back(id);
+    if (w.order.size() > kWindow) {
+      w.ids.erase(w.order.front());
+      w.order.pop_front();
+    }
+    return true;
+  }
+  std::uint64_t duplicates = 0;
+
+ private:
+  static constexpr std::size_t kWindow = 4096;
+  struct Window {
+    std::set<std::uint64_t> ids;
+    std::deque<std::uint64_t> order;
+  };
+  std::map<PeerId, Window> peers_;
+};
+
+}  // namespace
+
 caf::behavior shard_server(caf::event_based_actor* self, std::shared_ptr<Bridge> bridge, caf::actor shard) {
+  auto seen = std::make_shared<SeenRequests>();
+  auto fresh = [seen, bridge](const PeerId& peer, std::uint64_t id) {
+    if (seen->first(peer, id)) return true;
+    if (++seen->duplicates == 1)
+      spdlog::warn("{}: ignored a request {} delivered twice; further duplicates are counted", bridge->name(), peer);
+    return false;
+  };
   auto answer = [bridge](const PeerId& peer, std::uint64_t id, ShardReply& r) {
     std::vector<float> params = std::move(r.params);
     bridge->send(peer, encode(r, id, std::move(params), bridge->coding()));
   };
   return {
-      [self, shard, answer](inbound_atom, const PeerId& peer, std::uint64_t id, PushRequest& req) {
+      [self, shard, answer, fresh](inbound_atom, const PeerId& peer, std::uint64_t id, PushRequest& req) {
+        if (!fresh(peer, id)) return;  // applying a gradient twice would be wrong
         self->request(shard, caf::infinite, push_atom::value, std::move(req))
             .then([answer, peer, id](ShardReply& r) { answer(peer, id, r); }, [](caf::error&) {});
       },
-      [self, shard, answer](inbound_atom, const PeerId& peer, std::uint64_t id, const PullRequest& req) {
+      [self, shard, answer, fresh](inbound_atom, const PeerId& peer, std::uint64_t id, const PullRequest& req) {
+        if (!fresh(peer, id)) return;
         self->request(shard, caf::infinite, pull_atom::value, req)
             .then([answer, peer, id](ShardReply& r) { answer(peer, id, r); }, [](caf::error&) {});
       },
@@ -284,11 +327,12 @@ caf::behavior shard_server(caf::event_based_actor* self, std::shared_ptr<Bridge>
         self->request(shard, caf::infinite, snapshot_atom::value)
             .then([answer, peer, id](ShardReply& r) { answer(peer, id, r); }, [](caf::error&) {});
       },
-      [self, shard, bridge](inbound_atom, const PeerId& peer, std::uint64_t id, stats_atom) {
+      [self, shard, bridge, seen](inbound_atom, const PeerId& peer, std::uint64_t id, stats_atom) {
         self->request(shard, caf::infinite, stats_atom::value)
             .then(
-                [bridge, peer, id](ShardStats& s) {
+                [bridge, peer, id, seen](ShardStats& s) {
                   s.malformed_frames = bridge->stats().rejected;
+                  s.duplicate_requests = seen->duplicates;
                   bridge->send(peer, encode(s, id));
                 },
                 [](caf::error&) {});

@@ -256,7 +256,7 @@ void serialize_fields(A& ar, EpochReport& x) {
 }
 template <class A>
 void serialize_fields(A& ar, ShardStats& x) {
-  ar(x.shard, x.updates_applied, x.commits, x.updates_discarded, x.rejected, x.malformed_frames,
+  ar(x.shard, x.updates_applied, x.commits, x.updates_discarded, x.rejected, x.malformed_frames, x.duplicate_requests,
      bounded(x.staleness_histogram, kMaxList));
 }
 
