@@ -167,7 +167,7 @@ void Bridge::handle(Incoming&& in) {
     if (type == MsgType::parameters) {
       ShardReply r;
       e = decode(f, r);
-      if (e == FrameError::none) e = decode_tensor(f, r.params);
+      if (e == FrameError::none) e = decode_tensor(f, r.params, std::nullopt, pool_.get());
       if (e == FrameError::none && to) caf::anon_send(to, reply_atom::value, id, std::move(r));
     } else {
       ShardStats s;
@@ -189,7 +189,7 @@ void Bridge::handle(Incoming&& in) {
     case MsgType::push: {
       PushRequest req;
       e = decode(f, req);
-      if (e == FrameError::none) e = decode_tensor(f, req.payload);
+      if (e == FrameError::none) e = decode_tensor(f, req.payload, std::nullopt, pool_.get());
       if (e == FrameError::none) ib.body = std::move(req);
       break;
     }
@@ -233,7 +233,7 @@ caf::behavior remote_shard(caf::event_based_actor* self, std::shared_ptr<Bridge>
       [bridge, ask](push_atom, PushRequest& req) -> caf::result<ShardReply> {
         const auto id = bridge->next_id();
         std::vector<float> payload = std::move(req.payload);
-        ask(id, encode(req, id, std::move(payload), bridge->coding()));
+        ask(id, encode(req, id, std::move(payload), bridge->coding(), bridge->pool()));
         return caf::delegated<ShardReply>();
       },
       [bridge, ask](pull_atom, const PullRequest& req) -> caf::result<ShardReply> {
@@ -310,7 +310,7 @@ caf::behavior shard_server(caf::event_based_actor* self, std::shared_ptr<Bridge>
   };
   auto answer = [bridge](const PeerId& peer, std::uint64_t id, ShardReply& r) {
     std::vector<float> params = std::move(r.params);
-    bridge->send(peer, encode(r, id, std::move(params), bridge->coding()));
+    bridge->send(peer, encode(r, id, std::move(params), bridge->coding(), bridge->pool()));
   };
   return {
       [self, shard, answer, fresh](inbound_atom, const PeerId& peer, std::uint64_t id, PushRequest& req) {

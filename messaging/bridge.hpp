@@ -77,6 +77,8 @@ class Bridge {
   /// assignment). Thread-safe.
   void set_coding(TensorCoding c) { coding_ = c; }
   const std::string& name() const { return options_.name; }
+  /// Buffers for big tensors, recycled between frames.
+  const std::shared_ptr<TensorPool>& pool() const { return pool_; }
 
   /// Connects to a peer's endpoint (on the I/O thread; waits for it).
   Result<PeerId> connect(const std::string& endpoint);
@@ -111,6 +113,7 @@ class Bridge {
   std::atomic<bool> stopping_{false};
   std::atomic<std::uint64_t> next_id_{0};
   std::atomic<TensorCoding> coding_{TensorCoding::float32};
+  std::shared_ptr<TensorPool> pool_ = std::make_shared<TensorPool>();
 
   mutable std::mutex mu_;  // guards everything below
   struct Outgoing {

@@ -82,21 +82,58 @@ FrameError deserialize_body(std::span<const std::byte> body,
   return buf.left() == 0 ? FrameError::none : FrameError::bad_body;
 }
 
-Part tensor_part(std::vector<float>&& tensor, TensorCoding coding) {
+std::vector<float> TensorPool::take(std::size_t n) {
+  if (n >= kMinFloats) {
+    std::lock_guard lock(mu_);
+    for (auto it = free_.begin(); it != free_.end(); ++it) {
+      if (it->size() == n) {
+        std::vector<float> v = std::move(*it);
+        free_.erase(it);
+        return v;
+      }
+    }
+  }
+  return std::vector<float>(n);
+}
+
+void TensorPool::give(std::vector<float>&& v) {
+  if (v.size() < kMinFloats) return;
+  std::lock_guard lock(mu_);
+  if (free_.size() < kMaxFree) free_.push_back(std::move(v));
+}
+
+Part tensor_part(std::vector<float>&& tensor, TensorCoding coding, std::shared_ptr<TensorPool> pool) {
   if (tensor.empty()) return {};
+  if (coding == TensorCoding::float32 && pool) {
+    // The vector goes back to the pool when ZeroMQ lets go of it.
+    auto* raw = new std::vector<float>(std::move(tensor));
+    std::shared_ptr<std::vector<float>> holder(raw, [pool](std::vector<float>* v) {
+      pool->give(std::move(*v));
+      delete v;
+    });
+    Part p;
+    p.bytes = std::as_bytes(std::span<const float>(*holder));
+    p.owner = std::move(holder);
+    return p;
+  }
   if (coding == TensorCoding::float32) return Part::take(std::move(tensor));
   std::vector<std::uint16_t> half(tensor.size());
   to_half(tensor, half);
   return Part::take(std::move(half));
 }
 
-FrameError decode_tensor(const Frame& frame, std::vector<float>& out, std::optional<std::size_t> expected) {
+FrameError decode_tensor(const Frame& frame, std::vector<float>& out, std::optional<std::size_t> expected,
+                         TensorPool* pool) {
   const bool fp16 = frame.header.flags & kFlagFp16;
   const std::size_t width = fp16 ? 2 : 4;
   if (frame.tensor.size() % width != 0) return FrameError::bad_body;
   const std::size_t n = frame.tensor.size() / width;
   if (expected && n != *expected) return FrameError::bad_body;
-  out.resize(n);
+  if (pool && out.empty()) {
+    out = pool->take(n);
+  } else {
+    out.resize(n);
+  }
   std::uint32_t crc = 0;
   if (fp16) {
     // The part's bytes need not be 2-byte aligned: copy (and check) blocks

@@ -15,6 +15,8 @@
 #include <cereal/types/common.hpp>
 
 #include <functional>
+#include <memory>
+#include <mutex>
 #include <optional>
 
 #include <cstdint>
@@ -283,34 +285,55 @@ void archive_message(A& ar, M& m) {
 /// How a tensor travels.
 enum class TensorCoding { float32, float16 };
 
+/// Recycles large tensor buffers: a vector sent in one frame comes back
+/// (once ZeroMQ is done with it) to receive the next. Without it every
+/// frame of a big tensor costs a fresh allocation, which for tens of MB
+/// means mapping and zeroing new pages. Thread-safe.
+class TensorPool {
+ public:
+  /// A vector of n floats, recycled when one of that size is free
+  /// (contents unspecified), else new.
+  std::vector<float> take(std::size_t n);
+  void give(std::vector<float>&& v);
+
+ private:
+  static constexpr std::size_t kMinFloats = 16 * 1024;  ///< smaller ones are cheap to allocate
+  static constexpr std::size_t kMaxFree = 8;
+  std::mutex mu_;
+  std::vector<std::vector<float>> free_;
+};
+
 /// Serializes `msg` into a frame. `tensor` (moved in) becomes the tensor
 /// part: as it is for float32 (no copy), converted for float16.
 template <class M>
 Message encode(const M& msg, std::uint64_t request_id, std::vector<float> tensor = {},
-               TensorCoding coding = TensorCoding::float32);
+               TensorCoding coding = TensorCoding::float32, std::shared_ptr<TensorPool> pool = nullptr);
 
 /// Decodes a checked frame's body into `out`. bad_body when the fields do
 /// not decode exactly (truncated, a bound exceeded, bytes left over).
 template <class M>
 FrameError decode(const Frame& frame, M& out);
 
-/// Decodes the frame's tensor into `out` (reusing its capacity); bad_body
-/// when its length is not a whole number of values or not `expected`
-/// values (when given).
-FrameError decode_tensor(const Frame& frame, std::vector<float>& out, std::optional<std::size_t> expected = {});
+/// Decodes the frame's tensor into `out` (an empty `out` is taken from
+/// `pool` when given), checking its CRC in the same pass; bad_body when its
+/// length is not a whole number of values or not `expected` values (when
+/// given), bad_checksum when it was damaged.
+FrameError decode_tensor(const Frame& frame, std::vector<float>& out, std::optional<std::size_t> expected = {},
+                         TensorPool* pool = nullptr);
 
 // Implementation details of the templates.
 std::vector<std::byte> serialize_body(const std::function<void(cereal::PortableBinaryOutputArchive&)>& write);
 FrameError deserialize_body(std::span<const std::byte> body,
                             const std::function<void(cereal::PortableBinaryInputArchive&)>& read);
-Part tensor_part(std::vector<float>&& tensor, TensorCoding coding);
+Part tensor_part(std::vector<float>&& tensor, TensorCoding coding, std::shared_ptr<TensorPool> pool);
 
 template <class M>
-Message encode(const M& msg, std::uint64_t request_id, std::vector<float> tensor, TensorCoding coding) {
+Message encode(const M& msg, std::uint64_t request_id, std::vector<float> tensor, TensorCoding coding,
+               std::shared_ptr<TensorPool> pool) {
   auto body = serialize_body([&](cereal::PortableBinaryOutputArchive& ar) { archive_message(ar, const_cast<M&>(msg)); });
   const std::uint16_t flags = coding == TensorCoding::float16 && !tensor.empty() ? kFlagFp16 : 0;
   return build_frame(static_cast<std::uint16_t>(type_of<M>()), flags, request_id, body,
-                     tensor_part(std::move(tensor), coding));
+                     tensor_part(std::move(tensor), coding, std::move(pool)));
 }
 
 template <class M>
