@@ -221,29 +221,22 @@ int run_cluster(const JobOptions& jo, const ProcessFlags& pf) {
     for (auto& c : children) reap(c, false);
     if (!started && !endpoint.empty()) {
       started = true;
-      for (std::uint32_t i = 0; i < config.shards; ++i) {
-        auto c = spawn_self("shard " + std::to_string(i),
-                            {"shard", "--coordinator", endpoint, "--index", std::to_string(i), "--join-timeout",
-                             std::to_string(pf.join_timeout_s),
-                             "--log-level", jo.log.log_level});
-        if (!c) {
-          print_error(c.status().message());
-          stop_all(SIGTERM);
-          break;
+      // Shards first: workers connect to them once the coordinator assigns.
+      bool ok = true;
+      for (const auto& [role, count] : {std::pair<std::string, std::uint32_t>{"shard", config.shards},
+                                        std::pair<std::string, std::uint32_t>{"worker", config.workers}}) {
+        for (std::uint32_t i = 0; ok && i < count; ++i) {
+          auto c = spawn_self(role + " " + std::to_string(i),
+                              {role, "--coordinator", endpoint, "--index", std::to_string(i), "--join-timeout",
+                               std::to_string(pf.join_timeout_s), "--log-level", jo.log.log_level});
+          if (!c) {
+            print_error(c.status().message());
+            stop_all(SIGTERM);
+            ok = false;
+            break;
+          }
+          children.push_back(std::move(c).value());
         }
-        children.push_back(std::move(c).value());
-      }
-      for (std::uint32_t i = 0; i < config.workers; ++i) {
-        auto c = spawn_self("worker " + std::to_string(i),
-                            {"worker", "--coordinator", endpoint, "--index", std::to_string(i), "--join-timeout",
-                             std::to_string(pf.join_timeout_s),
-                             "--log-level", jo.log.log_level});
-        if (!c) {
-          print_error(c.status().message());
-          stop_all(SIGTERM);
-          break;
-        }
-        children.push_back(std::move(c).value());
       }
     }
     if (!started && (children[0].exited || std::chrono::steady_clock::now() > deadline)) {
