@@ -109,8 +109,11 @@ void Bridge::run() {
         blocked = true;
         break;
       }
-      if (!sent) spdlog::warn("{}: a frame to {} was not sent: {}", options_.name, backlog.front().peer,
-                              sent.status().message());
+      if (!sent) {
+        // While stopping, peers that left first are expected.
+        spdlog::log(stopping_ ? spdlog::level::debug : spdlog::level::warn, "{}: a frame to {} was not sent: {}",
+                    options_.name, backlog.front().peer, sent.status().message());
+      }
       backlog.pop_front();
       std::lock_guard lock(mu_);
       ++stats_.frames_out;

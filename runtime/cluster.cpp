@@ -320,7 +320,9 @@ Status serve_until_shutdown(Joined& j, const std::string& name, std::stop_token 
     if (std::holds_alternative<Shutdown>(in->body)) return {};
     if (Status s = on_message(*in); !s.ok()) return s;
   }
-  return Status::Cancelled(name + ": stopped");
+  // Told to stop (SIGINT, SIGTERM): a clean end for a shard or worker.
+  spdlog::info("{}: stopped", name);
+  return {};
 }
 
 }  // namespace

@@ -43,11 +43,13 @@ Result<JobSummary> run_coordinator_process(const JobConfig& config, const Proces
                                            const JobCallbacks& callbacks, std::stop_token stop,
                                            const std::function<void(const std::string&)>& on_listening);
 
-/// A shard process: runs until the coordinator says stop. Errors: timeout
-/// (no assignment, or the coordinator went silent), io_error, internal.
+/// A shard process: runs until the coordinator says stop, or `stop` is
+/// requested (both a clean end). Errors: timeout (no assignment, or the
+/// coordinator went silent), io_error, internal.
 Status run_shard_process(const ProcessOptions& options, std::stop_token stop);
 
-/// A worker process: trains its share, then waits for the coordinator's stop.
+/// A worker process: trains its share, then waits for the coordinator's
+/// stop (or `stop`). Errors as run_shard_process.
 Status run_worker_process(const ProcessOptions& options, std::stop_token stop);
 
 /// Checks a job for running across processes.
