@@ -106,7 +106,7 @@ caf::behavior remote_worker(caf::event_based_actor* self, caf::timespan silence_
 // Where the coordinator process's bridge hands what it receives.
 struct CoordinatorRouter {
   std::mutex mu;
-  std::shared_ptr<Bridge> bridge;
+  std::weak_ptr<Bridge> bridge;  // weak: the bridge's handler holds this router
   caf::actor coordinator;
   std::map<PeerId, caf::actor> workers;                 // worker process -> its remote_worker
   std::map<PeerId, std::promise<void>> shard_ready;     // shard process -> its first heartbeat
@@ -131,7 +131,7 @@ struct CoordinatorRouter {
               shard_ready.erase(s);
             }
             // Echo it: the process learns the coordinator is alive.
-            if (bridge) bridge->send(in.peer, encode(Heartbeat{Role::coordinator, 0, m.sequence}, in.request_id));
+            if (auto b = bridge.lock()) b->send(in.peer, encode(Heartbeat{Role::coordinator, 0, m.sequence}, in.request_id));
           } else if constexpr (std::is_same_v<T, ClockNotice>) {
             if (auto w = workers.find(in.peer); w != workers.end() && m.leaving) caf::anon_send(w->second, done_atom::value);
           }
