@@ -332,9 +332,9 @@ namespace {
 void start_training(Self self) {
   auto& st = self->state;
   const JobConfig& cfg = st.setup.config;
-  st.train_start = SteadyClock::now();
-  st.last_epoch_end = st.train_start;
   if (st.setup.remote) {  // each worker process feeds its own worker
+    st.train_start = SteadyClock::now();
+    st.last_epoch_end = st.train_start;
     for (std::uint32_t w = 0; w < cfg.workers; ++w)
       st.setup.remote->start_worker(w, st.shares[w], st.stragglers[w], st.schedule_steps);
     if (cfg.eval_every_s > 0) self->delayed_send(self, eval_period(cfg), eval_atom::value);

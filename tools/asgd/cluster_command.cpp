@@ -49,6 +49,16 @@ void add_process_flags(CLI::App* cmd, ProcessFlags& f, bool listens, bool needs_
     cmd->add_option("--index", f.index, "ask for this index (default: the first free one)")->type_name("K");
 }
 
+ProcessOptions process_options(const ProcessFlags& pf) {
+  ProcessOptions po;
+  po.coordinator = pf.coordinator;
+  po.listen = pf.listen;
+  po.join_timeout_s = pf.join_timeout_s;
+  po.data_dir = pf.data_dir;
+  if (pf.index >= 0) po.index = static_cast<std::uint32_t>(pf.index);
+  return po;
+}
+
 int run_coordinator(const JobOptions& jo, const ProcessFlags& pf) {
   JobConfig config;
   if (auto code = load_job(jo, config)) return *code;
@@ -57,9 +67,7 @@ int run_coordinator(const JobOptions& jo, const ProcessFlags& pf) {
     return kExitUsage;
   }
   Interrupts interrupts;
-  ProcessOptions po;
-  po.listen = pf.listen;
-  po.join_timeout_s = pf.join_timeout_s;
+  ProcessOptions po = process_options(pf);
   po.shards = config.shards;
   po.workers = config.workers;
   auto result = run_coordinator_process(config, po, progress_callbacks(config), interrupts.token(),
@@ -77,12 +85,7 @@ int run_role(const ProcessFlags& pf, bool shard) {
     return kExitUsage;
   }
   Interrupts interrupts;
-  ProcessOptions po;
-  po.coordinator = pf.coordinator;
-  po.listen = pf.listen;
-  po.join_timeout_s = pf.join_timeout_s;
-  po.data_dir = pf.data_dir;
-  if (pf.index >= 0) po.index = static_cast<std::uint32_t>(pf.index);
+  const ProcessOptions po = process_options(pf);
   Status s = shard ? run_shard_process(po, interrupts.token()) : run_worker_process(po, interrupts.token());
   if (!s.ok()) {
     print_error(s.to_string());
