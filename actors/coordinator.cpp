@@ -21,10 +21,6 @@ double seconds_between(SteadyClock::time_point a, SteadyClock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
-caf::timespan rpc_timeout(const JobConfig& c) {
-  return std::chrono::duration_cast<caf::timespan>(std::chrono::duration<double>(c.rpc_timeout_s));
-}
-
 caf::timespan eval_period(const JobConfig& c) {
   return std::chrono::duration_cast<caf::timespan>(std::chrono::duration<double>(c.eval_every_s));
 }
@@ -196,6 +192,21 @@ void maybe_evaluate(Self self) {
 }
 
 }  // namespace
+
+caf::timespan rpc_timeout(const JobConfig& c) {
+  return std::chrono::duration_cast<caf::timespan>(std::chrono::duration<double>(c.rpc_timeout_s));
+}
+
+OptimizerConfig optimizer_config(const JobConfig& c) {
+  return {c.optimizer, static_cast<float>(c.lr), static_cast<float>(c.momentum), static_cast<float>(c.weight_decay)};
+}
+
+LrSchedule lr_schedule(const JobConfig& c, std::uint64_t total_steps) {
+  LrSchedule s;
+  LrSchedule::parse(c.lr_schedule, s.kind);
+  s.total_steps = total_steps;
+  return s;
+}
 
 PolicyConfig policy_config(const JobConfig& c) {
   PolicyConfig p;
@@ -423,13 +434,10 @@ caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self, Coordinat
     st.shared = std::make_shared<SharedParameters>(std::vector<float>(params.begin(), params.end()), cfg.workers);
   }
 
-  const OptimizerConfig optimizer{cfg.optimizer, static_cast<float>(cfg.lr), static_cast<float>(cfg.momentum),
-                                  static_cast<float>(cfg.weight_decay)};
-  LrSchedule schedule;
-  LrSchedule::parse(cfg.lr_schedule, schedule.kind);  // validated by run_job
+  const OptimizerConfig optimizer = optimizer_config(cfg);
   // By clock: equal shares give the length; weights aim at the same number
   // of steps per epoch, so auto weights leave it (within a step) unchanged.
-  schedule.total_steps = planned_clocks(st.shares, cfg.epochs);
+  const LrSchedule schedule = lr_schedule(cfg, planned_clocks(st.shares, cfg.epochs));
   st.schedule_steps = schedule.total_steps;
   for (std::uint32_t i = 0; i < cfg.shards; ++i) {
     const KeyRange r = st.ranges[i];

@@ -53,6 +53,13 @@ struct CoordinatorSetup {
 
 /// The policy settings a job's configuration gives.
 PolicyConfig policy_config(const JobConfig& config);
+/// The optimizer settings a job's configuration gives (shard and local).
+OptimizerConfig optimizer_config(const JobConfig& config);
+/// The job's learning-rate schedule over `total_steps` clocks (the kind
+/// was validated by validate()).
+LrSchedule lr_schedule(const JobConfig& config, std::uint64_t total_steps);
+/// The job's --rpc-timeout as a CAF duration.
+caf::timespan rpc_timeout(const JobConfig& config);
 
 /// Per-worker weights from --worker-weights "W0,W1,..." (empty: all 1).
 /// Errors: invalid_argument unless there is one positive number per worker.

@@ -46,15 +46,12 @@ Result<double> plain_loop(const JobConfig& c, const std::shared_ptr<const data::
   auto model = Model::build(c.model, {train.channels, train.rows, train.cols}, data->num_classes);
   if (!model) return model.status();
   model->init_params(c.seed);
-  auto opt = make_optimizer({c.optimizer, static_cast<float>(c.lr), static_cast<float>(c.momentum),
-                             static_cast<float>(c.weight_decay)},
-                            model->num_params());
+  auto opt = make_optimizer(optimizer_config(c), model->num_params());
   if (!opt) return opt.status();
   BatchSource source({data, data::partition_for(train.count, 0, 1), 1, c.batch, 1, c.seed, 1});
   // The same schedule the shard applies, so both sides run the same kernels.
-  LrSchedule schedule;
-  LrSchedule::parse(c.lr_schedule, schedule.kind);
-  schedule.total_steps = planned_clocks(assign_shares(train.count, c.batch, std::vector<double>(c.workers, 1.0)), c.epochs);
+  const LrSchedule schedule =
+      lr_schedule(c, planned_clocks(assign_shares(train.count, c.batch, std::vector<double>(c.workers, 1.0)), c.epochs));
   std::uint64_t step = 0;
   std::size_t samples = 0;
   const auto t0 = std::chrono::steady_clock::now();

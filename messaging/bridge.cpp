@@ -62,12 +62,11 @@ void Bridge::send(const PeerId& peer, Message message) {
 
 void Bridge::request(const PeerId& peer, std::uint64_t id, Message message, caf::actor reply_to) {
   {
+    // Registered before the frame is queued, so the reply always finds it.
     std::lock_guard lock(mu_);
     pending_[id] = std::move(reply_to);
-    for (const auto& p : message) stats_.bytes_out += p.bytes.size();
-    outbox_.push_back({peer, std::move(message)});
   }
-  transport_->wake();
+  send(peer, std::move(message));
 }
 
 BridgeStats Bridge::stats() const {

@@ -193,8 +193,7 @@ class ClusterPlacement final : public RemotePlacement {
   }
 
   Result<caf::actor> place_worker(caf::local_actor* self, std::uint32_t w) override {
-    auto proxy = self->spawn(remote_worker, std::chrono::duration_cast<caf::timespan>(
-                                                std::chrono::duration<double>(config_.rpc_timeout_s)));
+    auto proxy = self->spawn(remote_worker, rpc_timeout(config_));
     std::lock_guard lock(router_->mu);
     router_->workers[workers_.at(w).peer] = proxy;
     return proxy;
@@ -454,11 +453,9 @@ Status run_shard_process(const ProcessOptions& o, std::stop_token stop) {
   ss.index = a.index;
   ss.range = {a.range_begin, a.range_end};
   ss.initial = std::move(j.tensor);
-  ss.optimizer = {j.config.optimizer, static_cast<float>(j.config.lr), static_cast<float>(j.config.momentum),
-                  static_cast<float>(j.config.weight_decay)};
+  ss.optimizer = optimizer_config(j.config);
   ss.policy = policy_config(j.config);
-  LrSchedule::parse(j.config.lr_schedule, ss.schedule.kind);
-  ss.schedule.total_steps = a.schedule_steps;
+  ss.schedule = lr_schedule(j.config, a.schedule_steps);
   ss.workers = a.workers;
   ss.staleness_aware_lr = j.config.staleness_aware_lr;
   auto core = ShardCore::make(std::move(ss));
@@ -532,11 +529,9 @@ Status run_worker_process(const ProcessOptions& o, std::stop_token stop) {
   ws.feeder = feeder;
   ws.coordinator = system.spawn(remote_coordinator, j.bridge, j.coordinator);
   ws.policy = policy_config(cfg);
-  ws.rpc_timeout = std::chrono::duration_cast<caf::timespan>(std::chrono::duration<double>(cfg.rpc_timeout_s));
-  ws.optimizer = {cfg.optimizer, static_cast<float>(cfg.lr), static_cast<float>(cfg.momentum),
-                  static_cast<float>(cfg.weight_decay)};
-  LrSchedule::parse(cfg.lr_schedule, ws.schedule.kind);
-  ws.schedule.total_steps = a.schedule_steps;
+  ws.rpc_timeout = rpc_timeout(cfg);
+  ws.optimizer = optimizer_config(cfg);
+  ws.schedule = lr_schedule(cfg, a.schedule_steps);
   ws.straggler_factor = a.straggler;
   auto worker_actor = system.spawn(worker, std::move(ws));
   // Tells the coordinator when the worker has finished (a failure it
