@@ -14,14 +14,22 @@
 namespace asgd {
 
 /// How a parameter tensor is initialised.
-enum class Init { zeros, he_uniform };
+enum class Init { zeros, ones, he_uniform };
 
 /// One parameter tensor a layer needs; the model lays them out back to back.
 struct ParamSpec {
-  std::string name;      // "weight", "bias"
+  std::string name;      // "weight", "bias"; nested layers prefix theirs ("main.0.weight")
   Shape shape;
   Init init = Init::zeros;
   std::size_t fan_in = 0;
+};
+
+/// State a layer keeps that is not trained by gradients (BatchNorm's running
+/// statistics): it is never pushed to shards; exports name it like PyTorch's
+/// module buffers ("running_mean").
+struct LayerBuffer {
+  std::string name;
+  std::span<float> values;
 };
 
 /// A differentiable function of one input. Not thread-safe: one instance per
@@ -43,6 +51,20 @@ class Layer {
   /// Points the layer at its parameters and their gradients: contiguous
   /// slices, in param_specs() order, that outlive the layer's use.
   virtual void bind(std::span<float> /*params*/, std::span<float> /*grads*/) {}
+
+  /// Training mode (the default) uses batch statistics and drops units;
+  /// inference mode uses running statistics and drops nothing.
+  virtual void set_training(bool /*training*/) {}
+
+  /// Non-trained state, in a fixed order (empty for most layers).
+  virtual std::vector<LayerBuffer> buffers() { return {}; }
+
+  /// Layers nested inside this one (a residual block's paths), for walks
+  /// over the whole model; empty for plain layers.
+  virtual std::vector<Layer*> children() { return {}; }
+
+  /// Reseeds any randomness the layer draws (Dropout's masks).
+  virtual void reseed(std::uint64_t /*seed*/) {}
 
   /// y = f(x). x is (B, input...), y is resized to (B, output...).
   virtual void forward(ConstTensorView x, Tensor& y) = 0;

@@ -13,6 +13,7 @@ const char* to_string(StatusCode code) {
     case StatusCode::cancelled: return "cancelled";
     case StatusCode::diverged: return "training diverged";
     case StatusCode::internal: return "internal error";
+    case StatusCode::unavailable: return "unavailable";
   }
   return "unknown";
 }

@@ -21,6 +21,7 @@ enum class StatusCode {
   cancelled,         ///< The user or the runtime stopped the work.
   diverged,          ///< Training produced NaN or infinite losses and was stopped.
   internal,          ///< A bug or an unexpected failure inside asgd.
+  unavailable,       ///< A resource this build or machine lacks (a GPU, the CUDA backend).
 };
 
 const char* to_string(StatusCode code);
@@ -39,6 +40,7 @@ class Status {
   static Status Cancelled(std::string msg) { return {StatusCode::cancelled, std::move(msg)}; }
   static Status Diverged(std::string msg) { return {StatusCode::diverged, std::move(msg)}; }
   static Status Internal(std::string msg) { return {StatusCode::internal, std::move(msg)}; }
+  static Status Unavailable(std::string msg) { return {StatusCode::unavailable, std::move(msg)}; }
 
   bool ok() const { return code_ == StatusCode::ok; }
   StatusCode code() const { return code_; }
