@@ -102,6 +102,22 @@ JobSummary make_summary(const CoordinatorState& c, const EvalResult& test, const
   return sum;
 }
 
+// The shards' parameters were never in a model that ran forward, so any
+// BatchNorm running statistics the coordinator's model holds belong to
+// other parameters: recompute them on a fixed slice of the training split
+// (never the split being scored) before evaluating.
+constexpr std::size_t kRecalibrationSamples = 2048;
+
+EvalResult evaluate_on(CoordinatorState& st, const data::LabeledImages& split) {
+  if (st.model->has_batchnorm()) {
+    const auto& train = st.setup.data->train;
+    const std::size_t per_sample = train.pixels.size() / std::max<std::size_t>(train.labels.size(), 1);
+    const std::size_t n = std::min(kRecalibrationSamples, train.labels.size());
+    st.model->recalibrate_batchnorm(std::span<const float>(train.pixels).first(n * per_sample));
+  }
+  return st.model->evaluate(split.pixels, split.labels);
+}
+
 // Once the last epoch is evaluated and every worker has stopped (so every
 // last push has reached its shard): the final parameters, the test
 // accuracy, the shards' statistics, the outcome; then stop.
@@ -112,8 +128,7 @@ void finish(Self self) {
   snapshot(self, [self] {
     auto& c = self->state;
     if (c.setup.on_final_params) c.setup.on_final_params(c.model->params());
-    const auto& test = c.setup.data->test;
-    const EvalResult result = c.model->evaluate(test.pixels, test.labels);
+    const EvalResult result = evaluate_on(c, c.setup.data->test);
     auto stats = std::make_shared<std::vector<ShardStats>>();
     for (std::size_t i = 0; i < c.shards.size(); ++i) {
       self->request(c.shards[i], rpc_timeout(c.setup.config), stats_atom::value)
@@ -163,8 +178,7 @@ void maybe_evaluate(Self self) {
     const std::uint64_t e = s.to_evaluate.front();
     s.to_evaluate.pop_front();
     const auto& agg = s.epochs.at(e);
-    const auto& val = s.setup.data->validation;
-    const EvalResult r = s.model->evaluate(val.pixels, val.labels);
+    const EvalResult r = evaluate_on(s, s.setup.data->validation);
     EpochMetrics m;
     m.epoch = static_cast<std::uint32_t>(e + 1);
     m.wall_s = agg.end_s;
@@ -479,6 +493,8 @@ caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self, Coordinat
     WorkerSetup ws;
     ws.id = w;
     ws.model = cfg.model;
+    ws.device = cfg.device;
+  ws.device = cfg.device;
     ws.sample_shape = sample_shape;
     ws.classes = st.setup.data->num_classes;
     ws.shards = st.shards;
@@ -578,8 +594,7 @@ caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self, Coordinat
         const double taken_s = seconds_between(s.train_start, SteadyClock::now());
         snapshot(self, [self, taken_s] {
           auto& c = self->state;
-          const auto& val = c.setup.data->validation;
-          const EvalResult r = c.model->evaluate(val.pixels, val.labels);
+          const EvalResult r = evaluate_on(c, c.setup.data->validation);
           note_accuracy(c, r.accuracy, taken_s);
           if (c.setup.on_eval) c.setup.on_eval({taken_s, r.accuracy});
           c.evaluating = false;

@@ -170,6 +170,7 @@ void request_batch(Self self) {
             auto& s = self->state;
             s.batch_requested = false;
             s.next_batch = std::move(batch);
+            s.model->prefetch(s.next_batch->x, s.next_batch->y);  // a GPU uploads it while we wait for shards
             try_step(self);
           },
           [self](caf::error& err) { fail(self, "no batch from the data feeder: " + self->system().render(err)); });
@@ -273,7 +274,14 @@ void try_step(Self self) {
   request_batch(self);  // the feeder prepares the next one while we compute
 
   const auto t0 = SteadyClock::now();
-  const float loss = st.model->compute_gradients(batch.x, batch.y);
+  float loss = 0.0f;
+  try {
+    loss = st.model->compute_gradients(batch.x, batch.y);
+  } catch (const std::exception& e) {  // a device failure (CUDA errors surface as exceptions)
+    fail(self, StatusCode::internal,
+         "worker " + std::to_string(st.setup.id) + " on " + st.model->device().str() + ": " + e.what());
+    return;
+  }
   const double compute_s = seconds_since(t0);
   st.report.compute_s += compute_s;
   st.report.samples += batch.size;
@@ -346,6 +354,13 @@ caf::behavior worker(caf::stateful_actor<WorkerState>* self, WorkerSetup setup) 
   }
   st.model.emplace(std::move(model).value());
   st.policy = std::move(policy).value();
+  auto device = Device::parse(st.setup.device);
+  const Status placed = device ? st.model->set_device(*device) : device.status();
+  if (!placed.ok()) {
+    fail(self, placed.code() == StatusCode::invalid_argument ? StatusCode::invalid_argument : StatusCode::internal,
+         "worker " + std::to_string(st.setup.id) + " cannot compute on " + st.setup.device + ": " + placed.message());
+    return {};
+  }
   if (st.policy->shares_parameters() && !st.setup.shared) {
     fail(self, StatusCode::invalid_argument,
          "policy " + st.policy->name() + " needs the parameter buffer every worker of this process shares; "

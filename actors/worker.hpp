@@ -39,6 +39,7 @@ namespace asgd {
 struct WorkerSetup {
   WorkerId id = 0;
   std::string model;
+  std::string device = "cpu";         ///< "cpu", "cuda" or "cuda:K": where this worker computes
   Shape sample_shape;                 ///< (C, H, W)
   std::size_t classes = 10;
   std::vector<caf::actor> shards;     ///< shards[i] owns ranges[i]

@@ -3,15 +3,44 @@
 #include <cassert>
 #include <cmath>
 
+#include "compute/conv_layers.hpp"
 #include "compute/denormals.hpp"
 #include "compute/random.hpp"
 
 namespace asgd {
 
 const std::vector<std::string>& known_models() {
-  static const std::vector<std::string> names = {"mlp"};
+  static const std::vector<std::string> names = {"mlp", "lenet", "resnet-mini"};
   return names;
 }
+
+namespace {
+
+using Layers = std::vector<std::unique_ptr<Layer>>;
+
+template <class... L>
+Layers sequence(std::unique_ptr<L>... layers) {
+  Layers out;
+  (out.push_back(std::move(layers)), ...);
+  return out;
+}
+
+// A ResNet basic block that changes width and halves H and W: the main path
+// is two 3x3 convolutions with BatchNorm, the shortcut a 1x1 projection.
+std::unique_ptr<Layer> downsampling_block(std::size_t in, std::size_t out) {
+  auto main = sequence(std::make_unique<Conv2D>(in, out, 3, 2, 1, false), std::make_unique<BatchNorm2D>(out),
+                       std::make_unique<ReLU>(), std::make_unique<Conv2D>(out, out, 3, 1, 1, false),
+                       std::make_unique<BatchNorm2D>(out));
+  auto shortcut = sequence(std::make_unique<Conv2D>(in, out, 1, 2, 0, false), std::make_unique<BatchNorm2D>(out));
+  return std::make_unique<Residual>(std::move(main), std::move(shortcut));
+}
+
+void collect_batchnorms(Layer& layer, std::vector<BatchNorm2D*>& out) {
+  if (auto* bn = dynamic_cast<BatchNorm2D*>(&layer)) out.push_back(bn);
+  for (Layer* child : layer.children()) collect_batchnorms(*child, out);
+}
+
+}  // namespace
 
 Model::~Model() = default;
 
@@ -19,16 +48,51 @@ Result<Model> Model::build(const std::string& name, const Shape& sample_shape, s
   Model m;
   m.name_ = name;
   m.sample_shape_ = sample_shape;
-  Shape shape = {numel(sample_shape)};  // Dense layers see the sample flattened
+  const bool image = sample_shape.size() == 3;
+  const std::size_t channels = image ? sample_shape[0] : 0;
+  const std::size_t side = image ? std::min(sample_shape[1], sample_shape[2]) : 0;
+  auto too_small = [&](std::size_t min_side) {
+    return Status::InvalidArgument("model '" + name + "' needs image samples (C, H, W) with H and W >= " +
+                                   std::to_string(min_side) + ", not " + shape_string(sample_shape));
+  };
   if (name == "mlp") {
+    Shape shape = {numel(sample_shape)};  // Dense layers see the sample flattened
     m.add(std::make_unique<Dense>(shape[0], 256), shape);
     m.add(std::make_unique<ReLU>(), shape);
     m.add(std::make_unique<Dense>(256, 128), shape);
     m.add(std::make_unique<ReLU>(), shape);
     m.add(std::make_unique<Dense>(128, classes), shape);
+  } else if (name == "lenet") {
+    if (side < 16) return too_small(16);
+    Shape shape = sample_shape;
+    m.add(std::make_unique<Conv2D>(channels, 16, 5), shape);
+    m.add(std::make_unique<ReLU>(), shape);
+    m.add(std::make_unique<MaxPool2D>(2), shape);
+    m.add(std::make_unique<Conv2D>(16, 32, 5), shape);
+    m.add(std::make_unique<ReLU>(), shape);
+    m.add(std::make_unique<MaxPool2D>(2), shape);
+    m.add(std::make_unique<Flatten>(), shape);
+    m.add(std::make_unique<Dense>(shape[0], 128), shape);
+    m.add(std::make_unique<ReLU>(), shape);
+    m.add(std::make_unique<Dense>(128, classes), shape);
+  } else if (name == "resnet-mini") {
+    if (side < 4) return too_small(4);
+    Shape shape = sample_shape;
+    m.add(std::make_unique<Conv2D>(channels, 16, 3, 1, 1, false), shape);
+    m.add(std::make_unique<BatchNorm2D>(16), shape);
+    m.add(std::make_unique<ReLU>(), shape);
+    m.add(downsampling_block(16, 32), shape);
+    m.add(std::make_unique<ReLU>(), shape);
+    m.add(downsampling_block(32, 64), shape);
+    m.add(std::make_unique<ReLU>(), shape);
+    m.add(std::make_unique<GlobalAvgPool>(), shape);
+    m.add(std::make_unique<Dense>(64, classes), shape);
   } else {
-    return Status::InvalidArgument("unknown model '" + name + "' (known: mlp)");
+    std::string known;
+    for (const auto& k : known_models()) known += (known.empty() ? "" : ", ") + k;
+    return Status::InvalidArgument("unknown model '" + name + "' (known: " + known + ")");
   }
+  m.classes_ = classes;
   m.finalize();
   return m;
 }
@@ -49,6 +113,7 @@ void Model::add(std::unique_ptr<Layer> layer, Shape& shape) {
 }
 
 void Model::finalize() {
+  for (const auto& layer : layers_) collect_batchnorms(*layer, batchnorms_);
   grads_.assign(params_.size(), 0.0f);
   bind_layers();
   acts_.resize(layers_.size());
@@ -93,13 +158,60 @@ void Model::init_params(std::uint64_t seed) {
         const float bound = std::sqrt(6.0f / static_cast<float>(spec.fan_in));
         for (std::size_t i = 0; i < e.size; ++i) p[i] = rng.uniform(-bound, bound);
       } else {
-        std::fill(p, p + e.size, 0.0f);
+        std::fill(p, p + e.size, spec.init == Init::ones ? 1.0f : 0.0f);
       }
     }
   }
+  for (std::size_t i = 0; i < layers_.size(); ++i) layers_[i]->reseed(mix_seed(seed, i, 0x5eed));
 }
 
-float Model::forward(std::span<const float> x, std::size_t batch, std::span<const std::int32_t> y) {
+Status Model::set_device(const Device& device) {
+  if (device.kind == Device::Kind::cpu) {
+    device_model_.reset();
+    device_ = device;
+    return {};
+  }
+  std::vector<Layer*> layers;
+  for (const auto& layer : layers_) layers.push_back(layer.get());
+  auto made = make_cuda_model(layers, sample_shape_, params_.size(), device.index);
+  if (!made) return made.status();
+  device_model_ = std::move(made).value();
+  device_ = device;
+  return {};
+}
+
+void Model::set_training(bool training) {
+  if (training == training_) return;
+  training_ = training;
+  for (const auto& layer : layers_) layer->set_training(training);
+}
+
+std::vector<LayerBuffer> Model::buffers() {
+  std::vector<LayerBuffer> out;
+  for (std::size_t i = 0; i < layers_.size(); ++i)
+    for (LayerBuffer& b : layers_[i]->buffers()) out.push_back({std::to_string(i) + "." + b.name, b.values});
+  return out;
+}
+
+void Model::prefetch(std::span<const float> x, std::span<const std::int32_t> y) {
+  if (device_model_) device_model_->prefetch(x, y);
+}
+
+void Model::recalibrate_batchnorm(std::span<const float> x, std::size_t chunk) {
+  if (batchnorms_.empty()) return;
+  const FlushDenormals flush;
+  chunk = std::max<std::size_t>(chunk, 1);
+  const std::size_t n = x.size() / sample_size();
+  set_training(true);
+  for (BatchNorm2D* bn : batchnorms_) bn->begin_recalibration();
+  for (std::size_t begin = 0; begin < n; begin += chunk) {
+    const std::size_t b = std::min(chunk, n - begin);
+    forward_layers(x.subspan(begin * sample_size(), b * sample_size()), b);
+  }
+  for (BatchNorm2D* bn : batchnorms_) bn->end_recalibration();
+}
+
+void Model::forward_layers(std::span<const float> x, std::size_t batch) {
   Shape in_shape = {batch};
   in_shape.insert(in_shape.end(), sample_shape_.begin(), sample_shape_.end());
   ConstTensorView in{x.data(), in_shape};
@@ -107,7 +219,17 @@ float Model::forward(std::span<const float> x, std::size_t batch, std::span<cons
     layers_[i]->forward(in, acts_[i]);
     in = ConstTensorView{acts_[i].data(), acts_[i].shape()};
   }
-  return loss_.forward(in, y);
+}
+
+float Model::forward(std::span<const float> x, std::size_t batch, std::span<const std::int32_t> y) {
+  if (device_model_) {  // the logits from the device, the loss on the host
+    logits_.resize({batch, classes_});
+    device_model_->infer(view_, x, batch, logits_.span());
+    return loss_.forward(ConstTensorView{logits_.data(), logits_.shape()}, y);
+  }
+  forward_layers(x, batch);
+  const Tensor& out = acts_.back();
+  return loss_.forward(ConstTensorView{out.data(), out.shape()}, y);
 }
 
 float Model::compute_gradients(std::span<const float> x, std::span<const std::int32_t> y) {
@@ -117,6 +239,8 @@ float Model::compute_gradients(std::span<const float> x, std::span<const std::in
     std::fill(grads_.begin(), grads_.end(), 0.0f);
     return 0.0f;
   }
+  set_training(true);
+  if (device_model_) return device_model_->compute_gradients(view_, grads_, x, y);
   const float loss = forward(x, batch, y);
   Tensor* dy = &grad_acts_[0];
   Tensor* dx = &grad_acts_[1];
@@ -138,6 +262,7 @@ EvalResult Model::evaluate(std::span<const float> x, std::span<const std::int32_
   const std::size_t n = y.size();
   chunk = std::max<std::size_t>(chunk, 1);
   const std::size_t per_sample = numel(sample_shape_);
+  set_training(false);
   double loss_sum = 0.0;
   std::size_t hits = 0;
   for (std::size_t begin = 0; begin < n; begin += chunk) {

@@ -10,9 +10,12 @@
 #include <vector>
 
 #include "asgd/status.hpp"
+#include "compute/device.hpp"
 #include "compute/layers.hpp"
 
 namespace asgd {
+
+class BatchNorm2D;
 
 /// Where one named parameter tensor sits in the flat vector. Names follow
 /// torch.nn.Sequential ("0.weight", "0.bias", "2.weight", ...), so exported
@@ -39,9 +42,20 @@ const std::vector<std::string>& known_models();
 class Model {
  public:
   /// Builds a model by name for samples of `sample_shape` (C, H, W) and
-  /// `classes` outputs. Errors: invalid_argument for an unknown name.
-  ///   mlp: Flatten -> Dense(784, 256) -> ReLU -> Dense(256, 128) -> ReLU
-  ///        -> Dense(128, 10); 235,146 parameters on 28x28 inputs.
+  /// `classes` outputs, on the CPU (set_device moves it). Errors:
+  /// invalid_argument for an unknown name or inputs too small for it.
+  /// Parameter counts are for MNIST's (1, 28, 28) and 10 classes:
+  ///   mlp: Dense(784, 256) -> ReLU -> Dense(256, 128) -> ReLU
+  ///        -> Dense(128, 10); 235,146 parameters.
+  ///   lenet: Conv(1->16, 5x5) -> ReLU -> MaxPool(2) -> Conv(16->32, 5x5)
+  ///        -> ReLU -> MaxPool(2) -> Flatten -> Dense(512, 128) -> ReLU
+  ///        -> Dense(128, 10); 80,202 parameters.
+  ///   resnet-mini: Conv(1->16, 3x3) -> BN -> ReLU, then two residual
+  ///        blocks (16->32 and 32->64 channels, each halving H and W:
+  ///        Conv 3x3 stride 2 -> BN -> ReLU -> Conv 3x3 -> BN, plus a 1x1
+  ///        stride-2 projection with BN; ReLU after the add) -> global
+  ///        average pool -> Dense(64, 10); 73,082 parameters (plus 608
+  ///        BatchNorm running-statistic values, which are not parameters).
   static Result<Model> build(const std::string& name, const Shape& sample_shape, std::size_t classes);
 
   Model(Model&&) = default;
@@ -51,6 +65,14 @@ class Model {
   const std::string& name() const { return name_; }
   std::size_t num_params() const { return params_.size(); }
   const std::vector<ParamEntry>& layout() const { return layout_; }
+
+  const Device& device() const { return device_; }
+
+  /// Moves the computation to `device`: compute_gradients, evaluate and
+  /// prefetch run there; parameters and gradients stay in host memory.
+  /// Errors: unavailable when the device cannot be used (the model stays
+  /// where it was).
+  Status set_device(const Device& device);
 
   std::span<float> params() { return view_; }
   std::span<const float> params() const { return view_; }
@@ -77,16 +99,39 @@ class Model {
   /// An empty batch gives loss 0 and zero gradients.
   float compute_gradients(std::span<const float> x, std::span<const std::int32_t> y);
 
-  /// Forward only over n samples stored back to back, in chunks of `chunk`
-  /// (0 counts as 1).
+  /// Forward only, in inference mode (running statistics, no dropout), over
+  /// n samples stored back to back, in chunks of `chunk` (0 counts as 1).
   EvalResult evaluate(std::span<const float> x, std::span<const std::int32_t> y, std::size_t chunk = 1000);
+
+  /// A hint that the next compute_gradients will be on this batch: a GPU
+  /// starts uploading it now. Does nothing on the CPU. x and y must stay
+  /// unchanged until that call.
+  void prefetch(std::span<const float> x, std::span<const std::int32_t> y);
+
+  /// True when some layer keeps running statistics (BatchNorm).
+  bool has_batchnorm() const { return !batchnorms_.empty(); }
+
+  /// Recomputes every BatchNorm's running statistics for the current
+  /// parameters as the equally weighted average over `x` (samples back to
+  /// back, in chunks of `chunk`), as torch.optim.swa_utils.update_bn does.
+  /// Evaluations of parameters that no worker trained (a shard's, an
+  /// average) need this: the running statistics a model carries belong to
+  /// other parameters. Does nothing without BatchNorm layers.
+  void recalibrate_batchnorm(std::span<const float> x, std::size_t chunk = 256);
+
+  /// Non-trained state by name ("1.running_mean", "3.main.1.running_var"),
+  /// in layer order, viewing the layers' own storage.
+  std::vector<LayerBuffer> buffers();
 
  private:
   Model() = default;
   void add(std::unique_ptr<Layer> layer, Shape& shape);
   void finalize();
   void bind_layers();
+  void set_training(bool training);
+  std::size_t sample_size() const { return numel(sample_shape_); }
   float forward(std::span<const float> x, std::size_t batch, std::span<const std::int32_t> y);
+  void forward_layers(std::span<const float> x, std::size_t batch);
 
   std::string name_;
   Shape sample_shape_;
@@ -101,6 +146,12 @@ class Model {
   std::vector<Tensor> acts_;               // acts_[i] = output of layer i
   std::vector<Tensor> grad_acts_;          // scratch for dL/d(acts)
   SoftmaxCrossEntropy loss_;
+  std::vector<BatchNorm2D*> batchnorms_;   // every BatchNorm, nested ones included
+  bool training_ = true;
+  Device device_;
+  std::unique_ptr<DeviceModel> device_model_;  // null on the CPU
+  std::size_t classes_ = 0;
+  Tensor logits_;                              // (B, classes) from the device in evaluate
 };
 
 }  // namespace asgd

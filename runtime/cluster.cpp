@@ -522,6 +522,7 @@ Status run_worker_process(const ProcessOptions& o, std::stop_token stop) {
   WorkerSetup ws;
   ws.id = a.index;
   ws.model = cfg.model;
+  ws.device = cfg.device;
   ws.sample_shape = {train.channels, train.rows, train.cols};
   ws.classes = data->num_classes;
   ws.shards = shards;

@@ -13,6 +13,7 @@
 #include <thread>
 
 #include "actors/coordinator.hpp"
+#include "compute/device.hpp"
 #include "asgd/job.hpp"
 #include "compute/blas.hpp"
 #include "compute/model.hpp"
@@ -60,7 +61,15 @@ Status validate(const JobConfig& c) {
   }
   if (auto f = parse_stragglers(c.straggler, c.workers); !f) return f.status();
   if (c.shards < 1) return bad("shards", std::to_string(c.shards), "must be >= 1");
-  if (c.device != "cpu") return bad("device", c.device, "only 'cpu' is available in this build");
+  auto device = Device::parse(c.device);
+  if (!device) return bad("device", c.device, device.status().message());
+  if (device->kind == Device::Kind::cuda) {
+    std::string why;
+    const int count = cuda_device_count(&why);
+    if (count == 0) return bad("device", c.device, "no usable CUDA device: " + why);
+    if (device->index >= count)
+      return bad("device", c.device, "this machine has " + std::to_string(count) + " CUDA device(s)");
+  }
   // Hogwild's lock-free shared buffer needs every worker in this process
   // with the parameters in host memory: true of every job run_job runs
   // today (CPU workers, one process). Multi-process roles must refuse it.
@@ -70,7 +79,7 @@ Status validate(const JobConfig& c) {
   if (c.batch < 1) return bad("batch", std::to_string(c.batch), "must be >= 1");
   if (!(c.lr > 0.0) || !std::isfinite(c.lr)) return bad("lr", fmt::format("{:g}", c.lr), "must be a positive number");
   if (LrSchedule::Kind kind; !LrSchedule::parse(c.lr_schedule, kind))
-    return bad("lr-schedule", c.lr_schedule, "unknown schedule (known: constant, cosine)");
+    return bad("lr-schedule", c.lr_schedule, "unknown schedule (known: constant, cosine, step)");
   if (!contains(known_optimizers(), c.optimizer))
     return bad("optimizer", c.optimizer, "unknown optimizer (known: " + join(known_optimizers()) + ")");
   if (!(c.weight_decay >= 0.0) || !std::isfinite(c.weight_decay))

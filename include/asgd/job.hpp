@@ -41,7 +41,7 @@ struct JobConfig {
   std::uint32_t epochs = 3;         ///< passes over the training split, >= 1
   std::uint32_t batch = 64;         ///< samples per worker step, >= 1
   double lr = 0.02;                 ///< base learning rate, > 0
-  std::string lr_schedule = "cosine";  ///< constant | cosine (decays to 0 over the job's updates)
+  std::string lr_schedule = "cosine";  ///< constant | cosine (decays to 0 over the job's updates) | step (x0.1 at 50% and 75%)
   std::string optimizer = "momentum";  ///< shard-side optimizer: sgd | momentum | adagrad | adam
   double momentum = 0.9;            ///< for optimizer = momentum
   double weight_decay = 0.0;        ///< L2 coefficient added to every gradient, >= 0

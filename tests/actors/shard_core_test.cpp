@@ -145,6 +145,20 @@ TEST(LrSchedule, CosineFallsFromOneToZeroOverTheJob) {
   EXPECT_FALSE(LrSchedule::parse("linear", k));
 }
 
+TEST(LrSchedule, StepDropsTenfoldAtHalfAndAgainAtThreeQuartersOfTheJob) {
+  const LrSchedule step{LrSchedule::Kind::step, 100};
+  EXPECT_FLOAT_EQ(step.scale(0), 1.0f);
+  EXPECT_FLOAT_EQ(step.scale(49), 1.0f);
+  EXPECT_FLOAT_EQ(step.scale(50), 0.1f);
+  EXPECT_FLOAT_EQ(step.scale(74), 0.1f);
+  EXPECT_FLOAT_EQ(step.scale(75), 0.01f);
+  EXPECT_FLOAT_EQ(step.scale(5000), 0.01f);
+  EXPECT_FLOAT_EQ((LrSchedule{LrSchedule::Kind::step, 0}.scale(70)), 1.0f);
+  LrSchedule::Kind k;
+  EXPECT_TRUE(LrSchedule::parse("step", k));
+  EXPECT_EQ(k, LrSchedule::Kind::step);
+}
+
 TEST(ShardCore, ScalesEachStepByTheScheduleAtTheUpdatesClock) {
   ShardSetup s = setup(1, 1.0f, 1);
   s.initial = {0.0f};

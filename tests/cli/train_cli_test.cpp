@@ -10,6 +10,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "compute/device.hpp"
 #include "temp_dir.hpp"
 #include "test_data.hpp"
 
@@ -67,6 +68,17 @@ TEST(TrainCli, RejectsAnInvalidFlagValueWithExitCode2NamingIt) {
   expect_one_line_error(asgd("train --policy gossip"), 2, "--policy gossip");
   expect_one_line_error(asgd("train --lr -3"), 2, "--lr");
   expect_one_line_error(asgd("train --dataset imagenet"), 2, "--dataset imagenet");
+}
+
+TEST(TrainCli, RejectsAnUnknownModelOrDeviceWithExitCode2) {
+  expect_one_line_error(asgd("train --model vgg"), 2, "--model vgg");
+  expect_one_line_error(asgd("train --device tpu"), 2, "--device tpu");
+  expect_one_line_error(asgd("train --device cuda:x"), 2, "--device cuda:x");
+}
+
+TEST(TrainCli, RefusesCudaWithoutAUsableGpuSayingWhy) {
+  if (asgd::cuda_device_count() > 0) GTEST_SKIP() << "this machine has a GPU";
+  expect_one_line_error(asgd("train --device cuda"), 2, "no usable CUDA device");
 }
 
 TEST(TrainCli, RejectsAnUnwritableMetricsFileWithExitCode2) {

@@ -6,83 +6,19 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <iterator>
-#include <limits>
 #include <span>
 #include <utility>
 #include <vector>
 
 #include "compute/random.hpp"
 #include "compute/tensor.hpp"
+#include "gradcheck.hpp"
 
 namespace asgd {
 namespace {
 
-// Gradient checks: each layer runs in float32 and a scalar loss of its output
-// is differentiated by central differences in double. The error measure is
-// max_i |analytic_i - numeric_i| / max(1, |numeric_i|); the inputs are scaled
-// so that the gradients are of order 1 and the measure is not vacuous.
-constexpr float kEps = 1e-2f;
-
-constexpr float kNaN = std::numeric_limits<float>::quiet_NaN();
-
-ConstTensorView view(const Tensor& t) { return {t.data(), t.shape()}; }
-
-Tensor uniform_tensor(Rng& rng, Shape shape, float lo, float hi) {
-  Tensor t(std::move(shape));
-  for (std::size_t i = 0; i < t.size(); ++i) t[i] = rng.uniform(lo, hi);
-  return t;
-}
-
-Tensor normal_tensor(Rng& rng, Shape shape, float scale = 1.0f) {
-  Tensor t(std::move(shape));
-  for (std::size_t i = 0; i < t.size(); ++i) t[i] = scale * rng.normal();
-  return t;
-}
-
-// sum(y * r) in double: a loss whose gradient with respect to y is r.
-double probe_loss(const Tensor& y, const Tensor& r) {
-  double sum = 0.0;
-  for (std::size_t i = 0; i < y.size(); ++i) sum += static_cast<double>(y[i]) * static_cast<double>(r[i]);
-  return sum;
-}
-
-// dloss/dvalues by central differences, perturbing one element at a time in
-// place and restoring it. Divides by the step actually taken in float.
-std::vector<double> central_differences(std::span<float> values, const std::function<double()>& loss,
-                                        float eps = kEps) {
-  std::vector<double> numeric(values.size());
-  for (std::size_t i = 0; i < values.size(); ++i) {
-    const float saved = values[i];
-    const float up = saved + eps;
-    const float down = saved - eps;
-    values[i] = up;
-    const double loss_up = loss();
-    values[i] = down;
-    const double loss_down = loss();
-    values[i] = saved;
-    numeric[i] = (loss_up - loss_down) / (static_cast<double>(up) - static_cast<double>(down));
-  }
-  return numeric;
-}
-
-double max_scaled_error(std::span<const float> analytic, const std::vector<double>& numeric) {
-  EXPECT_EQ(analytic.size(), numeric.size());
-  double worst = 0.0;
-  for (std::size_t i = 0; i < numeric.size(); ++i) {
-    const double err =
-        std::abs(static_cast<double>(analytic[i]) - numeric[i]) / std::max(1.0, std::abs(numeric[i]));
-    worst = std::max(worst, err);
-  }
-  return worst;
-}
-
-double max_abs(const std::vector<double>& v) {
-  double m = 0.0;
-  for (double x : v) m = std::max(m, std::abs(x));
-  return m;
-}
+using namespace gradcheck;
 
 // A Dense layer with its own parameter and gradient storage; gradients start
 // as NaN so that a gradient the layer fails to write shows up.

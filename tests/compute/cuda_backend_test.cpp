@@ -1,0 +1,695 @@
+// The CUDA backend against the CPU layers. Every layer kind runs in a tiny
+// model with a dense head, then the LeNet and ResNet-mini shapes whole: the
+// loss, every gradient, BatchNorm's running statistics and inference logits
+// must agree. Without a usable GPU these tests skip and say why; the tests of
+// what happens exactly then (and of models the backend refuses) still run.
+//
+// Tolerance: both sides compute in fp32 (the backend keeps TF32 off in cuDNN
+// and cuBLAS; with TF32 the differences would be ~1e-3 relative) but sum in
+// different orders, so a tensor passes when every element is within
+// tol * (largest |cpu element| of that tensor) + 1e-7 of the CPU value:
+// tol = 1e-4 for single layers, more for whole models, where differences
+// grow through BatchNorm's division by the batch deviation.
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <limits>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "compute/conv_layers.hpp"
+#include "compute/device.hpp"
+#include "compute/layers.hpp"
+#include "compute/random.hpp"
+
+namespace asgd {
+namespace {
+
+#define SKIP_WITHOUT_GPU()                                               \
+  do {                                                                   \
+    std::string why_no_gpu;                                              \
+    if (cuda_device_count(&why_no_gpu) == 0) GTEST_SKIP() << why_no_gpu; \
+  } while (0)
+
+using Layers = std::vector<std::unique_ptr<Layer>>;
+// Each check builds its model twice: once for the CPU reference and once for
+// the layers the GPU model mirrors, so that BatchNorm running statistics
+// advance exactly once on each side.
+using MakeLayers = std::function<Layers()>;
+
+template <class... L>
+Layers seq(std::unique_ptr<L>... layers) {
+  Layers out;
+  (out.push_back(std::move(layers)), ...);
+  return out;
+}
+
+std::size_t param_count(const Layer& layer) {
+  std::size_t n = 0;
+  for (const ParamSpec& spec : layer.param_specs()) n += numel(spec.shape);
+  return n;
+}
+
+// A sequential CPU model made from layers directly, laid out as Model::add
+// and Model::bind_layers do (one flat parameter and gradient vector, each
+// layer's slice in order), so that these tests do not depend on which models
+// Model::build knows.
+class CpuNet {
+ public:
+  CpuNet(Layers layers, Shape sample) : layers_(std::move(layers)), sample_(std::move(sample)) {
+    std::size_t total = 0;
+    for (const auto& layer : layers_) total += param_count(*layer);
+    params_.resize(total);
+    grads_.assign(total, 0.0f);
+    std::size_t offset = 0;
+    for (const auto& layer : layers_) {
+      const std::size_t n = param_count(*layer);
+      layer->bind(std::span(params_).subspan(offset, n), std::span(grads_).subspan(offset, n));
+      offset += n;
+    }
+    Shape shape = sample_;
+    for (const auto& layer : layers_) shape = layer->output_shape(shape);
+    classes_ = numel(shape);
+    acts_.resize(layers_.size());
+  }
+
+  std::vector<Layer*> layer_ptrs() const {
+    std::vector<Layer*> out;
+    for (const auto& layer : layers_) out.push_back(layer.get());
+    return out;
+  }
+  std::span<float> params() { return params_; }
+  std::span<const float> grads() const { return grads_; }
+  std::size_t classes() const { return classes_; }
+  std::size_t sample_size() const { return numel(sample_); }
+  const Shape& sample() const { return sample_; }
+
+  /// Random parameters (He-uniform weights, BatchNorm scales near 1, small
+  /// nonzero biases so that bias paths matter), the same for the same seed.
+  void init(std::uint64_t seed) {
+    Rng rng(seed);
+    std::size_t offset = 0;
+    for (const auto& layer : layers_)
+      for (const ParamSpec& spec : layer->param_specs()) {
+        const float bound = std::sqrt(6.0f / static_cast<float>(std::max<std::size_t>(spec.fan_in, 1)));
+        for (std::size_t i = 0; i < numel(spec.shape); ++i) {
+          float& p = params_[offset++];
+          switch (spec.init) {
+            case Init::he_uniform:
+              p = rng.uniform(-bound, bound);
+              break;
+            case Init::ones:
+              p = rng.uniform(0.5f, 1.5f);
+              break;
+            case Init::zeros:
+              p = rng.uniform(-0.2f, 0.2f);
+              break;
+          }
+        }
+      }
+  }
+
+  /// Training-mode forward and backward, as Model::compute_gradients.
+  float train_step(std::span<const float> x, std::span<const std::int32_t> y) {
+    const float loss = forward(x, y.size(), &y);
+    Tensor dy, dx;
+    loss_.backward(y, dy);
+    for (std::size_t i = layers_.size(); i-- > 0;) {
+      layers_[i]->backward(input_of(i, x, y.size()), acts_[i], dy, i == 0 ? nullptr : &dx);
+      std::swap(dy, dx);
+    }
+    return loss;
+  }
+
+  /// Inference-mode logits (batch, classes).
+  std::vector<float> infer(std::span<const float> x, std::size_t batch) {
+    for (const auto& layer : layers_) layer->set_training(false);
+    forward(x, batch, nullptr);
+    for (const auto& layer : layers_) layer->set_training(true);
+    const Tensor& out = acts_.back();
+    return {out.data(), out.data() + out.size()};
+  }
+
+  /// Every parameter tensor as (name, offset, size) in the flat vector.
+  struct Entry {
+    std::string name;
+    std::size_t offset, size;
+  };
+  std::vector<Entry> entries() const {
+    std::vector<Entry> out;
+    std::size_t offset = 0;
+    for (std::size_t i = 0; i < layers_.size(); ++i)
+      for (const ParamSpec& spec : layers_[i]->param_specs()) {
+        out.push_back({std::to_string(i) + "." + spec.name, offset, numel(spec.shape)});
+        offset += numel(spec.shape);
+      }
+    return out;
+  }
+
+  /// Every non-trained buffer (BatchNorm running statistics), by name.
+  std::vector<LayerBuffer> buffers() {
+    std::vector<LayerBuffer> out;
+    for (std::size_t i = 0; i < layers_.size(); ++i)
+      for (LayerBuffer& b : layers_[i]->buffers()) out.push_back({std::to_string(i) + "." + b.name, b.values});
+    return out;
+  }
+
+ private:
+  ConstTensorView input_of(std::size_t i, std::span<const float> x, std::size_t batch) const {
+    if (i > 0) return {acts_[i - 1].data(), acts_[i - 1].shape()};
+    Shape shape = {batch};
+    shape.insert(shape.end(), sample_.begin(), sample_.end());
+    return {x.data(), shape};
+  }
+
+  float forward(std::span<const float> x, std::size_t batch, const std::span<const std::int32_t>* y) {
+    for (std::size_t i = 0; i < layers_.size(); ++i) layers_[i]->forward(input_of(i, x, batch), acts_[i]);
+    const Tensor& out = acts_.back();
+    return y ? loss_.forward({out.data(), out.shape()}, *y) : 0.0f;
+  }
+
+  Layers layers_;
+  Shape sample_;
+  std::size_t classes_ = 0;
+  std::vector<float> params_, grads_;
+  std::vector<Tensor> acts_;
+  SoftmaxCrossEntropy loss_;
+};
+
+std::vector<float> random_inputs(Rng& rng, std::size_t n) {
+  std::vector<float> x(n);
+  for (float& v : x) v = rng.uniform(-1.0f, 1.0f);
+  return x;
+}
+
+std::vector<std::int32_t> random_labels(Rng& rng, std::size_t batch, std::size_t classes) {
+  std::vector<std::int32_t> y(batch);
+  for (auto& label : y) label = static_cast<std::int32_t>(rng.below(classes));
+  return y;
+}
+
+// Every element within tol * (the CPU tensor's largest magnitude) + 1e-7.
+void expect_close(std::span<const float> gpu, std::span<const float> cpu, double tol, const std::string& what) {
+  ASSERT_EQ(gpu.size(), cpu.size()) << what;
+  double scale = 0.0, worst = 0.0;
+  std::size_t at = 0;
+  for (const float v : cpu) scale = std::max(scale, std::abs(static_cast<double>(v)));
+  for (std::size_t i = 0; i < cpu.size(); ++i) {
+    const double d = std::abs(static_cast<double>(gpu[i]) - static_cast<double>(cpu[i]));
+    if (!(d <= worst)) {  // also catches NaN
+      worst = d;
+      at = i;
+    }
+  }
+  EXPECT_LE(worst, tol * scale + 1e-7) << what << ": worst at " << at << " (gpu " << gpu[at] << ", cpu " << cpu[at]
+                                       << "; tensor scale " << scale << ")";
+}
+
+// Trains one step per batch size on both sides (the same size twice reuses
+// the GPU buffers, a larger one grows them, a smaller one reuses them), then
+// compares inference on a batch size not seen before.
+void expect_gpu_matches_cpu(const MakeLayers& make, const Shape& sample, double tol,
+                            const std::vector<std::size_t>& batches = {4, 4, 7, 2}, std::size_t infer_batch = 5) {
+  CpuNet cpu(make(), sample);
+  CpuNet host(make(), sample);  // the GPU model reads these layers and writes its running statistics back
+  cpu.init(7);
+  std::copy(cpu.params().begin(), cpu.params().end(), host.params().begin());
+  auto made = make_cuda_model(host.layer_ptrs(), sample, host.params().size(), 0);
+  ASSERT_TRUE(made.ok()) << made.status().to_string();
+  DeviceModel& gpu = **made;
+
+  Rng rng(11);
+  std::vector<float> grads(cpu.params().size());
+  for (std::size_t step = 0; step < batches.size(); ++step) {
+    const std::size_t batch = batches[step];
+    SCOPED_TRACE("step " + std::to_string(step) + ", batch " + std::to_string(batch));
+    const auto x = random_inputs(rng, batch * cpu.sample_size());
+    const auto y = random_labels(rng, batch, cpu.classes());
+    std::fill(grads.begin(), grads.end(), std::numeric_limits<float>::quiet_NaN());  // unwritten shows
+    const float gpu_loss = gpu.compute_gradients(cpu.params(), grads, x, y);
+    const float cpu_loss = cpu.train_step(x, y);
+    EXPECT_NEAR(gpu_loss, cpu_loss, tol * std::max(1.0f, std::abs(cpu_loss)));
+    for (const auto& e : cpu.entries())
+      expect_close(std::span(grads).subspan(e.offset, e.size), cpu.grads().subspan(e.offset, e.size), tol,
+                   "gradient " + e.name);
+    const auto gpu_buffers = host.buffers();
+    const auto cpu_buffers = cpu.buffers();
+    ASSERT_EQ(gpu_buffers.size(), cpu_buffers.size());
+    for (std::size_t i = 0; i < cpu_buffers.size(); ++i)
+      expect_close(gpu_buffers[i].values, cpu_buffers[i].values, tol, cpu_buffers[i].name);
+  }
+
+  SCOPED_TRACE("inference, batch " + std::to_string(infer_batch));
+  const auto x = random_inputs(rng, infer_batch * cpu.sample_size());
+  std::vector<float> logits(infer_batch * cpu.classes());
+  gpu.infer(cpu.params(), x, infer_batch, logits);
+  expect_close(logits, cpu.infer(x, infer_batch), tol, "logits");
+}
+
+// ---- One layer kind at a time, each followed by a dense head -------------------
+
+constexpr double kLayerTol = 1e-4;
+
+TEST(CudaBackend, DenseMatchesTheCpu) {
+  SKIP_WITHOUT_GPU();
+  expect_gpu_matches_cpu([] { return seq(std::make_unique<Dense>(6, 5), std::make_unique<Dense>(5, 3)); }, {6},
+                         kLayerTol);
+}
+
+TEST(CudaBackend, DenseOnImagesSeesThemFlattened) {
+  SKIP_WITHOUT_GPU();
+  expect_gpu_matches_cpu([] { return seq(std::make_unique<Dense>(18, 3)); }, {2, 3, 3}, kLayerTol);
+}
+
+TEST(CudaBackend, ReluMatchesTheCpu) {
+  SKIP_WITHOUT_GPU();
+  expect_gpu_matches_cpu([] { return seq(std::make_unique<ReLU>(), std::make_unique<Dense>(6, 3)); }, {6}, kLayerTol);
+}
+
+TEST(CudaBackend, ReluOnImagesMatchesTheCpu) {
+  SKIP_WITHOUT_GPU();
+  expect_gpu_matches_cpu(
+      [] { return seq(std::make_unique<ReLU>(), std::make_unique<Flatten>(), std::make_unique<Dense>(32, 3)); },
+      {2, 4, 4}, kLayerTol);
+}
+
+TEST(CudaBackend, ConvWithBiasMatchesTheCpu) {
+  SKIP_WITHOUT_GPU();
+  expect_gpu_matches_cpu(
+      [] {
+        return seq(std::make_unique<Conv2D>(2, 3, 3), std::make_unique<Flatten>(),
+                   std::make_unique<Dense>(3 * 5 * 5, 4));
+      },
+      {2, 7, 7}, kLayerTol);
+}
+
+TEST(CudaBackend, ConvWithoutBiasMatchesTheCpu) {
+  SKIP_WITHOUT_GPU();
+  expect_gpu_matches_cpu(
+      [] {
+        return seq(std::make_unique<Conv2D>(2, 3, 3, 1, 0, false), std::make_unique<Flatten>(),
+                   std::make_unique<Dense>(3 * 5 * 5, 4));
+      },
+      {2, 7, 7}, kLayerTol);
+}
+
+TEST(CudaBackend, ConvWithPaddingMatchesTheCpu) {
+  SKIP_WITHOUT_GPU();
+  expect_gpu_matches_cpu(
+      [] {
+        return seq(std::make_unique<Conv2D>(2, 3, 3, 1, 1), std::make_unique<Flatten>(),
+                   std::make_unique<Dense>(3 * 6 * 6, 4));
+      },
+      {2, 6, 6}, kLayerTol);
+}
+
+TEST(CudaBackend, StridedPaddedConvMatchesTheCpu) {
+  SKIP_WITHOUT_GPU();
+  // 7x7, k3, s2, p1 -> 4x4
+  expect_gpu_matches_cpu(
+      [] {
+        return seq(std::make_unique<Conv2D>(2, 3, 3, 2, 1), std::make_unique<Flatten>(),
+                   std::make_unique<Dense>(3 * 4 * 4, 4));
+      },
+      {2, 7, 7}, kLayerTol);
+}
+
+TEST(CudaBackend, PointwiseConvMatchesTheCpu) {
+  SKIP_WITHOUT_GPU();
+  expect_gpu_matches_cpu(
+      [] {
+        return seq(std::make_unique<Conv2D>(3, 4, 1), std::make_unique<Flatten>(),
+                   std::make_unique<Dense>(4 * 5 * 5, 3));
+      },
+      {3, 5, 5}, kLayerTol);
+}
+
+TEST(CudaBackend, MaxPoolMatchesTheCpu) {
+  SKIP_WITHOUT_GPU();
+  expect_gpu_matches_cpu(
+      [] {
+        return seq(std::make_unique<MaxPool2D>(2), std::make_unique<Flatten>(), std::make_unique<Dense>(2 * 3 * 3, 3));
+      },
+      {2, 6, 6}, kLayerTol);
+}
+
+TEST(CudaBackend, OverlappingMaxPoolMatchesTheCpu) {
+  SKIP_WITHOUT_GPU();
+  // 7x7, window 3, stride 2 -> 3x3; neighbouring windows share a row and a column.
+  expect_gpu_matches_cpu(
+      [] {
+        return seq(std::make_unique<MaxPool2D>(3, 2), std::make_unique<Flatten>(),
+                   std::make_unique<Dense>(2 * 3 * 3, 3));
+      },
+      {2, 7, 7}, kLayerTol);
+}
+
+TEST(CudaBackend, GlobalAvgPoolMatchesTheCpu) {
+  SKIP_WITHOUT_GPU();
+  expect_gpu_matches_cpu([] { return seq(std::make_unique<GlobalAvgPool>(), std::make_unique<Dense>(3, 4)); },
+                         {3, 4, 4}, kLayerTol);
+}
+
+TEST(CudaBackend, BatchNormMatchesTheCpuInTrainingAndInference) {
+  SKIP_WITHOUT_GPU();
+  // Four training steps move the running statistics (compared after each),
+  // then inference uses them.
+  expect_gpu_matches_cpu(
+      [] {
+        return seq(std::make_unique<BatchNorm2D>(3), std::make_unique<Flatten>(),
+                   std::make_unique<Dense>(3 * 4 * 4, 4));
+      },
+      {3, 4, 4}, kLayerTol);
+}
+
+TEST(CudaBackend, BatchNormWithOtherEpsAndMomentumMatchesTheCpu) {
+  SKIP_WITHOUT_GPU();
+  expect_gpu_matches_cpu(
+      [] {
+        return seq(std::make_unique<Conv2D>(2, 3, 3, 1, 1), std::make_unique<BatchNorm2D>(3, 1e-3f, 0.3f),
+                   std::make_unique<Flatten>(), std::make_unique<Dense>(3 * 4 * 4, 4));
+      },
+      {2, 4, 4}, kLayerTol);
+}
+
+TEST(CudaBackend, FlattenMatchesTheCpu) {
+  SKIP_WITHOUT_GPU();
+  expect_gpu_matches_cpu([] { return seq(std::make_unique<Flatten>(), std::make_unique<Dense>(18, 3)); }, {2, 3, 3},
+                         kLayerTol);
+}
+
+TEST(CudaBackend, DropoutWithPZeroIsTheIdentity) {
+  SKIP_WITHOUT_GPU();
+  expect_gpu_matches_cpu([] { return seq(std::make_unique<Dropout>(0.0f), std::make_unique<Dense>(6, 3)); }, {6},
+                         kLayerTol);
+}
+
+TEST(CudaBackend, ResidualWithIdentityShortcutMatchesTheCpu) {
+  SKIP_WITHOUT_GPU();
+  expect_gpu_matches_cpu(
+      [] {
+        Layers main = seq(std::make_unique<Conv2D>(3, 3, 3, 1, 1, false), std::make_unique<BatchNorm2D>(3),
+                          std::make_unique<ReLU>(), std::make_unique<Conv2D>(3, 3, 3, 1, 1, false),
+                          std::make_unique<BatchNorm2D>(3));
+        return seq(std::make_unique<Residual>(std::move(main), Layers{}), std::make_unique<ReLU>(),
+                   std::make_unique<Flatten>(), std::make_unique<Dense>(3 * 5 * 5, 4));
+      },
+      {3, 5, 5}, kLayerTol);
+}
+
+TEST(CudaBackend, ResidualWithProjectionShortcutMatchesTheCpu) {
+  SKIP_WITHOUT_GPU();
+  expect_gpu_matches_cpu(
+      [] {
+        Layers main = seq(std::make_unique<Conv2D>(3, 4, 3, 2, 1, false), std::make_unique<BatchNorm2D>(4),
+                          std::make_unique<ReLU>(), std::make_unique<Conv2D>(4, 4, 3, 1, 1, false),
+                          std::make_unique<BatchNorm2D>(4));
+        Layers shortcut = seq(std::make_unique<Conv2D>(3, 4, 1, 2, 0, false), std::make_unique<BatchNorm2D>(4));
+        return seq(std::make_unique<Residual>(std::move(main), std::move(shortcut)), std::make_unique<ReLU>(),
+                   std::make_unique<GlobalAvgPool>(), std::make_unique<Dense>(4, 3));
+      },
+      {3, 6, 6}, kLayerTol);
+}
+
+TEST(CudaBackend, ResidualAsTheFirstLayerNeedsNoInputGradient) {
+  SKIP_WITHOUT_GPU();
+  // The backend skips dL/dx for the model's first layer; a Residual there
+  // passes that on to both paths, and a BatchNorm first in a path still
+  // gets somewhere to write it.
+  expect_gpu_matches_cpu(
+      [] {
+        Layers main = seq(std::make_unique<BatchNorm2D>(2), std::make_unique<Conv2D>(2, 2, 3, 1, 1));
+        Layers shortcut = seq(std::make_unique<BatchNorm2D>(2));
+        return seq(std::make_unique<Residual>(std::move(main), std::move(shortcut)), std::make_unique<Flatten>(),
+                   std::make_unique<Dense>(2 * 4 * 4, 3));
+      },
+      {2, 4, 4}, kLayerTol);
+}
+
+// ---- Dropout with p > 0: checked through what the masks must satisfy -----------
+
+TEST(CudaBackend, DropoutDropsAboutPOfTheUnitsAndScalesTheRest) {
+  SKIP_WITHOUT_GPU();
+  // Dropout(p) then Dense(n, k) on one sample: dW[k][i] = db[k] * x[i] * m[i]
+  // with m[i] either 0 or 1 / (1 - p), the same for every k. So the mask can
+  // be read back from the gradients and the loss recomputed from it.
+  constexpr std::size_t n = 256, k = 3;
+  constexpr float p = 0.5f;
+  CpuNet host(seq(std::make_unique<Dropout>(p), std::make_unique<Dense>(n, k)), {n});
+  host.init(3);
+  auto made = make_cuda_model(host.layer_ptrs(), {n}, host.params().size(), 0);
+  ASSERT_TRUE(made.ok()) << made.status().to_string();
+  DeviceModel& gpu = **made;
+  const std::span<const float> w = host.params().first(k * n), b = host.params().subspan(k * n, k);
+
+  Rng rng(5);
+  std::vector<float> x(n);
+  for (float& v : x) v = rng.uniform(0.5f, 1.5f) * (rng.uniform() < 0.5f ? -1.0f : 1.0f);  // no zeros
+  const std::vector<std::int32_t> y = {1};
+  std::vector<float> grads(host.params().size());
+  std::vector<float> previous_mask;
+  for (int step = 0; step < 2; ++step) {
+    SCOPED_TRACE("step " + std::to_string(step));
+    const float loss = gpu.compute_gradients(host.params(), grads, x, y);
+    const std::span<const float> dw = std::span(grads).first(k * n), db = std::span(grads).subspan(k * n, k);
+    std::size_t top = 0;  // the class with the largest bias gradient divides best
+    for (std::size_t c = 1; c < k; ++c)
+      if (std::abs(db[c]) > std::abs(db[top])) top = c;
+    ASSERT_GT(std::abs(db[top]), 1e-3f);
+
+    std::vector<float> mask(n);
+    std::size_t dropped = 0;
+    for (std::size_t i = 0; i < n; ++i) {
+      const float m = dw[top * n + i] / (db[top] * x[i]);
+      ASSERT_TRUE(std::abs(m) < 1e-4f || std::abs(m - 1.0f / (1.0f - p)) < 1e-4f) << "unit " << i << ": " << m;
+      mask[i] = std::abs(m) < 1e-4f ? 0.0f : 1.0f / (1.0f - p);
+      dropped += mask[i] == 0.0f;
+      for (std::size_t c = 0; c < k; ++c)
+        EXPECT_NEAR(dw[c * n + i], db[c] * x[i] * mask[i], 1e-5f) << "dW[" << c << ", " << i << "]";
+    }
+    // 128 expected, standard deviation 8.
+    EXPECT_GT(dropped, 64u);
+    EXPECT_LT(dropped, 192u);
+
+    // The loss of the dense head applied to the masked input.
+    std::vector<double> logits(k);
+    for (std::size_t c = 0; c < k; ++c) {
+      logits[c] = b[c];
+      for (std::size_t i = 0; i < n; ++i) logits[c] += static_cast<double>(w[c * n + i]) * x[i] * mask[i];
+    }
+    const double zmax = *std::max_element(logits.begin(), logits.end());
+    double sum = 0.0;
+    for (const double z : logits) sum += std::exp(z - zmax);
+    EXPECT_NEAR(loss, std::log(sum) + zmax - logits[1], 1e-4);
+
+    if (!previous_mask.empty()) {
+      EXPECT_NE(mask, previous_mask) << "each step draws a new mask";
+    }
+    previous_mask = mask;
+  }
+
+  // Inference drops nothing.
+  std::vector<float> logits(k);
+  gpu.infer(host.params(), x, 1, logits);
+  for (std::size_t c = 0; c < k; ++c) {
+    double z = b[c];
+    for (std::size_t i = 0; i < n; ++i) z += static_cast<double>(w[c * n + i]) * x[i];
+    EXPECT_NEAR(logits[c], z, 1e-4 * std::max(1.0, std::abs(z)));
+  }
+}
+
+// ---- Whole models ------------------------------------------------------------------
+
+Layers lenet() {
+  return seq(std::make_unique<Conv2D>(1, 16, 5), std::make_unique<ReLU>(), std::make_unique<MaxPool2D>(2),
+             std::make_unique<Conv2D>(16, 32, 5), std::make_unique<ReLU>(), std::make_unique<MaxPool2D>(2),
+             std::make_unique<Flatten>(), std::make_unique<Dense>(512, 128), std::make_unique<ReLU>(),
+             std::make_unique<Dense>(128, 10));
+}
+
+std::unique_ptr<Layer> basic_block(std::size_t in, std::size_t out) {
+  Layers main = seq(std::make_unique<Conv2D>(in, out, 3, 2, 1, false), std::make_unique<BatchNorm2D>(out),
+                    std::make_unique<ReLU>(), std::make_unique<Conv2D>(out, out, 3, 1, 1, false),
+                    std::make_unique<BatchNorm2D>(out));
+  Layers shortcut = seq(std::make_unique<Conv2D>(in, out, 1, 2, 0, false), std::make_unique<BatchNorm2D>(out));
+  return std::make_unique<Residual>(std::move(main), std::move(shortcut));
+}
+
+Layers resnet_mini() {
+  return seq(std::make_unique<Conv2D>(1, 16, 3, 1, 1, false), std::make_unique<BatchNorm2D>(16),
+             std::make_unique<ReLU>(), basic_block(16, 32), std::make_unique<ReLU>(), basic_block(32, 64),
+             std::make_unique<ReLU>(), std::make_unique<GlobalAvgPool>(), std::make_unique<Dense>(64, 10));
+}
+
+TEST(CudaBackend, LenetMatchesTheCpu) {
+  SKIP_WITHOUT_GPU();
+  expect_gpu_matches_cpu(lenet, {1, 28, 28}, 2e-4, {8, 8, 16, 3}, 10);
+}
+
+TEST(CudaBackend, ResnetMiniMatchesTheCpu) {
+  SKIP_WITHOUT_GPU();
+  expect_gpu_matches_cpu(resnet_mini, {1, 28, 28}, 1e-3, {8, 8, 16, 3}, 10);
+}
+
+// ---- Batches: prefetching, empty batches, bad labels --------------------------
+
+Layers small_convnet() {
+  return seq(std::make_unique<Conv2D>(1, 4, 3), std::make_unique<ReLU>(), std::make_unique<Flatten>(),
+             std::make_unique<Dense>(4 * 4 * 4, 5));
+}
+
+TEST(CudaBackend, PrefetchedBatchesGiveTheSameGradients) {
+  SKIP_WITHOUT_GPU();
+  CpuNet cpu(small_convnet(), {1, 6, 6});
+  CpuNet host(small_convnet(), {1, 6, 6});
+  cpu.init(2);
+  std::copy(cpu.params().begin(), cpu.params().end(), host.params().begin());
+  auto made = make_cuda_model(host.layer_ptrs(), {1, 6, 6}, host.params().size(), 0);
+  ASSERT_TRUE(made.ok()) << made.status().to_string();
+  DeviceModel& gpu = **made;
+
+  Rng rng(9);
+  constexpr std::size_t batch = 6;
+  std::vector<float> grads(cpu.params().size());
+  const auto check = [&](std::span<const float> x, std::span<const std::int32_t> y, const std::string& what) {
+    const float gpu_loss = gpu.compute_gradients(cpu.params(), grads, x, y);
+    const float cpu_loss = cpu.train_step(x, y);
+    EXPECT_NEAR(gpu_loss, cpu_loss, kLayerTol) << what;
+    expect_close(grads, cpu.grads(), kLayerTol, what);
+  };
+  const auto batch_of = [&] { return std::make_pair(random_inputs(rng, batch * 36), random_labels(rng, batch, 5)); };
+
+  // Two batches in flight at once, used in order.
+  const auto [x1, y1] = batch_of();
+  const auto [x2, y2] = batch_of();
+  gpu.prefetch(x1, y1);
+  gpu.prefetch(x2, y2);
+  check(x1, y1, "first prefetched batch");
+  check(x2, y2, "second prefetched batch");
+
+  // The usual loop: prefetch the next batch, then compute the current one.
+  auto [x3, y3] = batch_of();
+  gpu.prefetch(x3, y3);
+  check(x2, y2, "a batch computed while the next one uploads");
+  check(x3, y3, "that next batch");
+
+  // A caller that refills one buffer after prefetching it gets its new data.
+  auto [x4, y4] = batch_of();
+  gpu.prefetch(x4, y4);
+  const auto refill = random_inputs(rng, batch * 36);
+  std::copy(refill.begin(), refill.end(), x4.begin());
+  check(x4, y4, "a refilled buffer");
+
+  // A prefetched batch that is never used does no harm.
+  const auto [x5, y5] = batch_of();
+  gpu.prefetch(x5, y5);
+  check(x3, y3, "a batch other than the prefetched one");
+}
+
+TEST(CudaBackend, AnEmptyBatchGivesZeroLossAndZeroGradients) {
+  SKIP_WITHOUT_GPU();
+  CpuNet host(small_convnet(), {1, 6, 6});
+  host.init(1);
+  auto made = make_cuda_model(host.layer_ptrs(), {1, 6, 6}, host.params().size(), 0);
+  ASSERT_TRUE(made.ok()) << made.status().to_string();
+  std::vector<float> grads(host.params().size(), 1.0f);
+  EXPECT_EQ((*made)->compute_gradients(host.params(), grads, {}, {}), 0.0f);
+  EXPECT_EQ(std::count(grads.begin(), grads.end(), 0.0f), static_cast<std::ptrdiff_t>(grads.size()));
+}
+
+TEST(CudaBackend, ABadLabelThrowsAndLeavesTheModelUsable) {
+  SKIP_WITHOUT_GPU();
+  CpuNet host(small_convnet(), {1, 6, 6});
+  host.init(1);
+  auto made = make_cuda_model(host.layer_ptrs(), {1, 6, 6}, host.params().size(), 0);
+  ASSERT_TRUE(made.ok()) << made.status().to_string();
+  Rng rng(4);
+  const auto x = random_inputs(rng, 2 * 36);
+  std::vector<float> grads(host.params().size());
+  // The per-step calls report failures as std::runtime_error (asgd::cuda::Error).
+  EXPECT_THROW((*made)->compute_gradients(host.params(), grads, x, std::vector<std::int32_t>{0, 5}),
+               std::runtime_error);
+  EXPECT_THROW(
+      (*made)->compute_gradients(host.params(), grads, std::span(x).first(36), std::vector<std::int32_t>{0, 1}),
+      std::runtime_error);
+  EXPECT_TRUE(std::isfinite((*made)->compute_gradients(host.params(), grads, x, std::vector<std::int32_t>{0, 4})));
+}
+
+// ---- Refusals ------------------------------------------------------------------------
+
+// A layer the CUDA backend has never heard of.
+class Square final : public Layer {
+ public:
+  std::string kind() const override { return "square"; }
+  Shape output_shape(const Shape& input) const override { return input; }
+  void forward(ConstTensorView x, Tensor& y) override {
+    y.resize(x.shape);
+    for (std::size_t i = 0; i < x.size(); ++i) y[i] = x.data[i] * x.data[i];
+  }
+  void backward(ConstTensorView x, const Tensor& /*y*/, const Tensor& dy, Tensor* dx) override {
+    if (!dx) return;
+    dx->resize(x.shape);
+    for (std::size_t i = 0; i < x.size(); ++i) (*dx)[i] = 2.0f * x.data[i] * dy[i];
+  }
+};
+
+std::vector<Layer*> ptrs(const Layers& layers) {
+  std::vector<Layer*> out;
+  for (const auto& l : layers) out.push_back(l.get());
+  return out;
+}
+
+TEST(CudaBackend, RefusesModelsItCannotRunWithInvalidArgument) {
+#ifndef ASGD_CUDA_BACKEND
+  GTEST_SKIP() << "this build has no CUDA backend";
+#endif
+  // The model is checked before any device is touched, so this runs
+  // without a GPU too.
+  const auto refusal = [](const Layers& layers, const Shape& sample, std::size_t params) {
+    auto made = make_cuda_model(ptrs(layers), sample, params, 0);
+    EXPECT_FALSE(made.ok());
+    return made.ok() ? Status() : made.status();
+  };
+
+  const Layers unknown = seq(std::make_unique<Dense>(4, 4), std::make_unique<Square>(), std::make_unique<Dense>(4, 2));
+  Status s = refusal(unknown, {4}, 30);
+  EXPECT_EQ(s.code(), StatusCode::invalid_argument);
+  EXPECT_NE(s.message().find("square"), std::string::npos) << s.to_string();
+
+  const Layers dense = seq(std::make_unique<Dense>(4, 2));
+  s = refusal(dense, {4}, 11);  // it holds 10
+  EXPECT_EQ(s.code(), StatusCode::invalid_argument) << s.to_string();
+
+  s = refusal(dense, {5}, 10);  // shapes that do not chain
+  EXPECT_EQ(s.code(), StatusCode::invalid_argument) << s.to_string();
+
+  const Layers conv_on_vectors = seq(std::make_unique<Conv2D>(1, 2, 3), std::make_unique<Dense>(2, 2));
+  s = refusal(conv_on_vectors, {9}, 20 + 6);
+  EXPECT_EQ(s.code(), StatusCode::invalid_argument) << s.to_string();
+
+  const Layers ends_in_image = seq(std::make_unique<Conv2D>(1, 2, 3));
+  s = refusal(ends_in_image, {1, 5, 5}, 20);
+  EXPECT_EQ(s.code(), StatusCode::invalid_argument) << s.to_string();
+}
+
+TEST(CudaBackend, WithoutAUsableGpuMakeCudaModelSaysWhy) {
+  std::string why;
+  if (cuda_device_count(&why) > 0) GTEST_SKIP() << "a usable GPU is present";
+  EXPECT_FALSE(why.empty());
+  const Layers dense = seq(std::make_unique<Dense>(4, 2));
+  auto made = make_cuda_model(ptrs(dense), {4}, 10, 0);
+  ASSERT_FALSE(made.ok());
+  EXPECT_EQ(made.status().code(), StatusCode::unavailable);
+  EXPECT_NE(made.status().message().find(why), std::string::npos) << made.status().to_string();
+}
+
+}  // namespace
+}  // namespace asgd
