@@ -119,6 +119,11 @@ class BatchNorm2D final : public Layer {
   float* beta_ = nullptr;
   float* dgamma_ = nullptr;
   float* dbeta_ = nullptr;
+  struct Threads;  // splits the channels across the compute threads
+  struct ThreadsDeleter {
+    void operator()(Threads* t) const;
+  };
+  std::unique_ptr<Threads, ThreadsDeleter> threads_;
 };
 
 /// (B, ...) -> (B, prod(...)). Copies nothing it need not.
@@ -178,6 +183,8 @@ class Residual final : public Layer {
   std::vector<std::unique_ptr<Layer>> main_, shortcut_;
   std::vector<Tensor> main_acts_, shortcut_acts_;  // per path layer: its output
   Tensor grad_a_, grad_b_, grad_short_;           // backward scratch
+  struct Threads;  // splits the sums across the compute threads
+  std::unique_ptr<Threads> threads_;
 };
 
 }  // namespace asgd

@@ -90,8 +90,11 @@ class Model {
   /// called.
   void use_params(std::span<float> storage);
 
-  /// Initialises every parameter from `seed` (He-uniform weights, zero
-  /// biases); the same seed gives bitwise the same parameters.
+  /// Initialises every parameter from `seed`; the same seed gives bitwise
+  /// the same parameters. Weights are uniform in +-bound with bound =
+  /// sqrt(6 / fan_in) (He) for mlp, and 1 / sqrt(fan_in) (torch.nn's default
+  /// for Conv2d and Linear) for lenet and resnet-mini; biases and BatchNorm
+  /// shifts 0, BatchNorm scales 1.
   void init_params(std::uint64_t seed);
 
   /// Forward and backward over one batch x (B, sample...) with labels y (B,):
@@ -148,6 +151,8 @@ class Model {
   SoftmaxCrossEntropy loss_;
   std::vector<BatchNorm2D*> batchnorms_;   // every BatchNorm, nested ones included
   bool training_ = true;
+  enum class WeightInit { he, torch_default };
+  WeightInit weight_init_ = WeightInit::he;
   Device device_;
   std::unique_ptr<DeviceModel> device_model_;  // null on the CPU
   std::size_t classes_ = 0;

@@ -171,7 +171,11 @@ Result<JobSummary> run_job_with(const JobConfig& config, const JobCallbacks& cal
       if (!placement) return placement.status();
       setup.remote = std::move(placement).value();
     }
-    auto coord = system.spawn(coordinator, std::move(setup));
+    // On its own thread: workers that compute inside their handlers keep
+    // the scheduler's threads busy, and a scheduled coordinator then read
+    // epoch reports late (two epochs of resnet-mini stamped with one end
+    // time); its evaluations no longer take a thread from the workers.
+    auto coord = system.spawn<caf::detached>(coordinator, std::move(setup));
     if (hooks.on_coordinator) hooks.on_coordinator(coord);
     outcome.reset();  // the coordinator holds the only reference now
     bool cancelled = false;

@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "compute/blas.hpp"
 #include "compute/layers.hpp"
 #include "compute/random.hpp"
 #include "compute/tensor.hpp"
@@ -114,6 +115,9 @@ const ConvCase kConvCases[] = {
     {3, 4, 5, 1, 2, 0, 6, 6, false},    // projection shortcut
     {1, 2, 3, 1, 1, 0, 4, 3, true},     // 1x1, stride 1
     {2, 2, 2, 3, 3, 2, 5, 5, true},     // stride larger than a tight fit
+    {2, 2, 3, 3, 2, 1, 4, 37, false},   // output rows longer than one vector (19), stride 2
+    {1, 2, 2, 3, 1, 1, 3, 20, true},    // the same at stride 1
+    {1, 1, 2, 3, 1, 1, 2, 70, false},   // rows too long for the vector path
 };
 
 // y in double, straight from the definition of cross-correlation.
@@ -241,6 +245,59 @@ TEST(Conv2D, RunsWithADifferentBatchSizeAfterTheFirst) {
     conv.backward(view(x), y, dy, &dx);
     ASSERT_EQ(dx.shape(), x.shape());
     for (float g : bound.grads) ASSERT_TRUE(std::isfinite(g));
+  }
+}
+
+// Sets the compute-thread budget (BLAS's thread count, which layers also
+// split their batch by) for one scope.
+class ThreadBudget {
+ public:
+  explicit ThreadBudget(int threads) : saved_(blas::threads()) { blas::set_threads(threads); }
+  ~ThreadBudget() { blas::set_threads(saved_); }
+  ThreadBudget(const ThreadBudget&) = delete;
+  ThreadBudget& operator=(const ThreadBudget&) = delete;
+
+ private:
+  int saved_;
+};
+
+struct Outputs {
+  std::vector<float> y, dx, grads;
+};
+
+// One forward and backward pass of `layer` with `threads` compute threads.
+Outputs run_with_threads(Bound& bound, const Tensor& x, const Tensor& dy, int threads) {
+  const ThreadBudget budget(threads);
+  Tensor y, dx;
+  bound.layer.forward(view(x), y);
+  bound.layer.backward(view(x), y, dy, &dx);
+  return {{y.span().begin(), y.span().end()}, {dx.span().begin(), dx.span().end()}, bound.grads};
+}
+
+void expect_near_all(const std::vector<float>& a, const std::vector<float>& b, const char* what) {
+  ASSERT_EQ(a.size(), b.size()) << what;
+  for (std::size_t i = 0; i < a.size(); ++i)
+    ASSERT_NEAR(a[i], b[i], 1e-5 * std::max(1.0f, std::abs(b[i]))) << what << "[" << i << "]";
+}
+
+TEST(Conv2D, SplittingTheBatchAcrossThreadsGivesTheSameResult) {
+  // Odd batch sizes leave the threads unequal shares; the 7x7 case groups
+  // several samples per product.
+  for (const ConvCase& c : {ConvCase{5, 3, 4, 3, 1, 1, 6, 6, true}, ConvCase{7, 8, 16, 3, 2, 1, 14, 14, false},
+                            ConvCase{9, 16, 16, 3, 1, 1, 7, 7, false}}) {
+    SCOPED_TRACE(testing::Message() << c);
+    Rng rng(16);
+    Conv2D conv(c.in, c.out, c.k, c.stride, c.pad, c.bias);
+    Bound bound(conv, rng);
+    const Tensor x = uniform_tensor(rng, {c.batch, c.in, c.h, c.w}, -1.0f, 1.0f);
+    Tensor y;
+    conv.forward(view(x), y);
+    const Tensor dy = normal_tensor(rng, y.shape());
+    const Outputs one = run_with_threads(bound, x, dy, 1);
+    const Outputs two = run_with_threads(bound, x, dy, 2);
+    expect_near_all(two.y, one.y, "y");
+    expect_near_all(two.dx, one.dx, "dx");
+    expect_near_all(two.grads, one.grads, "grads");
   }
 }
 
@@ -539,6 +596,24 @@ TEST(BatchNorm2D, RunsWithADifferentBatchSizeAfterTheFirst) {
   }
 }
 
+TEST(BatchNorm2D, SplittingTheChannelsAcrossThreadsGivesTheSameResult) {
+  Rng rng(48);
+  BatchNorm2D bn(5);
+  Bound bound(bn, rng);
+  const Tensor x = uniform_tensor(rng, {3, 5, 4, 4}, -1.0f, 2.0f);
+  const Tensor dy = normal_tensor(rng, x.shape());
+  const Outputs one = run_with_threads(bound, x, dy, 1);
+  const std::vector<float> running_after_one(bn.running_mean().begin(), bn.running_mean().end());
+  const Outputs two = run_with_threads(bound, x, dy, 2);
+  expect_near_all(two.y, one.y, "y");
+  expect_near_all(two.dx, one.dx, "dx");
+  expect_near_all(two.grads, one.grads, "grads");
+  // Both passes moved the running mean towards the same batch mean.
+  const ChannelStats s = channel_stats(x);
+  for (std::size_t c = 0; c < 5; ++c)
+    EXPECT_NEAR(bn.running_mean()[c], 0.9 * running_after_one[c] + 0.1 * s.mean[c], 1e-6);
+}
+
 // ---- Flatten --------------------------------------------------------------
 
 TEST(Flatten, KeepsTheValuesInOrderBothWays) {
@@ -715,6 +790,27 @@ TEST(Residual, BackwardWithoutDxWritesTheSameParameterGradients) {
   const std::vector<float> without_dx = grads_after_backward(bound, x, dy, nullptr);
   EXPECT_EQ(with_dx, without_dx);
   for (float g : without_dx) ASSERT_FALSE(std::isnan(g));
+}
+
+TEST(Residual, SplittingTheBatchAcrossThreadsGivesTheSameResult) {
+  for (const bool identity : {false, true}) {
+    SCOPED_TRACE(identity ? "identity shortcut" : "projection shortcut");
+    Rng rng(66);
+    Residual block = identity ? Residual(path(std::make_unique<Conv2D>(4, 4, 3, 1, 1, false),
+                                              std::make_unique<BatchNorm2D>(4)),
+                                         Path{})
+                              : projection_block(4, 8, 2);
+    Bound bound(block, rng);
+    const Tensor x = uniform_tensor(rng, {5, 4, 6, 6}, -1.0f, 1.0f);
+    Tensor y;
+    block.forward(view(x), y);
+    const Tensor dy = normal_tensor(rng, y.shape());
+    const Outputs one = run_with_threads(bound, x, dy, 1);
+    const Outputs two = run_with_threads(bound, x, dy, 2);
+    expect_near_all(two.y, one.y, "y");
+    expect_near_all(two.dx, one.dx, "dx");
+    expect_near_all(two.grads, one.grads, "grads");
+  }
 }
 
 TEST(Residual, TrainingModeAndReseedingReachTheSubLayers) {

@@ -173,11 +173,11 @@ TEST(ConvModels, EachModelFitsOneBatchWithMomentumSgd) {
     Model model = build(name);
     Rng rng(9);
     const Batch batch = random_batch(rng, 32);
-    auto opt = make_optimizer({"momentum", 0.05f, 0.9f, 0.0f}, model.num_params());
+    auto opt = make_optimizer({"momentum", 0.01f, 0.9f, 0.0f}, model.num_params());
     ASSERT_TRUE(opt.ok());
     const float first = model.compute_gradients(batch.x, batch.y);
     float last = first;
-    for (int step = 0; step < 40; ++step) {
+    for (int step = 0; step < 100; ++step) {
       (*opt)->step(model.params(), model.grads());
       last = model.compute_gradients(batch.x, batch.y);
     }
