@@ -9,6 +9,7 @@
 #include "actors/data_feeder.hpp"
 #include "actors/parameter_shard.hpp"
 #include "actors/worker.hpp"
+#include "runtime/checkpoint.hpp"
 
 namespace asgd {
 
@@ -118,6 +119,24 @@ EvalResult evaluate_on(CoordinatorState& st, const data::LabeledImages& split) {
   return st.model->evaluate(split.pixels, split.labels);
 }
 
+// The evaluated model (its BatchNorm statistics just recalibrated) as
+// DIR/model.ckpt, when the job asked for one.
+Status save_checkpoint(CoordinatorState& st, const EvalResult& test) {
+  const JobConfig& cfg = st.setup.config;
+  if (cfg.checkpoint_dir.empty()) return {};
+  Checkpoint ckpt = Checkpoint::of(*st.model);
+  ckpt.sample_shape = st.model->sample_shape();
+  ckpt.classes = st.model->classes();
+  ckpt.dataset = st.setup.data->name;
+  ckpt.input_mean = st.setup.data->normalization.mean;
+  ckpt.input_stddev = st.setup.data->normalization.stddev;
+  ckpt.updates = st.updates;
+  ckpt.test_accuracy = test.accuracy;
+  const Status s = write_checkpoint(cfg.checkpoint_dir, ckpt);
+  if (s.ok()) spdlog::info("checkpoint: {}/{}", cfg.checkpoint_dir, kCheckpointFile);
+  return s;
+}
+
 // Once the last epoch is evaluated and every worker has stopped (so every
 // last push has reached its shard): the final parameters, the test
 // accuracy, the shards' statistics, the outcome; then stop.
@@ -129,6 +148,10 @@ void finish(Self self) {
     auto& c = self->state;
     if (c.setup.on_final_params) c.setup.on_final_params(c.model->params());
     const EvalResult result = evaluate_on(c, c.setup.data->test);
+    if (const Status saved = save_checkpoint(c, result); !saved.ok()) {
+      fail(self, saved);
+      return;
+    }
     auto stats = std::make_shared<std::vector<ShardStats>>();
     for (std::size_t i = 0; i < c.shards.size(); ++i) {
       self->request(c.shards[i], rpc_timeout(c.setup.config), stats_atom::value)

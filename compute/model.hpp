@@ -63,6 +63,8 @@ class Model {
   ~Model();
 
   const std::string& name() const { return name_; }
+  const Shape& sample_shape() const { return sample_shape_; }
+  std::size_t classes() const { return classes_; }
   std::size_t num_params() const { return params_.size(); }
   const std::vector<ParamEntry>& layout() const { return layout_; }
 

@@ -139,6 +139,8 @@ const std::vector<ConfigField>& job_config_fields() {
       {"eval-every", "also evaluate on the validation split every S seconds of training (default 0: per epoch only)",
        "S", double_field(&JobConfig::eval_every_s)},
       {"metrics-out", "write metrics as JSON Lines to FILE", "FILE", string_field(&JobConfig::metrics_out)},
+      {"checkpoint-dir", "write the trained model to DIR/model.ckpt at the end (for asgd export)", "DIR",
+       string_field(&JobConfig::checkpoint_dir)},
       {"validation-size", "training images held out for validation (default 5000)", "N",
        uint_field(&JobConfig::validation_size)},
       {"threads", "BLAS threads per worker (default cores / workers)", "N", uint_field(&JobConfig::threads)},

@@ -12,6 +12,8 @@
 #include <future>
 #include <thread>
 
+#include <unistd.h>
+
 #include "actors/coordinator.hpp"
 #include "compute/device.hpp"
 #include "asgd/job.hpp"
@@ -118,6 +120,13 @@ Result<JobSummary> run_job_with(const JobConfig& config, const JobCallbacks& cal
     auto w = MetricsWriter::open(config.metrics_out);
     if (!w) return w.status();
     metrics.emplace(std::move(w).value());
+  }
+  if (!config.checkpoint_dir.empty()) {  // refuse now, not after hours of training
+    std::error_code ec;
+    std::filesystem::create_directories(config.checkpoint_dir, ec);
+    if (ec || ::access(config.checkpoint_dir.c_str(), W_OK) != 0)
+      return Status::InvalidArgument("--checkpoint-dir " + config.checkpoint_dir + ": cannot write there" +
+                                     (ec ? " (" + ec.message() + ")" : ""));
   }
 
   const std::string dir = resolve_data_dir(config);

@@ -51,6 +51,10 @@ struct JobConfig {
   /// a finer time-to-target and accuracy curve (0: only after each epoch).
   double eval_every_s = 0.0;
   std::string metrics_out;          ///< JSON Lines metrics file; empty: none
+  /// Where the trained model is written at the end (DIR/model.ckpt:
+  /// parameters, BatchNorm statistics, layout, input normalisation; read
+  /// by `asgd export`); empty: not written.
+  std::string checkpoint_dir;
   std::uint32_t validation_size = 5000;  ///< training images held out for validation
   std::uint32_t threads = 0;        ///< BLAS threads per worker; 0: cores / workers (at least 1)
   std::uint32_t prefetch = 4;       ///< batches each data feeder keeps ready

@@ -10,6 +10,8 @@
 #include <fstream>
 #include <sstream>
 
+#include <nlohmann/json.hpp>
+
 #include "compute/device.hpp"
 #include "temp_dir.hpp"
 #include "test_data.hpp"
@@ -79,6 +81,48 @@ TEST(TrainCli, RejectsAnUnknownModelOrDeviceWithExitCode2) {
 TEST(TrainCli, RefusesCudaWithoutAUsableGpuSayingWhy) {
   if (asgd::cuda_device_count() > 0) GTEST_SKIP() << "this machine has a GPU";
   expect_one_line_error(asgd("train --device cuda"), 2, "no usable CUDA device");
+}
+
+TEST(ExportCli, ATrainedLenetLoadsIntoTorchWithTheSameTestAccuracy) {
+  const fs::path mnist = asgd_test::dataset_dir("mnist");
+  const asgd_test::TempDir dir;
+  const fs::path metrics = dir.path() / "m.jsonl";
+  const CliRun train = asgd("train --data-dir " + mnist.string() + " --model lenet --epochs 1 --checkpoint-dir " +
+                            dir.path().string() + " --metrics-out " + metrics.string());
+  ASSERT_EQ(train.exit_code, 0) << train.err;
+  const fs::path out = dir.path() / "lenet.safetensors";
+  const CliRun exported = asgd("export --checkpoint " + dir.path().string() + " --out " + out.string());
+  ASSERT_EQ(exported.exit_code, 0) << exported.err;
+  EXPECT_NE(exported.out.find("8 tensors"), std::string::npos) << exported.out;
+
+  const std::string script = std::string(ASGD_SOURCE_DIR) + "/tests/runtime/load_safetensors.py";
+  const fs::path result = dir.path() / "torch.json";
+  const int status = std::system(("/usr/bin/python3 " + script + " " + out.string() + " " + mnist.string() + " >" +
+                                  result.string() + " 2>" + (dir.path() / "py.err").string())
+                                     .c_str());
+  const int code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  if (code == 77) GTEST_SKIP() << slurp(dir.path() / "py.err");
+  ASSERT_EQ(code, 0) << slurp(dir.path() / "py.err");
+  const double torch_accuracy = nlohmann::json::parse(slurp(result))["accuracy"].get<double>();
+  const std::string last = [&] {
+    std::istringstream lines_in(slurp(metrics));
+    std::string line, previous;
+    while (std::getline(lines_in, line)) previous = line;
+    return previous;
+  }();
+  const double ours = nlohmann::json::parse(last)["final_test_accuracy"].get<double>();
+  EXPECT_GT(ours, 0.9);
+  EXPECT_NEAR(torch_accuracy, ours, 0.001);  // within 0.1 percentage points
+}
+
+TEST(ExportCli, AMissingCheckpointIsExitCode2AndADamagedOneExitCode1) {
+  const asgd_test::TempDir dir;
+  expect_one_line_error(asgd("export --checkpoint " + (dir.path() / "none").string() + " --out x.safetensors"), 2,
+                        "no checkpoint");
+  std::ofstream(dir.path() / "model.ckpt") << "ASGDCKPT but not really";
+  expect_one_line_error(asgd("export --checkpoint " + dir.path().string() + " --out x.safetensors"), 1,
+                        "model.ckpt");
+  expect_one_line_error(asgd("export --out x.safetensors"), 2, "--checkpoint");
 }
 
 TEST(TrainCli, RejectsAnUnwritableMetricsFileWithExitCode2) {

@@ -36,6 +36,7 @@ int main(int argc, char** argv) {
   app.set_version_flag("--version", "asgd 0.1.0");
   auto train = add_train_command(app);
   auto roles = add_cluster_commands(app);
+  auto export_model = add_export_command(app);
   std::function<int()> bench;
 #ifdef ASGD_WITH_BENCH
   bench = add_bench_command(app);
@@ -63,6 +64,7 @@ int main(int argc, char** argv) {
         sub->get_name() == "worker")
       return roles(sub->get_name());
     if (sub->get_name() == "bench" && bench) return bench();
+    if (sub->get_name() == "export") return export_model();
   }
   print_error("no command given; try --help");
   return kExitUsage;

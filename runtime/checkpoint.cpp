@@ -1,0 +1,186 @@
+#include "runtime/checkpoint.hpp"
+
+#include <fcntl.h>
+#include <unistd.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+
+#include "compute/model.hpp"
+#include "messaging/wire.hpp"
+
+namespace asgd {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr char kMagic[8] = {'A', 'S', 'G', 'D', 'C', 'K', 'P', 'T'};
+// A header that claims more than this is corrupt, not a big model's.
+constexpr std::uint32_t kMaxHeader = 16u << 20;
+
+template <class T>
+void put(std::string& out, T v) {
+  out.append(reinterpret_cast<const char*>(&v), sizeof v);
+}
+
+void put_floats(std::string& out, const std::vector<float>& v) {
+  out.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
+}
+
+std::uint32_t crc_of(const std::string& bytes) {
+  return messaging::crc32c(std::as_bytes(std::span(bytes.data(), bytes.size())));
+}
+
+// write, fsync, rename, fsync the folder.
+Status write_atomically(const fs::path& path, const std::string& bytes) {
+  std::error_code ec;
+  if (path.has_parent_path()) fs::create_directories(path.parent_path(), ec);
+  if (ec) return Status::IOError("cannot create " + path.parent_path().string() + ": " + ec.message());
+  const fs::path tmp = path.string() + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return Status::IOError("cannot write " + tmp.string() + ": " + std::strerror(errno));
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const std::string why = std::strerror(errno);
+      ::close(fd);
+      return Status::IOError("cannot write " + tmp.string() + ": " + why);
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  if (::fsync(fd) != 0 || ::close(fd) != 0) return Status::IOError("cannot flush " + tmp.string());
+  fs::rename(tmp, path, ec);
+  if (ec) return Status::IOError("cannot rename " + tmp.string() + " to " + path.string() + ": " + ec.message());
+  const fs::path dir = path.has_parent_path() ? path.parent_path() : fs::path(".");
+  if (const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+  return {};
+}
+
+nlohmann::json tensor_list(const std::vector<CheckpointTensor>& tensors) {
+  nlohmann::json list = nlohmann::json::array();
+  for (const auto& t : tensors) list.push_back({{"name", t.name}, {"shape", t.shape}});
+  return list;
+}
+
+}  // namespace
+
+Checkpoint Checkpoint::of(Model& model) {
+  Checkpoint c;
+  c.model = model.name();
+  const auto params = std::as_const(model).params();
+  for (const ParamEntry& e : model.layout())
+    c.params.push_back({e.name, e.shape, {params.begin() + static_cast<std::ptrdiff_t>(e.offset),
+                                          params.begin() + static_cast<std::ptrdiff_t>(e.offset + e.size)}});
+  for (const LayerBuffer& b : model.buffers())
+    c.buffers.push_back({b.name, {b.values.size()}, {b.values.begin(), b.values.end()}});
+  return c;
+}
+
+Status write_checkpoint(const std::string& dir, const Checkpoint& ckpt) {
+  const nlohmann::json header = {
+      {"model", ckpt.model},         {"sample_shape", ckpt.sample_shape}, {"classes", ckpt.classes},
+      {"dataset", ckpt.dataset},     {"input_mean", ckpt.input_mean},     {"input_stddev", ckpt.input_stddev},
+      {"updates", ckpt.updates},     {"test_accuracy", ckpt.test_accuracy},
+      {"params", tensor_list(ckpt.params)}, {"buffers", tensor_list(ckpt.buffers)}};
+  const std::string text = header.dump();
+  std::string bytes(kMagic, sizeof kMagic);
+  put(bytes, kCheckpointVersion);
+  put(bytes, static_cast<std::uint32_t>(text.size()));
+  bytes += text;
+  for (const auto& t : ckpt.params) put_floats(bytes, t.values);
+  for (const auto& t : ckpt.buffers) put_floats(bytes, t.values);
+  put(bytes, crc_of(bytes));
+  return write_atomically(fs::path(dir) / kCheckpointFile, bytes);
+}
+
+Result<Checkpoint> read_checkpoint(const std::string& dir) {
+  const fs::path path = fs::is_directory(dir) ? fs::path(dir) / kCheckpointFile : fs::path(dir);
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Status::NotFound("no checkpoint at " + path.string());
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto corrupt = [&](const std::string& why) { return Status::Corruption(path.string() + ": " + why); };
+  constexpr std::size_t kFixed = sizeof kMagic + 8;
+  if (bytes.size() < kFixed + 4 || std::memcmp(bytes.data(), kMagic, sizeof kMagic) != 0)
+    return corrupt("not an asgd checkpoint");
+  std::uint32_t version = 0, header_len = 0, stored_crc = 0;
+  std::memcpy(&version, bytes.data() + 8, 4);
+  std::memcpy(&header_len, bytes.data() + 12, 4);
+  if (version != kCheckpointVersion)
+    return corrupt("version " + std::to_string(version) + ", this asgd reads " + std::to_string(kCheckpointVersion));
+  if (header_len > kMaxHeader || kFixed + header_len + 4 > bytes.size()) return corrupt("truncated header");
+  std::memcpy(&stored_crc, bytes.data() + bytes.size() - 4, 4);
+  if (messaging::crc32c(std::as_bytes(std::span(bytes.data(), bytes.size() - 4))) != stored_crc)
+    return corrupt("checksum mismatch (the file is damaged)");
+
+  Checkpoint c;
+  std::size_t at = kFixed + header_len;
+  try {
+    const auto h = nlohmann::json::parse(bytes.substr(kFixed, header_len));
+    c.model = h.at("model").get<std::string>();
+    c.sample_shape = h.at("sample_shape").get<Shape>();
+    c.classes = h.at("classes").get<std::size_t>();
+    c.dataset = h.at("dataset").get<std::string>();
+    c.input_mean = h.at("input_mean").get<float>();
+    c.input_stddev = h.at("input_stddev").get<float>();
+    c.updates = h.at("updates").get<std::uint64_t>();
+    c.test_accuracy = h.at("test_accuracy").get<double>();
+    for (const char* group : {"params", "buffers"}) {
+      auto& out = std::string(group) == "params" ? c.params : c.buffers;
+      for (const auto& t : h.at(group)) {
+        CheckpointTensor tensor{t.at("name").get<std::string>(), t.at("shape").get<Shape>(), {}};
+        const std::size_t n = numel(tensor.shape);
+        if (n > (bytes.size() - 4 - at) / sizeof(float)) return corrupt("tensor " + tensor.name + " runs past the end");
+        tensor.values.resize(n);
+        std::memcpy(tensor.values.data(), bytes.data() + at, n * sizeof(float));
+        at += n * sizeof(float);
+        out.push_back(std::move(tensor));
+      }
+    }
+  } catch (const nlohmann::json::exception& e) {
+    return corrupt(std::string("bad header: ") + e.what());
+  }
+  if (at != bytes.size() - 4) return corrupt("the tensors do not fill the file");
+  return c;
+}
+
+Status write_safetensors(const std::string& path, const Checkpoint& ckpt) {
+  nlohmann::json header = nlohmann::json::object();
+  std::string data;
+  auto add = [&](const std::string& name, const Shape& shape, const char* dtype, const void* values,
+                 std::size_t bytes) {
+    header[name] = {{"dtype", dtype}, {"shape", shape}, {"data_offsets", {data.size(), data.size() + bytes}}};
+    data.append(static_cast<const char*>(values), bytes);
+  };
+  for (const auto& t : ckpt.params) add(t.name, t.shape, "F32", t.values.data(), t.values.size() * sizeof(float));
+  for (const auto& t : ckpt.buffers) {
+    add(t.name, t.shape, "F32", t.values.data(), t.values.size() * sizeof(float));
+    const std::string suffix = ".running_var";
+    if (t.name.ends_with(suffix)) {
+      const std::int64_t tracked = 0;
+      add(t.name.substr(0, t.name.size() - suffix.size()) + ".num_batches_tracked", {}, "I64", &tracked,
+          sizeof tracked);
+    }
+  }
+  header["__metadata__"] = {{"format", "pt"},
+                            {"model", ckpt.model},
+                            {"dataset", ckpt.dataset},
+                            {"input_mean", std::to_string(ckpt.input_mean)},
+                            {"input_stddev", std::to_string(ckpt.input_stddev)}};
+  std::string text = header.dump();
+  text.append((8 - text.size() % 8) % 8, ' ');  // tensors start 8-byte aligned
+  std::string bytes;
+  put(bytes, static_cast<std::uint64_t>(text.size()));
+  bytes += text;
+  bytes += data;
+  return write_atomically(path, bytes);
+}
+
+}  // namespace asgd

@@ -1,0 +1,68 @@
+#pragma once
+// A trained model on disk: what `asgd train --checkpoint-dir DIR` writes at
+// the end of a job (DIR/model.ckpt) and `asgd export` reads. One file:
+//
+//   "ASGDCKPT" | u32 version | u32 header length H | H bytes of JSON
+//   | parameters (P float32) | buffers (Q float32) | u32 CRC-32C of all before
+//
+// little-endian. The JSON holds the model name, sample shape, classes, the
+// dataset's normalisation, the parameter layout and the buffer names and
+// sizes, so a reader needs no model code to interpret the numbers. Written
+// atomically: a temporary file, fsync, rename, fsync of the folder; a crash
+// leaves the old checkpoint or the new one, never half of one.
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "asgd/status.hpp"
+#include "compute/tensor.hpp"
+
+namespace asgd {
+
+class Model;
+
+struct CheckpointTensor {
+  std::string name;      ///< torch.nn state_dict name: "0.weight", "1.running_mean"
+  Shape shape;
+  std::vector<float> values;
+};
+
+struct Checkpoint {
+  std::string model;                 ///< "lenet"
+  Shape sample_shape;                ///< (C, H, W)
+  std::size_t classes = 0;
+  std::string dataset;               ///< what it was trained on, for the record
+  float input_mean = 0.0f;           ///< inputs were (pixel / 255 - mean) / stddev
+  float input_stddev = 1.0f;
+  std::uint64_t updates = 0;         ///< parameter updates applied in training
+  double test_accuracy = -1.0;       ///< final test accuracy when known, else < 0
+  std::vector<CheckpointTensor> params;   ///< in the model's flat layout order
+  std::vector<CheckpointTensor> buffers;  ///< BatchNorm running statistics
+
+  /// Copies `model`'s parameters and buffers (layout order).
+  static Checkpoint of(Model& model);
+};
+
+inline constexpr std::uint32_t kCheckpointVersion = 1;
+inline constexpr const char* kCheckpointFile = "model.ckpt";
+
+/// Writes `ckpt` to `dir`/model.ckpt atomically, creating `dir`.
+/// Errors: io_error naming the path.
+Status write_checkpoint(const std::string& dir, const Checkpoint& ckpt);
+
+/// Reads `dir`/model.ckpt (or `dir` itself when it is a file). Errors:
+/// not_found; corruption for a wrong magic, version, length or checksum,
+/// naming the file.
+Result<Checkpoint> read_checkpoint(const std::string& dir);
+
+/// The safetensors layout (an 8-byte little-endian header length, a JSON
+/// header mapping each name to dtype, shape and byte offsets, the raw
+/// tensors): parameters and buffers under their torch state_dict names,
+/// plus a "num_batches_tracked" (I64, 0-d) beside each BatchNorm's
+/// statistics so torch.nn.Module.load_state_dict accepts it strictly.
+/// Metadata carries the model, dataset and input normalisation. Written
+/// atomically like checkpoints. Errors: io_error naming the path.
+Status write_safetensors(const std::string& path, const Checkpoint& ckpt);
+
+}  // namespace asgd
