@@ -137,10 +137,12 @@ std::function<int()> add_bench_command(CLI::App& app) {
   rt->add_option("--seed", o->seed, "seed (default 1)");
   rt->add_flag("--json", o->json, "print one JSON object instead of text");
   auto comm = add_comm_bench(bench);
-  return [o, rt, comm] {
+  auto compute = add_compute_bench(bench);
+  return [o, rt, comm, compute] {
     if (comm.parsed()) return comm.run();
+    if (compute.parsed()) return compute.run();
     if (!rt->parsed()) {
-      print_error("bench: name a benchmark (runtime, comm)");
+      print_error("bench: name a benchmark (runtime, comm, compute)");
       return kExitUsage;
     }
     return run_bench_runtime(*o);

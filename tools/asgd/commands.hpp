@@ -24,7 +24,10 @@ inline constexpr int kExitUsage = 2;
 /// Adds `train` to `app`; the returned function runs it after parsing.
 std::function<int()> add_train_command(CLI::App& app);
 
-/// Adds `bench` (with `runtime` and `comm`) to `app`.
+/// Adds `export` (a checkpoint as safetensors) to `app`.
+std::function<int()> add_export_command(CLI::App& app);
+
+/// Adds `bench` (with `runtime`, `comm` and `compute`) to `app`.
 std::function<int()> add_bench_command(CLI::App& app);
 
 /// `bench comm` (and its hidden server): whether it was chosen, and its run.
@@ -33,6 +36,10 @@ struct CommBench {
   std::function<int()> run;
 };
 CommBench add_comm_bench(CLI::App* bench);
+
+/// `bench compute` (bench/compute_bench.cpp): the same pair.
+using ComputeBench = CommBench;
+ComputeBench add_compute_bench(CLI::App* bench);
 
 /// Adds `cluster`, `coordinator`, `shard` and `worker` to `app`; the
 /// returned function runs whichever was chosen.

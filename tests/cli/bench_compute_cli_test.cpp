@@ -1,0 +1,112 @@
+// `asgd bench compute` as bench/torch_compute.py meets it: JSON lines with
+// the fields it reads, and plain exit-2 errors for a wrong model or device.
+
+#include <gtest/gtest.h>
+#include <sys/wait.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdlib>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "compute/device.hpp"
+#include "temp_dir.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+struct CliRun {
+  int exit_code = -1;
+  std::string out;
+  std::string err;
+};
+
+std::string slurp(const fs::path& p) {
+  std::ifstream in(p);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
+}
+
+CliRun asgd(const std::string& args) {
+  const asgd_test::TempDir dir_holder("_stdio");
+  const fs::path& dir = dir_holder.path();
+  const std::string cmd = std::string(ASGD_CLI_PATH) + " " + args + " >" + (dir / "out").string() + " 2>" +
+                          (dir / "err").string() + " </dev/null";
+  const int status = std::system(cmd.c_str());
+  CliRun r;
+  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  r.out = slurp(dir / "out");
+  r.err = slurp(dir / "err");
+  return r;
+}
+
+// Built with -DASGD_BUILD_BENCH=OFF the command does not exist.
+bool has_bench_compute() { return asgd("bench compute --help").exit_code == 0; }
+
+void expect_one_line_error(const CliRun& r, int code, const std::string& needle) {
+  EXPECT_EQ(r.exit_code, code) << r.err;
+  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
+  EXPECT_EQ(r.err.rfind("asgd: error: ", 0), 0u) << r.err;
+  EXPECT_NE(r.err.find(needle), std::string::npos) << "expected '" << needle << "' in: " << r.err;
+  EXPECT_TRUE(r.out.empty()) << "nothing should be measured: " << r.out;
+}
+
+TEST(BenchComputeCli, PrintsOneJsonObjectPerBatchWithTheFieldsTheTorchScriptReads) {
+  if (!has_bench_compute()) GTEST_SKIP() << "asgd built without benchmarks";
+  const CliRun r = asgd("bench compute --models mlp --batches 8,16 --seconds 0.2 --warmup 0.05 --threads 1 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::vector<nlohmann::json> rows;
+  std::istringstream lines(r.out);
+  for (std::string line; std::getline(lines, line);) {
+    ASSERT_NO_THROW(rows.push_back(nlohmann::json::parse(line))) << "not JSON: " << line;
+  }
+  ASSERT_EQ(rows.size(), 2u) << r.out;
+  for (std::size_t i = 0; i < rows.size(); ++i) {
+    const auto& row = rows[i];
+    EXPECT_EQ(row.at("model"), "mlp");
+    EXPECT_EQ(row.at("batch"), i == 0 ? 8 : 16);
+    EXPECT_EQ(row.at("device"), "cpu");
+    EXPECT_EQ(row.at("threads"), 1);
+    EXPECT_EQ(row.at("params"), 235146);
+    const double median = row.at("samples_per_s");
+    EXPECT_GT(median, 0.0);
+    EXPECT_LE(row.at("min_samples_per_s").get<double>(), median);
+    EXPECT_GE(row.at("max_samples_per_s").get<double>(), median);
+    EXPECT_GE(row.at("spread").get<double>(), 0.0);
+    EXPECT_EQ(row.at("windows").size(), 5u);
+    EXPECT_GE(row.at("steps").get<int>(), 5);
+    EXPECT_TRUE(row.at("blas_core").is_string());
+    EXPECT_TRUE(std::isfinite(row.at("loss").get<double>()));
+  }
+}
+
+TEST(BenchComputeCli, RejectsAnUnknownModelWithExitCode2BeforeMeasuring) {
+  if (!has_bench_compute()) GTEST_SKIP() << "asgd built without benchmarks";
+  expect_one_line_error(asgd("bench compute --models mlp,vgg16 --seconds 0.2 --json"), 2, "vgg16");
+}
+
+TEST(BenchComputeCli, RejectsAnUnknownDeviceWithExitCode2) {
+  if (!has_bench_compute()) GTEST_SKIP() << "asgd built without benchmarks";
+  expect_one_line_error(asgd("bench compute --models mlp --device gpu --seconds 0.2"), 2, "gpu");
+  expect_one_line_error(asgd("bench compute --models mlp --device cuda:x --seconds 0.2"), 2, "cuda:x");
+}
+
+TEST(BenchComputeCli, SaysPlainlyWhenCudaCannotBeUsed) {
+  if (!has_bench_compute()) GTEST_SKIP() << "asgd built without benchmarks";
+  if (asgd::cuda_device_count() > 0) GTEST_SKIP() << "a GPU is usable here";
+  const CliRun r = asgd("bench compute --models mlp --device cuda --seconds 0.2");
+  EXPECT_NE(r.exit_code, 0);
+  expect_one_line_error(r, r.exit_code, "--device cuda");
+}
+
+TEST(BenchComputeCli, RejectsZeroThreadsAndANonPositiveBatch) {
+  if (!has_bench_compute()) GTEST_SKIP() << "asgd built without benchmarks";
+  expect_one_line_error(asgd("bench compute --models mlp --threads 0"), 2, "--threads");
+  expect_one_line_error(asgd("bench compute --models mlp --batches 0"), 2, "--batches");
+}
+
+}  // namespace
