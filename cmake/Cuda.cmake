@@ -9,14 +9,18 @@ if(NOT _asgd_cuda_mode STREQUAL "OFF")
   set(_asgd_cuda_ok OFF)
   if(CMAKE_CUDA_COMPILER)
     find_package(CUDAToolkit QUIET)
-    find_path(ASGD_CUDNN_INCLUDE_DIR cudnn.h HINTS ${CUDAToolkit_INCLUDE_DIRS})
-    find_library(ASGD_CUDNN_LIBRARY cudnn HINTS ${CUDAToolkit_LIBRARY_DIR})
-    if(CUDAToolkit_FOUND AND ASGD_CUDNN_INCLUDE_DIR AND ASGD_CUDNN_LIBRARY)
+    find_package(CUDNN QUIET)
+    if(CUDAToolkit_FOUND AND CUDNN_FOUND)
       set(_asgd_cuda_ok ON)
     endif()
   endif()
   if(_asgd_cuda_ok)
     set(ASGD_CUDA_ENABLED ON)
+    # What compute/cuda/ compiles and links against. The library is an
+    # imported target, not a path, so the installed package's export names
+    # no file of this machine (asgdConfig.cmake finds cuDNN again).
+    set(ASGD_CUDNN_INCLUDE_DIR ${CUDNN_INCLUDE_DIR})
+    set(ASGD_CUDNN_LIBRARY CUDNN::cudnn)
     # Link the shared CUDA runtime only; libcuda comes from the driver at run
     # time and is never linked (build machines only have a stub).
     set(CMAKE_CUDA_RUNTIME_LIBRARY Shared)

@@ -1,0 +1,42 @@
+# `cmake --install` rules: libasgd.a with the public headers (include/asgd/),
+# the asgd command line, and a relocatable CMake package, so that another
+# project writes
+#
+#   find_package(asgd CONFIG REQUIRED)
+#   target_link_libraries(app PRIVATE asgd::asgd)
+#
+# The library is static, so its dependencies are linked by the consumer:
+# asgdConfig.cmake finds each again (see asgdConfig.cmake.in) and the export
+# refers to them by target name only, never by a path of the build machine.
+include(CMakePackageConfigHelpers)
+
+set(ASGD_INSTALL_CMAKEDIR ${CMAKE_INSTALL_LIBDIR}/cmake/asgd)
+
+set(_asgd_install_targets asgd_lib)
+if(TARGET asgd_cuda_kernels)
+  # asgd_lib links the nvcc-compiled kernels privately: they ship beside it.
+  set_target_properties(asgd_cuda_kernels PROPERTIES EXPORT_NAME cuda_kernels)
+  list(APPEND _asgd_install_targets asgd_cuda_kernels)
+endif()
+install(TARGETS ${_asgd_install_targets} EXPORT asgdTargets
+  ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT development)
+install(DIRECTORY ${CMAKE_SOURCE_DIR}/include/asgd
+  DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} COMPONENT development)
+# The installed CLI keeps the run path to libraries outside the system's
+# directories (the CUDA toolkit's), never one into this build.
+set_target_properties(asgd PROPERTIES INSTALL_RPATH_USE_LINK_PATH ON)
+install(TARGETS asgd RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT runtime)
+
+install(EXPORT asgdTargets NAMESPACE asgd:: FILE asgdTargets.cmake
+  DESTINATION ${ASGD_INSTALL_CMAKEDIR} COMPONENT development)
+configure_package_config_file(${CMAKE_CURRENT_LIST_DIR}/asgdConfig.cmake.in
+  ${CMAKE_BINARY_DIR}/asgdConfig.cmake
+  INSTALL_DESTINATION ${ASGD_INSTALL_CMAKEDIR}
+  NO_SET_AND_CHECK_MACRO)
+# 0.x: a minor version may break the API.
+write_basic_package_version_file(${CMAKE_BINARY_DIR}/asgdConfigVersion.cmake
+  VERSION ${PROJECT_VERSION} COMPATIBILITY SameMinorVersion)
+install(FILES
+  ${CMAKE_BINARY_DIR}/asgdConfig.cmake ${CMAKE_BINARY_DIR}/asgdConfigVersion.cmake
+  ${CMAKE_CURRENT_LIST_DIR}/FindCAF.cmake ${CMAKE_CURRENT_LIST_DIR}/FindCUDNN.cmake
+  DESTINATION ${ASGD_INSTALL_CMAKEDIR} COMPONENT development)

@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Installs a built asgd into a temporary prefix, moves the prefix elsewhere
+# (the package must be relocatable), checks that no installed text file names
+# a path of the build, then configures, builds and runs tests/packaging/consumer
+# against it with nothing but CMAKE_PREFIX_PATH. Exit 77 (ctest: skipped)
+# comes from the consumer when $ASGD_DATA_DIR is unset.
+#
+# usage: install_test.sh BUILD_DIR SOURCE_DIR GENERATOR CXX_COMPILER [LAUNCHER]
+set -euo pipefail
+build=$(cd "$1" && pwd)
+source=$(cd "$2" && pwd)
+generator=$3
+cxx=$4
+launcher=${5:-}
+
+work=$(mktemp -d "${TMPDIR:-/tmp}/asgd-packaging.XXXXXX")
+trap 'rm -rf "$work"' EXIT
+
+cmake --install "$build" --prefix "$work/installed" >"$work/install.log"
+mv "$work/installed" "$work/prefix"
+prefix="$work/prefix"
+
+# Binaries may carry source file names (assert messages); text files must not
+# carry any absolute path of this machine's build.
+if leaks=$(grep -rIlF -e "$build" -e "$source" -e "$work/installed" "$prefix"); then
+  echo "install_test: installed files name build-machine paths:" >&2
+  echo "$leaks" >&2
+  exit 1
+fi
+for f in bin/asgd include/asgd/job.hpp include/asgd/status.hpp lib/cmake/asgd/asgdConfig.cmake \
+         lib/cmake/asgd/asgdConfigVersion.cmake lib/cmake/asgd/asgdTargets.cmake lib/cmake/asgd/FindCAF.cmake; do
+  [[ -e "$prefix/$f" ]] || { echo "install_test: $f was not installed" >&2; exit 1; }
+done
+"$prefix/bin/asgd" --help >/dev/null
+
+configure=(cmake -S "$source/tests/packaging/consumer" -B "$work/consumer" -G "$generator"
+           -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_PREFIX_PATH="$prefix")
+if [[ -n "$launcher" ]]; then configure+=(-DCMAKE_CXX_COMPILER_LAUNCHER="$launcher"); fi
+"${configure[@]}" >"$work/configure.log" || { cat "$work/configure.log" >&2; exit 1; }
+cmake --build "$work/consumer" || exit 1
+
+"$work/consumer/consumer"
