@@ -6,6 +6,9 @@
 #include <caf/all.hpp>
 
 #include <cstdint>
+#include <memory>
+#include <optional>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -13,6 +16,19 @@
 #include "policies/policy.hpp"
 
 namespace asgd {
+
+/// A remote push's payload left in the frame it arrived in instead of
+/// copied into a vector: a view, valid while `owner` lives, whose checksum
+/// the bridge verified before handing it on. The shard answers into the same
+/// bytes when `writable` (nobody else reads them), else into `spare`, a
+/// recycled buffer of the same size (contents unspecified). In-process
+/// only: not inspected, never serialized.
+struct ReceivedFloats {
+  std::shared_ptr<const void> owner;
+  std::span<const float> values;  ///< (n,)
+  std::span<float> writable;      ///< (n,) the same bytes, or empty
+  std::vector<float> spare;       ///< (n,) when not writable
+};
 
 /// worker -> shard: a payload for the shard's key range.
 struct PushRequest {
@@ -22,6 +38,12 @@ struct PushRequest {
   std::uint32_t samples = 0;        ///< samples behind it: its weight in an aggregate
   bool want_params = true;          ///< answer with the parameters for the read at clock + 1
   std::vector<float> payload;       ///< (range size,) gradients or parameters, as the policy says
+  ReceivedFloats received = {};     ///< instead of `payload` (then empty) for a push from another process
+
+  /// The payload, wherever it is.
+  std::span<const float> values() const {
+    return received.owner ? received.values : std::span<const float>(payload);
+  }
 };
 
 /// worker -> shard: "send me your parameters for step `clock`".
@@ -49,6 +71,15 @@ struct ShardReply {
   std::uint64_t version = 0;        ///< updates (or aggregates) the shard has applied
   double held_s = 0.0;              ///< how long the policy held the read back
   std::vector<float> params;        ///< (range size,) or empty
+  /// A reply to a push from another process may carry its parameters here
+  /// instead of in `params`: written over the push's gradient in the
+  /// frame's buffer (owner and values; the rest unused). In-process only:
+  /// not inspected.
+  ReceivedFloats params_in_frame = {};
+  /// CRC-32C of the parameters' bytes when the shard computed it while
+  /// writing them (a reply to a push from another process): spares the
+  /// sender a pass. In-process only: not inspected.
+  std::optional<std::uint32_t> params_crc = std::nullopt;
 };
 
 /// worker -> coordinator, once per finished epoch.

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <limits>
 
+#include "messaging/wire.hpp"  // crc32c: a remote push's reply is checksummed in the update's pass
+
 namespace asgd {
 
 Result<ShardCore> ShardCore::make(ShardSetup setup) {
@@ -157,8 +159,10 @@ void ShardCore::push(PushRequest&& req, Ticket ticket, Instant now, std::vector<
   const bool known = req.worker < setup_.workers && live_[req.worker];
   const auto slot = pending_.find(req.clock);
   const bool duplicate = known && slot != pending_.end() && slot->second.present[req.worker];
-  const bool tick = req.samples == 0 && req.payload.empty();
-  if (!known || duplicate || (!tick && req.payload.size() != params_.size())) {
+  const std::span<const float> payload = req.values();
+  const bool remote = req.received.owner != nullptr;
+  const bool tick = req.samples == 0 && payload.empty();
+  if (!known || duplicate || (!tick && payload.size() != params_.size())) {
     ++stats_.rejected;
     out.push_back({ticket, reply(PushOutcome::rejected, {}, false)});
     return;
@@ -182,17 +186,37 @@ void ShardCore::push(PushRequest&& req, Ticket ticket, Instant now, std::vector<
       progress /= clock_.size();
       const float scale = lr_scale(progress > 0 ? progress - 1 : 0, staleness);
       if (req.want_params && policy_->may_answer_pull(read, view())) {
-        // The common async case: write the fresh parameters into the
-        // request's buffer in the optimizer's pass (it reads g[i] before it
-        // writes p[i] into the same slot) and answer at once.
-        optimizer_->step(params_, req.payload, scale, req.payload);
+        // The common async case: write the fresh parameters into the reply
+        // in the optimizer's pass (it reads g[i] before it writes the slot)
+        // and answer at once. A local push's buffer becomes the reply. A
+        // remote push's reply goes over its gradient in the frame's buffer
+        // when that is ours alone, else into the spare buffer, and is
+        // checksummed block by block while each block is in cache, which
+        // saves the sending process a pass.
         ShardReply r = reply(PushOutcome::applied, {}, false);
-        r.params = std::move(req.payload);
+        if (remote) {
+          ReceivedFloats& in = req.received;
+          if (in.writable.empty()) in.spare.resize(payload.size());
+          const std::span<float> fresh = in.writable.empty() ? std::span<float>(in.spare) : in.writable;
+          std::uint32_t crc = 0;
+          optimizer_->step_visiting(params_, payload, scale, fresh, [&](std::size_t begin, std::size_t end) {
+            crc = messaging::crc32c(std::as_bytes(fresh.subspan(begin, end - begin)), crc);
+          });
+          if (in.writable.empty()) {
+            r.params = std::move(in.spare);
+          } else {
+            r.params_in_frame = {std::move(in.owner), in.values, in.writable, {}};
+          }
+          r.params_crc = crc;
+        } else {
+          optimizer_->step(params_, req.payload, scale, req.payload);
+          r.params = std::move(req.payload);
+        }
         out.push_back({ticket, std::move(r)});
         release_held(now, out);
         return;
       }
-      optimizer_->step(params_, req.payload, scale);
+      optimizer_->step(params_, payload, scale);
       break;
     }
     case PushAction::aggregate: {
@@ -207,7 +231,13 @@ void ShardCore::push(PushRequest&& req, Ticket ticket, Instant now, std::vector<
       ++agg.count;
       agg.samples[req.worker] = req.samples;
       agg.base[req.worker] = req.base_clock;
-      agg.slots[req.worker] = std::move(req.payload);
+      // A remote payload is copied out: an aggregate may wait a long time,
+      // and should not keep a frame's buffer alive meanwhile.
+      if (remote) {
+        agg.slots[req.worker].assign(payload.begin(), payload.end());
+      } else {
+        agg.slots[req.worker] = std::move(req.payload);
+      }
       outcome = PushOutcome::aggregated;
       commit_ready_aggregates();
       break;
@@ -219,7 +249,7 @@ void ShardCore::push(PushRequest&& req, Ticket ticket, Instant now, std::vector<
   }
   if (tick && outcome != PushOutcome::discarded) outcome = PushOutcome::none;  // nothing was applied
   if (req.want_params) {
-    answer_or_hold(ticket, read, outcome, std::move(req.payload), now, out);
+    answer_or_hold(ticket, read, outcome, remote ? std::move(req.received.spare) : std::move(req.payload), now, out);
   } else {
     out.push_back({ticket, reply(outcome, {}, false)});
   }

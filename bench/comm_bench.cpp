@@ -1,10 +1,11 @@
 // asgd bench comm: push-and-pull round trips of N float parameters between
-// this process (a worker) and a shard process over tcp loopback, through the
-// whole stack (bridge, wire format, ZeroMQ, the shard actor and its
-// optimizer); and, in the same run, raw ZeroMQ moving the same bytes between
-// two processes (a DEALER and an echoing ROUTER). Prints GB/s for both,
-// their ratio, and small-message latency. Runs alternate (raw, ours, raw,
-// ...) and medians are reported.
+// this process (a worker) and --shards shard processes (default 2, each
+// owning a contiguous slice of the N, as a job's shards do) over tcp
+// loopback, through the whole stack (bridge, wire format, ZeroMQ, the shard
+// actor and its optimizer); and, in the same run, raw ZeroMQ moving the same
+// total bytes between two processes (a DEALER and an echoing ROUTER). Prints
+// GB/s for both, their ratio, and small-message latency (one float, one
+// shard). Runs alternate (raw, ours, raw, ...) and medians are reported.
 
 #include <signal.h>
 #include <spawn.h>
@@ -41,6 +42,7 @@ struct CommOptions {
   std::vector<std::string> sizes = {"1M", "4M", "16M"};
   int repeats = 5;            // alternating measurements per size
   int round_trips = 10;       // per measurement (scaled up for small sizes)
+  int shards = 2;             // shard processes the parameters are split over
   std::string compress = "none";
   bool json = false;
   // comm-server only
@@ -201,40 +203,48 @@ double raw_round_trip(zmq::socket_t& dealer, std::vector<float>& buffer, std::si
 }
 
 // Seconds per push-and-pull round trip through the whole stack: an
-// event-based actor pushes N gradients to the remote shard and gets its N
-// parameters back, `trips` times in a row.
-double ours_round_trip(caf::actor_system& system, const caf::actor& shard, std::size_t n, int trips) {
+// event-based actor pushes its slice of N gradients to each remote shard at
+// once and, when every shard has answered with its slice of the
+// parameters, starts the next round, `trips` times in a row. `sizes[i]` is
+// shard i's slice.
+double ours_round_trip(caf::actor_system& system, const std::vector<caf::actor>& shards,
+                       const std::vector<std::size_t>& sizes, int trips) {
   auto done = std::make_shared<std::promise<double>>();
   auto fut = done->get_future();
   system.spawn(
-      [shard, n, trips, done](caf::event_based_actor* self, int) -> caf::behavior {
+      [shards, sizes, trips, done](caf::event_based_actor* self, int) -> caf::behavior {
         struct Loop {
           int left;
+          std::size_t waiting = 0;             // replies of this round still to come
           Clock::time_point t0;
-          std::vector<float> buffer;
+          std::vector<std::vector<float>> buffers;  // per shard: (sizes[i],), the push's payload
         };
-        auto loop = std::make_shared<Loop>(Loop{trips + 1, {}, std::vector<float>(n, 0.001f)});
-        auto step = std::make_shared<std::function<void(Clock::time_point)>>();
-        *step = [self, shard, loop, step, done, trips](Clock::time_point) {
+        auto loop = std::make_shared<Loop>(Loop{trips + 1, 0, {}, {}});
+        for (std::size_t size : sizes) loop->buffers.emplace_back(size, 0.001f);
+        auto step = std::make_shared<std::function<void()>>();
+        *step = [self, shards, loop, step, done, trips] {
           if (loop->left == trips) loop->t0 = Clock::now();  // after one warm-up trip
           if (loop->left-- == 0) {
             done->set_value(std::chrono::duration<double>(Clock::now() - loop->t0).count() / trips);
             self->quit();
             return;
           }
-          PushRequest req{0, 0, 0, 1, true, std::move(loop->buffer)};
-          self->request(shard, caf::infinite, push_atom::value, std::move(req))
-              .then(
-                  [loop, step](ShardReply& r) {
-                    loop->buffer = std::move(r.params);  // reused as the next push's payload
-                    (*step)(Clock::now());
-                  },
-                  [done, self](caf::error&) {
-                    done->set_value(-1.0);
-                    self->quit();
-                  });
+          loop->waiting = shards.size();
+          for (std::size_t i = 0; i < shards.size(); ++i) {
+            PushRequest req{0, 0, 0, 1, true, std::move(loop->buffers[i])};
+            self->request(shards[i], caf::infinite, push_atom::value, std::move(req))
+                .then(
+                    [loop, step, i](ShardReply& r) {
+                      loop->buffers[i] = std::move(r.params);  // reused as the next push's payload
+                      if (--loop->waiting == 0) (*step)();
+                    },
+                    [done, self](caf::error&) {
+                      done->set_value(-1.0);
+                      self->quit();
+                    });
+          }
         };
-        (*step)(Clock::now());
+        (*step)();
         return {[](int) {}};
       },
       0);
@@ -284,36 +294,47 @@ int run_comm(const CommOptions& o) {
   if (!o.json)
     std::printf("%-6s %10s %12s %12s %8s %12s\n", "floats", "bytes/dir", "raw GB/s", "ours GB/s", "ratio",
                 "wire MB/dir");
-  auto measure_size = [&](std::uint64_t n, int trips) -> std::optional<std::pair<double, double>> {
-    auto shard_server = start_server({"--mode", "shard", "--size", std::to_string(n), "--compress", o.compress});
-    if (!shard_server) {
-      print_error(shard_server.status().to_string());
-      return std::nullopt;
+  // Ours with `shards` shard processes, shard i owning a contiguous slice
+  // of the n parameters; raw with one echo process moving all n.
+  auto measure_size = [&](std::uint64_t n, int trips,
+                          std::size_t shards) -> std::optional<std::pair<double, double>> {
+    std::vector<std::unique_ptr<Server>> servers;
+    std::vector<caf::actor> remote;
+    std::vector<std::size_t> slices;
+    for (std::size_t i = 0; i < shards; ++i) {
+      const std::size_t slice = n / shards + (i < n % shards ? 1 : 0);
+      auto server = start_server({"--mode", "shard", "--size", std::to_string(slice), "--compress", o.compress});
+      if (!server) {
+        print_error(server.status().to_string());
+        return std::nullopt;
+      }
+      auto peer = (*bridge)->connect((*server)->endpoint);
+      if (!peer) {
+        print_error(peer.status().to_string());
+        return std::nullopt;
+      }
+      remote.push_back(system.spawn(remote_shard, *bridge, *peer, static_cast<std::uint32_t>(i)));
+      slices.push_back(slice);
+      servers.push_back(std::move(server).value());
     }
-    auto peer = (*bridge)->connect((*shard_server)->endpoint);
-    if (!peer) {
-      print_error(peer.status().to_string());
-      return std::nullopt;
-    }
-    auto shard = system.spawn(remote_shard, *bridge, *peer, 0u);
     std::vector<float> raw_buffer(n, 0.001f);
     std::vector<double> raw_s, ours_s;
     for (int r = 0; r < o.repeats; ++r) {
       raw_s.push_back(raw_round_trip(dealer, raw_buffer, n * sizeof(float), trips));
-      const double t = ours_round_trip(system, shard, n, trips);
+      const double t = ours_round_trip(system, remote, slices, trips);
       if (t < 0) {
-        print_error("no reply from the bench shard");
+        print_error("no reply from a bench shard");
         return std::nullopt;
       }
       ours_s.push_back(t);
     }
-    caf::anon_send_exit(shard, caf::exit_reason::user_shutdown);
+    for (auto& shard : remote) caf::anon_send_exit(shard, caf::exit_reason::user_shutdown);
     return std::make_pair(median(raw_s), median(ours_s));
   };
   for (std::uint64_t n : sizes) {
     const std::size_t bytes = n * sizeof(float);
     const int trips = std::max<int>(o.round_trips, static_cast<int>((64u << 20) / bytes));  // at least 64 MiB per measurement
-    auto m = measure_size(n, std::min(trips, 1000));
+    auto m = measure_size(n, std::min(trips, 1000), std::min<std::size_t>(o.shards, n));
     if (!m) return kExitFailure;
     const double raw_gbs = 2.0 * static_cast<double>(bytes) / m->first / 1e9;
     const double ours_gbs = 2.0 * static_cast<double>(bytes) / m->second / 1e9;
@@ -327,17 +348,19 @@ int run_comm(const CommOptions& o) {
                   bytes, raw_gbs, ours_gbs, ours_gbs / raw_gbs, wire_mb);
   }
   // Small messages: one float each way, many round trips.
-  auto small = measure_size(1, 2000);
+  auto small = measure_size(1, 2000, 1);
   if (!small) return kExitFailure;
   const double raw_us = small->first * 1e6, ours_us = small->second * 1e6;
   if (o.json) {
-    nlohmann::json j = {{"compress", o.compress}, {"repeats", o.repeats}, {"sizes", results},
+    nlohmann::json j = {{"compress", o.compress}, {"repeats", o.repeats}, {"shards", o.shards}, {"sizes", results},
                         {"small_round_trip_us", {{"raw", raw_us}, {"ours", ours_us}}}};
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("small-message round trip (1 float): raw %.1f us, ours %.1f us (medians of %d runs of 2000)\n", raw_us,
                 ours_us, o.repeats);
-    std::printf("ratio = ours/raw throughput in parameter bytes (push + pull); compress %s\n", o.compress.c_str());
+    std::printf("ratio = ours/raw throughput in parameter bytes (push + pull); compress %s; ours over %d shard "
+                "process(es), each owning a slice of the parameters; raw through one echo process\n",
+                o.compress.c_str(), o.shards);
   }
   (*bridge)->stop();
   return kExitOk;
@@ -351,6 +374,8 @@ CommBench add_comm_bench(CLI::App* bench) {
   comm->add_option("--sizes", o->sizes, "parameter counts, comma-separated (default 1M,4M,16M)")->delimiter(',');
   comm->add_option("--repeats", o->repeats, "alternating measurements per size (default 5)")->check(CLI::PositiveNumber);
   comm->add_option("--compress", o->compress, "none | fp16 (default none)");
+  comm->add_option("--shards", o->shards, "shard processes the parameters are split over (default 2)")
+      ->check(CLI::Range(1, 16));
   comm->add_flag("--json", o->json, "print one JSON object instead of a table");
   auto* server = bench->add_subcommand("comm-server", "")->group("");  // hidden: started by bench comm
   server->add_option("--mode", o->mode)->required();

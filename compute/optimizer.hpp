@@ -11,6 +11,7 @@
 // key range; a plain training loop owns one for the whole model. Each keeps
 // its own state (momentum buffers) sized to the slice it was made for.
 
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -41,6 +42,15 @@ class Optimizer {
   /// separate copy over memory.
   virtual void step(std::span<float> params, std::span<const float> grads, float lr_scale = 1.0f,
                     std::span<float> copy = {}) = 0;
+
+  /// step() with a `copy` (not empty), calling `written(begin, end)` each
+  /// time copy[begin, end) is final, block by block (a few KiB) for the
+  /// optimizers whose update is elementwise and stateless between elements,
+  /// else once at the end. A shard checksums its reply this way while the
+  /// bytes are still in cache. `copy` may be `grads` itself (each element
+  /// is read before it is written), as with step().
+  virtual void step_visiting(std::span<float> params, std::span<const float> grads, float lr_scale,
+                             std::span<float> copy, const std::function<void(std::size_t, std::size_t)>& written);
 };
 
 /// Errors: invalid_argument for an unknown kind or an out-of-range value.

@@ -191,7 +191,13 @@ void Bridge::handle(Incoming&& in) {
     case MsgType::push: {
       PushRequest req;
       e = decode(f, req);
-      if (e == FrameError::none) e = decode_tensor(f, req.payload, std::nullopt, pool_.get());
+      if (e == FrameError::none) {
+        // A big float32 payload stays where ZeroMQ received it (checked
+        // first): the shard reads the gradient from there.
+        e = can_borrow_tensor(f) && in.message[1].owner
+                ? borrow_tensor(f, in.message[1], req.received, pool_.get())
+                : decode_tensor(f, req.payload, std::nullopt, pool_.get());
+      }
       if (e == FrameError::none) ib.body = std::move(req);
       break;
     }
@@ -311,8 +317,17 @@ caf::behavior shard_server(caf::event_based_actor* self, std::shared_ptr<Bridge>
     return false;
   };
   auto answer = [bridge](const PeerId& peer, std::uint64_t id, ShardReply& r) {
+    if (r.params_in_frame.owner) {
+      // Written over the push's gradient: sent back from the same buffer.
+      if (bridge->coding() == TensorCoding::float32 && r.params_crc) {
+        bridge->send(peer, encode_in_frame(r, id, r.params_in_frame, *r.params_crc));
+        return;
+      }
+      r.params.assign(r.params_in_frame.values.begin(), r.params_in_frame.values.end());  // to be converted
+      r.params_in_frame = {};
+    }
     std::vector<float> params = std::move(r.params);
-    bridge->send(peer, encode(r, id, std::move(params), bridge->coding(), bridge->pool()));
+    bridge->send(peer, encode(r, id, std::move(params), bridge->coding(), bridge->pool(), r.params_crc));
   };
   return {
       [self, shard, answer, fresh](inbound_atom, const PeerId& peer, std::uint64_t id, PushRequest& req) {

@@ -119,6 +119,7 @@ Part tensor_part(std::vector<float>&& tensor, TensorCoding coding, std::shared_p
   if (coding == TensorCoding::float32) return Part::take(std::move(tensor));
   std::vector<std::uint16_t> half(tensor.size());
   to_half(tensor, half);
+  if (pool) pool->give(std::move(tensor));  // converted: the floats can receive a later tensor
   return Part::take(std::move(half));
 }
 
@@ -153,6 +154,40 @@ FrameError decode_tensor(const Frame& frame, std::vector<float>& out, std::optio
     return FrameError::bad_checksum;
   }
   return FrameError::none;
+}
+
+bool can_borrow_tensor(const Frame& frame) {
+  return !(frame.header.flags & kFlagFp16) && frame.tensor.size() >= kBorrowFromBytes &&
+         reinterpret_cast<std::uintptr_t>(frame.tensor.data()) % alignof(float) == 0;
+}
+
+FrameError borrow_tensor(const Frame& frame, const Part& part, ReceivedFloats& out, TensorPool* pool) {
+  if (frame.tensor.size() % sizeof(float) != 0) return FrameError::bad_body;
+  // The whole checksum before any value is read: nothing downstream sees
+  // an unchecked byte, and a bad frame is dropped before it costs more.
+  if (crc32c(frame.tensor) != frame.header.tensor_checksum) return FrameError::bad_checksum;
+  const std::size_t n = frame.tensor.size() / sizeof(float);
+  const auto* values = reinterpret_cast<const float*>(frame.tensor.data());
+  out.owner = part.owner;
+  out.values = std::span<const float>(values, n);
+  if (part.exclusive) {
+    // The receive buffer is ours alone (and not const memory): the reply
+    // may be written over the gradient, each value after it was read.
+    out.writable = std::span<float>(const_cast<float*>(values), n);
+  } else {
+    out.spare = pool ? pool->take(n) : std::vector<float>(n);
+  }
+  return FrameError::none;
+}
+
+Message encode_in_frame(const ShardReply& reply, std::uint64_t request_id, const ReceivedFloats& params,
+                        std::uint32_t crc) {
+  auto body = serialize_body(
+      [&](cereal::PortableBinaryOutputArchive& ar) { archive_message(ar, const_cast<ShardReply&>(reply)); });
+  Part tensor;
+  tensor.owner = params.owner;
+  tensor.bytes = std::as_bytes(params.values);
+  return build_frame(static_cast<std::uint16_t>(MsgType::parameters), 0, request_id, body, std::move(tensor), crc);
 }
 
 }  // namespace asgd::messaging

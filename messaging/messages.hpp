@@ -305,9 +305,12 @@ class TensorPool {
 
 /// Serializes `msg` into a frame. `tensor` (moved in) becomes the tensor
 /// part: as it is for float32 (no copy), converted for float16.
+/// `tensor_crc`, when given, is the CRC-32C of `tensor`'s bytes, already
+/// computed (ShardReply::params_crc); it is used for float32 only.
 template <class M>
 Message encode(const M& msg, std::uint64_t request_id, std::vector<float> tensor = {},
-               TensorCoding coding = TensorCoding::float32, std::shared_ptr<TensorPool> pool = nullptr);
+               TensorCoding coding = TensorCoding::float32, std::shared_ptr<TensorPool> pool = nullptr,
+               std::optional<std::uint32_t> tensor_crc = std::nullopt);
 
 /// Decodes a checked frame's body into `out`. bad_body when the fields do
 /// not decode exactly (truncated, a bound exceeded, bytes left over).
@@ -321,6 +324,26 @@ FrameError decode(const Frame& frame, M& out);
 FrameError decode_tensor(const Frame& frame, std::vector<float>& out, std::optional<std::size_t> expected = {},
                          TensorPool* pool = nullptr);
 
+/// Whether a push's tensor may stay in its frame (ReceivedFloats) instead
+/// of being copied out: float32, large enough for the copy to matter
+/// (kBorrowFromBytes), and aligned for float.
+inline constexpr std::size_t kBorrowFromBytes = 64 * 1024;
+bool can_borrow_tensor(const Frame& frame);
+
+/// Checks the frame's float32 tensor where it lies (its length a whole
+/// number of values, its CRC) and only then sets `out` to view it, kept
+/// alive by the owner of `part` (the frame's tensor part): writable when the
+/// part is exclusive, else with a spare buffer of the same size from `pool`
+/// (when given; else a new one). Requires can_borrow_tensor(frame) and
+/// part.owner. bad_body / bad_checksum as decode_tensor, leaving `out` as it was.
+FrameError borrow_tensor(const Frame& frame, const Part& part, ReceivedFloats& out, TensorPool* pool = nullptr);
+
+/// As encode() for a reply whose float32 parameters already lie in a frame
+/// buffer (ShardReply::params_in_frame) with a known CRC-32C: sent from
+/// there, without a copy.
+Message encode_in_frame(const ShardReply& reply, std::uint64_t request_id, const ReceivedFloats& params,
+                        std::uint32_t crc);
+
 // Implementation details of the templates.
 std::vector<std::byte> serialize_body(const std::function<void(cereal::PortableBinaryOutputArchive&)>& write);
 FrameError deserialize_body(std::span<const std::byte> body,
@@ -329,11 +352,12 @@ Part tensor_part(std::vector<float>&& tensor, TensorCoding coding, std::shared_p
 
 template <class M>
 Message encode(const M& msg, std::uint64_t request_id, std::vector<float> tensor, TensorCoding coding,
-               std::shared_ptr<TensorPool> pool) {
+               std::shared_ptr<TensorPool> pool, std::optional<std::uint32_t> tensor_crc) {
   auto body = serialize_body([&](cereal::PortableBinaryOutputArchive& ar) { archive_message(ar, const_cast<M&>(msg)); });
   const std::uint16_t flags = coding == TensorCoding::float16 && !tensor.empty() ? kFlagFp16 : 0;
+  if (coding != TensorCoding::float32) tensor_crc.reset();  // it was the float32 bytes'
   return build_frame(static_cast<std::uint16_t>(type_of<M>()), flags, request_id, body,
-                     tensor_part(std::move(tensor), coding, std::move(pool)));
+                     tensor_part(std::move(tensor), coding, std::move(pool)), tensor_crc);
 }
 
 template <class M>

@@ -32,6 +32,10 @@ namespace asgd::messaging {
 struct Part {
   std::shared_ptr<const void> owner;
   std::span<const std::byte> bytes;
+  /// Set by a transport on a received part whose bytes nobody else can
+  /// read or write (a fresh receive buffer over tcp or ipc; not inproc,
+  /// where the bytes may be the sender's): the receiver may write them.
+  bool exclusive = false;
 
   /// A part that owns a copy of `bytes`.
   static Part copy_of(std::span<const std::byte> bytes);

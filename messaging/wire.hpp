@@ -1,7 +1,7 @@
 #pragma once
 // The framed wire format. Every message is one ZeroMQ multipart message:
 //
-//   part 0: a 32-byte header, then the body (the message's fields, cereal
+//   part 0: a 36-byte header, then the body (the message's fields, cereal
 //           portable binary, at most kMaxBody bytes)
 //   part 1: optional, the tensor: float32 values, or float16 when the
 //           header's fp16 flag is set (at most kMaxTensorBytes)
@@ -15,13 +15,15 @@
 //
 // The decoder trusts nothing it has not checked: lengths against the part
 // sizes and the limits before anything is allocated, the header and body's
-// checksum before any field is read, the tensor's checksum in the same pass
-// that copies it out (decode_tensor: the one way to read it), every
+// checksum before any field is read, the tensor's checksum before any value
+// is used (decode_tensor checks it in the pass that copies it out;
+// borrow_tensor checks it where it lies, then lends it; messages.hpp), every
 // variable-length field in the body against its own bound (messages.hpp).
 // A frame that fails a check is rejected with a reason; the bridge drops
 // it, counts it and logs the sender once.
 
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 
@@ -69,7 +71,7 @@ const char* to_string(FrameError e);
 
 /// A checked frame: header and views of body and tensor into the message's
 /// parts (valid while the message lives). The tensor's checksum is not yet
-/// checked: read it only through decode_tensor.
+/// checked: read it only through decode_tensor or borrow_tensor.
 struct Frame {
   FrameHeader header;
   std::span<const std::byte> body;
@@ -81,16 +83,22 @@ struct Frame {
 FrameError parse_frame(const Message& message, Frame& out);
 
 /// Builds part 0 (header + body) and, when `tensor` has bytes, part 1, with
-/// the checksum filled in. `tensor` is moved into the message (no copy).
+/// the checksums filled in. `tensor` is moved into the message (no copy).
+/// `tensor_checksum`, when given, must be the tensor's CRC-32C, computed
+/// earlier in a pass that wrote the bytes (checked in debug builds only);
+/// otherwise it is computed here.
 Message build_frame(std::uint16_t type, std::uint16_t flags, std::uint64_t request_id, std::span<const std::byte> body,
-                    Part tensor);
+                    Part tensor, std::optional<std::uint32_t> tensor_checksum = std::nullopt);
 
-/// CRC-32C (Castagnoli), continuing from `crc` (0 to start). Uses the
-/// SSE4.2 instruction on three interleaved streams where the CPU has it.
+/// CRC-32C (Castagnoli), continuing from `crc` (0 to start). Folds long
+/// inputs with VPCLMULQDQ where the CPU has it, else uses the SSE4.2
+/// instruction on three interleaved streams where it has that.
 std::uint32_t crc32c(std::span<const std::byte> bytes, std::uint32_t crc = 0);
 
-/// Copies `src` to `dst` (same size) and returns CRC-32C of the bytes, in
-/// one pass over memory.
+/// Copies `src` to `dst` (same size, not overlapping) and returns CRC-32C of
+/// the bytes, in one pass over memory. From 16 MiB on, with the AVX-512
+/// fold, `dst` is written with non-temporal stores (completed before it
+/// returns).
 std::uint32_t crc32c_copy(std::byte* dst, std::span<const std::byte> src, std::uint32_t crc = 0);
 
 /// IEEE half precision, round to nearest even; infinities and NaN kept.

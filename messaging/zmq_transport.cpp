@@ -82,9 +82,12 @@ zmq::message_t to_zmq(const Part& part) {
 }
 
 // A Part over a received message's bytes, owning the message (no copy).
-Part from_zmq(zmq::message_t&& msg) {
+// `exclusive`: it came over tcp or ipc, so libzmq allocated its bytes for it
+// alone (inproc hands over the sender's).
+Part from_zmq(zmq::message_t&& msg, bool exclusive) {
   auto holder = std::make_shared<zmq::message_t>(std::move(msg));
   Part p;
+  p.exclusive = exclusive;
   // Read the address only now: a small message keeps its bytes inside the
   // message_t object itself, so they moved with it.
   p.bytes = std::span<const std::byte>(static_cast<const std::byte*>(holder->data()), holder->size());
@@ -125,6 +128,7 @@ class ZmqTransport final : public Transport {
       }
       router_->bind(endpoint);
       bound_ = router_->get(zmq::sockopt::last_endpoint);
+      router_inproc_ = router_inproc_ || bound_.starts_with("inproc:");
       return bound_;
     } catch (const zmq::error_t& e) {
       return Status::IOError("bind " + endpoint + ": " + describe(e));
@@ -298,7 +302,8 @@ class ZmqTransport final : public Transport {
       if (too_large) {
         in.message.clear();  // free what was kept; read and discard the rest
       } else {
-        in.message.push_back(from_zmq(std::move(frame)));
+        const bool inproc = from == nullptr ? router_inproc_ : from->endpoint.starts_with("inproc:");
+        in.message.push_back(from_zmq(std::move(frame), !inproc));
       }
       if (!more || !socket.recv(frame, zmq::recv_flags::dontwait)) break;
     }
@@ -315,6 +320,7 @@ class ZmqTransport final : public Transport {
   zmq::context_t context_;
   std::optional<zmq::socket_t> router_;
   std::string bound_;
+  bool router_inproc_ = false;  // bound to an inproc endpoint: what it receives may be the sender's bytes
   std::vector<Connection> connections_;
   std::size_t next_first_ = 0;
   TransportStats stats_;

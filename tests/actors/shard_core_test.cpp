@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "actors/coordinator.hpp"
+#include "messaging/wire.hpp"
 #include "shard_driver.hpp"
 
 namespace asgd {
@@ -38,6 +39,71 @@ TEST(ShardCore, AppliesAPushWithItsOptimizerAndAnswersWithTheNewParameters) {
   EXPECT_EQ(r.version, 1u);
   EXPECT_EQ(r.params, (std::vector<float>{0.5f, 0.0f, 1.0f, 2.0f}));
   EXPECT_EQ(std::vector<float>(shard.core.params().begin(), shard.core.params().end()), r.params);
+}
+
+// A push as the bridge hands on one from another process: its payload left
+// in the frame's buffer (here a vector kept alive the same way), which the
+// shard may write its reply over when `writable`.
+PushRequest remote_grad(WorkerId w, Clock c, Clock base, std::vector<float> g, bool want = true,
+                        bool writable = false) {
+  auto frame = std::make_shared<std::vector<float>>(std::move(g));
+  PushRequest r{w, c, base, 1, want, {}};
+  r.received.values = *frame;
+  if (writable) {
+    r.received.writable = *frame;
+  } else {
+    r.received.spare.assign(frame->size(), -7.0f);  // recycled: stale contents
+  }
+  r.received.owner = std::move(frame);
+  return r;
+}
+
+// The parameters a reply carries, wherever they are.
+std::vector<float> params_of(const ShardReply& r) {
+  if (r.params_in_frame.owner) return {r.params_in_frame.values.begin(), r.params_in_frame.values.end()};
+  return r.params;
+}
+
+TEST(ShardCore, AppliesAPushLeftInItsFrameLikeOneInAVectorAndChecksumsTheReply) {
+  // Big enough for several of the optimizer's blocks, and not a multiple of one.
+  constexpr std::size_t kSize = 20000;
+  for (const char* kind : {"sgd", "momentum", "adagrad", "adam"}) {
+    for (bool writable : {false, true}) {
+      ShardSetup s = setup(kSize);
+      s.optimizer = {kind, 0.01f, 0.9f, 0.001f};
+      auto local = ShardCore::make(s);
+      auto remote = ShardCore::make(s);
+      ASSERT_TRUE(local.ok() && remote.ok());
+      ShardDriver a(std::move(local).value()), b(std::move(remote).value());
+      for (Clock c = 0; c < 3; ++c) {
+        std::vector<float> g(kSize);
+        for (std::size_t i = 0; i < kSize; ++i) g[i] = static_cast<float>((i * 7 + c) % 13) - 6.0f;
+        const ShardReply ra = a.push_now(grad(0, c, c, g));
+        const ShardReply rb = b.push_now(remote_grad(0, c, c, g, true, writable));
+        EXPECT_EQ(rb.params_in_frame.owner != nullptr, writable) << kind;
+        const std::vector<float> pb = params_of(rb);
+        ASSERT_EQ(ra.params, pb) << kind << " at clock " << c << (writable ? ", over the gradient" : "");
+        EXPECT_FALSE(ra.params_crc.has_value());
+        ASSERT_TRUE(rb.params_crc.has_value()) << kind;
+        EXPECT_EQ(*rb.params_crc, messaging::crc32c(std::as_bytes(std::span<const float>(pb)))) << kind;
+      }
+    }
+  }
+}
+
+TEST(ShardCore, CopiesARemotePayloadIntoAnAggregateInsteadOfKeepingItsFrame) {
+  ShardSetup s = setup(3, 1.0f);
+  s.policy.name = "bsp";
+  auto core = ShardCore::make(s);
+  ASSERT_TRUE(core.ok()) << core.status().to_string();
+  ShardDriver shard(std::move(core).value());
+  PushRequest r = remote_grad(0, 0, 0, {2.0f, 4.0f, 6.0f});
+  std::weak_ptr<const void> frame = r.received.owner;
+  const auto t0 = shard.push(std::move(r));
+  EXPECT_TRUE(frame.expired()) << "the aggregate holds the frame's buffer";
+  shard.push(remote_grad(1, 0, 0, {0.0f, 0.0f, 0.0f}));
+  ASSERT_TRUE(shard.answered_now(t0));
+  EXPECT_EQ(shard.reply(t0).params, (std::vector<float>{0.0f, -1.0f, -2.0f}));
 }
 
 TEST(ShardCore, RejectsAGradientOfTheWrongSizeWithoutApplyingIt) {

@@ -70,5 +70,105 @@ TEST(Bridge, AShardBehindAFaultyNetworkAppliesEachPushExactlyOnceAndAnswersEvery
   for (auto& a : {remote, *server, shard}) self->send_exit(a, caf::exit_reason::user_shutdown);
 }
 
+// A shard process serving one shard of `size` parameters (all 100) with
+// sgd at lr 1, and a worker-side bridge connected to it.
+struct BigShard {
+  explicit BigShard(caf::actor_system& sys, std::size_t size, std::unique_ptr<Transport> worker_transport = nullptr) {
+    ShardSetup ss;
+    ss.range = {0, size};
+    ss.initial.assign(size, 100.0f);
+    ss.optimizer = {"sgd", 1.0f, 0.0f, 0.0f};
+    ss.workers = 1;
+    auto core = ShardCore::make(std::move(ss));
+    EXPECT_TRUE(core.ok());
+    shard = sys.spawn(parameter_shard, std::make_shared<ShardCore>(std::move(core).value()));
+    auto server_handle = std::make_shared<caf::actor>();
+    BridgeOptions so;
+    so.listen = "tcp://127.0.0.1:0";
+    so.name = "test shard";
+    auto s = Bridge::start(so, [server_handle](Inbound&& in) { post_to_shard_server(*server_handle, std::move(in)); });
+    EXPECT_TRUE(s.ok());
+    shard_side = *s;
+    server = *server_handle = sys.spawn(shard_server, shard_side, shard);
+    BridgeOptions wo;
+    wo.name = "test worker";
+    auto w = Bridge::start(wo, nullptr, std::move(worker_transport));
+    EXPECT_TRUE(w.ok());
+    worker_side = *w;
+    auto p = worker_side->connect(shard_side->endpoint());
+    EXPECT_TRUE(p.ok());
+    peer = *p;
+    remote = sys.spawn(remote_shard, worker_side, peer, 0u);
+  }
+  ~BigShard() {
+    worker_side->stop();
+    shard_side->stop();
+    for (auto& a : {remote, server, shard}) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+  }
+  ShardStats stats(caf::scoped_actor& self) {
+    ShardStats out;
+    self->request(remote, std::chrono::seconds(10), stats_atom::value)
+        .receive([&](ShardStats& st) { out = std::move(st); }, [&](caf::error&) { ADD_FAILURE() << "no stats"; });
+    return out;
+  }
+  caf::actor shard, server, remote;
+  std::shared_ptr<Bridge> shard_side, worker_side;
+  PeerId peer;
+};
+
+TEST(Bridge, AppliesABigPushFromTheBufferItArrivedInOncePerRequestAndAnswersWithCheckedParameters) {
+  caf::actor_system_config cfg;
+  cfg.add_message_types<caf::id_block::asgd>();
+  caf::actor_system sys{cfg};
+  // Over kBorrowFromBytes, so the shard reads the gradient where ZeroMQ put it.
+  constexpr std::size_t kSize = 3 * kBorrowFromBytes / sizeof(float) + 5;
+  FaultPlan faults;
+  faults.duplicate = 0.5;  // a duplicate's buffer is read again after the first was applied
+  faults.seed = 11;
+  BigShard big(sys, kSize, make_faulty_transport(make_zmq_transport(), faults));
+  caf::scoped_actor self{sys};
+  constexpr int kPushes = 6;
+  for (int k = 0; k < kPushes; ++k) {
+    std::vector<float> g(kSize);
+    for (std::size_t i = 0; i < kSize; ++i) g[i] = static_cast<float>(i % 5);
+    PushRequest req{0, static_cast<Clock>(k), static_cast<Clock>(k), 1, true, std::move(g)};
+    ShardReply reply;
+    self->request(big.remote, std::chrono::seconds(10), push_atom::value, std::move(req))
+        .receive([&](ShardReply& r) { reply = std::move(r); },
+                 [&](caf::error& e) { FAIL() << "push " << k << ": " << sys.render(e); });
+    ASSERT_EQ(reply.params.size(), kSize);
+    for (std::size_t i = 0; i < kSize; i += 997)
+      ASSERT_EQ(reply.params[i], 100.0f - static_cast<float>((k + 1) * static_cast<int>(i % 5))) << "push " << k;
+  }
+  const ShardStats stats = big.stats(self);
+  EXPECT_EQ(stats.updates_applied, static_cast<std::uint64_t>(kPushes));
+  EXPECT_EQ(stats.malformed_frames, 0u);
+}
+
+TEST(Bridge, DropsABigPushWhoseTensorWasDamagedWithoutApplyingAnyOfIt) {
+  caf::actor_system_config cfg;
+  cfg.add_message_types<caf::id_block::asgd>();
+  caf::actor_system sys{cfg};
+  constexpr std::size_t kSize = 2 * kBorrowFromBytes / sizeof(float);
+  BigShard big(sys, kSize);
+  Message frame = encode(PushRequest{0, 0, 0, 1, true, {}}, 1, std::vector<float>(kSize, 1.0f));
+  ASSERT_EQ(frame.size(), 2u);
+  std::vector<std::byte> damaged(frame[1].bytes.begin(), frame[1].bytes.end());
+  damaged[damaged.size() - 3] ^= std::byte{0x10};  // the last value: a reader that used bytes before the check would have applied the rest
+  frame[1] = Part::take(std::move(damaged));
+  big.worker_side->send(big.peer, std::move(frame));
+  caf::scoped_actor self{sys};
+  // The stats request is sent after the damaged frame on the same connection, so it is read after it.
+  const ShardStats stats = big.stats(self);
+  EXPECT_EQ(stats.malformed_frames, 1u);
+  EXPECT_EQ(stats.updates_applied, 0u);
+  ShardReply snap;
+  self->request(big.shard, std::chrono::seconds(10), snapshot_atom::value)
+      .receive([&](ShardReply& r) { snap = std::move(r); }, [&](caf::error& e) { FAIL() << sys.render(e); });
+  ASSERT_EQ(snap.params.size(), kSize);
+  EXPECT_EQ(snap.params.front(), 100.0f);
+  EXPECT_EQ(snap.params.back(), 100.0f);
+}
+
 }  // namespace
 }  // namespace asgd::messaging

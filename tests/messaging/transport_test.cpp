@@ -153,10 +153,12 @@ TEST_P(TransportOver, CarriesASixteenMebibytePartIntactAndThenFreesTheSendersBuf
   auto done = freed.get_future();
   Link l = link();
   ASSERT_FALSE(l.to_server.empty());
+  const float* sent_at = nullptr;
   {
     auto big = std::make_shared<TrackedFloats>();
     big->freed = &freed;
     big->values.resize(kFloats);
+    sent_at = big->values.data();
     for (std::size_t i = 0; i < kFloats; ++i) big->values[i] = static_cast<float>(i) * 0.5f;
     Part part;
     part.bytes = std::as_bytes(std::span<const float>(big->values));
@@ -174,6 +176,10 @@ TEST_P(TransportOver, CarriesASixteenMebibytePartIntactAndThenFreesTheSendersBuf
     EXPECT_EQ(text_of(in->message[0]), "header");
     EXPECT_EQ(text_of(in->message[2]), "trailer");
     ASSERT_EQ(in->message[1].bytes.size(), kFloats * sizeof(float));
+    // The receiver may write over a fresh receive buffer, not over the
+    // sender's bytes that inproc hands over.
+    EXPECT_EQ(in->message[1].exclusive, GetParam() != "inproc");
+    EXPECT_EQ(in->message[1].bytes.data() == reinterpret_cast<const std::byte*>(sent_at), GetParam() == "inproc");
     std::vector<float> got(kFloats);
     std::memcpy(got.data(), in->message[1].bytes.data(), in->message[1].bytes.size());
     std::size_t wrong = 0;

@@ -37,6 +37,30 @@ TEST(Crc32c, TheInterleavedPathAndTheFusedCopyAgreeWithByteAtATime) {
   EXPECT_EQ(copy, data);
 }
 
+TEST(Crc32c, TheFoldingPathAgreesAtEveryLengthAlignmentAndStartingValueAroundItsBlocks) {
+  // Long inputs fold 256 bytes a step where the CPU has VPCLMULQDQ; the
+  // rest, and short inputs, take the crc32 instruction; copies from 16 MiB
+  // on are streamed around the cache. 7-byte pieces never fold.
+  std::vector<std::byte> data((16u << 20) + 100);
+  for (std::size_t i = 0; i < data.size(); ++i) data[i] = static_cast<std::byte>((i * 2654435761u) >> 11);
+  for (std::size_t n : {1023u, 1024u, 1025u, 1279u, 1280u, 1281u, 1791u, 4096u, 12'345u, 65'536u + 17u,
+                        (16u << 20) + 77u}) {
+    for (std::size_t offset : {0u, 1u, 3u, 8u}) {
+      const auto piece = std::span<const std::byte>(data).subspan(offset, n);
+      for (std::uint32_t start : {0u, 0xDEADBEEFu}) {
+        std::uint32_t piecewise = start;
+        for (std::size_t i = 0; i < n; i += 7)
+          piecewise = crc32c(piece.subspan(i, std::min<std::size_t>(7, n - i)), piecewise);
+        ASSERT_EQ(crc32c(piece, start), piecewise) << n << " bytes at offset " << offset;
+        std::vector<std::byte> copy(n + 1, std::byte{0x5A});
+        ASSERT_EQ(crc32c_copy(copy.data() + 1, piece, start), piecewise) << n << " bytes at offset " << offset;
+        ASSERT_TRUE(std::equal(piece.begin(), piece.end(), copy.begin() + 1));
+        ASSERT_EQ(copy[0], std::byte{0x5A});
+      }
+    }
+  }
+}
+
 TEST(Half, RoundTripsExactValuesAndRoundsToNearestEven) {
   for (float f : {0.0f, -0.0f, 1.0f, -2.5f, 65504.0f, 6.103515625e-05f, 5.9604645e-08f}) {
     EXPECT_EQ(from_half(to_half(f)), f) << f;
@@ -72,6 +96,48 @@ M round_trip(const M& m, std::vector<float> tensor = {}, std::vector<float>* ten
     EXPECT_EQ(decode_tensor(f, *tensor_out), FrameError::none);
   }
   return out;
+}
+
+TEST(WireMessages, ABigPushIsCheckedWhereItLiesAndItsValuesReadOnlyWhenItsChecksumHolds) {
+  std::vector<float> payload(kBorrowFromBytes / sizeof(float) + 3);
+  for (std::size_t i = 0; i < payload.size(); ++i) payload[i] = static_cast<float>(i) * 0.5f;
+  Message wire = encode(PushRequest{1, 2, 1, 8, true, {}}, 9, payload);
+  Frame f;
+  ASSERT_EQ(parse_frame(wire, f), FrameError::none);
+  ASSERT_TRUE(can_borrow_tensor(f));
+  ReceivedFloats received;
+  ASSERT_EQ(borrow_tensor(f, wire[1], received), FrameError::none);
+  EXPECT_EQ(received.values.data(), reinterpret_cast<const float*>(wire[1].bytes.data())) << "copied, not borrowed";
+  EXPECT_TRUE(std::equal(payload.begin(), payload.end(), received.values.begin(), received.values.end()));
+  // The sender's own bytes (as inproc delivers them) are not written over.
+  EXPECT_TRUE(received.writable.empty());
+  EXPECT_EQ(received.spare.size(), payload.size());
+  EXPECT_EQ(check_untrusted(wire), FrameError::none);
+  // A fresh receive buffer is.
+  wire[1].exclusive = true;
+  ReceivedFloats own;
+  ASSERT_EQ(borrow_tensor(f, wire[1], own), FrameError::none);
+  EXPECT_EQ(own.writable.data(), own.values.data());
+  EXPECT_EQ(own.writable.size(), payload.size());
+  EXPECT_TRUE(own.spare.empty());
+
+  std::vector<std::byte> damaged(wire[1].bytes.begin(), wire[1].bytes.end());
+  damaged[damaged.size() / 2] ^= std::byte{1};
+  wire[1] = Part::take(std::move(damaged));
+  ASSERT_EQ(parse_frame(wire, f), FrameError::none);
+  ReceivedFloats refused;
+  EXPECT_EQ(borrow_tensor(f, wire[1], refused), FrameError::bad_checksum);
+  EXPECT_EQ(refused.owner, nullptr);
+  EXPECT_TRUE(refused.values.empty());
+  EXPECT_EQ(check_untrusted(wire), FrameError::bad_checksum);
+
+  // float16 and small tensors are converted or copied out as before.
+  Message half = encode(PushRequest{1, 2, 1, 8, true, {}}, 9, payload, TensorCoding::float16);
+  ASSERT_EQ(parse_frame(half, f), FrameError::none);
+  EXPECT_FALSE(can_borrow_tensor(f));
+  Message small = encode(PushRequest{1, 2, 1, 8, true, {}}, 9, {1.0f, 2.0f});
+  ASSERT_EQ(parse_frame(small, f), FrameError::none);
+  EXPECT_FALSE(can_borrow_tensor(f));
 }
 
 TEST(WireMessages, EveryMessageTypeRoundTrips) {
