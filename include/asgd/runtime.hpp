@@ -1,0 +1,67 @@
+#pragma once
+// A runtime that runs jobs in the background of an embedding program. No
+// globals: several runtimes can live in one process, each with its own
+// jobs, and each job has an actor system of its own.
+
+#include <chrono>
+#include <cstddef>
+#include <memory>
+
+#include "asgd/job.hpp"
+#include "asgd/status.hpp"
+
+namespace asgd {
+
+/// A job a Runtime runs. Copyable (copies share the job); every method is
+/// thread-safe. Outliving its Runtime is fine: the runtime's stop() or
+/// destruction cancels and finishes the job first.
+class JobHandle {
+ public:
+  /// Blocks until the job has ended; every call returns the same result.
+  const Result<JobSummary>& wait() const;
+  /// Waits at most `timeout`; true when the job has ended.
+  bool wait_for(std::chrono::milliseconds timeout) const;
+  bool done() const;
+  /// Asks the job to stop; it ends soon after (within about 100 ms) with
+  /// StatusCode::cancelled. Does nothing once it has ended.
+  void cancel() const;
+
+ private:
+  friend class Runtime;
+  struct State;
+  explicit JobHandle(std::shared_ptr<State> state) : state_(std::move(state)) {}
+  std::shared_ptr<State> state_;
+};
+
+/// Starts jobs on threads of their own and stops them all cleanly.
+/// Thread-safe: submit, run and stop may be called from any thread.
+class Runtime {
+ public:
+  Runtime();
+  /// stop().
+  ~Runtime();
+  Runtime(const Runtime&) = delete;
+  Runtime& operator=(const Runtime&) = delete;
+
+  /// Checks `config` (validate) and starts the job in the background.
+  /// Callbacks run on the job's threads, one at a time per job. Errors:
+  /// invalid_argument for a bad configuration (nothing starts),
+  /// cancelled after stop().
+  Result<JobHandle> submit(const JobConfig& config, JobCallbacks callbacks = {});
+
+  /// submit(...).wait() on the calling thread's behalf.
+  Result<JobSummary> run(const JobConfig& config, JobCallbacks callbacks = {});
+
+  /// Jobs submitted and not yet ended.
+  std::size_t running() const;
+
+  /// Cancels every running job, waits until all have ended and refuses
+  /// new ones. Idempotent.
+  void stop();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace asgd
