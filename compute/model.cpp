@@ -200,6 +200,31 @@ std::vector<LayerBuffer> Model::buffers() {
   return out;
 }
 
+std::vector<std::int32_t> Model::classify(std::span<const float> x, std::size_t chunk) {
+  const FlushDenormals flush;
+  chunk = std::max<std::size_t>(chunk, 1);
+  const std::size_t n = x.size() / sample_size();
+  std::vector<std::int32_t> out(n);
+  set_training(false);
+  for (std::size_t begin = 0; begin < n; begin += chunk) {
+    const std::size_t b = std::min(chunk, n - begin);
+    const auto part = x.subspan(begin * sample_size(), b * sample_size());
+    const Tensor* logits = &logits_;
+    if (device_model_) {
+      logits_.resize({b, classes_});
+      device_model_->infer(view_, part, b, logits_.span());
+    } else {
+      forward_layers(part, b);
+      logits = &acts_.back();
+    }
+    for (std::size_t r = 0; r < b; ++r) {
+      const float* z = logits->data() + r * classes_;
+      out[begin + r] = static_cast<std::int32_t>(std::max_element(z, z + classes_) - z);
+    }
+  }
+  return out;
+}
+
 void Model::prefetch(std::span<const float> x, std::span<const std::int32_t> y) {
   if (device_model_) device_model_->prefetch(x, y);
 }

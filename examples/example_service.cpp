@@ -1,0 +1,353 @@
+// An HTTP service that embeds the runtime: it trains a model on request,
+// reports progress, and classifies images with the latest trained model.
+// One thread runs Boost.Asio's event loop and owns all the service's state;
+// training runs on the runtime's threads, whose callbacks post back to it.
+//
+// Usage: example_service PORT [WORK_DIR]   (PORT 0: the system picks one)
+//
+//   POST /train    {"model": "mlp", "epochs": 1, "data_dir": "...", ...}
+//                  starts a job (409 while one runs, 400 for bad settings)
+//   GET  /status   {"state": "idle|training|done|failed", "epochs_done": N, ...}
+//   POST /predict  {"pixels": [[784 values in 0..1], ...]}
+//                  -> {"classes": [...], "model_version": N}
+//
+// The first line on stdout is "listening on 127.0.0.1:PORT". SIGINT or
+// SIGTERM stop the running job and the server; the exit status is then 0.
+
+#include <utility>  // before Asio: Boost 1.74's awaitable.hpp uses std::exchange unincluded
+
+#include <boost/asio.hpp>
+#include <boost/beast/core.hpp>
+#include <boost/beast/http.hpp>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <functional>
+#include <limits>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <unistd.h>
+
+#include "asgd/asgd.hpp"
+
+namespace asio = boost::asio;
+namespace beast = boost::beast;
+namespace http = beast::http;
+using tcp = asio::ip::tcp;
+using json = nlohmann::json;
+using Request = http::request<http::string_body>;
+using Response = http::response<http::string_body>;
+
+namespace {
+
+constexpr std::size_t kMaxBody = 8u << 20;  // 8 MiB: ~1,000 images as JSON
+
+Response reply(http::status status, const json& body) {
+  Response r{status, 11};
+  r.set(http::field::content_type, "application/json");
+  r.body() = body.dump() + "\n";
+  r.prepare_payload();
+  return r;
+}
+
+Response error(http::status status, const std::string& message) { return reply(status, {{"error", message}}); }
+
+// /train accepts these JobConfig fields; the service owns the others
+// (checkpoint_dir, metrics_out), since they name files on its machine.
+using Setter = std::function<std::optional<std::string>(asgd::JobConfig&, const json&)>;
+
+Setter text(std::string asgd::JobConfig::*field) {
+  return [field](asgd::JobConfig& c, const json& v) -> std::optional<std::string> {
+    if (!v.is_string()) return "must be a string";
+    c.*field = v.get<std::string>();
+    return std::nullopt;
+  };
+}
+
+template <class T>
+Setter count(T asgd::JobConfig::*field) {
+  return [field](asgd::JobConfig& c, const json& v) -> std::optional<std::string> {
+    if (!v.is_number_unsigned() || v.get<std::uint64_t>() > std::numeric_limits<T>::max())
+      return "must be a non-negative integer";
+    c.*field = v.get<T>();
+    return std::nullopt;
+  };
+}
+
+Setter real(double asgd::JobConfig::*field) {
+  return [field](asgd::JobConfig& c, const json& v) -> std::optional<std::string> {
+    if (!v.is_number()) return "must be a number";
+    c.*field = v.get<double>();
+    return std::nullopt;
+  };
+}
+
+const std::map<std::string, Setter>& settings() {
+  using C = asgd::JobConfig;
+  static const std::map<std::string, Setter> table = {
+      {"dataset", text(&C::dataset)},   {"data_dir", text(&C::data_dir)},     {"model", text(&C::model)},
+      {"policy", text(&C::policy)},     {"optimizer", text(&C::optimizer)},   {"lr_schedule", text(&C::lr_schedule)},
+      {"workers", count(&C::workers)},  {"shards", count(&C::shards)},        {"epochs", count(&C::epochs)},
+      {"batch", count(&C::batch)},      {"threads", count(&C::threads)},      {"seed", count(&C::seed)},
+      {"validation_size", count(&C::validation_size)}, {"lr", real(&C::lr)}, {"momentum", real(&C::momentum)},
+      {"weight_decay", real(&C::weight_decay)}};
+  return table;
+}
+
+class Service {
+ public:
+  Service(asio::io_context& io, std::filesystem::path work_dir) : io_(io), work_dir_(std::move(work_dir)) {}
+
+  // Called on the event loop's thread only.
+  Response handle(const Request& req) {
+    const std::string path(req.target().substr(0, req.target().find('?')));
+    auto route = [&](http::verb verb, auto handler) -> Response {
+      if (req.method() != verb) {
+        Response r = error(http::status::method_not_allowed, "use " + std::string(http::to_string(verb)) + " " + path);
+        r.set(http::field::allow, http::to_string(verb));
+        return r;
+      }
+      return handler();
+    };
+    if (path == "/train") return route(http::verb::post, [&] { return train(req.body()); });
+    if (path == "/status") return route(http::verb::get, [&] { return status(); });
+    if (path == "/predict") return route(http::verb::post, [&] { return predict(req.body()); });
+    return error(http::status::not_found, "no such path: " + path + " (try /train, /status, /predict)");
+  }
+
+  void stop() {
+    runtime_.stop();  // cancels the job and joins its threads
+    poll_.cancel();
+  }
+
+ private:
+  Response train(const std::string& body) {
+    if (state_ == "training") return error(http::status::conflict, "a job is already running");
+    const json settings_json = json::parse(body, nullptr, /*allow_exceptions=*/false);
+    if (settings_json.is_discarded()) return error(http::status::bad_request, "the body is not valid JSON");
+    if (!settings_json.is_object()) return error(http::status::bad_request, "the body must be a JSON object");
+    asgd::JobConfig config;
+    for (const auto& [key, value] : settings_json.items()) {
+      const auto it = settings().find(key);
+      if (it == settings().end()) return error(http::status::bad_request, "unknown setting '" + key + "'");
+      if (auto why = it->second(config, value)) return error(http::status::bad_request, key + " " + *why);
+    }
+    config.checkpoint_dir = (work_dir_ / ("job-" + std::to_string(job_id_ + 1))).string();
+
+    asgd::JobCallbacks callbacks;
+    const std::uint64_t id = job_id_ + 1;
+    callbacks.on_epoch = [this, id](const asgd::EpochMetrics& m) {
+      asio::post(io_, [this, id, m] {
+        if (id == job_id_) last_epoch_ = m;
+      });
+    };
+    auto handle = runtime_.submit(config, std::move(callbacks));
+    if (!handle) {
+      const auto code = handle.status().code() == asgd::StatusCode::invalid_argument
+                            ? http::status::bad_request
+                            : http::status::service_unavailable;
+      return error(code, handle.status().message());
+    }
+    job_id_ = id;
+    job_.emplace(*handle);
+    config_ = config;
+    state_ = "training";
+    last_epoch_.reset();
+    summary_.reset();
+    error_.clear();
+    watch();
+    return reply(http::status::accepted, {{"state", state_}, {"job", job_id_}, {"epochs", config.epochs}});
+  }
+
+  // JobHandle has no completion callback: check on it from the event loop.
+  void watch() {
+    poll_.expires_after(std::chrono::milliseconds(100));
+    poll_.async_wait([this](beast::error_code ec) {
+      if (ec) return;
+      if (!job_->done()) return watch();
+      const auto& result = job_->wait();
+      if (!result) {
+        state_ = "failed";
+        error_ = result.status().to_string();
+        return;
+      }
+      summary_ = *result;
+      auto predictor = asgd::Predictor::from_checkpoint(config_.checkpoint_dir);
+      if (!predictor) {
+        state_ = "failed";
+        error_ = "cannot load the trained model: " + predictor.status().to_string();
+        return;
+      }
+      predictor_.emplace(std::move(predictor).value());
+      ++model_version_;
+      state_ = "done";
+    });
+  }
+
+  Response status() const {
+    json s = {{"state", state_}, {"job", job_id_}, {"model_version", model_version_}};
+    if (job_id_ > 0) {
+      s["epochs"] = config_.epochs;
+      s["epochs_done"] = last_epoch_ ? last_epoch_->epoch : 0;
+    }
+    if (last_epoch_)
+      s["last_epoch"] = {{"epoch", last_epoch_->epoch},
+                         {"train_loss", last_epoch_->train_loss},
+                         {"val_accuracy", last_epoch_->val_accuracy},
+                         {"samples_per_s", last_epoch_->samples_per_s},
+                         {"wall_s", last_epoch_->wall_s}};
+    if (state_ == "done" && summary_) {
+      s["final_test_accuracy"] = summary_->final_test_accuracy;
+      s["train_s"] = summary_->train_s;
+    }
+    if (state_ == "failed") s["error"] = error_;
+    return reply(http::status::ok, s);
+  }
+
+  // Classifies on the event loop's thread, the Predictor's only user.
+  Response predict(const std::string& body) {
+    if (!predictor_) return error(http::status::service_unavailable, "no trained model yet: POST /train first");
+    const json req = json::parse(body, nullptr, /*allow_exceptions=*/false);
+    if (req.is_discarded()) return error(http::status::bad_request, "the body is not valid JSON");
+    if (!req.is_object() || !req.contains("pixels") || !req["pixels"].is_array())
+      return error(http::status::bad_request, "expected {\"pixels\": [[...], ...]}");
+    const std::size_t per_sample = predictor_->sample_size();
+    std::vector<float> samples;
+    for (const json& row : req["pixels"]) {
+      if (!row.is_array() || row.size() != per_sample)
+        return error(http::status::bad_request, "each image must be an array of " + std::to_string(per_sample) +
+                                                    " pixel values");
+      for (const json& v : row) {
+        if (!v.is_number() || v.get<double>() < 0.0 || v.get<double>() > 1.0)
+          return error(http::status::bad_request, "pixel values must be numbers in [0, 1]");
+        samples.push_back(v.get<float>());
+      }
+    }
+    auto classes = predictor_->predict(samples);
+    if (!classes) return error(http::status::bad_request, classes.status().message());
+    return reply(http::status::ok, {{"classes", *classes}, {"model_version", model_version_},
+                                    {"model", predictor_->model()}});
+  }
+
+  asio::io_context& io_;
+  std::filesystem::path work_dir_;   // checkpoints: WORK_DIR/job-N/model.ckpt
+  asio::steady_timer poll_{io_};
+  std::string state_ = "idle";       // idle | training | done | failed
+  std::uint64_t job_id_ = 0;         // the latest job's; 0 before the first
+  std::optional<asgd::JobHandle> job_;
+  asgd::JobConfig config_;
+  std::optional<asgd::EpochMetrics> last_epoch_;
+  std::optional<asgd::JobSummary> summary_;
+  std::string error_;
+  std::optional<asgd::Predictor> predictor_;
+  std::uint64_t model_version_ = 0;  // +1 per trained model loaded
+  asgd::Runtime runtime_;            // last: its jobs' callbacks use the members above
+};
+
+// One connection: read a request, answer it, repeat while the client keeps
+// the connection alive.
+class Session : public std::enable_shared_from_this<Session> {
+ public:
+  Session(tcp::socket socket, Service& service) : socket_(std::move(socket)), service_(service) {}
+
+  void read() {
+    parser_.emplace();
+    parser_->body_limit(kMaxBody);
+    http::async_read(socket_, buffer_, *parser_,
+                     [self = shared_from_this()](beast::error_code ec, std::size_t) { self->on_read(ec); });
+  }
+
+ private:
+  void on_read(beast::error_code ec) {
+    if (ec == http::error::body_limit) {
+      response_ = error(http::status::payload_too_large, "the body is larger than 8 MiB");
+      response_.keep_alive(false);
+    } else if (ec) {
+      return close();  // end of stream or a broken request: nothing to answer
+    } else {
+      const Request req = parser_->release();
+      response_ = service_.handle(req);
+      response_.keep_alive(req.keep_alive());
+    }
+    http::async_write(socket_, response_, [self = shared_from_this()](beast::error_code wec, std::size_t) {
+      if (wec || !self->response_.keep_alive()) return self->close();
+      self->read();
+    });
+  }
+
+  void close() {
+    beast::error_code ignored;
+    socket_.shutdown(tcp::socket::shutdown_send, ignored);
+  }
+
+  tcp::socket socket_;
+  Service& service_;
+  beast::flat_buffer buffer_;
+  std::optional<http::request_parser<http::string_body>> parser_;
+  Response response_;
+};
+
+void accept(tcp::acceptor& acceptor, Service& service) {
+  acceptor.async_accept([&acceptor, &service](beast::error_code ec, tcp::socket socket) {
+    if (ec) return;  // the acceptor was closed: shutting down
+    std::make_shared<Session>(std::move(socket), service)->read();
+    accept(acceptor, service);
+  });
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  char* end = nullptr;
+  const unsigned long port = argc >= 2 ? std::strtoul(argv[1], &end, 10) : 0;
+  if (argc < 2 || argc > 3 || *end != '\0' || port > 65535) {
+    std::fprintf(stderr, "usage: %s PORT [WORK_DIR]   (PORT 0: pick a free one)\n", argv[0]);
+    return 2;
+  }
+  // Checkpoints go to WORK_DIR, or to a fresh temporary folder removed at exit.
+  std::filesystem::path work_dir;
+  bool temporary = false;
+  if (argc == 3) {
+    work_dir = argv[2];
+  } else {
+    std::string pattern = (std::filesystem::temp_directory_path() / "asgd-service-XXXXXX").string();
+    if (::mkdtemp(pattern.data()) == nullptr) {
+      std::perror("cannot create a temporary folder");
+      return 1;
+    }
+    work_dir = pattern;
+    temporary = true;
+  }
+
+  asio::io_context io;
+  tcp::acceptor acceptor(io);
+  try {
+    acceptor = tcp::acceptor(io, {asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port)});
+  } catch (const boost::system::system_error& e) {
+    std::fprintf(stderr, "cannot listen on 127.0.0.1:%lu: %s\n", port, e.code().message().c_str());
+    return 1;
+  }
+  Service service(io, work_dir);
+  std::printf("listening on 127.0.0.1:%u\n", acceptor.local_endpoint().port());
+  std::fflush(stdout);
+
+  asio::signal_set signals(io, SIGINT, SIGTERM);
+  signals.async_wait([&](beast::error_code ec, int) {
+    if (ec) return;
+    beast::error_code ignored;
+    acceptor.close(ignored);
+    service.stop();
+    io.stop();  // open connections are dropped, not drained
+  });
+  accept(acceptor, service);
+  io.run();
+
+  if (temporary) {
+    std::error_code ignored;
+    std::filesystem::remove_all(work_dir, ignored);
+  }
+  return 0;
+}

@@ -1,0 +1,75 @@
+#pragma once
+// Answers "which class is this image?" with a trained model: built from a
+// checkpoint (`asgd train --checkpoint-dir DIR`, JobConfig::checkpoint_dir)
+// or from the flat parameters a job hands to JobCallbacks::on_final_params.
+
+#include <cstddef>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "asgd/status.hpp"
+
+namespace asgd {
+
+/// A trained model on the CPU, ready to classify images.
+///
+/// Inputs are raw pixel values in [0, 1] (an 8-bit image divided by 255),
+/// one sample after another, each laid out (C, H, W) as the model's
+/// sample_size() values. The predictor applies the normalisation training
+/// used, (pixel - mean) / stddev, itself, so callers never need the
+/// dataset's statistics.
+///
+/// Owns its model (a private copy of the parameters). Move-only. Not
+/// thread-safe: predict() reuses scratch buffers, so one thread at a time
+/// per Predictor (guard it with a mutex, or give each thread its own).
+/// Different Predictors share nothing.
+class Predictor {
+ public:
+  /// Loads DIR/model.ckpt (or DIR itself when it is a file): the model,
+  /// its parameters, BatchNorm statistics and input normalisation.
+  /// Errors: not_found (no checkpoint there), corruption (a damaged file,
+  /// or one whose layout does not match the model it names),
+  /// invalid_argument (a model name this build does not know).
+  static Result<Predictor> from_checkpoint(const std::string& dir);
+
+  /// Builds `model` ("mlp", "lenet" or "resnet-mini", as in
+  /// JobConfig::model) for samples of `sample_shape`
+  /// (C, H, W) and `classes` outputs, with `params` in the model's flat
+  /// layout (copied) and the normalisation training used (for MNIST and
+  /// Fashion-MNIST jobs it is measured on the training split; a checkpoint
+  /// records it). BatchNorm statistics keep their initial values (mean 0,
+  /// variance 1), so for models with BatchNorm (resnet-mini) prefer
+  /// from_checkpoint, which carries the trained statistics.
+  /// Errors: invalid_argument for an unknown model, a bad shape, a
+  /// parameter count that does not match, or input_stddev <= 0.
+  static Result<Predictor> from_params(const std::string& model, const std::vector<std::size_t>& sample_shape,
+                                       std::size_t classes, std::span<const float> params,
+                                       float input_mean = 0.0f, float input_stddev = 1.0f);
+
+  Predictor(Predictor&&) noexcept;
+  Predictor& operator=(Predictor&&) noexcept;
+  ~Predictor();
+
+  /// The class (in [0, classes())) with the largest score for each of the
+  /// n = samples.size() / sample_size() samples in `samples` (n, C, H, W),
+  /// raw pixels in [0, 1]. An empty span gives an empty vector. Errors:
+  /// invalid_argument when samples.size() is not a multiple of
+  /// sample_size(), or when a value is not finite. Cost: one inference
+  /// forward pass over the samples, in chunks of 1000.
+  Result<std::vector<int>> predict(std::span<const float> samples);
+
+  const std::string& model() const;
+  std::size_t classes() const;
+  /// Values per sample: C * H * W.
+  std::size_t sample_size() const;
+  const std::vector<std::size_t>& sample_shape() const;
+
+ private:
+  struct Impl;
+  explicit Predictor(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace asgd

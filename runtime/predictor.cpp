@@ -1,0 +1,105 @@
+#include "asgd/predictor.hpp"
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <unordered_map>
+
+#include "compute/model.hpp"
+#include "runtime/checkpoint.hpp"
+
+namespace asgd {
+
+struct Predictor::Impl {
+  Model model;
+  float mean = 0.0f;
+  float stddev = 1.0f;
+  std::vector<float> normalised;  // (1, C, H, W) scratch
+};
+
+Predictor::Predictor(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Predictor::Predictor(Predictor&&) noexcept = default;
+Predictor& Predictor::operator=(Predictor&&) noexcept = default;
+Predictor::~Predictor() = default;
+
+namespace {
+
+Status check_inputs(const Shape& sample_shape, std::size_t classes, float stddev) {
+  if (sample_shape.size() != 3 || numel(sample_shape) == 0)
+    return Status::InvalidArgument("sample shape must be (C, H, W) with no zero dimension");
+  if (classes < 2) return Status::InvalidArgument("a classifier needs at least 2 classes");
+  if (!(stddev > 0.0f) || !std::isfinite(stddev))
+    return Status::InvalidArgument("input stddev must be a positive number, got " + std::to_string(stddev));
+  return {};
+}
+
+}  // namespace
+
+Result<Predictor> Predictor::from_params(const std::string& model, const std::vector<std::size_t>& sample_shape,
+                                         std::size_t classes, std::span<const float> params, float input_mean,
+                                         float input_stddev) {
+  if (Status s = check_inputs(sample_shape, classes, input_stddev); !s.ok()) return s;
+  auto built = Model::build(model, sample_shape, classes);
+  if (!built) return built.status();
+  if (params.size() != built->num_params())
+    return Status::InvalidArgument(model + " has " + std::to_string(built->num_params()) + " parameters, got " +
+                                   std::to_string(params.size()));
+  std::copy(params.begin(), params.end(), built->params().begin());
+  return Predictor(std::unique_ptr<Impl>(new Impl{std::move(built).value(), input_mean, input_stddev, {}}));
+}
+
+Result<Predictor> Predictor::from_checkpoint(const std::string& dir) {
+  auto ckpt = read_checkpoint(dir);
+  if (!ckpt) return ckpt.status();
+  const Checkpoint& c = *ckpt;
+  auto corrupt = [&](const std::string& why) { return Status::Corruption(dir + ": " + why); };
+  if (Status s = check_inputs(c.sample_shape, c.classes, c.input_stddev); !s.ok()) return corrupt(s.message());
+  auto built = Model::build(c.model, c.sample_shape, c.classes);
+  if (!built) return built.status();
+  Model& m = *built;
+
+  // The layout is the contract: same names, shapes and order as this
+  // build's model, or the numbers would land in the wrong tensors.
+  const auto& layout = m.layout();
+  if (layout.size() != c.params.size())
+    return corrupt(std::to_string(c.params.size()) + " parameter tensors, " + c.model + " has " +
+                   std::to_string(layout.size()));
+  for (std::size_t i = 0; i < layout.size(); ++i) {
+    const ParamEntry& e = layout[i];
+    const CheckpointTensor& t = c.params[i];
+    if (t.name != e.name || t.shape != e.shape || t.values.size() != e.size)
+      return corrupt("parameter " + t.name + " does not match " + c.model + "'s " + e.name);
+    std::copy(t.values.begin(), t.values.end(), m.params().begin() + static_cast<std::ptrdiff_t>(e.offset));
+  }
+  std::unordered_map<std::string, const CheckpointTensor*> saved;
+  for (const CheckpointTensor& t : c.buffers) saved[t.name] = &t;
+  for (const LayerBuffer& b : m.buffers()) {
+    const auto it = saved.find(b.name);
+    if (it == saved.end()) return corrupt("buffer " + b.name + " is missing");
+    if (it->second->values.size() != b.values.size()) return corrupt("buffer " + b.name + " has the wrong size");
+    std::copy(it->second->values.begin(), it->second->values.end(), b.values.begin());
+  }
+  return Predictor(std::unique_ptr<Impl>(new Impl{std::move(m), c.input_mean, c.input_stddev, {}}));
+}
+
+Result<std::vector<int>> Predictor::predict(std::span<const float> samples) {
+  Impl& s = *impl_;
+  const std::size_t per_sample = sample_size();
+  if (samples.size() % per_sample != 0)
+    return Status::InvalidArgument(std::to_string(samples.size()) + " values are not a whole number of samples of " +
+                                   std::to_string(per_sample));
+  for (const float v : samples)
+    if (!std::isfinite(v)) return Status::InvalidArgument("a sample value is not finite");
+
+  s.normalised.resize(samples.size());
+  for (std::size_t j = 0; j < samples.size(); ++j) s.normalised[j] = (samples[j] - s.mean) / s.stddev;
+  const std::vector<std::int32_t> best = s.model.classify(s.normalised);
+  return std::vector<int>(best.begin(), best.end());
+}
+
+const std::string& Predictor::model() const { return impl_->model.name(); }
+std::size_t Predictor::classes() const { return impl_->model.classes(); }
+std::size_t Predictor::sample_size() const { return numel(impl_->model.sample_shape()); }
+const std::vector<std::size_t>& Predictor::sample_shape() const { return impl_->model.sample_shape(); }
+
+}  // namespace asgd

@@ -1,0 +1,264 @@
+// examples/example_service as a user meets it: a separate process on a port
+// of its own, driven over HTTP, stopped with SIGTERM.
+
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <string>
+#include <thread>
+
+#include "dataset/idx.hpp"
+#include "test_data.hpp"
+
+namespace asgd {
+namespace {
+
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+#ifdef ASGD_EXAMPLE_SERVICE_PATH
+constexpr const char* kServicePath = ASGD_EXAMPLE_SERVICE_PATH;
+#else
+constexpr const char* kServicePath = nullptr;  // built without Boost
+#endif
+
+// The service as a child process: its stdout is read on a thread of ours
+// (the first line gives the port; the rest is kept for failure messages).
+class ServiceProcess {
+ public:
+  ServiceProcess() {
+    int out[2];
+    if (::pipe(out) != 0) return;
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::dup2(out[1], STDOUT_FILENO);
+      ::close(out[0]);
+      ::close(out[1]);
+      ::execl(kServicePath, kServicePath, "0", static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    ::close(out[1]);
+    reader_ = std::thread([this, fd = out[0]] {
+      char buf[4096];
+      for (ssize_t n; (n = ::read(fd, buf, sizeof buf)) > 0;) {
+        std::lock_guard lock(mu_);
+        output_.append(buf, static_cast<std::size_t>(n));
+      }
+      ::close(fd);
+    });
+  }
+
+  ~ServiceProcess() {
+    if (pid_ > 0 && !status_) {
+      ::kill(pid_, SIGKILL);
+      ::waitpid(pid_, nullptr, 0);
+    }
+    if (reader_.joinable()) reader_.join();
+  }
+
+  // The port from "listening on 127.0.0.1:PORT"; 0 if it did not come.
+  int port(std::chrono::seconds timeout = std::chrono::seconds(20)) {
+    const auto deadline = Clock::now() + timeout;
+    while (Clock::now() < deadline) {
+      {
+        std::lock_guard lock(mu_);
+        if (const auto eol = output_.find('\n'); eol != std::string::npos) {
+          const std::string prefix = "listening on 127.0.0.1:";
+          if (output_.rfind(prefix, 0) != 0) return 0;
+          return std::stoi(output_.substr(prefix.size(), eol - prefix.size()));
+        }
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return 0;
+  }
+
+  // Sends `signal` and waits for the exit; the wait status, or none after
+  // `timeout`.
+  std::optional<int> stop(int signal, std::chrono::seconds timeout) {
+    ::kill(pid_, signal);
+    const auto deadline = Clock::now() + timeout;
+    while (Clock::now() < deadline) {
+      int status = 0;
+      if (::waitpid(pid_, &status, WNOHANG) == pid_) return status_ = status;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return std::nullopt;
+  }
+
+  std::string output() {
+    std::lock_guard lock(mu_);
+    return output_;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  std::optional<int> status_;
+  std::thread reader_;
+  std::mutex mu_;
+  std::string output_;
+};
+
+struct HttpReply {
+  int status = 0;  // 0: no answer
+  std::string body;
+  json body_json() const { return json::parse(body, nullptr, false); }
+};
+
+// One request on a fresh connection ("Connection: close"), read to EOF.
+HttpReply http(int port, const std::string& method, const std::string& path, const std::string& body = "") {
+  HttpReply reply;
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  timeval tv{30, 0};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<std::uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    ::close(fd);
+    return reply;
+  }
+  const std::string request = method + " " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n" +
+                              "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
+                              "\r\n\r\n" + body;
+  for (std::size_t sent = 0; sent < request.size();) {
+    const ssize_t n = ::send(fd, request.data() + sent, request.size() - sent, MSG_NOSIGNAL);
+    if (n <= 0) break;
+    sent += static_cast<std::size_t>(n);
+  }
+  std::string raw;
+  char buf[8192];
+  for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) raw.append(buf, static_cast<std::size_t>(n));
+  ::close(fd);
+  const auto head_end = raw.find("\r\n\r\n");
+  if (raw.rfind("HTTP/1.1 ", 0) != 0 || head_end == std::string::npos) return reply;
+  reply.status = std::stoi(raw.substr(9, 3));
+  reply.body = raw.substr(head_end + 4);
+  return reply;
+}
+
+// Waits for the service's job to leave "training"; the last /status.
+json wait_for_job(int port, std::chrono::seconds timeout) {
+  const auto deadline = Clock::now() + timeout;
+  json status;
+  while (Clock::now() < deadline) {
+    status = http(port, "GET", "/status").body_json();
+    if (status.value("state", "") != "training") return status;
+    std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  return status;
+}
+
+TEST(ExampleService, AnswersBadRequestsWithJsonErrors) {
+  if (kServicePath == nullptr) GTEST_SKIP() << "example_service was not built (no Boost)";
+  ServiceProcess service;
+  const int port = service.port();
+  ASSERT_GT(port, 0) << "no 'listening on 127.0.0.1:PORT' line; output:\n" << service.output();
+
+  auto status = http(port, "GET", "/status");
+  EXPECT_EQ(status.status, 200);
+  EXPECT_EQ(status.body_json().value("state", ""), "idle");
+
+  auto check = [&](const std::string& method, const std::string& path, const std::string& body, int code,
+                   const std::string& message_part) {
+    const HttpReply r = http(port, method, path, body);
+    EXPECT_EQ(r.status, code) << method << " " << path << " " << body << " -> " << r.body;
+    EXPECT_NE(r.body_json().value("error", "").find(message_part), std::string::npos)
+        << method << " " << path << " -> " << r.body;
+  };
+  check("GET", "/nowhere", "", 404, "no such path");
+  check("GET", "/train", "", 405, "use POST");
+  check("POST", "/status", "", 405, "use GET");
+  check("POST", "/predict", R"({"pixels": [[0.5]]})", 503, "no trained model yet");
+  check("POST", "/train", "{not json", 400, "not valid JSON");
+  check("POST", "/train", R"({"epochs": "three"})", 400, "epochs");
+  check("POST", "/train", R"({"workers": 0})", 400, "--workers");
+  check("POST", "/train", R"({"colour": "blue"})", 400, "unknown setting 'colour'");
+  check("POST", "/train", std::string(9u << 20, ' '), 413, "larger than 8 MiB");
+
+  const auto exit = service.stop(SIGTERM, std::chrono::seconds(20));
+  ASSERT_TRUE(exit.has_value()) << "the service did not exit within 20 s of SIGTERM";
+  EXPECT_TRUE(WIFEXITED(*exit) && WEXITSTATUS(*exit) == 0) << "wait status " << *exit;
+}
+
+TEST(ExampleService, TrainsOnRequestAndClassifiesMnistDigits) {
+  if (kServicePath == nullptr) GTEST_SKIP() << "example_service was not built (no Boost)";
+  ASGD_REQUIRE_DATASET(mnist, "mnist");
+  auto images = data::read_idx_images(mnist / "t10k-images-idx3-ubyte.gz");
+  auto labels = data::read_idx_labels(mnist / "t10k-labels-idx1-ubyte.gz", 10);
+  ASSERT_TRUE(images.ok() && labels.ok()) << images.status().to_string() << labels.status().to_string();
+
+  ServiceProcess service;
+  const int port = service.port();
+  ASSERT_GT(port, 0) << "no 'listening on 127.0.0.1:PORT' line; output:\n" << service.output();
+
+  const json settings = {{"model", "mlp"},   {"epochs", 1},   {"workers", 2},
+                         {"dataset", "mnist"}, {"data_dir", mnist.string()}, {"lr", 0.02}};
+  const auto started = http(port, "POST", "/train", settings.dump());
+  ASSERT_EQ(started.status, 202) << started.body;
+  EXPECT_EQ(http(port, "POST", "/train", settings.dump()).status, 409) << "a second job while one runs";
+
+  const json status = wait_for_job(port, std::chrono::seconds(180));
+  ASSERT_EQ(status.value("state", ""), "done")
+      << "waited up to 180 s for /status to report the job done; last /status: " << status.dump()
+      << "\nservice output:\n" << service.output();
+  EXPECT_EQ(status.value("epochs_done", 0), 1);
+  EXPECT_GT(status["last_epoch"].value("samples_per_s", 0.0), 0.0);
+  EXPECT_GT(status.value("final_test_accuracy", 0.0), 0.85);
+  EXPECT_EQ(status.value("model_version", 0), 1);
+
+  constexpr std::size_t kImages = 20, kPixels = 28 * 28;
+  json pixels = json::array();
+  for (std::size_t i = 0; i < kImages; ++i) {
+    json row = json::array();
+    for (std::size_t j = 0; j < kPixels; ++j) row.push_back(images->pixels[i * kPixels + j] / 255.0);
+    pixels.push_back(std::move(row));
+  }
+  const auto answer = http(port, "POST", "/predict", json{{"pixels", pixels}}.dump());
+  ASSERT_EQ(answer.status, 200) << answer.body;
+  const json reply = answer.body_json();
+  ASSERT_EQ(reply["classes"].size(), kImages) << answer.body;
+  EXPECT_EQ(reply.value("model_version", 0), 1);
+  std::size_t right = 0;
+  for (std::size_t i = 0; i < kImages; ++i) right += reply["classes"][i].get<int>() == (*labels)[i];
+  EXPECT_GE(right, 15u) << "classes " << reply["classes"].dump();
+
+  const auto wrong_shape = http(port, "POST", "/predict", R"({"pixels": [[0.1, 0.2]]})");
+  EXPECT_EQ(wrong_shape.status, 400) << wrong_shape.body;
+  const auto out_of_range = http(port, "POST", "/predict", json{{"pixels", {std::vector<double>(kPixels, 255.0)}}}.dump());
+  EXPECT_EQ(out_of_range.status, 400) << out_of_range.body;
+
+  const auto exit = service.stop(SIGTERM, std::chrono::seconds(20));
+  ASSERT_TRUE(exit.has_value()) << "the service did not exit within 20 s of SIGTERM";
+  EXPECT_TRUE(WIFEXITED(*exit) && WEXITSTATUS(*exit) == 0) << "wait status " << *exit;
+}
+
+TEST(ExampleService, SigtermDuringTrainingStopsTheJobAndExitsCleanly) {
+  if (kServicePath == nullptr) GTEST_SKIP() << "example_service was not built (no Boost)";
+  ASGD_REQUIRE_DATASET(mnist, "mnist");
+  ServiceProcess service;
+  const int port = service.port();
+  ASSERT_GT(port, 0) << "no 'listening on 127.0.0.1:PORT' line; output:\n" << service.output();
+  const json settings = {{"epochs", 50}, {"data_dir", mnist.string()}};
+  ASSERT_EQ(http(port, "POST", "/train", settings.dump()).status, 202);
+
+  const auto exit = service.stop(SIGTERM, std::chrono::seconds(30));
+  ASSERT_TRUE(exit.has_value()) << "the service did not exit within 30 s of SIGTERM during training; output:\n"
+                                << service.output();
+  EXPECT_TRUE(WIFEXITED(*exit) && WEXITSTATUS(*exit) == 0) << "wait status " << *exit;
+}
+
+}  // namespace
+}  // namespace asgd
