@@ -5,6 +5,7 @@
 #include <cassert>
 #include <cmath>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <thread>
 #include <utility>
@@ -15,14 +16,6 @@
 
 #include "compute/blas.hpp"
 
-// Plain loops that GCC vectorises get an AVX-512 clone beside the baseline
-// x86-64 one, picked when the program loads (the build targets baseline
-// x86-64, where a vector is 4 floats).
-#if defined(__x86_64__) && defined(__GNUC__)
-#define ASGD_VECTOR_CLONES [[gnu::target_clones("avx512f", "default")]]
-#else
-#define ASGD_VECTOR_CLONES
-#endif
 
 namespace asgd {
 
@@ -39,10 +32,15 @@ std::size_t ceil_div(std::size_t a, std::size_t b) { return (a + b - 1) / b; }
 
 // ---- Threads ----------------------------------------------------------------
 
-// Runs a job split into parts: part 0 on the calling thread, the others on
-// helper threads started on first use and parked between jobs. Each layer
-// that splits its work owns one: spawning threads per call cost 60-250 us on
-// the 2-core VM, waking a parked one about 2 us. Not thread-safe (one caller).
+// Runs a job of numbered chunks on the calling thread plus helper threads
+// started on first use and parked between jobs. Thread t owns the t-th of
+// `threads` equal runs of chunks, so that consecutive layers, which cut the
+// batch alike, find their samples in the same core's cache; a thread that
+// has finished its own run takes chunks from the others', so one that starts
+// late (its core busy with other work, as on a worker's machine beside its
+// messaging threads) does not hold up the rest. Each layer that splits its
+// work owns one: spawning threads per call cost 60-250 us on the 2-core VM,
+// waking a parked one about 2 us. Not thread-safe (one caller at a time).
 class ForkJoin {
  public:
   ForkJoin() = default;
@@ -55,68 +53,104 @@ class ForkJoin {
     for (std::thread& t : helpers_) t.join();
   }
 
-  /// Calls fn(part) for every part in [0, parts), concurrently, and returns
-  /// when all have returned. fn must not throw.
+  /// Calls fn(chunk, thread) for every chunk in [0, chunks) on up to
+  /// `threads` threads (thread 0 is the caller; `thread` indexes per-thread
+  /// scratch) and returns when all calls have returned. Which thread runs a
+  /// chunk varies from call to call, so results that must not depend on it
+  /// are accumulated per chunk. fn must not throw.
   template <class Fn>
-  void run(std::size_t parts, Fn& fn) {
-    if (parts <= 1) {
-      fn(std::size_t{0});
+  void run(std::size_t threads, std::size_t chunks, Fn& fn) {
+    threads = std::min(threads, chunks);
+    if (threads <= 1) {
+      for (std::size_t c = 0; c < chunks; ++c) fn(c, std::size_t{0});
       return;
     }
-    while (helpers_.size() + 1 < parts) {
-      const std::size_t part = helpers_.size() + 1;
-      helpers_.emplace_back([this, part, seen = generation_.load()] { helper_loop(part, seen); });
+    if (helpers_.size() + 1 < threads) {
+      cursors_ = std::make_unique<Cursor[]>(threads);  // no helper is running a job now
+      while (helpers_.size() + 1 < threads) {
+        const std::size_t thread = helpers_.size() + 1;
+        helpers_.emplace_back([this, thread, seen = generation_.load()] { helper_loop(thread, seen); });
+      }
     }
-    call_ = [](void* f, std::size_t part) { (*static_cast<Fn*>(f))(part); };
+    call_ = [](void* f, std::size_t chunk, std::size_t thread) { (*static_cast<Fn*>(f))(chunk, thread); };
     fn_ = &fn;
-    parts_ = parts;
+    threads_ = threads;
+    for (std::size_t t = 0; t < threads; ++t) {
+      cursors_[t].next.store(chunks * t / threads, std::memory_order_relaxed);
+      cursors_[t].end = chunks * (t + 1) / threads;
+    }
 #if defined(__x86_64__)
     csr_ = _mm_getcsr();  // helpers flush denormals exactly when the caller does
 #endif
-    // Every helper takes part (those past `parts` do nothing), so that none
-    // can still be reading this job's fields when the next one is written.
+    // Every helper reports back (those past `threads` without working), so
+    // that none can still be reading this job's fields when the next one is
+    // written.
     pending_.store(static_cast<std::uint32_t>(helpers_.size()), std::memory_order_relaxed);
     generation_.fetch_add(1, std::memory_order_release);
     generation_.notify_all();
-    fn(std::size_t{0});
+    work(0);
     for (std::uint32_t left; (left = pending_.load(std::memory_order_acquire)) != 0;) pending_.wait(left);
   }
 
  private:
-  void helper_loop(std::size_t part, std::uint32_t seen) {
+  // Own run first, then the others' in turn.
+  void work(std::size_t thread) {
+    for (std::size_t i = 0; i < threads_; ++i) {
+      Cursor& run = cursors_[(thread + i) % threads_];
+      for (std::size_t c; (c = run.next.fetch_add(1, std::memory_order_relaxed)) < run.end;) call_(fn_, c, thread);
+    }
+  }
+
+  struct alignas(64) Cursor {  // a cache line each: threads claim from their own without contention
+    std::atomic<std::size_t> next{0};
+    std::size_t end = 0;
+  };
+
+  void helper_loop(std::size_t thread, std::uint32_t seen) {
     for (;;) {
       generation_.wait(seen, std::memory_order_acquire);
       seen = generation_.load(std::memory_order_acquire);
       if (stop_.load()) return;
-      if (part < parts_) {
+      if (thread < threads_) {
 #if defined(__x86_64__)
         _mm_setcsr(csr_);
 #endif
-        call_(fn_, part);
+        work(thread);
       }
       if (pending_.fetch_sub(1, std::memory_order_acq_rel) == 1) pending_.notify_one();
     }
   }
 
-  std::vector<std::thread> helpers_;  // helper i runs part i + 1
+  std::vector<std::thread> helpers_;  // helper i is thread i + 1
   std::atomic<std::uint32_t> generation_{0};
   std::atomic<std::uint32_t> pending_{0};
+  std::unique_ptr<Cursor[]> cursors_;  // per thread: the rest of its run of chunks
   std::atomic<bool> stop_{false};
-  void (*call_)(void*, std::size_t) = nullptr;
+  void (*call_)(void*, std::size_t, std::size_t) = nullptr;
   void* fn_ = nullptr;
-  std::size_t parts_ = 0;
+  std::size_t threads_ = 0;
   unsigned csr_ = 0;
 };
 
-// How many parts to split a batch into: BLAS's thread count is the
-// process's compute-thread budget (the runtime sets it from --threads).
-std::size_t compute_parts(std::size_t batch) {
-  return std::max<std::size_t>(1, std::min<std::size_t>(static_cast<std::size_t>(blas::threads()), batch));
-}
+// The compute-thread budget: BLAS's thread count, which the runtime sets
+// from --threads (OpenBLAS keeps one pool per process).
+std::size_t compute_threads() { return static_cast<std::size_t>(std::max(1, blas::threads())); }
 
-// Samples [begin, end) of part `part` when `batch` samples are split evenly.
-std::pair<std::size_t, std::size_t> part_range(std::size_t batch, std::size_t parts, std::size_t part) {
-  return {batch * part / parts, batch * (part + 1) / parts};
+// A batch cut into chunks of consecutive samples: at least 8 (so that a
+// late thread can hand work over), independent of the thread count up to 4,
+// so that per-chunk partial sums make results identical with 1, 2 or 4
+// threads.
+struct Chunks {
+  std::size_t size, count;
+  std::pair<std::size_t, std::size_t> range(std::size_t chunk, std::size_t batch) const {
+    return {chunk * size, std::min(batch, (chunk + 1) * size)};
+  }
+};
+
+Chunks sample_chunks(std::size_t batch) {
+  const std::size_t wanted = std::max<std::size_t>(8, 2 * compute_threads());
+  const std::size_t size = std::max<std::size_t>(ceil_div(batch, wanted), 1);
+  return {size, ceil_div(batch, size)};
 }
 
 // ---- Matrix products --------------------------------------------------------
@@ -135,6 +169,28 @@ bool have_avx512() {
 #else
   return false;
 #endif
+}
+
+// Plain loops that GCC vectorises are written once, always inlined, and
+// called through vectorised<f>(...), which on an AVX-512 CPU runs them
+// inside a function compiled for it: 16-float vectors instead of the 4 of
+// the baseline x86-64 build. (target_clones does the same through an ifunc
+// resolver, which ThreadSanitizer cannot run.)
+#define ASGD_VECTOR_LOOP [[gnu::always_inline]] inline
+
+#if defined(__x86_64__)
+template <auto F, class... Args>
+[[gnu::target("avx512f")]] auto run_avx512(Args&&... args) {
+  return F(std::forward<Args>(args)...);
+}
+#endif
+
+template <auto F, class... Args>
+auto vectorised(Args&&... args) {
+#if defined(__x86_64__)
+  if (have_avx512()) return run_avx512<F>(std::forward<Args>(args)...);
+#endif
+  return F(std::forward<Args>(args)...);
 }
 
 #if defined(__x86_64__)
@@ -270,9 +326,9 @@ void matmul(std::size_t m, std::size_t n, std::size_t k, Strided a, const float*
 #if defined(__x86_64__)
 // C (4, 4) += A (4, n) * B (4, n)^T: 16 dot products of rows, each summed in
 // a zmm of partial sums over 16 columns at a time and reduced once at the
-// end. For weight gradients with few columns (first layers: C*k*k = 9 or
-// 25; 1x1 convs), where a register tile over those columns would be mostly
-// empty. Rows past ma / mb read row 0 and are never stored.
+// end. For weight gradients with few columns (a first layer's C*k*k = 9),
+// where a register tile over those columns would be mostly empty. Rows past
+// ma / mb read row 0 and are never stored.
 [[gnu::target("avx512f")]] void dot_tile_avx512(std::size_t n, const float* a, std::size_t lda, std::size_t ma,
                                                 const float* b, std::size_t ldb, std::size_t mb, float* c,
                                                 std::size_t ldc) {
@@ -580,13 +636,13 @@ namespace {
 // Sums over one channel plane, vectorised: GCC keeps a float sum in order
 // (no reassociation without -ffast-math), so each helper accumulates 16
 // independent float lanes, which it does vectorise, and returns their total
-// in double. target_clones compiles an AVX-512 version beside the baseline
-// one and picks at load time. A lane sums at most P / 16 values, so float
-// is as accurate here as PyTorch's double accumulation needs.
+// in double (call them through vectorised<>). A lane sums at most P / 16
+// values, so float is as accurate here as PyTorch's double accumulation
+// needs.
 
 constexpr std::size_t kLanes = 16;
 
-ASGD_VECTOR_CLONES double plane_sum(const float* __restrict x, std::size_t n) {
+ASGD_VECTOR_LOOP double plane_sum(const float* __restrict x, std::size_t n) {
   float lane[kLanes] = {};
   std::size_t i = 0;
   for (; i + kLanes <= n; i += kLanes)
@@ -598,7 +654,7 @@ ASGD_VECTOR_CLONES double plane_sum(const float* __restrict x, std::size_t n) {
 }
 
 // sum (x - mean)^2
-ASGD_VECTOR_CLONES double plane_sq_dev(const float* __restrict x, std::size_t n, float mean) {
+ASGD_VECTOR_LOOP double plane_sq_dev(const float* __restrict x, std::size_t n, float mean) {
   float lane[kLanes] = {};
   std::size_t i = 0;
   for (; i + kLanes <= n; i += kLanes)
@@ -613,7 +669,7 @@ ASGD_VECTOR_CLONES double plane_sq_dev(const float* __restrict x, std::size_t n,
 }
 
 // sum dy and sum dy * (x - mean), added to the two totals
-ASGD_VECTOR_CLONES void plane_grad_sums(const float* __restrict dy, const float* __restrict x, std::size_t n,
+ASGD_VECTOR_LOOP void plane_grad_sums(const float* __restrict dy, const float* __restrict x, std::size_t n,
                                         float mean, double& sum_dy, double& sum_dy_dev) {
   float lane_dy[kLanes] = {}, lane_dev[kLanes] = {};
   std::size_t i = 0;
@@ -635,13 +691,13 @@ ASGD_VECTOR_CLONES void plane_grad_sums(const float* __restrict dy, const float*
 }
 
 // y = x * scale + shift
-ASGD_VECTOR_CLONES void plane_affine(const float* __restrict x, std::size_t n, float scale, float shift,
+ASGD_VECTOR_LOOP void plane_affine(const float* __restrict x, std::size_t n, float scale, float shift,
                                      float* __restrict y) {
   for (std::size_t i = 0; i < n; ++i) y[i] = x[i] * scale + shift;
 }
 
 // dx = a * dy + b * x + c
-ASGD_VECTOR_CLONES void plane_affine2(const float* __restrict dy, const float* __restrict x, std::size_t n, float a,
+ASGD_VECTOR_LOOP void plane_affine2(const float* __restrict dy, const float* __restrict x, std::size_t n, float a,
                                       float b, float c, float* __restrict dx) {
   for (std::size_t i = 0; i < n; ++i) dx[i] = a * dy[i] + b * x[i] + c;
 }
@@ -652,32 +708,24 @@ ASGD_VECTOR_CLONES void plane_affine2(const float* __restrict dy, const float* _
 
 namespace {
 
-// How a call splits its batch: one contiguous range of samples per thread,
-// worked through in groups whose im2col buffer stays in the core's L2 cache,
-// so that the group's products read it from there.
+// How a call cuts its batch: groups of samples whose im2col buffer stays in
+// the core's L2 cache, so that the group's products read it from there.
 struct ConvPlan {
-  std::size_t parts;  // threads
+  std::size_t threads;
   std::size_t group;  // samples per product
   std::size_t ld;     // leading dimension of the group buffers
 };
 
 ConvPlan plan_conv(const ConvGeometry& g, std::size_t batch) {
-  ConvPlan p{};
-  if (!have_avx512()) {
-    // BLAS threads itself and needs packed leading dimensions.
-    p.parts = 1;
-    p.group = 1;
-    p.ld = g.plane();
-    return p;
-  }
-  p.parts = compute_parts(batch);
+  if (!have_avx512()) return {1, 1, g.plane()};  // BLAS threads itself and needs packed leading dimensions
   // About 512 KiB of im2col per group: enough columns for full register
-  // tiles when planes are small (7x7), and inside a core's 2 MiB L2.
+  // tiles when planes are small (7x7), and inside a core's 2 MiB L2. No
+  // larger than a chunk, so that forward's chunks (one group each) are as
+  // many as backward's.
   constexpr std::size_t kColFloats = 128 * 1024;
-  const std::size_t per_part = ceil_div(batch, p.parts);
-  p.group = std::clamp<std::size_t>(kColFloats / (g.rows() * g.plane()), 1, std::max<std::size_t>(per_part, 1));
-  p.ld = padded_ld(p.group * g.plane());
-  return p;
+  const std::size_t group =
+      std::clamp<std::size_t>(kColFloats / (g.rows() * g.plane()), 1, sample_chunks(batch).size);
+  return {compute_threads(), group, padded_ld(group * g.plane())};
 }
 
 // What one thread needs, kept between calls.
@@ -686,8 +734,6 @@ struct ConvPart {
   std::vector<float> out;     // (O, ld): a group's product before it is scattered; a group's dy side by side
   std::vector<float> dyt;     // (group * OH*OW, O): a group's dy, transposed
   std::vector<float> dcol;    // (C*k*k, ld)
-  std::vector<float> dwt;     // this part's share of dW: (O, C*k*k) by dot products, else transposed
-  std::vector<float> db;      // (O,)
   std::vector<float> padded;  // one sample with its zero padding written out
 };
 
@@ -696,44 +742,43 @@ void grow(std::vector<T>& v, std::size_t n) {
   if (v.size() < n) v.resize(n);
 }
 
-// out (B, M, OH, OW) = [bias +] A (M, rows) * im2col(in) for the samples
-// [begin, end), in groups as the plan says: the forward pass, and for a
-// stride-1 conv also dx (a convolution of dy with the flipped kernel).
-void convolve(const ConvGeometry& g, const ConvPlan& plan, Strided a, std::size_t m, const float* bias,
-              const float* in, float* out, std::size_t begin, std::size_t end, ConvPart& part) {
-  const std::size_t plane = g.plane(), rows = g.rows(), in_size = g.c * g.h * g.w;
-  for (std::size_t b0 = begin; b0 < end; b0 += plan.group) {
-    const std::size_t n = std::min(plan.group, end - b0);
-    for (std::size_t j = 0; j < n; ++j)
-      im2col_any(g, in + (b0 + j) * in_size, part.padded.data(), part.col.data() + j * plane, plan.ld);
-    if (n == 1) {
-      // out_b (M, P) = [bias +] A (M, rows) * col (rows, P), straight into out.
-      float* ob = out + b0 * m * plane;
-      if (bias)
-        for (std::size_t o = 0; o < m; ++o) std::fill(ob + o * plane, ob + (o + 1) * plane, bias[o]);
-      matmul(m, plane, rows, a, part.col.data(), plan.ld, ob, plane, bias != nullptr);
-      continue;
-    }
-    // (M, n*P) = A * col, then each sample's columns go to its place.
-    matmul(m, n * plane, rows, a, part.col.data(), plan.ld, part.out.data(), plan.ld, false);
-    for (std::size_t j = 0; j < n; ++j)
-      for (std::size_t o = 0; o < m; ++o) {
-        const float* __restrict src = part.out.data() + o * plan.ld + j * plane;
-        float* __restrict dst = out + ((b0 + j) * m + o) * plane;
-        const float shift = bias ? bias[o] : 0.0f;
-        for (std::size_t p = 0; p < plane; ++p) dst[p] = src[p] + shift;
-      }
-  }
-}
-
 std::size_t padded_size(const ConvGeometry& g) { return g.c * (g.h + 2 * g.pad) * (g.w + 2 * g.pad); }
+
+// out (B, M, OH, OW) = [bias +] A (M, rows) * im2col(in) for the n samples
+// from b0: the forward pass, and for a stride-1 conv also dx (a convolution
+// of dy with the flipped kernel).
+void convolve_group(const ConvGeometry& g, std::size_t ld, Strided a, std::size_t m, const float* bias,
+                    const float* in, float* out, std::size_t b0, std::size_t n, ConvPart& part) {
+  const std::size_t plane = g.plane(), rows = g.rows(), in_size = g.c * g.h * g.w;
+  for (std::size_t j = 0; j < n; ++j)
+    im2col_any(g, in + (b0 + j) * in_size, part.padded.data(), part.col.data() + j * plane, ld);
+  if (n == 1) {
+    // out_b (M, P) = [bias +] A (M, rows) * col (rows, P), straight into out.
+    float* ob = out + b0 * m * plane;
+    if (bias)
+      for (std::size_t o = 0; o < m; ++o) std::fill(ob + o * plane, ob + (o + 1) * plane, bias[o]);
+    matmul(m, plane, rows, a, part.col.data(), ld, ob, plane, bias != nullptr);
+    return;
+  }
+  // (M, n*P) = A * col, then each sample's columns go to its place.
+  matmul(m, n * plane, rows, a, part.col.data(), ld, part.out.data(), ld, false);
+  for (std::size_t j = 0; j < n; ++j)
+    for (std::size_t o = 0; o < m; ++o) {
+      const float* __restrict src = part.out.data() + o * ld + j * plane;
+      float* __restrict dst = out + ((b0 + j) * m + o) * plane;
+      const float shift = bias ? bias[o] : 0.0f;
+      for (std::size_t p = 0; p < plane; ++p) dst[p] = src[p] + shift;
+    }
+}
 
 }  // namespace
 
 struct Conv2D::Scratch {
   ForkJoin threads;
-  std::vector<ConvPart> parts;
-  std::vector<float> flipped;  // (C, O, k, k): W with in and out swapped and the kernel turned 180 degrees
+  std::vector<ConvPart> parts;    // per thread
+  std::vector<float> dw_partial;  // per chunk of samples, its share of dW: (O, C*k*k) by dot products, else transposed
+  std::vector<float> db_partial;  // per chunk: its share of db
+  std::vector<float> flipped;     // (C, O, k, k): W with in and out swapped and the kernel turned 180 degrees
 };
 
 Conv2D::Conv2D(std::size_t in_channels, std::size_t out_channels, std::size_t kernel, std::size_t stride,
@@ -778,17 +823,18 @@ void Conv2D::forward(ConstTensorView x, Tensor& y) {
                        conv_out(x.shape[3], k_, stride_, pad_)};
   y.resize({batch, out_, g.oh, g.ow});
   const ConvPlan plan = plan_conv(g, batch);
-  scratch_->parts.resize(plan.parts);
+  scratch_->parts.resize(std::max(scratch_->parts.size(), plan.threads));
   for (ConvPart& part : scratch_->parts) {
     grow(part.col, g.rows() * plan.ld);
     grow(part.padded, padded_size(g));
     if (plan.group > 1) grow(part.out, out_ * plan.ld);
   }
-  auto work = [&](std::size_t index) {
-    const auto [begin, end] = part_range(batch, plan.parts, index);
-    convolve(g, plan, {w_, g.rows(), 1}, out_, b_, x.data, y.data(), begin, end, scratch_->parts[index]);
+  auto work = [&](std::size_t group, std::size_t thread) {
+    const std::size_t b0 = group * plan.group;
+    convolve_group(g, plan.ld, {w_, g.rows(), 1}, out_, b_, x.data, y.data(), b0, std::min(plan.group, batch - b0),
+                   scratch_->parts[thread]);
   };
-  scratch_->threads.run(plan.parts, work);
+  scratch_->threads.run(plan.threads, ceil_div(batch, plan.group), work);
 }
 
 void Conv2D::backward(ConstTensorView x, const Tensor& /*y*/, const Tensor& dy, Tensor* dx) {
@@ -800,28 +846,33 @@ void Conv2D::backward(ConstTensorView x, const Tensor& /*y*/, const Tensor& dy, 
   const ConvPlan plan = plan_conv(g, batch);
   // With stride 1, dx is the convolution of dy, padded by k - 1 - pad, with
   // the flipped kernel: the forward path, whose products reduce over O*k*k
-  // instead of O and need no col2im (2x faster on the 3x3 layers).
+  // instead of O and need no col2im (2x faster on the 3x3 layers), when the
+  // conv has enough input channels to fill a register tile.
   const bool dx_by_convolution = dx && stride_ == 1 && pad_ < k_ && in_ >= 8;
-  // With few columns (C*k*k) a register tile over them would be mostly
-  // empty: dW as dot products of rows of dy and col instead (7x faster for
-  // the 3x3 layer on one channel).
-  const bool dw_by_dots = rows <= 32;
   const ConvGeometry gd{out_, g.oh, g.ow, k_, 1, k_ - 1 - std::min(pad_, k_ - 1), g.h, g.w};
   const ConvPlan plan_dx = dx_by_convolution ? plan_conv(gd, batch) : plan;
+  // With fewer columns (C*k*k) than a vector a register tile over them would
+  // be mostly empty: dW as dot products of rows of dy and col instead (2x
+  // faster for a 3x3 first layer on one channel; from 16 columns on, the
+  // tile is faster).
+  const bool dw_by_dots = rows < 16;
+  // dW and db are summed per chunk of samples, then over chunks in order.
+  const Chunks chunks = sample_chunks(batch);
+  Scratch& sc = *scratch_;
+  grow(sc.dw_partial, chunks.count * rows * out_);
+  grow(sc.db_partial, chunks.count * out_);
   if (dx_by_convolution) {
-    scratch_->flipped.resize(in_ * out_ * k_ * k_);
+    sc.flipped.resize(in_ * out_ * k_ * k_);
     for (std::size_t o = 0; o < out_; ++o)
       for (std::size_t c = 0; c < in_; ++c)
         for (std::size_t i = 0; i < k_ * k_; ++i)
-          scratch_->flipped[(c * out_ + o) * k_ * k_ + i] = w_[(o * in_ + c) * k_ * k_ + (k_ * k_ - 1 - i)];
+          sc.flipped[(c * out_ + o) * k_ * k_ + i] = w_[(o * in_ + c) * k_ * k_ + (k_ * k_ - 1 - i)];
   }
-  scratch_->parts.resize(plan.parts);
-  for (ConvPart& part : scratch_->parts) {
+  sc.parts.resize(std::max(sc.parts.size(), plan.threads));
+  for (ConvPart& part : sc.parts) {
     grow(part.col, rows * plan.ld);
     grow(part.padded, padded_size(g));
     if (!dw_by_dots) grow(part.dyt, plan.group * plane * out_);
-    part.dwt.resize(rows * out_);
-    part.db.resize(out_);
     if (plan.group > 1) grow(part.out, out_ * plan.ld);
     if (dx_by_convolution) {
       grow(part.col, gd.rows() * plan_dx.ld);
@@ -831,18 +882,20 @@ void Conv2D::backward(ConstTensorView x, const Tensor& /*y*/, const Tensor& dy, 
       grow(part.dcol, rows * plan.ld);
     }
   }
-  auto work = [&](std::size_t index) {
-    ConvPart& part = scratch_->parts[index];
-    std::fill(part.dwt.begin(), part.dwt.end(), 0.0f);
-    std::fill(part.db.begin(), part.db.end(), 0.0f);
-    const auto [begin, end] = part_range(batch, plan.parts, index);
+  auto weight_grads = [&](std::size_t chunk, std::size_t thread) {
+    ConvPart& part = sc.parts[thread];
+    float* dw = sc.dw_partial.data() + chunk * rows * out_;
+    float* db = sc.db_partial.data() + chunk * out_;
+    std::fill(dw, dw + rows * out_, 0.0f);
+    std::fill(db, db + out_, 0.0f);
+    const auto [begin, end] = chunks.range(chunk, batch);
     for (std::size_t b0 = begin; b0 < end; b0 += plan.group) {
       const std::size_t n = std::min(plan.group, end - b0);
       const float* dy0 = dy.data() + b0 * out_ * plane;
       if (bias_)
         for (std::size_t j = 0; j < n; ++j)
           for (std::size_t o = 0; o < out_; ++o)
-            part.db[o] += static_cast<float>(plane_sum(dy0 + (j * out_ + o) * plane, plane));
+            db[o] += static_cast<float>(vectorised<plane_sum>(dy0 + (j * out_ + o) * plane, plane));
       // The group's dy as (O, n*P).
       const float* dyg = dy0;
       std::size_t lddy = plane;
@@ -859,7 +912,7 @@ void Conv2D::backward(ConstTensorView x, const Tensor& /*y*/, const Tensor& dy, 
         im2col_any(g, x.data + (b0 + j) * in_size, part.padded.data(), part.col.data() + j * plane, plan.ld);
       if (dw_by_dots) {
         // dW (O, C*k*k) += dy (O, n*P) . col (C*k*k, n*P), row by row.
-        dot_products(out_, rows, n * plane, dyg, lddy, part.col.data(), plan.ld, part.dwt.data(), rows);
+        dot_products(out_, rows, n * plane, dyg, lddy, part.col.data(), plan.ld, dw, rows);
       } else {
         // dy transposed, (n*P, O), then dW^T (C*k*k, O) += col (C*k*k, n*P) * dy^T (n*P, O).
         for (std::size_t j = 0; j < n; ++j)
@@ -868,8 +921,7 @@ void Conv2D::backward(ConstTensorView x, const Tensor& /*y*/, const Tensor& dy, 
             float* dst = part.dyt.data() + j * plane * out_ + o;
             for (std::size_t p = 0; p < plane; ++p) dst[p * out_] = src[p];
           }
-        matmul(rows, out_, n * plane, {part.col.data(), plan.ld, 1}, part.dyt.data(), out_, part.dwt.data(), out_,
-               true);
+        matmul(rows, out_, n * plane, {part.col.data(), plan.ld, 1}, part.dyt.data(), out_, dw, out_, true);
       }
       if (!dx || dx_by_convolution) continue;
       // dcol (C*k*k, n*P) = W^T (C*k*k, O) * dy (O, n*P), folded back onto dx.
@@ -877,22 +929,28 @@ void Conv2D::backward(ConstTensorView x, const Tensor& /*y*/, const Tensor& dy, 
       for (std::size_t j = 0; j < n; ++j)
         col2im_any(g, part.dcol.data() + j * plane, plan.ld, part.padded.data(), dx->data() + (b0 + j) * in_size);
     }
-    if (dx_by_convolution)
-      convolve(gd, plan_dx, {scratch_->flipped.data(), gd.rows(), 1}, in_, nullptr, dy.data(), dx->data(), begin, end,
-               part);
   };
-  scratch_->threads.run(plan.parts, work);
-  // dW (O, C*k*k) = the sum of the parts' shares; db likewise.
+  sc.threads.run(plan.threads, chunks.count, weight_grads);
+  if (dx_by_convolution) {
+    auto input_grads = [&](std::size_t group, std::size_t thread) {
+      const std::size_t b0 = group * plan_dx.group;
+      convolve_group(gd, plan_dx.ld, {sc.flipped.data(), gd.rows(), 1}, in_, nullptr, dy.data(), dx->data(), b0,
+                     std::min(plan_dx.group, batch - b0), sc.parts[thread]);
+    };
+    sc.threads.run(plan_dx.threads, ceil_div(batch, plan_dx.group), input_grads);
+  }
+  // dW (O, C*k*k) = the sum of the chunks' shares, in chunk order; db likewise.
   for (std::size_t o = 0; o < out_; ++o)
     for (std::size_t r = 0; r < rows; ++r) {
       float sum = 0.0f;
-      for (const ConvPart& part : scratch_->parts) sum += part.dwt[dw_by_dots ? o * rows + r : r * out_ + o];
+      for (std::size_t c = 0; c < chunks.count; ++c)
+        sum += sc.dw_partial[c * rows * out_ + (dw_by_dots ? o * rows + r : r * out_ + o)];
       dw_[o * rows + r] = sum;
     }
   if (bias_)
     for (std::size_t o = 0; o < out_; ++o) {
       float sum = 0.0f;
-      for (const ConvPart& part : scratch_->parts) sum += part.db[o];
+      for (std::size_t c = 0; c < chunks.count; ++c) sum += sc.db_partial[c * out_ + o];
       db_[o] = sum;
     }
 }
@@ -909,7 +967,7 @@ namespace {
 // The 2x2, stride 2 case on one plane, branch-free so that it vectorises:
 // the four candidates are compared in row-major order with a strict >,
 // which keeps the first maximum on ties.
-ASGD_VECTOR_CLONES void max_pool_2x2(const float* __restrict in, std::size_t w, std::size_t oh, std::size_t ow,
+ASGD_VECTOR_LOOP void max_pool_2x2(const float* __restrict in, std::size_t w, std::size_t oh, std::size_t ow,
                                      float* __restrict out, std::uint32_t* __restrict arg) {
   for (std::size_t oy = 0; oy < oh; ++oy) {
     const float* __restrict r0 = in + 2 * oy * w;
@@ -944,7 +1002,7 @@ void MaxPool2D::forward(ConstTensorView x, Tensor& y) {
   std::uint32_t* arg = argmax_.data();
   if (k_ == 2 && stride_ == 2) {
     for (std::size_t plane = 0; plane < batch * channels; ++plane)
-      max_pool_2x2(x.data + plane * h * w, w, oh, ow, out + plane * oh * ow, arg + plane * oh * ow);
+      vectorised<max_pool_2x2>(x.data + plane * h * w, w, oh, ow, out + plane * oh * ow, arg + plane * oh * ow);
     return;
   }
   for (std::size_t plane = 0; plane < batch * channels; ++plane) {
@@ -1022,14 +1080,14 @@ void GlobalAvgPool::backward(ConstTensorView x, const Tensor& /*y*/, const Tenso
 // ---- BatchNorm2D ----------------------------------------------------------
 
 
-// The batch is split across threads as Conv2D splits it, so that each thread
-// reads the samples the previous layer left in its own core's cache (split
-// by channel, half of every read crossed cores: BatchNorm took 17% of a
-// resnet step). Statistics are per-thread partial sums combined in a fixed
-// order, between parallel passes.
+// The batch is cut into chunks of samples as Conv2D cuts it, so that each
+// thread mostly reads samples the previous layer left in its own core's
+// cache (split by channel, half of every read crossed cores: BatchNorm took
+// 17% of a resnet step). Statistics are per-chunk partial sums added in
+// chunk order between parallel passes, so they do not depend on the threads.
 struct BatchNorm2D::Threads {
   ForkJoin fork_join;
-  std::vector<double> partial;  // (parts, 2, C): two per-channel sums per thread
+  std::vector<double> partial;  // (chunks, 2, C): two per-channel sums per chunk
   std::vector<float> coef;      // (3, C): backward's dx = a dy + b x + c per channel
 };
 
@@ -1077,32 +1135,35 @@ void BatchNorm2D::forward(ConstTensorView x, Tensor& y) {
   const std::size_t plane = x.shape[2] * x.shape[3];
   const std::size_t n = batch * plane;
   y.resize(x.shape);
-  const std::size_t parts = compute_parts(batch);
+  const Chunks chunks = sample_chunks(batch);
+  const std::size_t threads = compute_threads();
   Threads& t = *threads_;
-  if (t.partial.size() < parts * 2 * c_) t.partial.resize(parts * 2 * c_);
-  // Adds f(plane of sample b, channel c) to partial[part][slot][c] over the
-  // part's samples, then returns the totals over parts in partial[0][slot].
+  if (t.partial.size() < chunks.count * 2 * c_) t.partial.resize(chunks.count * 2 * c_);
+  // Sums f(plane of sample b, channel c) over the batch per channel, into
+  // partial[0][slot].
   auto sum_planes = [&](std::size_t slot, auto f) {
-    auto work = [&](std::size_t part) {
-      double* acc = t.partial.data() + (part * 2 + slot) * c_;
+    auto work = [&](std::size_t chunk, std::size_t /*thread*/) {
+      double* acc = t.partial.data() + (chunk * 2 + slot) * c_;
       std::fill(acc, acc + c_, 0.0);
-      const auto [b0, b1] = part_range(batch, parts, part);
+      const auto [b0, b1] = chunks.range(chunk, batch);
       for (std::size_t b = b0; b < b1; ++b)
         for (std::size_t c = 0; c < c_; ++c) acc[c] += f(x.data + (b * c_ + c) * plane, c);
     };
-    t.fork_join.run(parts, work);
+    t.fork_join.run(threads, chunks.count, work);
     double* total = t.partial.data() + slot * c_;
-    for (std::size_t part = 1; part < parts; ++part)
-      for (std::size_t c = 0; c < c_; ++c) total[c] += t.partial[(part * 2 + slot) * c_ + c];
+    for (std::size_t chunk = 1; chunk < chunks.count; ++chunk)
+      for (std::size_t c = 0; c < c_; ++c) total[c] += t.partial[(chunk * 2 + slot) * c_ + c];
     return total;
   };
   if (training_ && n > 0) {
     const float factor = cumulative_ ? 1.0f / static_cast<float>(++batches_seen_) : momentum_;
     // Two passes (mean, then squared deviations): E[x^2] - mean^2 would
     // cancel catastrophically for channels far from zero.
-    const double* sums = sum_planes(0, [&](const float* p, std::size_t) { return plane_sum(p, plane); });
+    const double* sums =
+        sum_planes(0, [&](const float* p, std::size_t) { return vectorised<plane_sum>(p, plane); });
     for (std::size_t c = 0; c < c_; ++c) mean_[c] = static_cast<float>(sums[c] / static_cast<double>(n));
-    const double* sq = sum_planes(1, [&](const float* p, std::size_t c) { return plane_sq_dev(p, plane, mean_[c]); });
+    const double* sq = sum_planes(
+        1, [&](const float* p, std::size_t c) { return vectorised<plane_sq_dev>(p, plane, mean_[c]); });
     for (std::size_t c = 0; c < c_; ++c) {
       const double var = sq[c] / static_cast<double>(n);
       const double unbiased = n > 1 ? sq[c] / static_cast<double>(n - 1) : var;
@@ -1117,16 +1178,17 @@ void BatchNorm2D::forward(ConstTensorView x, Tensor& y) {
     }
   }
   // y = (x - mean) * inv_std * gamma + beta = x * scale + shift
-  auto normalise = [&](std::size_t part) {
-    const auto [b0, b1] = part_range(batch, parts, part);
+  auto normalise = [&](std::size_t chunk, std::size_t /*thread*/) {
+    const auto [b0, b1] = chunks.range(chunk, batch);
     for (std::size_t b = b0; b < b1; ++b)
       for (std::size_t c = 0; c < c_; ++c) {
         const float scale = inv_std_[c] * gamma_[c];
         const float shift = beta_[c] - mean_[c] * scale;
-        plane_affine(x.data + (b * c_ + c) * plane, plane, scale, shift, y.data() + (b * c_ + c) * plane);
+        const std::size_t at = (b * c_ + c) * plane;
+        vectorised<plane_affine>(x.data + at, plane, scale, shift, y.data() + at);
       }
   };
-  t.fork_join.run(parts, normalise);
+  t.fork_join.run(threads, chunks.count, normalise);
 }
 
 void BatchNorm2D::backward(ConstTensorView x, const Tensor& /*y*/, const Tensor& dy, Tensor* dx) {
@@ -1134,27 +1196,28 @@ void BatchNorm2D::backward(ConstTensorView x, const Tensor& /*y*/, const Tensor&
   const std::size_t plane = x.shape[2] * x.shape[3];
   const std::size_t n = batch * plane;
   if (dx) dx->resize(x.shape);
-  const std::size_t parts = compute_parts(batch);
+  const Chunks chunks = sample_chunks(batch);
+  const std::size_t threads = compute_threads();
   Threads& t = *threads_;
-  if (t.partial.size() < parts * 2 * c_) t.partial.resize(parts * 2 * c_);
-  auto sums = [&](std::size_t part) {
-    double* sum_dy = t.partial.data() + part * 2 * c_;
+  if (t.partial.size() < chunks.count * 2 * c_) t.partial.resize(chunks.count * 2 * c_);
+  auto sums = [&](std::size_t chunk, std::size_t /*thread*/) {
+    double* sum_dy = t.partial.data() + chunk * 2 * c_;
     double* sum_dy_dev = sum_dy + c_;
     std::fill(sum_dy, sum_dy + 2 * c_, 0.0);
-    const auto [b0, b1] = part_range(batch, parts, part);
+    const auto [b0, b1] = chunks.range(chunk, batch);
     for (std::size_t b = b0; b < b1; ++b)
       for (std::size_t c = 0; c < c_; ++c) {
         const std::size_t at = (b * c_ + c) * plane;
-        plane_grad_sums(dy.data() + at, x.data + at, plane, mean_[c], sum_dy[c], sum_dy_dev[c]);
+        vectorised<plane_grad_sums>(dy.data() + at, x.data + at, plane, mean_[c], sum_dy[c], sum_dy_dev[c]);
       }
   };
-  t.fork_join.run(parts, sums);
+  t.fork_join.run(threads, chunks.count, sums);
   t.coef.resize(3 * c_);
   for (std::size_t c = 0; c < c_; ++c) {
     double sum_dy = 0.0, sum_dy_dev = 0.0;
-    for (std::size_t part = 0; part < parts; ++part) {
-      sum_dy += t.partial[part * 2 * c_ + c];
-      sum_dy_dev += t.partial[(part * 2 + 1) * c_ + c];
+    for (std::size_t chunk = 0; chunk < chunks.count; ++chunk) {
+      sum_dy += t.partial[chunk * 2 * c_ + c];
+      sum_dy_dev += t.partial[(chunk * 2 + 1) * c_ + c];
     }
     const float mean = mean_[c], inv_std = inv_std_[c];
     const double sum_dy_xhat = sum_dy_dev * inv_std;
@@ -1176,16 +1239,16 @@ void BatchNorm2D::backward(ConstTensorView x, const Tensor& /*y*/, const Tensor&
     t.coef[2 * c_ + c] = static_cast<float>(-k * mean_dy - slope * mean);
   }
   if (!dx) return;
-  auto input_grad = [&](std::size_t part) {
-    const auto [b0, b1] = part_range(batch, parts, part);
+  auto input_grads = [&](std::size_t chunk, std::size_t /*thread*/) {
+    const auto [b0, b1] = chunks.range(chunk, batch);
     for (std::size_t b = b0; b < b1; ++b)
       for (std::size_t c = 0; c < c_; ++c) {
         const std::size_t at = (b * c_ + c) * plane;
-        plane_affine2(dy.data() + at, x.data + at, plane, t.coef[c], t.coef[c_ + c], t.coef[2 * c_ + c],
+        vectorised<plane_affine2>(dy.data() + at, x.data + at, plane, t.coef[c], t.coef[c_ + c], t.coef[2 * c_ + c],
                       dx->data() + at);
       }
   };
-  t.fork_join.run(parts, input_grad);
+  t.fork_join.run(threads, chunks.count, input_grads);
 }
 
 // ---- Flatten --------------------------------------------------------------
@@ -1244,35 +1307,35 @@ ConstTensorView view(const Tensor& t) { return {t.data(), t.shape()}; }
 
 std::size_t per_sample(const Shape& shape) { return shape.empty() || shape[0] == 0 ? 0 : numel(shape) / shape[0]; }
 
-ASGD_VECTOR_CLONES void add_arrays(const float* __restrict a, const float* __restrict b, float* __restrict out,
+ASGD_VECTOR_LOOP void add_arrays(const float* __restrict a, const float* __restrict b, float* __restrict out,
                                    std::size_t n) {
   for (std::size_t i = 0; i < n; ++i) out[i] = a[i] + b[i];
 }
 
-ASGD_VECTOR_CLONES void accumulate(float* __restrict acc, const float* __restrict b, std::size_t n) {
+ASGD_VECTOR_LOOP void accumulate(float* __restrict acc, const float* __restrict b, std::size_t n) {
   for (std::size_t i = 0; i < n; ++i) acc[i] += b[i];
 }
 
 }  // namespace
 
-// The sums split the batch across threads like the layers around them, so
-// that each thread adds the samples in its own core's cache.
+// The sums cut the batch into chunks like the layers around them, so that
+// each thread mostly adds samples in its own core's cache.
 struct Residual::Threads {
   ForkJoin fork_join;
 
   // out = a + b, or out += b when a is null; all (batch, per_sample).
   void add(std::size_t batch, std::size_t per_sample, const float* a, const float* b, float* out) {
-    const std::size_t parts = compute_parts(batch);
-    auto work = [&](std::size_t part) {
-      const auto [b0, b1] = part_range(batch, parts, part);
+    const Chunks chunks = sample_chunks(batch);
+    auto work = [&](std::size_t chunk, std::size_t /*thread*/) {
+      const auto [b0, b1] = chunks.range(chunk, batch);
       const std::size_t at = b0 * per_sample, n = (b1 - b0) * per_sample;
       if (a) {
-        add_arrays(a + at, b + at, out + at, n);
+        vectorised<add_arrays>(a + at, b + at, out + at, n);
       } else {
-        accumulate(out + at, b + at, n);
+        vectorised<accumulate>(out + at, b + at, n);
       }
     };
-    fork_join.run(parts, work);
+    fork_join.run(compute_threads(), chunks.count, work);
   }
 };
 

@@ -119,7 +119,7 @@ class BatchNorm2D final : public Layer {
   float* beta_ = nullptr;
   float* dgamma_ = nullptr;
   float* dbeta_ = nullptr;
-  struct Threads;  // splits the channels across the compute threads
+  struct Threads;  // splits the batch across the compute threads
   struct ThreadsDeleter {
     void operator()(Threads* t) const;
   };
@@ -183,7 +183,7 @@ class Residual final : public Layer {
   std::vector<std::unique_ptr<Layer>> main_, shortcut_;
   std::vector<Tensor> main_acts_, shortcut_acts_;  // per path layer: its output
   Tensor grad_a_, grad_b_, grad_short_;           // backward scratch
-  struct Threads;  // splits the sums across the compute threads
+  struct Threads;  // splits the sums across the compute threads, batch-wise
   std::unique_ptr<Threads> threads_;
 };
 
