@@ -12,46 +12,20 @@
 #include <sstream>
 
 #include "compute/device.hpp"
-#include "temp_dir.hpp"
+#include "cli/cli_run.hpp"
 
 namespace {
 
 namespace fs = std::filesystem;
 
-struct CliRun {
-  int exit_code = -1;
-  std::string out;
-  std::string err;
-};
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-CliRun asgd(const std::string& args) {
-  const asgd_test::TempDir dir_holder("_stdio");
-  const fs::path& dir = dir_holder.path();
-  const std::string cmd = std::string(ASGD_CLI_PATH) + " " + args + " >" + (dir / "out").string() + " 2>" +
-                          (dir / "err").string() + " </dev/null";
-  const int status = std::system(cmd.c_str());
-  CliRun r;
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.out = slurp(dir / "out");
-  r.err = slurp(dir / "err");
-  return r;
-}
+using asgd_test::asgd;
+using asgd_test::CliRun;
 
 // Built with -DASGD_BUILD_BENCH=OFF the command does not exist.
 bool has_bench_compute() { return asgd("bench compute --help").exit_code == 0; }
 
-void expect_one_line_error(const CliRun& r, int code, const std::string& needle) {
-  EXPECT_EQ(r.exit_code, code) << r.err;
-  EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << r.err;
-  EXPECT_EQ(r.err.rfind("asgd: error: ", 0), 0u) << r.err;
-  EXPECT_NE(r.err.find(needle), std::string::npos) << "expected '" << needle << "' in: " << r.err;
+void expect_refused(const CliRun& r, int code, const std::string& needle) {
+  asgd_test::expect_one_line_error(r, code, needle);
   EXPECT_TRUE(r.out.empty()) << "nothing should be measured: " << r.out;
 }
 
@@ -86,13 +60,13 @@ TEST(BenchComputeCli, PrintsOneJsonObjectPerBatchWithTheFieldsTheTorchScriptRead
 
 TEST(BenchComputeCli, RejectsAnUnknownModelWithExitCode2BeforeMeasuring) {
   if (!has_bench_compute()) GTEST_SKIP() << "asgd built without benchmarks";
-  expect_one_line_error(asgd("bench compute --models mlp,vgg16 --seconds 0.2 --json"), 2, "vgg16");
+  expect_refused(asgd("bench compute --models mlp,vgg16 --seconds 0.2 --json"), 2, "vgg16");
 }
 
 TEST(BenchComputeCli, RejectsAnUnknownDeviceWithExitCode2) {
   if (!has_bench_compute()) GTEST_SKIP() << "asgd built without benchmarks";
-  expect_one_line_error(asgd("bench compute --models mlp --device gpu --seconds 0.2"), 2, "gpu");
-  expect_one_line_error(asgd("bench compute --models mlp --device cuda:x --seconds 0.2"), 2, "cuda:x");
+  expect_refused(asgd("bench compute --models mlp --device gpu --seconds 0.2"), 2, "gpu");
+  expect_refused(asgd("bench compute --models mlp --device cuda:x --seconds 0.2"), 2, "cuda:x");
 }
 
 TEST(BenchComputeCli, SaysPlainlyWhenCudaCannotBeUsed) {
@@ -100,13 +74,13 @@ TEST(BenchComputeCli, SaysPlainlyWhenCudaCannotBeUsed) {
   if (asgd::cuda_device_count() > 0) GTEST_SKIP() << "a GPU is usable here";
   const CliRun r = asgd("bench compute --models mlp --device cuda --seconds 0.2");
   EXPECT_NE(r.exit_code, 0);
-  expect_one_line_error(r, r.exit_code, "--device cuda");
+  asgd_test::expect_one_line_error(r, r.exit_code, "--device cuda");
 }
 
 TEST(BenchComputeCli, RejectsZeroThreadsAndANonPositiveBatch) {
   if (!has_bench_compute()) GTEST_SKIP() << "asgd built without benchmarks";
-  expect_one_line_error(asgd("bench compute --models mlp --threads 0"), 2, "--threads");
-  expect_one_line_error(asgd("bench compute --models mlp --batches 0"), 2, "--batches");
+  expect_refused(asgd("bench compute --models mlp --threads 0"), 2, "--threads");
+  expect_refused(asgd("bench compute --models mlp --batches 0"), 2, "--batches");
 }
 
 }  // namespace

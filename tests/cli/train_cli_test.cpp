@@ -13,6 +13,7 @@
 #include <nlohmann/json.hpp>
 
 #include "compute/device.hpp"
+#include "cli/cli_run.hpp"
 #include "temp_dir.hpp"
 #include "test_data.hpp"
 
@@ -20,40 +21,12 @@ namespace {
 
 namespace fs = std::filesystem;
 
-struct CliRun {
-  int exit_code = -1;
-  std::string out;
-  std::string err;
-};
-
-std::string slurp(const fs::path& p) {
-  std::ifstream in(p);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
-
-CliRun asgd(const std::string& args) {
-  const asgd_test::TempDir dir_holder("_stdio");
-  const fs::path& dir = dir_holder.path();
-  const std::string cmd = std::string(ASGD_CLI_PATH) + " " + args + " >" + (dir / "out").string() + " 2>" +
-                          (dir / "err").string() + " </dev/null";
-  const int status = std::system(cmd.c_str());
-  CliRun r;
-  r.exit_code = WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-  r.out = slurp(dir / "out");
-  r.err = slurp(dir / "err");
-  return r;
-}
+using asgd_test::asgd;
+using asgd_test::CliRun;
+using asgd_test::expect_one_line_error;
+using asgd_test::slurp;
 
 std::size_t lines(const std::string& s) { return static_cast<std::size_t>(std::count(s.begin(), s.end(), '\n')); }
-
-void expect_one_line_error(const CliRun& r, int code, const std::string& needle) {
-  EXPECT_EQ(r.exit_code, code) << r.err;
-  EXPECT_EQ(lines(r.err), 1u) << r.err;
-  EXPECT_EQ(r.err.rfind("asgd: error: ", 0), 0u) << r.err;
-  EXPECT_NE(r.err.find(needle), std::string::npos) << "expected '" << needle << "' in: " << r.err;
-}
 
 // A copy of MNIST in a scratch folder, for damaging one file.
 fs::path copy_of_mnist(const fs::path& mnist, const asgd_test::TempDir& scratch) {
