@@ -81,8 +81,8 @@ JobSummary make_summary(const CoordinatorState& c, const EvalResult& test, const
   sum.workers = cfg.workers;
   sum.shards = cfg.shards;
   sum.device = cfg.device;
-  sum.model = cfg.model;
-  sum.dataset = cfg.dataset;
+  sum.model = cfg.model_spec ? cfg.model_spec->name() : cfg.model;
+  sum.dataset = c.setup.data->name;
   sum.epochs = cfg.epochs;
   sum.train_s = c.train_s;
   std::uint64_t samples = 0;
@@ -127,6 +127,7 @@ Status save_checkpoint(CoordinatorState& st, const EvalResult& test) {
   Checkpoint ckpt = Checkpoint::of(*st.model);
   ckpt.sample_shape = st.model->sample_shape();
   ckpt.classes = st.model->classes();
+  if (cfg.model_spec) ckpt.model_spec = cfg.model_spec->to_json();
   ckpt.dataset = st.setup.data->name;
   ckpt.input_mean = st.setup.data->normalization.mean;
   ckpt.input_stddev = st.setup.data->normalization.stddev;
@@ -439,7 +440,7 @@ caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self, Coordinat
   const auto& train = st.setup.data->train;
   const Shape sample_shape = {train.channels, train.rows, train.cols};
 
-  auto model = Model::build(cfg.model, sample_shape, st.setup.data->num_classes);
+  auto model = Model::build(cfg.model, cfg.model_spec.get(), sample_shape, st.setup.data->num_classes);
   if (!model) {
     fail(self, model.status());
     return {};
@@ -516,6 +517,7 @@ caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self, Coordinat
     WorkerSetup ws;
     ws.id = w;
     ws.model = cfg.model;
+    ws.model_spec = cfg.model_spec;
     ws.device = cfg.device;
   ws.device = cfg.device;
     ws.sample_shape = sample_shape;

@@ -345,7 +345,7 @@ void check_overdue(Self self) {
 
 caf::behavior worker(caf::stateful_actor<WorkerState>* self, WorkerSetup setup) {
   auto& st = self->state;
-  auto model = Model::build(setup.model, setup.sample_shape, setup.classes);
+  auto model = Model::build(setup.model, setup.model_spec.get(), setup.sample_shape, setup.classes);
   auto policy = make_policy(setup.policy);
   st.setup = std::move(setup);
   if (!model || !policy) {

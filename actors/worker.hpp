@@ -39,6 +39,7 @@ namespace asgd {
 struct WorkerSetup {
   WorkerId id = 0;
   std::string model;
+  std::shared_ptr<const ModelSpec> model_spec;  ///< when set, built instead of `model`
   std::string device = "cpu";         ///< "cpu", "cuda" or "cuda:K": where this worker computes
   Shape sample_shape;                 ///< (C, H, W)
   std::size_t classes = 10;

@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "asgd/model_spec.hpp"
 #include "asgd/status.hpp"
 #include "compute/device.hpp"
 #include "compute/layers.hpp"
@@ -57,6 +58,18 @@ class Model {
   ///        average pool -> Dense(64, 10); 73,082 parameters (plus 608
   ///        BatchNorm running-statistic values, which are not parameters).
   static Result<Model> build(const std::string& name, const Shape& sample_shape, std::size_t classes);
+
+  /// Builds the model `spec` describes (named spec.name()), inferring each
+  /// layer's input size from the running shape. Weights start as torch.nn's
+  /// defaults (bound 1 / sqrt(fan_in)). Errors: invalid_argument naming the
+  /// layer ("layer 3 (max_pool): ...") when the spec does not fit
+  /// `sample_shape` or `classes` (see asgd::validate(const ModelSpec&, ...)).
+  static Result<Model> build(const ModelSpec& spec, const Shape& sample_shape, std::size_t classes);
+
+  /// build(*spec, ...) when `spec` is set, else build(name, ...): what every
+  /// place that builds a job's model calls.
+  static Result<Model> build(const std::string& name, const ModelSpec* spec, const Shape& sample_shape,
+                             std::size_t classes);
 
   Model(Model&&) = default;
   Model& operator=(Model&&) = default;

@@ -77,6 +77,29 @@ bool is_known_dataset(const std::string& name) {
   return std::find(names.begin(), names.end(), name) != names.end();
 }
 
+DatasetSplits from_user_dataset(const UserDataset& data) {
+  const auto& shape = data.sample_shape;
+  const bool image = shape.size() == 3;
+  auto convert = [&](const LabeledSamples& in) {
+    LabeledImages out;
+    out.count = in.labels.size();
+    out.channels = image ? shape[0] : 1;
+    out.rows = image ? shape[1] : 1;
+    out.cols = image ? shape[2] : shape.at(0);
+    out.pixels = in.values;
+    out.labels = in.labels;
+    return out;
+  };
+  DatasetSplits splits;
+  splits.name = data.name;
+  splits.num_classes = data.classes;
+  splits.normalization = {0.0f, 1.0f};
+  splits.train = convert(data.train);
+  splits.validation = convert(data.validation);
+  splits.test = convert(data.test);
+  return splits;
+}
+
 Result<DatasetSplits> load_dataset(const std::string& name, const std::filesystem::path& dir,
                                    std::size_t validation_size, std::uint64_t seed) {
   if (name == "cifar10" || name == "cifar-10") {

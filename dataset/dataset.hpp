@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "asgd/dataset.hpp"
 #include "asgd/status.hpp"
 
 namespace asgd::data {
@@ -55,6 +56,12 @@ bool is_known_dataset(const std::string& name);
 /// not_found (missing directory or file, the message names it), corruption.
 Result<DatasetSplits> load_dataset(const std::string& name, const std::filesystem::path& dir,
                                    std::size_t validation_size, std::uint64_t seed);
+
+/// `data` (checked by asgd::validate(const UserDataset&)) in the runtime's
+/// layout: a copy of every split, images (C, H, W) as they are, vectors (N)
+/// as (1, 1, N); no normalisation (mean 0, stddev 1: the user's values are
+/// taken as normalised already).
+DatasetSplits from_user_dataset(const UserDataset& data);
 
 /// A random permutation of [0, n) that depends only on (seed, stream, epoch):
 /// used for per-epoch shuffling, one stream per worker.

@@ -85,11 +85,12 @@ Checkpoint Checkpoint::of(Model& model) {
 }
 
 Status write_checkpoint(const std::string& dir, const Checkpoint& ckpt) {
-  const nlohmann::json header = {
+  nlohmann::json header = {
       {"model", ckpt.model},         {"sample_shape", ckpt.sample_shape}, {"classes", ckpt.classes},
       {"dataset", ckpt.dataset},     {"input_mean", ckpt.input_mean},     {"input_stddev", ckpt.input_stddev},
       {"updates", ckpt.updates},     {"test_accuracy", ckpt.test_accuracy},
       {"params", tensor_list(ckpt.params)}, {"buffers", tensor_list(ckpt.buffers)}};
+  if (!ckpt.model_spec.empty()) header["model_spec"] = nlohmann::json::parse(ckpt.model_spec);
   const std::string text = header.dump();
   std::string bytes(kMagic, sizeof kMagic);
   put(bytes, kCheckpointVersion);
@@ -125,6 +126,7 @@ Result<Checkpoint> read_checkpoint(const std::string& dir) {
   try {
     const auto h = nlohmann::json::parse(bytes.substr(kFixed, header_len));
     c.model = h.at("model").get<std::string>();
+    if (h.contains("model_spec")) c.model_spec = h.at("model_spec").dump();
     c.sample_shape = h.at("sample_shape").get<Shape>();
     c.classes = h.at("classes").get<std::size_t>();
     c.dataset = h.at("dataset").get<std::string>();
@@ -174,6 +176,7 @@ Status write_safetensors(const std::string& path, const Checkpoint& ckpt) {
                             {"dataset", ckpt.dataset},
                             {"input_mean", std::to_string(ckpt.input_mean)},
                             {"input_stddev", std::to_string(ckpt.input_stddev)}};
+  if (!ckpt.model_spec.empty()) header["__metadata__"]["model_spec"] = ckpt.model_spec;  // JSON text: values are strings
   std::string text = header.dump();
   text.append((8 - text.size() % 8) % 8, ' ');  // tensors start 8-byte aligned
   std::string bytes;

@@ -5,7 +5,8 @@
 //   "ASGDCKPT" | u32 version | u32 header length H | H bytes of JSON
 //   | parameters (P float32) | buffers (Q float32) | u32 CRC-32C of all before
 //
-// little-endian. The JSON holds the model name, sample shape, classes, the
+// little-endian. The JSON holds the model name (and, for a model built from
+// a ModelSpec, the spec as "model_spec"), sample shape, classes, the
 // dataset's normalisation, the parameter layout and the buffer names and
 // sizes, so a reader needs no model code to interpret the numbers. Written
 // atomically: a temporary file, fsync, rename, fsync of the folder; a crash
@@ -29,7 +30,8 @@ struct CheckpointTensor {
 };
 
 struct Checkpoint {
-  std::string model;                 ///< "lenet"
+  std::string model;                 ///< "lenet", or a ModelSpec's name
+  std::string model_spec;            ///< ModelSpec::to_json() for a model built from code; empty: by name
   Shape sample_shape;                ///< (C, H, W)
   std::size_t classes = 0;
   std::string dataset;               ///< what it was trained on, for the record

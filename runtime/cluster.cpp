@@ -335,6 +335,10 @@ Status validate_for_cluster(const JobConfig& c) {
                                    "asgd train for hogwild");
   if (c.worker_weights == "auto")
     return Status::InvalidArgument("--worker-weights auto: calibration runs in one process only; give the weights");
+  if (c.model_spec)
+    return Status::InvalidArgument("model_spec '" + c.model_spec->name() +
+                                   "': a model built from code is not carried across processes; use a model name "
+                                   "(--model) with asgd cluster, or run_job in one process");
   return {};
 }
 

@@ -42,13 +42,18 @@ std::string join(const std::vector<std::string>& names) {
 
 }  // namespace
 
-Status validate(const JobConfig& c) {
+namespace {
+
+// validate(), with the dataset-name check only for jobs that load one.
+Status validate_config(const JobConfig& c, bool named_dataset) {
   auto bad = [](const std::string& flag, const std::string& value, const std::string& why) {
     return Status::InvalidArgument("--" + flag + " " + value + ": " + why);
   };
-  if (!data::is_known_dataset(c.dataset))
+  if (named_dataset && !data::is_known_dataset(c.dataset))
     return bad("dataset", c.dataset, "unknown dataset (known: " + join(data::known_datasets()) + ")");
-  if (!contains(known_models(), c.model)) return bad("model", c.model, "unknown model (known: " + join(known_models()) + ")");
+  if (c.model_spec) {
+    if (c.model_spec->layers().empty()) return bad("model", c.model_spec->name(), "the model spec has no layers");
+  } else if (!contains(known_models(), c.model)) return bad("model", c.model, "unknown model (known: " + join(known_models()) + ")");
   if (c.fetch_every == 0) return bad("fetch-every", "0", "must be >= 1");
   if (c.push_every == 0) return bad("push-every", "0", "must be >= 1");
   auto policy = make_policy(policy_config(c));
@@ -99,6 +104,19 @@ Status validate(const JobConfig& c) {
   return {};
 }
 
+}  // namespace
+
+Status validate(const JobConfig& c) { return validate_config(c, true); }
+
+Status validate(const JobConfig& c, const UserDataset& data) {
+  if (Status s = validate_config(c, false); !s.ok()) return s;
+  if (Status s = validate(data); !s.ok()) return s;
+  if (c.model_spec) {
+    if (auto n = validate(*c.model_spec, data.sample_shape, data.classes); !n) return n.status();
+  }
+  return {};
+}
+
 std::string resolve_data_dir(const JobConfig& c) {
   if (!c.data_dir.empty()) return c.data_dir;
   if (const char* root = std::getenv("ASGD_DATA_DIR"); root && *root)
@@ -110,10 +128,16 @@ Result<JobSummary> run_job(const JobConfig& config, const JobCallbacks& callback
   return run_job_with(config, callbacks, stop, {});
 }
 
+Result<JobSummary> run_job(const JobConfig& config, std::shared_ptr<const UserDataset> data,
+                           const JobCallbacks& callbacks, std::stop_token stop) {
+  if (!data) return Status::InvalidArgument("run_job: no user data (a null UserDataset)");
+  return run_job_with(config, callbacks, stop, {}, std::move(data));
+}
+
 Result<JobSummary> run_job_with(const JobConfig& config, const JobCallbacks& callbacks, std::stop_token stop,
-                                const ClusterHooks& hooks) {
+                                const ClusterHooks& hooks, std::shared_ptr<const UserDataset> user_data) {
   const auto job_start = std::chrono::steady_clock::now();
-  if (Status s = validate(config); !s.ok()) return s;
+  if (Status s = user_data ? validate(config, *user_data) : validate(config); !s.ok()) return s;
 
   std::optional<MetricsWriter> metrics;
   if (!config.metrics_out.empty()) {
@@ -129,15 +153,23 @@ Result<JobSummary> run_job_with(const JobConfig& config, const JobCallbacks& cal
                                      (ec ? " (" + ec.message() + ")" : ""));
   }
 
-  const std::string dir = resolve_data_dir(config);
-  auto loaded = data::load_dataset(config.dataset, dir, config.validation_size, config.seed);
-  if (!loaded) return loaded.status();
-  auto data = std::make_shared<const data::DatasetSplits>(std::move(loaded).value());
+  std::shared_ptr<const data::DatasetSplits> data;
+  if (user_data) {
+    data = std::make_shared<const data::DatasetSplits>(data::from_user_dataset(*user_data));
+    user_data.reset();  // the job's copy is all it needs
+    spdlog::info("user data {}: {} train, {} validation, {} test samples", data->name, data->train.count,
+                 data->validation.count, data->test.count);
+  } else {
+    const std::string dir = resolve_data_dir(config);
+    auto loaded = data::load_dataset(config.dataset, dir, config.validation_size, config.seed);
+    if (!loaded) return loaded.status();
+    data = std::make_shared<const data::DatasetSplits>(std::move(loaded).value());
+    spdlog::info("loaded {} from {}: {} train, {} validation, {} test images", config.dataset, dir,
+                 data->train.count, data->validation.count, data->test.count);
+  }
   if (config.workers > data->train.count)
     return Status::InvalidArgument("--workers " + std::to_string(config.workers) + ": more workers than the " +
                                    std::to_string(data->train.count) + " training samples");
-  spdlog::info("loaded {} from {}: {} train, {} validation, {} test images", config.dataset, dir,
-               data->train.count, data->validation.count, data->test.count);
 
   // OpenBLAS keeps one pool per process: give each worker its share of cores.
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());

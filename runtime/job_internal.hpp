@@ -23,8 +23,9 @@ struct ClusterHooks {
   std::function<void(const Status& outcome)> before_shutdown;
 };
 
-/// run_job, with shards and workers placed by `hooks` when set.
+/// run_job, with shards and workers placed by `hooks` when set, on
+/// `user_data` when set (else config.dataset from disk).
 Result<JobSummary> run_job_with(const JobConfig& config, const JobCallbacks& callbacks, std::stop_token stop,
-                                const ClusterHooks& hooks);
+                                const ClusterHooks& hooks, std::shared_ptr<const UserDataset> user_data = nullptr);
 
 }  // namespace asgd

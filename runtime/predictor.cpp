@@ -3,6 +3,7 @@
 #include <cmath>
 #include <cstdint>
 #include <limits>
+#include <optional>
 #include <unordered_map>
 
 #include "compute/model.hpp"
@@ -38,8 +39,23 @@ Status check_inputs(const Shape& sample_shape, std::size_t classes, float stddev
 Result<Predictor> Predictor::from_params(const std::string& model, const std::vector<std::size_t>& sample_shape,
                                          std::size_t classes, std::span<const float> params, float input_mean,
                                          float input_stddev) {
+  return from_params_impl(model, nullptr, sample_shape, classes, params, input_mean, input_stddev);
+}
+
+Result<Predictor> Predictor::from_params(const ModelSpec& spec, const std::vector<std::size_t>& sample_shape,
+                                         std::size_t classes, std::span<const float> params, float input_mean,
+                                         float input_stddev) {
+  return from_params_impl(spec.name(), &spec, sample_shape, classes, params, input_mean, input_stddev);
+}
+
+Result<Predictor> Predictor::from_params_impl(const std::string& model, const ModelSpec* spec,
+                                              const std::vector<std::size_t>& given_shape, std::size_t classes,
+                                              std::span<const float> params, float input_mean, float input_stddev) {
+  // Vectors (N) are (1, 1, N) inside, as a job on user data has them. Named
+  // models keep their (C, H, W)-only contract.
+  const Shape sample_shape = spec && given_shape.size() == 1 ? Shape{1, 1, given_shape[0]} : given_shape;
   if (Status s = check_inputs(sample_shape, classes, input_stddev); !s.ok()) return s;
-  auto built = Model::build(model, sample_shape, classes);
+  auto built = Model::build(model, spec, sample_shape, classes);
   if (!built) return built.status();
   if (params.size() != built->num_params())
     return Status::InvalidArgument(model + " has " + std::to_string(built->num_params()) + " parameters, got " +
@@ -54,8 +70,14 @@ Result<Predictor> Predictor::from_checkpoint(const std::string& dir) {
   const Checkpoint& c = *ckpt;
   auto corrupt = [&](const std::string& why) { return Status::Corruption(dir + ": " + why); };
   if (Status s = check_inputs(c.sample_shape, c.classes, c.input_stddev); !s.ok()) return corrupt(s.message());
-  auto built = Model::build(c.model, c.sample_shape, c.classes);
-  if (!built) return built.status();
+  std::optional<ModelSpec> spec;
+  if (!c.model_spec.empty()) {
+    auto parsed = ModelSpec::from_json(c.model_spec);
+    if (!parsed) return corrupt("model_spec: " + parsed.status().message());
+    spec = std::move(parsed).value();
+  }
+  auto built = Model::build(c.model, spec ? &*spec : nullptr, c.sample_shape, c.classes);
+  if (!built) return spec ? corrupt(built.status().message()) : built.status();
   Model& m = *built;
 
   // The layout is the contract: same names, shapes and order as this

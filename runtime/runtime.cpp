@@ -61,13 +61,19 @@ Runtime::Runtime() : impl_(std::make_unique<Impl>()) {}
 Runtime::~Runtime() { stop(); }
 
 Result<JobHandle> Runtime::submit(const JobConfig& config, JobCallbacks callbacks) {
-  if (Status s = validate(config); !s.ok()) return s;
+  return submit(config, nullptr, std::move(callbacks));
+}
+
+Result<JobHandle> Runtime::submit(const JobConfig& config, std::shared_ptr<const UserDataset> data,
+                                  JobCallbacks callbacks) {
+  if (Status s = data ? validate(config, *data) : validate(config); !s.ok()) return s;
   auto state = std::make_shared<JobHandle::State>();
   std::lock_guard lock(impl_->mu);
   if (impl_->stopped) return Status::Cancelled("the runtime has been stopped");
   impl_->reap();
-  impl_->jobs.push_back({state, std::thread([state, config, callbacks = std::move(callbacks)] {
-    Result<JobSummary> r = run_job(config, callbacks, state->stop.get_token());
+  impl_->jobs.push_back({state, std::thread([state, config, data = std::move(data), callbacks = std::move(callbacks)]() mutable {
+    Result<JobSummary> r = data ? run_job(config, std::move(data), callbacks, state->stop.get_token())
+                                : run_job(config, callbacks, state->stop.get_token());
     {
       std::lock_guard job_lock(state->mu);
       state->result.emplace(std::move(r));

@@ -4,12 +4,15 @@
 
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <optional>
 #include <stop_token>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "asgd/dataset.hpp"
+#include "asgd/model_spec.hpp"
 #include "asgd/status.hpp"
 
 namespace asgd {
@@ -20,7 +23,12 @@ namespace asgd {
 struct JobConfig {
   std::string dataset = "mnist";    ///< mnist | fashion-mnist
   std::string data_dir;             ///< the dataset's own folder; empty: $ASGD_DATA_DIR/<dataset>, else ./data/<dataset>
-  std::string model = "mlp";        ///< see known_models()
+  std::string model = "mlp";        ///< see known_models(); ignored when model_spec is set
+  /// A model described from code (asgd/model_spec.hpp), used instead of
+  /// `model` wherever the job builds one; checkpoints record it. Not a TOML
+  /// key or flag, and not carried across processes (asgd cluster refuses
+  /// it). Shared, never modified by the runtime. Null: `model` by name.
+  std::shared_ptr<const ModelSpec> model_spec;
   std::string policy = "async";     ///< bsp | ssp | ssp:S | async | hogwild | averaging (docs/policies.md)
   std::optional<std::uint32_t> staleness;  ///< ssp's s; default 3 ("--policy ssp:S" sets it too)
   std::uint32_t fetch_every = 1;    ///< async: pull fresh parameters every n-th step
@@ -66,6 +74,13 @@ struct JobConfig {
 
 /// Checks every field; the message names the flag and the bad value.
 Status validate(const JobConfig& config);
+
+/// For a job on `data` instead of config.dataset: checks every field but
+/// `dataset`, `data_dir` and `validation_size` (which such a job ignores),
+/// then `data` (validate(const UserDataset&)), then that config.model_spec,
+/// when set, fits the data's sample shape and classes. Errors:
+/// invalid_argument with a message naming the problem.
+Status validate(const JobConfig& config, const UserDataset& data);
 
 /// The data folder a job reads: config.data_dir, else $ASGD_DATA_DIR/<dataset>,
 /// else ./data/<dataset>.
@@ -132,5 +147,14 @@ struct JobCallbacks {
 /// files, timeout when a reply takes longer than rpc_timeout_s, internal.
 Result<JobSummary> run_job(const JobConfig& config, const JobCallbacks& callbacks = {},
                            std::stop_token stop = {});
+
+/// run_job on the user's own data instead of config.dataset: nothing is
+/// read from disk. `data` is checked first (validate(config, *data)) and
+/// copied once into the job; the caller may drop or reuse it as soon as
+/// this returns or, for Runtime::submit, as soon as submit returns.
+/// JobSummary::dataset and checkpoints carry data->name. Errors as run_job,
+/// plus invalid_argument for a null or bad `data`.
+Result<JobSummary> run_job(const JobConfig& config, std::shared_ptr<const UserDataset> data,
+                           const JobCallbacks& callbacks = {}, std::stop_token stop = {});
 
 }  // namespace asgd

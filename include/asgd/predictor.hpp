@@ -9,6 +9,7 @@
 #include <string>
 #include <vector>
 
+#include "asgd/model_spec.hpp"
 #include "asgd/status.hpp"
 
 namespace asgd {
@@ -27,8 +28,9 @@ namespace asgd {
 /// Different Predictors share nothing.
 class Predictor {
  public:
-  /// Loads DIR/model.ckpt (or DIR itself when it is a file): the model,
-  /// its parameters, BatchNorm statistics and input normalisation.
+  /// Loads DIR/model.ckpt (or DIR itself when it is a file): the model
+  /// (by name, or rebuilt from the ModelSpec the checkpoint records), its
+  /// parameters, BatchNorm statistics and input normalisation.
   /// Errors: not_found (no checkpoint there), corruption (a damaged file,
   /// or one whose layout does not match the model it names),
   /// invalid_argument (a model name this build does not know).
@@ -45,6 +47,15 @@ class Predictor {
   /// Errors: invalid_argument for an unknown model, a bad shape, a
   /// parameter count that does not match, or input_stddev <= 0.
   static Result<Predictor> from_params(const std::string& model, const std::vector<std::size_t>& sample_shape,
+                                       std::size_t classes, std::span<const float> params,
+                                       float input_mean = 0.0f, float input_stddev = 1.0f);
+
+  /// As above for a model built from `spec` (JobConfig::model_spec). For
+  /// a job on user data pass its UserDataset::sample_shape ((N) vectors
+  /// are accepted) and mean 0, stddev 1: such a job normalises nothing.
+  /// Errors: as above, and invalid_argument when `spec` does not fit the
+  /// shape and classes.
+  static Result<Predictor> from_params(const ModelSpec& spec, const std::vector<std::size_t>& sample_shape,
                                        std::size_t classes, std::span<const float> params,
                                        float input_mean = 0.0f, float input_stddev = 1.0f);
 
@@ -69,6 +80,9 @@ class Predictor {
  private:
   struct Impl;
   explicit Predictor(std::unique_ptr<Impl> impl);
+  static Result<Predictor> from_params_impl(const std::string& model, const ModelSpec* spec,
+                                            const std::vector<std::size_t>& sample_shape, std::size_t classes,
+                                            std::span<const float> params, float input_mean, float input_stddev);
   std::unique_ptr<Impl> impl_;
 };
 

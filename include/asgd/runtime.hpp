@@ -49,6 +49,13 @@ class Runtime {
   /// cancelled after stop().
   Result<JobHandle> submit(const JobConfig& config, JobCallbacks callbacks = {});
 
+  /// As above, training on `data` instead of config.dataset (see
+  /// run_job(config, data, ...)); `data` is checked before submit returns
+  /// (invalid_argument: nothing starts) and shared with the job, which
+  /// copies it once as it starts.
+  Result<JobHandle> submit(const JobConfig& config, std::shared_ptr<const UserDataset> data,
+                           JobCallbacks callbacks = {});
+
   /// submit(...).wait() on the calling thread's behalf.
   Result<JobSummary> run(const JobConfig& config, JobCallbacks callbacks = {});
 
