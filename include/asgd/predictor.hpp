@@ -14,13 +14,15 @@
 
 namespace asgd {
 
-/// A trained model on the CPU, ready to classify images.
+/// A trained model on the CPU, ready to classify samples.
 ///
-/// Inputs are raw pixel values in [0, 1] (an 8-bit image divided by 255),
-/// one sample after another, each laid out (C, H, W) as the model's
-/// sample_size() values. The predictor applies the normalisation training
-/// used, (pixel - mean) / stddev, itself, so callers never need the
-/// dataset's statistics.
+/// Inputs come one sample after another, each laid out as the model's
+/// sample_size() values ((C, H, W) for images), before normalisation: for
+/// the built-in datasets raw pixel values in [0, 1] (an 8-bit image divided
+/// by 255); for a model trained on a UserDataset, the values as that data
+/// held them (its normalisation is mean 0, stddev 1). The predictor applies
+/// the normalisation training used, (x - mean) / stddev, itself, so callers
+/// never need the dataset's statistics.
 ///
 /// Owns its model (a private copy of the parameters). Move-only. Not
 /// thread-safe: predict() reuses scratch buffers, so one thread at a time
