@@ -5,13 +5,17 @@
 # against it with nothing but CMAKE_PREFIX_PATH. Exit 77 (ctest: skipped)
 # comes from the consumer when $ASGD_DATA_DIR is unset.
 #
-# usage: install_test.sh BUILD_DIR SOURCE_DIR GENERATOR CXX_COMPILER [LAUNCHER]
+# usage: install_test.sh BUILD_DIR SOURCE_DIR GENERATOR CXX_COMPILER [LAUNCHER [CXX_FLAGS [LINKER_FLAGS]]]
+# CXX_FLAGS and LINKER_FLAGS are the build's own: a consumer of a library
+# built with sanitizers must link their runtimes too (scripts/sanitize).
 set -euo pipefail
 build=$(cd "$1" && pwd)
 source=$(cd "$2" && pwd)
 generator=$3
 cxx=$4
 launcher=${5:-}
+cxx_flags=${6:-}
+linker_flags=${7:-}
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/asgd-packaging.XXXXXX")
 trap 'rm -rf "$work"' EXIT
@@ -36,6 +40,8 @@ done
 configure=(cmake -S "$source/tests/packaging/consumer" -B "$work/consumer" -G "$generator"
            -DCMAKE_BUILD_TYPE=Release -DCMAKE_CXX_COMPILER="$cxx" -DCMAKE_PREFIX_PATH="$prefix")
 if [[ -n "$launcher" ]]; then configure+=(-DCMAKE_CXX_COMPILER_LAUNCHER="$launcher"); fi
+if [[ -n "$cxx_flags" ]]; then configure+=(-DCMAKE_CXX_FLAGS="$cxx_flags"); fi
+if [[ -n "$linker_flags" ]]; then configure+=(-DCMAKE_EXE_LINKER_FLAGS="$linker_flags"); fi
 "${configure[@]}" >"$work/configure.log" || { cat "$work/configure.log" >&2; exit 1; }
 cmake --build "$work/consumer" || exit 1
 
