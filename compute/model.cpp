@@ -318,17 +318,9 @@ std::vector<std::int32_t> Model::classify(std::span<const float> x, std::size_t 
   set_training(false);
   for (std::size_t begin = 0; begin < n; begin += chunk) {
     const std::size_t b = std::min(chunk, n - begin);
-    const auto part = x.subspan(begin * sample_size(), b * sample_size());
-    const Tensor* logits = &logits_;
-    if (device_model_) {
-      logits_.resize({b, classes_});
-      device_model_->infer(view_, part, b, logits_.span());
-    } else {
-      forward_layers(part, b);
-      logits = &acts_.back();
-    }
+    const Tensor& scores = logits(x.subspan(begin * sample_size(), b * sample_size()), b);
     for (std::size_t r = 0; r < b; ++r) {
-      const float* z = logits->data() + r * classes_;
+      const float* z = scores.data() + r * classes_;
       out[begin + r] = static_cast<std::int32_t>(std::max_element(z, z + classes_) - z);
     }
   }
@@ -363,14 +355,18 @@ void Model::forward_layers(std::span<const float> x, std::size_t batch) {
   }
 }
 
-float Model::forward(std::span<const float> x, std::size_t batch, std::span<const std::int32_t> y) {
-  if (device_model_) {  // the logits from the device, the loss on the host
-    logits_.resize({batch, classes_});
-    device_model_->infer(view_, x, batch, logits_.span());
-    return loss_.forward(ConstTensorView{logits_.data(), logits_.shape()}, y);
+const Tensor& Model::logits(std::span<const float> x, std::size_t batch) {
+  if (!device_model_) {
+    forward_layers(x, batch);
+    return acts_.back();
   }
-  forward_layers(x, batch);
-  const Tensor& out = acts_.back();
+  logits_.resize({batch, classes_});  // inference on the device
+  device_model_->infer(view_, x, batch, logits_.span());
+  return logits_;
+}
+
+float Model::forward(std::span<const float> x, std::size_t batch, std::span<const std::int32_t> y) {
+  const Tensor& out = logits(x, batch);
   return loss_.forward(ConstTensorView{out.data(), out.shape()}, y);
 }
 

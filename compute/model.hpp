@@ -154,6 +154,9 @@ class Model {
   std::size_t sample_size() const { return numel(sample_shape_); }
   float forward(std::span<const float> x, std::size_t batch, std::span<const std::int32_t> y);
   void forward_layers(std::span<const float> x, std::size_t batch);
+  // (B, classes) scores: the CPU layers' last output, or (on a device,
+  // which runs inference only through this) the device's in logits_.
+  const Tensor& logits(std::span<const float> x, std::size_t batch);
 
   std::string name_;
   Shape sample_shape_;
