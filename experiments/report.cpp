@@ -1,0 +1,675 @@
+#include "experiments/report.hpp"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <numeric>
+
+#include "experiments/chartjs.hpp"
+#include "experiments/page_common.hpp"
+
+namespace asgd::experiments {
+
+namespace {
+
+using nlohmann::json;
+
+std::string printf_string(const char* format, double v) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, format, v);
+  return buf;
+}
+
+std::string seconds(double s) { return printf_string(s < 10 ? "%.2f" : "%.1f", s); }
+std::string accuracy(double a) { return printf_string("%.4f", a); }
+
+// 152183.4 -> "152,183"
+std::string count(double v) {
+  std::string digits = printf_string("%.0f", v);
+  std::string out;
+  const std::size_t lead = digits[0] == '-' ? 1 : 0;
+  for (std::size_t i = 0; i < digits.size(); ++i) {
+    if (i > lead && (digits.size() - i) % 3 == 0) out += ',';
+    out += digits[i];
+  }
+  return out;
+}
+
+std::string plural(std::size_t n, const std::string& word) {
+  return std::to_string(n) + " " + word + (n == 1 ? "" : "s");
+}
+
+std::string join(const std::vector<std::string>& parts, const std::string& sep) {
+  std::string out;
+  for (std::size_t i = 0; i < parts.size(); ++i) out += (i ? sep : "") + parts[i];
+  return out;
+}
+
+std::string policy_color(const ReportInput& in, const std::string& policy) {
+  const auto& colors = page::palette();
+  const auto it = std::find(in.policies.begin(), in.policies.end(), policy);
+  const std::size_t i = it == in.policies.end() ? 0 : static_cast<std::size_t>(it - in.policies.begin());
+  return colors[i % colors.size()];
+}
+
+std::string swatch(const ReportInput& in, const std::string& policy) {
+  return "<span class=\"swatch\" style=\"background:" + policy_color(in, policy) + "\"></span>";
+}
+
+template <class T>
+json optional_json(const std::optional<T>& v) {
+  return v ? json(*v) : json(nullptr);
+}
+
+json to_json(const CurvePoint& p) {
+  return {{"kind", p.kind == CurvePoint::Kind::epoch ? "epoch" : "eval"},
+          {"epoch", optional_json(p.epoch)},
+          {"wall_s", p.wall_s},
+          {"updates", optional_json(p.updates)},
+          {"samples", optional_json(p.samples)},
+          {"train_loss", optional_json(p.train_loss)},
+          {"val_accuracy", p.val_accuracy},
+          {"samples_per_s", optional_json(p.samples_per_s)}};
+}
+
+json to_json(const Spread& s) { return {{"mean", s.mean}, {"min", s.min}, {"max", s.max}, {"n", s.n}}; }
+
+std::string energy_text(const ReportInput& in, const GroupStats& g) {
+  if (g.energy_j) return count(g.energy_j->mean) + " J";
+  return in.config.device == "cpu" ? "not measured (CPU run)" : "not measured";
+}
+
+// The header: what ran, where, when.
+std::string header_html(const ReportInput& in) {
+  const JobConfig& c = in.config;
+  std::vector<std::string> workers;
+  for (auto w : in.workers) workers.push_back(std::to_string(w));
+  std::string seeds = std::to_string(c.seed);
+  if (in.repeats > 1) seeds += "&ndash;" + std::to_string(c.seed + in.repeats - 1);
+  std::vector<std::pair<std::string, std::string>> items = {
+      {"Model", html_escape(c.model)},
+      {"Dataset", html_escape(c.dataset)},
+      {"Workers", html_escape(join(workers, ", "))},
+      {"Shards", std::to_string(c.shards)},
+      {"Device", html_escape(c.device)},
+      {"Epochs", std::to_string(c.epochs)},
+      {"Batch per worker", std::to_string(c.batch)},
+      {"Optimizer", html_escape(c.optimizer) + ", lr " + html_escape(printf_string("%g", c.lr)) + " (" +
+                        html_escape(c.lr_schedule) + ")"},
+      {"Repeats", std::to_string(in.repeats) + " (seeds " + seeds + ")"},
+      {"Evaluated", c.eval_every_s > 0 ? "every " + html_escape(printf_string("%g", c.eval_every_s)) + " s and each epoch"
+                                       : std::string("after each epoch")},
+      {"Generated", html_escape(in.generated_at)},
+      {"Machine", html_escape(in.host)},
+  };
+  std::vector<std::string> labels;
+  for (const auto& p : in.policies) labels.push_back(html_escape(p));
+  std::string out = "<header>\n<h1>Consistency policies compared: " + join(labels, " &middot; ") + "</h1>\n";
+  const std::string policies =
+      in.policies.size() == 1 ? "1 policy" : std::to_string(in.policies.size()) + " policies";
+  out += "<p class=\"sub\">" + html_escape(c.model) + " on " + html_escape(c.dataset) + ": " +
+         plural(in.runs.size(), "run") + " (" + policies + " &times; " + plural(in.workers.size(), "worker count") +
+         " &times; " + plural(in.repeats, "repeat") + ")</p>\n<dl>\n";
+  for (const auto& [k, v] : items) out += "<div><dt>" + k + "</dt><dd>" + v + "</dd></div>\n";
+  out += "</dl>\n";
+  if (!in.command.empty()) out += "<code>" + html_escape(in.command) + "</code>\n";
+  out += "</header>\n";
+  return out;
+}
+
+std::string target_sentence(const ReportInput& in) {
+  if (!in.target) return "No target: no run has a validation point yet.";
+  return "Target: validation accuracy &ge; <b>" + html_escape(printf_string("%.3f", in.target->accuracy)) +
+         "</b>, " + html_escape(in.target->how) +
+         ". Time to target is the training time (from the first step) of the first evaluation at or above it" +
+         (in.config.eval_every_s > 0
+              ? "; evaluations come every " + html_escape(printf_string("%g", in.config.eval_every_s)) +
+                    " s and at the end of each epoch, so times are only as fine as that."
+              : "; evaluations come at the end of each epoch only, so times are only as fine as an epoch.");
+}
+
+std::string stats_table_html(const ReportInput& in, const std::vector<GroupStats>& groups) {
+  const bool multi = in.workers.size() > 1;
+  std::string out = "<section class=\"card\" id=\"time-to-target\">\n<h2>Time to target</h2>\n<p class=\"lead\">" +
+                    target_sentence(in) + "</p>\n<div class=\"table-scroll\"><table>\n<thead><tr>";
+  out += "<th class=\"name\" rowspan=\"2\">Policy</th>";
+  if (multi) out += "<th rowspan=\"2\">Workers</th>";
+  out += "<th rowspan=\"2\">Runs</th><th class=\"group\" colspan=\"3\">Time to target (s)</th>"
+         "<th class=\"group\" colspan=\"3\">Final test accuracy</th><th rowspan=\"2\">Training time (s), mean</th>"
+         "<th rowspan=\"2\">Samples/s, mean</th><th rowspan=\"2\">Energy</th></tr>\n<tr><th>mean</th><th>min</th>"
+         "<th>max</th><th>mean</th><th>min</th><th>max</th></tr></thead>\n<tbody>\n";
+  for (const GroupStats& g : groups) {
+    out += "<tr><td class=\"name\">" + swatch(in, g.policy) + html_escape(g.policy) + "</td>";
+    if (multi) out += "<td>" + std::to_string(g.workers) + "</td>";
+    out += "<td>" + std::to_string(g.runs) + "</td>";
+    if (g.time_to_target_s) {
+      std::string mean = seconds(g.time_to_target_s->mean);
+      if (g.reached < g.runs) mean += " (" + std::to_string(g.reached) + " of " + std::to_string(g.runs) + " reached)";
+      out += "<td>" + mean + "</td><td>" + seconds(g.time_to_target_s->min) + "</td><td>" +
+             seconds(g.time_to_target_s->max) + "</td>";
+    } else {
+      out += "<td class=\"note\" colspan=\"3\">not reached</td>";
+    }
+    out += "<td>" + accuracy(g.final_test_accuracy.mean) + "</td><td>" + accuracy(g.final_test_accuracy.min) +
+           "</td><td>" + accuracy(g.final_test_accuracy.max) + "</td><td>" + seconds(g.train_s.mean) + "</td><td>" +
+           count(g.samples_per_s.mean) + "</td>";
+    out += std::string("<td") + (g.energy_j ? ">" : " class=\"note\">") + energy_text(in, g) + "</td></tr>\n";
+  }
+  out += "</tbody></table></div>\n</section>\n";
+  return out;
+}
+
+std::string scaling_table_html(const ReportInput& in, const std::vector<ScalingRow>& rows) {
+  if (rows.empty()) return "";
+  std::uint32_t base = rows.front().base_workers;
+  std::string out =
+      "<section class=\"card\" id=\"scaling\">\n<h2>Speedup and parallel efficiency</h2>\n<p class=\"lead\">"
+      "Speedup S = T<sub>base</sub> / T<sub>N</sub> and efficiency E = S / (N / base), where T is a policy's mean "
+      "time to target over its repeats when every one of its runs reached the target, else its mean training time "
+      "(the column says which), and the base is the smallest worker count that ran";
+  if (base == 1) out += " (1 worker, so E = S / N).";
+  else out += ": <b>" + std::to_string(base) + " workers, not 1</b>, so S and E are relative to " +
+              std::to_string(base) + " workers.";
+  out += "</p>\n<div class=\"table-scroll\"><table>\n<thead><tr><th class=\"name\">Policy</th><th>Workers</th>"
+         "<th class=\"name\">T is</th><th>T (s)</th><th>Speedup S</th><th>Efficiency E</th></tr></thead>\n<tbody>\n";
+  for (const ScalingRow& r : rows) {
+    out += "<tr><td class=\"name\">" + swatch(in, r.policy) + html_escape(r.policy) + "</td><td>" +
+           std::to_string(r.workers) + "</td><td class=\"name\">" + r.measure + "</td><td>" + seconds(r.time_s) +
+           "</td><td>" + printf_string("%.2f&times;", r.speedup) + "</td><td>" +
+           printf_string("%.0f%%", 100.0 * r.efficiency) + "</td></tr>\n";
+  }
+  out += "</tbody></table></div>\n</section>\n";
+  return out;
+}
+
+std::string runs_table_html(const ReportInput& in) {
+  std::string out =
+      "<section class=\"card\" id=\"runs\">\n<h2>Every run</h2>\n<p class=\"desc\">One row per run, as in "
+      "results.csv; each run's epochs and evaluations are in curves.csv and runs/&lt;run&gt;.jsonl.</p>\n"
+      "<div class=\"table-scroll\"><table>\n<thead><tr><th class=\"name\">Run</th><th>Seed</th><th>Training (s)</th>"
+      "<th>Wall (s)</th><th>Samples/s</th><th>Test accuracy</th><th>Time to target (s)</th><th>Updates</th>"
+      "<th>Staleness mean / p99 / max</th><th>Mean wait (s)</th></tr></thead>\n<tbody>\n";
+  for (const RunRecord& r : in.runs) {
+    const JobSummary& s = r.summary;
+    std::optional<double> ttt;
+    if (in.target) ttt = time_to_target(r.curve, in.target->accuracy);
+    const double wait = s.worker_wait_s.empty() ? 0.0
+                                                : std::accumulate(s.worker_wait_s.begin(), s.worker_wait_s.end(), 0.0) /
+                                                      static_cast<double>(s.worker_wait_s.size());
+    out += "<tr><td class=\"name\">" + swatch(in, r.policy) + html_escape(run_id(r)) + "</td><td>" +
+           std::to_string(r.seed) + "</td><td>" + seconds(s.train_s) + "</td><td>" + seconds(s.wall_s) + "</td><td>" +
+           count(s.samples_per_s) + "</td><td>" + accuracy(s.final_test_accuracy) + "</td>" +
+           (ttt ? "<td>" + seconds(*ttt) + "</td>" : "<td class=\"note\">not reached</td>") + "<td>" +
+           count(static_cast<double>(s.updates_applied)) + "</td><td>" +
+           printf_string("%.2f", s.staleness_mean) + " / " + printf_string("%.0f", s.staleness_p99) + " / " +
+           printf_string("%.0f", s.staleness_max) + "</td><td>" + seconds(wait) + "</td></tr>\n";
+  }
+  out += "</tbody></table></div>\n</section>\n";
+  return out;
+}
+
+struct Figure {
+  const char* id;
+  const char* title;
+  const char* desc;
+};
+
+std::string figure_html(const Figure& f) {
+  return std::string("<section class=\"card\" id=\"fig-") + f.id + "\">\n<h2>" + f.title + "</h2>\n<p class=\"desc\">" +
+         f.desc + "</p>\n<div class=\"chart-box\"><canvas id=\"" + f.id + "\" role=\"img\" aria-label=\"" + f.title +
+         "\"></canvas></div>\n</section>\n";
+}
+
+std::string notes_html(const ReportInput& in) {
+  std::string out = "<section class=\"card notes\" id=\"reading\">\n<h2>Reading this report</h2>\n<ul>\n";
+  out += "<li>Every policy ran " + plural(in.repeats, "time") + " at each worker count, repeat <i>r</i> with seed " +
+         std::to_string(in.config.seed) + " + <i>r</i> under every policy, so the policies start from the same "
+         "parameters and see the data in the same order; what differs between repeats is the seed and the "
+         "timing of the threads.</li>\n";
+  out += "<li>Spread: the min and max columns show how far repeats of one policy land from each other. A "
+         "difference between two policies that is smaller than that spread is not a difference this comparison "
+         "can see; run more repeats (--repeats) to narrow it.</li>\n";
+  out += "<li>Times are training seconds, counted from the first step; wall time in results.csv adds loading the "
+         "data and the final test evaluation. Timings depend on everything else the machine (" +
+         html_escape(in.host) + ") was doing while the runs ran.</li>\n";
+  out += "<li>Staleness counts how many updates (clocks) a worker's parameters were behind when its gradient was "
+         "applied: 0 for bsp, bounded by s for ssp:s, unbounded for async. Wait is the time the policy held a "
+         "worker's reads back.</li>\n";
+  out += "<li>Energy: " +
+         std::string(in.config.device == "cpu" ? "not measured on a CPU run." : "not measured in this run.") +
+         " results.csv has an energy_j column for runs where it is.</li>\n";
+  out += "</ul>\n</section>\n";
+  return out;
+}
+
+// The script that draws every chart from the data block. Plain ES5 plus
+// Chart.js, so any browser of the last years opens the report.
+constexpr std::string_view kDrawJs = R"JS(
+(function () {
+  'use strict';
+  var summaries = [];
+  try {
+    draw(JSON.parse(document.getElementById('asgd-data').textContent));
+  } catch (e) {
+    window.asgdErrors.push('drawing the charts failed: ' + (e && e.stack ? e.stack : e));
+  } finally {
+    asgdWriteStatus(summaries);
+  }
+
+  function draw(data) {
+    var DASHES = [[], [7, 4], [2, 3], [12, 4, 2, 4], [4, 4]];
+    var multi = data.workers.length > 1;
+    // A policy's runs side by side in legends and bars.
+    data.runs.sort(function (a, b) {
+      return data.policies.indexOf(a.policy) - data.policies.indexOf(b.policy) || a.workers - b.workers || a.repeat - b.repeat;
+    });
+    Chart.defaults.font.family = '-apple-system, "Segoe UI", Roboto, "Helvetica Neue", Arial, "Noto Sans", sans-serif';
+    Chart.defaults.font.size = 12;
+    Chart.defaults.color = '#334155';
+    Chart.defaults.borderColor = '#e2e8f0';
+
+    function rgb(hex) {
+      var n = parseInt(hex.slice(1), 16);
+      return [(n >> 16) & 255, (n >> 8) & 255, n & 255];
+    }
+    function policyColor(policy) {
+      var i = Math.max(data.policies.indexOf(policy), 0);
+      return data.palette[i % data.palette.length];
+    }
+    // Several worker counts: one hue per policy, lighter for fewer workers.
+    function groupColor(policy, workers) {
+      var base = policyColor(policy);
+      if (!multi) return base;
+      var i = data.workers.indexOf(workers), k = data.workers.length;
+      var mix = 0.55 * (1 - i / (k - 1));
+      return 'rgb(' + rgb(base).map(function (v) { return Math.round(v + (255 - v) * mix); }).join(',') + ')';
+    }
+    function translucent(color, alpha) {
+      var c = color.charAt(0) === '#' ? rgb(color) : color.replace(/[^0-9,]/g, '').split(',');
+      return 'rgba(' + c[0] + ',' + c[1] + ',' + c[2] + ',' + alpha + ')';
+    }
+    function groupLabel(policy, workers) {
+      return multi ? policy + ', ' + workers + (workers === 1 ? ' worker' : ' workers') : policy;
+    }
+    function runLabel(r) { return r.policy + (multi ? ' \u00d7' + r.workers : '') + ' \u00b7 r' + r.repeat; }
+    function fmt(v, digits) { return v === null || v === undefined ? '\u2013' : Number(v).toFixed(digits); }
+    function sum(a) { return a.reduce(function (s, v) { return s + v; }, 0); }
+
+    function options(xTitle, yTitle, extra) {
+      var o = {
+        animation: false, responsive: true, maintainAspectRatio: false,
+        interaction: {mode: 'nearest', intersect: false},
+        plugins: {
+          legend: {position: 'bottom', labels: {boxWidth: 22, boxHeight: 2, padding: 10}},
+          tooltip: {}
+        },
+        scales: {
+          x: {type: 'linear', title: {display: true, text: xTitle, font: {weight: '600'}}, grid: {color: '#f1f5f9'}},
+          y: {title: {display: true, text: yTitle, font: {weight: '600'}}, grid: {color: '#f1f5f9'}}
+        }
+      };
+      return Object.assign(o, extra || {});
+    }
+    function make(id, config, why) {
+      var canvas = document.getElementById(id);
+      if (!canvas) return null;
+      var points = sum(config.data.datasets.filter(function (d) { return !d.asgdGuide; }).map(function (d) {
+        return d.data.filter(function (v) { return v !== null && v !== undefined; }).length;
+      }));
+      if (points === 0) {
+        var p = document.createElement('p');
+        p.className = 'empty';
+        p.textContent = 'No data: ' + why;
+        canvas.parentNode.replaceWith(p);
+        summaries.push({id: id, datasets: 0, points: 0, painted: false, note: why});
+        return null;
+      }
+      var chart = new Chart(canvas, config);
+      summaries.push(asgdChartSummary(id, chart));
+      return chart;
+    }
+
+    // One line per run over its curve points; epoch ends drawn larger.
+    function curveChart(id, xTitle, yTitle, xOf, yOf, yDigits, extraScales, guides, why) {
+      var datasets = data.runs.map(function (r) {
+        var color = groupColor(r.policy, r.workers);
+        var pts = r.curve.filter(function (p) { return xOf(p) !== null && yOf(p) !== null; })
+                         .map(function (p) { return {x: xOf(p), y: yOf(p), epoch: p.epoch}; });
+        return {label: runLabel(r), data: pts, borderColor: color, backgroundColor: color,
+                borderDash: DASHES[r.repeat % DASHES.length], borderWidth: 1.8, tension: 0,
+                pointRadius: function (c) { return c.raw && c.raw.epoch ? 3.5 : 1.5; }, pointHoverRadius: 5};
+      });
+      var o = options(xTitle, yTitle);
+      // A line sample per run in the legend, dashed like its line (Chart.js
+      // leaves the dash out of point-style legend items).
+      o.plugins.legend.labels = {
+        usePointStyle: true, pointStyle: 'line', pointStyleWidth: 30, padding: 12,
+        generateLabels: function (chart) {
+          return Chart.defaults.plugins.legend.labels.generateLabels(chart).map(function (item) {
+            var d = chart.data.datasets[item.datasetIndex];
+            item.lineDash = d.borderDash || [];
+            item.lineWidth = 2;
+            item.strokeStyle = d.borderColor;
+            return item;
+          });
+        }
+      };
+      Object.keys(extraScales || {}).forEach(function (axis) { Object.assign(o.scales[axis], extraScales[axis]); });
+      o.plugins.tooltip.callbacks = {
+        label: function (c) {
+          return c.dataset.label + ': ' + fmt(c.parsed.y, yDigits) + ' at ' + Number(c.parsed.x).toLocaleString() +
+                 (c.raw && c.raw.epoch ? ' (end of epoch ' + c.raw.epoch + ')' : '');
+        }
+      };
+      return make(id, {type: 'line', data: {datasets: datasets.concat(guides || [])}, options: o}, why);
+    }
+    function targetGuide(xMax) {
+      if (!data.target) return [];
+      return [{label: 'target ' + data.target.accuracy.toFixed(3), data: [{x: 0, y: data.target.accuracy}, {x: xMax, y: data.target.accuracy}],
+               borderColor: '#64748b', borderDash: [5, 5], borderWidth: 1.2, pointRadius: 0, asgdGuide: true}];
+    }
+    function maxOf(xOf) {
+      var m = 0;
+      data.runs.forEach(function (r) { r.curve.forEach(function (p) { var x = xOf(p); if (x !== null && x > m) m = x; }); });
+      return m;
+    }
+
+    var wall = function (p) { return p.wall_s; };
+    var updates = function (p) { return p.updates; };
+    var acc = function (p) { return p.val_accuracy; };
+    curveChart('acc-vs-time', 'training time (s)', 'validation accuracy', wall, acc, 4,
+               {x: {min: 0}}, targetGuide(maxOf(wall)), 'no run has a validation point yet');
+    curveChart('acc-vs-updates', 'updates applied (gradient pushes)', 'validation accuracy', updates, acc, 4,
+               {x: {min: 0}}, targetGuide(maxOf(updates)), 'the runtime did not report updates with the evaluations');
+    curveChart('loss', 'training time (s)', 'training loss (cross-entropy)', wall, function (p) { return p.train_loss; }, 4,
+               {x: {min: 0}}, [], 'no training loss was reported');
+
+    // Time to target: each group's min..max as a bar, its mean as a tick,
+    // every run as a dot.
+    var groups = data.groups;
+    var glabels = groups.map(function (g) { return groupLabel(g.policy, g.workers); });
+    var tttRange = {type: 'bar', label: 'min \u2013 max over repeats', borderSkipped: false, borderRadius: 3, barPercentage: 0.5,
+                    data: groups.map(function (g) { return g.time_to_target_s ? [g.time_to_target_s.min, g.time_to_target_s.max] : null; }),
+                    backgroundColor: groups.map(function (g) { return translucent(groupColor(g.policy, g.workers), 0.28); }),
+                    borderColor: groups.map(function (g) { return groupColor(g.policy, g.workers); }), borderWidth: 1.5};
+    var tttMean = {type: 'line', label: 'mean', showLine: false, pointStyle: 'line', pointRadius: 18, pointBorderWidth: 3,
+                   borderColor: '#0f172a', backgroundColor: '#0f172a',
+                   data: groups.map(function (g) { return g.time_to_target_s ? g.time_to_target_s.mean : null; })};
+    var dots = [];
+    data.runs.forEach(function (r) {
+      if (r.time_to_target_s !== null) dots.push({x: groupLabel(r.policy, r.workers), y: r.time_to_target_s, run: r.id});
+    });
+    var tttRuns = {type: 'line', label: 'one run', showLine: false, pointRadius: 4, pointHoverRadius: 6,
+                   borderColor: '#0f172a', backgroundColor: '#ffffff', pointBorderWidth: 1.5, data: dots};
+    var tttOptions = options('', 'time to target (training s)');
+    tttOptions.scales.x = {type: 'category', grid: {display: false}};
+    tttOptions.scales.y.beginAtZero = true;
+    tttOptions.interaction = {mode: 'nearest', intersect: true};
+    tttOptions.plugins.legend = {display: false};  // the description says what bar, dash and dot are
+    tttOptions.plugins.tooltip.callbacks = {
+      label: function (c) {
+        if (c.raw && c.raw.run) return c.raw.run + ': ' + fmt(c.parsed.y, 2) + ' s';
+        if (Array.isArray(c.raw)) return 'min ' + fmt(c.raw[0], 2) + ' s, max ' + fmt(c.raw[1], 2) + ' s';
+        return c.dataset.label + ': ' + fmt(c.parsed.y, 2) + ' s';
+      }
+    };
+    make('time-to-target-chart', {type: 'bar', data: {labels: glabels, datasets: [tttRange, tttMean, tttRuns]}, options: tttOptions},
+         data.target ? 'no run reached the target' : 'there is no target yet');
+
+    // Throughput: one bar per run, one color per policy.
+    var runLabels = data.runs.map(runLabel);
+    var rateSets = groups.map(function (g) {
+      var color = groupColor(g.policy, g.workers);
+      return {label: groupLabel(g.policy, g.workers), backgroundColor: translucent(color, 0.75), borderColor: color, borderWidth: 1,
+              borderRadius: 3, data: data.runs.map(function (r) { return r.policy === g.policy && r.workers === g.workers ? r.samples_per_s : null; })};
+    });
+    var rateOptions = options('', 'training samples per second');
+    rateOptions.scales.x = {type: 'category', grid: {display: false}, ticks: {autoSkip: false, maxRotation: 60}};
+    rateOptions.scales.y.beginAtZero = true;
+    rateOptions.datasets = {bar: {skipNull: true}};
+    rateOptions.plugins.tooltip.callbacks = { label: function (c) { return Math.round(c.parsed.y).toLocaleString() + ' samples/s'; } };
+    make('throughput', {type: 'bar', data: {labels: runLabels, datasets: rateSets}, options: rateOptions}, 'no run finished');
+
+    // Staleness: each group's histogram merged over its repeats, as a share
+    // of its updates. 0 to 9 keep a bar each (bsp's and a small ssp bound's
+    // whole story); beyond, bins widen so that a long async tail still fits
+    // in ~24 bars, and a log scale keeps the tail's small shares visible.
+    var merged = groups.map(function (g) {
+      var h = [];
+      data.runs.forEach(function (r) {
+        if (r.policy !== g.policy || r.workers !== g.workers) return;
+        r.staleness_histogram.forEach(function (c, s) { h[s] = (h[s] || 0) + c; });
+      });
+      for (var s = 0; s < h.length; ++s) h[s] = h[s] || 0;
+      return h;
+    });
+    var longest = Math.max.apply(null, merged.map(function (h) { return h.length; }).concat([1]));
+    var bins = [];
+    for (var one = 0; one < Math.min(longest, 10); ++one) bins.push({lo: one, hi: one});
+    var width = Math.max(1, Math.ceil((longest - 10) / 14));
+    for (var lo = 10; lo < longest; lo += width) bins.push({lo: lo, hi: Math.min(lo + width - 1, longest - 1)});
+    var sLabels = bins.map(function (b) { return b.lo === b.hi ? String(b.lo) : b.lo + '\u2013' + b.hi; });
+    var sSets = [], smallest = 100;
+    groups.forEach(function (g, i) {
+      var h = merged[i], total = sum(h);
+      if (total === 0) return;
+      var color = groupColor(g.policy, g.workers);
+      var counts = bins.map(function (b) { return sum(h.slice(b.lo, b.hi + 1)); });
+      var shares = counts.map(function (c) { return c > 0 ? 100 * c / total : null; });
+      shares.forEach(function (v) { if (v !== null && v < smallest) smallest = v; });
+      sSets.push({label: groupLabel(g.policy, g.workers), backgroundColor: translucent(color, 0.75), borderColor: color, borderWidth: 1,
+                  data: shares, counts: counts});
+    });
+    var sOptions = options('staleness of an applied update (clocks)', 'share of the updates (%, log scale)');
+    sOptions.scales.x = {type: 'category', title: sOptions.scales.x.title, grid: {display: false}};
+    sOptions.scales.y.type = 'logarithmic';
+    sOptions.scales.y.min = Math.pow(10, Math.floor(Math.log10(smallest)));
+    sOptions.scales.y.max = 100;
+    sOptions.scales.y.ticks = {callback: function (v) {
+      var e = Math.log10(v);
+      return Math.abs(e - Math.round(e)) < 1e-9 ? (v >= 1 ? v : v.toPrecision(1)) + '%' : '';
+    }};
+    sOptions.datasets = {bar: {skipNull: true}};
+    sOptions.plugins.tooltip.callbacks = {
+      label: function (c) {
+        return c.dataset.label + ': ' + fmt(c.parsed.y, c.parsed.y < 1 ? 3 : 1) + '% (' + c.dataset.counts[c.dataIndex].toLocaleString() + ' updates)';
+      }
+    };
+    make('staleness', {type: 'bar', data: {labels: sLabels, datasets: sSets}, options: sOptions}, 'the runs recorded no staleness');
+
+    // Per-worker wait: each group's mean over its repeats.
+    var maxWorkers = Math.max.apply(null, data.workers);
+    var wLabels = [];
+    for (var w = 0; w < maxWorkers; ++w) wLabels.push('worker ' + w);
+    var waitSets = groups.map(function (g) {
+      var mine = data.runs.filter(function (r) { return r.policy === g.policy && r.workers === g.workers; });
+      var color = groupColor(g.policy, g.workers);
+      return {label: groupLabel(g.policy, g.workers), backgroundColor: translucent(color, 0.75), borderColor: color, borderWidth: 1,
+              data: wLabels.map(function (_, k) {
+                var v = mine.filter(function (r) { return k < r.worker_wait_s.length; }).map(function (r) { return r.worker_wait_s[k]; });
+                return v.length ? sum(v) / v.length : null;
+              })};
+    });
+    var waitOptions = options('', 'time the policy held reads back (s)');
+    waitOptions.scales.x = {type: 'category', grid: {display: false}};
+    waitOptions.scales.y.beginAtZero = true;
+    waitOptions.plugins.tooltip.callbacks = { label: function (c) { return c.dataset.label + ': ' + fmt(c.parsed.y, 3) + ' s'; } };
+    make('wait', {type: 'bar', data: {labels: wLabels, datasets: waitSets}, options: waitOptions}, 'the runs recorded no wait times');
+
+    // Speedup over worker counts, against the ideal line.
+    if (data.scaling.length) {
+      var policies = [];
+      data.scaling.forEach(function (row) { if (policies.indexOf(row.policy) < 0) policies.push(row.policy); });
+      var base = data.scaling[0].base_workers;
+      var spSets = policies.map(function (p) {
+        var color = policyColor(p);
+        return {label: p, borderColor: color, backgroundColor: color, borderWidth: 2, pointRadius: 4, tension: 0,
+                data: data.scaling.filter(function (row) { return row.policy === p; })
+                                  .map(function (row) { return {x: row.workers, y: row.speedup, e: row.efficiency, m: row.measure}; })};
+      });
+      spSets.push({label: 'ideal (E = 100%)', borderColor: '#94a3b8', borderDash: [5, 5], borderWidth: 1.2, pointRadius: 0, asgdGuide: true,
+                   data: data.workers.map(function (n) { return {x: n, y: n / base}; })});
+      var spOptions = options('workers', 'speedup over ' + base + (base === 1 ? ' worker' : ' workers') + ' (\u00d7)');
+      spOptions.scales.x.ticks = {stepSize: 1};
+      spOptions.scales.y.beginAtZero = true;
+      spOptions.plugins.tooltip.callbacks = {
+        label: function (c) {
+          return c.raw.e === undefined ? 'ideal ' + fmt(c.parsed.y, 2) + '\u00d7'
+                 : c.dataset.label + ': ' + fmt(c.parsed.y, 2) + '\u00d7, efficiency ' + Math.round(100 * c.raw.e) + '% (' + c.raw.m + ')';
+        }
+      };
+      make('speedup', {type: 'line', data: {datasets: spSets}, options: spOptions}, 'no policy ran at two worker counts');
+    }
+  }
+})();
+)JS";
+
+}  // namespace
+
+std::string html_escape(std::string_view text) {
+  std::string out;
+  out.reserve(text.size());
+  for (char c : text) {
+    switch (c) {
+      case '&': out += "&amp;"; break;
+      case '<': out += "&lt;"; break;
+      case '>': out += "&gt;"; break;
+      case '"': out += "&quot;"; break;
+      case '\'': out += "&#39;"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
+std::string script_json(const nlohmann::json& value) {
+  // Invalid UTF-8 in a job's text becomes U+FFFD instead of an exception.
+  const std::string text = value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  std::string out;
+  out.reserve(text.size());
+  for (char c : text) {
+    switch (c) {
+      case '<': out += "\\u003c"; break;
+      case '>': out += "\\u003e"; break;
+      case '&': out += "\\u0026"; break;
+      default: out += c;
+    }
+  }
+  return out;
+}
+
+nlohmann::json report_data(const ReportInput& in) {
+  const auto groups = group_stats(in.runs, in.policies, in.target);
+  json runs = json::array();
+  for (const RunRecord& r : in.runs) {
+    json curve = json::array();
+    for (const CurvePoint& p : r.curve) curve.push_back(to_json(p));
+    std::optional<double> ttt;
+    if (in.target) ttt = time_to_target(r.curve, in.target->accuracy);
+    runs.push_back({{"id", run_id(r)},
+                    {"policy", r.policy},
+                    {"workers", r.workers},
+                    {"repeat", r.repeat},
+                    {"seed", r.seed},
+                    {"train_s", r.summary.train_s},
+                    {"wall_s", r.summary.wall_s},
+                    {"samples_per_s", r.summary.samples_per_s},
+                    {"final_test_accuracy", r.summary.final_test_accuracy},
+                    {"time_to_target_s", optional_json(ttt)},
+                    {"updates_applied", r.summary.updates_applied},
+                    {"staleness_histogram", r.summary.staleness_histogram},
+                    {"worker_wait_s", r.summary.worker_wait_s},
+                    {"energy_j", optional_json(r.energy_j)},
+                    {"curve", std::move(curve)}});
+  }
+  json jgroups = json::array();
+  for (const GroupStats& g : groups) {
+    jgroups.push_back({{"policy", g.policy},
+                       {"workers", g.workers},
+                       {"runs", g.runs},
+                       {"reached", g.reached},
+                       {"time_to_target_s", g.time_to_target_s ? to_json(*g.time_to_target_s) : json(nullptr)},
+                       {"final_test_accuracy", to_json(g.final_test_accuracy)},
+                       {"train_s", to_json(g.train_s)},
+                       {"samples_per_s", to_json(g.samples_per_s)}});
+  }
+  json scaling = json::array();
+  for (const ScalingRow& r : scaling_rows(groups)) {
+    scaling.push_back({{"policy", r.policy},
+                       {"workers", r.workers},
+                       {"base_workers", r.base_workers},
+                       {"measure", r.measure},
+                       {"time_s", r.time_s},
+                       {"speedup", r.speedup},
+                       {"efficiency", r.efficiency}});
+  }
+  json target = nullptr;
+  if (in.target) target = {{"accuracy", in.target->accuracy}, {"given", in.target->given}, {"how", in.target->how}};
+  return {{"policies", in.policies}, {"workers", in.workers}, {"repeats", in.repeats}, {"palette", page::palette()},
+          {"target", target},        {"runs", runs},          {"groups", jgroups},    {"scaling", scaling}};
+}
+
+std::string report_html(const ReportInput& in) {
+  const auto groups = group_stats(in.runs, in.policies, in.target);
+  const auto scaling = scaling_rows(groups);
+  std::vector<std::string> labels;
+  for (const auto& p : in.policies) labels.push_back(p);
+
+  std::string out = "<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n"
+                    "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
+                    // Nothing on this page may come from anywhere but the page itself.
+                    "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; "
+                    "script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:\">\n";
+  out += "<script>" + std::string(page::error_capture_js()) + "</script>\n";
+  out += "<title>asgd compare: " + html_escape(join(labels, ", ")) + " (" + html_escape(in.config.model) + " on " +
+         html_escape(in.config.dataset) + ")</title>\n<style>" + std::string(page::base_css()) + "</style>\n</head>\n<body>\n";
+  out += header_html(in);
+  out += "<main>\n";
+  if (!in.incomplete.empty()) out += "<p class=\"banner\"><b>Incomplete:</b> " + html_escape(in.incomplete) + "</p>\n";
+  out += stats_table_html(in, groups);
+  out += scaling_table_html(in, scaling);
+
+  const std::string ttt_desc =
+      "Each policy's fastest and slowest run to the target (bar), their mean (dash) and every run (dot). "
+      "Shorter is better; overlapping bars mean the repeats cannot tell the policies apart.";
+  std::vector<Figure> figures = {
+      {"acc-vs-time", "Validation accuracy over training time",
+       "One line per run: color is the policy, dash pattern the repeat; large dots end an epoch, small ones are "
+       "evaluations between epochs. The dashed gray line is the target."},
+      {"acc-vs-updates", "Validation accuracy over updates applied",
+       "The same points against the number of gradient updates the shards had applied: how much each update "
+       "was worth, independent of how fast the machine ran them. Stale updates make a policy's line lie lower."},
+      {"loss", "Training loss", "Mean cross-entropy of the batches trained since the previous point."},
+      {"time-to-target-chart", "Time to target", ttt_desc.c_str()},
+      {"throughput", "Throughput per run",
+       "Training samples per second over the whole run (all workers together). Waiting for a slower worker or a "
+       "clock lowers it."},
+      {"staleness", "Staleness of applied updates",
+       "How many clocks behind the freshest parameters each applied update was, merged over a policy's repeats, "
+       "as a share of its updates. Log scale: a bar at 0.1% is one update in a thousand."},
+      {"wait", "Wait per worker",
+       "Seconds the policy held each worker's reads back (mean over repeats): what synchronisation cost each "
+       "worker."},
+  };
+  if (!scaling.empty())
+    figures.push_back({"speedup", "Speedup over worker counts",
+                       "Speedup of each policy over its own smallest worker count; the dashed line is linear "
+                       "(ideal) speedup."});
+  out += "<div class=\"grid\">\n";
+  for (const Figure& f : figures) {
+    out += figure_html(f);
+  }
+  out += "</div>\n";
+  out += runs_table_html(in);
+  out += notes_html(in);
+  out += "</main>\n<footer>Written by asgd compare &middot; Chart.js " + std::string(chartjs_version()) +
+         " (MIT) is inlined, so this file opens offline &middot; the numbers are in results.csv and curves.csv "
+         "beside it</footer>\n";
+  out += "<pre id=\"asgd-render-status\" hidden></pre>\n";
+  out += "<script type=\"application/json\" id=\"asgd-data\">" + script_json(report_data(in)) + "</script>\n";
+  out += page::chartjs_script_element();
+  out += "<script>" + std::string(page::chart_helpers_js()) + std::string(kDrawJs) + "</script>\n</body>\n</html>\n";
+  return out;
+}
+
+}  // namespace asgd::experiments

@@ -1,0 +1,179 @@
+// `asgd compare` as a user runs it: real jobs on MNIST, the files it leaves,
+// its exit codes and one-line errors, and Ctrl-C.
+
+#include <gtest/gtest.h>
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/cli_run.hpp"
+#include "temp_dir.hpp"
+#include "test_data.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+using asgd_test::asgd;
+using asgd_test::CliRun;
+using asgd_test::expect_one_line_error;
+using asgd_test::slurp;
+
+std::vector<std::vector<std::string>> csv_rows(const fs::path& path) {
+  std::vector<std::vector<std::string>> rows;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) {
+    std::vector<std::string> fields;
+    std::stringstream s(line);
+    for (std::string f; std::getline(s, f, ',');) fields.push_back(f);
+    if (!line.empty() && line.back() == ',') fields.emplace_back();
+    rows.push_back(fields);
+  }
+  return rows;
+}
+
+std::size_t column(const std::vector<std::string>& header, const std::string& name) {
+  const auto it = std::find(header.begin(), header.end(), name);
+  EXPECT_NE(it, header.end()) << name;
+  return static_cast<std::size_t>(it - header.begin());
+}
+
+TEST(CompareCli, RunsEveryPolicyForEveryRepeatAndWritesTheCsvFilesTheReportAndOneMetricsFilePerRun) {
+  ASGD_REQUIRE_DATASET(mnist, "mnist");
+  const asgd_test::TempDir dir;
+  const fs::path out = dir / "cmp";
+  const CliRun r = asgd("compare --policies bsp,ssp:2,async --repeats 2 --dataset mnist --data-dir " + mnist.string() +
+                        " --model mlp --workers 2 --epochs 2 --out " + out.string());
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+
+  // One line per finished run, [k/6].
+  for (char k = '1'; k <= '6'; ++k) EXPECT_NE(r.out.find(std::string("[") + k + "/6] "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("report:  " + (out / "report.html").string()), std::string::npos) << r.out;
+
+  const auto results = csv_rows(out / "results.csv");
+  ASSERT_EQ(results.size(), 7u) << slurp(out / "results.csv");  // header + 6 runs
+  const auto& header = results[0];
+  std::multiset<std::string> policies;
+  std::set<std::pair<std::string, std::string>> policy_seed;
+  for (std::size_t i = 1; i < results.size(); ++i) {
+    const auto& row = results[i];
+    ASSERT_EQ(row.size(), header.size()) << i;
+    policies.insert(row[column(header, "policy")]);
+    policy_seed.insert({row[column(header, "policy")], row[column(header, "seed")]});
+    EXPECT_EQ(row[column(header, "workers")], "2");
+    EXPECT_EQ(row[column(header, "epochs")], "2");
+    EXPECT_EQ(row[column(header, "model")], "mlp");
+    EXPECT_EQ(row[column(header, "seed")], std::to_string(1 + std::stoi(row[column(header, "repeat")])));
+    EXPECT_GT(std::stod(row[column(header, "final_test_accuracy")]), 0.9);
+    // The target is chosen from the runs, so every run reached it.
+    EXPECT_FALSE(row[column(header, "target_accuracy")].empty());
+    EXPECT_FALSE(row[column(header, "time_to_target_s")].empty()) << row[0];
+    EXPECT_TRUE(fs::exists(out / "runs" / (row[0] + ".jsonl"))) << row[0];
+  }
+  EXPECT_EQ(policies, (std::multiset<std::string>{"bsp", "bsp", "ssp:2", "ssp:2", "async", "async"}));
+  EXPECT_EQ(policy_seed.size(), 6u);  // seeds 1 and 2 under each policy
+  EXPECT_EQ(results[1][column(header, "staleness")], "0");  // bsp
+  EXPECT_EQ(results[2][column(header, "staleness")], "2");  // ssp:2
+
+  const auto curves = csv_rows(out / "curves.csv");
+  ASSERT_GT(curves.size(), 1u);
+  std::map<std::string, int> epochs_per_run;
+  for (std::size_t i = 1; i < curves.size(); ++i) {
+    const std::string kind = curves[i][column(curves[0], "kind")];
+    EXPECT_TRUE(kind == "epoch" || kind == "eval") << kind;
+    if (kind == "epoch") ++epochs_per_run[curves[i][0]];
+  }
+  EXPECT_EQ(epochs_per_run.size(), 6u);
+  for (const auto& [run, n] : epochs_per_run) EXPECT_EQ(n, 2) << run;
+
+  const std::string runs_file = slurp(out / "runs" / "ssp:2-w2-r1.jsonl");
+  const std::string last = runs_file.substr(runs_file.rfind('\n', runs_file.size() - 2) + 1);
+  const auto summary = nlohmann::json::parse(last);
+  EXPECT_EQ(summary["event"], "summary");
+  EXPECT_EQ(summary["staleness"], 2);
+
+  const std::string report = slurp(out / "report.html");
+  EXPECT_NE(report.find("Consistency policies compared"), std::string::npos);
+  for (const char* id : {"bsp-w2-r0", "ssp:2-w2-r1", "async-w2-r1"}) EXPECT_NE(report.find(id), std::string::npos) << id;
+}
+
+TEST(CompareCli, RejectsABadListRepeatsOrFolderWithExitCode2NamingTheValue) {
+  ASGD_REQUIRE_DATASET(mnist, "mnist");
+  const asgd_test::TempDir dir;
+  const std::string data = " --data-dir " + mnist.string();
+  const std::string out = " --out " + (dir / "out").string();
+  expect_one_line_error(asgd("compare --policies bsp,gossip" + data + out), 2, "gossip");
+  expect_one_line_error(asgd("compare --policies bsp,,async" + data + out), 2, "--policies bsp,,async");
+  expect_one_line_error(asgd("compare --policies ssp:x" + data + out), 2, "ssp:x");
+  expect_one_line_error(asgd("compare --policies bsp --repeats 0" + data + out), 2, "--repeats 0");
+  expect_one_line_error(asgd("compare --policies bsp" + data), 2, "--out");
+  expect_one_line_error(asgd("compare --policies bsp --workers 1,0" + data + out), 2, "--workers 1,0");
+  expect_one_line_error(asgd("compare --policies bsp --metrics-out m.jsonl" + data + out), 2, "--metrics-out");
+  std::ofstream(dir / "a-file") << "not a folder";
+  const std::string unwritable = (dir / "a-file" / "cmp").string();
+  expect_one_line_error(asgd("compare --policies bsp" + data + " --out " + unwritable), 2, "--out " + unwritable);
+  EXPECT_FALSE(fs::exists(dir / "out"));  // nothing ran
+}
+
+TEST(CompareCli, AFailingRunExitsWith1AndStillWritesTheFilesSayingTheComparisonIsIncomplete) {
+  ASGD_REQUIRE_DATASET(mnist, "mnist");
+  const asgd_test::TempDir dir;
+  const fs::path broken = dir / "mnist";
+  fs::create_directories(broken);
+  for (const auto& e : fs::directory_iterator(mnist)) fs::copy_file(e.path(), broken / e.path().filename());
+  for (const auto& e : fs::directory_iterator(broken))
+    if (e.path().filename().string().find("train-images") != std::string::npos) fs::resize_file(e.path(), 1000);
+  const fs::path out = dir / "cmp";
+  const CliRun r = asgd("compare --policies bsp,async --data-dir " + broken.string() + " --out " + out.string());
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_NE(r.err.find("asgd: error: run bsp-w2-r0 failed"), std::string::npos) << r.err;
+  EXPECT_EQ(csv_rows(out / "results.csv").size(), 1u);  // the header: no run finished
+  EXPECT_NE(slurp(out / "report.html").find("Incomplete"), std::string::npos);
+}
+
+TEST(CompareCli, AnInterruptStopsAfterTheRunningJobAndKeepsTheFinishedRuns) {
+  ASGD_REQUIRE_DATASET(mnist, "mnist");
+  const asgd_test::TempDir dir;
+  const fs::path out = dir / "cmp";
+  const fs::path stdout_file = dir / "stdout";
+  const fs::path stderr_file = dir / "stderr";
+  const pid_t pid = ::fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    const int o = ::open(stdout_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    const int e = ::open(stderr_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    ::dup2(o, 1);
+    ::dup2(e, 2);
+    const std::string data_dir = mnist.string(), out_dir = out.string();
+    ::execl(ASGD_CLI_PATH, ASGD_CLI_PATH, "compare", "--policies", "bsp,async", "--repeats", "20", "--epochs", "1",
+            "--data-dir", data_dir.c_str(), "--out", out_dir.c_str(), static_cast<char*>(nullptr));
+    ::_exit(127);
+  }
+  // Interrupt once the first run has finished.
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(120);
+  while (slurp(stdout_file).find("[1/40]") == std::string::npos && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ::kill(pid, SIGINT);
+  int status = 0;
+  ASSERT_EQ(::waitpid(pid, &status, 0), pid);
+  ASSERT_TRUE(WIFEXITED(status)) << "killed by signal " << WTERMSIG(status);
+  EXPECT_EQ(WEXITSTATUS(status), 1) << slurp(stdout_file) << slurp(stderr_file);
+  const std::string err = slurp(stderr_file);
+  EXPECT_NE(err.find("asgd: error: interrupted;"), std::string::npos) << err;
+  const auto rows = csv_rows(out / "results.csv");
+  EXPECT_GE(rows.size(), 2u);   // the finished run(s)
+  EXPECT_LT(rows.size(), 41u);  // not all forty
+  EXPECT_NE(slurp(out / "report.html").find("interrupted after"), std::string::npos);
+}
+
+}  // namespace

@@ -1,0 +1,349 @@
+// `asgd compare`: the same job under each policy (and worker count), each
+// repeated with seeds seed, seed+1, ..., run one after another in this
+// process; results.csv, curves.csv, report.html and runs/*.jsonl in --out.
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <ctime>
+#include <filesystem>
+#include <fstream>
+#include <mutex>
+#include <thread>
+
+#include "asgd/job.hpp"
+#include "experiments/compare.hpp"
+#include "experiments/report.hpp"
+#include "runtime/config_file.hpp"
+#include "tools/asgd/commands.hpp"
+
+namespace asgd::cli {
+
+namespace {
+
+namespace fs = std::filesystem;
+using experiments::RunRecord;
+
+struct CompareOptions {
+  JobOptions job;
+  std::string policies;
+  std::uint32_t repeats = 1;
+  std::string out;
+};
+
+// Where the timings came from, for the report: "2 CPU cores (Intel Xeon ...)".
+std::string host_description() {
+  std::string model;
+  std::ifstream cpuinfo("/proc/cpuinfo");
+  for (std::string line; model.empty() && std::getline(cpuinfo, line);) {
+    if (line.rfind("model name", 0) != 0) continue;
+    const auto colon = line.find(':');
+    if (colon != std::string::npos) model = line.substr(line.find_first_not_of(" \t", colon + 1));
+  }
+  const unsigned cores = std::thread::hardware_concurrency();
+  std::string out = cores ? std::to_string(cores) + (cores == 1 ? " CPU core" : " CPU cores") : "CPU cores unknown";
+  if (!model.empty()) out += " (" + model + ")";
+  return out;
+}
+
+std::string utc_now() {
+  const std::time_t now = std::time(nullptr);
+  std::tm tm{};
+  gmtime_r(&now, &tm);
+  char buf[32];
+  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M UTC", &tm);
+  return buf;
+}
+
+std::string shell_quote(const std::string& s) {
+  if (!s.empty() && s.find_first_not_of("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789-_.,:/=+@%") ==
+                        std::string::npos)
+    return s;
+  std::string out = "'";
+  for (char c : s) out += c == '\'' ? std::string("'\\''") : std::string(1, c);
+  return out + "'";
+}
+
+// The command as given, for the report's header.
+std::string command_line(const CompareOptions& o) {
+  std::string out = "asgd compare --policies " + shell_quote(o.policies) + " --repeats " + std::to_string(o.repeats) +
+                    " --out " + shell_quote(o.out);
+  if (!o.job.config_file.empty()) out += " --config " + shell_quote(o.job.config_file);
+  for (const auto& [key, opt] : o.job.options)
+    if (opt->count() > 0) out += " --" + key + " " + shell_quote(o.job.flags.at(key));
+  return out;
+}
+
+class Outputs {
+ public:
+  Outputs(const fs::path& dir, experiments::ReportInput report) : dir_(dir), report_(std::move(report)) {}
+
+  experiments::ReportInput& report() { return report_; }
+
+  /// Rewrites results.csv, curves.csv and report.html from the runs so far.
+  Status write() {
+    auto& r = report_;
+    r.target = experiments::choose_target(r.runs, r.config.target_accuracy);
+    r.generated_at = utc_now();
+    if (Status s = experiments::write_file((dir_ / "results.csv").string(), experiments::results_csv(r.runs, r.target));
+        !s.ok())
+      return s;
+    if (Status s = experiments::write_file((dir_ / "curves.csv").string(), experiments::curves_csv(r.runs)); !s.ok())
+      return s;
+    return experiments::write_file((dir_ / "report.html").string(), experiments::report_html(r));
+  }
+
+ private:
+  fs::path dir_;
+  experiments::ReportInput report_;
+};
+
+// What each finished run prints: one line.
+void print_run(std::size_t done, std::size_t total, const RunRecord& r) {
+  double best = 0.0;
+  for (const auto& p : r.curve) best = std::max(best, p.val_accuracy);
+  const JobSummary& s = r.summary;
+  std::printf("[%zu/%zu] %-14s seed %llu  test acc %.4f  best val %.4f  train %.2f s  %.0f samples/s  "
+              "staleness mean %.2f max %.0f\n",
+              done, total, experiments::run_id(r).c_str(), static_cast<unsigned long long>(r.seed),
+              s.final_test_accuracy, best, s.train_s, s.samples_per_s, s.staleness_mean, s.staleness_max);
+  std::fflush(stdout);
+}
+
+void print_summary(const experiments::ReportInput& in) {
+  if (in.target)
+    std::printf("target: validation accuracy >= %.3f (%s)\n", in.target->accuracy,
+                in.target->given ? "--target-accuracy" : "the highest every run reached");
+  const bool multi = in.workers.size() > 1;
+  for (const auto& g : experiments::group_stats(in.runs, in.policies, in.target)) {
+    const std::string name = multi ? g.policy + " x" + std::to_string(g.workers) : g.policy;
+    if (g.time_to_target_s)
+      std::printf("%-12s time to target %.2f s (min %.2f, max %.2f; %zu of %zu reached)", name.c_str(),
+                  g.time_to_target_s->mean, g.time_to_target_s->min, g.time_to_target_s->max, g.reached, g.runs);
+    else
+      std::printf("%-12s time to target: not reached", name.c_str());
+    std::printf("  test acc %.4f (%.4f-%.4f)  %.0f samples/s\n", g.final_test_accuracy.mean,
+                g.final_test_accuracy.min, g.final_test_accuracy.max, g.samples_per_s.mean);
+  }
+  for (const auto& row : experiments::scaling_rows(experiments::group_stats(in.runs, in.policies, in.target)))
+    std::printf("%-12s %u worker%s: speedup %.2fx, efficiency %.0f%% (%s, against %u)\n", row.policy.c_str(),
+                row.workers, row.workers == 1 ? "" : "s", row.speedup, 100.0 * row.efficiency, row.measure.c_str(),
+                row.base_workers);
+}
+
+int run_compare(const CompareOptions& o) {
+  if (o.out.empty()) {
+    print_error("--out DIR is required: the folder for results.csv, curves.csv, report.html and runs/");
+    return kExitUsage;
+  }
+  auto policies = experiments::parse_policy_list(o.policies);
+  if (!policies) {
+    print_error(policies.status().message());
+    return kExitUsage;
+  }
+  if (o.repeats == 0) {
+    print_error("--repeats 0: expected a whole number >= 1");
+    return kExitUsage;
+  }
+  if (o.job.options.at("metrics-out")->count() > 0) {
+    print_error("--metrics-out " + o.job.flags.at("metrics-out") +
+                ": compare writes one metrics file per run, to DIR/runs/<run>.jsonl; leave the flag out");
+    return kExitUsage;
+  }
+
+  if (o.job.options.at("policy")->count() > 0) {
+    print_error("--policy " + o.job.flags.at("policy") + ": compare runs each policy of --policies; leave --policy out");
+    return kExitUsage;
+  }
+
+  // --workers may list several counts here; every run gets one of them.
+  JobOptions job = o.job;
+  const bool workers_given = job.options.at("workers")->count() > 0;
+  const std::string workers_text = workers_given ? job.flags.at("workers") : "";
+  job.options.erase("workers");
+  // Settings of one policy (--staleness for ssp, ...) would fail the shared
+  // job's check under the default policy: they are set after it, and each
+  // run keeps those of its own policy (config_for_run).
+  std::vector<std::string> per_policy;
+  for (const char* key : {"staleness", "fetch-every", "push-every", "backup-workers", "local-steps", "staleness-aware-lr"}) {
+    if (job.options.at(key)->count() > 0) per_policy.push_back(key);
+    job.options.erase(key);
+  }
+  JobConfig base;
+  if (auto code = load_job(job, base)) return *code;
+  for (const std::string& key : per_policy) {
+    if (Status s = set_job_field(base, key, o.job.flags.at(key)); !s.ok()) {
+      print_error(s.message());
+      return kExitUsage;
+    }
+  }
+  std::vector<std::uint32_t> worker_counts{base.workers};
+  if (workers_given) {
+    auto parsed = experiments::parse_worker_list(workers_text);
+    if (!parsed) {
+      print_error(parsed.status().message());
+      return kExitUsage;
+    }
+    worker_counts = *parsed;
+  }
+  // Curves need points between epochs to tell fast policies apart.
+  if (o.job.options.at("eval-every")->count() == 0 && base.eval_every_s == 0.0) base.eval_every_s = 0.5;
+  if (!base.metrics_out.empty())
+    std::printf("note: metrics-out from %s is replaced by one file per run in %s/runs/\n", o.job.config_file.c_str(),
+                o.out.c_str());
+  base.metrics_out.clear();
+
+  for (std::uint32_t w : worker_counts)
+    for (const std::string& p : *policies) {
+      if (Status s = validate(experiments::config_for_run(base, p, w, 0)); !s.ok()) {
+        const std::string with = worker_counts.size() > 1 ? "with --workers " + std::to_string(w) + ": " : "";
+        print_error("--policies " + o.policies + ": " + with + s.message());
+        return kExitUsage;
+      }
+    }
+
+  const fs::path dir(o.out);
+  std::error_code ec;
+  fs::create_directories(dir / "runs", ec);
+  if (ec) {
+    print_error("--out " + o.out + ": cannot create " + (dir / "runs").string() + ": " + ec.message());
+    return kExitUsage;
+  }
+
+  experiments::ReportInput report;
+  report.config = base;
+  report.config.workers = worker_counts.front();
+  report.policies = *policies;
+  report.workers = worker_counts;
+  report.repeats = o.repeats;
+  report.command = command_line(o);
+  report.host = host_description();
+  Outputs outputs(dir, std::move(report));
+  if (Status s = outputs.write(); !s.ok()) {
+    print_error("--out " + o.out + ": " + s.message());
+    return kExitUsage;
+  }
+
+  const std::size_t total = static_cast<std::size_t>(o.repeats) * worker_counts.size() * policies->size();
+  auto plural = [](std::size_t n, const char* word) { return std::to_string(n) + " " + word + (n == 1 ? "" : "s"); };
+  std::printf("asgd compare: %s on %s, policies %s, workers %s, %s, %s: %s (data: %s; out: %s)\n", base.model.c_str(),
+              base.dataset.c_str(), o.policies.c_str(),
+              workers_given ? workers_text.c_str() : std::to_string(base.workers).c_str(),
+              plural(base.epochs, "epoch").c_str(), plural(o.repeats, "repeat").c_str(), plural(total, "run").c_str(),
+              resolve_data_dir(base).c_str(), o.out.c_str());
+  std::fflush(stdout);
+
+  Interrupts interrupts;
+  std::optional<Status> failure;
+  std::string failed_run;
+  for (std::uint32_t r = 0; r < o.repeats && !failure; ++r) {
+    for (std::uint32_t w : worker_counts) {
+      for (const std::string& p : *policies) {
+        if (failure || interrupts.token().stop_requested()) break;
+        RunRecord rec;
+        rec.policy = p;
+        rec.workers = w;
+        rec.repeat = r;
+        JobConfig config = experiments::config_for_run(base, p, w, r);
+        rec.seed = config.seed;
+        const std::string id = experiments::run_id(rec);
+        config.metrics_out = (dir / "runs" / (id + ".jsonl")).string();
+        if (!base.checkpoint_dir.empty()) config.checkpoint_dir = (fs::path(base.checkpoint_dir) / id).string();
+
+        std::mutex mu;  // the callbacks come from runtime threads
+        std::uint64_t total_samples = 0;
+        JobCallbacks callbacks;
+        callbacks.on_epoch = [&](const EpochMetrics& m) {
+          std::lock_guard lock(mu);
+          rec.curve.push_back(experiments::curve_point(m));
+        };
+        callbacks.on_eval = [&](const EvalPoint& e) {
+          std::lock_guard lock(mu);
+          rec.curve.push_back(experiments::curve_point(e));
+        };
+        callbacks.on_progress = [&](const Progress& progress) {
+          std::lock_guard lock(mu);
+          total_samples = progress.total_samples;
+        };
+        auto result = run_job(config, callbacks, interrupts.token());
+        if (!result) {
+          if (result.status().code() != StatusCode::cancelled) {
+            failure = result.status();
+            failed_run = id;
+          }
+          break;
+        }
+        rec.summary = *result;
+        std::stable_sort(rec.curve.begin(), rec.curve.end(),
+                         [](const auto& a, const auto& b) { return a.wall_s < b.wall_s; });
+        // samples_per_s is training samples / train_s, so their product is
+        // the run's training samples.
+        if (total_samples == 0)
+          total_samples = static_cast<std::uint64_t>(std::llround(rec.summary.samples_per_s * rec.summary.train_s));
+        experiments::fill_epoch_samples(rec, total_samples);
+        outputs.report().runs.push_back(std::move(rec));
+        print_run(outputs.report().runs.size(), total, outputs.report().runs.back());
+        if (Status s = outputs.write(); !s.ok()) {
+          print_error(s.message());
+          return kExitFailure;
+        }
+      }
+    }
+  }
+
+  const std::size_t done = outputs.report().runs.size();
+  const bool interrupted = !failure && done < total;
+  if (failure)
+    outputs.report().incomplete = "run " + failed_run + " failed (" + failure->to_string() + "); " +
+                                  std::to_string(done) + " of " + std::to_string(total) + " runs finished.";
+  else if (interrupted)
+    outputs.report().incomplete =
+        "interrupted after " + std::to_string(done) + " of " + std::to_string(total) + " runs.";
+  if (Status s = outputs.write(); !s.ok()) {
+    print_error(s.message());
+    return kExitFailure;
+  }
+  print_summary(outputs.report());
+  std::printf("results: %s\ncurves:  %s\nreport:  %s\n", (dir / "results.csv").c_str(), (dir / "curves.csv").c_str(),
+              (dir / "report.html").c_str());
+  std::fflush(stdout);
+  if (failure) {
+    const int code = exit_code_for(*failure);
+    print_error("run " + failed_run + " failed: " +
+                (code == kExitUsage ? failure->message() : failure->to_string() + " (details in " + logs_at(o.job.log) + ")") +
+                (done == 0 ? "; no run finished" : "; the " + std::to_string(done) + " finished runs are in " + o.out));
+    return code;
+  }
+  if (interrupted) {
+    print_error("interrupted; " + std::to_string(done) + " of " + std::to_string(total) + " runs finished, written to " +
+                o.out);
+    return kExitFailure;
+  }
+  return kExitOk;
+}
+
+}  // namespace
+
+std::function<int()> add_compare_command(CLI::App& app) {
+  auto* cmd = app.add_subcommand(
+      "compare", "run the same job under each policy (and worker count), repeated; CSV files and an HTML report");
+  auto opts = std::make_shared<CompareOptions>();
+  cmd->add_option("--policies", opts->policies, "policies to compare, as given to --policy: bsp,ssp:3,async")
+      ->type_name("LIST")
+      ->required();
+  cmd->add_option("--repeats", opts->repeats, "runs per policy and worker count, with seeds seed..seed+R-1 (default 1)")
+      ->type_name("R");
+  cmd->add_option("--out", opts->out, "folder for results.csv, curves.csv, report.html and runs/ (created)")
+      ->type_name("DIR");
+  add_job_flags(cmd, opts->job);
+  // What differs from train's flags.
+  opts->job.options.at("workers")->description("worker actors, >= 1; here also a list such as 1,2,4 (every count runs)");
+  opts->job.options.at("eval-every")->description(
+      "also evaluate every S seconds of training (compare's default 0.5, for finer curves; 0: per epoch only)");
+  opts->job.options.at("policy")->description("not taken by compare: list the policies in --policies");
+  opts->job.options.at("metrics-out")->description("not taken by compare: each run writes DIR/runs/<run>.jsonl");
+  return [opts] { return run_compare(*opts); };
+}
+
+}  // namespace asgd::cli
