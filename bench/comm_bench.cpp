@@ -6,6 +6,9 @@
 // total bytes between two processes (a DEALER and an echoing ROUTER). Prints
 // GB/s for both, their ratio, and small-message latency (one float, one
 // shard). Runs alternate (raw, ours, raw, ...) and medians are reported.
+// With --auth both run over CurveZMQ (authenticated and encrypted, as
+// `--auth-keys` makes a job): the cost of encryption is the difference to
+// a run without it.
 
 #include <signal.h>
 #include <spawn.h>
@@ -19,7 +22,10 @@
 #include <csignal>
 #include <chrono>
 #include <cstdio>
+#include <cstdlib>
+#include <filesystem>
 #include <future>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <thread>
@@ -27,6 +33,7 @@
 
 #include "actors/parameter_shard.hpp"
 #include "messaging/bridge.hpp"
+#include "messaging/curve_auth.hpp"
 #include "tools/asgd/commands.hpp"
 
 extern char** environ;
@@ -45,10 +52,24 @@ struct CommOptions {
   int shards = 2;             // shard processes the parameters are split over
   std::string compress = "none";
   bool json = false;
+  bool auth = false;          // CurveZMQ on every connection
   // comm-server only
   std::string mode = "raw";
   std::uint64_t size = 0;
+  std::string auth_keys;      // the folder of the bench's keys (with --auth)
 };
+
+// The bench's CURVE options: one keypair, written by run_comm to a scratch
+// folder its servers read (as separate processes do with --auth-keys).
+std::optional<CurveOptions> bench_curve(const std::string& dir) {
+  if (dir.empty()) return std::nullopt;
+  auto o = load_auth_keys({dir, "", ""});
+  if (!o) {
+    print_error("bench: " + o.status().message());
+    std::exit(kExitFailure);
+  }
+  return *o;
+}
 
 Result<std::uint64_t> parse_size(const std::string& s) {
   if (s.empty()) return Status::InvalidArgument("empty size");
@@ -74,9 +95,14 @@ double median(std::vector<double> v) {
 volatile sig_atomic_t g_stop = 0;
 extern "C" void on_term(int) { g_stop = 1; }
 
-int serve_raw() {
+int serve_raw(const CommOptions& o) {
   zmq::context_t ctx;
   zmq::socket_t router(ctx, zmq::socket_type::router);
+  if (auto curve = bench_curve(o.auth_keys)) {
+    // Encrypted; with no ZAP handler libzmq admits any client that knows our key.
+    router.set(zmq::sockopt::curve_server, true);
+    router.set(zmq::sockopt::curve_secretkey, zmq::buffer(curve->secret_key));
+  }
   router.bind("tcp://127.0.0.1:0");
   std::printf("listening on %s\n", router.get(zmq::sockopt::last_endpoint).c_str());
   std::fflush(stdout);
@@ -120,6 +146,7 @@ int serve_shard(const CommOptions& o) {
   bo.listen = "tcp://127.0.0.1:0";
   bo.name = "bench shard";
   bo.coding = o.compress == "fp16" ? TensorCoding::float16 : TensorCoding::float32;
+  bo.curve = bench_curve(o.auth_keys);
   auto ready = std::make_shared<std::atomic<bool>>(false);
   auto bridge = Bridge::start(bo, [server, ready](Inbound&& in) {
     if (ready->load()) post_to_shard_server(*server, std::move(in));
@@ -268,13 +295,43 @@ int run_comm(const CommOptions& o) {
     return kExitUsage;
   }
   const bool fp16 = o.compress == "fp16";
-  auto raw_server = start_server({"--mode", "raw"});
+  // With --auth: one keypair in a scratch folder, for this process and its servers.
+  std::string key_dir;
+  std::vector<std::string> auth_args;
+  struct RemoveDir {
+    std::string path;
+    ~RemoveDir() {
+      std::error_code ec;
+      if (!path.empty()) std::filesystem::remove_all(path, ec);
+    }
+  } remove_keys;
+  if (o.auth) {
+    std::string tmpl = (std::filesystem::temp_directory_path() / "asgd_bench_keys_XXXXXX").string();
+    auto keys = new_curve_keypair();
+    if (::mkdtemp(tmpl.data()) == nullptr || !keys || !write_key_files(tmpl, "bench", *keys, false).ok()) {
+      print_error("bench comm --auth: could not make a keypair in " + tmpl);
+      return kExitFailure;
+    }
+    key_dir = remove_keys.path = tmpl;
+    auth_args = {"--auth-keys", key_dir};
+  }
+  const std::optional<CurveOptions> curve = bench_curve(key_dir);
+  auto with_auth = [&](std::vector<std::string> args) {
+    args.insert(args.end(), auth_args.begin(), auth_args.end());
+    return args;
+  };
+  auto raw_server = start_server(with_auth({"--mode", "raw"}));
   if (!raw_server) {
     print_error(raw_server.status().to_string());
     return kExitFailure;
   }
   zmq::context_t ctx;
   zmq::socket_t dealer(ctx, zmq::socket_type::dealer);
+  if (curve) {
+    dealer.set(zmq::sockopt::curve_serverkey, zmq::buffer(curve->public_key));
+    dealer.set(zmq::sockopt::curve_publickey, zmq::buffer(curve->public_key));
+    dealer.set(zmq::sockopt::curve_secretkey, zmq::buffer(curve->secret_key));
+  }
   dealer.connect((*raw_server)->endpoint);
 
   caf::actor_system_config cfg;
@@ -284,6 +341,7 @@ int run_comm(const CommOptions& o) {
   BridgeOptions bo;
   bo.name = "bench worker";
   bo.coding = fp16 ? TensorCoding::float16 : TensorCoding::float32;
+  bo.curve = curve;
   auto bridge = Bridge::start(bo, nullptr);
   if (!bridge) {
     print_error(bridge.status().to_string());
@@ -303,7 +361,8 @@ int run_comm(const CommOptions& o) {
     std::vector<std::size_t> slices;
     for (std::size_t i = 0; i < shards; ++i) {
       const std::size_t slice = n / shards + (i < n % shards ? 1 : 0);
-      auto server = start_server({"--mode", "shard", "--size", std::to_string(slice), "--compress", o.compress});
+      auto server =
+          start_server(with_auth({"--mode", "shard", "--size", std::to_string(slice), "--compress", o.compress}));
       if (!server) {
         print_error(server.status().to_string());
         return std::nullopt;
@@ -352,15 +411,17 @@ int run_comm(const CommOptions& o) {
   if (!small) return kExitFailure;
   const double raw_us = small->first * 1e6, ours_us = small->second * 1e6;
   if (o.json) {
-    nlohmann::json j = {{"compress", o.compress}, {"repeats", o.repeats}, {"shards", o.shards}, {"sizes", results},
+    nlohmann::json j = {{"compress", o.compress}, {"auth", o.auth}, {"repeats", o.repeats}, {"shards", o.shards},
+                        {"sizes", results},
                         {"small_round_trip_us", {{"raw", raw_us}, {"ours", ours_us}}}};
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("small-message round trip (1 float): raw %.1f us, ours %.1f us (medians of %d runs of 2000)\n", raw_us,
                 ours_us, o.repeats);
     std::printf("ratio = ours/raw throughput in parameter bytes (push + pull); compress %s; ours over %d shard "
-                "process(es), each owning a slice of the parameters; raw through one echo process\n",
-                o.compress.c_str(), o.shards);
+                "process(es), each owning a slice of the parameters; raw through one echo process; %s\n",
+                o.compress.c_str(), o.shards,
+                o.auth ? "both authenticated and encrypted (CurveZMQ)" : "both plain tcp (no --auth)");
   }
   (*bridge)->stop();
   return kExitOk;
@@ -377,15 +438,17 @@ CommBench add_comm_bench(CLI::App* bench) {
   comm->add_option("--shards", o->shards, "shard processes the parameters are split over (default 2)")
       ->check(CLI::Range(1, 16));
   comm->add_flag("--json", o->json, "print one JSON object instead of a table");
+  comm->add_flag("--auth", o->auth, "both over CurveZMQ, as with --auth-keys (authenticated and encrypted)");
   auto* server = bench->add_subcommand("comm-server", "")->group("");  // hidden: started by bench comm
   server->add_option("--mode", o->mode)->required();
   server->add_option("--size", o->size);
   server->add_option("--compress", o->compress);
+  server->add_option("--auth-keys", o->auth_keys);
   return {[comm, server] { return comm->parsed() || server->parsed(); },
           [o, comm]() -> int {
             if (comm->parsed()) return run_comm(*o);
             std::signal(SIGTERM, on_term);
-            return o->mode == "raw" ? serve_raw() : serve_shard(*o);
+            return o->mode == "raw" ? serve_raw(*o) : serve_shard(*o);
           }};
 }
 

@@ -12,6 +12,7 @@
 //
 // Not thread-safe: one thread (a bridge's I/O thread) owns a transport.
 
+#include <array>
 #include <chrono>
 #include <cstddef>
 #include <cstdint>
@@ -79,6 +80,36 @@ struct TransportStats {
   std::uint64_t injected_duplicates = 0;
   std::uint64_t injected_reorders = 0;
   std::uint64_t injected_delays = 0;
+  // CURVE (zero without it): connection attempts to our bound endpoint.
+  std::uint64_t auth_accepted = 0;  ///< handshakes completed with an allowed key
+  std::uint64_t auth_rejected = 0;  ///< refused: a key not allowed, no CURVE, a wrong server key, a bad handshake
+};
+
+/// A CurveZMQ key: 32 raw bytes (messaging/curve_auth.hpp reads and writes
+/// them as Z85 text files).
+using CurveKey = std::array<std::uint8_t, 32>;
+
+/// Authentication and encryption with CurveZMQ (docs/security.md). A ZeroMQ
+/// transport given these
+///   - makes its bound endpoint a CURVE server with this keypair, and admits
+///     a client only when the client proves it holds the secret half of a
+///     key in `allowed` (a ZAP handler of its own, on its own thread, decides:
+///     two transports in one process each have theirs). Every refused
+///     attempt is counted (TransportStats::auth_rejected) and logged at warn
+///     with the peer's address and key, a few lines a minute at most;
+///   - connects as a CURVE client with this keypair, to a server whose public
+///     key it must know: carried by the endpoint (with_server_key in
+///     messaging/curve_auth.hpp), else `server_key`. A server key not in
+///     `allowed` is refused: a process neither admits nor talks to a peer
+///     outside the allow-list.
+/// Everything sent over an admitted connection is encrypted. inproc
+/// endpoints bypass ZeroMQ's security mechanisms (tests only).
+struct CurveOptions {
+  CurveKey public_key{};
+  CurveKey secret_key{};
+  std::vector<CurveKey> allowed;        ///< the allow-list: peers' public keys
+  std::optional<CurveKey> server_key;   ///< for connect() to an endpoint that carries no key (the coordinator's)
+  std::string log_name = "transport";   ///< who we are in log lines ("shard 1")
 };
 
 class Transport {
@@ -87,11 +118,14 @@ class Transport {
 
   /// Starts listening on `endpoint` ("tcp://127.0.0.1:5555", "tcp://*:0",
   /// "ipc:///tmp/x", "inproc://x"). Returns the endpoint actually bound
-  /// (with the port filled in for tcp port 0). Errors: io_error naming it.
+  /// (with the port filled in for tcp port 0; with CURVE on, followed by
+  /// this transport's public key: with_server_key). Errors: io_error naming it.
   virtual Result<std::string> bind(const std::string& endpoint) = 0;
 
-  /// Connects to a peer's bound endpoint. Errors: invalid_argument for a
-  /// malformed endpoint, io_error otherwise.
+  /// Connects to a peer's bound endpoint (with CURVE on, one carrying the
+  /// server's key, or CurveOptions::server_key is used). Errors:
+  /// invalid_argument for a malformed endpoint, and with CURVE on for an
+  /// unknown or not allowed server key; io_error otherwise.
   virtual Result<PeerId> connect(const std::string& endpoint) = 0;
 
   /// Queues `message` for `peer`. Returns false when the peer's queue is at
@@ -106,6 +140,14 @@ class Transport {
 
   virtual TransportStats stats() const = 0;
 
+  /// Backpressure: while `paused`, receive() leaves the messages that
+  /// arrive on the bound endpoint unread. They wait in ZeroMQ's queue (up
+  /// to receive_high_water_mark per peer), then in the kernel's socket
+  /// buffers, then in the peer's send queue, whose send() then reports
+  /// would-block. Connections are read as usual, and wake() still ends a
+  /// wait. A transport that cannot pause ignores it (the default).
+  virtual void pause_bound(bool paused) { (void)paused; }
+
   /// Makes a receive() in progress (or the next one) return at once.
   /// The one call that is thread-safe: other threads use it to hand the
   /// owning thread new work.
@@ -115,7 +157,10 @@ class Transport {
 /// ZeroMQ: one ROUTER for the bound endpoint, one DEALER per connection,
 /// its own zmq context (no globals: two transports in one process are
 /// independent). Sends multipart messages without copying the parts.
-std::unique_ptr<Transport> make_zmq_transport(TransportLimits limits = {});
+/// With `curve`, authenticated and encrypted (CurveOptions); without it,
+/// plain tcp and ipc.
+std::unique_ptr<Transport> make_zmq_transport(TransportLimits limits = {},
+                                              std::optional<CurveOptions> curve = std::nullopt);
 
 /// What a FaultyTransport does to outgoing messages, each with its
 /// probability, decided by a seeded generator (a seed gives the same faults).

@@ -1,19 +1,25 @@
 // The ZeroMQ transport. Everything ZeroMQ-specific (cppzmq types, its
 // exceptions, errno values) stays in this file: callers see Status values.
 
+#include <spdlog/spdlog.h>
 #include <zmq.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <charconv>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string_view>
+#include <thread>
 #include <utility>
 
+#include "messaging/curve_auth.hpp"
 #include "messaging/transport.hpp"
 
 namespace asgd::messaging {
@@ -95,15 +101,193 @@ Part from_zmq(zmq::message_t&& msg, bool exclusive) {
   return p;
 }
 
+// Refused attempts logged per minute at most; the rest are counted, and the
+// next line logged says how many were left out. A flood of handshakes (a
+// misconfigured peer retries ten times a second) must not fill the disk.
+constexpr int kRefusalLinesPerMinute = 5;
+
+// Why libzmq failed a handshake on our bound endpoint, for the log.
+std::string handshake_failure(std::uint16_t event, std::uint32_t value) {
+  if (event == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL)
+    return "the handshake did not complete (the peer hung up: a client without CURVE, or not ZeroMQ at all)";
+  switch (value) {
+    case ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
+      return "not a CURVE client (plain text, or another security mechanism)";
+    case ZMQ_PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC:
+      return "its handshake did not decrypt (a client holding a wrong server key?)";
+    default: {
+      char hex[16];
+      std::snprintf(hex, sizeof hex, "0x%08x", value);
+      return std::string("a malformed handshake (ZeroMQ protocol error ") + hex + ")";
+    }
+  }
+}
+
+// The CURVE gatekeeper of one transport's bound endpoint, on its own thread:
+//   - the ZAP handler of the transport's zmq context (libzmq asks it about
+//     every client that completes a CURVE hello: admit it or not), and
+//   - a monitor of the ROUTER, which sees the attempts that never reach ZAP
+//     (a plain-text client, a wrong server key, garbage) and the handshakes
+//     that succeed.
+// Built before the ROUTER binds, destroyed after it closed: while the ZAP
+// socket is bound an unanswered request stalls a handshake (fails closed);
+// a context without a ZAP handler would admit any CURVE client.
+class CurveGuard {
+ public:
+  CurveGuard(zmq::context_t& context, zmq::socket_t& router, const CurveOptions& curve)
+      : name_(curve.log_name),
+        allowed_(curve.allowed),
+        budget_(kRefusalLinesPerMinute, std::chrono::minutes(1)),
+        zap_(context, zmq::socket_type::rep),
+        monitor_(context, zmq::socket_type::pair),
+        stop_rx_(context, zmq::socket_type::pair),
+        stop_tx_(context, zmq::socket_type::pair) {
+    std::sort(allowed_.begin(), allowed_.end());
+    zap_.set(zmq::sockopt::linger, 0);
+    zap_.bind("inproc://zeromq.zap.01");  // the name libzmq looks for, in this context only
+    const std::string tag = std::to_string(reinterpret_cast<std::uintptr_t>(this));
+    const std::string monitor_at = "inproc://asgd-curve-monitor-" + tag;
+    if (zmq_socket_monitor(router.handle(), monitor_at.c_str(),
+                           ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
+                               ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) != 0)
+      throw zmq::error_t();
+    monitor_.set(zmq::sockopt::linger, 0);
+    monitor_.connect(monitor_at);
+    stop_rx_.bind("inproc://asgd-curve-stop-" + tag);
+    stop_tx_.connect("inproc://asgd-curve-stop-" + tag);
+    stop_rx_.set(zmq::sockopt::linger, 0);
+    stop_tx_.set(zmq::sockopt::linger, 0);
+    thread_ = std::thread([this] { run(); });
+  }
+
+  ~CurveGuard() {
+    try {
+      zmq::message_t stop(1);
+      (void)stop_tx_.send(stop, zmq::send_flags::dontwait);
+    } catch (const zmq::error_t&) {
+    }
+    thread_.join();
+    if (budget_.held_back() > 0)
+      spdlog::warn("{}: {} further refused connection attempts were counted, not logged", name_, budget_.held_back());
+  }
+
+  CurveGuard(const CurveGuard&) = delete;
+  CurveGuard& operator=(const CurveGuard&) = delete;
+
+  std::uint64_t accepted() const { return accepted_.load(std::memory_order_relaxed); }
+  std::uint64_t rejected() const { return rejected_.load(std::memory_order_relaxed); }
+
+ private:
+  void run() {
+    while (true) {
+      zmq_pollitem_t items[] = {{stop_rx_.handle(), 0, ZMQ_POLLIN, 0},
+                                {zap_.handle(), 0, ZMQ_POLLIN, 0},
+                                {monitor_.handle(), 0, ZMQ_POLLIN, 0}};
+      try {
+        zmq::poll(items, 3, std::chrono::milliseconds(-1));
+        if (items[0].revents & ZMQ_POLLIN) return;
+        if (items[1].revents & ZMQ_POLLIN) answer_zap();
+        if (items[2].revents & ZMQ_POLLIN) read_monitor();
+      } catch (const zmq::error_t& e) {
+        if (e.num() == ETERM) return;
+        if (e.num() != EINTR) spdlog::error("{}: the CURVE gatekeeper: {}", name_, e.what());
+      }
+    }
+  }
+
+  // One ZAP request (RFC 27): version, request id, domain, address, routing
+  // id, mechanism, credentials (CURVE: the client's 32-byte public key).
+  // Always answered, so the REP socket never gets stuck.
+  void answer_zap() {
+    std::vector<zmq::message_t> parts;
+    while (true) {
+      zmq::message_t m;
+      if (!zap_.recv(m, zmq::recv_flags::dontwait)) break;
+      const bool more = m.more();
+      parts.push_back(std::move(m));
+      if (!more) break;
+    }
+    if (parts.empty()) return;
+    const std::string address = parts.size() > 3 ? parts[3].to_string() : "";
+    std::optional<CurveKey> key;
+    std::string why;
+    if (parts.size() < 6 || parts[0].to_string_view() != "1.0") {
+      why = "a malformed ZAP request";
+    } else if (parts[5].to_string_view() != "CURVE") {
+      why = "security mechanism " + parts[5].to_string() + ", not CURVE";
+    } else if (parts.size() != 7 || parts[6].size() != CurveKey().size()) {
+      why = "malformed CURVE credentials";
+    } else {
+      key.emplace();
+      std::memcpy(key->data(), parts[6].data(), key->size());
+      if (!std::binary_search(allowed_.begin(), allowed_.end(), *key)) why = "its key is not in the allow-list";
+    }
+    const bool ok = why.empty();
+    const std::string request_id = parts.size() > 1 ? parts[1].to_string() : "";
+    const std::string user = ok ? key_fingerprint(*key) : "";
+    const std::string reply[] = {"1.0", request_id, ok ? "200" : "400", ok ? "OK" : "not allowed", user, ""};
+    for (std::size_t i = 0; i < std::size(reply); ++i)
+      zap_.send(zmq::buffer(reply[i]), i + 1 < std::size(reply) ? zmq::send_flags::sndmore : zmq::send_flags::none);
+    if (!ok) refused(address.empty() ? "a local peer" : address, key, why);
+  }
+
+  // One monitor event: a u16 event and a u32 value, then our endpoint.
+  void read_monitor() {
+    zmq::message_t head, where;
+    if (!monitor_.recv(head, zmq::recv_flags::dontwait)) return;
+    if (head.more()) (void)monitor_.recv(where, zmq::recv_flags::dontwait);
+    if (head.size() < 6) return;
+    std::uint16_t event = 0;
+    std::uint32_t value = 0;
+    std::memcpy(&event, head.data(), sizeof event);
+    std::memcpy(&value, static_cast<const char*>(head.data()) + 2, sizeof value);
+    if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
+      accepted_.fetch_add(1, std::memory_order_relaxed);
+    } else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL || event == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) {
+      // libzmq does not tell the peer's address here; our endpoint is what we know.
+      refused("a peer on " + where.to_string() + " (address not known at this stage)", std::nullopt,
+              handshake_failure(event, value));
+    }
+  }
+
+  void refused(const std::string& from, const std::optional<CurveKey>& key, const std::string& why) {
+    rejected_.fetch_add(1, std::memory_order_relaxed);
+    std::uint64_t left_out = 0;
+    if (!budget_.allow(LogBudget::Clock::now(), left_out)) return;
+    spdlog::warn("{}: refused a connection from {}{}: {}{}", name_, from,
+                 key ? " with key " + key_fingerprint(*key) : std::string(), why,
+                 left_out ? " (" + std::to_string(left_out) + " more refused since the last line, counted, not logged)"
+                          : std::string());
+  }
+
+  std::string name_;
+  std::vector<CurveKey> allowed_;  // sorted
+  LogBudget budget_;               // the guard's thread only
+  std::atomic<std::uint64_t> accepted_{0};
+  std::atomic<std::uint64_t> rejected_{0};
+  zmq::socket_t zap_;
+  zmq::socket_t monitor_;
+  zmq::socket_t stop_rx_;
+  zmq::socket_t stop_tx_;
+  std::thread thread_;
+};
+
 class ZmqTransport final : public Transport {
  public:
-  explicit ZmqTransport(TransportLimits limits) : limits_(limits) {
+  ZmqTransport(TransportLimits limits, std::optional<CurveOptions> curve) : limits_(limits), curve_(std::move(curve)) {
+    if (curve_) std::sort(curve_->allowed.begin(), curve_->allowed.end());
     // A PAIR of inproc sockets lets other threads interrupt a poll.
     const std::string name = "inproc://asgd-wake-" + std::to_string(reinterpret_cast<std::uintptr_t>(this));
     wake_rx_.bind(name);
     wake_tx_.connect(name);
     wake_rx_.set(zmq::sockopt::linger, 0);
     wake_tx_.set(zmq::sockopt::linger, 0);
+  }
+
+  ~ZmqTransport() override {
+    // The ROUTER goes before its gatekeeper (see CurveGuard).
+    router_.reset();
+    guard_.reset();
   }
 
   void wake() override {
@@ -124,21 +308,47 @@ class ZmqTransport final : public Transport {
         // A send to an identity we do not know fails (EHOSTUNREACH) instead
         // of vanishing, and a full peer queue says EAGAIN instead of dropping.
         router.set(zmq::sockopt::router_mandatory, true);
+        if (curve_) {
+          router.set(zmq::sockopt::curve_server, true);
+          router.set(zmq::sockopt::curve_secretkey, zmq::buffer(curve_->secret_key));
+          router.set(zmq::sockopt::zap_domain, "asgd");
+          guard_ = std::make_unique<CurveGuard>(context_, router, *curve_);  // before anyone can connect
+        }
         router_ = std::move(router);
       }
       router_->bind(endpoint);
       bound_ = router_->get(zmq::sockopt::last_endpoint);
       router_inproc_ = router_inproc_ || bound_.starts_with("inproc:");
-      return bound_;
+      return curve_ ? with_server_key(bound_, curve_->public_key) : bound_;
     } catch (const zmq::error_t& e) {
       return Status::IOError("bind " + endpoint + ": " + describe(e));
     }
   }
 
-  Result<PeerId> connect(const std::string& endpoint) override {
+  Result<PeerId> connect(const std::string& given) override {
+    auto split = split_server_key(given);
+    if (!split) return Status::InvalidArgument("connect: " + split.status().message());
+    const auto& [endpoint, carried_key] = *split;
     try {
       zmq::socket_t dealer(context_, zmq::socket_type::dealer);
       configure(dealer);
+      if (curve_) {
+        const std::optional<CurveKey> server = carried_key ? carried_key : curve_->server_key;
+        if (!server)
+          return Status::InvalidArgument("connect " + endpoint +
+                                         ": CURVE is on, and the server's public key is not known (the endpoint "
+                                         "carries none; for the coordinator give --coordinator-key)");
+        if (!std::binary_search(curve_->allowed.begin(), curve_->allowed.end(), *server))
+          return Status::InvalidArgument("connect " + endpoint + ": the server's key " + key_fingerprint(*server) +
+                                         " is not in the allow-list (--auth-keys)");
+        dealer.set(zmq::sockopt::curve_serverkey, zmq::buffer(*server));
+        dealer.set(zmq::sockopt::curve_publickey, zmq::buffer(curve_->public_key));
+        dealer.set(zmq::sockopt::curve_secretkey, zmq::buffer(curve_->secret_key));
+      } else if (carried_key) {
+        return Status::InvalidArgument("connect " + endpoint +
+                                       ": the server there uses CURVE (the endpoint carries its key); this process "
+                                       "needs --auth-keys");
+      }
       dealer.connect(endpoint);
       PeerId id = "c:" + std::to_string(connections_.size());
       connections_.push_back({id, endpoint, std::move(dealer)});
@@ -184,7 +394,8 @@ class ZmqTransport final : public Transport {
     try {
       std::vector<zmq_pollitem_t> items;
       std::vector<zmq::socket_t*> sockets;
-      if (router_) sockets.push_back(&*router_);
+      const bool with_router = router_ && !bound_paused_;
+      if (with_router) sockets.push_back(&*router_);
       for (auto& c : connections_) sockets.push_back(&c.socket);
       for (auto* s : sockets) items.push_back({s->handle(), 0, ZMQ_POLLIN, 0});
       items.push_back({wake_rx_.handle(), 0, ZMQ_POLLIN, 0});  // last: not a peer
@@ -207,8 +418,9 @@ class ZmqTransport final : public Transport {
           const std::size_t i = (next_first_ + k) % sockets.size();
           if ((items[i].revents & ZMQ_POLLIN) == 0) continue;
           next_first_ = i + 1;
-          const bool is_router = router_ && i == 0;
-          std::optional<Incoming> in = read_message(*sockets[i], is_router ? nullptr : &connections_[i - (router_ ? 1 : 0)]);
+          const bool is_router = with_router && i == 0;
+          std::optional<Incoming> in =
+              read_message(*sockets[i], is_router ? nullptr : &connections_[i - (with_router ? 1 : 0)]);
           if (in) {
             ++stats_.received;
             return in;
@@ -221,7 +433,16 @@ class ZmqTransport final : public Transport {
     }
   }
 
-  TransportStats stats() const override { return stats_; }
+  void pause_bound(bool paused) override { bound_paused_ = paused; }
+
+  TransportStats stats() const override {
+    TransportStats s = stats_;
+    if (guard_) {
+      s.auth_accepted = guard_->accepted();
+      s.auth_rejected = guard_->rejected();
+    }
+    return s;
+  }
 
  private:
   struct Connection {
@@ -315,12 +536,15 @@ class ZmqTransport final : public Transport {
   }
 
   TransportLimits limits_;
+  std::optional<CurveOptions> curve_;  // allowed: sorted
   // Declared before the sockets so it outlives them: closing a context waits
   // for its sockets.
   zmq::context_t context_;
+  std::unique_ptr<CurveGuard> guard_;  // with CURVE, once bound
   std::optional<zmq::socket_t> router_;
   std::string bound_;
   bool router_inproc_ = false;  // bound to an inproc endpoint: what it receives may be the sender's bytes
+  bool bound_paused_ = false;   // pause_bound: receive() leaves the router unread
   std::vector<Connection> connections_;
   std::size_t next_first_ = 0;
   TransportStats stats_;
@@ -331,6 +555,8 @@ class ZmqTransport final : public Transport {
 
 }  // namespace
 
-std::unique_ptr<Transport> make_zmq_transport(TransportLimits limits) { return std::make_unique<ZmqTransport>(limits); }
+std::unique_ptr<Transport> make_zmq_transport(TransportLimits limits, std::optional<CurveOptions> curve) {
+  return std::make_unique<ZmqTransport>(limits, std::move(curve));
+}
 
 }  // namespace asgd::messaging

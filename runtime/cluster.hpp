@@ -21,6 +21,7 @@
 #include <string>
 
 #include "asgd/job.hpp"
+#include "messaging/transport.hpp"
 
 namespace asgd {
 
@@ -32,6 +33,10 @@ struct ProcessOptions {
   std::uint32_t workers = 0;           ///< coordinator: worker processes to wait for
   std::string data_dir;                ///< worker: the dataset's folder here, if not the coordinator's
   std::uint32_t index = UINT32_MAX;    ///< shard, worker: the index to ask for (default: any free one)
+  /// Every process: authentication and encryption (docs/security.md); unset:
+  /// plain tcp. With it a shard's endpoint carries its public key, and
+  /// `coordinator` either carries the coordinator's or curve->server_key is it.
+  std::optional<messaging::CurveOptions> curve;
 };
 
 /// The coordinator process. `on_listening` gets the bound endpoint before

@@ -12,11 +12,14 @@
 #include <chrono>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "messaging/curve_auth.hpp"
 #include "runtime/cluster.hpp"
 #include "tools/asgd/commands.hpp"
 
@@ -33,7 +36,56 @@ struct ProcessFlags {
   double join_timeout_s = 60.0;
   std::int64_t index = -1;
   LogOptions log;
+  std::string auth_keys;        // --auth-keys DIR: CURVE on (docs/security.md)
+  std::string key_file;         // --key FILE: this process's secret key
+  std::string coordinator_key;  // --coordinator-key FILE: the coordinator's public key
 };
+
+void add_auth_flags(CLI::App* cmd, ProcessFlags& f, bool needs_coordinator) {
+  cmd->add_option("--auth-keys", f.auth_keys,
+                  "authenticate and encrypt with CurveZMQ: DIR's *.pub files are the peers allowed, its one *.key "
+                  "this process's key (docs/security.md)")
+      ->type_name("DIR");
+  cmd->add_option("--key", f.key_file, "this process's secret key (default: the one *.key in --auth-keys)")
+      ->type_name("FILE");
+  if (needs_coordinator)
+    cmd->add_option("--coordinator-key", f.coordinator_key,
+                    "the coordinator's public key (default: coordinator.pub in --auth-keys, or the key the "
+                    "--coordinator endpoint carries)")
+        ->type_name("FILE");
+}
+
+// The CURVE options the flags ask for into `po`; an exit code when they
+// cannot be had (the error is printed, naming the folder or file).
+std::optional<int> load_auth(const ProcessFlags& pf, ProcessOptions& po) {
+  if (pf.auth_keys.empty()) {
+    if (!pf.key_file.empty() || !pf.coordinator_key.empty()) {
+      print_error(std::string(pf.key_file.empty() ? "--coordinator-key" : "--key") + " needs --auth-keys DIR");
+      return kExitUsage;
+    }
+    return std::nullopt;
+  }
+  auto curve = messaging::load_auth_keys({pf.auth_keys, pf.key_file, pf.coordinator_key});
+  if (!curve) {
+    print_error(curve.status().message());
+    return kExitUsage;
+  }
+  if (!pf.coordinator.empty()) {
+    auto split = messaging::split_server_key(pf.coordinator);
+    if (!split) {
+      print_error("--coordinator: " + split.status().message());
+      return kExitUsage;
+    }
+    if (!split->second && !curve->server_key) {
+      print_error("--coordinator " + pf.coordinator +
+                  ": the coordinator's public key is not known: give --coordinator-key FILE, or put it in " +
+                  pf.auth_keys + "/coordinator.pub");
+      return kExitUsage;
+    }
+  }
+  po.curve = std::move(curve).value();
+  return std::nullopt;
+}
 
 void add_process_flags(CLI::App* cmd, ProcessFlags& f, bool listens, bool needs_coordinator) {
   if (needs_coordinator)
@@ -66,8 +118,9 @@ int run_coordinator(const JobOptions& jo, const ProcessFlags& pf) {
     print_error(s.message());
     return kExitUsage;
   }
-  Interrupts interrupts;
   ProcessOptions po = process_options(pf);
+  if (auto code = load_auth(pf, po)) return *code;
+  Interrupts interrupts;
   po.shards = config.shards;
   po.workers = config.workers;
   auto result = run_coordinator_process(config, po, progress_callbacks(config), interrupts.token(),
@@ -84,8 +137,9 @@ int run_role(const ProcessFlags& pf, bool shard) {
     print_error(s.message());
     return kExitUsage;
   }
+  ProcessOptions po = process_options(pf);
+  if (auto code = load_auth(pf, po)) return *code;
   Interrupts interrupts;
-  const ProcessOptions po = process_options(pf);
   Status s = shard ? run_shard_process(po, interrupts.token()) : run_worker_process(po, interrupts.token());
   if (!s.ok()) {
     print_error(s.to_string());
@@ -181,13 +235,26 @@ int run_cluster(const JobOptions& jo, const ProcessFlags& pf) {
     print_error(s.message());
     return kExitUsage;
   }
-  std::printf("asgd cluster: 1 coordinator, %u shard and %u worker processes on this machine\n", config.shards,
-              config.workers);
+  // The keys are checked here, for a clear error before anything starts;
+  // every process then loads them itself (each would on its own host).
+  ProcessOptions checked;
+  if (auto code = load_auth(pf, checked)) return *code;
+  std::vector<std::string> auth_args;
+  if (!pf.auth_keys.empty()) {
+    auth_args = {"--auth-keys", std::filesystem::absolute(pf.auth_keys).string()};
+    if (!pf.key_file.empty()) {
+      auth_args.push_back("--key");
+      auth_args.push_back(std::filesystem::absolute(pf.key_file).string());
+    }
+  }
+  std::printf("asgd cluster: 1 coordinator, %u shard and %u worker processes on this machine%s\n", config.shards,
+              config.workers, checked.curve ? ", authenticated and encrypted (CURVE)" : "");
   std::fflush(stdout);
   Interrupts interrupts;
   std::vector<std::string> coord_args = {"coordinator", "--listen", pf.listen, "--join-timeout",
                                          std::to_string(pf.join_timeout_s)};
   for (auto& a : given_job_flags(jo)) coord_args.push_back(a);
+  coord_args.insert(coord_args.end(), auth_args.begin(), auth_args.end());
   std::vector<Child> children;
   auto coordinator = spawn_self("coordinator", coord_args);
   if (!coordinator) {
@@ -229,9 +296,12 @@ int run_cluster(const JobOptions& jo, const ProcessFlags& pf) {
       for (const auto& [role, count] : {std::pair<std::string, std::uint32_t>{"shard", config.shards},
                                         std::pair<std::string, std::uint32_t>{"worker", config.workers}}) {
         for (std::uint32_t i = 0; ok && i < count; ++i) {
-          auto c = spawn_self(role + " " + std::to_string(i),
-                              {role, "--coordinator", endpoint, "--index", std::to_string(i), "--join-timeout",
-                               std::to_string(pf.join_timeout_s), "--log-level", jo.log.log_level});
+          // With CURVE the endpoint carries the coordinator's public key.
+          std::vector<std::string> args = {role, "--coordinator", endpoint, "--index", std::to_string(i),
+                                           "--join-timeout", std::to_string(pf.join_timeout_s), "--log-level",
+                                           jo.log.log_level};
+          args.insert(args.end(), auth_args.begin(), auth_args.end());
+          auto c = spawn_self(role + " " + std::to_string(i), args);
           if (!c) {
             print_error(c.status().message());
             stop_all(SIGTERM);
@@ -303,14 +373,18 @@ std::function<int(const std::string&)> add_cluster_commands(CLI::App& app) {
   cluster->add_option("--join-timeout", all->cluster.join_timeout_s,
                       "seconds to wait for the processes to start and register (default 60)")
       ->type_name("S");
+  add_auth_flags(cluster, all->cluster, false);
   auto* coord = app.add_subcommand("coordinator", "run the coordinator of a job whose shards and workers connect to it");
   add_job_flags(coord, all->coord_job);
   add_process_flags(coord, all->coord, true, false);
+  add_auth_flags(coord, all->coord, false);
   auto* shard = app.add_subcommand("shard", "run one parameter shard for the coordinator at --coordinator");
   add_process_flags(shard, all->shard, true, true);
+  add_auth_flags(shard, all->shard, true);
   add_log_flags(shard, all->shard.log);
   auto* worker = app.add_subcommand("worker", "run one worker for the coordinator at --coordinator");
   add_process_flags(worker, all->worker, false, true);
+  add_auth_flags(worker, all->worker, true);
   worker->add_option("--data-dir", all->worker.data_dir, "the dataset's folder on this host (default: the job's)")
       ->type_name("DIR");
   add_log_flags(worker, all->worker.log);

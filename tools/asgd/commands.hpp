@@ -24,8 +24,15 @@ inline constexpr int kExitUsage = 2;
 /// Adds `train` to `app`; the returned function runs it after parsing.
 std::function<int()> add_train_command(CLI::App& app);
 
+/// Adds `compare` (the same job under several policies, repeated; CSV files
+/// and an HTML report) to `app`.
+std::function<int()> add_compare_command(CLI::App& app);
+
 /// Adds `export` (a checkpoint as safetensors) to `app`.
 std::function<int()> add_export_command(CLI::App& app);
+
+/// Adds `keys generate` (a CurveZMQ keypair for --auth-keys) to `app`.
+std::function<int()> add_keys_command(CLI::App& app);
 
 /// Adds `bench` (with `runtime`, `comm` and `compute`) to `app`.
 std::function<int()> add_bench_command(CLI::App& app);

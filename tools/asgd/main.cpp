@@ -35,8 +35,10 @@ int main(int argc, char** argv) {
   app.require_subcommand(1);
   app.set_version_flag("--version", "asgd 0.1.0");
   auto train = add_train_command(app);
+  auto compare = add_compare_command(app);
   auto roles = add_cluster_commands(app);
   auto export_model = add_export_command(app);
+  auto keys = add_keys_command(app);
   std::function<int()> bench;
 #ifdef ASGD_WITH_BENCH
   bench = add_bench_command(app);
@@ -60,11 +62,13 @@ int main(int argc, char** argv) {
   spdlog::set_pattern("[%H:%M:%S.%e] %^%l%$ %v");
   for (auto* sub : app.get_subcommands()) {
     if (sub->get_name() == "train") return train();
+    if (sub->get_name() == "compare") return compare();
     if (sub->get_name() == "cluster" || sub->get_name() == "coordinator" || sub->get_name() == "shard" ||
         sub->get_name() == "worker")
       return roles(sub->get_name());
     if (sub->get_name() == "bench" && bench) return bench();
     if (sub->get_name() == "export") return export_model();
+    if (sub->get_name() == "keys") return keys();
   }
   print_error("no command given; try --help");
   return kExitUsage;

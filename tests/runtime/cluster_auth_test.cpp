@@ -1,0 +1,345 @@
+// "Admit only known peers": a shard and a whole job with --auth-keys. A
+// peer without an allowed key, or without CURVE at all, gets no update
+// applied and no parameters back, and is counted; with valid keys the job
+// trains as it does without them.
+
+#include <gtest/gtest.h>
+#include <spdlog/sinks/ringbuffer_sink.h>
+#include <spdlog/spdlog.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cmath>
+#include <fstream>
+#include <future>
+#include <thread>
+
+#include <nlohmann/json.hpp>
+
+#include "actors/parameter_shard.hpp"
+#include "cli/cli_run.hpp"
+#include "messaging/bridge.hpp"
+#include "messaging/curve_auth.hpp"
+#include "runtime/cluster.hpp"
+#include "temp_dir.hpp"
+#include "test_data.hpp"
+
+namespace asgd {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace messaging;
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+CurveKeypair keypair() {
+  auto k = new_curve_keypair();
+  EXPECT_TRUE(k.ok()) << k.status().to_string();
+  return k.ok() ? *k : CurveKeypair{};
+}
+
+CurveOptions curve(const CurveKeypair& own, std::vector<CurveKey> allowed) {
+  CurveOptions o;
+  o.public_key = own.public_key;
+  o.secret_key = own.secret_key;
+  o.allowed = std::move(allowed);
+  return o;
+}
+
+template <class F>
+bool eventually(F done, std::chrono::milliseconds limit = 10s) {
+  const auto until = Clock::now() + limit;
+  while (!done()) {
+    if (Clock::now() > until) return false;
+    std::this_thread::sleep_for(10ms);
+  }
+  return true;
+}
+
+// A peer outside the job: sends well-formed push and pull frames to a
+// shard and counts whatever comes back. (Its transport queues them until
+// the handshake is refused, and takes no more after that.)
+struct Rogue {
+  std::unique_ptr<Transport> transport;
+  Result<PeerId> peer = Status::NotFound("not connected");
+  std::uint64_t tried = 0;
+  std::uint64_t answers = 0;
+
+  Rogue(std::unique_ptr<Transport> t, const std::string& endpoint) : transport(std::move(t)) {
+    peer = transport->connect(endpoint);
+    EXPECT_TRUE(peer.ok()) << peer.status().to_string();
+  }
+  void knock(std::size_t floats, std::uint64_t id) {
+    if (!peer.ok()) return;
+    // A gradient of 1000s: applied even once it would show in the parameters.
+    for (auto& m : {encode(PushRequest{0, 0, 0, 1, true, {}}, id, std::vector<float>(floats, 1000.0f)),
+                    encode(PullRequest{0, 0}, id + 1)}) {
+      EXPECT_TRUE(transport->send(*peer, m).ok());
+      ++tried;
+    }
+    auto in = transport->receive(5ms);
+    if (in.ok() && *in) ++answers;
+  }
+};
+
+TEST(ClusterAuth, AShardGivesAPeerWithoutAnAllowedKeyNoUpdateAndNoParametersAndCountsIt) {
+  caf::actor_system_config cfg;
+  cfg.add_message_types<caf::id_block::asgd>();
+  caf::actor_system sys{cfg};
+  const CurveKeypair shard_keys = keypair(), worker_keys = keypair(), rogue_keys = keypair();
+
+  ShardSetup ss;
+  ss.range = {0, 4};
+  ss.initial.assign(4, 100.0f);
+  ss.optimizer = {"sgd", 1.0f, 0.0f, 0.0f};
+  ss.workers = 1;
+  auto core = ShardCore::make(std::move(ss));
+  ASSERT_TRUE(core.ok());
+  auto shard = sys.spawn(parameter_shard, std::make_shared<ShardCore>(std::move(core).value()));
+  auto server = std::make_shared<caf::actor>();
+  BridgeOptions so;
+  so.listen = "tcp://127.0.0.1:0";
+  so.name = "auth shard";
+  so.curve = curve(shard_keys, {worker_keys.public_key});
+  auto shard_side = Bridge::start(so, [server](Inbound&& in) { post_to_shard_server(*server, std::move(in)); });
+  ASSERT_TRUE(shard_side.ok()) << shard_side.status().to_string();
+  *server = sys.spawn(shard_server, *shard_side, shard);
+  const std::string endpoint = (*shard_side)->endpoint();
+  const std::string bare = split_server_key(endpoint)->first;
+
+  {
+    // One rogue knows the shard's public key (it is no secret) but holds a
+    // key the shard does not allow; the other speaks plain text.
+    Rogue keyed(make_zmq_transport({}, curve(rogue_keys, {shard_keys.public_key})), endpoint);
+    Rogue plain(make_zmq_transport(), bare);
+    const auto until = Clock::now() + 1s;
+    for (std::uint64_t id = 1; Clock::now() < until; id += 2) {
+      keyed.knock(4, id);
+      plain.knock(4, id);
+    }
+    EXPECT_EQ(keyed.answers, 0u);
+    EXPECT_EQ(plain.answers, 0u);
+    EXPECT_TRUE(eventually([&] { return (*shard_side)->stats().auth_rejected >= 2; }))
+        << "auth_rejected " << (*shard_side)->stats().auth_rejected;
+  }
+  EXPECT_EQ((*shard_side)->stats().frames_in, 0u) << "no rogue frame reached the shard's bridge";
+
+  // The allowed worker: the shard is untouched, then takes its one push.
+  BridgeOptions wo;
+  wo.name = "auth worker";
+  wo.curve = curve(worker_keys, {shard_keys.public_key});
+  auto worker_side = Bridge::start(wo, nullptr);
+  ASSERT_TRUE(worker_side.ok());
+  auto peer = (*worker_side)->connect(endpoint);
+  ASSERT_TRUE(peer.ok()) << peer.status().to_string();
+  auto remote = sys.spawn(remote_shard, *worker_side, *peer, 0u);
+  caf::scoped_actor self{sys};
+  auto stats = [&] {
+    ShardStats out;
+    self->request(remote, std::chrono::seconds(10), stats_atom::value)
+        .receive([&](ShardStats& s) { out = std::move(s); }, [&](caf::error& e) { ADD_FAILURE() << sys.render(e); });
+    return out;
+  };
+  EXPECT_EQ(stats().updates_applied, 0u);
+  ShardReply reply;
+  self->request(remote, std::chrono::seconds(10), push_atom::value, PushRequest{0, 0, 0, 1, true, {1, 1, 1, 1}})
+      .receive([&](ShardReply& r) { reply = std::move(r); }, [&](caf::error& e) { FAIL() << sys.render(e); });
+  ASSERT_EQ(reply.params.size(), 4u);
+  EXPECT_EQ(reply.params[0], 99.0f) << "sgd at lr 1 from 100: one step of the worker's gradient, none of the rogues'";
+  const ShardStats after = stats();
+  EXPECT_EQ(after.updates_applied, 1u);
+  EXPECT_EQ(after.malformed_frames, 0u);
+
+  (*worker_side)->stop();
+  (*shard_side)->stop();
+  for (auto& a : {remote, *server, shard}) self->send_exit(a, caf::exit_reason::user_shutdown);
+}
+
+// Warnings logged while it lives. Declared before the job's threads start
+// and destroyed after they ended (they log through the logger it replaces).
+class CapturedWarnings {
+ public:
+  CapturedWarnings()
+      : sink_(std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(4096)), previous_(spdlog::default_logger()) {
+    auto logger = std::make_shared<spdlog::logger>("captured", sink_);
+    logger->set_level(spdlog::level::warn);
+    spdlog::set_default_logger(logger);
+  }
+  ~CapturedWarnings() { spdlog::set_default_logger(previous_); }
+  std::string all() const {
+    std::string out;
+    for (const auto& line : sink_->last_formatted()) out += line;
+    return out;
+  }
+
+ private:
+  std::shared_ptr<spdlog::sinks::ringbuffer_sink_mt> sink_;
+  std::shared_ptr<spdlog::logger> previous_;
+};
+
+TEST(ClusterAuth, AJobWithKeysTrainsMnistWhileRoguesKnockOnAShardInVain) {
+  ASGD_REQUIRE_DATASET(dir, "mnist");
+  CapturedWarnings warnings;
+  // Every process its own key, as on separate hosts; each allows all five.
+  const CurveKeypair coordinator_keys = keypair();
+  const std::vector<CurveKeypair> shard_keys = {keypair(), keypair()}, worker_keys = {keypair(), keypair()};
+  std::vector<CurveKey> job = {coordinator_keys.public_key};
+  for (const auto* group : {&shard_keys, &worker_keys})
+    for (const auto& k : *group) job.push_back(k.public_key);
+  const std::string ipc = "ipc:///tmp/asgd-" + std::to_string(::getpid()) + "-auth";
+
+  JobConfig c;
+  c.data_dir = dir.string();
+  c.workers = 2;
+  c.shards = 2;
+  c.epochs = 1;
+  c.rpc_timeout_s = 30;
+  ProcessOptions coord;
+  coord.shards = 2;
+  coord.workers = 2;
+  coord.join_timeout_s = 30;
+  coord.curve = curve(coordinator_keys, job);
+  std::promise<std::string> endpoint;
+  auto endpoint_future = endpoint.get_future();
+  std::atomic<bool> done = false;
+  std::optional<Result<JobSummary>> outcome;
+  std::thread coordinator([&] {
+    outcome = run_coordinator_process(c, coord, {}, {}, [&](const std::string& e) { endpoint.set_value(e); });
+    done = true;
+  });
+  ASSERT_EQ(endpoint_future.wait_for(10s), std::future_status::ready);
+  const std::string at = endpoint_future.get();
+  ASSERT_NE(at.find(" curve:" + to_z85(coordinator_keys.public_key)), std::string::npos) << at;
+  std::vector<std::thread> roles;
+  std::vector<Status> role_status(4);
+  for (std::uint32_t i = 0; i < 2; ++i) {
+    roles.emplace_back([&, i] {
+      ProcessOptions o;
+      o.coordinator = at;  // the endpoint as printed: it carries the coordinator's key
+      o.listen = ipc + std::to_string(i);
+      o.index = i;
+      o.curve = curve(shard_keys[i], job);
+      role_status[i] = run_shard_process(o, {});
+    });
+    roles.emplace_back([&, i, at] {
+      ProcessOptions o;
+      o.coordinator = split_server_key(at)->first;  // a bare endpoint: the key comes from --coordinator-key
+      o.index = i;
+      o.curve = curve(worker_keys[i], job);
+      o.curve->server_key = coordinator_keys.public_key;
+      role_status[2 + i] = run_worker_process(o, {});
+    });
+  }
+  const std::size_t shard0_floats = 117573;  // the mlp's first half (any size: nothing of it is read)
+  std::uint64_t tried = 0, answers = 0;
+  {
+    // Full-size pushes, but only a few queued at a time: nothing takes them.
+    TransportLimits few;
+    few.send_high_water_mark = 4;
+    Rogue keyed(make_zmq_transport(few, curve(keypair(), {shard_keys[0].public_key})),
+                with_server_key(ipc + "0", shard_keys[0].public_key));
+    Rogue plain(make_zmq_transport(few), ipc + "0");
+    for (std::uint64_t id = 1; !done; id += 2) {
+      keyed.knock(shard0_floats, id);
+      plain.knock(shard0_floats, id);
+      std::this_thread::sleep_for(20ms);
+    }
+    tried = keyed.tried + plain.tried;
+    answers = keyed.answers + plain.answers;
+  }
+  coordinator.join();
+  for (auto& t : roles) t.join();
+  for (int i = 0; i < 2; ++i) fs::remove(ipc.substr(6) + std::to_string(i));  // (libzmq may leave them)
+  ASSERT_TRUE(outcome.has_value());
+  ASSERT_TRUE(outcome->ok()) << outcome->status().to_string();
+  EXPECT_GE((*outcome)->final_test_accuracy, 0.9);
+  EXPECT_GT(tried, 0u);
+  EXPECT_EQ(answers, 0u) << "a rogue got an answer";
+  EXPECT_EQ((*outcome)->malformed_frames, 0u);
+  // 55000 training images, 27500 a worker, in batches of 64: 430 pushes
+  // each. A rogue push applied would be one more.
+  EXPECT_EQ((*outcome)->updates_applied, 2u * 430u);
+  for (const auto& s : role_status) EXPECT_TRUE(s.ok()) << s.to_string();
+  const std::string log = warnings.all();
+  // (The process is "shard" until the coordinator gives it its index.)
+  EXPECT_NE(log.find("shard: refused a connection from localhost"), std::string::npos) << log;
+  EXPECT_NE(log.find("its key is not in the allow-list"), std::string::npos) << log;
+  EXPECT_NE(log.find("shard: refused a connection from a peer on ipc://"), std::string::npos) << log;
+  EXPECT_NE(log.find("connection attempts (--auth-keys)"), std::string::npos) << log;
+}
+
+// ---------------------------------------------------------------------------
+// The command line.
+
+using asgd_test::asgd;
+using asgd_test::CliRun;
+using asgd_test::expect_one_line_error;
+
+TEST(ClusterAuthCli, KeysGenerateWritesAnOwnerOnlySecretAndRefusesToReplaceIt) {
+  const asgd_test::TempDir scratch;
+  const fs::path keys = scratch / "keys";
+  CliRun r = asgd("keys generate --out " + keys.string() + " --name host-a");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("host-a.key"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("fingerprint"), std::string::npos) << r.out;
+  struct stat st {};
+  ASSERT_EQ(::stat((keys / "host-a.key").c_str(), &st), 0);
+  EXPECT_EQ(st.st_mode & 0777, 0600u);
+  const auto pub = read_public_key_file(keys / "host-a.pub");
+  ASSERT_TRUE(pub.ok()) << pub.status().to_string();
+  EXPECT_EQ(read_secret_key_file(keys / "host-a.key")->public_key, *pub);
+
+  expect_one_line_error(asgd("keys generate --out " + keys.string() + " --name host-a"), 2, "host-a.key exists");
+  EXPECT_EQ(read_public_key_file(keys / "host-a.pub").value(), *pub);
+  EXPECT_EQ(asgd("keys generate --out " + keys.string() + " --name host-a --force").exit_code, 0);
+  EXPECT_NE(read_public_key_file(keys / "host-a.pub").value(), *pub);
+  expect_one_line_error(asgd("keys generate --out " + keys.string()), 2, "--name");
+  expect_one_line_error(asgd("keys generate --out " + keys.string() + " --name ../x"), 2, "--name '../x'");
+  expect_one_line_error(asgd("keys"), 2, "subcommand");
+}
+
+TEST(ClusterAuthCli, MissingOrInvalidKeysAreUsageErrorsNamingTheFile) {
+  const asgd_test::TempDir scratch;
+  const fs::path keys = scratch / "keys";
+  ASSERT_EQ(asgd("keys generate --out " + keys.string() + " --name self").exit_code, 0);
+  const std::string data = " --data-dir " + scratch.path().string();
+  expect_one_line_error(asgd("cluster --workers 1 --shards 1 --auth-keys " + (scratch / "none").string() + data), 2,
+                        "--auth-keys " + (scratch / "none").string() + ": no such folder");
+  expect_one_line_error(asgd("cluster --workers 1 --shards 1 --auth-keys " + keys.string() + " --key " +
+                             (keys / "missing.key").string() + data),
+                        2, "missing.key: no such key file");
+  expect_one_line_error(asgd("cluster --workers 1 --shards 1 --key " + (keys / "self.key").string() + data), 2,
+                        "--key needs --auth-keys");
+  expect_one_line_error(
+      asgd("shard --coordinator tcp://127.0.0.1:9 --auth-keys " + keys.string()), 2,
+      "the coordinator's public key is not known: give --coordinator-key FILE, or put it in " + keys.string() +
+          "/coordinator.pub");
+  std::ofstream(keys / "broken.pub") << "# not a key\nhello\n";
+  expect_one_line_error(asgd("worker --coordinator tcp://127.0.0.1:9 --auth-keys " + keys.string()), 2,
+                        (keys / "broken.pub").string() + ": line 2 is not a CURVE key");
+  fs::remove(keys / "broken.pub");
+  ASSERT_EQ(asgd("keys generate --out " + keys.string() + " --name second").exit_code, 0);
+  expect_one_line_error(asgd("coordinator --workers 1 --shards 1 --auth-keys " + keys.string() + data), 2,
+                        "several secret keys (second.key, self.key)");
+}
+
+TEST(ClusterAuthCli, AClusterWithKeysFromOneKeysGenerateTrainsMnist) {
+  ASGD_REQUIRE_DATASET(mnist, "mnist");
+  const asgd_test::TempDir scratch;
+  const fs::path keys = scratch / "keys", metrics = scratch / "auth.jsonl";
+  ASSERT_EQ(asgd("keys generate --out " + keys.string() + " --name self").exit_code, 0);
+  CliRun r = asgd("cluster --workers 2 --shards 2 --epochs 1 --auth-keys " + keys.string() + " --data-dir " +
+                  mnist.string() + " --metrics-out " + metrics.string() + " --log-level warn");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("authenticated and encrypted (CURVE)"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("refused"), std::string::npos) << "no process of the job was refused:\n" << r.out;
+  const std::string m = asgd_test::slurp(metrics);
+  const std::string last = m.substr(m.rfind('\n', m.size() - 2) + 1);
+  const auto summary = nlohmann::json::parse(last);
+  EXPECT_EQ(summary["event"], "summary");
+  EXPECT_GE(summary["final_test_accuracy"].get<double>(), 0.9) << last;
+}
+
+}  // namespace
+}  // namespace asgd
