@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <limits>
 #include <cmath>
 
 #include "actors/data_feeder.hpp"
@@ -29,6 +30,38 @@ caf::timespan eval_period(const JobConfig& c) {
 void note_accuracy(CoordinatorState& s, double accuracy, double at_s) {
   const auto& target = s.setup.config.target_accuracy;
   if (target && !s.time_to_target_s && accuracy >= *target) s.time_to_target_s = at_s;
+  s.last_val_accuracy = accuracy;
+  ++s.evaluations;
+}
+
+void set_live_state(CoordinatorState& s, const char* state, const std::string& message = {}) {
+  if (!s.setup.live) return;
+  s.setup.live->update([&](LiveSnapshot& snap) {
+    snap.state = state;
+    snap.message = message;
+  });
+}
+
+double training_seconds(const CoordinatorState& s) {
+  return s.train_start == SteadyClock::time_point{} ? 0.0 : seconds_between(s.train_start, SteadyClock::now());
+}
+
+CoordinatorState::Totals totals_now(const CoordinatorState& s) {
+  CoordinatorState::Totals t;
+  for (const auto& w : s.seen) {
+    t.samples += w.latest.samples;
+    t.updates += w.latest.updates;
+    t.loss_sum += w.latest.loss_sum;
+    t.loss_samples += w.latest.loss_samples;
+  }
+  t.at_s = training_seconds(s);
+  return t;
+}
+
+// The mean loss of the batches reported between two totals; NaN for none.
+double loss_between(const CoordinatorState::Totals& from, const CoordinatorState::Totals& to) {
+  if (to.loss_samples <= from.loss_samples) return std::nan("");
+  return (to.loss_sum - from.loss_sum) / static_cast<double>(to.loss_samples - from.loss_samples);
 }
 
 void shut_down(Self self) {
@@ -42,6 +75,7 @@ void fail(Self self, Status status) {
   if (st.done) return;
   st.done = true;
   spdlog::error("job failed: {}", status.message());
+  set_live_state(st, "failed", status.message());
   st.setup.outcome->set_value(std::move(status));
   shut_down(self);
 }
@@ -145,6 +179,7 @@ void finish(Self self) {
   auto& st = self->state;
   if (st.finishing || !st.last_epoch_evaluated || st.workers_stopped < st.workers.size()) return;
   st.finishing = true;
+  set_live_state(st, "finishing");
   snapshot(self, [self] {
     auto& c = self->state;
     if (c.setup.on_final_params) c.setup.on_final_params(c.model->params());
@@ -171,17 +206,24 @@ void finish(Self self) {
                                w.dropped_batches);
                 }
                 std::uint64_t malformed = 0;
+                std::uint64_t nonfinite = 0;
                 for (const auto& s2 : *stats) {
                   malformed += s2.malformed_frames;
                   if (s2.malformed_frames > 0)
                     spdlog::warn("shard {}'s process dropped {} malformed frames", s2.shard, s2.malformed_frames);
                   if (s2.rejected > 0) spdlog::warn("shard {} rejected {} malformed pushes", s2.shard, s2.rejected);
+                  if (s2.nonfinite > 0)
+                    spdlog::warn("shard {} refused {} pushes holding NaN or infinity", s2.shard, s2.nonfinite);
+                  nonfinite += s2.nonfinite;
                   if (s2.updates_discarded > 0)
                     spdlog::info("shard {} discarded {} late pushes", s2.shard, s2.updates_discarded);
                 }
                 c2.done = true;
+                set_live_state(c2, "done");
                 JobSummary summary = make_summary(c2, result, histogram);
+                summary.workers_lost = c2.workers_lost;
                 summary.malformed_frames = malformed;
+                summary.nonfinite_rejected = nonfinite;
                 c2.setup.outcome->set_value(std::move(summary));
                 shut_down(self);
               },
@@ -217,6 +259,7 @@ void maybe_evaluate(Self self) {
     s.updates += agg.sum.updates;
     m.updates = s.updates;
     note_accuracy(s, r.accuracy, m.wall_s);
+    s.last_point = totals_now(s);
     if (s.setup.on_epoch) s.setup.on_epoch(m);
     s.epochs.erase(e);
     s.evaluating = false;
@@ -378,9 +421,137 @@ StalenessSummary summarize_staleness(const std::vector<std::uint64_t>& merged) {
 namespace {
 
 // Spawns a data feeder per worker for its share and starts every worker.
+// Queues, in order, every epoch that each worker still in the job has
+// reported (a lost worker's missing reports are not waited for).
+void complete_epochs(Self self) {
+  auto& s = self->state;
+  for (auto& [e, agg] : s.epochs) {
+    if (agg.complete) continue;
+    agg.reported.resize(s.setup.config.workers, false);
+    for (std::size_t w = 0; w < agg.reported.size(); ++w) {
+      const bool lost = w < s.seen.size() && s.seen[w].lost;
+      if (!agg.reported[w] && !lost) return;  // later epochs wait for this one
+    }
+    agg.complete = true;
+    const auto now = SteadyClock::now();
+    agg.end_s = seconds_between(s.train_start, now);
+    agg.duration_s = seconds_between(s.last_epoch_end, now);
+    s.last_epoch_end = now;
+    if (e + 1 == s.setup.config.epochs) s.train_s = agg.end_s;
+    s.to_evaluate.push_back(e);
+  }
+  maybe_evaluate(self);
+}
+
+// Worker `w` stopped abnormally: go on without it, unless none is left.
+void lose_worker(Self self, std::size_t w, const std::string& why) {
+  auto& s = self->state;
+  if (w >= s.seen.size() || s.seen[w].lost || s.seen[w].finished) return;
+  s.seen[w].lost = true;
+  ++s.workers_lost;
+  ++s.workers_stopped;
+  const std::uint32_t live = s.setup.config.workers - s.workers_lost;
+  if (live == 0) {
+    fail(self, Status::Internal("every worker was lost; the last, worker " + std::to_string(w) + ": " + why));
+    return;
+  }
+  spdlog::warn("worker {} is lost ({}): the job goes on with {} live worker(s) under policy {}; its data share "
+               "is not trained further",
+               w, why, live, s.setup.config.policy);
+  // The shards stop counting it: a barrier re-forms over the live workers.
+  for (auto& shard : s.shards) self->send(shard, leave_atom::value, static_cast<WorkerId>(w));
+  if (s.shared) s.shared->live[w].store(false, std::memory_order_release);
+  complete_epochs(self);
+  finish(self);
+}
+
+// Every kLiveEvery while training: Progress for the caller and the live
+// status for a status server, from the workers' latest progress; with a
+// status server also asks the shards how they stand.
+void live_tick(Self self) {
+  auto& st = self->state;
+  if (st.done) return;
+  self->delayed_send(self, kLiveEvery, live_atom::value);
+  const auto now = totals_now(st);
+  const double dt = now.at_s - st.last_tick.at_s;
+  Progress p;
+  p.wall_s = now.at_s;
+  p.epochs = st.setup.config.epochs;
+  p.epoch = p.epochs;
+  for (const auto& w : st.seen)
+    if (!w.finished) p.epoch = std::min<std::uint32_t>(p.epoch, static_cast<std::uint32_t>(w.latest.epoch + 1));
+  p.samples = now.samples;
+  p.total_samples = st.total_samples;
+  p.train_loss = loss_between(st.last_tick, now);
+  p.samples_per_s = dt > 0 ? static_cast<double>(now.samples - st.last_tick.samples) / dt : 0.0;
+  p.val_accuracy = st.last_val_accuracy;
+  if (now.samples > 0 && now.at_s > 0 && st.total_samples >= now.samples)
+    p.eta_s = static_cast<double>(st.total_samples - now.samples) * now.at_s / static_cast<double>(now.samples);
+  st.last_tick = now;
+  if (st.setup.on_progress) st.setup.on_progress(p);
+  if (!st.setup.live) return;
+
+  const auto at = SteadyClock::now();
+  st.setup.live->update([&](LiveSnapshot& snap) {
+    if (snap.state == "starting") snap.state = "training";
+    snap.wall_s = p.wall_s;
+    snap.epoch = p.epoch;
+    snap.progress = st.total_samples ? std::min(1.0, static_cast<double>(p.samples) / st.total_samples) : 0.0;
+    snap.eta_s = p.eta_s;
+    snap.samples = p.samples;
+    snap.total_samples = p.total_samples;
+    snap.samples_per_s = p.samples_per_s;
+    snap.updates = now.updates;
+    snap.train_loss = std::isfinite(p.train_loss) ? std::optional<double>(p.train_loss) : snap.train_loss;
+    snap.val_accuracy = p.val_accuracy;
+    snap.evaluations = st.evaluations;
+    snap.worker.clear();
+    for (std::size_t w = 0; w < st.seen.size(); ++w) {
+      const auto& seen = st.seen[w];
+      LiveWorker lw;
+      lw.worker = static_cast<std::uint32_t>(w);
+      lw.clock = seen.latest.clock;
+      lw.epoch = seen.latest.epoch + 1;
+      lw.samples = seen.latest.samples;
+      lw.updates = seen.latest.updates;
+      lw.staleness = seen.latest.staleness;
+      lw.wait_s = seen.latest.policy_wait_s;
+      lw.batches_ready = seen.latest.batches_ready;
+      lw.alive = !seen.lost;
+      lw.finished = seen.finished;
+      lw.last_seen_s = seen.at == SteadyClock::time_point{} ? p.wall_s : seconds_between(seen.at, at);
+      snap.worker.push_back(lw);
+    }
+    snap.shard = st.live_shards;
+  });
+  for (std::size_t i = 0; i < st.shards.size(); ++i) {
+    self->request(st.shards[i], rpc_timeout(st.setup.config), stats_atom::value)
+        .then(
+            [self, i](ShardStats& s) {
+              auto& c = self->state;
+              if (i >= c.live_shards.size()) return;
+              c.live_shards[i] = {s.shard, s.keys, s.updates_applied, s.rejected, s.malformed_frames, s.nonfinite, s.held,
+                                  s.queued};
+            },
+            [i](caf::error&) { spdlog::debug("live status: no statistics from shard {} this time", i); });
+  }
+}
+
+void start_live(Self self) {
+  auto& st = self->state;
+  const JobConfig& cfg = st.setup.config;
+  st.seen.assign(cfg.workers, {});
+  st.live_shards.assign(st.shards.size(), {});
+  st.total_samples = 0;
+  const std::uint32_t first_epoch = st.resumed ? st.resumed->first_epoch : 0;
+  for (const auto& share : st.shares) st.total_samples += share.partition.size() * (cfg.epochs - first_epoch);
+  if (st.setup.on_progress || st.setup.live) self->delayed_send(self, kLiveEvery, live_atom::value);
+}
+
 void start_training(Self self) {
   auto& st = self->state;
   const JobConfig& cfg = st.setup.config;
+  start_live(self);
   if (st.setup.remote) {  // each worker process feeds its own worker
     st.train_start = SteadyClock::now();
     st.last_epoch_end = st.train_start;
@@ -390,7 +561,8 @@ void start_training(Self self) {
     return;
   }
   for (std::uint32_t w = 0; w < cfg.workers; ++w) {
-    FeederSetup fs{st.setup.data, st.shares[w].partition, cfg.epochs, st.shares[w].batch, cfg.prefetch, cfg.seed, w + 1};
+    FeederSetup fs{st.setup.data, st.shares[w].partition, cfg.epochs, st.shares[w].batch, cfg.prefetch, cfg.seed, w + 1,
+                   st.resumed ? st.resumed->first_epoch : 0u};
     auto feeder = self->spawn<caf::detached>(data_feeder, std::move(fs));
     st.names[feeder.address()] = "data feeder " + std::to_string(w);
     st.feeders.push_back(feeder);
@@ -432,6 +604,44 @@ void calibrate(Self self, std::size_t next, std::shared_ptr<std::vector<double>>
 }
 
 }  // namespace
+
+Result<ResumePlan> plan_resume(const JobConfig& cfg, const std::vector<WorkerShare>& shares) {
+  ResumePlan plan;
+  std::vector<Clock> done(shares.size(), std::numeric_limits<Clock>::max());  // per worker: steps every shard has
+  plan.updates = std::numeric_limits<std::uint64_t>::max();
+  plan.written_unix_s = std::numeric_limits<double>::max();
+  for (std::uint32_t i = 0; i < cfg.shards; ++i) {
+    const std::string path = shard_checkpoint_path(cfg.resume, i);
+    auto saved = ShardCore::saved(path);
+    if (!saved) {
+      if (saved.status().code() == StatusCode::not_found)
+        return Status::NotFound("--resume " + cfg.resume + ": no checkpoint of shard " + std::to_string(i) + " (" +
+                                path + "); was the job run with --checkpoint-dir and --checkpoint-every?");
+      return saved.status();
+    }
+    const auto& clocks = saved->stats.worker_clock;
+    if (clocks.size() != shares.size())
+      return Status::InvalidArgument("--resume " + cfg.resume + ": " + path + " is of a job with " +
+                                     std::to_string(clocks.size()) + " workers, not " + std::to_string(shares.size()));
+    for (std::size_t w = 0; w < clocks.size(); ++w) done[w] = std::min(done[w], clocks[w]);
+    plan.updates = std::min(plan.updates, saved->stats.updates_applied);
+    plan.written_unix_s = std::min(plan.written_unix_s, saved->written_unix_s);
+  }
+  std::uint64_t epochs_done = cfg.epochs;
+  for (std::size_t w = 0; w < shares.size(); ++w) {
+    const std::uint64_t per_epoch = (shares[w].partition.size() + shares[w].batch - 1) / shares[w].batch;
+    epochs_done = std::min<std::uint64_t>(epochs_done, done[w] / std::max<std::uint64_t>(per_epoch, 1));
+  }
+  if (epochs_done >= cfg.epochs)
+    return Status::InvalidArgument("--resume " + cfg.resume + ": the checkpointed job had trained all " +
+                                   std::to_string(cfg.epochs) + " epochs; raise --epochs to train further");
+  plan.first_epoch = static_cast<std::uint32_t>(epochs_done);
+  for (const auto& share : shares) {
+    const std::uint64_t per_epoch = (share.partition.size() + share.batch - 1) / share.batch;
+    plan.restart.push_back(plan.first_epoch * per_epoch);
+  }
+  return plan;
+}
 
 caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self, CoordinatorSetup setup) {
   auto& st = self->state;
@@ -477,6 +687,32 @@ caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self, Coordinat
   // of steps per epoch, so auto weights leave it (within a step) unchanged.
   const LrSchedule schedule = lr_schedule(cfg, planned_clocks(st.shares, cfg.epochs));
   st.schedule_steps = schedule.total_steps;
+  if (!cfg.resume.empty()) {
+    if (st.setup.remote || auto_weights) {
+      fail(self, Status::InvalidArgument(std::string("--resume: not available ") +
+                                         (st.setup.remote ? "for asgd cluster yet; resume with asgd train"
+                                                          : "with --worker-weights auto (give the weights)")));
+      return {};
+    }
+    auto plan = plan_resume(cfg, st.shares);
+    if (!plan) {
+      fail(self, plan.status());
+      return {};
+    }
+    st.resumed = std::move(plan).value();
+    st.updates = st.resumed->updates;
+    const double now_unix = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+    spdlog::info("resuming {} at epoch {} of {}: {} updates restored from checkpoints written {:.0f} s ago", cfg.resume,
+                 st.resumed->first_epoch + 1, cfg.epochs, st.resumed->updates, now_unix - st.resumed->written_unix_s);
+    if (st.setup.on_record)
+      st.setup.on_record({{"event", "resume"},
+                          {"from", cfg.resume},
+                          {"epoch", st.resumed->first_epoch + 1},
+                          {"updates", st.resumed->updates},
+                          {"checkpoint_age_s", now_unix - st.resumed->written_unix_s},
+                          // Updates after the last checkpoint were lost with the stopped job: at most one interval.
+                          {"lost_at_most_s", cfg.checkpoint_every_s}});
+  }
   for (std::uint32_t i = 0; i < cfg.shards; ++i) {
     const KeyRange r = st.ranges[i];
     ShardSetup ss;
@@ -493,10 +729,20 @@ caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self, Coordinat
     ss.workers = cfg.workers;
     ss.staleness_aware_lr = cfg.staleness_aware_lr;
     ss.shared = st.shared;
+    if (!cfg.checkpoint_dir.empty() && cfg.checkpoint_every_s > 0) {
+      ss.checkpoint_path = shard_checkpoint_path(cfg.checkpoint_dir, i);
+      ss.checkpoint_every_s = cfg.checkpoint_every_s;
+    }
     auto core = ShardCore::make(ss);  // checks the setup, remote or not
     if (!core) {
       fail(self, core.status());
       return {};
+    }
+    if (st.resumed) {
+      if (const Status s = core->restore(shard_checkpoint_path(cfg.resume, i), st.resumed->restart); !s.ok()) {
+        fail(self, s);
+        return {};
+      }
     }
     caf::actor shard;
     if (st.setup.remote) {
@@ -519,7 +765,6 @@ caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self, Coordinat
     ws.model = cfg.model;
     ws.model_spec = cfg.model_spec;
     ws.device = cfg.device;
-  ws.device = cfg.device;
     ws.sample_shape = sample_shape;
     ws.classes = st.setup.data->num_classes;
     ws.shards = st.shards;
@@ -531,6 +776,7 @@ caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self, Coordinat
     ws.schedule = schedule;
     ws.straggler_factor = st.stragglers[w];
     ws.shared = st.shared;
+    if (st.resumed) ws.first_clock = st.resumed->restart[w];
     caf::actor wk;
     if (st.setup.remote) {
       auto placed = st.setup.remote->place_worker(self, w);
@@ -552,10 +798,15 @@ caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self, Coordinat
     auto& s = self->state;
     if (s.done) return;
     if (dm.reason == caf::exit_reason::normal) {
-      if (std::find(s.workers.begin(), s.workers.end(), dm.source) != s.workers.end()) {
+      if (auto w = std::find(s.workers.begin(), s.workers.end(), dm.source); w != s.workers.end()) {
+        if (const auto i = static_cast<std::size_t>(w - s.workers.begin()); i < s.seen.size()) s.seen[i].finished = true;
         ++s.workers_stopped;
         finish(self);
       }
+      return;
+    }
+    if (auto w = std::find(s.workers.begin(), s.workers.end(), dm.source); w != s.workers.end()) {
+      lose_worker(self, static_cast<std::size_t>(w - s.workers.begin()), self->system().render(dm.reason));
       return;
     }
     auto it = s.names.find(dm.source);
@@ -573,6 +824,7 @@ caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self, Coordinat
       [self](EpochReport& r) {
         auto& s = self->state;
         if (r.worker >= s.worker_totals.size()) return;
+        if (r.worker < s.seen.size() && s.seen[r.worker].lost) return;  // declared dead: its word no longer counts
         auto& total = s.worker_totals[r.worker];
         total.worker = r.worker;
         total.samples += r.samples;
@@ -584,6 +836,8 @@ caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self, Coordinat
         merge_histogram(total.staleness_histogram, r.staleness_histogram);
         auto& agg = s.epochs[r.epoch];
         ++agg.reports;
+        agg.reported.resize(s.setup.config.workers, false);
+        agg.reported[r.worker] = true;
         agg.sum.samples += r.samples;
         agg.sum.batches += r.batches;
         agg.loss_by_worker.resize(s.setup.config.workers, 0.0);
@@ -591,15 +845,7 @@ caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self, Coordinat
         agg.sum.dropped_batches += r.dropped_batches;
         agg.sum.dropped_samples += r.dropped_samples;
         agg.sum.updates += r.updates;
-        if (agg.reports == s.setup.config.workers) {
-          const auto now = SteadyClock::now();
-          agg.end_s = seconds_between(s.train_start, now);
-          agg.duration_s = seconds_between(s.last_epoch_end, now);
-          s.last_epoch_end = now;
-          if (r.epoch + 1 == s.setup.config.epochs) s.train_s = agg.end_s;
-          s.to_evaluate.push_back(r.epoch);
-          maybe_evaluate(self);
-        }
+        complete_epochs(self);
       },
       [self](failed_atom, std::int32_t code, const std::string& what) {
         switch (static_cast<StatusCode>(code)) {
@@ -610,6 +856,16 @@ caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self, Coordinat
         }
       },
       [self](cancel_atom) { fail(self, Status::Cancelled("the job was cancelled")); },
+      [self](WorkerProgress& p) {
+        auto& s = self->state;
+        if (p.worker >= s.seen.size() || s.seen[p.worker].lost) return;
+        auto& seen = s.seen[p.worker];
+        // Cumulative counts: a late one must not move them back.
+        if (p.samples < seen.latest.samples) return;
+        seen.latest = p;
+        seen.at = SteadyClock::now();
+      },
+      [self](live_atom) { live_tick(self); },
       [self](eval_atom) {
         auto& s = self->state;
         if (s.done || s.finishing || s.last_epoch_evaluated) return;
@@ -617,11 +873,14 @@ caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self, Coordinat
         if (s.evaluating) return;  // an epoch's evaluation is under way: skip this one
         s.evaluating = true;
         const double taken_s = seconds_between(s.train_start, SteadyClock::now());
-        snapshot(self, [self, taken_s] {
+        const auto at = totals_now(s);
+        snapshot(self, [self, taken_s, at] {
           auto& c = self->state;
           const EvalResult r = evaluate_on(c, c.setup.data->validation);
           note_accuracy(c, r.accuracy, taken_s);
-          if (c.setup.on_eval) c.setup.on_eval({taken_s, r.accuracy});
+          const EvalPoint point{taken_s, r.accuracy, at.updates, at.samples, loss_between(c.last_point, at)};
+          c.last_point = at;
+          if (c.setup.on_eval) c.setup.on_eval(point);
           c.evaluating = false;
           maybe_evaluate(self);
         });

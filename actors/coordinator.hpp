@@ -11,8 +11,11 @@
 //   (failed_atom, int32 StatusCode, std::string)  from a worker that cannot go on: the job fails
 //   (cancel_atom)                from the runtime: the job stops, cancelled
 //   (eval_atom)                  self-message every --eval-every seconds: evaluate now
-// Watches every actor it started; one that stops abnormally fails the job
-// with a message naming it. With --worker-weights auto it first asks each
+// Watches every actor it started. A worker that stops abnormally (its
+// process went silent past --heartbeat-timeout) is lost: the shards are told
+// it left, so synchronous policies stop waiting for it, and the job goes on
+// with the others (its data share is not trained further). Any other actor
+// that stops abnormally fails the job with a message naming it. With --worker-weights auto it first asks each
 // worker, one at a time, how many samples per second it computes, and sizes
 // batches and data partitions from the answers. The final evaluation waits
 // until every worker has stopped, so it sees every last push.
@@ -33,6 +36,7 @@
 #include "actors/shared_parameters.hpp"
 #include "asgd/job.hpp"
 #include "compute/model.hpp"
+#include "runtime/live_status.hpp"
 
 namespace asgd {
 
@@ -44,12 +48,35 @@ struct CoordinatorSetup {
   std::shared_ptr<const data::DatasetSplits> data;
   std::function<void(const EpochMetrics&)> on_epoch;   ///< called from the coordinator's thread
   std::function<void(const EvalPoint&)> on_eval;       ///< likewise, for --eval-every
+  std::function<void(const Progress&)> on_progress;    ///< likewise, every kLiveEvery while training
   std::function<void(std::span<const float>)> on_final_params;  ///< called from the coordinator's thread
   std::shared_ptr<std::promise<Result<JobSummary>>> outcome;  ///< set exactly once
   /// Where shards and workers run when they are other processes; null:
   /// spawned here.
   std::shared_ptr<RemotePlacement> remote;
+  /// Kept current every kLiveEvery for a status server; null: none.
+  std::shared_ptr<LiveStatus> live;
+  /// A record for the metrics file beyond epochs and evals (the "resume"
+  /// line); called from the coordinator's thread.
+  std::function<void(const nlohmann::json&)> on_record;
 };
+
+/// Where a resumed job starts (JobConfig::resume): read from the shards'
+/// checkpoints, for the job's shares.
+struct ResumePlan {
+  std::uint32_t first_epoch = 0;        ///< 0-based: the first epoch not every worker had finished
+  std::vector<Clock> restart;           ///< per worker: the clock of its first step (first_epoch x its steps per epoch)
+  std::uint64_t updates = 0;            ///< updates the restored parameters hold
+  double written_unix_s = 0.0;          ///< when the oldest of the shard checkpoints was written
+};
+/// Errors: not_found for a missing shard checkpoint, corruption, and
+/// invalid_argument when the checkpoints are not this job's or it had
+/// already trained every epoch.
+Result<ResumePlan> plan_resume(const JobConfig& config, const std::vector<WorkerShare>& shares);
+
+/// How often the coordinator refreshes Progress and the live status (and
+/// asks the shards how they stand, when there is a status server).
+inline constexpr std::chrono::milliseconds kLiveEvery{500};
 
 /// The policy settings a job's configuration gives.
 PolicyConfig policy_config(const JobConfig& config);
@@ -110,16 +137,20 @@ struct CoordinatorState {
   std::vector<caf::actor> workers;
   std::vector<caf::actor> feeders;
   std::vector<WorkerShare> shares;
+  std::optional<ResumePlan> resumed;
   std::vector<double> stragglers;             // per worker: slow-down factor
   std::uint64_t schedule_steps = 0;
   std::shared_ptr<SharedParameters> shared;   // hogwild only
-  std::uint32_t workers_stopped = 0;
+  std::uint32_t workers_stopped = 0;          // finished or lost
+  std::uint32_t workers_lost = 0;
   bool last_epoch_evaluated = false;
   bool finishing = false;
   std::map<caf::actor_addr, std::string> names;  // for diagnostics: "worker 1", "shard 0"
 
   struct EpochAgg {
     std::uint32_t reports = 0;
+    std::vector<bool> reported;  // per worker
+    bool complete = false;       // every live worker reported: queued for evaluation
     EpochReport sum;          // samples and updates summed over workers
     std::vector<double> loss_by_worker;  // summed in worker order: reproducible
     double end_s = 0.0;       // when the last report arrived, since train_start
@@ -135,6 +166,29 @@ struct CoordinatorState {
   std::optional<double> time_to_target_s;
   std::vector<EpochReport> worker_totals;     // per worker, for the closing log and the summary
   bool done = false;
+
+  // What the workers last said of their progress, for Progress, the live
+  // status and the eval points' loss.
+  struct WorkerSeen {
+    WorkerProgress latest;
+    std::chrono::steady_clock::time_point at;
+    bool finished = false;  // stopped normally, its share done
+    bool lost = false;      // stopped abnormally
+  };
+  std::vector<WorkerSeen> seen;
+  struct Totals {  // summed over the workers' latest progress
+    std::uint64_t samples = 0;
+    std::uint64_t updates = 0;
+    double loss_sum = 0.0;
+    std::uint64_t loss_samples = 0;
+    double at_s = 0.0;  // training seconds when taken
+  };
+  Totals last_tick;   // at the previous Progress
+  Totals last_point;  // at the previous epoch or eval point
+  std::uint64_t total_samples = 0;            // the whole job's
+  std::optional<double> last_val_accuracy;
+  std::uint64_t evaluations = 0;
+  std::vector<LiveShard> live_shards;
   static inline const char* name = "coordinator";
 };
 

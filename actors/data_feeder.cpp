@@ -2,7 +2,7 @@
 
 namespace asgd {
 
-BatchSource::BatchSource(FeederSetup setup) : setup_(std::move(setup)) {
+BatchSource::BatchSource(FeederSetup setup) : setup_(std::move(setup)), epoch_(setup_.first_epoch) {
   if (!exhausted()) start_epoch();
 }
 

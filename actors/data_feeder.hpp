@@ -25,6 +25,7 @@ struct FeederSetup {
   std::uint32_t capacity = 4;       ///< batches kept ready, >= 1
   std::uint64_t seed = 1;
   std::uint64_t stream = 0;         ///< per-worker shuffling stream
+  std::uint32_t first_epoch = 0;    ///< where a resumed job starts (earlier epochs are skipped, not served)
 };
 
 /// Batching logic without the actor: yields the batches of every epoch in

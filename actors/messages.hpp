@@ -28,6 +28,9 @@ struct ReceivedFloats {
   std::span<const float> values;  ///< (n,)
   std::span<float> writable;      ///< (n,) the same bytes, or empty
   std::vector<float> spare;       ///< (n,) when not writable
+  /// Whether every value is finite, when the bridge found out in its
+  /// checksum pass (which has each block in cache); unset: not checked.
+  std::optional<bool> finite;
 };
 
 /// worker -> shard: a payload for the shard's key range.
@@ -59,6 +62,7 @@ enum class PushOutcome : std::uint8_t {
   aggregated = 2,  ///< added to its clock's aggregate (applied when that commits)
   discarded = 3,   ///< dropped by the policy (a late backup gradient)
   rejected = 4,    ///< malformed: wrong size, unknown or departed worker
+  nonfinite = 5,   ///< held a NaN or infinity: not applied (counted as a clock tick)
 };
 
 /// shard -> worker or coordinator: a push's fate and, when a read was asked
@@ -100,16 +104,38 @@ struct EpochReport {
   std::uint64_t dropped_samples = 0;  ///< their samples (left out of loss_sum)
 };
 
-/// shard -> coordinator at the end: what the shard applied.
+/// worker -> coordinator about twice a second, and with each EpochReport:
+/// how far it got. Every count is cumulative over the job, so a lost or
+/// late one costs nothing but freshness.
+struct WorkerProgress {
+  WorkerId worker = 0;
+  Clock clock = 0;                  ///< steps completed
+  std::uint64_t epoch = 0;          ///< 0-based, the epoch it is training
+  std::uint64_t samples = 0;        ///< trained on, including dropped batches
+  std::uint64_t updates = 0;        ///< pushes every shard applied (or local updates that count as such)
+  double loss_sum = 0.0;            ///< sum of (batch loss x batch size) over batches not dropped
+  std::uint64_t loss_samples = 0;   ///< the samples behind loss_sum
+  double policy_wait_s = 0.0;       ///< seconds the policy held its reads back
+  double staleness = 0.0;           ///< its clock minus the complete clock of its parameters, last step
+  std::uint32_t batches_ready = 0;  ///< batches waiting for it (0 or 1: the feeder's buffer is behind it)
+};
+
+/// shard -> coordinator: what the shard applied (at the end), and how it
+/// stands (while training, for the live status).
 struct ShardStats {
   std::uint32_t shard = 0;
   std::uint64_t updates_applied = 0;         ///< pushes applied, alone or inside a committed aggregate
   std::uint64_t commits = 0;                 ///< optimizer steps or averages the shard took
   std::uint64_t updates_discarded = 0;
   std::uint64_t rejected = 0;                 ///< malformed pushes
+  std::uint64_t nonfinite = 0;                ///< pushes refused for a NaN or infinity (parameters untouched)
   std::uint64_t malformed_frames = 0;         ///< frames its process dropped unread (bad length, checksum, ...)
   std::uint64_t duplicate_requests = 0;       ///< requests delivered twice, served once
   std::vector<std::uint64_t> staleness_histogram;  ///< [s] = applications with staleness s
+  std::uint64_t keys = 0;                     ///< the size of its key range
+  std::uint64_t held = 0;                     ///< reads the policy holds back now
+  std::uint64_t queued = 0;                   ///< messages waiting in its mailbox now
+  std::vector<Clock> worker_clock;            ///< per worker: highest clock pushed + 1
 };
 
 template <class Inspector>
@@ -133,7 +159,12 @@ typename Inspector::result_type inspect(Inspector& f, EpochReport& x) {
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ShardStats& x) {
   return f(caf::meta::type_name("ShardStats"), x.shard, x.updates_applied, x.commits, x.updates_discarded, x.rejected, x.malformed_frames, x.duplicate_requests,
-           x.staleness_histogram);
+           x.staleness_histogram, x.nonfinite, x.keys, x.held, x.queued, x.worker_clock);
+}
+template <class Inspector>
+typename Inspector::result_type inspect(Inspector& f, WorkerProgress& x) {
+  return f(caf::meta::type_name("WorkerProgress"), x.worker, x.clock, x.epoch, x.samples, x.updates, x.loss_sum,
+           x.loss_samples, x.policy_wait_s, x.staleness, x.batches_ready);
 }
 
 namespace data {
@@ -159,6 +190,7 @@ using leave_atom = caf::atom_constant<caf::atom("leave")>;
 using resume_atom = caf::atom_constant<caf::atom("resume")>;
 using calibrate_atom = caf::atom_constant<caf::atom("calibrate")>;
 using eval_atom = caf::atom_constant<caf::atom("eval")>;
+using live_atom = caf::atom_constant<caf::atom("live")>;
 
 }  // namespace asgd
 
@@ -169,4 +201,5 @@ CAF_BEGIN_TYPE_ID_BLOCK(asgd, caf::first_custom_type_id)
   CAF_ADD_TYPE_ID(asgd, (asgd::EpochReport))
   CAF_ADD_TYPE_ID(asgd, (asgd::ShardStats))
   CAF_ADD_TYPE_ID(asgd, (asgd::data::Batch))
+  CAF_ADD_TYPE_ID(asgd, (asgd::WorkerProgress))
 CAF_END_TYPE_ID_BLOCK(asgd)

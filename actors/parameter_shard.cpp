@@ -3,7 +3,14 @@
 #include <algorithm>
 #include <limits>
 
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <filesystem>
+
+#include "compute/tensor.hpp"
 #include "messaging/wire.hpp"  // crc32c: a remote push's reply is checksummed in the update's pass
+#include "runtime/checkpoint.hpp"
 
 namespace asgd {
 
@@ -159,13 +166,26 @@ void ShardCore::push(PushRequest&& req, Ticket ticket, Instant now, std::vector<
   const bool known = req.worker < setup_.workers && live_[req.worker];
   const auto slot = pending_.find(req.clock);
   const bool duplicate = known && slot != pending_.end() && slot->second.present[req.worker];
-  const std::span<const float> payload = req.values();
-  const bool remote = req.received.owner != nullptr;
-  const bool tick = req.samples == 0 && payload.empty();
+  std::span<const float> payload = req.values();
+  bool remote = req.received.owner != nullptr;
+  bool tick = req.samples == 0 && payload.empty();
   if (!known || duplicate || (!tick && payload.size() != params_.size())) {
     ++stats_.rejected;
     out.push_back({ticket, reply(PushOutcome::rejected, {}, false)});
     return;
+  }
+  // A NaN or infinity would poison the parameters for good: such a push
+  // changes nothing, but still counts as the worker's clock tick, so
+  // synchronous policies do not wait for a push that will never come.
+  const bool nonfinite = !tick && !(remote && req.received.finite ? *req.received.finite : all_finite(payload));
+  if (nonfinite) {
+    ++stats_.nonfinite;
+    req.samples = 0;
+    req.payload.clear();
+    req.received = {};
+    payload = {};
+    remote = false;
+    tick = true;
   }
   clock_[req.worker] = std::max(clock_[req.worker], req.clock + 1);
   const PushInfo info{req.worker, req.clock, req.base_clock};
@@ -205,7 +225,7 @@ void ShardCore::push(PushRequest&& req, Ticket ticket, Instant now, std::vector<
           if (in.writable.empty()) {
             r.params = std::move(in.spare);
           } else {
-            r.params_in_frame = {std::move(in.owner), in.values, in.writable, {}};
+            r.params_in_frame = {std::move(in.owner), in.values, in.writable, {}, std::nullopt};
           }
           r.params_crc = crc;
         } else {
@@ -247,7 +267,7 @@ void ShardCore::push(PushRequest&& req, Ticket ticket, Instant now, std::vector<
       outcome = PushOutcome::discarded;
       break;
   }
-  if (tick && outcome != PushOutcome::discarded) outcome = PushOutcome::none;  // nothing was applied
+  if (tick && outcome != PushOutcome::discarded) outcome = nonfinite ? PushOutcome::nonfinite : PushOutcome::none;
   if (req.want_params) {
     answer_or_hold(ticket, read, outcome, remote ? std::move(req.received.spare) : std::move(req.payload), now, out);
   } else {
@@ -274,8 +294,139 @@ void ShardCore::leave(WorkerId worker, Instant now, std::vector<Answer>& out) {
 
 ShardReply ShardCore::snapshot() const { return reply(PushOutcome::none, {}, true); }
 
+namespace {
+
+constexpr char kShardMagic[8] = {'A', 'S', 'G', 'D', 'S', 'H', 'R', 'D'};
+constexpr std::uint32_t kShardCheckpointVersion = 1;
+
+}  // namespace
+
+std::string shard_checkpoint_path(const std::string& dir, std::uint32_t index) {
+  return (std::filesystem::path(dir) / ("shard-" + std::to_string(index) + ".ckpt")).string();
+}
+
+Status ShardCore::save(const std::string& path) const {
+  ShardCore& self = const_cast<ShardCore&>(*this);  // state() hands out writable views; we only read them
+  std::vector<std::span<const float>> blocks = {params_};
+  for (auto s : self.optimizer_->state()) blocks.emplace_back(s);
+  std::vector<int> live(live_.begin(), live_.end());
+  const nlohmann::json header = {
+      {"shard", setup_.index},
+      {"range", {setup_.range.begin, setup_.range.end}},
+      {"workers", setup_.workers},
+      {"optimizer", setup_.optimizer.kind},
+      {"optimizer_buffers", blocks.size() - 1},
+      {"optimizer_steps", optimizer_->steps()},
+      {"version", version_},
+      {"committed", committed_},
+      {"clock", clock_},
+      {"live", live},
+      {"updates_applied", stats_.updates_applied},
+      {"commits", stats_.commits},
+      {"updates_discarded", stats_.updates_discarded},
+      {"rejected", stats_.rejected},
+      {"nonfinite", stats_.nonfinite},
+      {"staleness_histogram", stats_.staleness_histogram},
+      {"written_unix_s",
+       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count()}};
+  return write_framed(path, kShardMagic, kShardCheckpointVersion, header, blocks);
+}
+
+Result<ShardCore::Saved> ShardCore::saved(const std::string& path) {
+  auto file = read_framed(path, kShardMagic, kShardCheckpointVersion);
+  if (!file) return file.status();
+  try {
+    const auto& h = file->header;
+    Saved saved;
+    saved.written_unix_s = h.at("written_unix_s").get<double>();
+    ShardStats& s = saved.stats;
+    s.shard = h.at("shard").get<std::uint32_t>();
+    s.updates_applied = h.at("updates_applied").get<std::uint64_t>();
+    s.commits = h.at("commits").get<std::uint64_t>();
+    s.updates_discarded = h.at("updates_discarded").get<std::uint64_t>();
+    s.rejected = h.at("rejected").get<std::uint64_t>();
+    s.nonfinite = h.at("nonfinite").get<std::uint64_t>();
+    s.staleness_histogram = h.at("staleness_histogram").get<std::vector<std::uint64_t>>();
+    s.worker_clock = h.at("clock").get<std::vector<Clock>>();
+    s.keys = h.at("range").at(1).get<std::uint64_t>() - h.at("range").at(0).get<std::uint64_t>();
+    return saved;
+  } catch (const nlohmann::json::exception& e) {
+    return Status::Corruption(path + ": bad header: " + e.what());
+  }
+}
+
+Status ShardCore::restore(const std::string& path, std::span<const Clock> restart) {
+  if (restart.size() != setup_.workers)
+    return Status::InvalidArgument("shard " + std::to_string(setup_.index) + ": restart clocks for " +
+                                   std::to_string(restart.size()) + " workers, it has " +
+                                   std::to_string(setup_.workers));
+  auto file = read_framed(path, kShardMagic, kShardCheckpointVersion);
+  if (!file) return file.status();
+  auto mismatch = [&](const std::string& what) {
+    return Status::InvalidArgument(path + " is not this job's shard " + std::to_string(setup_.index) + ": " + what);
+  };
+  try {
+    const auto& h = file->header;
+    if (h.at("shard").get<std::uint32_t>() != setup_.index) return mismatch("it is shard " + h.at("shard").dump() + "'s");
+    if (h.at("range").at(0).get<std::uint64_t>() != setup_.range.begin ||
+        h.at("range").at(1).get<std::uint64_t>() != setup_.range.end)
+      return mismatch("its key range is " + h.at("range").dump());
+    if (h.at("workers").get<std::uint32_t>() != setup_.workers)
+      return mismatch("it had " + h.at("workers").dump() + " workers");
+    if (h.at("optimizer").get<std::string>() != setup_.optimizer.kind)
+      return mismatch("its optimizer is " + h.at("optimizer").dump());
+    auto state = optimizer_->state();
+    if (h.at("optimizer_buffers").get<std::size_t>() != state.size() ||
+        file->values.size() != params_.size() * (1 + state.size()))
+      return Status::Corruption(path + ": its values do not match the key range and optimizer");
+    const float* at = file->values.data();
+    std::copy(at, at + params_.size(), params_.begin());
+    at += params_.size();
+    for (auto s : state) {
+      std::copy(at, at + s.size(), s.begin());
+      at += s.size();
+    }
+    optimizer_->set_steps(h.at("optimizer_steps").get<std::uint64_t>());
+    version_ = h.at("version").get<std::uint64_t>();
+    const auto live = h.at("live").get<std::vector<int>>();
+    if (live.size() != setup_.workers) return Status::Corruption(path + ": its worker list has the wrong length");
+    // Every worker of the resumed job starts again, the ones lost before too.
+    live_.assign(setup_.workers, true);
+    clock_.assign(restart.begin(), restart.end());
+    committed_ = *std::min_element(restart.begin(), restart.end());
+    stats_.updates_applied = h.at("updates_applied").get<std::uint64_t>();
+    stats_.commits = h.at("commits").get<std::uint64_t>();
+    stats_.updates_discarded = h.at("updates_discarded").get<std::uint64_t>();
+    stats_.rejected = h.at("rejected").get<std::uint64_t>();
+    stats_.nonfinite = h.at("nonfinite").get<std::uint64_t>();
+    stats_.staleness_histogram = h.at("staleness_histogram").get<std::vector<std::uint64_t>>();
+  } catch (const nlohmann::json::exception& e) {
+    return Status::Corruption(path + ": bad header: " + e.what());
+  }
+  pending_.clear();
+  held_.clear();
+  return {};
+}
+
+ShardStats ShardCore::stats() const {
+  ShardStats s = stats_;
+  s.keys = setup_.range.size();
+  s.held = held_.size();
+  s.worker_clock = clock_;
+  return s;
+}
+
 caf::behavior parameter_shard(caf::stateful_actor<ShardState>* self, std::shared_ptr<ShardCore> core) {
   self->state.core = std::make_unique<ShardCore>(std::move(*core));
+  // Periodic checkpoints, on the shard's own thread between requests: the
+  // parameters cannot change while they are written.
+  const ShardSetup& setup = self->state.core->setup();
+  if (!setup.checkpoint_path.empty() && setup.checkpoint_every_s > 0) {
+    self->state.checkpoint_path = setup.checkpoint_path;
+    self->state.checkpoint_every =
+        std::chrono::duration_cast<caf::timespan>(std::chrono::duration<double>(setup.checkpoint_every_s));
+    self->delayed_send(self, self->state.checkpoint_every, tick_atom::value);
+  }
   // Delivers the answers the core produced for held reads (through their
   // promises) and hands back the current request's own, if it is due.
   auto flush = [self](std::optional<ShardCore::Ticket> current) {
@@ -314,9 +465,29 @@ caf::behavior parameter_shard(caf::stateful_actor<ShardState>* self, std::shared
         auto& st = self->state;
         st.core->leave(worker, std::chrono::steady_clock::now(), st.answers);
         flush(std::nullopt);
+        // The last worker is done: this state is final, keep it.
+        if (!st.checkpoint_path.empty() && st.core->view().live_workers == 0) {
+          if (const Status s = st.core->save(st.checkpoint_path); !s.ok())
+            spdlog::warn("shard {}: final checkpoint failed: {}", st.core->index(), s.message());
+        }
       },
       [self](snapshot_atom) { return self->state.core->snapshot(); },
-      [self](stats_atom) { return self->state.core->stats(); },
+      [self](tick_atom) {
+        auto& st = self->state;
+        const auto t0 = std::chrono::steady_clock::now();
+        if (const Status s = st.core->save(st.checkpoint_path); !s.ok()) {
+          spdlog::warn("shard {}: checkpoint failed: {}", st.core->index(), s.message());
+        } else {
+          spdlog::debug("shard {}: checkpoint {} in {:.1f} ms", st.core->index(), st.checkpoint_path,
+                        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+        }
+        self->delayed_send(self, st.checkpoint_every, tick_atom::value);
+      },
+      [self](stats_atom) {
+        ShardStats s = self->state.core->stats();
+        s.queued = self->mailbox().size();
+        return s;
+      },
   };
 }
 

@@ -39,7 +39,14 @@ struct ShardSetup {
   /// hogwild: the shard serves snapshots of this buffer's range instead of
   /// owning parameters (the workers update it themselves).
   std::shared_ptr<SharedParameters> shared;
+  /// Where the actor writes this shard's checkpoint (ShardCore::save) every
+  /// `checkpoint_every_s` seconds; empty or 0: never.
+  std::string checkpoint_path;
+  double checkpoint_every_s = 0.0;
 };
+
+/// DIR/shard-K.ckpt: where shard K of a job checkpointing into DIR writes.
+std::string shard_checkpoint_path(const std::string& dir, std::uint32_t index);
 
 /// The shard's logic without any actor around it, so tests drive it message
 /// by message. Not thread-safe; the actor serialises calls. Move-only.
@@ -60,6 +67,7 @@ class ShardCore {
   ShardCore& operator=(ShardCore&&) = default;
 
   std::uint32_t index() const { return setup_.index; }
+  const ShardSetup& setup() const { return setup_; }
   const KeyRange& range() const { return setup_.range; }
   std::span<const float> params() const { return params_; }
   const ConsistencyPolicy& policy() const { return *policy_; }
@@ -86,7 +94,32 @@ class ShardCore {
 
   /// The current parameters, regardless of policy (for evaluation).
   ShardReply snapshot() const;
-  ShardStats stats() const { return stats_; }
+  /// Writes what a restarted shard needs to go on (parameters, optimizer
+  /// state, each worker's clock and liveness, counters) to `path`,
+  /// atomically with a checksum (runtime/checkpoint.hpp's framing). Reads
+  /// that are held and aggregates not yet committed are not in it: their
+  /// work is what a restore loses, at most one checkpoint interval.
+  /// Errors: io_error naming the path.
+  Status save(const std::string& path) const;
+  /// Loads what save() wrote into this shard, after checking that it is
+  /// this shard's (index, range, workers, optimizer); worker w's clock then
+  /// starts again at restart[w] (where the workers resume), every worker
+  /// counted live again. Errors:
+  /// not_found, corruption (naming the file), invalid_argument for another
+  /// shard's or job's file.
+  Status restore(const std::string& path, std::span<const Clock> restart);
+  /// What a checkpoint holds beyond its values: the counters and per-worker
+  /// clocks (to decide where a resumed job starts) and when it was written.
+  struct Saved {
+    ShardStats stats;
+    double written_unix_s = 0.0;
+  };
+  /// Errors as restore.
+  static Result<Saved> saved(const std::string& path);
+
+  /// Its counters, and how it stands now (keys, held reads, worker clocks;
+  /// `queued` is the actor's to fill).
+  ShardStats stats() const;
 
  private:
   struct Aggregate {
@@ -131,6 +164,8 @@ class ShardCore {
 struct ShardState {
   std::unique_ptr<ShardCore> core;
   std::map<ShardCore::Ticket, caf::response_promise> promises;  // replies owed for held reads
+  std::string checkpoint_path;             // from ShardSetup; empty: no periodic checkpoints
+  caf::timespan checkpoint_every{};
   ShardCore::Ticket next_ticket = 0;
   std::vector<ShardCore::Answer> answers;  // reused between messages
   static inline const char* name = "parameter_shard";

@@ -65,6 +65,35 @@ void accept_params(Self self, std::size_t shard, ShardReply& reply) {
   st.buffers[shard] = std::move(reply.params);
 }
 
+// The job-long counts: the reported epochs' plus the current one's.
+WorkerProgress progress_now(const WorkerState& st) {
+  WorkerProgress p = st.finished_epochs;
+  const EpochReport& r = st.report;
+  p.worker = st.setup.id;
+  p.clock = st.step;
+  p.epoch = st.step_epoch;
+  p.samples += r.samples;
+  p.updates += r.updates;
+  p.loss_sum += r.loss_sum;
+  p.loss_samples += r.samples - r.dropped_samples;
+  p.policy_wait_s += r.policy_wait_s;
+  Clock base = st.step;
+  if (st.setup.shared) {
+    base = std::min(base, st.setup.shared->min_live_clock());
+  } else {
+    for (Clock c : st.base_clock) base = std::min(base, c);
+  }
+  p.staleness = static_cast<double>(st.step - base);
+  p.batches_ready = st.next_batch ? 1 : 0;
+  return p;
+}
+
+void send_progress(Self self) {
+  auto& st = self->state;
+  st.last_progress = SteadyClock::now();
+  self->send(st.setup.coordinator, progress_now(st));
+}
+
 void finish_step(Self self) {
   auto& st = self->state;
   st.report.comm_s += seconds_since(st.comm_start);
@@ -74,7 +103,11 @@ void finish_step(Self self) {
     st.report.worker = st.setup.id;
     st.report.epoch = st.step_epoch;
     self->send(st.setup.coordinator, st.report);
+    st.finished_epochs = progress_now(st);
     st.report = EpochReport{};
+    send_progress(self);
+  } else if (SteadyClock::now() - st.last_progress >= kProgressEvery) {
+    send_progress(self);
   }
   if (st.finishing) {
     leave(self);
@@ -194,6 +227,12 @@ void continue_step(Self self) {
   auto& st = self->state;
   const StepPlan plan = st.policy->plan(st.step);
   const bool carried_by_push = !plan.local_update || st.policy->payload() == Payload::parameters;
+  if (!st.step_dropped && plan.local_update && !all_finite(st.model->grads())) {
+    // A finite loss can still overflow into a gradient (hogwild and
+    // averaging apply it here, where no shard checks it): drop it.
+    st.step_dropped = true;
+    ++st.report.dropped_batches;
+  }
   if (!st.step_dropped) {
     if (plan.local_update) {
       const Clock base = st.setup.shared ? st.setup.shared->min_live_clock() : 0;
@@ -382,7 +421,8 @@ caf::behavior worker(caf::stateful_actor<WorkerState>* self, WorkerSetup setup) 
     }
     st.local_optimizer = std::move(opt).value();
   }
-  st.base_clock.assign(st.setup.shards.size(), 0);
+  st.step = st.setup.first_clock;
+  st.base_clock.assign(st.setup.shards.size(), st.setup.first_clock);
   st.buffers.resize(st.setup.shards.size());
   auto start = [self] {
     auto& s = self->state;

@@ -14,7 +14,8 @@
 //   (tick_atom)    self-message: the watchdog that enforces rpc_timeout
 // Hot-path requests carry no CAF timeout (each one would wake CAF's timer
 // thread twice per step); one periodic watchdog tick checks them instead.
-// Sends to the coordinator: EpochReport after each epoch, and
+// Sends to the coordinator: EpochReport after each epoch, WorkerProgress
+//   after each epoch and every kProgressEvery in between (a quarter second), and
 //   (failed_atom, int32 StatusCode, std::string) when a reply does not come in
 //   time (timeout), training diverged (diverged) or a shard answered nonsense
 //   (internal). Sends (leave_atom, id) to every shard once out of data.
@@ -53,7 +54,11 @@ struct WorkerSetup {
   LrSchedule schedule;                ///< for local updates, by the worker's own clock
   double straggler_factor = 1.0;      ///< > 1: each step takes this many times its compute time
   std::shared_ptr<SharedParameters> shared;  ///< hogwild: the buffer every worker updates
+  Clock first_clock = 0;              ///< the clock of its first step (> 0 when a job resumes)
 };
+
+/// How often a worker tells the coordinator how far it got (WorkerProgress).
+inline constexpr std::chrono::milliseconds kProgressEvery{250};
 
 /// Consecutive NaN/Inf losses after which a worker declares the job diverged.
 inline constexpr std::uint32_t kMaxNonFiniteSteps = 10;
@@ -89,6 +94,8 @@ struct WorkerState {
   std::optional<std::chrono::steady_clock::time_point> idle_since;  // ready, but no batch yet
 
   EpochReport report;                           // the epoch being trained
+  WorkerProgress finished_epochs;               // cumulative counts of the epochs already reported
+  std::chrono::steady_clock::time_point last_progress;  // when the coordinator last heard how far we got
   std::uint32_t nonfinite_streak = 0;           // consecutive steps with a NaN/Inf loss
   bool straggling = false;                      // a delayed step is waiting for resume_atom
   bool finishing = false;                       // out of data: the last push is in flight

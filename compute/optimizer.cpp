@@ -74,6 +74,7 @@ class Momentum final : public Optimizer {
       update(pb, gb, lr_scale, cb, v_.data() + (pb.data() - p.data()));
     });
   }
+  std::vector<std::span<float>> state() override { return {v_}; }
 
  private:
   // v: (p.size(),) the momentum buffer's slice for p.
@@ -118,6 +119,7 @@ class Adagrad final : public Optimizer {
       out[i] = p[i] -= lr * gi / (std::sqrt(s[i]) + kEps);
     }
   }
+  std::vector<std::span<float>> state() override { return {sum_}; }
 
  private:
   static constexpr float kEps = 1e-10f;
@@ -150,6 +152,9 @@ class Adam final : public Optimizer {
       out[i] = p[i] -= step_size * m[i] / (std::sqrt(v[i]) * inv_sqrt_bias2 + kEps);
     }
   }
+  std::vector<std::span<float>> state() override { return {m_, v_}; }
+  std::uint64_t steps() const override { return t_; }
+  void set_steps(std::uint64_t t) override { t_ = t; }
 
  private:
   static constexpr float kBeta1 = 0.9f;

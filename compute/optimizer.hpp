@@ -11,6 +11,7 @@
 // key range; a plain training loop owns one for the whole model. Each keeps
 // its own state (momentum buffers) sized to the slice it was made for.
 
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <span>
@@ -51,6 +52,13 @@ class Optimizer {
   /// is read before it is written), as with step().
   virtual void step_visiting(std::span<float> params, std::span<const float> grads, float lr_scale,
                              std::span<float> copy, const std::function<void(std::size_t, std::size_t)>& written);
+
+  /// Its state, for checkpoints: the buffers it keeps (each (size,);
+  /// momentum: 1, adagrad: 1, adam: 2, sgd: none), writable so a restored
+  /// checkpoint can fill them, and the steps it has taken (adam's t).
+  virtual std::vector<std::span<float>> state() { return {}; }
+  virtual std::uint64_t steps() const { return 0; }
+  virtual void set_steps(std::uint64_t) {}
 };
 
 /// Errors: invalid_argument for an unknown kind or an out-of-range value.

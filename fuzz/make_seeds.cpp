@@ -57,5 +57,6 @@ int main(int argc, char** argv) {
   write(dir, "stats_request", m::encode(m::StatsRequest{}, 13));
   write(dir, "stats", m::encode(st, 13));
   write(dir, "start", m::encode(m::StartTraining{}, 14));
+  write(dir, "progress", m::encode(asgd::WorkerProgress{1, 40, 0, 2560, 40, 12.5, 2560, 0.1, 1.0, 1}, 15));
   return 0;
 }

@@ -44,6 +44,7 @@ enum class MsgType : std::uint16_t {
   stats = 13,        ///< coordinator to shard: send your statistics
   start = 14,        ///< coordinator to worker: start training
   stats_reply = 15,  ///< shard to coordinator: ShardStats
+  progress = 16,     ///< worker to coordinator: WorkerProgress
 };
 const char* to_string(MsgType t);
 bool is_known(std::uint16_t type);
@@ -220,6 +221,10 @@ template <>
 struct WireType<ShardStats> {
   static constexpr MsgType kType = MsgType::stats_reply;
 };
+template <>
+struct WireType<WorkerProgress> {
+  static constexpr MsgType kType = MsgType::progress;
+};
 
 template <class T>
 constexpr MsgType type_of() {
@@ -259,7 +264,12 @@ void serialize_fields(A& ar, EpochReport& x) {
 template <class A>
 void serialize_fields(A& ar, ShardStats& x) {
   ar(x.shard, x.updates_applied, x.commits, x.updates_discarded, x.rejected, x.malformed_frames, x.duplicate_requests,
-     bounded(x.staleness_histogram, kMaxList));
+     bounded(x.staleness_histogram, kMaxList), x.nonfinite, x.keys, x.held, x.queued, bounded(x.worker_clock, kMaxList));
+}
+template <class A>
+void serialize_fields(A& ar, WorkerProgress& x) {
+  ar(x.worker, x.clock, x.epoch, x.samples, x.updates, x.loss_sum, x.loss_samples, x.policy_wait_s, x.staleness,
+     x.batches_ready);
 }
 
 /// Lets cereal serialize an actor message through serialize_fields.

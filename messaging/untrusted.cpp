@@ -31,6 +31,7 @@ FrameError check_untrusted(const Message& message) {
     case MsgType::checkpoint: e = body_of<CheckpointRequest>(f); break;
     case MsgType::shutdown: e = body_of<Shutdown>(f); break;
     case MsgType::epoch_report: e = body_of<EpochReport>(f); break;
+    case MsgType::progress: e = body_of<WorkerProgress>(f); break;
     case MsgType::failure: e = body_of<Failure>(f); break;
     case MsgType::stats: e = body_of<StatsRequest>(f); break;
     case MsgType::stats_reply: e = body_of<ShardStats>(f); break;

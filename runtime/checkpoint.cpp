@@ -26,10 +26,6 @@ void put(std::string& out, T v) {
   out.append(reinterpret_cast<const char*>(&v), sizeof v);
 }
 
-void put_floats(std::string& out, const std::vector<float>& v) {
-  out.append(reinterpret_cast<const char*>(v.data()), v.size() * sizeof(float));
-}
-
 std::uint32_t crc_of(const std::string& bytes) {
   return messaging::crc32c(std::as_bytes(std::span(bytes.data(), bytes.size())));
 }
@@ -84,6 +80,48 @@ Checkpoint Checkpoint::of(Model& model) {
   return c;
 }
 
+Status write_framed(const std::string& path, const char (&magic)[8], std::uint32_t version,
+                    const nlohmann::json& header, const std::vector<std::span<const float>>& blocks) {
+  const std::string text = header.dump();
+  std::string bytes(magic, sizeof magic);
+  put(bytes, version);
+  put(bytes, static_cast<std::uint32_t>(text.size()));
+  bytes += text;
+  for (const auto& b : blocks) bytes.append(reinterpret_cast<const char*>(b.data()), b.size_bytes());
+  put(bytes, crc_of(bytes));
+  return write_atomically(path, bytes);
+}
+
+Result<FramedFile> read_framed(const std::string& path, const char (&magic)[8], std::uint32_t version) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) return Status::NotFound("no file at " + path);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto corrupt = [&](const std::string& why) { return Status::Corruption(path + ": " + why); };
+  constexpr std::size_t kFixed = sizeof kMagic + 8;
+  if (bytes.size() < kFixed + 4 || std::memcmp(bytes.data(), magic, sizeof kMagic) != 0)
+    return corrupt(std::string("not an asgd checkpoint (expected ") + std::string(magic, sizeof kMagic) + ")");
+  std::uint32_t file_version = 0, header_len = 0, stored_crc = 0;
+  std::memcpy(&file_version, bytes.data() + 8, 4);
+  std::memcpy(&header_len, bytes.data() + 12, 4);
+  if (file_version != version)
+    return corrupt("version " + std::to_string(file_version) + ", this asgd reads " + std::to_string(version));
+  if (header_len > kMaxHeader || kFixed + header_len + 4 > bytes.size()) return corrupt("truncated header");
+  std::memcpy(&stored_crc, bytes.data() + bytes.size() - 4, 4);
+  if (messaging::crc32c(std::as_bytes(std::span(bytes.data(), bytes.size() - 4))) != stored_crc)
+    return corrupt("checksum mismatch (the file is damaged)");
+  const std::size_t value_bytes = bytes.size() - 4 - kFixed - header_len;
+  if (value_bytes % sizeof(float) != 0) return corrupt("the values are not whole float32s");
+  FramedFile f;
+  try {
+    f.header = nlohmann::json::parse(bytes.substr(kFixed, header_len));
+  } catch (const nlohmann::json::exception& e) {
+    return corrupt(std::string("bad header: ") + e.what());
+  }
+  f.values.resize(value_bytes / sizeof(float));
+  std::memcpy(f.values.data(), bytes.data() + kFixed + header_len, value_bytes);
+  return f;
+}
+
 Status write_checkpoint(const std::string& dir, const Checkpoint& ckpt) {
   nlohmann::json header = {
       {"model", ckpt.model},         {"sample_shape", ckpt.sample_shape}, {"classes", ckpt.classes},
@@ -91,40 +129,25 @@ Status write_checkpoint(const std::string& dir, const Checkpoint& ckpt) {
       {"updates", ckpt.updates},     {"test_accuracy", ckpt.test_accuracy},
       {"params", tensor_list(ckpt.params)}, {"buffers", tensor_list(ckpt.buffers)}};
   if (!ckpt.model_spec.empty()) header["model_spec"] = nlohmann::json::parse(ckpt.model_spec);
-  const std::string text = header.dump();
-  std::string bytes(kMagic, sizeof kMagic);
-  put(bytes, kCheckpointVersion);
-  put(bytes, static_cast<std::uint32_t>(text.size()));
-  bytes += text;
-  for (const auto& t : ckpt.params) put_floats(bytes, t.values);
-  for (const auto& t : ckpt.buffers) put_floats(bytes, t.values);
-  put(bytes, crc_of(bytes));
-  return write_atomically(fs::path(dir) / kCheckpointFile, bytes);
+  std::vector<std::span<const float>> blocks;
+  for (const auto& t : ckpt.params) blocks.emplace_back(t.values);
+  for (const auto& t : ckpt.buffers) blocks.emplace_back(t.values);
+  return write_framed((fs::path(dir) / kCheckpointFile).string(), kMagic, kCheckpointVersion, header, blocks);
 }
 
 Result<Checkpoint> read_checkpoint(const std::string& dir) {
   const fs::path path = fs::is_directory(dir) ? fs::path(dir) / kCheckpointFile : fs::path(dir);
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::NotFound("no checkpoint at " + path.string());
-  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  auto file = read_framed(path.string(), kMagic, kCheckpointVersion);
+  if (!file) {
+    if (file.status().code() == StatusCode::not_found) return Status::NotFound("no checkpoint at " + path.string());
+    return file.status();
+  }
   auto corrupt = [&](const std::string& why) { return Status::Corruption(path.string() + ": " + why); };
-  constexpr std::size_t kFixed = sizeof kMagic + 8;
-  if (bytes.size() < kFixed + 4 || std::memcmp(bytes.data(), kMagic, sizeof kMagic) != 0)
-    return corrupt("not an asgd checkpoint");
-  std::uint32_t version = 0, header_len = 0, stored_crc = 0;
-  std::memcpy(&version, bytes.data() + 8, 4);
-  std::memcpy(&header_len, bytes.data() + 12, 4);
-  if (version != kCheckpointVersion)
-    return corrupt("version " + std::to_string(version) + ", this asgd reads " + std::to_string(kCheckpointVersion));
-  if (header_len > kMaxHeader || kFixed + header_len + 4 > bytes.size()) return corrupt("truncated header");
-  std::memcpy(&stored_crc, bytes.data() + bytes.size() - 4, 4);
-  if (messaging::crc32c(std::as_bytes(std::span(bytes.data(), bytes.size() - 4))) != stored_crc)
-    return corrupt("checksum mismatch (the file is damaged)");
-
   Checkpoint c;
-  std::size_t at = kFixed + header_len;
+  std::size_t at = 0;
+  const std::vector<float>& values = file->values;
   try {
-    const auto h = nlohmann::json::parse(bytes.substr(kFixed, header_len));
+    const auto& h = file->header;
     c.model = h.at("model").get<std::string>();
     if (h.contains("model_spec")) c.model_spec = h.at("model_spec").dump();
     c.sample_shape = h.at("sample_shape").get<Shape>();
@@ -139,17 +162,17 @@ Result<Checkpoint> read_checkpoint(const std::string& dir) {
       for (const auto& t : h.at(group)) {
         CheckpointTensor tensor{t.at("name").get<std::string>(), t.at("shape").get<Shape>(), {}};
         const std::size_t n = numel(tensor.shape);
-        if (n > (bytes.size() - 4 - at) / sizeof(float)) return corrupt("tensor " + tensor.name + " runs past the end");
-        tensor.values.resize(n);
-        std::memcpy(tensor.values.data(), bytes.data() + at, n * sizeof(float));
-        at += n * sizeof(float);
+        if (n > values.size() - at) return corrupt("tensor " + tensor.name + " runs past the end");
+        tensor.values.assign(values.begin() + static_cast<std::ptrdiff_t>(at),
+                             values.begin() + static_cast<std::ptrdiff_t>(at + n));
+        at += n;
         out.push_back(std::move(tensor));
       }
     }
   } catch (const nlohmann::json::exception& e) {
     return corrupt(std::string("bad header: ") + e.what());
   }
-  if (at != bytes.size() - 4) return corrupt("the tensors do not fill the file");
+  if (at != values.size()) return corrupt("the tensors do not fill the file");
   return c;
 }
 

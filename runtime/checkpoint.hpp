@@ -13,8 +13,11 @@
 // leaves the old checkpoint or the new one, never half of one.
 
 #include <cstdint>
+#include <span>
 #include <string>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "asgd/status.hpp"
 #include "compute/tensor.hpp"
@@ -48,6 +51,20 @@ struct Checkpoint {
 
 inline constexpr std::uint32_t kCheckpointVersion = 1;
 inline constexpr const char* kCheckpointFile = "model.ckpt";
+
+/// The framing asgd's state files share (model and shard checkpoints):
+///   MAGIC (8 bytes) | u32 version | u32 H | H bytes of JSON | float32 values | u32 CRC-32C of all before
+/// written atomically (temporary file, fsync, rename, fsync of the folder).
+struct FramedFile {
+  nlohmann::json header;
+  std::vector<float> values;  ///< every float after the header, in order
+};
+/// Errors: io_error naming the path.
+Status write_framed(const std::string& path, const char (&magic)[8], std::uint32_t version,
+                    const nlohmann::json& header, const std::vector<std::span<const float>>& blocks);
+/// Errors: not_found; corruption naming the file for a wrong magic, version,
+/// length, header or checksum.
+Result<FramedFile> read_framed(const std::string& path, const char (&magic)[8], std::uint32_t version);
 
 /// Writes `ckpt` to `dir`/model.ckpt atomically, creating `dir`.
 /// Errors: io_error naming the path.

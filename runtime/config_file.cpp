@@ -141,6 +141,10 @@ const std::vector<ConfigField>& job_config_fields() {
       {"metrics-out", "write metrics as JSON Lines to FILE", "FILE", string_field(&JobConfig::metrics_out)},
       {"checkpoint-dir", "write the trained model to DIR/model.ckpt at the end (for asgd export)", "DIR",
        string_field(&JobConfig::checkpoint_dir)},
+      {"checkpoint-every", "with --checkpoint-dir: shard checkpoints every S seconds, to resume from (default 30; 0: off)",
+       "S", double_field(&JobConfig::checkpoint_every_s)},
+      {"resume", "continue the job checkpointed in DIR (its job.toml and shard-K.ckpt files)", "DIR",
+       string_field(&JobConfig::resume)},
       {"validation-size", "training images held out for validation (default 5000)", "N",
        uint_field(&JobConfig::validation_size)},
       {"threads", "BLAS threads per worker (default cores / workers)", "N", uint_field(&JobConfig::threads)},
@@ -148,6 +152,12 @@ const std::vector<ConfigField>& job_config_fields() {
       {"compress", "tensors between processes: none | fp16 (default none)", "NAME", string_field(&JobConfig::compress)},
       {"rpc-timeout", "seconds to wait for any reply before failing (default 60)", "S",
        double_field(&JobConfig::rpc_timeout_s)},
+      {"heartbeat-timeout", "asgd cluster: declare a worker process dead after S silent seconds (default 10)", "S",
+       double_field(&JobConfig::heartbeat_timeout_s)},
+      {"status-port", "serve /metrics, /status and a live page over HTTP on port P (default 0: off)", "P",
+       uint_field(&JobConfig::status_port)},
+      {"status-address", "the address the status server binds (default 127.0.0.1)", "ADDR",
+       string_field(&JobConfig::status_address)},
   };
   return fields;
 }

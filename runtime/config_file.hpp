@@ -31,6 +31,10 @@ struct ConfigField {
 
 const std::vector<ConfigField>& job_config_fields();
 
+/// DIR/job.toml: the settings a checkpointing job writes beside its shard
+/// checkpoints; `--resume DIR` starts from them.
+inline constexpr const char* kJobSettingsFile = "job.toml";
+
 /// Sets one field by key ("workers" or "workers" spelled "workers"; '_' and
 /// '-' are interchangeable). Errors name the key and the value.
 Status set_job_field(JobConfig& config, const std::string& key, const std::string& text);

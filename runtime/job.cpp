@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <future>
 #include <thread>
 
@@ -22,8 +23,11 @@
 #include "compute/optimizer.hpp"
 #include "compute/schedule.hpp"
 #include "dataset/dataset.hpp"
+#include "experiments/live_page.hpp"
+#include "runtime/config_file.hpp"
 #include "runtime/metrics.hpp"
 #include "runtime/job_internal.hpp"
+#include "runtime/status_server.hpp"
 
 namespace asgd {
 
@@ -101,6 +105,16 @@ Status validate_config(const JobConfig& c, bool named_dataset) {
   if (c.compress != "none" && c.compress != "fp16") return bad("compress", c.compress, "expected none or fp16");
   if (!(c.rpc_timeout_s > 0.0) || !std::isfinite(c.rpc_timeout_s))
     return bad("rpc-timeout", fmt::format("{:g}", c.rpc_timeout_s), "must be a positive number of seconds");
+  if (!(c.heartbeat_timeout_s > 0.0) || !std::isfinite(c.heartbeat_timeout_s))
+    return bad("heartbeat-timeout", fmt::format("{:g}", c.heartbeat_timeout_s), "must be a positive number of seconds");
+  if (!(c.checkpoint_every_s >= 0.0) || !std::isfinite(c.checkpoint_every_s))
+    return bad("checkpoint-every", fmt::format("{:g}", c.checkpoint_every_s), "must be 0 (off) or a number of seconds");
+  if (!c.resume.empty() && !std::filesystem::is_directory(c.resume))
+    return bad("resume", c.resume, "is not a folder of checkpoints");
+  if (c.heartbeat_timeout_s >= c.rpc_timeout_s)
+    return bad("heartbeat-timeout", fmt::format("{:g}", c.heartbeat_timeout_s),
+               fmt::format("must be below --rpc-timeout ({:g} s), or workers held by a dead one give up first",
+                           c.rpc_timeout_s));
   return {};
 }
 
@@ -134,16 +148,37 @@ Result<JobSummary> run_job(const JobConfig& config, std::shared_ptr<const UserDa
   return run_job_with(config, callbacks, stop, {}, std::move(data));
 }
 
-Result<JobSummary> run_job_with(const JobConfig& config, const JobCallbacks& callbacks, std::stop_token stop,
+Result<JobSummary> run_job_with(const JobConfig& requested, const JobCallbacks& callbacks, std::stop_token stop,
                                 const ClusterHooks& hooks, std::shared_ptr<const UserDataset> user_data) {
   const auto job_start = std::chrono::steady_clock::now();
-  if (Status s = user_data ? validate(config, *user_data) : validate(config); !s.ok()) return s;
+  if (Status s = user_data ? validate(requested, *user_data) : validate(requested); !s.ok()) return s;
+  JobConfig config = requested;
+  // A resumed job goes on checkpointing where it was resumed from.
+  if (!config.resume.empty() && config.checkpoint_dir.empty()) config.checkpoint_dir = config.resume;
 
   std::optional<MetricsWriter> metrics;
   if (!config.metrics_out.empty()) {
-    auto w = MetricsWriter::open(config.metrics_out);
+    auto w = MetricsWriter::open(config.metrics_out, !config.resume.empty());
     if (!w) return w.status();
     metrics.emplace(std::move(w).value());
+  }
+  // The status server starts first: a port in use is refused before any
+  // data is loaded.
+  std::shared_ptr<LiveStatus> live;
+  std::unique_ptr<StatusServer> status_server;
+  if (config.status_port != 0) {
+    live = std::make_shared<LiveStatus>();
+    live->update([&](LiveSnapshot& s) {
+      s.policy = config.policy;
+      s.model = config.model_spec ? config.model_spec->name() : config.model;
+      s.dataset = user_data ? user_data->name : config.dataset;
+      s.workers = config.workers;
+      s.shards = config.shards;
+      s.epochs = config.epochs;
+    });
+    auto server = StatusServer::start(config.status_address, config.status_port, live, experiments::live_status_page_html());
+    if (!server) return server.status();
+    status_server = std::move(server).value();
   }
   if (!config.checkpoint_dir.empty()) {  // refuse now, not after hours of training
     std::error_code ec;
@@ -151,6 +186,15 @@ Result<JobSummary> run_job_with(const JobConfig& config, const JobCallbacks& cal
     if (ec || ::access(config.checkpoint_dir.c_str(), W_OK) != 0)
       return Status::InvalidArgument("--checkpoint-dir " + config.checkpoint_dir + ": cannot write there" +
                                      (ec ? " (" + ec.message() + ")" : ""));
+    if (config.checkpoint_every_s > 0) {
+      // The settings beside the shard checkpoints, so --resume DIR needs nothing else.
+      JobConfig saved = config;
+      saved.resume.clear();
+      saved.status_port = 0;
+      std::ofstream toml(std::filesystem::path(config.checkpoint_dir) / kJobSettingsFile);
+      toml << "# The settings of the job checkpointed here; asgd train --resume reads them.\n" << to_toml(saved);
+      if (!toml) return Status::IOError("cannot write " + config.checkpoint_dir + "/" + kJobSettingsFile);
+    }
   }
 
   std::shared_ptr<const data::DatasetSplits> data;
@@ -206,7 +250,11 @@ Result<JobSummary> run_job_with(const JobConfig& config, const JobCallbacks& cal
       if (metrics && write_error.ok()) write_error = metrics->write(to_json(e));
       if (callbacks.on_eval) callbacks.on_eval(e);
     };
-    CoordinatorSetup setup{config, data, on_epoch, on_eval, callbacks.on_final_params, outcome, nullptr};
+    auto on_record = [&](const nlohmann::json& record) {
+      if (metrics && write_error.ok()) write_error = metrics->write(record);
+    };
+    CoordinatorSetup setup{config, data, on_epoch, on_eval, callbacks.on_progress, callbacks.on_final_params,
+                           outcome, nullptr, live, on_record};
     if (hooks.make_placement) {
       auto placement = hooks.make_placement(system);
       if (!placement) return placement.status();

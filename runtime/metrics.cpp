@@ -1,6 +1,7 @@
 #include "runtime/metrics.hpp"
 
 #include <cerrno>
+#include <cmath>
 #include <cstring>
 
 namespace asgd {
@@ -13,7 +14,10 @@ nlohmann::json to_json(const EpochMetrics& m) {
 }
 
 nlohmann::json to_json(const EvalPoint& e) {
-  return {{"event", "eval"}, {"wall_s", e.wall_s}, {"val_accuracy", e.val_accuracy}};
+  nlohmann::json loss = nullptr;
+  if (std::isfinite(e.train_loss)) loss = e.train_loss;
+  return {{"event", "eval"}, {"wall_s", e.wall_s},   {"val_accuracy", e.val_accuracy},
+          {"updates", e.updates}, {"samples", e.samples}, {"train_loss", loss}};
 }
 
 nlohmann::json to_json(const JobSummary& s) {
@@ -38,16 +42,18 @@ nlohmann::json to_json(const JobSummary& s) {
                       {"staleness_histogram", s.staleness_histogram},
                       {"worker_batch", s.worker_batch},
                       {"worker_wait_s", s.worker_wait_s},
-                      {"malformed_frames", s.malformed_frames}};
+                      {"malformed_frames", s.malformed_frames},
+                      {"nonfinite_rejected", s.nonfinite_rejected},
+                      {"workers_lost", s.workers_lost}};
   if (s.staleness) j["staleness"] = *s.staleness;
   if (s.time_to_target_s) j["time_to_target_s"] = *s.time_to_target_s;
   return j;
 }
 
-Result<MetricsWriter> MetricsWriter::open(const std::string& path) {
+Result<MetricsWriter> MetricsWriter::open(const std::string& path, bool append) {
   MetricsWriter w;
   w.path_ = path;
-  w.out_.open(path, std::ios::out | std::ios::trunc);
+  w.out_.open(path, std::ios::out | (append ? std::ios::app : std::ios::trunc));
   // A path that cannot be created is the user's to fix: a configuration error.
   if (!w.out_) return Status::InvalidArgument("--metrics-out " + path + ": cannot write it: " + std::strerror(errno));
   return w;

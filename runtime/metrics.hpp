@@ -21,9 +21,10 @@ nlohmann::json to_json(const JobSummary& s);
 /// the line being written. Not thread-safe.
 class MetricsWriter {
  public:
-  /// Creates (truncates) `path`. Errors: invalid_argument naming the path
-  /// when it cannot be created.
-  static Result<MetricsWriter> open(const std::string& path);
+  /// Creates (truncates) `path`, or appends to it (a resumed job's file
+  /// goes on). Errors: invalid_argument naming the path when it cannot be
+  /// written.
+  static Result<MetricsWriter> open(const std::string& path, bool append = false);
   Status write(const nlohmann::json& record);
 
  private:

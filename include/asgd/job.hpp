@@ -63,13 +63,32 @@ struct JobConfig {
   /// parameters, BatchNorm statistics, layout, input normalisation; read
   /// by `asgd export`); empty: not written.
   std::string checkpoint_dir;
+  /// With checkpoint_dir: each shard also writes its key range, optimizer
+  /// state and clocks to DIR/shard-K.ckpt every this many seconds, and the
+  /// job's settings go to DIR/job.toml, so `resume` can continue the job
+  /// (0: only the final model).
+  double checkpoint_every_s = 30.0;
+  /// Continue the job whose checkpoints are in this folder (written with
+  /// checkpoint_dir and checkpoint_every_s): the shards start from their
+  /// checkpoints and training from the first epoch not every worker had
+  /// finished. Lost work: at most one checkpoint interval. Empty: a new job.
+  std::string resume;
   std::uint32_t validation_size = 5000;  ///< training images held out for validation
   std::uint32_t threads = 0;        ///< BLAS threads per worker; 0: cores / workers (at least 1)
   std::uint32_t prefetch = 4;       ///< batches each data feeder keeps ready
   double rpc_timeout_s = 60.0;      ///< longest wait for any reply (shard, feeder) before the job fails
+  /// asgd cluster: a worker process silent this long is declared dead and
+  /// the job goes on without it (< rpc_timeout_s, so that workers held at
+  /// a barrier by the dead one do not give up first).
+  double heartbeat_timeout_s = 10.0;
   /// Tensors between processes (asgd cluster): none (float32) or fp16,
   /// which halves the bytes on the wire. In-process jobs copy nothing.
   std::string compress = "none";
+  /// Serve the job's live state over HTTP on this port (0: off): /metrics
+  /// (Prometheus text), /status (JSON) and / (a page with live charts).
+  std::uint16_t status_port = 0;
+  /// The address the status server binds; the default keeps it on this host.
+  std::string status_address = "127.0.0.1";
 };
 
 /// Checks every field; the message names the flag and the bad value.
@@ -101,6 +120,24 @@ struct EpochMetrics {
 struct EvalPoint {
   double wall_s = 0.0;            ///< seconds since training started, when the parameters were read
   double val_accuracy = 0.0;
+  std::uint64_t updates = 0;      ///< gradient updates the shards had applied to those parameters
+  std::uint64_t samples = 0;      ///< training samples the workers had reported by then
+  /// Mean training loss over the batches reported since the previous
+  /// epoch or eval point; NaN when none were.
+  double train_loss = 0.0;
+};
+
+/// How a running job stands, about twice a second (JobCallbacks::on_progress).
+struct Progress {
+  double wall_s = 0.0;            ///< seconds since training started
+  std::uint32_t epoch = 1;        ///< the epoch the slowest worker is in, 1-based
+  std::uint32_t epochs = 0;       ///< the job's epochs
+  std::uint64_t samples = 0;      ///< training samples the workers have trained on so far
+  std::uint64_t total_samples = 0;  ///< over the whole job (epochs x training samples)
+  double train_loss = 0.0;        ///< mean loss of the batches since the previous Progress; NaN when none
+  double samples_per_s = 0.0;     ///< since the previous Progress
+  std::optional<double> val_accuracy;  ///< the latest validation accuracy, once there is one
+  std::optional<double> eta_s;    ///< remaining training seconds at the recent rate, once known
 };
 
 /// The job's outcome; the metrics file's "summary" record.
@@ -127,12 +164,15 @@ struct JobSummary {
   std::vector<std::uint32_t> worker_batch;  ///< per worker: its batch size (after weights)
   std::vector<double> worker_wait_s;        ///< per worker: seconds the policy held its reads back
   std::uint64_t malformed_frames = 0;       ///< frames the shards' processes dropped unread (asgd cluster)
+  std::uint64_t nonfinite_rejected = 0;     ///< pushes the shards refused for a NaN or infinity (nothing applied)
+  std::uint32_t workers_lost = 0;           ///< workers declared dead; the job finished without them
 };
 
 /// Called from a runtime thread, one call at a time, in epoch order.
 struct JobCallbacks {
   std::function<void(const EpochMetrics&)> on_epoch;
   std::function<void(const EvalPoint&)> on_eval;  ///< --eval-every evaluations
+  std::function<void(const Progress&)> on_progress;  ///< about twice a second while training
   /// Once, after training and before the summary: the final parameters in
   /// the model's flat layout. The span is valid during the call only.
   std::function<void(std::span<const float>)> on_final_params;

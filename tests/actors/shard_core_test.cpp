@@ -2,7 +2,10 @@
 
 #include <gtest/gtest.h>
 
+#include <limits>
+
 #include "actors/coordinator.hpp"
+#include "compute/tensor.hpp"
 #include "messaging/wire.hpp"
 #include "shard_driver.hpp"
 
@@ -164,6 +167,49 @@ TEST(ShardCore, TreatsAnEmptyPushWithoutSamplesAsAClockTick) {
   EXPECT_EQ(shard.core.stats().updates_applied, 0u);
   shard.push_now({1, 0, 0, 0, false, {}});
   EXPECT_EQ(shard.core.view().min_clock, 1u);
+}
+
+TEST(ShardCore, RefusesAGradientHoldingNaNOrInfinityButCountsItsClock) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  const float inf = std::numeric_limits<float>::infinity();
+  ShardDriver shard = make_shard(3);
+  ShardReply r = shard.push_now(grad(0, 0, 0, {1.0f, nan, 0.0f}));
+  EXPECT_EQ(static_cast<PushOutcome>(r.outcome), PushOutcome::nonfinite);
+  EXPECT_EQ(r.params, (std::vector<float>{1.0f, 1.0f, 1.0f}));  // answered, unchanged
+  // From another process too, whether or not the bridge already knew.
+  PushRequest checked = remote_grad(1, 0, 0, {-inf, 0.0f, 0.0f});
+  checked.received.finite = false;
+  EXPECT_EQ(static_cast<PushOutcome>(shard.push_now(std::move(checked)).outcome), PushOutcome::nonfinite);
+  EXPECT_EQ(static_cast<PushOutcome>(shard.push_now(remote_grad(1, 1, 0, {0.0f, 0.0f, inf})).outcome),
+            PushOutcome::nonfinite);
+  const ShardStats s = shard.core.stats();
+  EXPECT_EQ(s.nonfinite, 3u);
+  EXPECT_EQ(s.updates_applied, 0u);
+  EXPECT_EQ(s.rejected, 0u);
+  for (float p : shard.core.params()) EXPECT_EQ(p, 1.0f);
+  // Each still advanced its worker's clock: a barrier does not wait for them.
+  EXPECT_EQ(shard.core.view().min_clock, 1u);
+  // A finite push after them applies as usual.
+  EXPECT_EQ(static_cast<PushOutcome>(shard.push_now(grad(0, 1, 1, {2.0f, 2.0f, 2.0f})).outcome),
+            PushOutcome::applied);
+  for (float p : shard.core.params()) EXPECT_EQ(p, 0.0f);
+}
+
+TEST(AllFinite, FindsANaNOrAnInfinityAnywhereAndNothingElse) {
+  std::vector<float> v(5000, 1.5f);
+  v[17] = -0.0f;
+  v[18] = std::numeric_limits<float>::denorm_min();
+  v[19] = std::numeric_limits<float>::max();
+  EXPECT_TRUE(all_finite(v));
+  EXPECT_TRUE(all_finite({}));
+  for (std::size_t at : {std::size_t{0}, std::size_t{1023}, std::size_t{1024}, std::size_t{4999}}) {
+    for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity(),
+                      -std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::signaling_NaN()}) {
+      std::vector<float> w = v;
+      w[at] = bad;
+      EXPECT_FALSE(all_finite(w)) << "at " << at << ": " << bad;
+    }
+  }
 }
 
 TEST(ShardCore, RefusesInitialParametersOfTheWrongSize) {

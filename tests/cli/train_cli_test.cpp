@@ -155,6 +155,15 @@ TEST(TrainCli, TrainsAndWritesTheSummaryAsTheLastMetricsLine) {
   EXPECT_NE(last.find("\"event\":\"summary\""), std::string::npos) << last;
 }
 
+TEST(TrainCli, ResumeFromAFolderWithoutJobSettingsIsAUsageErrorSayingWhatIsMissing) {
+  const asgd_test::TempDir scratch;
+  expect_one_line_error(asgd("train --resume " + scratch.path().string()), 2, "no job.toml there");
+}
+
+TEST(TrainCli, HeartbeatTimeoutMustBeBelowTheRpcTimeout) {
+  expect_one_line_error(asgd("train --heartbeat-timeout 60 --rpc-timeout 30"), 2, "--heartbeat-timeout 60");
+}
+
 TEST(TrainCli, PrintsHelpAndExitsZero) {
   CliRun r = asgd("train --help");
   EXPECT_EQ(r.exit_code, 0);

@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "dataset/idx.hpp"
+#include "http_client.hpp"
 #include "test_data.hpp"
 
 namespace asgd {
@@ -26,6 +27,8 @@ namespace {
 
 using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
+using asgd_test::http;
+using asgd_test::HttpReply;
 
 #ifdef ASGD_EXAMPLE_SERVICE_PATH
 constexpr const char* kServicePath = ASGD_EXAMPLE_SERVICE_PATH;
@@ -109,45 +112,6 @@ class ServiceProcess {
   std::mutex mu_;
   std::string output_;
 };
-
-struct HttpReply {
-  int status = 0;  // 0: no answer
-  std::string body;
-  json body_json() const { return json::parse(body, nullptr, false); }
-};
-
-// One request on a fresh connection ("Connection: close"), read to EOF.
-HttpReply http(int port, const std::string& method, const std::string& path, const std::string& body = "") {
-  HttpReply reply;
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  timeval tv{30, 0};
-  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<std::uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-    ::close(fd);
-    return reply;
-  }
-  const std::string request = method + " " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n" +
-                              "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
-                              "\r\n\r\n" + body;
-  for (std::size_t sent = 0; sent < request.size();) {
-    const ssize_t n = ::send(fd, request.data() + sent, request.size() - sent, MSG_NOSIGNAL);
-    if (n <= 0) break;
-    sent += static_cast<std::size_t>(n);
-  }
-  std::string raw;
-  char buf[8192];
-  for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) raw.append(buf, static_cast<std::size_t>(n));
-  ::close(fd);
-  const auto head_end = raw.find("\r\n\r\n");
-  if (raw.rfind("HTTP/1.1 ", 0) != 0 || head_end == std::string::npos) return reply;
-  reply.status = std::stoi(raw.substr(9, 3));
-  reply.body = raw.substr(head_end + 4);
-  return reply;
-}
 
 // Waits for the service's job to leave "training"; the last /status.
 json wait_for_job(int port, std::chrono::seconds timeout) {

@@ -231,9 +231,30 @@ TEST(WireMessages, EveryMessageTypeRoundTrips) {
   st.commits = 5;
   st.rejected = 2;
   st.staleness_histogram = {4, 6};
+  st.keys = 4096;
+  st.held = 1;
+  st.queued = 3;
+  st.worker_clock = {12, 9};
   auto st2 = round_trip(st);
   EXPECT_EQ(st2.commits, 5u);
   EXPECT_EQ(st2.staleness_histogram, st.staleness_histogram);
+  EXPECT_EQ(st2.keys, 4096u);
+  EXPECT_EQ(st2.held, 1u);
+  EXPECT_EQ(st2.queued, 3u);
+  EXPECT_EQ(st2.worker_clock, st.worker_clock);
+
+  WorkerProgress wp{1, 40, 2, 2560, 38, 12.5, 2496, 0.25, 1.5, 1};
+  auto wp2 = round_trip(wp);
+  EXPECT_EQ(wp2.worker, 1u);
+  EXPECT_EQ(wp2.clock, 40u);
+  EXPECT_EQ(wp2.epoch, 2u);
+  EXPECT_EQ(wp2.samples, 2560u);
+  EXPECT_EQ(wp2.updates, 38u);
+  EXPECT_EQ(wp2.loss_sum, 12.5);
+  EXPECT_EQ(wp2.loss_samples, 2496u);
+  EXPECT_EQ(wp2.policy_wait_s, 0.25);
+  EXPECT_EQ(wp2.staleness, 1.5);
+  EXPECT_EQ(wp2.batches_ready, 1u);
 }
 
 TEST(WireMessages, Fp16HalvesTheTensorBytesAndKeepsValuesToHalfPrecision) {

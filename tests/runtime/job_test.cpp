@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <set>
@@ -62,7 +64,7 @@ TEST(RunJob, TrainsMnistAcrossTwoWorkersAndTwoShardsAndWritesTheMetricsFile) {
                                           "staleness_mean", "staleness_p99", "staleness_max",
                                           // beyond DESIGN.md's list: the histogram and per-worker figures
                                           "staleness_histogram", "worker_batch", "worker_wait_s",
-                                          "malformed_frames"};
+                                          "malformed_frames", "nonfinite_rejected", "workers_lost"};
   std::set<std::string> keys;
   for (const auto& [k, v] : s.items()) keys.insert(k);
   EXPECT_EQ(keys, expected);
@@ -183,6 +185,40 @@ TEST(ConfigFile, ParsesFlagValuesStrictly) {
   EXPECT_EQ(c.data_dir, "/x");
 }
 
+TEST(RunJob, ReportsProgressTwiceASecondWithGrowingSamplesAnEtaAndTheEpoch) {
+  ASGD_REQUIRE_DATASET(dir, "mnist");
+  JobConfig c;
+  c.data_dir = dir.string();
+  c.epochs = 2;
+  c.batch = 32;
+  std::vector<Progress> seen;
+  JobCallbacks callbacks;
+  callbacks.on_progress = [&](const Progress& p) { seen.push_back(p); };
+  auto result = run_job(c, callbacks);
+  ASSERT_TRUE(result.ok()) << result.status().to_string();
+  ASSERT_GE(seen.size(), 2u) << "training took " << result->train_s << " s";
+  const std::uint64_t total = seen.front().total_samples;
+  EXPECT_EQ(total, 2u * 55000u);  // two epochs of MNIST's training split less 5,000 for validation
+  bool had_eta = false;
+  bool had_loss = false;
+  for (std::size_t i = 0; i < seen.size(); ++i) {
+    const Progress& p = seen[i];
+    EXPECT_EQ(p.epochs, 2u);
+    EXPECT_GE(p.epoch, 1u);
+    EXPECT_LE(p.epoch, 2u);
+    EXPECT_LE(p.samples, total);
+    EXPECT_GE(p.samples_per_s, 0.0);
+    if (i > 0) {
+      EXPECT_GE(p.samples, seen[i - 1].samples);
+      EXPECT_GT(p.wall_s, seen[i - 1].wall_s);
+    }
+    had_eta |= p.eta_s.has_value();
+    had_loss |= std::isfinite(p.train_loss);
+  }
+  EXPECT_TRUE(had_eta);
+  EXPECT_TRUE(had_loss);
+}
+
 }  // namespace
 }  // namespace asgd
 
@@ -209,8 +245,18 @@ TEST(RunJob, EvaluatesBetweenEpochsEveryEvalEverySecondsAndWritesEvalRecords) {
     EXPECT_LE(evals[i].val_accuracy, 1.0);
     if (i > 0) {
       EXPECT_GT(evals[i].wall_s, evals[i - 1].wall_s);
+      // Counts as the workers reported them: never backwards.
+      EXPECT_GE(evals[i].samples, evals[i - 1].samples);
+      EXPECT_GE(evals[i].updates, evals[i - 1].updates);
     }
   }
+  // A point after the first half second has seen work and a loss.
+  const auto later = std::find_if(evals.begin(), evals.end(), [](const EvalPoint& e) { return e.wall_s > 1.0; });
+  if (later != evals.end()) {
+    EXPECT_GT(later->samples, 0u);
+    EXPECT_GT(later->updates, 0u);
+  }
+  EXPECT_LE(evals.back().samples, static_cast<std::uint64_t>(result->samples_per_s * result->train_s) + 1);
   // The target time is no later than the first evaluation between epochs
   // that reached it (an epoch's evaluation may have been earlier).
   ASSERT_TRUE(result->time_to_target_s.has_value());

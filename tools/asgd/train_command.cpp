@@ -4,7 +4,13 @@
 #include <spdlog/sinks/stdout_color_sinks.h>
 #include <spdlog/spdlog.h>
 
+#include <spdlog/fmt/fmt.h>
+#include <unistd.h>
+
+#include <cmath>
 #include <csignal>
+#include <mutex>
+#include <optional>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
@@ -58,6 +64,21 @@ std::optional<int> load_job(const JobOptions& o, JobConfig& config) {
     print_error(s.message());
     return kExitUsage;
   }
+  // --resume DIR: the checkpointed job's own settings come first; a config
+  // file and flags may still change some (more epochs, a new metrics file).
+  if (auto r = o.options.find("resume"); r != o.options.end() && r->second->count() > 0) {
+    const std::string dir = o.flags.at("resume");
+    const std::string saved = (std::filesystem::path(dir) / kJobSettingsFile).string();
+    if (!std::filesystem::exists(saved)) {
+      print_error("--resume " + dir + ": no " + kJobSettingsFile +
+                  " there (was the job run with --checkpoint-dir and --checkpoint-every?)");
+      return kExitUsage;
+    }
+    if (Status s = apply_toml_file(saved, config); !s.ok()) {
+      print_error(s.message());
+      return kExitUsage;
+    }
+  }
   if (!o.config_file.empty()) {
     if (Status s = apply_toml_file(o.config_file, config); !s.ok()) {
       print_error(s.message());
@@ -102,17 +123,113 @@ Interrupts::Interrupts() {
   });
 }
 
-JobCallbacks progress_callbacks(const JobConfig& config) {
-  JobCallbacks callbacks;
-  callbacks.on_epoch = [epochs = config.epochs](const EpochMetrics& m) {
-    std::printf("epoch %u/%u  loss %.4f  val_acc %.4f  %.0f samples/s  (%.1f s)\n", m.epoch, epochs, m.train_loss,
+namespace {
+
+std::string clock_text(double seconds) {
+  const auto s = static_cast<long long>(std::max(0.0, seconds) + 0.5);
+  char buf[32];
+  if (s >= 3600) std::snprintf(buf, sizeof buf, "%lld:%02lld:%02lld", s / 3600, s / 60 % 60, s % 60);
+  else std::snprintf(buf, sizeof buf, "%lld:%02lld", s / 60, s % 60);
+  return buf;
+}
+
+std::string rate_text(double per_s) {
+  char buf[32];
+  if (per_s >= 1e6) std::snprintf(buf, sizeof buf, "%.1fM", per_s / 1e6);
+  else if (per_s >= 1e3) std::snprintf(buf, sizeof buf, "%.1fk", per_s / 1e3);
+  else std::snprintf(buf, sizeof buf, "%.0f", per_s);
+  return buf;
+}
+
+// Progress on stdout. On a terminal: one bar line redrawn in place, with
+// the epoch and eval lines printed above it as they come. Otherwise plain
+// lines: the epoch and eval lines, and a progress line every kPlainEvery.
+class ProgressDisplay {
+ public:
+  explicit ProgressDisplay(std::uint32_t epochs) : epochs_(epochs), tty_(::isatty(STDOUT_FILENO) == 1) {}
+
+  void epoch(const EpochMetrics& m) {
+    std::lock_guard lock(mu_);
+    clear_bar();
+    std::printf("epoch %u/%u  loss %.4f  val_acc %.4f  %.0f samples/s  (%.1f s)\n", m.epoch, epochs_, m.train_loss,
                 m.val_accuracy, m.samples_per_s, m.wall_s);
-    std::fflush(stdout);
-  };
-  callbacks.on_eval = [](const EvalPoint& e) {
+    redraw();
+  }
+
+  void eval(const EvalPoint& e) {
+    std::lock_guard lock(mu_);
+    clear_bar();
     std::printf("  eval at %.2f s  val_acc %.4f\n", e.wall_s, e.val_accuracy);
+    redraw();
+  }
+
+  void progress(const Progress& p) {
+    std::lock_guard lock(mu_);
+    last_ = p;
+    if (tty_) {
+      redraw();
+    } else if (p.wall_s - last_plain_s_ >= kPlainEvery) {
+      last_plain_s_ = p.wall_s;
+      std::printf("progress %s\n", summary(p).c_str());
+      std::fflush(stdout);
+    }
+  }
+
+  ~ProgressDisplay() {
+    std::lock_guard lock(mu_);
+    clear_bar();
+  }
+
+ private:
+  static constexpr double kPlainEvery = 10.0;
+
+  std::string summary(const Progress& p) const {
+    const double done = p.total_samples ? static_cast<double>(p.samples) / static_cast<double>(p.total_samples) : 0.0;
+    std::string s = fmt::format("{:3.0f}%  epoch {}/{}", 100.0 * std::min(done, 1.0), p.epoch, p.epochs);
+    s += "  ETA " + (p.eta_s ? clock_text(*p.eta_s) : std::string("?"));
+    if (std::isfinite(p.train_loss)) s += fmt::format("  loss {:.4f}", p.train_loss);
+    if (p.val_accuracy) s += fmt::format("  acc {:.4f}", *p.val_accuracy);
+    s += "  " + rate_text(p.samples_per_s) + " samples/s";
+    return s;
+  }
+
+  void redraw() {
+    if (!tty_ || !last_) {
+      std::fflush(stdout);
+      return;
+    }
+    const Progress& p = *last_;
+    const double done = p.total_samples ? static_cast<double>(p.samples) / static_cast<double>(p.total_samples) : 0.0;
+    constexpr int kWidth = 24;
+    const int filled = static_cast<int>(std::min(done, 1.0) * kWidth);
+    const std::string bar = "[" + std::string(static_cast<std::size_t>(filled), '#') +
+                            std::string(static_cast<std::size_t>(kWidth - filled), '.') + "] ";
+    std::printf("\r\x1b[2K%s%s", bar.c_str(), summary(p).c_str());
+    drawn_ = true;
     std::fflush(stdout);
-  };
+  }
+
+  void clear_bar() {
+    if (drawn_) std::printf("\r\x1b[2K");
+    drawn_ = false;
+  }
+
+  std::mutex mu_;
+  std::uint32_t epochs_;
+  bool tty_;
+  bool drawn_ = false;
+  std::optional<Progress> last_;
+  double last_plain_s_ = 0.0;
+};
+
+}  // namespace
+
+JobCallbacks progress_callbacks(const JobConfig& config) {
+  auto display = std::make_shared<ProgressDisplay>(config.epochs);
+  JobCallbacks callbacks;
+  callbacks.on_epoch = [display](const EpochMetrics& m) { display->epoch(m); };
+  callbacks.on_eval = [display](const EvalPoint& e) { display->eval(e); };
+  callbacks.on_progress = [display](const Progress& p) { display->progress(p); };
   return callbacks;
 }
 

@@ -1,0 +1,42 @@
+#pragma once
+// A job's status server (--status-port): a small HTTP/1.1 server on its own
+// thread that serves
+//   GET /metrics  the job's counters and gauges, Prometheus text format
+//   GET /status   the same state as JSON (runtime/live_status.hpp)
+//   GET /         a page that polls /status and draws live charts
+// from a LiveStatus the coordinator keeps current. Anything else is 404 (or
+// 405 for another method). Each connection gets 10 s to send its request;
+// the server never blocks the job.
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "asgd/status.hpp"
+#include "runtime/live_status.hpp"
+
+namespace asgd {
+
+class StatusServer {
+ public:
+  /// Binds address:port (port 0: any free one) and starts serving
+  /// `status`, with `page_html` at /. Errors: io_error naming the address
+  /// when it cannot bind.
+  static Result<std::unique_ptr<StatusServer>> start(const std::string& address, std::uint16_t port,
+                                                     std::shared_ptr<const LiveStatus> status, std::string page_html);
+  /// Stops serving and joins its thread.
+  ~StatusServer();
+  StatusServer(const StatusServer&) = delete;
+  StatusServer& operator=(const StatusServer&) = delete;
+
+  /// The port it listens on (the chosen one when asked for 0).
+  std::uint16_t port() const;
+
+  struct Impl;
+
+ private:
+  explicit StatusServer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace asgd

@@ -1,0 +1,176 @@
+// Shard checkpoints and --resume: a stopped job continues where its shards
+// last wrote their state.
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <stop_token>
+
+#include <nlohmann/json.hpp>
+
+#include "actors/parameter_shard.hpp"
+#include "asgd/job.hpp"
+#include "temp_dir.hpp"
+#include "test_data.hpp"
+#include "actors/shard_driver.hpp"
+
+namespace asgd {
+namespace {
+
+namespace fs = std::filesystem;
+
+ShardSetup setup_for(const char* optimizer, std::uint32_t index = 1) {
+  ShardSetup s;
+  s.index = index;
+  s.range = {100, 100 + 300};
+  s.initial.assign(300, 0.5f);
+  s.optimizer = {optimizer, 0.05f, 0.9f, 0.001f};
+  s.workers = 2;
+  return s;
+}
+
+std::vector<float> gradient(Clock c) {
+  std::vector<float> g(300);
+  for (std::size_t i = 0; i < g.size(); ++i) g[i] = static_cast<float>((i * 13 + c * 7) % 17) / 17.0f - 0.5f;
+  return g;
+}
+
+std::vector<float> params_of(const ShardCore& core) { return {core.params().begin(), core.params().end()}; }
+
+TEST(ShardCheckpoint, ARestoredShardContinuesExactlyAsTheOriginalWouldHave) {
+  const asgd_test::TempDir dir;
+  for (const char* kind : {"sgd", "momentum", "adagrad", "adam"}) {
+    auto a = ShardCore::make(setup_for(kind));
+    ASSERT_TRUE(a.ok());
+    asgd_test::ShardDriver original(std::move(a).value());
+    for (Clock c = 0; c < 5; ++c) original.push_now({static_cast<WorkerId>(c % 2), c, c, 8, false, gradient(c)});
+    const std::string path = shard_checkpoint_path(dir.path().string(), 1);
+    ASSERT_TRUE(original.core.save(path).ok());
+
+    auto b = ShardCore::make(setup_for(kind));
+    ASSERT_TRUE(b.ok());
+    asgd_test::ShardDriver restored(std::move(b).value());
+    const std::vector<Clock> restart = {5, 5};
+    ASSERT_TRUE(restored.core.restore(path, restart).ok()) << kind;
+    EXPECT_EQ(params_of(restored.core), params_of(original.core)) << kind;
+    EXPECT_EQ(restored.core.stats().updates_applied, 5u);
+    EXPECT_EQ(restored.core.stats().worker_clock, restart);
+    // The optimizer state came back too: the next steps agree bit for bit.
+    for (Clock c = 5; c < 8; ++c) {
+      original.push_now({0, c, c, 8, false, gradient(c)});
+      restored.push_now({0, c, c, 8, false, gradient(c)});
+    }
+    EXPECT_EQ(params_of(restored.core), params_of(original.core)) << kind;
+  }
+}
+
+TEST(ShardCheckpoint, ADamagedOrForeignCheckpointIsRefusedNamingTheFile) {
+  const asgd_test::TempDir dir;
+  auto a = ShardCore::make(setup_for("momentum"));
+  ASSERT_TRUE(a.ok());
+  const std::string path = shard_checkpoint_path(dir.path().string(), 1);
+  ASSERT_TRUE(a->save(path).ok());
+  const std::vector<Clock> restart = {0, 0};
+
+  auto other_shard = ShardCore::make(setup_for("momentum", 2));
+  ASSERT_TRUE(other_shard.ok());
+  Status s = other_shard->restore(path, restart);
+  EXPECT_EQ(s.code(), StatusCode::invalid_argument);
+  EXPECT_NE(s.message().find("shard-1.ckpt"), std::string::npos) << s.message();
+
+  auto other_optimizer = ShardCore::make(setup_for("adam"));
+  ASSERT_TRUE(other_optimizer.ok());
+  EXPECT_EQ(other_optimizer->restore(path, restart).code(), StatusCode::invalid_argument);
+
+  {  // one flipped byte in the values
+    std::fstream f(path, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-20, std::ios::end);
+    f.put('\x7f');
+  }
+  auto same = ShardCore::make(setup_for("momentum"));
+  ASSERT_TRUE(same.ok());
+  s = same->restore(path, restart);
+  EXPECT_EQ(s.code(), StatusCode::corruption);
+  EXPECT_NE(s.message().find("checksum"), std::string::npos) << s.message();
+  for (float p : same->params()) EXPECT_EQ(p, 0.5f);  // nothing half-loaded
+
+  EXPECT_EQ(same->restore((dir / "missing.ckpt").string(), restart).code(), StatusCode::not_found);
+}
+
+std::vector<nlohmann::json> read_jsonl(const std::string& path) {
+  std::vector<nlohmann::json> out;
+  std::ifstream in(path);
+  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
+  return out;
+}
+
+TEST(Resume, AJobStoppedAfterItsFirstEpochContinuesFromTheShardCheckpoints) {
+  ASGD_REQUIRE_DATASET(data, "mnist");
+  const asgd_test::TempDir dir;
+  JobConfig c;
+  c.data_dir = data.string();
+  c.epochs = 3;
+  c.batch = 32;
+  c.checkpoint_dir = (dir / "ckpt").string();
+  c.checkpoint_every_s = 0.2;
+  c.metrics_out = (dir / "run.jsonl").string();
+
+  // The first run is stopped once its first epoch is in (and a checkpoint
+  // written after it: the epoch takes longer than the interval here).
+  std::stop_source stop;
+  JobCallbacks callbacks;
+  callbacks.on_epoch = [&](const EpochMetrics& m) {
+    if (m.epoch == 1) stop.request_stop();
+  };
+  auto first = run_job(c, callbacks, stop.get_token());
+  ASSERT_FALSE(first.ok());
+  EXPECT_EQ(first.status().code(), StatusCode::cancelled);
+  ASSERT_TRUE(fs::exists(dir / "ckpt" / "shard-0.ckpt"));
+  ASSERT_TRUE(fs::exists(dir / "ckpt" / "job.toml"));
+
+  JobConfig again = c;
+  again.resume = c.checkpoint_dir;
+  again.checkpoint_dir.clear();  // defaults to the folder resumed from
+  std::vector<std::uint32_t> epochs;
+  JobCallbacks seen;
+  seen.on_epoch = [&](const EpochMetrics& m) { epochs.push_back(m.epoch); };
+  auto second = run_job(again, seen);
+  ASSERT_TRUE(second.ok()) << second.status().to_string();
+  ASSERT_FALSE(epochs.empty());
+  EXPECT_GE(epochs.front(), 2u) << "it trained epoch 1 again";
+  EXPECT_EQ(epochs.back(), 3u);
+  EXPECT_GE(second->final_test_accuracy, 0.95);
+
+  // The metrics file goes on: the first run's epoch, then the resume record
+  // saying what was lost at most, then the rest.
+  const auto lines = read_jsonl(c.metrics_out);
+  ASSERT_GE(lines.size(), 3u);
+  EXPECT_EQ(lines[0]["event"], "epoch");
+  const auto resume = std::find_if(lines.begin(), lines.end(), [](const auto& j) { return j["event"] == "resume"; });
+  ASSERT_NE(resume, lines.end());
+  EXPECT_EQ((*resume)["lost_at_most_s"], 0.2);
+  EXPECT_GT((*resume)["updates"].get<std::uint64_t>(), 0u);
+  EXPECT_EQ(lines.back()["event"], "summary");
+
+  // A finished job has nothing left to resume.
+  auto third = run_job(again);
+  ASSERT_FALSE(third.ok());
+  EXPECT_EQ(third.status().code(), StatusCode::invalid_argument);
+  EXPECT_NE(third.status().message().find("trained all 3 epochs"), std::string::npos) << third.status().message();
+}
+
+TEST(Resume, AFolderWithoutShardCheckpointsIsRefusedSayingWhatIsMissing) {
+  ASGD_REQUIRE_DATASET(data, "mnist");
+  const asgd_test::TempDir dir;
+  JobConfig c;
+  c.data_dir = data.string();
+  c.resume = dir.path().string();
+  auto r = run_job(c);
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::not_found);
+  EXPECT_NE(r.status().message().find("shard-0.ckpt"), std::string::npos) << r.status().message();
+}
+
+}  // namespace
+}  // namespace asgd

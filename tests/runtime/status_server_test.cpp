@@ -1,0 +1,160 @@
+// The job's status server (--status-port): what a scraper and a browser get.
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <future>
+#include <regex>
+#include <string>
+#include <thread>
+
+#include "cli/cli_run.hpp"
+#include "http_client.hpp"
+#include "runtime/live_status.hpp"
+#include "runtime/status_server.hpp"
+#include "test_data.hpp"
+
+namespace asgd {
+namespace {
+
+using asgd_test::http;
+using Clock = std::chrono::steady_clock;
+
+LiveSnapshot two_workers() {
+  LiveSnapshot s;
+  s.state = "training";
+  s.policy = "ssp:2";
+  s.model = "mlp";
+  s.dataset = "mnist";
+  s.workers = 2;
+  s.shards = 1;
+  s.epochs = 3;
+  s.samples = 42;
+  s.updates = 7;
+  s.train_loss = 0.5;
+  s.worker = {LiveWorker{0, 12, 1, 21, 4, 1.0, 0.25, 1, true, false, 0.1},
+              LiveWorker{1, 10, 1, 21, 3, 2.0, 0.5, 0, true, false, 0.2}};
+  s.shard = {LiveShard{0, 101770, 7, 1, 2, 0, 0, 3}};
+  return s;
+}
+
+// The value of an unlabelled or labelled sample line, or -1.
+double sample_value(const std::string& text, const std::string& series) {
+  const auto at = text.find("\n" + series + " ");
+  if (at == std::string::npos) return -1;
+  return std::stod(text.substr(at + series.size() + 2));
+}
+
+TEST(StatusServer, ServesMetricsStatusAndThePageAndRefusesTheRest) {
+  auto live = std::make_shared<LiveStatus>();
+  live->update([](LiveSnapshot& s) { s = two_workers(); });
+  auto server = StatusServer::start("127.0.0.1", 0, live, "<html>live</html>");
+  ASSERT_TRUE(server.ok()) << server.status().to_string();
+  const int port = (*server)->port();
+  ASSERT_GT(port, 0);
+
+  const auto metrics = http(port, "GET", "/metrics");
+  ASSERT_EQ(metrics.status, 200);
+  EXPECT_NE(metrics.headers.find("text/plain; version=0.0.4"), std::string::npos) << metrics.headers;
+  EXPECT_EQ(sample_value(metrics.body, "asgd_samples_total"), 42);
+  EXPECT_EQ(sample_value(metrics.body, "asgd_updates_total"), 7);
+  EXPECT_EQ(sample_value(metrics.body, "asgd_rejected_messages_total"), 3);  // 1 rejected push + 2 dropped frames
+  EXPECT_EQ(sample_value(metrics.body, "asgd_worker_clock{worker=\"1\"}"), 10);
+  EXPECT_EQ(sample_value(metrics.body, "asgd_shard_queue_depth{shard=\"0\"}"), 3);
+  EXPECT_NE(metrics.body.find("# TYPE asgd_samples_total counter"), std::string::npos);
+  EXPECT_NE(metrics.body.find("asgd_job_info{policy=\"ssp:2\",model=\"mlp\""), std::string::npos);
+  // Every sample line is "name[{labels}] value", as the exposition format asks.
+  const std::regex line(R"(([a-z_]+(\{[a-z_]+="[^"]*"(,[a-z_]+="[^"]*")*\})? [-+0-9.eEInfNa]+)|(# (HELP|TYPE) .*))");
+  std::istringstream lines(metrics.body);
+  for (std::string l; std::getline(lines, l);) EXPECT_TRUE(std::regex_match(l, line)) << l;
+
+  const auto status = http(port, "GET", "/status");
+  ASSERT_EQ(status.status, 200);
+  const auto j = status.body_json();
+  EXPECT_EQ(j, to_json(two_workers()));
+  ASSERT_EQ(j["worker"].size(), 2u);
+  EXPECT_EQ(j["worker"][1]["clock"], 10);
+  EXPECT_EQ(j["shard"][0]["keys"], 101770);
+  EXPECT_EQ(j["val_accuracy"], nullptr);
+
+  const auto page = http(port, "GET", "/");
+  EXPECT_EQ(page.status, 200);
+  EXPECT_NE(page.headers.find("text/html"), std::string::npos);
+  EXPECT_EQ(page.body, "<html>live</html>");
+
+  EXPECT_EQ(http(port, "GET", "/nope").status, 404);
+  EXPECT_EQ(http(port, "POST", "/status", "{}").status, 405);
+
+  // A later snapshot is what the next scrape sees.
+  live->update([](LiveSnapshot& s) { s.samples = 100; });
+  EXPECT_EQ(sample_value(http(port, "GET", "/metrics").body, "asgd_samples_total"), 100);
+}
+
+TEST(StatusServer, LabelValuesAreEscaped) {
+  LiveSnapshot s = two_workers();
+  s.model = "a\"b\\c\nd";
+  const std::string text = to_prometheus(s);
+  EXPECT_NE(text.find(R"(model="a\"b\\c\nd")"), std::string::npos) << text;
+}
+
+TEST(StatusServer, APortInUseIsRefusedNamingTheFlag) {
+  auto live = std::make_shared<LiveStatus>();
+  auto first = StatusServer::start("127.0.0.1", 0, live, "");
+  ASSERT_TRUE(first.ok());
+  auto second = StatusServer::start("127.0.0.1", (*first)->port(), live, "");
+  ASSERT_FALSE(second.ok());
+  EXPECT_EQ(second.status().code(), StatusCode::invalid_argument);
+  EXPECT_NE(second.status().message().find("--status-port"), std::string::npos) << second.status().message();
+  auto bad = StatusServer::start("not-an-address", 0, live, "");
+  ASSERT_FALSE(bad.ok());
+  EXPECT_NE(bad.status().message().find("--status-address"), std::string::npos);
+}
+
+// Acceptance: during a real run, two scrapes of /metrics show the sample
+// and update counters growing, and /status lists every worker.
+TEST(StatusServer, DuringATrainingRunTheCountersGrowAndStatusListsEveryWorker) {
+  ASGD_REQUIRE_DATASET(dir, "mnist");
+  const int port = asgd_test::free_port();
+  ASSERT_GT(port, 0);
+  auto run = std::async(std::launch::async, [&] {
+    return asgd_test::asgd("train --data-dir " + dir.string() + " --workers 3 --epochs 3 --batch 16 --status-port " +
+                           std::to_string(port));
+  });
+  // Waits until /metrics shows `series` above `above`; its value then, or -1.
+  auto wait_for = [&](const std::string& series, double above, std::chrono::seconds limit) {
+    const auto deadline = Clock::now() + limit;
+    while (Clock::now() < deadline) {
+      const auto r = http(port, "GET", "/metrics");
+      if (r.status == 200) {
+        const double v = sample_value(r.body, series);
+        if (v > above) return v;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return -1.0;
+  };
+  const double samples1 = wait_for("asgd_samples_total", 0, std::chrono::seconds(60));
+  ASSERT_GT(samples1, 0) << "no samples on /metrics within 60 s";
+  const double updates1 = wait_for("asgd_updates_total", 0, std::chrono::seconds(10));
+  ASSERT_GT(updates1, 0);
+  const auto status = http(port, "GET", "/status").body_json();
+  const double samples2 = wait_for("asgd_samples_total", samples1, std::chrono::seconds(10));
+  const double updates2 = wait_for("asgd_updates_total", updates1, std::chrono::seconds(10));
+  EXPECT_GT(samples2, samples1) << "the sample counter did not grow within 10 s";
+  EXPECT_GT(updates2, updates1) << "the update counter did not grow within 10 s";
+
+  ASSERT_EQ(status["worker"].size(), 3u) << status.dump();
+  for (int w = 0; w < 3; ++w) {
+    EXPECT_EQ(status["worker"][w]["worker"], w);
+    EXPECT_TRUE(status["worker"][w]["alive"].get<bool>());
+  }
+  EXPECT_EQ(status["state"], "training");
+  EXPECT_EQ(status["workers"], 3);
+  EXPECT_EQ(status["total_samples"], 3 * 55000);
+
+  const auto done = run.get();
+  EXPECT_EQ(done.exit_code, 0) << done.err;
+}
+
+}  // namespace
+}  // namespace asgd
