@@ -21,6 +21,7 @@
 #include <thread>
 
 #include "temp_dir.hpp"
+#include "test_helpers.hpp"
 
 namespace asgd::messaging {
 namespace {
@@ -52,16 +53,7 @@ std::string text_of(const Part& p) { return {reinterpret_cast<const char*>(p.byt
 
 void write(const fs::path& p, const std::string& s) { std::ofstream(p) << s; }
 
-// Waits until `done` holds (true) or `limit` passes (false).
-template <class F>
-bool eventually(F done, std::chrono::milliseconds limit = 10s) {
-  const auto until = Clock::now() + limit;
-  while (!done()) {
-    if (Clock::now() > until) return false;
-    std::this_thread::sleep_for(10ms);
-  }
-  return true;
-}
+using asgd_test::eventually;
 
 // Warnings logged while it lives (the default logger's), for tests about
 // what is logged. Declare it before any transport: its threads log through

@@ -24,6 +24,7 @@
 #include "runtime/cluster.hpp"
 #include "temp_dir.hpp"
 #include "test_data.hpp"
+#include "test_helpers.hpp"
 
 namespace asgd {
 namespace {
@@ -47,15 +48,7 @@ CurveOptions curve(const CurveKeypair& own, std::vector<CurveKey> allowed) {
   return o;
 }
 
-template <class F>
-bool eventually(F done, std::chrono::milliseconds limit = 10s) {
-  const auto until = Clock::now() + limit;
-  while (!done()) {
-    if (Clock::now() > until) return false;
-    std::this_thread::sleep_for(10ms);
-  }
-  return true;
-}
+using asgd_test::eventually;
 
 // A peer outside the job: sends well-formed push and pull frames to a
 // shard and counts whatever comes back. (Its transport queues them until

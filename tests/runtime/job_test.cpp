@@ -12,17 +12,13 @@
 #include "asgd/job.hpp"
 #include "runtime/config_file.hpp"
 #include "temp_dir.hpp"
+#include "test_helpers.hpp"
 #include "test_data.hpp"
 
 namespace asgd {
 namespace {
 
-std::vector<nlohmann::json> read_jsonl(const std::filesystem::path& p) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(p);
-  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
-  return out;
-}
+using asgd_test::read_jsonl;
 
 TEST(RunJob, TrainsMnistAcrossTwoWorkersAndTwoShardsAndWritesTheMetricsFile) {
   ASGD_REQUIRE_DATASET(dir, "mnist");

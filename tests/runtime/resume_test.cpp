@@ -12,6 +12,7 @@
 #include "actors/parameter_shard.hpp"
 #include "asgd/job.hpp"
 #include "temp_dir.hpp"
+#include "test_helpers.hpp"
 #include "test_data.hpp"
 #include "actors/shard_driver.hpp"
 
@@ -98,12 +99,7 @@ TEST(ShardCheckpoint, ADamagedOrForeignCheckpointIsRefusedNamingTheFile) {
   EXPECT_EQ(same->restore((dir / "missing.ckpt").string(), restart).code(), StatusCode::not_found);
 }
 
-std::vector<nlohmann::json> read_jsonl(const std::string& path) {
-  std::vector<nlohmann::json> out;
-  std::ifstream in(path);
-  for (std::string line; std::getline(in, line);) out.push_back(nlohmann::json::parse(line));
-  return out;
-}
+using asgd_test::read_jsonl;
 
 TEST(Resume, AJobStoppedAfterItsFirstEpochContinuesFromTheShardCheckpoints) {
   ASGD_REQUIRE_DATASET(data, "mnist");
