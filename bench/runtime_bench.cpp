@@ -138,11 +138,13 @@ std::function<int()> add_bench_command(CLI::App& app) {
   rt->add_flag("--json", o->json, "print one JSON object instead of text");
   auto comm = add_comm_bench(bench);
   auto compute = add_compute_bench(bench);
-  return [o, rt, comm, compute] {
+  auto load = add_load_bench(bench);
+  return [o, rt, comm, compute, load] {
     if (comm.parsed()) return comm.run();
     if (compute.parsed()) return compute.run();
+    if (load.parsed()) return load.run();
     if (!rt->parsed()) {
-      print_error("bench: name a benchmark (runtime, comm, compute)");
+      print_error("bench: name a benchmark (runtime, comm, compute, load)");
       return kExitUsage;
     }
     return run_bench_runtime(*o);

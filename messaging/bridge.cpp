@@ -2,14 +2,32 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
 #include <deque>
-#include <set>
 
 namespace asgd::messaging {
 
+// What a RequestSlot counts against: shared with every slot, so a slot may
+// outlive its bridge. A slot may go back on any thread, a ZeroMQ I/O thread
+// included (see tie_slot_to_frame): giving it back only counts down, and a
+// paused I/O thread looks again every millisecond.
+struct SlotGate {
+  std::atomic<std::size_t> held{0};
+};
+
+namespace {
+
+// How often a paused I/O thread looks whether slots came back.
+constexpr std::chrono::milliseconds kPausedPoll{1};
+
+}  // namespace
+
 Result<std::shared_ptr<Bridge>> Bridge::start(BridgeOptions options, Handler handler,
                                               std::unique_ptr<Transport> transport) {
-  if (!transport) transport = make_zmq_transport();
+  if (!transport) {
+    if (options.curve && options.curve->log_name == CurveOptions().log_name) options.curve->log_name = options.name;
+    transport = make_zmq_transport(options.limits, options.curve);
+  }
   std::shared_ptr<Bridge> b(new Bridge(std::move(options), std::move(handler), std::move(transport)));
   if (!b->options_.listen.empty()) {
     auto bound = b->transport_->bind(b->options_.listen);
@@ -21,11 +39,64 @@ Result<std::shared_ptr<Bridge>> Bridge::start(BridgeOptions options, Handler han
 }
 
 Bridge::Bridge(BridgeOptions options, Handler handler, std::unique_ptr<Transport> transport)
-    : options_(std::move(options)), handler_(std::move(handler)), transport_(std::move(transport)) {
+    : options_(std::move(options)),
+      handler_(std::move(handler)),
+      transport_(std::move(transport)),
+      gate_(std::make_shared<SlotGate>()),
+      max_unanswered_(options_.max_unanswered) {
   coding_ = options_.coding;
 }
 
 Bridge::~Bridge() { stop(); }
+
+void Bridge::set_max_unanswered(std::size_t n) {
+  max_unanswered_ = n;
+  transport_->wake();  // the I/O thread looks again
+}
+
+RequestSlot Bridge::take_slot() {
+  const std::size_t now = gate_->held.fetch_add(1) + 1;
+  {
+    std::lock_guard lock(mu_);
+    stats_.unanswered_peak = std::max<std::uint64_t>(stats_.unanswered_peak, now);
+  }
+  SlotGate* raw = gate_.get();
+  return RequestSlot(std::shared_ptr<void>(raw, [gate = gate_](void*) { gate->held.fetch_sub(1); }));
+}
+
+// Stops at the limit and reads again once half of it has been answered:
+// pauses are fewer and longer, so the queues behind (ZeroMQ's, the
+// kernel's, the senders') fill in the first pause instead of creeping up
+// over many short ones, and a paused shard has half a limit of work left.
+bool Bridge::must_pause_reading(bool paused) {
+  const std::size_t limit = max_unanswered_.load();
+  if (limit == 0) return false;
+  const std::size_t held = gate_->held.load();
+  return paused ? held > limit / 2 : held >= limit;
+}
+
+namespace {
+
+// A reply keeps its request's slot until its bytes have left: the slot is
+// tied to the owner of the frame's largest part (the parameters), which a
+// transport that sends without copying holds until then. That is when the
+// buffer the push arrived in is freed, so the slots count the requests'
+// memory. A frame with nothing to tie it to lets the slot go when the
+// transport has taken it.
+void tie_slot_to_frame(Message& message, RequestSlot& slot) {
+  Part* big = nullptr;
+  for (Part& p : message)
+    if (p.owner && (big == nullptr || p.bytes.size() > big->bytes.size())) big = &p;
+  if (big == nullptr) return;
+  struct Both {
+    std::shared_ptr<const void> owner;
+    RequestSlot slot;
+  };
+  big->owner = std::make_shared<const Both>(Both{std::move(big->owner), std::move(slot)});
+  slot = {};
+}
+
+}  // namespace
 
 void Bridge::stop(std::chrono::milliseconds linger) {
   if (!io_.joinable()) return;
@@ -51,11 +122,13 @@ Result<PeerId> Bridge::connect(const std::string& endpoint) {
   return done.get();
 }
 
-void Bridge::send(const PeerId& peer, Message message) {
+void Bridge::send(const PeerId& peer, Message message) { send(peer, std::move(message), RequestSlot()); }
+
+void Bridge::send(const PeerId& peer, Message message, RequestSlot slot) {
   {
     std::lock_guard lock(mu_);
     for (const auto& p : message) stats_.bytes_out += p.bytes.size();
-    outbox_.push_back({peer, std::move(message)});
+    outbox_.push_back({peer, std::move(message), std::move(slot)});
   }
   transport_->wake();
 }
@@ -71,7 +144,9 @@ void Bridge::request(const PeerId& peer, std::uint64_t id, Message message, caf:
 
 BridgeStats Bridge::stats() const {
   std::lock_guard lock(mu_);
-  return stats_;
+  BridgeStats s = stats_;
+  s.unanswered = gate_->held.load();
+  return s;
 }
 
 void Bridge::reject(const PeerId& peer, FrameError why) {
@@ -90,6 +165,8 @@ void Bridge::reject(const PeerId& peer, FrameError why) {
 
 void Bridge::run() {
   std::deque<Outgoing> backlog;  // accepted but not yet taken by the transport (would block)
+  std::uint64_t auth_rejected_seen = 0;
+  bool paused = false;  // not reading the bound endpoint (max_unanswered)
   while (true) {
     std::deque<std::pair<std::string, std::promise<Result<PeerId>>>> connects;
     {
@@ -98,6 +175,7 @@ void Bridge::run() {
       while (!outbox_.empty()) {
         backlog.push_back(std::move(outbox_.front()));
         outbox_.pop_front();
+        if (backlog.back().slot) tie_slot_to_frame(backlog.back().message, backlog.back().slot);
       }
     }
     for (auto& [endpoint, done] : connects) done.set_value(transport_->connect(endpoint));
@@ -121,7 +199,24 @@ void Bridge::run() {
       std::lock_guard lock(mu_);
       if ((backlog.empty() && outbox_.empty()) || std::chrono::steady_clock::now() > linger_until_) break;
     }
-    auto in = transport_->receive(blocked || stopping_ ? std::chrono::milliseconds(1) : std::chrono::milliseconds(200));
+    // Backpressure: the backlog above is drained first, since replies
+    // leaving are what brings reading back; while paused, look again soon.
+    if (const bool pause = must_pause_reading(paused); pause != paused) {
+      paused = pause;
+      transport_->pause_bound(paused);
+      if (paused) {
+        std::lock_guard lock(mu_);
+        ++stats_.read_pauses;
+      }
+    }
+    auto in = transport_->receive(blocked || stopping_ ? std::chrono::milliseconds(1)
+                                  : paused              ? kPausedPoll
+                                                        : std::chrono::milliseconds(200));
+    if (const std::uint64_t refused = transport_->stats().auth_rejected; refused != auth_rejected_seen) {
+      auth_rejected_seen = refused;
+      std::lock_guard lock(mu_);
+      stats_.auth_rejected = refused;
+    }
     if (!in) {
       spdlog::error("{}: receiving failed: {}", options_.name, in.status().message());
       continue;
@@ -184,6 +279,9 @@ void Bridge::handle(Incoming&& in) {
   Inbound ib;
   ib.peer = in.from;
   ib.request_id = id;
+  // Counted from here: a request from the bound endpoint keeps its slot
+  // until it is answered (or dropped).
+  if (in.from.starts_with("r:")) ib.slot = take_slot();
   FrameError e = FrameError::none;
   switch (type) {
     case MsgType::registration: e = decode_into<Registration>(f, ib); break;
@@ -208,6 +306,7 @@ void Bridge::handle(Incoming&& in) {
     case MsgType::checkpoint: e = decode_into<CheckpointRequest>(f, ib); break;
     case MsgType::shutdown: e = decode_into<Shutdown>(f, ib); break;
     case MsgType::epoch_report: e = decode_into<EpochReport>(f, ib); break;
+    case MsgType::progress: e = decode_into<WorkerProgress>(f, ib); break;
     case MsgType::failure: e = decode_into<Failure>(f, ib); break;
     case MsgType::stats: e = decode_into<StatsRequest>(f, ib); break;
     case MsgType::start: e = decode_into<StartTraining>(f, ib); break;
@@ -281,18 +380,21 @@ namespace {
 
 // Request ids a shard server has seen from each peer, so a frame the
 // network delivered twice is applied once. Ids from one peer grow, but may
-// arrive out of order: remember a window of the latest.
+// arrive out of order: remember a window of the latest. Each peer's window
+// is one ring, allocated whole when the peer is first seen, so a shard's
+// memory does not creep up over its first thousands of requests (a scan
+// of 32 KiB costs about a microsecond, next to a push's tens).
 class SeenRequests {
  public:
   /// True the first time (peer, id) is seen.
   bool first(const PeerId& peer, std::uint64_t id) {
     auto& w = peers_[peer];
-    if (!w.ids.insert(id).second) return false;
-    w.order.push_back(id);
-    if (w.order.size() > kWindow) {
-      w.ids.erase(w.order.front());
-      w.order.pop_front();
-    }
+    if (w.ids.empty()) w.ids.assign(kWindow, 0);
+    const auto seen = w.ids.begin() + static_cast<std::ptrdiff_t>(w.filled);
+    if (std::find(w.ids.begin(), seen, id) != seen) return false;
+    w.ids[w.next] = id;
+    w.next = (w.next + 1) % kWindow;
+    w.filled = std::max(w.filled, w.next == 0 ? kWindow : w.next);
     return true;
   }
   std::uint64_t duplicates = 0;
@@ -300,8 +402,9 @@ class SeenRequests {
  private:
   static constexpr std::size_t kWindow = 4096;
   struct Window {
-    std::set<std::uint64_t> ids;
-    std::deque<std::uint64_t> order;
+    std::vector<std::uint64_t> ids;  // (kWindow,) a ring: the latest ids, [0, filled) in use
+    std::size_t next = 0;            // where the next id goes, over the oldest
+    std::size_t filled = 0;
   };
   std::map<PeerId, Window> peers_;
 };
@@ -316,45 +419,54 @@ caf::behavior shard_server(caf::event_based_actor* self, std::shared_ptr<Bridge>
       spdlog::warn("{}: ignored a request {} delivered twice; further duplicates are counted", bridge->name(), peer);
     return false;
   };
-  auto answer = [bridge](const PeerId& peer, std::uint64_t id, ShardReply& r) {
+  // Each request's slot travels with it into the reply's frame (the
+  // handlers move it out, so the bridge alone holds it then); a request
+  // dropped here or failed by the shard lets it go.
+  auto answer = [bridge](const PeerId& peer, std::uint64_t id, ShardReply& r, RequestSlot slot) {
     if (r.params_in_frame.owner) {
       // Written over the push's gradient: sent back from the same buffer.
       if (bridge->coding() == TensorCoding::float32 && r.params_crc) {
-        bridge->send(peer, encode_in_frame(r, id, r.params_in_frame, *r.params_crc));
+        bridge->send(peer, encode_in_frame(r, id, r.params_in_frame, *r.params_crc), std::move(slot));
         return;
       }
       r.params.assign(r.params_in_frame.values.begin(), r.params_in_frame.values.end());  // to be converted
       r.params_in_frame = {};
     }
     std::vector<float> params = std::move(r.params);
-    bridge->send(peer, encode(r, id, std::move(params), bridge->coding(), bridge->pool(), r.params_crc));
+    bridge->send(peer, encode(r, id, std::move(params), bridge->coding(), bridge->pool(), r.params_crc),
+                 std::move(slot));
   };
   return {
-      [self, shard, answer, fresh](inbound_atom, const PeerId& peer, std::uint64_t id, PushRequest& req) {
+      [self, shard, answer, fresh](inbound_atom, const PeerId& peer, std::uint64_t id, PushRequest& req,
+                                   RequestSlot& slot) {
         if (!fresh(peer, id)) return;  // applying a gradient twice would be wrong
         self->request(shard, caf::infinite, push_atom::value, std::move(req))
-            .then([answer, peer, id](ShardReply& r) { answer(peer, id, r); }, [](caf::error&) {});
+            .then([answer, peer, id, slot](ShardReply& r) mutable { answer(peer, id, r, std::move(slot)); },
+                  [](caf::error&) {});
       },
-      [self, shard, answer, fresh](inbound_atom, const PeerId& peer, std::uint64_t id, const PullRequest& req) {
+      [self, shard, answer, fresh](inbound_atom, const PeerId& peer, std::uint64_t id, const PullRequest& req,
+                                   RequestSlot& slot) {
         if (!fresh(peer, id)) return;
         self->request(shard, caf::infinite, pull_atom::value, req)
-            .then([answer, peer, id](ShardReply& r) { answer(peer, id, r); }, [](caf::error&) {});
+            .then([answer, peer, id, slot](ShardReply& r) mutable { answer(peer, id, r, std::move(slot)); },
+                  [](caf::error&) {});
       },
-      [self, shard, answer](inbound_atom, const PeerId& peer, std::uint64_t id, snapshot_atom) {
+      [self, shard, answer](inbound_atom, const PeerId& peer, std::uint64_t id, snapshot_atom, RequestSlot& slot) {
         self->request(shard, caf::infinite, snapshot_atom::value)
-            .then([answer, peer, id](ShardReply& r) { answer(peer, id, r); }, [](caf::error&) {});
+            .then([answer, peer, id, slot](ShardReply& r) mutable { answer(peer, id, r, std::move(slot)); },
+                  [](caf::error&) {});
       },
-      [self, shard, bridge, seen](inbound_atom, const PeerId& peer, std::uint64_t id, stats_atom) {
+      [self, shard, bridge, seen](inbound_atom, const PeerId& peer, std::uint64_t id, stats_atom, RequestSlot& slot) {
         self->request(shard, caf::infinite, stats_atom::value)
             .then(
-                [bridge, peer, id, seen](ShardStats& s) {
+                [bridge, peer, id, seen, slot](ShardStats& s) mutable {
                   s.malformed_frames = bridge->stats().rejected;
                   s.duplicate_requests = seen->duplicates;
-                  bridge->send(peer, encode(s, id));
+                  bridge->send(peer, encode(s, id), std::move(slot));
                 },
                 [](caf::error&) {});
       },
-      [self, shard](inbound_atom, const PeerId&, std::uint64_t, leave_atom, WorkerId worker) {
+      [self, shard](inbound_atom, const PeerId&, std::uint64_t, leave_atom, WorkerId worker, RequestSlot&) {
         self->send(shard, leave_atom::value, worker);
       },
   };
@@ -365,16 +477,17 @@ bool post_to_shard_server(const caf::actor& server, Inbound&& in) {
       [&](auto& body) -> bool {
         using T = std::decay_t<decltype(body)>;
         if constexpr (std::is_same_v<T, PushRequest>) {
-          caf::anon_send(server, inbound_atom::value, in.peer, in.request_id, std::move(body));
+          caf::anon_send(server, inbound_atom::value, in.peer, in.request_id, std::move(body), std::move(in.slot));
         } else if constexpr (std::is_same_v<T, PullRequest>) {
-          caf::anon_send(server, inbound_atom::value, in.peer, in.request_id, body);
+          caf::anon_send(server, inbound_atom::value, in.peer, in.request_id, body, std::move(in.slot));
         } else if constexpr (std::is_same_v<T, EvaluationRequest>) {
-          caf::anon_send(server, inbound_atom::value, in.peer, in.request_id, snapshot_atom::value);
+          caf::anon_send(server, inbound_atom::value, in.peer, in.request_id, snapshot_atom::value, std::move(in.slot));
         } else if constexpr (std::is_same_v<T, StatsRequest>) {
-          caf::anon_send(server, inbound_atom::value, in.peer, in.request_id, stats_atom::value);
+          caf::anon_send(server, inbound_atom::value, in.peer, in.request_id, stats_atom::value, std::move(in.slot));
         } else if constexpr (std::is_same_v<T, ClockNotice>) {
           if (!body.leaving) return true;  // a plain clock notice carries nothing a shard needs
-          caf::anon_send(server, inbound_atom::value, in.peer, in.request_id, leave_atom::value, body.worker);
+          caf::anon_send(server, inbound_atom::value, in.peer, in.request_id, leave_atom::value, body.worker,
+                         std::move(in.slot));
         } else {
           return false;
         }

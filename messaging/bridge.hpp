@@ -5,8 +5,11 @@
 //   - sends frames queued by any thread (send, request),
 //   - checks every incoming frame (messaging/untrusted.hpp): a malformed one
 //     is dropped, counted by reason, and logged once per sender,
-//   - delivers replies to the actor that asked (request ids), and
-//   - hands every other message to the process's handler, decoded.
+//   - delivers replies to the actor that asked (request ids),
+//   - hands every other message to the process's handler, decoded, and
+//   - stops reading its bound endpoint while too many of the requests it
+//     read there are unanswered (BridgeOptions::max_unanswered), so a fast
+//     sender cannot grow this process's queues without bound.
 // remote_shard() makes a local actor that stands in for a shard in another
 // process, with parameter_shard's interface, so a worker does not know
 // whether its shards are local or remote; shard_server() serves a local
@@ -31,20 +34,58 @@
 
 namespace asgd::messaging {
 
+struct SlotGate;
+
+/// A request's place in its bridge's count of requests read from the bound
+/// endpoint and not yet answered (BridgeOptions::max_unanswered). Copies
+/// share the place; it is given back when the last copy goes, on whatever
+/// thread that is. Whoever serves a request keeps the slot until its reply
+/// is handed to send() (which keeps it until the reply has been sent);
+/// dropping a request without an answer just lets the slot go. Empty for a
+/// message that did not arrive on the bound endpoint.
+class RequestSlot {
+ public:
+  RequestSlot() = default;
+  explicit operator bool() const { return token_ != nullptr; }
+
+ private:
+  friend class Bridge;
+  explicit RequestSlot(std::shared_ptr<void> token) : token_(std::move(token)) {}
+  std::shared_ptr<void> token_;
+};
+
 /// A decoded message that is not a reply.
 struct Inbound {
   PeerId peer;
   std::uint64_t request_id = 0;
   std::variant<Registration, Assignment, PushRequest, PullRequest, ClockNotice, Heartbeat, EvaluationRequest,
-               CheckpointRequest, Shutdown, EpochReport, Failure, StatsRequest, StartTraining>
+               CheckpointRequest, Shutdown, EpochReport, Failure, StatsRequest, StartTraining, WorkerProgress>
       body;
   std::vector<float> tensor;  ///< an assignment's initial parameters (a push's payload is in the PushRequest)
+  RequestSlot slot;           ///< held while this message (or its request) is not answered
 };
+
+/// The default of BridgeOptions::max_unanswered.
+inline constexpr std::size_t kDefaultMaxUnanswered = 256;
 
 struct BridgeOptions {
   std::string listen;                          ///< endpoint to bind; empty: none
   TensorCoding coding = TensorCoding::float32; ///< how this process sends tensors
   std::string name = "process";                ///< for log lines: "shard 1", "worker 0", "coordinator"
+  /// Authentication and encryption (docs/security.md) of the ZeroMQ
+  /// transport start() makes; unset: plain tcp and ipc.
+  std::optional<CurveOptions> curve;
+  /// The ZeroMQ transport's queue limits (per peer) when start() makes it.
+  TransportLimits limits;
+  /// Backpressure: messages read from the bound endpoint and not yet
+  /// answered (their RequestSlot still held: in an actor's mailbox, held
+  /// by a consistency policy, or a reply not yet sent) at most.
+  /// At the limit the I/O thread stops reading the bound endpoint (the
+  /// senders' queues fill and their sends would block) and resumes once
+  /// half of the limit has come back. Requests that a policy holds (bsp,
+  /// ssp) keep their slots, so half the limit must exceed what every peer
+  /// may have held at once, or reading never resumes; 0: no limit.
+  std::size_t max_unanswered = kDefaultMaxUnanswered;
 };
 
 struct BridgeStats {
@@ -54,13 +95,18 @@ struct BridgeStats {
   std::map<std::string, std::uint64_t> rejected_by_reason;
   std::uint64_t unmatched_replies = 0;         ///< replies nobody was waiting for
   std::uint64_t bytes_out = 0;                 ///< frame bytes queued for sending
+  std::uint64_t auth_rejected = 0;             ///< connection attempts CURVE refused (as of the I/O thread's last look)
+  std::uint64_t unanswered = 0;                ///< requests read and not yet answered, now
+  std::uint64_t unanswered_peak = 0;           ///< the most there ever were
+  std::uint64_t read_pauses = 0;               ///< times reading stopped at max_unanswered
 };
 
 class Bridge {
  public:
   using Handler = std::function<void(Inbound&&)>;
 
-  /// Starts the I/O thread on `transport` (a ZeroMQ transport when null),
+  /// Starts the I/O thread on `transport` (when null, a ZeroMQ transport
+  /// with options.curve),
   /// binding options.listen if set. `handler` runs on the I/O thread for
   /// every message that is not a reply: keep it short (post to an actor or
   /// a queue). Errors: io_error when the endpoint cannot be bound.
@@ -70,12 +116,16 @@ class Bridge {
   Bridge(const Bridge&) = delete;
   Bridge& operator=(const Bridge&) = delete;
 
-  /// The endpoint actually bound ("" when none).
+  /// The endpoint actually bound ("" when none; with CURVE, carrying this
+  /// process's public key, as peers need it: with_server_key).
   const std::string& endpoint() const { return endpoint_; }
   TensorCoding coding() const { return coding_.load(); }
   /// Changes how tensors are sent from now on (a process learns it from its
   /// assignment). Thread-safe.
   void set_coding(TensorCoding c) { coding_ = c; }
+  /// Changes BridgeOptions::max_unanswered (a shard learns its workers from
+  /// its assignment). Thread-safe.
+  void set_max_unanswered(std::size_t n);
   const std::string& name() const { return options_.name; }
   /// Buffers for big tensors, recycled between frames.
   const std::shared_ptr<TensorPool>& pool() const { return pool_; }
@@ -85,6 +135,10 @@ class Bridge {
 
   /// Queues a frame for `peer`. Thread-safe.
   void send(const PeerId& peer, Message message);
+  /// The same for a reply: `slot` (the request's) is given back once the
+  /// frame's bytes have been sent (when the transport copies them instead,
+  /// once it has taken them).
+  void send(const PeerId& peer, Message message, RequestSlot slot);
 
   /// A fresh request id. Thread-safe.
   std::uint64_t next_id() { return next_id_.fetch_add(1) + 1; }
@@ -104,6 +158,8 @@ class Bridge {
   void run();
   void handle(Incoming&& in);
   void reject(const PeerId& peer, FrameError why);
+  RequestSlot take_slot();
+  bool must_pause_reading(bool paused);
 
   BridgeOptions options_;
   Handler handler_;
@@ -114,11 +170,14 @@ class Bridge {
   std::atomic<std::uint64_t> next_id_{0};
   std::atomic<TensorCoding> coding_{TensorCoding::float32};
   std::shared_ptr<TensorPool> pool_ = std::make_shared<TensorPool>();
+  std::shared_ptr<SlotGate> gate_;
+  std::atomic<std::size_t> max_unanswered_;
 
   mutable std::mutex mu_;  // guards everything below
   struct Outgoing {
     PeerId peer;
     Message message;
+    RequestSlot slot;  // a reply's request's, until tied to the frame (Bridge::run)
   };
   std::deque<Outgoing> outbox_;
   std::deque<std::pair<std::string, std::promise<Result<PeerId>>>> connects_;
@@ -138,7 +197,8 @@ caf::behavior remote_shard(caf::event_based_actor* self, std::shared_ptr<Bridge>
                            std::uint32_t index);
 
 /// Serves the local shard actor `shard` to remote peers: the process's
-/// handler posts (inbound_atom, peer, id, request) here.
+/// handler posts (inbound_atom, peer, id, request, slot) here; the slot
+/// is kept until the reply is handed to the bridge.
 caf::behavior shard_server(caf::event_based_actor* self, std::shared_ptr<Bridge> bridge, caf::actor shard);
 
 /// Posts an inbound request for a shard to `server` (a shard_server).
@@ -146,3 +206,6 @@ caf::behavior shard_server(caf::event_based_actor* self, std::shared_ptr<Bridge>
 bool post_to_shard_server(const caf::actor& server, Inbound&& in);
 
 }  // namespace asgd::messaging
+
+// In-process only (inside a shard_server's messages): never serialized.
+CAF_ALLOW_UNSAFE_MESSAGE_TYPE(asgd::messaging::RequestSlot)

@@ -1,6 +1,7 @@
 #include "runtime/cluster.hpp"
 
 #include <spdlog/fmt/fmt.h>
+#include <malloc.h>
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
@@ -32,6 +33,21 @@ using alive_atom = caf::atom_constant<caf::atom("alive")>;
 using done_atom = caf::atom_constant<caf::atom("done")>;
 
 constexpr auto kHeartbeatEvery = std::chrono::seconds(1);
+
+// Backpressure in a shard process (docs/cluster.md, "Queues and their
+// bounds"). ZeroMQ counts messages, not bytes, and a push is the size of
+// the shard's key range: a few per peer are plenty when the bridge keeps
+// reading, and bound what waits in this process when it does not. (With
+// libzmq 4.3.4 a receive queue of 1 stalls every CURVE connection.)
+constexpr int kShardReceiveQueue = 2;  // per peer, unread
+constexpr int kShardSendQueue = 32;    // per peer, replies ZeroMQ has not sent yet
+
+// Requests a shard process reads and leaves unanswered at most. bsp and ssp
+// hold one read per worker at a barrier, and the coordinator's statistics
+// and snapshot requests come on top: the limit stays well above that.
+std::size_t shard_max_unanswered(std::uint32_t workers) {
+  return std::max<std::size_t>(kDefaultMaxUnanswered, 4 * std::size_t{workers} + 64);
+}
 
 std::chrono::milliseconds millis(double seconds) {
   return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000.0));
@@ -83,19 +99,35 @@ caf::actor_system_config actor_config(std::size_t threads) {
 // The coordinator process.
 
 // Stands for a worker process at the coordinator: stops normally once the
-// worker has finished, abnormally when its process has gone silent.
-caf::behavior remote_worker(caf::event_based_actor* self, caf::timespan silence_limit) {
+// worker has finished, abnormally when its process has gone silent (the
+// coordinator then goes on without it). A failure the process reports
+// passes through here, so one from a process already declared dead (a
+// late one, or from a worker that was only stalled) no longer counts.
+//
+// Until its first heartbeat after the assignment the process is loading its
+// data (heartbeats resume after that), so `startup_limit` (--join-timeout)
+// applies instead of `silence_limit`.
+caf::behavior remote_worker(caf::event_based_actor* self, caf::timespan silence_limit, caf::timespan startup_limit,
+                            caf::actor coordinator) {
   auto last = std::make_shared<SteadyClock::time_point>(SteadyClock::now());
+  auto heard = std::make_shared<bool>(false);
   self->delayed_send(self, kHeartbeatEvery, tick_atom::value);
   return {
-      [last](alive_atom) { *last = SteadyClock::now(); },
+      [last, heard](alive_atom) {
+        *last = SteadyClock::now();
+        *heard = true;
+      },
       [self](done_atom) { self->quit(); },
-      [self, last, silence_limit](tick_atom) {
-        if (SteadyClock::now() - *last > silence_limit) {
-          self->quit(caf::make_error(
-              caf::sec::runtime_error,
-              fmt::format("its process sent no heartbeat for {:g} s (--rpc-timeout)",
-                          std::chrono::duration<double>(silence_limit).count())));
+      [self, coordinator](failed_atom a, std::int32_t code, std::string& what) {
+        self->send(coordinator, a, code, std::move(what));
+      },
+      [self, last, heard, silence_limit, startup_limit](tick_atom) {
+        const caf::timespan limit = *heard ? silence_limit : std::max(silence_limit, startup_limit);
+        if (SteadyClock::now() - *last > limit) {
+          self->quit(caf::make_error(caf::sec::runtime_error,
+                                     fmt::format("its process sent no heartbeat for {:g} s ({})",
+                                                 std::chrono::duration<double>(limit).count(),
+                                                 *heard ? "--heartbeat-timeout" : "--join-timeout, while it started")));
           return;
         }
         self->delayed_send(self, kHeartbeatEvery, tick_atom::value);
@@ -120,10 +152,14 @@ struct CoordinatorRouter {
           if constexpr (std::is_same_v<T, Registration>) {
             lock.unlock();
             registrations.push(std::move(in));
-          } else if constexpr (std::is_same_v<T, EpochReport>) {
+          } else if constexpr (std::is_same_v<T, EpochReport> || std::is_same_v<T, WorkerProgress>) {
             if (coordinator) caf::anon_send(coordinator, std::move(m));
           } else if constexpr (std::is_same_v<T, Failure>) {
-            if (coordinator) caf::anon_send(coordinator, failed_atom::value, m.code, m.what);
+            if (auto w = workers.find(in.peer); w != workers.end()) {
+              caf::anon_send(w->second, failed_atom::value, m.code, m.what);
+            } else if (coordinator) {
+              caf::anon_send(coordinator, failed_atom::value, m.code, m.what);
+            }
           } else if constexpr (std::is_same_v<T, Heartbeat>) {
             if (auto w = workers.find(in.peer); w != workers.end()) caf::anon_send(w->second, alive_atom::value);
             if (auto s = shard_ready.find(in.peer); s != shard_ready.end()) {
@@ -193,7 +229,10 @@ class ClusterPlacement final : public RemotePlacement {
   }
 
   Result<caf::actor> place_worker(caf::local_actor* self, std::uint32_t w) override {
-    auto proxy = self->spawn(remote_worker, rpc_timeout(config_));
+    const auto silence = std::chrono::duration_cast<caf::timespan>(
+        std::chrono::duration<double>(config_.heartbeat_timeout_s));
+    const auto startup = std::chrono::duration_cast<caf::timespan>(std::chrono::duration<double>(join_timeout_s_));
+    auto proxy = self->spawn(remote_worker, silence, startup, caf::actor_cast<caf::actor>(self));
     std::lock_guard lock(router_->mu);
     router_->workers[workers_.at(w).peer] = proxy;
     return proxy;
@@ -236,6 +275,7 @@ caf::behavior remote_coordinator(caf::event_based_actor* self, std::shared_ptr<B
   (void)self;
   return {
       [bridge, peer](EpochReport& r) { bridge->send(peer, encode(r, bridge->next_id())); },
+      [bridge, peer](WorkerProgress& p) { bridge->send(peer, encode(p, bridge->next_id())); },
       [bridge, peer](failed_atom, std::int32_t code, const std::string& what) {
         bridge->send(peer, encode(Failure{code, what}, bridge->next_id()));
       },
@@ -260,6 +300,11 @@ Result<Joined> join(const ProcessOptions& o, Role role, const std::string& name,
   BridgeOptions bo;
   bo.listen = listen ? o.listen : "";
   bo.name = name;
+  bo.curve = o.curve;
+  if (role == Role::shard) {
+    bo.limits.receive_high_water_mark = kShardReceiveQueue;
+    bo.limits.send_high_water_mark = kShardSendQueue;
+  }
   auto inbox = j.inbox;
   auto bridge = Bridge::start(bo, [inbox, fast_path](Inbound&& in) {
     if (fast_path && fast_path(in)) return;
@@ -277,8 +322,12 @@ Result<Joined> join(const ProcessOptions& o, Role role, const std::string& name,
   while (true) {
     if (stop.stop_requested()) return Status::Cancelled(name + ": stopped before it was assigned a part");
     if (SteadyClock::now() > deadline)
-      return Status::Timeout(fmt::format("{}: no assignment from the coordinator at {} within {:g} s (--join-timeout)",
-                                         name, o.coordinator, o.join_timeout_s));
+      return Status::Timeout(fmt::format(
+          "{}: no assignment from the coordinator at {} within {:g} s (--join-timeout){}", name, o.coordinator,
+          o.join_timeout_s,
+          o.curve ? "; with --auth-keys, check that the coordinator's folder has this process's .pub and that the "
+                    "coordinator's key is right"
+                  : ""));
     auto in = j.inbox->pop(std::chrono::milliseconds(100));
     if (!in) continue;
     if (auto* s = std::get_if<Shutdown>(&in->body))
@@ -353,6 +402,7 @@ Result<JobSummary> run_coordinator_process(const JobConfig& config, const Proces
   bo.listen = o.listen;
   bo.coding = coding_of(config);
   bo.name = "coordinator";
+  bo.curve = o.curve;
   auto started = Bridge::start(bo, [router](Inbound&& in) { (*router)(std::move(in)); });
   if (!started) return started.status();
   std::shared_ptr<Bridge> bridge = *started;
@@ -462,6 +512,10 @@ Status run_shard_process(const ProcessOptions& o, std::stop_token stop) {
   ss.schedule = lr_schedule(j.config, a.schedule_steps);
   ss.workers = a.workers;
   ss.staleness_aware_lr = j.config.staleness_aware_lr;
+  if (!j.config.checkpoint_dir.empty() && j.config.checkpoint_every_s > 0) {  // a folder on this shard's host
+    ss.checkpoint_path = shard_checkpoint_path(j.config.checkpoint_dir, a.index);
+    ss.checkpoint_every_s = j.config.checkpoint_every_s;
+  }
   auto core = ShardCore::make(std::move(ss));
   if (!core) {
     j.bridge->send(j.coordinator, encode(Failure{static_cast<std::int32_t>(core.status().code()),
@@ -470,6 +524,16 @@ Status run_shard_process(const ProcessOptions& o, std::stop_token stop) {
     j.bridge->stop();
     return core.status();
   }
+  j.bridge->set_max_unanswered(shard_max_unanswered(a.workers));
+  // This process's memory is mostly request buffers (a push is the size of
+  // the key range), at most max_unanswered of them alive at once. glibc
+  // would hand freed ones back to the kernel after every burst and fault
+  // them in again for the next, so resident memory would swing with the
+  // load and the shard would pay for it in system time. Keep them instead:
+  // buffers up to 32 MiB come from the heap, which is not trimmed; what it
+  // keeps is bounded by the same limit.
+  mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  mallopt(M_TRIM_THRESHOLD, 1 << 30);
   auto shard = system.spawn(parameter_shard, std::make_shared<ShardCore>(std::move(core).value()));
   *server_handle = system.spawn(shard_server, j.bridge, shard);
   server->store(server_handle.get());
@@ -480,6 +544,9 @@ Status run_shard_process(const ProcessOptions& o, std::stop_token stop) {
   j.bridge->stop();
   const auto st = j.bridge->stats();
   if (st.rejected > 0) spdlog::warn("{}: dropped {} malformed frames", name, st.rejected);
+  if (st.auth_rejected > 0) spdlog::warn("{}: refused {} connection attempts (--auth-keys)", name, st.auth_rejected);
+  spdlog::info("{}: at most {} requests were unanswered at once (limit {}); reading stopped at the limit {} times",
+               name, st.unanswered_peak, shard_max_unanswered(a.workers), st.read_pauses);
   caf::anon_send_exit(*server_handle, caf::exit_reason::user_shutdown);
   caf::anon_send_exit(shard, caf::exit_reason::user_shutdown);
   return s;

@@ -306,7 +306,7 @@ TEST_F(CorruptFrame, EveryCheckRejectsWithItsReason) {
   h[0] = std::byte{'X'};
   EXPECT_EQ(check_untrusted(with_head(h)), FrameError::bad_magic);
   h = head();
-  h[4] = std::byte{2};  // version 2
+  h[4] = std::byte{kProtocolVersion + 1};  // a version this build does not speak
   EXPECT_EQ(check_untrusted(with_head(h)), FrameError::bad_version);
   h = head();
   const std::uint32_t huge = 0xFFFFFFF0u;

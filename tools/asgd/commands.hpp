@@ -34,7 +34,7 @@ std::function<int()> add_export_command(CLI::App& app);
 /// Adds `keys generate` (a CurveZMQ keypair for --auth-keys) to `app`.
 std::function<int()> add_keys_command(CLI::App& app);
 
-/// Adds `bench` (with `runtime`, `comm` and `compute`) to `app`.
+/// Adds `bench` (with `runtime`, `comm`, `compute` and `load`) to `app`.
 std::function<int()> add_bench_command(CLI::App& app);
 
 /// `bench comm` (and its hidden server): whether it was chosen, and its run.
@@ -47,6 +47,10 @@ CommBench add_comm_bench(CLI::App* bench);
 /// `bench compute` (bench/compute_bench.cpp): the same pair.
 using ComputeBench = CommBench;
 ComputeBench add_compute_bench(CLI::App* bench);
+
+/// `bench load` (bench/load_bench.cpp): the same pair.
+using LoadBench = CommBench;
+LoadBench add_load_bench(CLI::App* bench);
 
 /// Adds `cluster`, `coordinator`, `shard` and `worker` to `app`; the
 /// returned function runs whichever was chosen.
