@@ -7,8 +7,10 @@
 
 #include <algorithm>
 #include <condition_variable>
+#include <cstdlib>
 #include <deque>
 #include <future>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -44,9 +46,42 @@ constexpr int kShardSendQueue = 32;    // per peer, replies ZeroMQ has not sent 
 
 // Requests a shard process reads and leaves unanswered at most. bsp and ssp
 // hold one read per worker at a barrier, and the coordinator's statistics
-// and snapshot requests come on top: the limit stays well above that.
-std::size_t shard_max_unanswered(std::uint32_t workers) {
-  return std::max<std::size_t>(kDefaultMaxUnanswered, 4 * std::size_t{workers} + 64);
+// and snapshot requests come on top: half the limit, where reading resumes,
+// stays well above that. More would only be memory: a worker has one
+// request in flight per shard.
+std::size_t shard_max_unanswered(std::uint32_t workers) { return 4 * std::size_t{workers} + 64; }
+
+// A shard process's memory is mostly push buffers (a push is the size of
+// its key range; ZeroMQ's I/O thread allocates each, and frees it once the
+// reply written over it has been sent), and the bounds above cap how many
+// are alive at once. Left to itself, glibc hands freed buffers back to the
+// kernel and faults them in again for the next burst, and gives each thread
+// its own heap: under overload, resident memory climbs in steps, to the
+// level the bounds allow, whenever a burst fills every queue further than
+// before, which may take minutes. Instead the process takes that memory
+// when it is assigned its keys and keeps it: one heap for every thread,
+// buffers up to 32 MiB from it, never trimmed, grown at once to what the
+// bounds allow (up to 1 GiB; beyond, it grows as the queues fill, to the
+// same bound). Process-wide settings: a shard process is a process of its
+// own.
+constexpr int kHeapBuffersUpTo = 32 << 20;
+constexpr std::size_t kMaxReserve = std::size_t{1} << 30;
+
+void configure_shard_allocator() {
+  mallopt(M_ARENA_MAX, 1);
+  mallopt(M_MMAP_THRESHOLD, kHeapBuffersUpTo);
+  mallopt(M_TRIM_THRESHOLD, std::numeric_limits<int>::max());
+}
+
+void reserve_push_buffers(std::size_t push_bytes, std::size_t buffers) {
+  if (push_bytes == 0 || push_bytes > kHeapBuffersUpTo || buffers * push_bytes > kMaxReserve) return;
+  std::vector<void*> blocks(buffers, nullptr);
+  for (void*& b : blocks) {
+    b = std::malloc(push_bytes);
+    if (b == nullptr) break;
+    for (std::size_t i = 0; i < push_bytes; i += 4096) static_cast<volatile char*>(b)[i] = 0;  // resident now
+  }
+  for (void* b : blocks) std::free(b);
 }
 
 std::chrono::milliseconds millis(double seconds) {
@@ -488,6 +523,7 @@ Result<JobSummary> run_coordinator_process(const JobConfig& config, const Proces
 }
 
 Status run_shard_process(const ProcessOptions& o, std::stop_token stop) {
+  configure_shard_allocator();  // before ZeroMQ's threads start
   // Requests for the shard go straight from the I/O thread to its server.
   auto server = std::make_shared<std::atomic<caf::actor*>>(nullptr);
   auto server_handle = std::make_shared<caf::actor>();
@@ -525,15 +561,11 @@ Status run_shard_process(const ProcessOptions& o, std::stop_token stop) {
     return core.status();
   }
   j.bridge->set_max_unanswered(shard_max_unanswered(a.workers));
-  // This process's memory is mostly request buffers (a push is the size of
-  // the key range), at most max_unanswered of them alive at once. glibc
-  // would hand freed ones back to the kernel after every burst and fault
-  // them in again for the next, so resident memory would swing with the
-  // load and the shard would pay for it in system time. Keep them instead:
-  // buffers up to 32 MiB come from the heap, which is not trimmed; what it
-  // keeps is bounded by the same limit.
-  mallopt(M_MMAP_THRESHOLD, 32 << 20);
-  mallopt(M_TRIM_THRESHOLD, 1 << 30);
+  // What the bounds allow: every unanswered request, and per peer (the
+  // workers and the coordinator) ZeroMQ's receive queue and the push
+  // being received.
+  reserve_push_buffers((a.range_end - a.range_begin) * sizeof(float) + kHeaderBytes + 256,
+                       shard_max_unanswered(a.workers) + (std::size_t{a.workers} + 1) * (kShardReceiveQueue + 2));
   auto shard = system.spawn(parameter_shard, std::make_shared<ShardCore>(std::move(core).value()));
   *server_handle = system.spawn(shard_server, j.bridge, shard);
   server->store(server_handle.get());
