@@ -222,6 +222,7 @@ void finish(Self self) {
                 set_live_state(c2, "done");
                 JobSummary summary = make_summary(c2, result, histogram);
                 summary.workers_lost = c2.workers_lost;
+                summary.shard_restarts = c2.shard_restarts;
                 summary.malformed_frames = malformed;
                 summary.nonfinite_rejected = nonfinite;
                 c2.setup.outcome->set_value(std::move(summary));
@@ -866,6 +867,25 @@ caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self, Coordinat
         seen.at = SteadyClock::now();
       },
       [self](live_atom) { live_tick(self); },
+      [self](restarted_atom, std::uint32_t shard) {
+        auto& s = self->state;
+        if (s.done || shard >= s.shards.size()) return;
+        // The restarted process has the workers that had left by its
+        // checkpoint; the leave notices that came after died with the old one.
+        for (std::size_t w = 0; w < s.seen.size(); ++w)
+          if (s.seen[w].finished || s.seen[w].lost) self->send(s.shards[shard], leave_atom::value, static_cast<WorkerId>(w));
+        ++s.shard_restarts;
+        const double every_s = s.setup.config.checkpoint_every_s;
+        const double at_s = seconds_between(s.train_start, SteadyClock::now());
+        spdlog::warn("shard {} was restarted from its checkpoint at {:.1f} s: the updates it applied after that "
+                     "checkpoint, at most {:g} s of them (--checkpoint-every), are lost",
+                     shard, at_s, every_s);
+        if (s.setup.on_record)
+          s.setup.on_record({{"event", "shard_restarted"},
+                             {"shard", shard},
+                             {"train_s", at_s},
+                             {"lost_at_most_s", every_s}});
+      },
       [self](eval_atom) {
         auto& s = self->state;
         if (s.done || s.finishing || s.last_epoch_evaluated) return;

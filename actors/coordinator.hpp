@@ -143,6 +143,7 @@ struct CoordinatorState {
   std::shared_ptr<SharedParameters> shared;   // hogwild only
   std::uint32_t workers_stopped = 0;          // finished or lost
   std::uint32_t workers_lost = 0;
+  std::uint32_t shard_restarts = 0;
   bool last_epoch_evaluated = false;
   bool finishing = false;
   std::map<caf::actor_addr, std::string> names;  // for diagnostics: "worker 1", "shard 0"

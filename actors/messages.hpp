@@ -191,6 +191,7 @@ using resume_atom = caf::atom_constant<caf::atom("resume")>;
 using calibrate_atom = caf::atom_constant<caf::atom("calibrate")>;
 using eval_atom = caf::atom_constant<caf::atom("eval")>;
 using live_atom = caf::atom_constant<caf::atom("live")>;
+using restarted_atom = caf::atom_constant<caf::atom("restarted")>;
 
 }  // namespace asgd
 

@@ -356,7 +356,7 @@ Result<ShardCore::Saved> ShardCore::saved(const std::string& path) {
 }
 
 Status ShardCore::restore(const std::string& path, std::span<const Clock> restart) {
-  if (restart.size() != setup_.workers)
+  if (!restart.empty() && restart.size() != setup_.workers)
     return Status::InvalidArgument("shard " + std::to_string(setup_.index) + ": restart clocks for " +
                                    std::to_string(restart.size()) + " workers, it has " +
                                    std::to_string(setup_.workers));
@@ -390,10 +390,20 @@ Status ShardCore::restore(const std::string& path, std::span<const Clock> restar
     version_ = h.at("version").get<std::uint64_t>();
     const auto live = h.at("live").get<std::vector<int>>();
     if (live.size() != setup_.workers) return Status::Corruption(path + ": its worker list has the wrong length");
-    // Every worker of the resumed job starts again, the ones lost before too.
-    live_.assign(setup_.workers, true);
-    clock_.assign(restart.begin(), restart.end());
-    committed_ = *std::min_element(restart.begin(), restart.end());
+    if (restart.empty()) {
+      // A shard restarted mid-job: the workers go on, and their pushes
+      // move the clocks on from where the checkpoint has them.
+      const auto clocks = h.at("clock").get<std::vector<Clock>>();
+      if (clocks.size() != setup_.workers) return Status::Corruption(path + ": its clock table has the wrong length");
+      live_.assign(live.begin(), live.end());
+      clock_ = clocks;
+      committed_ = h.at("committed").get<Clock>();
+    } else {
+      // Every worker of the resumed job starts again, the ones lost before too.
+      live_.assign(setup_.workers, true);
+      clock_.assign(restart.begin(), restart.end());
+      committed_ = *std::min_element(restart.begin(), restart.end());
+    }
     stats_.updates_applied = h.at("updates_applied").get<std::uint64_t>();
     stats_.commits = h.at("commits").get<std::uint64_t>();
     stats_.updates_discarded = h.at("updates_discarded").get<std::uint64_t>();

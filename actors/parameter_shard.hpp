@@ -104,7 +104,9 @@ class ShardCore {
   /// Loads what save() wrote into this shard, after checking that it is
   /// this shard's (index, range, workers, optimizer); worker w's clock then
   /// starts again at restart[w] (where the workers resume), every worker
-  /// counted live again. Errors:
+  /// counted live again. With `restart` empty (a shard process restarted
+  /// while its workers go on), the clocks and the workers that had left
+  /// are the checkpoint's. Errors:
   /// not_found, corruption (naming the file), invalid_argument for another
   /// shard's or job's file.
   Status restore(const std::string& path, std::span<const Clock> restart);

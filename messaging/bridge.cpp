@@ -122,6 +122,19 @@ Result<PeerId> Bridge::connect(const std::string& endpoint) {
   return done.get();
 }
 
+Result<std::size_t> Bridge::reconnect(const PeerId& peer, const std::string& endpoint) {
+  std::future<Result<std::size_t>> done;
+  {
+    std::lock_guard lock(mu_);
+    reconnects_.push_back({peer, endpoint, std::promise<Result<std::size_t>>()});
+    done = reconnects_.back().done.get_future();
+  }
+  transport_->wake();
+  if (done.wait_for(std::chrono::seconds(30)) != std::future_status::ready)
+    return Status::Timeout(options_.name + ": reconnecting to " + endpoint + " took over 30 s");
+  return done.get();
+}
+
 void Bridge::send(const PeerId& peer, Message message) { send(peer, std::move(message), RequestSlot()); }
 
 void Bridge::send(const PeerId& peer, Message message, RequestSlot slot) {
@@ -137,7 +150,7 @@ void Bridge::request(const PeerId& peer, std::uint64_t id, Message message, caf:
   {
     // Registered before the frame is queued, so the reply always finds it.
     std::lock_guard lock(mu_);
-    pending_[id] = std::move(reply_to);
+    pending_[id] = Pending{std::move(reply_to), peer, message};
   }
   send(peer, std::move(message));
 }
@@ -169,9 +182,11 @@ void Bridge::run() {
   bool paused = false;  // not reading the bound endpoint (max_unanswered)
   while (true) {
     std::deque<std::pair<std::string, std::promise<Result<PeerId>>>> connects;
+    std::deque<Reconnect> reconnects;
     {
       std::lock_guard lock(mu_);
       connects.swap(connects_);
+      reconnects.swap(reconnects_);
       while (!outbox_.empty()) {
         backlog.push_back(std::move(outbox_.front()));
         outbox_.pop_front();
@@ -179,6 +194,27 @@ void Bridge::run() {
       }
     }
     for (auto& [endpoint, done] : connects) done.set_value(transport_->connect(endpoint));
+    for (auto& r : reconnects) {
+      Status s = transport_->reconnect(r.peer, r.endpoint);
+      if (!s.ok()) {
+        r.done.set_value(std::move(s));
+        continue;
+      }
+      {
+        // In id order, the order they were first sent in. Frames for the
+        // peer still in the backlog go too (a duplicate's id is seen twice
+        // over one connection, which the receiving shard server drops).
+        std::lock_guard lock(mu_);
+        std::size_t n = 0;
+        for (auto& [id, p] : pending_) {
+          if (p.peer != r.peer) continue;
+          backlog.push_back({p.peer, p.frame, {}});
+          ++n;
+        }
+        stats_.resent += n;
+        r.done.set_value(n);
+      }
+    }
     bool blocked = false;
     while (!backlog.empty()) {
       auto sent = transport_->send(backlog.front().peer, backlog.front().message);
@@ -254,7 +290,7 @@ void Bridge::handle(Incoming&& in) {
     {
       std::lock_guard lock(mu_);
       if (auto it = pending_.find(id); it != pending_.end()) {
-        to = std::move(it->second);
+        to = std::move(it->second.reply_to);
         pending_.erase(it);
       } else {
         ++stats_.unmatched_replies;
@@ -310,6 +346,7 @@ void Bridge::handle(Incoming&& in) {
     case MsgType::failure: e = decode_into<Failure>(f, ib); break;
     case MsgType::stats: e = decode_into<StatsRequest>(f, ib); break;
     case MsgType::start: e = decode_into<StartTraining>(f, ib); break;
+    case MsgType::restarted: e = decode_into<Restarted>(f, ib); break;
     case MsgType::parameters:
     case MsgType::stats_reply: break;  // handled above
   }

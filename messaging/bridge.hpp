@@ -59,7 +59,7 @@ struct Inbound {
   PeerId peer;
   std::uint64_t request_id = 0;
   std::variant<Registration, Assignment, PushRequest, PullRequest, ClockNotice, Heartbeat, EvaluationRequest,
-               CheckpointRequest, Shutdown, EpochReport, Failure, StatsRequest, StartTraining, WorkerProgress>
+               CheckpointRequest, Shutdown, EpochReport, Failure, StatsRequest, StartTraining, WorkerProgress, Restarted>
       body;
   std::vector<float> tensor;  ///< an assignment's initial parameters (a push's payload is in the PushRequest)
   RequestSlot slot;           ///< held while this message (or its request) is not answered
@@ -99,6 +99,7 @@ struct BridgeStats {
   std::uint64_t unanswered = 0;                ///< requests read and not yet answered, now
   std::uint64_t unanswered_peak = 0;           ///< the most there ever were
   std::uint64_t read_pauses = 0;               ///< times reading stopped at max_unanswered
+  std::uint64_t resent = 0;                    ///< requests sent again by reconnect()
 };
 
 class Bridge {
@@ -133,6 +134,15 @@ class Bridge {
   /// Connects to a peer's endpoint (on the I/O thread; waits for it).
   Result<PeerId> connect(const std::string& endpoint);
 
+  /// Points the connection `peer` (from connect()) at `endpoint`, where the
+  /// peer now listens after a restart, and sends it again every request
+  /// to it still waiting for a reply: they went to the process that died,
+  /// or sit in the old connection's queue. A request the old process did
+  /// answer is not sent again (its reply matched). Waits for the I/O
+  /// thread; returns how many requests went again. Errors: as
+  /// Transport::reconnect.
+  Result<std::size_t> reconnect(const PeerId& peer, const std::string& endpoint);
+
   /// Queues a frame for `peer`. Thread-safe.
   void send(const PeerId& peer, Message message);
   /// The same for a reply: `slot` (the request's) is given back once the
@@ -145,7 +155,8 @@ class Bridge {
 
   /// Queues a request whose reply (a parameters or stats_reply frame with
   /// the same id) goes to `reply_to` as (reply_atom, id, ShardReply) or
-  /// (reply_atom, id, ShardStats). Thread-safe.
+  /// (reply_atom, id, ShardStats). The frame is kept until the reply comes,
+  /// for reconnect(). Thread-safe.
   void request(const PeerId& peer, std::uint64_t id, Message message, caf::actor reply_to);
 
   BridgeStats stats() const;
@@ -181,7 +192,18 @@ class Bridge {
   };
   std::deque<Outgoing> outbox_;
   std::deque<std::pair<std::string, std::promise<Result<PeerId>>>> connects_;
-  std::map<std::uint64_t, caf::actor> pending_;  // request id -> who waits for the reply
+  struct Reconnect {
+    PeerId peer;
+    std::string endpoint;
+    std::promise<Result<std::size_t>> done;
+  };
+  std::deque<Reconnect> reconnects_;
+  struct Pending {
+    caf::actor reply_to;
+    PeerId peer;
+    Message frame;  // shares the parts' bytes with the frame sent
+  };
+  std::map<std::uint64_t, Pending> pending_;  // request id -> who waits for the reply
   std::map<PeerId, bool> logged_;                // senders already logged for a bad frame
   std::chrono::steady_clock::time_point linger_until_;
   BridgeStats stats_;

@@ -28,6 +28,10 @@ class FaultyTransport final : public Transport {
 
   Result<std::string> bind(const std::string& endpoint) override { return inner_->bind(endpoint); }
   Result<PeerId> connect(const std::string& endpoint) override { return inner_->connect(endpoint); }
+  Status reconnect(const PeerId& peer, const std::string& endpoint) override {
+    return inner_->reconnect(peer, endpoint);
+  }
+  void pause_bound(bool paused) override { inner_->pause_bound(paused); }
 
   Result<bool> send(const PeerId& peer, Message message) override {
     const auto now = Clock::now();

@@ -28,11 +28,12 @@ const char* to_string(MsgType t) {
     case MsgType::start: return "start";
     case MsgType::stats_reply: return "stats_reply";
     case MsgType::progress: return "progress";
+    case MsgType::restarted: return "restarted";
   }
   return "unknown";
 }
 
-bool is_known(std::uint16_t type) { return type >= 1 && type <= static_cast<std::uint16_t>(MsgType::progress); }
+bool is_known(std::uint16_t type) { return type >= 1 && type <= static_cast<std::uint16_t>(MsgType::restarted); }
 
 namespace {
 

@@ -45,6 +45,7 @@ enum class MsgType : std::uint16_t {
   start = 14,        ///< coordinator to worker: start training
   stats_reply = 15,  ///< shard to coordinator: ShardStats
   progress = 16,     ///< worker to coordinator: WorkerProgress
+  restarted = 17,    ///< coordinator to worker: a shard's process was restarted, listening here
 };
 const char* to_string(MsgType t);
 bool is_known(std::uint16_t type);
@@ -122,10 +123,27 @@ struct Assignment {
   std::uint64_t schedule_steps = 0;            ///< the learning-rate schedule's length
   std::vector<std::string> shard_endpoints;    ///< worker: shard i listens at [i]
   std::vector<std::uint64_t> range_bounds;     ///< worker: shard i owns [bounds[i], bounds[i+1])
+  /// shard: the process takes the place of one that died mid-job, so it
+  /// reloads the shard's checkpoint (--checkpoint-dir) over the tensor
+  /// (the initial parameters, kept when no checkpoint was written yet).
+  bool restore = false;
   template <class A>
   void serialize(A& ar) {
     ar(role, index, bounded(config, kMaxConfig), workers, range_begin, range_end, partition_begin, partition_end,
-       batch, straggler, schedule_steps, bounded(shard_endpoints, 1024), bounded(range_bounds, 1025));
+       batch, straggler, schedule_steps, bounded(shard_endpoints, 1024), bounded(range_bounds, 1025), restore);
+  }
+};
+
+/// Shard `index`'s process was restarted and listens at `endpoint` now:
+/// connect there and send again what it had not answered.
+struct Restarted {
+  static constexpr MsgType kType = MsgType::restarted;
+  Role role = Role::shard;
+  std::uint32_t index = 0;
+  std::string endpoint;
+  template <class A>
+  void serialize(A& ar) {
+    ar(role, index, bounded(endpoint, kMaxText));
   }
 };
 

@@ -128,6 +128,12 @@ class Transport {
   /// unknown or not allowed server key; io_error otherwise.
   virtual Result<PeerId> connect(const std::string& endpoint) = 0;
 
+  /// Points the connection `peer` at another endpoint (a peer restarted
+  /// there; it may be the same one), keeping its PeerId. What was queued
+  /// for the old endpoint and not yet sent is dropped. Errors: not_found
+  /// for an unknown peer, then as connect().
+  virtual Status reconnect(const PeerId& peer, const std::string& endpoint) = 0;
+
   /// Queues `message` for `peer`. Returns false when the peer's queue is at
   /// its high-water mark ("would block": try again later), true when queued.
   /// Errors: not_found for an unknown peer, invalid_argument for a message

@@ -36,6 +36,7 @@ FrameError check_untrusted(const Message& message) {
     case MsgType::stats: e = body_of<StatsRequest>(f); break;
     case MsgType::stats_reply: e = body_of<ShardStats>(f); break;
     case MsgType::start: e = body_of<StartTraining>(f); break;
+    case MsgType::restarted: e = body_of<Restarted>(f); break;
   }
   if (e != FrameError::none) return e;
   if (f.header.type == static_cast<std::uint16_t>(MsgType::push) && can_borrow_tensor(f) && message[1].owner) {

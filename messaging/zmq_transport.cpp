@@ -326,44 +326,22 @@ class ZmqTransport final : public Transport {
   }
 
   Result<PeerId> connect(const std::string& given) override {
-    auto split = split_server_key(given);
-    if (!split) return Status::InvalidArgument("connect: " + split.status().message());
-    const auto& [endpoint, carried_key] = *split;
-    try {
-      zmq::socket_t dealer(context_, zmq::socket_type::dealer);
-      configure(dealer);
-      if (curve_) {
-        const std::optional<CurveKey> server = carried_key ? carried_key : curve_->server_key;
-        if (!server)
-          return Status::InvalidArgument("connect " + endpoint +
-                                         ": CURVE is on, and the server's public key is not known (the endpoint "
-                                         "carries none; for the coordinator give --coordinator-key)");
-        if (!std::binary_search(curve_->allowed.begin(), curve_->allowed.end(), *server))
-          return Status::InvalidArgument("connect " + endpoint + ": the server's key " + key_fingerprint(*server) +
-                                         " is not in the allow-list (--auth-keys)");
-        dealer.set(zmq::sockopt::curve_serverkey, zmq::buffer(*server));
-        dealer.set(zmq::sockopt::curve_publickey, zmq::buffer(curve_->public_key));
-        dealer.set(zmq::sockopt::curve_secretkey, zmq::buffer(curve_->secret_key));
-      } else if (carried_key) {
-        return Status::InvalidArgument("connect " + endpoint +
-                                       ": the server there uses CURVE (the endpoint carries its key); this process "
-                                       "needs --auth-keys");
-      }
-      dealer.connect(endpoint);
-      PeerId id = "c:" + std::to_string(connections_.size());
-      connections_.push_back({id, endpoint, std::move(dealer)});
-      return id;
-    } catch (const zmq::error_t& e) {
-      const std::string msg = "connect " + endpoint + ": " + describe(e);
-      switch (e.num()) {
-        case EINVAL:
-        case EPROTONOSUPPORT:
-        case ENOCOMPATPROTO:
-          return Status::InvalidArgument(msg);
-        default:
-          return Status::IOError(msg);
-      }
-    }
+    auto dealer = open_dealer(given);
+    if (!dealer) return dealer.status();
+    PeerId id = "c:" + std::to_string(connections_.size());
+    connections_.push_back({id, std::move(dealer->first), std::move(dealer->second)});
+    return id;
+  }
+
+  Status reconnect(const PeerId& peer, const std::string& given) override {
+    Connection* c = connection(peer);
+    if (c == nullptr) return Status::NotFound("reconnect " + peer + ": no such connection");
+    auto dealer = open_dealer(given);
+    if (!dealer) return dealer.status();
+    // The old socket closes with what it still queued (linger: kLingerMs).
+    c->endpoint = std::move(dealer->first);
+    c->socket = std::move(dealer->second);
+    return {};
   }
 
   Result<bool> send(const PeerId& peer, Message message) override {
@@ -450,6 +428,47 @@ class ZmqTransport final : public Transport {
     std::string endpoint;
     zmq::socket_t socket;
   };
+
+  // A DEALER connected to `given` (with CURVE, set up to verify the
+  // server's key): the endpoint without its key, and the socket.
+  Result<std::pair<std::string, zmq::socket_t>> open_dealer(const std::string& given) {
+    auto split = split_server_key(given);
+    if (!split) return Status::InvalidArgument("connect: " + split.status().message());
+    const auto& [endpoint, carried_key] = *split;
+    try {
+      zmq::socket_t dealer(context_, zmq::socket_type::dealer);
+      configure(dealer);
+      if (curve_) {
+        const std::optional<CurveKey> server = carried_key ? carried_key : curve_->server_key;
+        if (!server)
+          return Status::InvalidArgument("connect " + endpoint +
+                                         ": CURVE is on, and the server's public key is not known (the endpoint "
+                                         "carries none; for the coordinator give --coordinator-key)");
+        if (!std::binary_search(curve_->allowed.begin(), curve_->allowed.end(), *server))
+          return Status::InvalidArgument("connect " + endpoint + ": the server's key " + key_fingerprint(*server) +
+                                         " is not in the allow-list (--auth-keys)");
+        dealer.set(zmq::sockopt::curve_serverkey, zmq::buffer(*server));
+        dealer.set(zmq::sockopt::curve_publickey, zmq::buffer(curve_->public_key));
+        dealer.set(zmq::sockopt::curve_secretkey, zmq::buffer(curve_->secret_key));
+      } else if (carried_key) {
+        return Status::InvalidArgument("connect " + endpoint +
+                                       ": the server there uses CURVE (the endpoint carries its key); this process "
+                                       "needs --auth-keys");
+      }
+      dealer.connect(endpoint);
+      return std::pair<std::string, zmq::socket_t>(endpoint, std::move(dealer));
+    } catch (const zmq::error_t& e) {
+      const std::string msg = "connect " + endpoint + ": " + describe(e);
+      switch (e.num()) {
+        case EINVAL:
+        case EPROTONOSUPPORT:
+        case ENOCOMPATPROTO:
+          return Status::InvalidArgument(msg);
+        default:
+          return Status::IOError(msg);
+      }
+    }
+  }
 
   void configure(zmq::socket_t& s) const {
     s.set(zmq::sockopt::sndhwm, limits_.send_high_water_mark);

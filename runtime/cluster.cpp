@@ -9,10 +9,12 @@
 #include <condition_variable>
 #include <cstdlib>
 #include <deque>
+#include <filesystem>
 #include <future>
 #include <limits>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 #include "actors/coordinator.hpp"
@@ -35,6 +37,9 @@ using alive_atom = caf::atom_constant<caf::atom("alive")>;
 using done_atom = caf::atom_constant<caf::atom("done")>;
 
 constexpr auto kHeartbeatEvery = std::chrono::seconds(1);
+// A process that registers for a shard's slot during the job takes it only
+// once the process there has missed this many seconds of heartbeats.
+constexpr auto kPresumedDead = std::chrono::milliseconds(2500);
 
 // Backpressure in a shard process (docs/cluster.md, "Queues and their
 // bounds"). ZeroMQ counts messages, not bytes, and a push is the size of
@@ -177,6 +182,7 @@ struct CoordinatorRouter {
   caf::actor coordinator;
   std::map<PeerId, caf::actor> workers;                 // worker process -> its remote_worker
   std::map<PeerId, std::promise<void>> shard_ready;     // shard process -> its first heartbeat
+  std::map<PeerId, SteadyClock::time_point> shard_heard;  // shard process (ready) -> its last heartbeat
   Inbox<Inbound> registrations;
 
   void operator()(Inbound&& in) {
@@ -201,6 +207,7 @@ struct CoordinatorRouter {
               s->second.set_value();
               shard_ready.erase(s);
             }
+            if (m.role == Role::shard) shard_heard[in.peer] = SteadyClock::now();
             // Echo it: the process learns the coordinator is alive.
             if (auto b = bridge.lock()) b->send(in.peer, encode(Heartbeat{Role::coordinator, 0, m.sequence}, in.request_id));
           } else if constexpr (std::is_same_v<T, ClockNotice>) {
@@ -238,7 +245,7 @@ class ClusterPlacement final : public RemotePlacement {
   }
 
   Result<caf::actor> place_shard(caf::local_actor* self, const ShardSetup& setup) override {
-    const Member& m = shards_.at(setup.index);
+    const Member m = member(shards_, setup.index);
     Assignment a;
     a.role = Role::shard;
     a.index = setup.index;
@@ -247,20 +254,46 @@ class ClusterPlacement final : public RemotePlacement {
     a.range_begin = setup.range.begin;
     a.range_end = setup.range.end;
     a.schedule_steps = setup.schedule.total_steps;
-    std::future<void> ready;
-    {
-      std::lock_guard lock(router_->mu);
-      ready = router_->shard_ready[m.peer].get_future();
-    }
-    bridge_->send(m.peer, encode(a, bridge_->next_id(), setup.initial, bridge_->coding()));
-    if (ready.wait_for(millis(join_timeout_s_)) != std::future_status::ready)
-      return Status::Timeout(fmt::format("shard process {} (pid {} on {}) did not take its assignment within {:g} s",
-                                         setup.index, m.reg.pid, m.reg.host, join_timeout_s_));
+    if (Status s = assign_shard(m, a, setup.initial); !s.ok()) return s;
     auto peer = bridge_->connect(m.reg.endpoint);
     if (!peer) return peer.status();
     bounds_[setup.index] = setup.range.begin;
     bounds_[setup.index + 1] = setup.range.end;
+    {
+      std::lock_guard lock(mu_);
+      placed_.resize(shards_.size());
+      placed_[setup.index] = Placed{std::move(a), setup.initial, *peer};
+    }
     return self->spawn(remote_shard, bridge_, *peer, setup.index);
+  }
+
+  /// A shard process that registered for slot `index` after that shard's
+  /// process died: assigns it the shard to reload from its checkpoint,
+  /// points this process's connection at it, and tells every worker
+  /// process to do the same (they send again what the dead one had not
+  /// answered). Errors: timeout when it does not take the assignment.
+  Status restart_shard(std::uint32_t index, const Member& m) {
+    Placed p;
+    {
+      std::lock_guard lock(mu_);
+      if (index >= placed_.size() || placed_[index].link.empty())
+        return Status::Internal("shard " + std::to_string(index) + " was never placed");
+      p = placed_[index];
+    }
+    p.assignment.restore = true;
+    if (Status s = assign_shard(m, p.assignment, p.initial); !s.ok()) return s;
+    auto resent = bridge_->reconnect(p.link, m.reg.endpoint);
+    if (!resent) return resent.status();
+    if (*resent > 0) spdlog::info("coordinator: sent {} unanswered request(s) to shard {} again", *resent, index);
+    std::vector<Member> workers;
+    {
+      std::lock_guard lock(mu_);
+      shards_.at(index) = m;
+      workers = workers_;
+    }
+    for (const Member& w : workers)
+      bridge_->send(w.peer, encode(Restarted{Role::shard, index, m.reg.endpoint}, bridge_->next_id()));
+    return {};
   }
 
   Result<caf::actor> place_worker(caf::local_actor* self, std::uint32_t w) override {
@@ -268,8 +301,9 @@ class ClusterPlacement final : public RemotePlacement {
         std::chrono::duration<double>(config_.heartbeat_timeout_s));
     const auto startup = std::chrono::duration_cast<caf::timespan>(std::chrono::duration<double>(join_timeout_s_));
     auto proxy = self->spawn(remote_worker, silence, startup, caf::actor_cast<caf::actor>(self));
+    const PeerId peer = member(workers_, w).peer;
     std::lock_guard lock(router_->mu);
-    router_->workers[workers_.at(w).peer] = proxy;
+    router_->workers[peer] = proxy;
     return proxy;
   }
 
@@ -284,20 +318,52 @@ class ClusterPlacement final : public RemotePlacement {
     a.batch = share.batch;
     a.straggler = straggler;
     a.schedule_steps = schedule_steps;
-    for (const Member& s : shards_) a.shard_endpoints.push_back(s.reg.endpoint);
+    PeerId peer;
+    {
+      std::lock_guard lock(mu_);
+      for (const Member& s : shards_) a.shard_endpoints.push_back(s.reg.endpoint);
+      peer = workers_.at(w).peer;
+    }
     a.range_bounds = bounds_;
-    const PeerId& peer = workers_.at(w).peer;
     bridge_->send(peer, encode(a, bridge_->next_id()));
     bridge_->send(peer, encode(StartTraining{}, bridge_->next_id()));
   }
 
  private:
+  Member member(const std::vector<Member>& group, std::uint32_t i) {
+    std::lock_guard lock(mu_);
+    return group.at(i);
+  }
+
+  // Sends `a` (with `initial` as its tensor) to the shard process `m` and
+  // waits for its first heartbeat, which it sends once it serves.
+  Status assign_shard(const Member& m, const Assignment& a, const std::vector<float>& initial) {
+    std::future<void> ready;
+    {
+      std::lock_guard lock(router_->mu);
+      ready = router_->shard_ready[m.peer].get_future();
+    }
+    bridge_->send(m.peer, encode(a, bridge_->next_id(), initial, bridge_->coding()));
+    if (ready.wait_for(millis(join_timeout_s_)) != std::future_status::ready)
+      return Status::Timeout(fmt::format("shard process {} (pid {} on {}) did not take its assignment within {:g} s",
+                                         a.index, m.reg.pid, m.reg.host, join_timeout_s_));
+    return {};
+  }
+
+  struct Placed {
+    Assignment assignment;
+    std::vector<float> initial;  // its initial parameters, for a restart before any checkpoint
+    PeerId link;                 // this process's connection to it
+  };
+
   std::shared_ptr<Bridge> bridge_;
   std::shared_ptr<CoordinatorRouter> router_;
   JobConfig config_;
   std::string config_text_;
+  std::mutex mu_;  // guards shards_, workers_ and placed_ (restarts come from another thread)
   std::vector<Member> shards_;
   std::vector<Member> workers_;
+  std::vector<Placed> placed_;
   std::vector<std::uint64_t> bounds_;
   double join_timeout_s_;
 };
@@ -459,10 +525,14 @@ Result<JobSummary> run_coordinator_process(const JobConfig& config, const Proces
       if (m) out.push_back(*m);
     return out;
   };
+  std::mutex slots_mu;  // the slots change during the job when a shard process is restarted
   auto say_stop = [&](const std::string& why) {
-    for (const auto* group : {&shard_slots, &worker_slots})
-      for (const auto& m : *group)
-        if (m) bridge->send(m->peer, encode(Shutdown{why}, bridge->next_id()));
+    {
+      std::lock_guard lock(slots_mu);
+      for (const auto* group : {&shard_slots, &worker_slots})
+        for (const auto& m : *group)
+          if (m) bridge->send(m->peer, encode(Shutdown{why}, bridge->next_id()));
+    }
     bridge->stop(std::chrono::seconds(2));
   };
   auto filled = [](const std::vector<std::optional<Member>>& slots) {
@@ -506,20 +576,147 @@ Result<JobSummary> run_coordinator_process(const JobConfig& config, const Proces
   shards = members(shard_slots);
   workers = members(worker_slots);
 
+  std::mutex placement_mu;
+  std::shared_ptr<ClusterPlacement> placement;  // once the job has placed its actors
   ClusterHooks hooks;
   hooks.make_placement = [&](caf::actor_system&) -> Result<std::shared_ptr<RemotePlacement>> {
-    return std::shared_ptr<RemotePlacement>(
-        std::make_shared<ClusterPlacement>(bridge, router, config, shards, workers, o.join_timeout_s));
+    auto p = std::make_shared<ClusterPlacement>(bridge, router, config, shards, workers, o.join_timeout_s);
+    std::lock_guard lock(placement_mu);
+    placement = p;
+    return std::shared_ptr<RemotePlacement>(p);
   };
   hooks.on_coordinator = [&](caf::actor c) {
     std::lock_guard lock(router->mu);
     router->coordinator = std::move(c);
   };
+
+  // Membership during the job: a shard process that goes silent, and one
+  // that registers to take a dead one's place.
+  const bool restartable = !config.checkpoint_dir.empty() && config.checkpoint_every_s > 0;
+  auto tell_coordinator = [&](auto... message) {
+    std::lock_guard lock(router->mu);
+    if (router->coordinator) caf::anon_send(router->coordinator, message...);
+  };
+  auto restart = [&](const Inbound& in, const Registration& reg) {
+    const std::uint32_t index = reg.index;
+    std::shared_ptr<ClusterPlacement> p;
+    {
+      std::lock_guard lock(placement_mu);
+      p = placement;
+    }
+    std::optional<Member> old;
+    {
+      std::lock_guard lock(slots_mu);
+      old = shard_slots[index];
+    }
+    if (!p || !old) {
+      bridge->send(in.peer, encode(Shutdown{"the job is not placed yet; try again"}, bridge->next_id()));
+      return;
+    }
+    if (!restartable) {
+      bridge->send(in.peer, encode(Shutdown{"shard " + std::to_string(index) +
+                                            " cannot be restarted: the job writes no checkpoints "
+                                            "(--checkpoint-dir, --checkpoint-every)"},
+                                   bridge->next_id()));
+      return;
+    }
+    // Only a dead process's place is taken: the old one must have missed
+    // a few heartbeats (a supervisor restarts at once, so this is short).
+    const auto limit = SteadyClock::now() + millis(config.heartbeat_timeout_s);
+    while (true) {
+      std::optional<SteadyClock::time_point> heard;
+      {
+        std::lock_guard lock(router->mu);
+        if (auto h = router->shard_heard.find(old->peer); h != router->shard_heard.end()) heard = h->second;
+      }
+      if (!heard || SteadyClock::now() - *heard > kPresumedDead) break;
+      if (SteadyClock::now() > limit) {
+        spdlog::warn("shard {} registered again (pid {} on {}), but its process pid {} still sends heartbeats: "
+                     "refused", index, reg.pid, reg.host, old->reg.pid);
+        bridge->send(in.peer, encode(Shutdown{"shard " + std::to_string(index) + " is alive (pid " +
+                                              std::to_string(old->reg.pid) + " on " + old->reg.host +
+                                              "); a second process for it is refused"},
+                                     bridge->next_id()));
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    spdlog::warn("shard {} registered again: pid {} on {}, at {}; it takes the place of pid {} and reloads its "
+                 "checkpoint", index, reg.pid, reg.host, reg.endpoint, old->reg.pid);
+    const Member fresh{in.peer, reg};
+    {
+      std::lock_guard lock(router->mu);
+      router->shard_heard.erase(old->peer);
+    }
+    if (Status s = p->restart_shard(index, fresh); !s.ok()) {
+      tell_coordinator(failed_atom::value, static_cast<std::int32_t>(s.code()),
+                       "restarting shard " + std::to_string(index) + ": " + s.message());
+      return;
+    }
+    {
+      std::lock_guard lock(slots_mu);
+      shard_slots[index] = fresh;
+    }
+    tell_coordinator(restarted_atom::value, index);
+  };
+  std::jthread membership([&](std::stop_token done) {
+    const auto silence = millis(config.heartbeat_timeout_s);
+    std::vector<bool> said(config.shards, false);  // silence reported for the current process
+    while (!done.stop_requested()) {
+      {
+        std::vector<std::pair<std::uint32_t, Member>> current;
+        {
+          std::lock_guard lock(slots_mu);
+          for (std::uint32_t i = 0; i < shard_slots.size(); ++i) current.emplace_back(i, *shard_slots[i]);
+        }
+        const auto now = SteadyClock::now();
+        for (const auto& [i, m] : current) {
+          std::optional<SteadyClock::time_point> heard;
+          {
+            std::lock_guard lock(router->mu);
+            if (auto h = router->shard_heard.find(m.peer); h != router->shard_heard.end()) heard = h->second;
+          }
+          if (!heard || now - *heard <= silence) {
+            said[i] = false;
+            continue;
+          }
+          if (said[i]) continue;
+          said[i] = true;
+          const std::string what = fmt::format("shard {}'s process (pid {} on {}) sent no heartbeat for {:g} s "
+                                               "(--heartbeat-timeout)",
+                                               i, m.reg.pid, m.reg.host, config.heartbeat_timeout_s);
+          if (restartable) {
+            spdlog::warn("{}: waiting for it to be restarted; workers wait for it up to --rpc-timeout ({:g} s)",
+                         what, config.rpc_timeout_s);
+          } else {
+            tell_coordinator(failed_atom::value, static_cast<std::int32_t>(StatusCode::timeout),
+                             what + "; without --checkpoint-dir and --checkpoint-every it cannot be restarted, so "
+                                    "the job stops");
+          }
+        }
+      }
+      auto in = router->registrations.pop(std::chrono::milliseconds(200));
+      if (!in) continue;
+      const auto& reg = std::get<Registration>(in->body);
+      if (reg.role == Role::shard && reg.index < config.shards && !reg.endpoint.empty()) {
+        restart(*in, reg);
+      } else {
+        bridge->send(in->peer, encode(Shutdown{"the job has started and needs no more of these"}, bridge->next_id()));
+      }
+    }
+  });
   hooks.before_shutdown = [&](const Status& outcome) {
+    membership.request_stop();
+    membership.join();
     router->detach();
     say_stop(outcome.ok() ? "the job is done" : "the job failed: " + outcome.message());
   };
-  return run_job_with(config, callbacks, stop, hooks);
+  auto result = run_job_with(config, callbacks, stop, hooks);
+  if (membership.joinable()) {
+    membership.request_stop();
+    membership.join();
+  }
+  return result;
 }
 
 Status run_shard_process(const ProcessOptions& o, std::stop_token stop) {
@@ -552,7 +749,35 @@ Status run_shard_process(const ProcessOptions& o, std::stop_token stop) {
     ss.checkpoint_path = shard_checkpoint_path(j.config.checkpoint_dir, a.index);
     ss.checkpoint_every_s = j.config.checkpoint_every_s;
   }
+  const std::string checkpoint = ss.checkpoint_path;
   auto core = ShardCore::make(std::move(ss));
+  if (core) {
+    std::error_code ec;
+    if (a.restore) {
+      if (checkpoint.empty()) {
+        core = Status::InvalidArgument("restarted, but the job writes no checkpoints (--checkpoint-dir, --checkpoint-every)");
+      } else if (std::filesystem::exists(checkpoint, ec)) {
+        auto saved = ShardCore::saved(checkpoint);
+        Status s = saved.status();
+        if (s.ok()) s = core->restore(checkpoint, {});
+        if (!s.ok()) {
+          core = s;
+        } else {
+          const double now_unix =
+              std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+          spdlog::warn("{}: restarted; reloaded {} (written {:.1f} s ago, {} updates applied by then)", name,
+                       checkpoint, now_unix - saved->written_unix_s, saved->stats.updates_applied);
+        }
+      } else {
+        spdlog::warn("{}: restarted before its first checkpoint ({}): starting again from the initial parameters",
+                     name, checkpoint);
+      }
+    } else if (!checkpoint.empty()) {
+      // A new job: a checkpoint left by an earlier one in this folder must
+      // not be reloaded if this shard is restarted before it writes its own.
+      std::filesystem::remove(checkpoint, ec);
+    }
+  }
   if (!core) {
     j.bridge->send(j.coordinator, encode(Failure{static_cast<std::int32_t>(core.status().code()),
                                                  name + ": " + core.status().message()},
@@ -611,10 +836,12 @@ Status run_worker_process(const ProcessOptions& o, std::stop_token stop) {
   auto actor_cfg = actor_config(1);
   caf::actor_system system{actor_cfg};
   std::vector<caf::actor> shards;
+  std::vector<PeerId> shard_peers;
   std::vector<KeyRange> ranges;
   for (std::size_t i = 0; i < a.shard_endpoints.size(); ++i) {
     auto peer = j.bridge->connect(a.shard_endpoints[i]);
     if (!peer) return fail_early(peer.status());
+    shard_peers.push_back(*peer);
     shards.push_back(system.spawn(remote_shard, j.bridge, *peer, static_cast<std::uint32_t>(i)));
     ranges.push_back({a.range_bounds[i], a.range_bounds[i + 1]});
   }
@@ -658,6 +885,15 @@ Status run_worker_process(const ProcessOptions& o, std::stop_token stop) {
                a.batch, shards.size());
   Status s = serve_until_shutdown(j, name, stop, [&](Inbound& in) {
     if (std::holds_alternative<StartTraining>(in.body)) caf::anon_send(worker_actor, start_atom::value);
+    if (auto* r = std::get_if<Restarted>(&in.body); r && r->role == Role::shard && r->index < shard_peers.size()) {
+      auto resent = j.bridge->reconnect(shard_peers[r->index], r->endpoint);
+      if (resent) {
+        spdlog::info("{}: shard {} was restarted, now at {}; sent {} unanswered request(s) again", name, r->index,
+                     r->endpoint, *resent);
+      } else {
+        spdlog::error("{}: reconnecting to shard {} at {}: {}", name, r->index, r->endpoint, resent.status().message());
+      }
+    }
     return Status{};
   });
   j.bridge->stop();

@@ -44,7 +44,8 @@ nlohmann::json to_json(const JobSummary& s) {
                       {"worker_wait_s", s.worker_wait_s},
                       {"malformed_frames", s.malformed_frames},
                       {"nonfinite_rejected", s.nonfinite_rejected},
-                      {"workers_lost", s.workers_lost}};
+                      {"workers_lost", s.workers_lost},
+                      {"shard_restarts", s.shard_restarts}};
   if (s.staleness) j["staleness"] = *s.staleness;
   if (s.time_to_target_s) j["time_to_target_s"] = *s.time_to_target_s;
   return j;

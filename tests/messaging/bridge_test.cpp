@@ -6,7 +6,10 @@
 
 #include <gtest/gtest.h>
 
+#include <future>
+
 #include "actors/parameter_shard.hpp"
+#include "test_helpers.hpp"
 
 namespace asgd::messaging {
 namespace {
@@ -115,6 +118,71 @@ struct BigShard {
   std::shared_ptr<Bridge> shard_side, worker_side;
   PeerId peer;
 };
+
+// A shard process dies holding a push it never answered; its replacement
+// listens elsewhere. reconnect() sends the push there, once, and the
+// worker's request is answered as if nothing had happened.
+TEST(Bridge, AReconnectSendsTheUnansweredRequestsToTheRestartedShardOnce) {
+  caf::actor_system_config cfg;
+  cfg.add_message_types<caf::id_block::asgd>();
+  caf::actor_system sys{cfg};
+  BridgeOptions dying_options;
+  dying_options.listen = "tcp://127.0.0.1:0";
+  dying_options.name = "dying shard";
+  auto dying = Bridge::start(dying_options, [](Inbound&&) {});  // reads, never answers
+  ASSERT_TRUE(dying.ok());
+  BridgeOptions wo;
+  wo.name = "test worker";
+  auto worker_side = Bridge::start(wo, nullptr);
+  ASSERT_TRUE(worker_side.ok());
+  auto peer = (*worker_side)->connect((*dying)->endpoint());
+  ASSERT_TRUE(peer.ok());
+  auto remote = sys.spawn(remote_shard, *worker_side, *peer, 0u);
+  auto answered = std::async(std::launch::async, [&] {
+    caf::scoped_actor asker{sys};
+    ShardReply reply;
+    asker->request(remote, std::chrono::seconds(20), push_atom::value,
+                   PushRequest{0, 0, 0, 1, true, {1.0f, 1.0f, 1.0f, 1.0f}})
+        .receive([&](ShardReply& r) { reply = std::move(r); },
+                 [&](caf::error& e) { ADD_FAILURE() << "the push was not answered: " << sys.render(e); });
+    return reply;
+  });
+  ASSERT_TRUE(asgd_test::eventually([&] { return (*dying)->stats().frames_in >= 1; }));
+  (*dying)->stop();
+
+  ShardSetup ss;
+  ss.range = {0, 4};
+  ss.initial.assign(4, 100.0f);
+  ss.optimizer = {"sgd", 1.0f, 0.0f, 0.0f};
+  ss.workers = 1;
+  auto core = ShardCore::make(std::move(ss));
+  ASSERT_TRUE(core.ok());
+  auto shard = sys.spawn(parameter_shard, std::make_shared<ShardCore>(std::move(core).value()));
+  auto server = std::make_shared<caf::actor>();
+  BridgeOptions so;
+  so.listen = "tcp://127.0.0.1:0";
+  so.name = "restarted shard";
+  auto restarted = Bridge::start(so, [server](Inbound&& in) { post_to_shard_server(*server, std::move(in)); });
+  ASSERT_TRUE(restarted.ok());
+  *server = sys.spawn(shard_server, *restarted, shard);
+
+  auto resent = (*worker_side)->reconnect(*peer, (*restarted)->endpoint());
+  ASSERT_TRUE(resent.ok()) << resent.status().to_string();
+  EXPECT_EQ(*resent, 1u);
+  const ShardReply reply = answered.get();
+  ASSERT_EQ(reply.params.size(), 4u);
+  EXPECT_EQ(reply.params[0], 99.0f);  // one sgd step with lr 1
+  caf::scoped_actor self{sys};
+  self->request(remote, std::chrono::seconds(10), stats_atom::value)
+      .receive([&](ShardStats& st) { EXPECT_EQ(st.updates_applied, 1u); },
+               [&](caf::error& e) { ADD_FAILURE() << sys.render(e); });
+  EXPECT_EQ((*worker_side)->stats().resent, 1u);
+  EXPECT_FALSE((*worker_side)->reconnect("c:9", (*restarted)->endpoint()).ok());
+
+  (*worker_side)->stop();
+  (*restarted)->stop();
+  for (auto& a : {remote, *server, shard}) self->send_exit(a, caf::exit_reason::user_shutdown);
+}
 
 TEST(Bridge, AppliesABigPushFromTheBufferItArrivedInOncePerRequestAndAnswersWithCheckedParameters) {
   caf::actor_system_config cfg;

@@ -163,6 +163,7 @@ TEST(WireMessages, EveryMessageTypeRoundTrips) {
   a.schedule_steps = 860;
   a.shard_endpoints = {"tcp://h:1", "tcp://h:2"};
   a.range_bounds = {0, 5, 9};
+  a.restore = true;
   std::vector<float> initial;
   auto a2 = round_trip(a, {1.0f, 2.0f}, &initial);
   EXPECT_EQ(a2.config, a.config);
@@ -170,6 +171,7 @@ TEST(WireMessages, EveryMessageTypeRoundTrips) {
   EXPECT_EQ(a2.shard_endpoints, a.shard_endpoints);
   EXPECT_EQ(a2.range_bounds, a.range_bounds);
   EXPECT_EQ(a2.partition_end, 200u);
+  EXPECT_TRUE(a2.restore);
   EXPECT_EQ(initial, (std::vector<float>{1.0f, 2.0f}));
 
   std::vector<float> payload;
@@ -210,6 +212,10 @@ TEST(WireMessages, EveryMessageTypeRoundTrips) {
   EXPECT_EQ(fl.what, "diverged");
   round_trip(StartTraining{});
   round_trip(StatsRequest{});
+  auto rs = round_trip(Restarted{Role::shard, 3, "tcp://10.0.0.2:4100"});
+  EXPECT_EQ(rs.role, Role::shard);
+  EXPECT_EQ(rs.index, 3u);
+  EXPECT_EQ(rs.endpoint, "tcp://10.0.0.2:4100");
 
   EpochReport er;
   er.worker = 1;

@@ -1,7 +1,9 @@
 // Faults a user meets in a real cluster: a worker process killed with
 // SIGKILL in the middle of an epoch. The job must finish without it, under
 // every policy that runs across processes, and notice the death within the
-// heartbeat timeout instead of hanging at a barrier.
+// heartbeat timeout instead of hanging at a barrier. A shard process
+// killed the same way is restarted by asgd cluster and reloads its
+// checkpoint; without checkpoints the job stops at once, saying why.
 
 #include <gtest/gtest.h>
 
@@ -11,6 +13,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -153,6 +156,93 @@ TEST_P(WorkerKilledMidEpoch, TheJobFinishesWithoutItAbove97Percent) {
   std::printf("policy %s: worker 1 killed after epoch 1, declared lost %.2f s later; final_test_accuracy %.4f, "
               "train %.1f s\n",
               GetParam(), *noticed, summary["final_test_accuracy"].get<double>(), summary["train_s"].get<double>());
+}
+
+std::vector<nlohmann::json> read_lines(const fs::path& p) {
+  std::vector<nlohmann::json> lines;
+  std::ifstream in(p);
+  for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
+  return lines;
+}
+
+class ShardKilledMidRun : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(ShardKilledMidRun, TheSupervisorRestartsItFromItsCheckpointAndTheJobFinishesAbove97Percent) {
+  ASGD_REQUIRE_DATASET(dir, "mnist");
+  const asgd_test::TempDir scratch;
+  const fs::path log = scratch / "cluster.log";
+  const fs::path metrics = scratch / "run.jsonl";
+  // bsp gets an epoch more: its 3 workers' summed batches make fewer steps.
+  const std::string epochs = std::string(GetParam()) == "bsp" ? "6" : "5";
+  const pid_t cluster = start_asgd({"cluster", "--workers", "3", "--shards", "2", "--policy", GetParam(), "--epochs",
+                                    epochs, "--data-dir", dir.string(), "--heartbeat-timeout", "3", "--checkpoint-dir",
+                                    (scratch / "ck").string(), "--checkpoint-every", "1", "--metrics-out",
+                                    metrics.string()},
+                                   log);
+  ASSERT_GT(cluster, 0);
+  // Mid-run, with a checkpoint at most a second old.
+  ASSERT_TRUE(wait_for_text(log, "epoch 2/" + epochs, std::chrono::seconds(120), cluster)) << read_file(log);
+  ASSERT_TRUE(fs::exists(scratch / "ck" / "shard-1.ckpt"));
+  const auto victim = child_with_args(cluster, {"shard", "--index", "1"});
+  ASSERT_TRUE(victim) << "no shard 1 process under " << cluster;
+  ASSERT_EQ(kill(*victim, SIGKILL), 0);
+  const auto back = wait_for_text(log, "shard 1 was restarted from its checkpoint", std::chrono::seconds(60), cluster);
+  ASSERT_TRUE(back) << read_file(log);
+  EXPECT_NE(read_file(log).find("shard 1: restarted; reloaded"), std::string::npos) << read_file(log);
+
+  const auto code = wait_exit(cluster, std::chrono::seconds(180));
+  ASSERT_TRUE(code) << "the cluster did not finish within 180 s:\n" << read_file(log);
+  EXPECT_EQ(*code, 0) << read_file(log);
+  const auto lines = read_lines(metrics);
+  ASSERT_FALSE(lines.empty());
+  const auto& summary = lines.back();
+  ASSERT_EQ(summary.value("event", ""), "summary") << read_file(log);
+  EXPECT_EQ(summary["shard_restarts"], 1);
+  EXPECT_EQ(summary["workers_lost"], 0);
+  EXPECT_GE(summary["final_test_accuracy"].get<double>(), 0.97) << summary.dump();
+  // The metrics file says what was lost: at most one checkpoint interval.
+  const auto restarted = std::find_if(lines.begin(), lines.end(), [](const auto& l) {
+    return l.value("event", "") == "shard_restarted";
+  });
+  ASSERT_NE(restarted, lines.end());
+  EXPECT_EQ((*restarted)["shard"], 1);
+  EXPECT_EQ((*restarted)["lost_at_most_s"], 1.0);
+  std::printf("policy %s: shard 1 killed after epoch 2, serving again from its checkpoint %.2f s later; "
+              "final_test_accuracy %.4f, train %.1f s\n",
+              GetParam(), *back, summary["final_test_accuracy"].get<double>(), summary["train_s"].get<double>());
+}
+
+INSTANTIATE_TEST_SUITE_P(ClusterPolicies, ShardKilledMidRun, ::testing::Values("async", "ssp:2", "bsp"),
+                         [](const ::testing::TestParamInfo<const char*>& p) {
+                           std::string n = p.param;
+                           for (char& c : n)
+                             if (c == ':') c = '_';
+                           return n;
+                         });
+
+TEST(ShardKilledWithoutCheckpoints, TheJobStopsWithinTheHeartbeatTimeoutNamingTheShard) {
+  ASGD_REQUIRE_DATASET(dir, "mnist");
+  const asgd_test::TempDir scratch;
+  const fs::path log = scratch / "cluster.log";
+  const pid_t cluster = start_asgd({"cluster", "--workers", "2", "--shards", "2", "--policy", "async", "--epochs",
+                                    "20", "--data-dir", dir.string(), "--heartbeat-timeout", "3"},
+                                   log);
+  ASSERT_GT(cluster, 0);
+  ASSERT_TRUE(wait_for_text(log, "epoch 1/20", std::chrono::seconds(120), cluster)) << read_file(log);
+  const auto victim = child_with_args(cluster, {"shard", "--index", "0"});
+  ASSERT_TRUE(victim);
+  const auto killed = Clock::now();
+  ASSERT_EQ(kill(*victim, SIGKILL), 0);
+  // Not the 60 s --rpc-timeout of the workers' requests: the heartbeat timeout.
+  const auto code = wait_exit(cluster, std::chrono::seconds(60));
+  const double took = std::chrono::duration<double>(Clock::now() - killed).count();
+  ASSERT_TRUE(code) << read_file(log);
+  EXPECT_EQ(*code, 1) << read_file(log);
+  EXPECT_LE(took, 3.0 + 15.0) << read_file(log);
+  const std::string text = read_file(log);
+  EXPECT_NE(text.find("shard 0's process"), std::string::npos) << text;
+  EXPECT_NE(text.find("cannot be restarted"), std::string::npos) << text;
+  std::printf("shard 0 killed without checkpoints: the job stopped %.1f s later, exit %d\n", took, *code);
 }
 
 INSTANTIATE_TEST_SUITE_P(EveryClusterPolicy, WorkerKilledMidEpoch,

@@ -60,7 +60,8 @@ TEST(RunJob, TrainsMnistAcrossTwoWorkersAndTwoShardsAndWritesTheMetricsFile) {
                                           "staleness_mean", "staleness_p99", "staleness_max",
                                           // beyond DESIGN.md's list: the histogram and per-worker figures
                                           "staleness_histogram", "worker_batch", "worker_wait_s",
-                                          "malformed_frames", "nonfinite_rejected", "workers_lost"};
+                                          "malformed_frames", "nonfinite_rejected", "workers_lost",
+                                          "shard_restarts"};
   std::set<std::string> keys;
   for (const auto& [k, v] : s.items()) keys.insert(k);
   EXPECT_EQ(keys, expected);

@@ -66,6 +66,33 @@ TEST(ShardCheckpoint, ARestoredShardContinuesExactlyAsTheOriginalWouldHave) {
   }
 }
 
+// A shard process restarted mid-job keeps the checkpoint's clocks and the
+// workers that had left: the workers go on from where they are.
+TEST(ShardCheckpoint, RestoredWithoutRestartClocksItKeepsTheCheckpointsClocksAndDepartures) {
+  const asgd_test::TempDir dir;
+  auto a = ShardCore::make(setup_for("momentum"));
+  ASSERT_TRUE(a.ok());
+  asgd_test::ShardDriver original(std::move(a).value());
+  for (Clock c = 0; c < 6; ++c) original.push_now({0, c, c, 8, false, gradient(c)});
+  original.push_now({1, 0, 0, 8, false, gradient(0)});
+  std::vector<ShardCore::Answer> out;
+  original.core.leave(1, std::chrono::steady_clock::now(), out);
+  const std::string path = shard_checkpoint_path(dir.path().string(), 1);
+  ASSERT_TRUE(original.core.save(path).ok());
+
+  auto b = ShardCore::make(setup_for("momentum"));
+  ASSERT_TRUE(b.ok());
+  asgd_test::ShardDriver restored(std::move(b).value());
+  ASSERT_TRUE(restored.core.restore(path, {}).ok());
+  EXPECT_EQ(params_of(restored.core), params_of(original.core));
+  EXPECT_EQ(restored.core.stats().worker_clock, (std::vector<Clock>{6, 1}));
+  EXPECT_EQ(restored.core.stats().updates_applied, 7u);
+  // Worker 1 had left: its pushes are still refused.
+  const auto rejected = restored.core.stats().rejected;
+  restored.push_now({1, 1, 1, 8, false, gradient(1)});
+  EXPECT_EQ(restored.core.stats().rejected, rejected + 1);
+}
+
 TEST(ShardCheckpoint, ADamagedOrForeignCheckpointIsRefusedNamingTheFile) {
   const asgd_test::TempDir dir;
   auto a = ShardCore::make(setup_for("momentum"));

@@ -39,6 +39,7 @@ struct ProcessFlags {
   std::string auth_keys;        // --auth-keys DIR: CURVE on (docs/security.md)
   std::string key_file;         // --key FILE: this process's secret key
   std::string coordinator_key;  // --coordinator-key FILE: the coordinator's public key
+  std::uint32_t max_restarts = 3;  // asgd cluster: restarts of each shard process at most
 };
 
 void add_auth_flags(CLI::App* cmd, ProcessFlags& f, bool needs_coordinator) {
@@ -153,6 +154,10 @@ int run_role(const ProcessFlags& pf, bool shard) {
 
 struct Child {
   std::string name;
+  std::vector<std::string> args;  // how it was started (a shard is started again with them)
+  bool shard = false;
+  std::uint32_t index = 0;
+  bool replaced = false;  // dead, and dealt with: restarted, or left dead
   pid_t pid = -1;
   int out = -1;        // read end of its stdout+stderr
   std::string partial;  // an unfinished line
@@ -183,6 +188,7 @@ Result<Child> spawn_self(const std::string& name, const std::vector<std::string>
   }
   Child c;
   c.name = name;
+  c.args = args;
   c.pid = pid;
   c.out = fds[0];
   return c;
@@ -228,6 +234,15 @@ int exit_status(const Child& c) {
   return kExitFailure;
 }
 
+std::string how_it_ended(const Child& c) {
+  if (WIFSIGNALED(c.status)) {
+    const int sig = WTERMSIG(c.status);
+    const char* name = sigabbrev_np(sig);
+    return "was killed by signal " + std::to_string(sig) + (name ? std::string(" (SIG") + name + ")" : "");
+  }
+  return "exited with status " + std::to_string(exit_status(c));
+}
+
 int run_cluster(const JobOptions& jo, const ProcessFlags& pf) {
   JobConfig config;
   if (auto code = load_job(jo, config)) return *code;
@@ -251,6 +266,8 @@ int run_cluster(const JobOptions& jo, const ProcessFlags& pf) {
               config.workers, checked.curve ? ", authenticated and encrypted (CURVE)" : "");
   std::fflush(stdout);
   Interrupts interrupts;
+  const bool restartable = !config.checkpoint_dir.empty() && config.checkpoint_every_s > 0;
+  std::vector<std::uint32_t> restarts(config.shards, 0);
   std::vector<std::string> coord_args = {"coordinator", "--listen", pf.listen, "--join-timeout",
                                          std::to_string(pf.join_timeout_s)};
   for (auto& a : given_job_flags(jo)) coord_args.push_back(a);
@@ -308,6 +325,8 @@ int run_cluster(const JobOptions& jo, const ProcessFlags& pf) {
             ok = false;
             break;
           }
+          c->shard = role == "shard";
+          c->index = i;
           children.push_back(std::move(c).value());
         }
       }
@@ -322,6 +341,36 @@ int run_cluster(const JobOptions& jo, const ProcessFlags& pf) {
       stop_all(SIGTERM);
       break;
     }
+    // A shard process that died while the job runs is started again: it
+    // registers for its index, and the coordinator has it reload the
+    // shard's checkpoint (docs/cluster.md, "Failures").
+    std::vector<Child> restarted;
+    for (auto& c : children) {
+      if (!c.shard || !c.exited || c.replaced || children[0].exited || interrupts.token().stop_requested()) continue;
+      c.replaced = true;
+      if (WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0) continue;
+      std::string what = c.name + " (pid " + std::to_string(c.pid) + ") " + how_it_ended(c);
+      if (!restartable) {
+        spdlog::error("{}; the job writes no checkpoints (--checkpoint-dir), so it is not restarted", what);
+        continue;
+      }
+      if (restarts[c.index] >= pf.max_restarts) {
+        spdlog::error("{}; it was restarted {} time(s) already (--max-restarts), so not again", what,
+                      restarts[c.index]);
+        continue;
+      }
+      ++restarts[c.index];
+      spdlog::warn("{}; starting it again ({} of at most {})", what, restarts[c.index], pf.max_restarts);
+      auto again = spawn_self(c.name, c.args);
+      if (!again) {
+        spdlog::error("restarting {}: {}", c.name, again.status().message());
+        continue;
+      }
+      again->shard = true;
+      again->index = c.index;
+      restarted.push_back(std::move(again).value());
+    }
+    for (auto& c : restarted) children.push_back(std::move(c));
     if (children[0].exited && !coordinator_done) coordinator_done = std::chrono::steady_clock::now();
     bool all_done = true;
     for (auto& c : children) all_done = all_done && c.exited && c.out < 0;
@@ -355,8 +404,10 @@ int run_cluster(const JobOptions& jo, const ProcessFlags& pf) {
     while (c.out >= 0) pump(c);
   int failed = 0;
   for (auto& c : children)
-    if (exit_status(c) != 0 && &c != &children[0]) ++failed;
+    if (exit_status(c) != 0 && &c != &children[0] && !c.replaced) ++failed;
   if (failed > 0) spdlog::warn("{} of the shard and worker processes did not exit cleanly", failed);
+  for (std::uint32_t i = 0; i < restarts.size(); ++i)
+    if (restarts[i] > 0) spdlog::info("shard {}'s process was restarted {} time(s)", i, restarts[i]);
   return exit_status(children[0]);
 }
 
@@ -373,6 +424,10 @@ std::function<int(const std::string&)> add_cluster_commands(CLI::App& app) {
   cluster->add_option("--join-timeout", all->cluster.join_timeout_s,
                       "seconds to wait for the processes to start and register (default 60)")
       ->type_name("S");
+  cluster->add_option("--max-restarts", all->cluster.max_restarts,
+                      "with --checkpoint-dir: start a shard process that died again, at most N times per shard "
+                      "(default 3; 0: never)")
+      ->type_name("N");
   add_auth_flags(cluster, all->cluster, false);
   auto* coord = app.add_subcommand("coordinator", "run the coordinator of a job whose shards and workers connect to it");
   add_job_flags(coord, all->coord_job);
