@@ -223,6 +223,7 @@ void finish(Self self) {
                 JobSummary summary = make_summary(c2, result, histogram);
                 summary.workers_lost = c2.workers_lost;
                 summary.shard_restarts = c2.shard_restarts;
+                summary.workers_rejoined = c2.workers_rejoined;
                 summary.malformed_frames = malformed;
                 summary.nonfinite_rejected = nonfinite;
                 c2.setup.outcome->set_value(std::move(summary));
@@ -430,7 +431,7 @@ void complete_epochs(Self self) {
     if (agg.complete) continue;
     agg.reported.resize(s.setup.config.workers, false);
     for (std::size_t w = 0; w < agg.reported.size(); ++w) {
-      const bool lost = w < s.seen.size() && s.seen[w].lost;
+      const bool lost = w < s.seen.size() && (s.seen[w].lost || e < s.seen[w].first_epoch);
       if (!agg.reported[w] && !lost) return;  // later epochs wait for this one
     }
     agg.complete = true;
@@ -464,6 +465,71 @@ void lose_worker(Self self, std::size_t w, const std::string& why) {
   if (s.shared) s.shared->live[w].store(false, std::memory_order_release);
   complete_epochs(self);
   finish(self);
+}
+
+// A new process registered for worker `w`, whose old one died: it trains
+// w's share from the epoch after the furthest live worker's, so no barrier
+// waits for it to catch up (a shard's clock for it jumps to that epoch's
+// first step, and every policy counts a worker whose clock passed a step
+// as done with it).
+void rejoin_worker(Self self, std::uint32_t w) {
+  auto& s = self->state;
+  const JobConfig& cfg = s.setup.config;
+  auto refuse = [&](const std::string& why) {
+    spdlog::warn("a new process for worker {} is not taken: {}", w, why);
+    if (s.setup.remote) s.setup.remote->dismiss_worker(w, why);
+  };
+  if (!s.setup.remote || w >= s.workers.size() || w >= s.seen.size()) return refuse("no such worker");
+  if (s.done || s.finishing) return refuse("the job is ending");
+  if (s.seen[w].finished) return refuse("worker " + std::to_string(w) + " had finished its share");
+  std::uint64_t furthest = 0;
+  for (std::size_t i = 0; i < s.seen.size(); ++i)
+    if (i != w && !s.seen[i].lost && !s.seen[i].finished) furthest = std::max(furthest, s.seen[i].latest.epoch);
+  const std::uint64_t first = furthest + 1;
+  if (first >= cfg.epochs) return refuse("the others are in the last epoch: nothing is left for it to train");
+  if (!s.seen[w].lost) {
+    // Its old process is dead (silent), though not yet past --heartbeat-timeout.
+    self->demonitor(s.workers[w]);
+    self->send_exit(s.workers[w], caf::exit_reason::kill);
+    lose_worker(self, w, "a new process registered in its place");
+    if (s.done || s.finishing) return refuse("the job is ending");
+  }
+  auto proxy = s.setup.remote->place_worker(self, w);
+  if (!proxy) return refuse(proxy.status().message());
+  s.workers[w] = *proxy;
+  s.names[proxy->address()] = "worker " + std::to_string(w);
+  self->monitor(*proxy);
+  s.seen[w] = {};
+  s.seen[w].first_epoch = first;
+  --s.workers_lost;
+  --s.workers_stopped;
+  ++s.workers_rejoined;
+  const WorkerShare& share = s.shares[w];
+  const Clock clock = first * ((share.partition.size() + share.batch - 1) / share.batch);
+  // Started once every shard has taken the join: a statistics request
+  // after it on the same connection is answered after it.
+  auto remaining = std::make_shared<std::size_t>(s.shards.size());
+  for (auto& shard : s.shards) {
+    self->send(shard, join_atom::value, static_cast<WorkerId>(w), clock);
+    self->request(shard, rpc_timeout(cfg), stats_atom::value)
+        .then(
+            [self, w, first, remaining](ShardStats&) {
+              if (--*remaining > 0) return;
+              auto& c = self->state;
+              if (c.done) return;
+              c.setup.remote->start_worker(w, c.shares[w], c.stragglers[w], c.schedule_steps,
+                                           static_cast<std::uint32_t>(first));
+              const double at_s = seconds_between(c.train_start, SteadyClock::now());
+              spdlog::warn("worker {} rejoined at {:.1f} s: a new process trains its share from epoch {} of {} on", w,
+                           at_s, first + 1, c.setup.config.epochs);
+              if (c.setup.on_record)
+                c.setup.on_record({{"event", "worker_rejoined"}, {"worker", w}, {"epoch", first + 1}, {"train_s", at_s}});
+            },
+            [self, w](caf::error& err) {
+              fail(self, Status::Timeout("coordinator: a shard did not confirm worker " + std::to_string(w) +
+                                         "'s rejoining: " + self->system().render(err)));
+            });
+  }
 }
 
 // Every kLiveEvery while training: Progress for the caller and the live
@@ -557,7 +623,7 @@ void start_training(Self self) {
     st.train_start = SteadyClock::now();
     st.last_epoch_end = st.train_start;
     for (std::uint32_t w = 0; w < cfg.workers; ++w)
-      st.setup.remote->start_worker(w, st.shares[w], st.stragglers[w], st.schedule_steps);
+      st.setup.remote->start_worker(w, st.shares[w], st.stragglers[w], st.schedule_steps, 0);
     if (cfg.eval_every_s > 0) self->delayed_send(self, eval_period(cfg), eval_atom::value);
     return;
   }
@@ -867,6 +933,7 @@ caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self, Coordinat
         seen.at = SteadyClock::now();
       },
       [self](live_atom) { live_tick(self); },
+      [self](rejoin_atom, std::uint32_t w) { rejoin_worker(self, w); },
       [self](restarted_atom, std::uint32_t shard) {
         auto& s = self->state;
         if (s.done || shard >= s.shards.size()) return;

@@ -120,9 +120,12 @@ class RemotePlacement {
   /// worker has finished, abnormally when its process went silent.
   virtual Result<caf::actor> place_worker(caf::local_actor* coordinator, std::uint32_t w) = 0;
   /// Starts worker `w` on `share`, slowed by `straggler`, with a learning-rate
-  /// schedule of `schedule_steps`.
-  virtual void start_worker(std::uint32_t w, const WorkerShare& share, double straggler,
-                            std::uint64_t schedule_steps) = 0;
+  /// schedule of `schedule_steps`, at epoch `first_epoch` (0-based).
+  virtual void start_worker(std::uint32_t w, const WorkerShare& share, double straggler, std::uint64_t schedule_steps,
+                            std::uint32_t first_epoch) = 0;
+  /// Worker `w`'s new process (registered in place of a lost one) is not
+  /// taken: tells it to stop, saying why.
+  virtual void dismiss_worker(std::uint32_t w, const std::string& why) = 0;
 };
 
 /// The most steps any worker takes over the job: the length of the
@@ -144,6 +147,7 @@ struct CoordinatorState {
   std::uint32_t workers_stopped = 0;          // finished or lost
   std::uint32_t workers_lost = 0;
   std::uint32_t shard_restarts = 0;
+  std::uint32_t workers_rejoined = 0;
   bool last_epoch_evaluated = false;
   bool finishing = false;
   std::map<caf::actor_addr, std::string> names;  // for diagnostics: "worker 1", "shard 0"
@@ -175,6 +179,7 @@ struct CoordinatorState {
     std::chrono::steady_clock::time_point at;
     bool finished = false;  // stopped normally, its share done
     bool lost = false;      // stopped abnormally
+    std::uint64_t first_epoch = 0;  // its epochs before this one are not awaited (a rejoined worker's)
   };
   std::vector<WorkerSeen> seen;
   struct Totals {  // summed over the workers' latest progress

@@ -192,6 +192,8 @@ using calibrate_atom = caf::atom_constant<caf::atom("calibrate")>;
 using eval_atom = caf::atom_constant<caf::atom("eval")>;
 using live_atom = caf::atom_constant<caf::atom("live")>;
 using restarted_atom = caf::atom_constant<caf::atom("restarted")>;
+using join_atom = caf::atom_constant<caf::atom("join")>;
+using rejoin_atom = caf::atom_constant<caf::atom("rejoin")>;
 
 }  // namespace asgd
 

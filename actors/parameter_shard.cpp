@@ -292,6 +292,12 @@ void ShardCore::leave(WorkerId worker, Instant now, std::vector<Answer>& out) {
   release_held(now, out);
 }
 
+void ShardCore::rejoin(WorkerId worker, Clock clock) {
+  if (worker >= setup_.workers) return;
+  live_[worker] = true;
+  clock_[worker] = std::max(clock_[worker], clock);
+}
+
 ShardReply ShardCore::snapshot() const { return reply(PushOutcome::none, {}, true); }
 
 namespace {
@@ -481,6 +487,7 @@ caf::behavior parameter_shard(caf::stateful_actor<ShardState>* self, std::shared
             spdlog::warn("shard {}: final checkpoint failed: {}", st.core->index(), s.message());
         }
       },
+      [self](join_atom, WorkerId worker, Clock clock) { self->state.core->rejoin(worker, clock); },
       [self](snapshot_atom) { return self->state.core->snapshot(); },
       [self](tick_atom) {
         auto& st = self->state;

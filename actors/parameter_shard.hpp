@@ -8,6 +8,7 @@
 //   (push_atom, PushRequest)     -> ShardReply   (held while the policy holds the read it asks for)
 //   (pull_atom, PullRequest)     -> ShardReply   (held while the policy says no)
 //   (leave_atom, WorkerId)       a worker has finished: stop waiting for it
+//   (join_atom, WorkerId, Clock) a worker that had left is back, at that clock
 //   (snapshot_atom)              -> ShardReply   for evaluation, never held
 //   (stats_atom)                 -> ShardStats
 
@@ -91,6 +92,11 @@ class ShardCore {
   /// Worker `worker` is done: it no longer counts for min_clock or for
   /// aggregates, which may release held reads into `out`.
   void leave(WorkerId worker, Instant now, std::vector<Answer>& out);
+
+  /// Worker `worker`, which had left (lost), is back: its pushes count
+  /// again, from clock `clock` on (its first step's). Releases nothing: a
+  /// worker at or past every other worker's clock holds no barrier back.
+  void rejoin(WorkerId worker, Clock clock);
 
   /// The current parameters, regardless of policy (for evaluation).
   ShardReply snapshot() const;

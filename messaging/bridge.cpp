@@ -398,6 +398,9 @@ caf::behavior remote_shard(caf::event_based_actor* self, std::shared_ptr<Bridge>
       [bridge, peer](leave_atom, WorkerId worker) {
         bridge->send(peer, encode(ClockNotice{worker, 0, true}, bridge->next_id()));
       },
+      [bridge, peer](join_atom, WorkerId worker, Clock clock) {
+        bridge->send(peer, encode(ClockNotice{worker, clock, false}, bridge->next_id()));
+      },
       [waiting](reply_atom, std::uint64_t id, ShardReply& r) {
         if (auto it = waiting->replies.find(id); it != waiting->replies.end()) {
           it->second.deliver(std::move(r));
@@ -506,6 +509,8 @@ caf::behavior shard_server(caf::event_based_actor* self, std::shared_ptr<Bridge>
       [self, shard](inbound_atom, const PeerId&, std::uint64_t, leave_atom, WorkerId worker, RequestSlot&) {
         self->send(shard, leave_atom::value, worker);
       },
+      [self, shard](inbound_atom, const PeerId&, std::uint64_t, join_atom, WorkerId worker, Clock clock,
+                    RequestSlot&) { self->send(shard, join_atom::value, worker, clock); },
   };
 }
 
@@ -522,9 +527,13 @@ bool post_to_shard_server(const caf::actor& server, Inbound&& in) {
         } else if constexpr (std::is_same_v<T, StatsRequest>) {
           caf::anon_send(server, inbound_atom::value, in.peer, in.request_id, stats_atom::value, std::move(in.slot));
         } else if constexpr (std::is_same_v<T, ClockNotice>) {
-          if (!body.leaving) return true;  // a plain clock notice carries nothing a shard needs
-          caf::anon_send(server, inbound_atom::value, in.peer, in.request_id, leave_atom::value, body.worker,
-                         std::move(in.slot));
+          if (body.leaving) {
+            caf::anon_send(server, inbound_atom::value, in.peer, in.request_id, leave_atom::value, body.worker,
+                           std::move(in.slot));
+          } else {  // from the coordinator: a worker that had left rejoins at body.clock
+            caf::anon_send(server, inbound_atom::value, in.peer, in.request_id, join_atom::value, body.worker,
+                           body.clock, std::move(in.slot));
+          }
         } else {
           return false;
         }

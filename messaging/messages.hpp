@@ -34,7 +34,7 @@ enum class MsgType : std::uint16_t {
   push = 3,          ///< worker to shard: PushRequest (tensor: the payload)
   pull = 4,          ///< worker to shard: PullRequest
   parameters = 5,    ///< shard to worker or coordinator: ShardReply (tensor: the parameters)
-  clock = 6,         ///< worker to shard: its clock, and whether it leaves
+  clock = 6,         ///< worker to shard: it leaves; coordinator to shard: a worker leaves, or rejoins at a clock
   heartbeat = 7,     ///< any process to the coordinator, and back
   evaluation = 8,    ///< coordinator to shard: a snapshot for evaluation (answered with parameters)
   checkpoint = 9,    ///< coordinator to shard: write a checkpoint
@@ -127,10 +127,14 @@ struct Assignment {
   /// reloads the shard's checkpoint (--checkpoint-dir) over the tensor
   /// (the initial parameters, kept when no checkpoint was written yet).
   bool restore = false;
+  /// worker: the epoch (0-based) it starts at; > 0 for a worker process
+  /// that rejoins a running job in place of a lost one.
+  std::uint32_t first_epoch = 0;
   template <class A>
   void serialize(A& ar) {
     ar(role, index, bounded(config, kMaxConfig), workers, range_begin, range_end, partition_begin, partition_end,
-       batch, straggler, schedule_steps, bounded(shard_endpoints, 1024), bounded(range_bounds, 1025), restore);
+       batch, straggler, schedule_steps, bounded(shard_endpoints, 1024), bounded(range_bounds, 1025), restore,
+       first_epoch);
   }
 };
 

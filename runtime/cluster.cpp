@@ -182,7 +182,7 @@ struct CoordinatorRouter {
   caf::actor coordinator;
   std::map<PeerId, caf::actor> workers;                 // worker process -> its remote_worker
   std::map<PeerId, std::promise<void>> shard_ready;     // shard process -> its first heartbeat
-  std::map<PeerId, SteadyClock::time_point> shard_heard;  // shard process (ready) -> its last heartbeat
+  std::map<PeerId, SteadyClock::time_point> heard;  // shard or worker process -> its last heartbeat
   Inbox<Inbound> registrations;
 
   void operator()(Inbound&& in) {
@@ -207,7 +207,7 @@ struct CoordinatorRouter {
               s->second.set_value();
               shard_ready.erase(s);
             }
-            if (m.role == Role::shard) shard_heard[in.peer] = SteadyClock::now();
+            heard[in.peer] = SteadyClock::now();
             // Echo it: the process learns the coordinator is alive.
             if (auto b = bridge.lock()) b->send(in.peer, encode(Heartbeat{Role::coordinator, 0, m.sequence}, in.request_id));
           } else if constexpr (std::is_same_v<T, ClockNotice>) {
@@ -267,6 +267,18 @@ class ClusterPlacement final : public RemotePlacement {
     return self->spawn(remote_shard, bridge_, *peer, setup.index);
   }
 
+  void dismiss_worker(std::uint32_t w, const std::string& why) override {
+    bridge_->send(member(workers_, w).peer, encode(Shutdown{why}, bridge_->next_id()));
+  }
+
+  /// Worker `w`'s new process, registered in place of a dead one: the
+  /// coordinator then places and starts it (place_worker, start_worker) or
+  /// dismisses it.
+  void replace_worker(std::uint32_t w, const Member& m) {
+    std::lock_guard lock(mu_);
+    workers_.at(w) = m;
+  }
+
   /// A shard process that registered for slot `index` after that shard's
   /// process died: assigns it the shard to reload from its checkpoint,
   /// points this process's connection at it, and tells every worker
@@ -307,7 +319,8 @@ class ClusterPlacement final : public RemotePlacement {
     return proxy;
   }
 
-  void start_worker(std::uint32_t w, const WorkerShare& share, double straggler, std::uint64_t schedule_steps) override {
+  void start_worker(std::uint32_t w, const WorkerShare& share, double straggler, std::uint64_t schedule_steps,
+                    std::uint32_t first_epoch) override {
     Assignment a;
     a.role = Role::worker;
     a.index = w;
@@ -318,6 +331,7 @@ class ClusterPlacement final : public RemotePlacement {
     a.batch = share.batch;
     a.straggler = straggler;
     a.schedule_steps = schedule_steps;
+    a.first_epoch = first_epoch;
     PeerId peer;
     {
       std::lock_guard lock(mu_);
@@ -597,13 +611,62 @@ Result<JobSummary> run_coordinator_process(const JobConfig& config, const Proces
     std::lock_guard lock(router->mu);
     if (router->coordinator) caf::anon_send(router->coordinator, message...);
   };
+  auto last_heard = [&](const PeerId& peer) -> std::optional<SteadyClock::time_point> {
+    std::lock_guard lock(router->mu);
+    if (auto h = router->heard.find(peer); h != router->heard.end()) return h->second;
+    return std::nullopt;
+  };
+  // A process that registers for a slot during the job takes the place of
+  // a dead one only: the old process must have missed a few heartbeats (a
+  // supervisor restarts at once, so this wait is short). False, with the
+  // newcomer told why, when the old one still beats after
+  // --heartbeat-timeout.
+  auto old_is_dead = [&](const Inbound& in, const Registration& reg, const Member& old) {
+    const std::string what = (reg.role == Role::shard ? "shard " : "worker ") + std::to_string(reg.index);
+    const auto limit = SteadyClock::now() + millis(config.heartbeat_timeout_s);
+    while (true) {
+      const auto heard = last_heard(old.peer);
+      if (!heard || SteadyClock::now() - *heard > kPresumedDead) return true;
+      if (SteadyClock::now() > limit) {
+        spdlog::warn("{} registered again (pid {} on {}), but its process pid {} still sends heartbeats: refused",
+                     what, reg.pid, reg.host, old.reg.pid);
+        bridge->send(in.peer, encode(Shutdown{what + " is alive (pid " + std::to_string(old.reg.pid) + " on " +
+                                              old.reg.host + "); a second process for it is refused"},
+                                     bridge->next_id()));
+        return false;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+  };
+  auto current_placement = [&] {
+    std::lock_guard lock(placement_mu);
+    return placement;
+  };
+  auto rejoin = [&](const Inbound& in, const Registration& reg) {
+    std::optional<Member> old;
+    {
+      std::lock_guard lock(slots_mu);
+      old = worker_slots[reg.index];
+    }
+    auto p = current_placement();
+    if (!p || !old) {
+      bridge->send(in.peer, encode(Shutdown{"the job is not placed yet; try again"}, bridge->next_id()));
+      return;
+    }
+    if (!old_is_dead(in, reg, *old)) return;
+    spdlog::warn("worker {} registered again: pid {} on {}; it takes the place of pid {}", reg.index, reg.pid,
+                 reg.host, old->reg.pid);
+    const Member fresh{in.peer, reg};
+    p->replace_worker(reg.index, fresh);
+    {
+      std::lock_guard lock(slots_mu);
+      worker_slots[reg.index] = fresh;
+    }
+    tell_coordinator(rejoin_atom::value, reg.index);
+  };
   auto restart = [&](const Inbound& in, const Registration& reg) {
     const std::uint32_t index = reg.index;
-    std::shared_ptr<ClusterPlacement> p;
-    {
-      std::lock_guard lock(placement_mu);
-      p = placement;
-    }
+    auto p = current_placement();
     std::optional<Member> old;
     {
       std::lock_guard lock(slots_mu);
@@ -620,33 +683,13 @@ Result<JobSummary> run_coordinator_process(const JobConfig& config, const Proces
                                    bridge->next_id()));
       return;
     }
-    // Only a dead process's place is taken: the old one must have missed
-    // a few heartbeats (a supervisor restarts at once, so this is short).
-    const auto limit = SteadyClock::now() + millis(config.heartbeat_timeout_s);
-    while (true) {
-      std::optional<SteadyClock::time_point> heard;
-      {
-        std::lock_guard lock(router->mu);
-        if (auto h = router->shard_heard.find(old->peer); h != router->shard_heard.end()) heard = h->second;
-      }
-      if (!heard || SteadyClock::now() - *heard > kPresumedDead) break;
-      if (SteadyClock::now() > limit) {
-        spdlog::warn("shard {} registered again (pid {} on {}), but its process pid {} still sends heartbeats: "
-                     "refused", index, reg.pid, reg.host, old->reg.pid);
-        bridge->send(in.peer, encode(Shutdown{"shard " + std::to_string(index) + " is alive (pid " +
-                                              std::to_string(old->reg.pid) + " on " + old->reg.host +
-                                              "); a second process for it is refused"},
-                                     bridge->next_id()));
-        return;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(100));
-    }
+    if (!old_is_dead(in, reg, *old)) return;
     spdlog::warn("shard {} registered again: pid {} on {}, at {}; it takes the place of pid {} and reloads its "
                  "checkpoint", index, reg.pid, reg.host, reg.endpoint, old->reg.pid);
     const Member fresh{in.peer, reg};
     {
       std::lock_guard lock(router->mu);
-      router->shard_heard.erase(old->peer);
+      router->heard.erase(old->peer);
     }
     if (Status s = p->restart_shard(index, fresh); !s.ok()) {
       tell_coordinator(failed_atom::value, static_cast<std::int32_t>(s.code()),
@@ -671,11 +714,7 @@ Result<JobSummary> run_coordinator_process(const JobConfig& config, const Proces
         }
         const auto now = SteadyClock::now();
         for (const auto& [i, m] : current) {
-          std::optional<SteadyClock::time_point> heard;
-          {
-            std::lock_guard lock(router->mu);
-            if (auto h = router->shard_heard.find(m.peer); h != router->shard_heard.end()) heard = h->second;
-          }
+          const auto heard = last_heard(m.peer);
           if (!heard || now - *heard <= silence) {
             said[i] = false;
             continue;
@@ -700,6 +739,8 @@ Result<JobSummary> run_coordinator_process(const JobConfig& config, const Proces
       const auto& reg = std::get<Registration>(in->body);
       if (reg.role == Role::shard && reg.index < config.shards && !reg.endpoint.empty()) {
         restart(*in, reg);
+      } else if (reg.role == Role::worker && reg.index < config.workers) {
+        rejoin(*in, reg);
       } else {
         bridge->send(in->peer, encode(Shutdown{"the job has started and needs no more of these"}, bridge->next_id()));
       }
@@ -846,9 +887,10 @@ Status run_worker_process(const ProcessOptions& o, std::stop_token stop) {
     ranges.push_back({a.range_bounds[i], a.range_bounds[i + 1]});
   }
   const auto& train = data->train;
+  if (a.first_epoch >= cfg.epochs) return fail_early(Status::Internal("assigned to start after the last epoch"));
   auto feeder = system.spawn<caf::detached>(
       data_feeder, FeederSetup{data, {a.partition_begin, a.partition_end}, cfg.epochs, a.batch, cfg.prefetch, cfg.seed,
-                               a.index + 1});
+                               a.index + 1, a.first_epoch});
   WorkerSetup ws;
   ws.id = a.index;
   ws.model = cfg.model;
@@ -864,6 +906,8 @@ Status run_worker_process(const ProcessOptions& o, std::stop_token stop) {
   ws.optimizer = optimizer_config(cfg);
   ws.schedule = lr_schedule(cfg, a.schedule_steps);
   ws.straggler_factor = a.straggler;
+  // A worker process that rejoins a running job starts at an epoch's first step.
+  ws.first_clock = Clock{a.first_epoch} * ((a.partition_end - a.partition_begin + a.batch - 1) / a.batch);
   auto worker_actor = system.spawn(worker, std::move(ws));
   // Tells the coordinator when the worker has finished (a failure it
   // reports itself). Held here: CAF ends an actor nobody refers to.
@@ -881,8 +925,9 @@ Status run_worker_process(const ProcessOptions& o, std::stop_token stop) {
         return {[](int) {}};
       },
       worker_actor);
-  spdlog::info("{}: samples [{}, {}) in batches of {}, {} shard(s)", name, a.partition_begin, a.partition_end,
-               a.batch, shards.size());
+  spdlog::info("{}: samples [{}, {}) in batches of {}, {} shard(s){}", name, a.partition_begin, a.partition_end,
+               a.batch, shards.size(),
+               a.first_epoch > 0 ? fmt::format(", from epoch {} (in place of a lost process)", a.first_epoch + 1) : "");
   Status s = serve_until_shutdown(j, name, stop, [&](Inbound& in) {
     if (std::holds_alternative<StartTraining>(in.body)) caf::anon_send(worker_actor, start_atom::value);
     if (auto* r = std::get_if<Restarted>(&in.body); r && r->role == Role::shard && r->index < shard_peers.size()) {

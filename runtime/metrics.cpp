@@ -45,7 +45,8 @@ nlohmann::json to_json(const JobSummary& s) {
                       {"malformed_frames", s.malformed_frames},
                       {"nonfinite_rejected", s.nonfinite_rejected},
                       {"workers_lost", s.workers_lost},
-                      {"shard_restarts", s.shard_restarts}};
+                      {"shard_restarts", s.shard_restarts},
+                      {"workers_rejoined", s.workers_rejoined}};
   if (s.staleness) j["staleness"] = *s.staleness;
   if (s.time_to_target_s) j["time_to_target_s"] = *s.time_to_target_s;
   return j;

@@ -167,6 +167,7 @@ struct JobSummary {
   std::uint64_t nonfinite_rejected = 0;     ///< pushes the shards refused for a NaN or infinity (nothing applied)
   std::uint32_t workers_lost = 0;           ///< workers declared dead; the job finished without them
   std::uint32_t shard_restarts = 0;         ///< shard processes restarted from their checkpoints (asgd cluster)
+  std::uint32_t workers_rejoined = 0;       ///< worker processes that took a lost worker's place (asgd cluster)
 };
 
 /// Called from a runtime thread, one call at a time, in epoch order.

@@ -164,6 +164,7 @@ TEST(WireMessages, EveryMessageTypeRoundTrips) {
   a.shard_endpoints = {"tcp://h:1", "tcp://h:2"};
   a.range_bounds = {0, 5, 9};
   a.restore = true;
+  a.first_epoch = 3;
   std::vector<float> initial;
   auto a2 = round_trip(a, {1.0f, 2.0f}, &initial);
   EXPECT_EQ(a2.config, a.config);
@@ -172,6 +173,7 @@ TEST(WireMessages, EveryMessageTypeRoundTrips) {
   EXPECT_EQ(a2.range_bounds, a.range_bounds);
   EXPECT_EQ(a2.partition_end, 200u);
   EXPECT_TRUE(a2.restore);
+  EXPECT_EQ(a2.first_epoch, 3u);
   EXPECT_EQ(initial, (std::vector<float>{1.0f, 2.0f}));
 
   std::vector<float> payload;

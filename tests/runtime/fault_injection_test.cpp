@@ -127,9 +127,10 @@ TEST_P(WorkerKilledMidEpoch, TheJobFinishesWithoutItAbove97Percent) {
   const fs::path log = scratch / "cluster.log";
   const fs::path metrics = scratch / "run.jsonl";
   constexpr double kHeartbeatTimeout = 3.0;
+  // --max-restarts 0: no new process takes its place (WorkerRestarted below).
   const pid_t cluster = start_asgd({"cluster", "--workers", "3", "--shards", "2", "--policy", GetParam(), "--epochs",
-                                    "5", "--data-dir", dir.string(), "--heartbeat-timeout", "3", "--metrics-out",
-                                    metrics.string()},
+                                    "5", "--data-dir", dir.string(), "--heartbeat-timeout", "3", "--max-restarts", "0",
+                                    "--metrics-out", metrics.string()},
                                    log);
   ASSERT_GT(cluster, 0);
   // Mid-epoch: just after the first epoch's line, every worker is into the second.
@@ -164,6 +165,54 @@ std::vector<nlohmann::json> read_lines(const fs::path& p) {
   for (std::string line; std::getline(in, line);) lines.push_back(nlohmann::json::parse(line));
   return lines;
 }
+
+// asgd cluster starts a killed worker process again; the new process takes
+// the lost worker's place and trains its share from the next epoch on.
+class WorkerRestarted : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(WorkerRestarted, ANewProcessRejoinsAtTheNextEpochAndTheJobFinishesAbove97Percent) {
+  ASGD_REQUIRE_DATASET(dir, "mnist");
+  const asgd_test::TempDir scratch;
+  const fs::path log = scratch / "cluster.log";
+  const fs::path metrics = scratch / "run.jsonl";
+  // bsp gets an epoch more: its 3 workers' summed batches make fewer steps.
+  const std::string epochs = std::string(GetParam()) == "bsp" ? "6" : "5";
+  const pid_t cluster = start_asgd({"cluster", "--workers", "3", "--shards", "2", "--policy", GetParam(), "--epochs",
+                                    epochs, "--data-dir", dir.string(), "--heartbeat-timeout", "3", "--metrics-out",
+                                    metrics.string()},
+                                   log);
+  ASSERT_GT(cluster, 0);
+  ASSERT_TRUE(wait_for_text(log, "epoch 1/" + epochs, std::chrono::seconds(120), cluster)) << read_file(log);
+  const auto victim = child_with_args(cluster, {"worker", "--index", "1"});
+  ASSERT_TRUE(victim) << "no worker 1 process under " << cluster;
+  ASSERT_EQ(kill(*victim, SIGKILL), 0);
+  const auto back = wait_for_text(log, "worker 1 rejoined", std::chrono::seconds(60), cluster);
+  ASSERT_TRUE(back) << read_file(log);
+
+  const auto code = wait_exit(cluster, std::chrono::seconds(180));
+  ASSERT_TRUE(code) << "the cluster did not finish within 180 s:\n" << read_file(log);
+  EXPECT_EQ(*code, 0) << read_file(log);
+  const auto lines = read_lines(metrics);
+  ASSERT_FALSE(lines.empty());
+  const auto& summary = lines.back();
+  ASSERT_EQ(summary.value("event", ""), "summary") << read_file(log);
+  EXPECT_EQ(summary["workers_rejoined"], 1);
+  EXPECT_EQ(summary["workers_lost"], 0);
+  EXPECT_GE(summary["final_test_accuracy"].get<double>(), 0.97) << summary.dump();
+  const auto rejoined = std::find_if(lines.begin(), lines.end(), [](const auto& l) {
+    return l.value("event", "") == "worker_rejoined";
+  });
+  ASSERT_NE(rejoined, lines.end());
+  EXPECT_EQ((*rejoined)["worker"], 1);
+  EXPECT_GE((*rejoined)["epoch"].get<int>(), 2);
+  std::printf("policy %s: worker 1 killed after epoch 1, a new process rejoined at epoch %d %.2f s later; "
+              "final_test_accuracy %.4f, train %.1f s\n",
+              GetParam(), (*rejoined)["epoch"].get<int>(), *back, summary["final_test_accuracy"].get<double>(),
+              summary["train_s"].get<double>());
+}
+
+INSTANTIATE_TEST_SUITE_P(ClusterPolicies, WorkerRestarted, ::testing::Values("async", "bsp"),
+                         [](const ::testing::TestParamInfo<const char*>& p) { return std::string(p.param); });
 
 class ShardKilledMidRun : public ::testing::TestWithParam<const char*> {};
 

@@ -154,8 +154,9 @@ int run_role(const ProcessFlags& pf, bool shard) {
 
 struct Child {
   std::string name;
-  std::vector<std::string> args;  // how it was started (a shard is started again with them)
+  std::vector<std::string> args;  // how it was started (a shard or worker is started again with them)
   bool shard = false;
+  bool worker = false;
   std::uint32_t index = 0;
   bool replaced = false;  // dead, and dealt with: restarted, or left dead
   pid_t pid = -1;
@@ -267,7 +268,7 @@ int run_cluster(const JobOptions& jo, const ProcessFlags& pf) {
   std::fflush(stdout);
   Interrupts interrupts;
   const bool restartable = !config.checkpoint_dir.empty() && config.checkpoint_every_s > 0;
-  std::vector<std::uint32_t> restarts(config.shards, 0);
+  std::vector<std::uint32_t> shard_restarts(config.shards, 0), worker_restarts(config.workers, 0);
   std::vector<std::string> coord_args = {"coordinator", "--listen", pf.listen, "--join-timeout",
                                          std::to_string(pf.join_timeout_s)};
   for (auto& a : given_job_flags(jo)) coord_args.push_back(a);
@@ -326,6 +327,7 @@ int run_cluster(const JobOptions& jo, const ProcessFlags& pf) {
             break;
           }
           c->shard = role == "shard";
+          c->worker = role == "worker";
           c->index = i;
           children.push_back(std::move(c).value());
         }
@@ -341,32 +343,36 @@ int run_cluster(const JobOptions& jo, const ProcessFlags& pf) {
       stop_all(SIGTERM);
       break;
     }
-    // A shard process that died while the job runs is started again: it
-    // registers for its index, and the coordinator has it reload the
-    // shard's checkpoint (docs/cluster.md, "Failures").
+    // A shard or worker process that died while the job runs is started
+    // again: it registers for its index; the coordinator has a shard reload
+    // its checkpoint, and a worker rejoin at the next epoch
+    // (docs/cluster.md, "When a process dies").
     std::vector<Child> restarted;
     for (auto& c : children) {
-      if (!c.shard || !c.exited || c.replaced || children[0].exited || interrupts.token().stop_requested()) continue;
+      if (!(c.shard || c.worker) || !c.exited || c.replaced || children[0].exited ||
+          interrupts.token().stop_requested())
+        continue;
       c.replaced = true;
       if (WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0) continue;
       std::string what = c.name + " (pid " + std::to_string(c.pid) + ") " + how_it_ended(c);
-      if (!restartable) {
+      if (c.shard && !restartable) {
         spdlog::error("{}; the job writes no checkpoints (--checkpoint-dir), so it is not restarted", what);
         continue;
       }
-      if (restarts[c.index] >= pf.max_restarts) {
-        spdlog::error("{}; it was restarted {} time(s) already (--max-restarts), so not again", what,
-                      restarts[c.index]);
+      std::uint32_t& count = (c.shard ? shard_restarts : worker_restarts)[c.index];
+      if (count >= pf.max_restarts) {
+        spdlog::error("{}; it was restarted {} time(s) already (--max-restarts), so not again", what, count);
         continue;
       }
-      ++restarts[c.index];
-      spdlog::warn("{}; starting it again ({} of at most {})", what, restarts[c.index], pf.max_restarts);
+      ++count;
+      spdlog::warn("{}; starting it again ({} of at most {})", what, count, pf.max_restarts);
       auto again = spawn_self(c.name, c.args);
       if (!again) {
         spdlog::error("restarting {}: {}", c.name, again.status().message());
         continue;
       }
-      again->shard = true;
+      again->shard = c.shard;
+      again->worker = c.worker;
       again->index = c.index;
       restarted.push_back(std::move(again).value());
     }
@@ -406,8 +412,9 @@ int run_cluster(const JobOptions& jo, const ProcessFlags& pf) {
   for (auto& c : children)
     if (exit_status(c) != 0 && &c != &children[0] && !c.replaced) ++failed;
   if (failed > 0) spdlog::warn("{} of the shard and worker processes did not exit cleanly", failed);
-  for (std::uint32_t i = 0; i < restarts.size(); ++i)
-    if (restarts[i] > 0) spdlog::info("shard {}'s process was restarted {} time(s)", i, restarts[i]);
+  for (const auto& [role, counts] : {std::pair{"shard", &shard_restarts}, std::pair{"worker", &worker_restarts}})
+    for (std::uint32_t i = 0; i < counts->size(); ++i)
+      if ((*counts)[i] > 0) spdlog::info("{} {}'s process was restarted {} time(s)", role, i, (*counts)[i]);
   return exit_status(children[0]);
 }
 
@@ -425,7 +432,8 @@ std::function<int(const std::string&)> add_cluster_commands(CLI::App& app) {
                       "seconds to wait for the processes to start and register (default 60)")
       ->type_name("S");
   cluster->add_option("--max-restarts", all->cluster.max_restarts,
-                      "with --checkpoint-dir: start a shard process that died again, at most N times per shard "
+                      "start a worker process that died again (it rejoins at the next epoch), and with "
+                      "--checkpoint-dir a shard process (it reloads its checkpoint): at most N times each "
                       "(default 3; 0: never)")
       ->type_name("N");
   add_auth_flags(cluster, all->cluster, false);
