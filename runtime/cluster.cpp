@@ -385,11 +385,18 @@ class ClusterPlacement final : public RemotePlacement {
 // ---------------------------------------------------------------------------
 // Shard and worker processes.
 
-// Stands for the coordinator inside a worker process.
+// Stands for the coordinator inside a worker process. Each epoch the
+// worker finishes is also logged here: on its own host, a worker's log
+// says how far it got, whatever the coordinator makes of it.
 caf::behavior remote_coordinator(caf::event_based_actor* self, std::shared_ptr<Bridge> bridge, PeerId peer) {
   (void)self;
   return {
-      [bridge, peer](EpochReport& r) { bridge->send(peer, encode(r, bridge->next_id())); },
+      [bridge, peer](EpochReport& r) {
+        const std::uint64_t kept = r.samples - r.dropped_samples;
+        spdlog::info("worker {}: finished epoch {}: {} samples, {} updates, loss {:.4f}", r.worker, r.epoch + 1,
+                     r.samples, r.updates, kept ? r.loss_sum / static_cast<double>(kept) : 0.0);
+        bridge->send(peer, encode(r, bridge->next_id()));
+      },
       [bridge, peer](WorkerProgress& p) { bridge->send(peer, encode(p, bridge->next_id())); },
       [bridge, peer](failed_atom, std::int32_t code, const std::string& what) {
         bridge->send(peer, encode(Failure{code, what}, bridge->next_id()));

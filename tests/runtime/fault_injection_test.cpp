@@ -133,8 +133,9 @@ TEST_P(WorkerKilledMidEpoch, TheJobFinishesWithoutItAbove97Percent) {
                                     "--metrics-out", metrics.string()},
                                    log);
   ASSERT_GT(cluster, 0);
-  // Mid-epoch: just after the first epoch's line, every worker is into the second.
-  ASSERT_TRUE(wait_for_text(log, "epoch 1/5", std::chrono::seconds(120), cluster)) << read_file(log);
+  // Mid-epoch: worker 1 has just finished its first epoch. (Its own log
+  // line, not the coordinator's epoch line, which waits for an evaluation.)
+  ASSERT_TRUE(wait_for_text(log, "worker 1: finished epoch 1:", std::chrono::seconds(120), cluster)) << read_file(log);
   const auto victim = child_with_args(cluster, {"worker", "--index", "1"});
   ASSERT_TRUE(victim) << "no worker 1 process under " << cluster;
   ASSERT_EQ(kill(*victim, SIGKILL), 0);
@@ -182,7 +183,7 @@ TEST_P(WorkerRestarted, ANewProcessRejoinsAtTheNextEpochAndTheJobFinishesAbove97
                                     metrics.string()},
                                    log);
   ASSERT_GT(cluster, 0);
-  ASSERT_TRUE(wait_for_text(log, "epoch 1/" + epochs, std::chrono::seconds(120), cluster)) << read_file(log);
+  ASSERT_TRUE(wait_for_text(log, "worker 1: finished epoch 1:", std::chrono::seconds(120), cluster)) << read_file(log);
   const auto victim = child_with_args(cluster, {"worker", "--index", "1"});
   ASSERT_TRUE(victim) << "no worker 1 process under " << cluster;
   ASSERT_EQ(kill(*victim, SIGKILL), 0);
@@ -230,7 +231,7 @@ TEST_P(ShardKilledMidRun, TheSupervisorRestartsItFromItsCheckpointAndTheJobFinis
                                    log);
   ASSERT_GT(cluster, 0);
   // Mid-run, with a checkpoint at most a second old.
-  ASSERT_TRUE(wait_for_text(log, "epoch 2/" + epochs, std::chrono::seconds(120), cluster)) << read_file(log);
+  ASSERT_TRUE(wait_for_text(log, "worker 0: finished epoch 2:", std::chrono::seconds(120), cluster)) << read_file(log);
   ASSERT_TRUE(fs::exists(scratch / "ck" / "shard-1.ckpt"));
   const auto victim = child_with_args(cluster, {"shard", "--index", "1"});
   ASSERT_TRUE(victim) << "no shard 1 process under " << cluster;
@@ -277,7 +278,7 @@ TEST(ShardKilledWithoutCheckpoints, TheJobStopsWithinTheHeartbeatTimeoutNamingTh
                                     "20", "--data-dir", dir.string(), "--heartbeat-timeout", "3"},
                                    log);
   ASSERT_GT(cluster, 0);
-  ASSERT_TRUE(wait_for_text(log, "epoch 1/20", std::chrono::seconds(120), cluster)) << read_file(log);
+  ASSERT_TRUE(wait_for_text(log, "worker 0: finished epoch 1:", std::chrono::seconds(120), cluster)) << read_file(log);
   const auto victim = child_with_args(cluster, {"shard", "--index", "0"});
   ASSERT_TRUE(victim);
   const auto killed = Clock::now();
