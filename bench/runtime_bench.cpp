@@ -4,6 +4,8 @@
 //       optimizer, with no actors, and
 //   (b) the in-process runtime with one worker and one shard (run_job),
 // alternating a and b `repeats` times and reporting medians and (b)/(a).
+// It also times, on one push of the model's size, the shard's NaN/Inf check
+// against its optimizer step (part of (b)'s cost, absent from (a)).
 
 #include <spdlog/spdlog.h>
 
@@ -19,6 +21,7 @@
 #include "compute/model.hpp"
 #include "compute/optimizer.hpp"
 #include "compute/schedule.hpp"
+#include "compute/tensor.hpp"
 #include "tools/asgd/commands.hpp"
 
 namespace asgd::cli {
@@ -62,6 +65,39 @@ Result<double> plain_loop(const JobConfig& c, const std::shared_ptr<const data::
   }
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return static_cast<double>(samples) / s;
+}
+
+// Median seconds of the shard's NaN/Inf check (all_finite) and of its
+// optimizer step over one push of the model's size, interleaved.
+struct PushCosts {
+  double check_s = 0.0;
+  double step_s = 0.0;
+  std::size_t floats = 0;
+};
+
+Result<PushCosts> push_costs(const JobConfig& c, const std::shared_ptr<const data::DatasetSplits>& data) {
+  const auto& train = data->train;
+  auto model = Model::build(c.model, {train.channels, train.rows, train.cols}, data->num_classes);
+  if (!model) return model.status();
+  model->init_params(c.seed);
+  auto opt = make_optimizer(optimizer_config(c), model->num_params());
+  if (!opt) return opt.status();
+  std::vector<float> params(model->params().begin(), model->params().end());
+  std::vector<float> grad(params.size());
+  for (std::size_t i = 0; i < grad.size(); ++i) grad[i] = 1e-3f * static_cast<float>(i % 97) - 0.05f;
+  std::vector<double> check, step;
+  bool finite = true;
+  for (int r = 0; r < 301; ++r) {
+    const auto t0 = std::chrono::steady_clock::now();
+    finite = all_finite(grad) && finite;
+    const auto t1 = std::chrono::steady_clock::now();
+    (*opt)->step(params, grad, 1e-3f);
+    const auto t2 = std::chrono::steady_clock::now();
+    check.push_back(std::chrono::duration<double>(t1 - t0).count());
+    step.push_back(std::chrono::duration<double>(t2 - t1).count());
+  }
+  if (!finite) return Status::Internal("the bench's gradient was not finite");
+  return PushCosts{median(check), median(step), grad.size()};
 }
 
 int run_bench_runtime(const BenchOptions& o) {
@@ -109,15 +145,25 @@ int run_bench_runtime(const BenchOptions& o) {
     if (!o.json) std::printf("  repeat %u: (a) plain %.0f samples/s, (b) runtime %.0f samples/s\n", r + 1, *a, b->samples_per_s);
   }
   const double a = median(plain), b = median(runtime);
+  auto costs = push_costs(c, data);
+  if (!costs) {
+    print_error(costs.status().to_string());
+    return kExitFailure;
+  }
   if (o.json) {
     std::printf("{\"model\": \"%s\", \"batch\": %u, \"threads\": %u, \"blas_core\": \"%s\", "
                 "\"plain_samples_per_s\": %.1f, "
-                "\"runtime_samples_per_s\": %.1f, \"ratio\": %.4f}\n",
-                c.model.c_str(), c.batch, c.threads, blas::core_name().c_str(), a, b, b / a);
+                "\"runtime_samples_per_s\": %.1f, \"ratio\": %.4f, \"nonfinite_check_us\": %.2f, "
+                "\"optimizer_step_us\": %.2f}\n",
+                c.model.c_str(), c.batch, c.threads, blas::core_name().c_str(), a, b, b / a, costs->check_s * 1e6,
+                costs->step_s * 1e6);
   } else {
     std::printf("(a) plain loop, no actors:     %.0f samples/s (median)\n", a);
     std::printf("(b) 1 worker + 1 shard actors: %.0f samples/s (median)\n", b);
     std::printf("ratio (b)/(a): %.3f (target >= 0.90)\n", b / a);
+    std::printf("(c) per push of %zu floats, in (b) only: NaN/Inf check %.1f us, %s step %.1f us (check/step %.3f)\n",
+                costs->floats, costs->check_s * 1e6, c.optimizer.c_str(), costs->step_s * 1e6,
+                costs->check_s / costs->step_s);
   }
   return kExitOk;
 }
