@@ -93,6 +93,31 @@ TEST(ShardCheckpoint, RestoredWithoutRestartClocksItKeepsTheCheckpointsClocksAnd
   EXPECT_EQ(restored.core.stats().rejected, rejected + 1);
 }
 
+// Elastic join: a worker that had left counts again from the clock it
+// rejoins at, and a barrier below that clock does not wait for it.
+TEST(ShardRejoin, AWorkerThatLeftPushesAgainFromItsNewClockAndHoldsNoEarlierBarrier) {
+  ShardSetup setup = setup_for("sgd");
+  setup.policy.name = "bsp";
+  auto a = ShardCore::make(std::move(setup));
+  ASSERT_TRUE(a.ok()) << a.status().to_string();
+  asgd_test::ShardDriver shard(std::move(a).value());
+  shard.leave(1);
+  const auto rejected = shard.core.stats().rejected;
+  shard.push_now({1, 0, 0, 8, false, gradient(0)});
+  EXPECT_EQ(shard.core.stats().rejected, rejected + 1);  // gone: refused
+  shard.core.rejoin(1, 4);
+  EXPECT_EQ(shard.core.stats().worker_clock[1], 4u);
+  // Worker 0's clocks 0..3 commit without worker 1 (its clock is past them).
+  for (Clock c = 0; c < 4; ++c) shard.push_now({0, c, c, 8, false, gradient(c)});
+  EXPECT_EQ(shard.core.complete_clock(), 4u);
+  // From clock 4 on both count again: 4 commits only with worker 1's push.
+  shard.push_now({0, 4, 4, 8, false, gradient(4)});
+  EXPECT_EQ(shard.core.complete_clock(), 4u);
+  shard.push_now({1, 4, 4, 8, false, gradient(4)});
+  EXPECT_EQ(shard.core.complete_clock(), 5u);
+  EXPECT_EQ(shard.core.stats().rejected, rejected + 1);
+}
+
 TEST(ShardCheckpoint, ADamagedOrForeignCheckpointIsRefusedNamingTheFile) {
   const asgd_test::TempDir dir;
   auto a = ShardCore::make(setup_for("momentum"));
