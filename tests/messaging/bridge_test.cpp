@@ -9,6 +9,7 @@
 #include <future>
 
 #include "actors/parameter_shard.hpp"
+#include "messaging/served_shard.hpp"
 #include "test_helpers.hpp"
 
 namespace asgd::messaging {
@@ -18,22 +19,10 @@ TEST(Bridge, AShardBehindAFaultyNetworkAppliesEachPushExactlyOnceAndAnswersEvery
   caf::actor_system_config cfg;
   cfg.add_message_types<caf::id_block::asgd>();
   caf::actor_system sys{cfg};
-
-  ShardSetup ss;
-  ss.range = {0, 4};
-  ss.initial.assign(4, 100.0f);
-  ss.optimizer = {"sgd", 1.0f, 0.0f, 0.0f};
-  ss.workers = 1;
-  auto core = ShardCore::make(std::move(ss));
-  ASSERT_TRUE(core.ok());
-  auto shard = sys.spawn(parameter_shard, std::make_shared<ShardCore>(std::move(core).value()));
-  auto server = std::make_shared<caf::actor>();
   BridgeOptions so;
-  so.listen = "tcp://127.0.0.1:0";
   so.name = "test shard";
-  auto shard_side = Bridge::start(so, [server](Inbound&& in) { post_to_shard_server(*server, std::move(in)); });
-  ASSERT_TRUE(shard_side.ok()) << shard_side.status().to_string();
-  *server = sys.spawn(shard_server, *shard_side, shard);
+  auto served = asgd_test::ServedShard::start(sys, 4, so);
+  ASSERT_TRUE(served.ok()) << served.status().to_string();
 
   FaultPlan faults;
   faults.duplicate = 0.5;
@@ -45,7 +34,7 @@ TEST(Bridge, AShardBehindAFaultyNetworkAppliesEachPushExactlyOnceAndAnswersEvery
   wo.name = "test worker";
   auto worker_side = Bridge::start(wo, nullptr, make_faulty_transport(make_zmq_transport(), faults));
   ASSERT_TRUE(worker_side.ok());
-  auto peer = (*worker_side)->connect((*shard_side)->endpoint());
+  auto peer = (*worker_side)->connect(served->bridge->endpoint());
   ASSERT_TRUE(peer.ok());
   auto remote = sys.spawn(remote_shard, *worker_side, *peer, 0u);
 
@@ -69,30 +58,20 @@ TEST(Bridge, AShardBehindAFaultyNetworkAppliesEachPushExactlyOnceAndAnswersEvery
   EXPECT_EQ(stats.malformed_frames, 0u);
 
   (*worker_side)->stop();
-  (*shard_side)->stop();
-  for (auto& a : {remote, *server, shard}) self->send_exit(a, caf::exit_reason::user_shutdown);
+  served->stop();
+  self->send_exit(remote, caf::exit_reason::user_shutdown);
 }
 
 // A shard process serving one shard of `size` parameters (all 100) with
 // sgd at lr 1, and a worker-side bridge connected to it.
 struct BigShard {
   explicit BigShard(caf::actor_system& sys, std::size_t size, std::unique_ptr<Transport> worker_transport = nullptr) {
-    ShardSetup ss;
-    ss.range = {0, size};
-    ss.initial.assign(size, 100.0f);
-    ss.optimizer = {"sgd", 1.0f, 0.0f, 0.0f};
-    ss.workers = 1;
-    auto core = ShardCore::make(std::move(ss));
-    EXPECT_TRUE(core.ok());
-    shard = sys.spawn(parameter_shard, std::make_shared<ShardCore>(std::move(core).value()));
-    auto server_handle = std::make_shared<caf::actor>();
     BridgeOptions so;
-    so.listen = "tcp://127.0.0.1:0";
     so.name = "test shard";
-    auto s = Bridge::start(so, [server_handle](Inbound&& in) { post_to_shard_server(*server_handle, std::move(in)); });
+    auto s = asgd_test::ServedShard::start(sys, size, so);
     EXPECT_TRUE(s.ok());
-    shard_side = *s;
-    server = *server_handle = sys.spawn(shard_server, shard_side, shard);
+    served = *s;
+    shard_side = served.bridge;
     BridgeOptions wo;
     wo.name = "test worker";
     auto w = Bridge::start(wo, nullptr, std::move(worker_transport));
@@ -105,8 +84,8 @@ struct BigShard {
   }
   ~BigShard() {
     worker_side->stop();
-    shard_side->stop();
-    for (auto& a : {remote, server, shard}) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+    served.stop();
+    caf::anon_send_exit(remote, caf::exit_reason::user_shutdown);
   }
   ShardStats stats(caf::scoped_actor& self) {
     ShardStats out;
@@ -114,7 +93,8 @@ struct BigShard {
         .receive([&](ShardStats& st) { out = std::move(st); }, [&](caf::error&) { ADD_FAILURE() << "no stats"; });
     return out;
   }
-  caf::actor shard, server, remote;
+  asgd_test::ServedShard served;
+  caf::actor remote;
   std::shared_ptr<Bridge> shard_side, worker_side;
   PeerId peer;
 };
@@ -150,23 +130,12 @@ TEST(Bridge, AReconnectSendsTheUnansweredRequestsToTheRestartedShardOnce) {
   ASSERT_TRUE(asgd_test::eventually([&] { return (*dying)->stats().frames_in >= 1; }));
   (*dying)->stop();
 
-  ShardSetup ss;
-  ss.range = {0, 4};
-  ss.initial.assign(4, 100.0f);
-  ss.optimizer = {"sgd", 1.0f, 0.0f, 0.0f};
-  ss.workers = 1;
-  auto core = ShardCore::make(std::move(ss));
-  ASSERT_TRUE(core.ok());
-  auto shard = sys.spawn(parameter_shard, std::make_shared<ShardCore>(std::move(core).value()));
-  auto server = std::make_shared<caf::actor>();
   BridgeOptions so;
-  so.listen = "tcp://127.0.0.1:0";
   so.name = "restarted shard";
-  auto restarted = Bridge::start(so, [server](Inbound&& in) { post_to_shard_server(*server, std::move(in)); });
+  auto restarted = asgd_test::ServedShard::start(sys, 4, so);
   ASSERT_TRUE(restarted.ok());
-  *server = sys.spawn(shard_server, *restarted, shard);
 
-  auto resent = (*worker_side)->reconnect(*peer, (*restarted)->endpoint());
+  auto resent = (*worker_side)->reconnect(*peer, restarted->bridge->endpoint());
   ASSERT_TRUE(resent.ok()) << resent.status().to_string();
   EXPECT_EQ(*resent, 1u);
   const ShardReply reply = answered.get();
@@ -177,11 +146,11 @@ TEST(Bridge, AReconnectSendsTheUnansweredRequestsToTheRestartedShardOnce) {
       .receive([&](ShardStats& st) { EXPECT_EQ(st.updates_applied, 1u); },
                [&](caf::error& e) { ADD_FAILURE() << sys.render(e); });
   EXPECT_EQ((*worker_side)->stats().resent, 1u);
-  EXPECT_FALSE((*worker_side)->reconnect("c:9", (*restarted)->endpoint()).ok());
+  EXPECT_FALSE((*worker_side)->reconnect("c:9", restarted->bridge->endpoint()).ok());
 
   (*worker_side)->stop();
-  (*restarted)->stop();
-  for (auto& a : {remote, *server, shard}) self->send_exit(a, caf::exit_reason::user_shutdown);
+  restarted->stop();
+  self->send_exit(remote, caf::exit_reason::user_shutdown);
 }
 
 TEST(Bridge, AppliesABigPushFromTheBufferItArrivedInOncePerRequestAndAnswersWithCheckedParameters) {
@@ -231,7 +200,7 @@ TEST(Bridge, DropsABigPushWhoseTensorWasDamagedWithoutApplyingAnyOfIt) {
   EXPECT_EQ(stats.malformed_frames, 1u);
   EXPECT_EQ(stats.updates_applied, 0u);
   ShardReply snap;
-  self->request(big.shard, std::chrono::seconds(10), snapshot_atom::value)
+  self->request(big.served.shard, std::chrono::seconds(10), snapshot_atom::value)
       .receive([&](ShardReply& r) { snap = std::move(r); }, [&](caf::error& e) { FAIL() << sys.render(e); });
   ASSERT_EQ(snap.params.size(), kSize);
   EXPECT_EQ(snap.params.front(), 100.0f);

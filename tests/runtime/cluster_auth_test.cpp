@@ -21,6 +21,7 @@
 #include "cli/cli_run.hpp"
 #include "messaging/bridge.hpp"
 #include "messaging/curve_auth.hpp"
+#include "messaging/served_shard.hpp"
 #include "runtime/cluster.hpp"
 #include "temp_dir.hpp"
 #include "test_data.hpp"
@@ -82,23 +83,13 @@ TEST(ClusterAuth, AShardGivesAPeerWithoutAnAllowedKeyNoUpdateAndNoParametersAndC
   caf::actor_system sys{cfg};
   const CurveKeypair shard_keys = keypair(), worker_keys = keypair(), rogue_keys = keypair();
 
-  ShardSetup ss;
-  ss.range = {0, 4};
-  ss.initial.assign(4, 100.0f);
-  ss.optimizer = {"sgd", 1.0f, 0.0f, 0.0f};
-  ss.workers = 1;
-  auto core = ShardCore::make(std::move(ss));
-  ASSERT_TRUE(core.ok());
-  auto shard = sys.spawn(parameter_shard, std::make_shared<ShardCore>(std::move(core).value()));
-  auto server = std::make_shared<caf::actor>();
   BridgeOptions so;
-  so.listen = "tcp://127.0.0.1:0";
   so.name = "auth shard";
   so.curve = curve(shard_keys, {worker_keys.public_key});
-  auto shard_side = Bridge::start(so, [server](Inbound&& in) { post_to_shard_server(*server, std::move(in)); });
-  ASSERT_TRUE(shard_side.ok()) << shard_side.status().to_string();
-  *server = sys.spawn(shard_server, *shard_side, shard);
-  const std::string endpoint = (*shard_side)->endpoint();
+  auto served = asgd_test::ServedShard::start(sys, 4, so);
+  ASSERT_TRUE(served.ok()) << served.status().to_string();
+  const auto& shard_side = served->bridge;
+  const std::string endpoint = shard_side->endpoint();
   const std::string bare = split_server_key(endpoint)->first;
 
   {
@@ -113,10 +104,10 @@ TEST(ClusterAuth, AShardGivesAPeerWithoutAnAllowedKeyNoUpdateAndNoParametersAndC
     }
     EXPECT_EQ(keyed.answers, 0u);
     EXPECT_EQ(plain.answers, 0u);
-    EXPECT_TRUE(eventually([&] { return (*shard_side)->stats().auth_rejected >= 2; }))
-        << "auth_rejected " << (*shard_side)->stats().auth_rejected;
+    EXPECT_TRUE(eventually([&] { return shard_side->stats().auth_rejected >= 2; }))
+        << "auth_rejected " << shard_side->stats().auth_rejected;
   }
-  EXPECT_EQ((*shard_side)->stats().frames_in, 0u) << "no rogue frame reached the shard's bridge";
+  EXPECT_EQ(shard_side->stats().frames_in, 0u) << "no rogue frame reached the shard's bridge";
 
   // The allowed worker: the shard is untouched, then takes its one push.
   BridgeOptions wo;
@@ -145,8 +136,8 @@ TEST(ClusterAuth, AShardGivesAPeerWithoutAnAllowedKeyNoUpdateAndNoParametersAndC
   EXPECT_EQ(after.malformed_frames, 0u);
 
   (*worker_side)->stop();
-  (*shard_side)->stop();
-  for (auto& a : {remote, *server, shard}) self->send_exit(a, caf::exit_reason::user_shutdown);
+  served->stop();
+  self->send_exit(remote, caf::exit_reason::user_shutdown);
 }
 
 // Warnings logged while it lives. Declared before the job's threads start

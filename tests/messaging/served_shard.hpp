@@ -1,0 +1,56 @@
+#pragma once
+// A shard actor served over a bridge, as a shard process serves it: for
+// tests that talk to a shard through the messaging layer.
+
+#include <caf/all.hpp>
+
+#include <memory>
+
+#include "actors/parameter_shard.hpp"
+#include "messaging/bridge.hpp"
+
+namespace asgd_test {
+
+struct ServedShard {
+  caf::actor shard;
+  caf::actor server;  ///< the shard_server in front of it
+  std::shared_ptr<asgd::messaging::Bridge> bridge;
+
+  /// `size` parameters, all 100, sgd at lr 1 with no momentum, one worker;
+  /// the bridge binds `options.listen` (a free local tcp port when empty).
+  /// Errors as Bridge::start.
+  static asgd::Result<ServedShard> start(caf::actor_system& sys, std::size_t size,
+                                         asgd::messaging::BridgeOptions options) {
+    using namespace asgd;
+    ShardSetup ss;
+    ss.range = {0, size};
+    ss.initial.assign(size, 100.0f);
+    ss.optimizer = {"sgd", 1.0f, 0.0f, 0.0f};
+    ss.workers = 1;
+    auto core = ShardCore::make(std::move(ss));
+    if (!core) return core.status();
+    ServedShard s;
+    s.shard = sys.spawn(parameter_shard, std::make_shared<ShardCore>(std::move(core).value()));
+    if (options.listen.empty()) options.listen = "tcp://127.0.0.1:0";
+    auto handle = std::make_shared<caf::actor>();
+    auto bridge = messaging::Bridge::start(std::move(options), [handle](messaging::Inbound&& in) {
+      messaging::post_to_shard_server(*handle, std::move(in));
+    });
+    if (!bridge) {
+      caf::anon_send_exit(s.shard, caf::exit_reason::user_shutdown);
+      return bridge.status();
+    }
+    s.bridge = *bridge;
+    s.server = *handle = sys.spawn(messaging::shard_server, s.bridge, s.shard);
+    return s;
+  }
+
+  /// Stops the bridge, then the actors.
+  void stop() {
+    if (bridge) bridge->stop();
+    for (auto& a : {server, shard})
+      if (a) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
+  }
+};
+
+}  // namespace asgd_test
