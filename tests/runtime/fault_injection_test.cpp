@@ -119,6 +119,22 @@ std::optional<int> wait_exit(pid_t pid, std::chrono::seconds limit) {
   return std::nullopt;
 }
 
+// `asgd cluster` with 3 worker and 2 shard processes on MNIST (mlp) under
+// `policy` for `epochs`, --heartbeat-timeout 3, plus `extra` flags; its
+// output goes to `log`, its metrics to `metrics`.
+pid_t start_cluster(const fs::path& data, const std::string& policy, const std::string& epochs, const fs::path& log,
+                    const fs::path& metrics, const std::vector<std::string>& extra = {}) {
+  std::vector<std::string> args = {"cluster",    "--workers",    "3",         "--shards",      "2",
+                                   "--policy",   policy,         "--epochs",  epochs,          "--data-dir",
+                                   data.string(), "--heartbeat-timeout", "3", "--metrics-out", metrics.string()};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return start_asgd(args, log);
+}
+
+// bsp gets an epoch more to pass 0.97: its 3 workers' summed batches make
+// fewer steps.
+std::string epochs_for(const std::string& policy) { return policy == "bsp" ? "6" : "5"; }
+
 class WorkerKilledMidEpoch : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(WorkerKilledMidEpoch, TheJobFinishesWithoutItAbove97Percent) {
@@ -128,10 +144,7 @@ TEST_P(WorkerKilledMidEpoch, TheJobFinishesWithoutItAbove97Percent) {
   const fs::path metrics = scratch / "run.jsonl";
   constexpr double kHeartbeatTimeout = 3.0;
   // --max-restarts 0: no new process takes its place (WorkerRestarted below).
-  const pid_t cluster = start_asgd({"cluster", "--workers", "3", "--shards", "2", "--policy", GetParam(), "--epochs",
-                                    "5", "--data-dir", dir.string(), "--heartbeat-timeout", "3", "--max-restarts", "0",
-                                    "--metrics-out", metrics.string()},
-                                   log);
+  const pid_t cluster = start_cluster(dir, GetParam(), "5", log, metrics, {"--max-restarts", "0"});
   ASSERT_GT(cluster, 0);
   // Mid-epoch: worker 1 has just finished its first epoch. (Its own log
   // line, not the coordinator's epoch line, which waits for an evaluation.)
@@ -167,6 +180,32 @@ std::vector<nlohmann::json> read_lines(const fs::path& p) {
   return lines;
 }
 
+// Waits for the cluster to finish and checks that it exited 0 and reached
+// 0.97 test accuracy; its metrics lines, the summary last (empty, with the
+// failure recorded, when there is none).
+std::vector<nlohmann::json> finished_metrics(pid_t cluster, const fs::path& log, const fs::path& metrics) {
+  const auto code = wait_exit(cluster, std::chrono::seconds(180));
+  if (!code) {
+    ADD_FAILURE() << "the cluster did not finish within 180 s:\n" << read_file(log);
+    return {};
+  }
+  EXPECT_EQ(*code, 0) << read_file(log);
+  auto lines = read_lines(metrics);
+  if (lines.empty() || lines.back().value("event", "") != "summary") {
+    ADD_FAILURE() << "no summary line in " << metrics << ":\n" << read_file(log);
+    return {};
+  }
+  EXPECT_GE(lines.back()["final_test_accuracy"].get<double>(), 0.97) << lines.back().dump();
+  return lines;
+}
+
+// The first line of `lines` whose event is `event`, or null.
+const nlohmann::json* find_event(const std::vector<nlohmann::json>& lines, const std::string& event) {
+  for (const auto& l : lines)
+    if (l.value("event", "") == event) return &l;
+  return nullptr;
+}
+
 // asgd cluster starts a killed worker process again; the new process takes
 // the lost worker's place and trains its share from the next epoch on.
 class WorkerRestarted : public ::testing::TestWithParam<const char*> {};
@@ -176,12 +215,7 @@ TEST_P(WorkerRestarted, ANewProcessRejoinsAtTheNextEpochAndTheJobFinishesAbove97
   const asgd_test::TempDir scratch;
   const fs::path log = scratch / "cluster.log";
   const fs::path metrics = scratch / "run.jsonl";
-  // bsp gets an epoch more: its 3 workers' summed batches make fewer steps.
-  const std::string epochs = std::string(GetParam()) == "bsp" ? "6" : "5";
-  const pid_t cluster = start_asgd({"cluster", "--workers", "3", "--shards", "2", "--policy", GetParam(), "--epochs",
-                                    epochs, "--data-dir", dir.string(), "--heartbeat-timeout", "3", "--metrics-out",
-                                    metrics.string()},
-                                   log);
+  const pid_t cluster = start_cluster(dir, GetParam(), epochs_for(GetParam()), log, metrics);
   ASSERT_GT(cluster, 0);
   ASSERT_TRUE(wait_for_text(log, "worker 1: finished epoch 1:", std::chrono::seconds(120), cluster)) << read_file(log);
   const auto victim = child_with_args(cluster, {"worker", "--index", "1"});
@@ -190,20 +224,13 @@ TEST_P(WorkerRestarted, ANewProcessRejoinsAtTheNextEpochAndTheJobFinishesAbove97
   const auto back = wait_for_text(log, "worker 1 rejoined", std::chrono::seconds(60), cluster);
   ASSERT_TRUE(back) << read_file(log);
 
-  const auto code = wait_exit(cluster, std::chrono::seconds(180));
-  ASSERT_TRUE(code) << "the cluster did not finish within 180 s:\n" << read_file(log);
-  EXPECT_EQ(*code, 0) << read_file(log);
-  const auto lines = read_lines(metrics);
+  const auto lines = finished_metrics(cluster, log, metrics);
   ASSERT_FALSE(lines.empty());
   const auto& summary = lines.back();
-  ASSERT_EQ(summary.value("event", ""), "summary") << read_file(log);
   EXPECT_EQ(summary["workers_rejoined"], 1);
   EXPECT_EQ(summary["workers_lost"], 0);
-  EXPECT_GE(summary["final_test_accuracy"].get<double>(), 0.97) << summary.dump();
-  const auto rejoined = std::find_if(lines.begin(), lines.end(), [](const auto& l) {
-    return l.value("event", "") == "worker_rejoined";
-  });
-  ASSERT_NE(rejoined, lines.end());
+  const nlohmann::json* rejoined = find_event(lines, "worker_rejoined");
+  ASSERT_NE(rejoined, nullptr);
   EXPECT_EQ((*rejoined)["worker"], 1);
   EXPECT_GE((*rejoined)["epoch"].get<int>(), 2);
   std::printf("policy %s: worker 1 killed after epoch 1, a new process rejoined at epoch %d %.2f s later; "
@@ -222,13 +249,8 @@ TEST_P(ShardKilledMidRun, TheSupervisorRestartsItFromItsCheckpointAndTheJobFinis
   const asgd_test::TempDir scratch;
   const fs::path log = scratch / "cluster.log";
   const fs::path metrics = scratch / "run.jsonl";
-  // bsp gets an epoch more: its 3 workers' summed batches make fewer steps.
-  const std::string epochs = std::string(GetParam()) == "bsp" ? "6" : "5";
-  const pid_t cluster = start_asgd({"cluster", "--workers", "3", "--shards", "2", "--policy", GetParam(), "--epochs",
-                                    epochs, "--data-dir", dir.string(), "--heartbeat-timeout", "3", "--checkpoint-dir",
-                                    (scratch / "ck").string(), "--checkpoint-every", "1", "--metrics-out",
-                                    metrics.string()},
-                                   log);
+  const pid_t cluster = start_cluster(dir, GetParam(), epochs_for(GetParam()), log, metrics,
+                                      {"--checkpoint-dir", (scratch / "ck").string(), "--checkpoint-every", "1"});
   ASSERT_GT(cluster, 0);
   // Mid-run, with a checkpoint at most a second old.
   ASSERT_TRUE(wait_for_text(log, "worker 0: finished epoch 2:", std::chrono::seconds(120), cluster)) << read_file(log);
@@ -240,21 +262,14 @@ TEST_P(ShardKilledMidRun, TheSupervisorRestartsItFromItsCheckpointAndTheJobFinis
   ASSERT_TRUE(back) << read_file(log);
   EXPECT_NE(read_file(log).find("shard 1: restarted; reloaded"), std::string::npos) << read_file(log);
 
-  const auto code = wait_exit(cluster, std::chrono::seconds(180));
-  ASSERT_TRUE(code) << "the cluster did not finish within 180 s:\n" << read_file(log);
-  EXPECT_EQ(*code, 0) << read_file(log);
-  const auto lines = read_lines(metrics);
+  const auto lines = finished_metrics(cluster, log, metrics);
   ASSERT_FALSE(lines.empty());
   const auto& summary = lines.back();
-  ASSERT_EQ(summary.value("event", ""), "summary") << read_file(log);
   EXPECT_EQ(summary["shard_restarts"], 1);
   EXPECT_EQ(summary["workers_lost"], 0);
-  EXPECT_GE(summary["final_test_accuracy"].get<double>(), 0.97) << summary.dump();
   // The metrics file says what was lost: at most one checkpoint interval.
-  const auto restarted = std::find_if(lines.begin(), lines.end(), [](const auto& l) {
-    return l.value("event", "") == "shard_restarted";
-  });
-  ASSERT_NE(restarted, lines.end());
+  const nlohmann::json* restarted = find_event(lines, "shard_restarted");
+  ASSERT_NE(restarted, nullptr);
   EXPECT_EQ((*restarted)["shard"], 1);
   EXPECT_EQ((*restarted)["lost_at_most_s"], 1.0);
   std::printf("policy %s: shard 1 killed after epoch 2, serving again from its checkpoint %.2f s later; "
