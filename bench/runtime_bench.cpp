@@ -44,13 +44,23 @@ double median(std::vector<double> v) {
 }
 
 // (a): the loop a user would write by hand.
-Result<double> plain_loop(const JobConfig& c, const std::shared_ptr<const data::DatasetSplits>& data) {
-  const auto& train = data->train;
-  auto model = Model::build(c.model, {train.channels, train.rows, train.cols}, data->num_classes);
+// The job's model, initialised, and its optimizer.
+Result<std::pair<Model, std::unique_ptr<Optimizer>>> model_and_optimizer(const JobConfig& c,
+                                                                         const data::DatasetSplits& data) {
+  const auto& train = data.train;
+  auto model = Model::build(c.model, {train.channels, train.rows, train.cols}, data.num_classes);
   if (!model) return model.status();
   model->init_params(c.seed);
   auto opt = make_optimizer(optimizer_config(c), model->num_params());
   if (!opt) return opt.status();
+  return std::pair<Model, std::unique_ptr<Optimizer>>(std::move(model).value(), std::move(opt).value());
+}
+
+Result<double> plain_loop(const JobConfig& c, const std::shared_ptr<const data::DatasetSplits>& data) {
+  const auto& train = data->train;
+  auto made = model_and_optimizer(c, *data);
+  if (!made) return made.status();
+  auto& [model, opt] = *made;
   BatchSource source({data, data::partition_for(train.count, 0, 1), 1, c.batch, 1, c.seed, 1});
   // The same schedule the shard applies, so both sides run the same kernels.
   const LrSchedule schedule =
@@ -59,8 +69,8 @@ Result<double> plain_loop(const JobConfig& c, const std::shared_ptr<const data::
   std::size_t samples = 0;
   const auto t0 = std::chrono::steady_clock::now();
   for (data::Batch b = source.next(); b.size > 0; b = source.next()) {
-    model->compute_gradients(b.x, b.y);
-    (*opt)->step(model->params(), model->grads(), schedule.scale(step++));
+    model.compute_gradients(b.x, b.y);
+    opt->step(model.params(), model.grads(), schedule.scale(step++));
     samples += b.size;
   }
   const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -76,13 +86,10 @@ struct PushCosts {
 };
 
 Result<PushCosts> push_costs(const JobConfig& c, const std::shared_ptr<const data::DatasetSplits>& data) {
-  const auto& train = data->train;
-  auto model = Model::build(c.model, {train.channels, train.rows, train.cols}, data->num_classes);
-  if (!model) return model.status();
-  model->init_params(c.seed);
-  auto opt = make_optimizer(optimizer_config(c), model->num_params());
-  if (!opt) return opt.status();
-  std::vector<float> params(model->params().begin(), model->params().end());
+  auto made = model_and_optimizer(c, *data);
+  if (!made) return made.status();
+  auto& [model, opt] = *made;
+  std::vector<float> params(model.params().begin(), model.params().end());
   std::vector<float> grad(params.size());
   for (std::size_t i = 0; i < grad.size(); ++i) grad[i] = 1e-3f * static_cast<float>(i % 97) - 0.05f;
   std::vector<double> check, step;
@@ -91,7 +98,7 @@ Result<PushCosts> push_costs(const JobConfig& c, const std::shared_ptr<const dat
     const auto t0 = std::chrono::steady_clock::now();
     finite = all_finite(grad) && finite;
     const auto t1 = std::chrono::steady_clock::now();
-    (*opt)->step(params, grad, 1e-3f);
+    opt->step(params, grad, 1e-3f);
     const auto t2 = std::chrono::steady_clock::now();
     check.push_back(std::chrono::duration<double>(t1 - t0).count());
     step.push_back(std::chrono::duration<double>(t2 - t1).count());
