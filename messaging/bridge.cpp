@@ -215,22 +215,34 @@ void Bridge::run() {
         r.done.set_value(n);
       }
     }
-    bool blocked = false;
+    // A peer whose queue is full keeps its frames, in order, for the next
+    // round; frames for every other peer go past them, so a peer that
+    // stops reading holds up nobody else's replies.
+    std::vector<PeerId> full;
+    std::deque<Outgoing> kept;
     while (!backlog.empty()) {
-      auto sent = transport_->send(backlog.front().peer, backlog.front().message);
-      if (sent && !*sent) {  // the peer's queue is full: keep it, read meanwhile
-        blocked = true;
-        break;
+      Outgoing& out = backlog.front();
+      if (std::find(full.begin(), full.end(), out.peer) == full.end()) {
+        auto sent = transport_->send(out.peer, out.message);
+        if (sent && !*sent) {
+          full.push_back(out.peer);
+        } else {
+          if (!sent) {
+            // While stopping, peers that left first are expected.
+            spdlog::log(stopping_ ? spdlog::level::debug : spdlog::level::warn, "{}: a frame to {} was not sent: {}",
+                        options_.name, out.peer, sent.status().message());
+          }
+          backlog.pop_front();
+          std::lock_guard lock(mu_);
+          ++stats_.frames_out;
+          continue;
+        }
       }
-      if (!sent) {
-        // While stopping, peers that left first are expected.
-        spdlog::log(stopping_ ? spdlog::level::debug : spdlog::level::warn, "{}: a frame to {} was not sent: {}",
-                    options_.name, backlog.front().peer, sent.status().message());
-      }
+      kept.push_back(std::move(out));
       backlog.pop_front();
-      std::lock_guard lock(mu_);
-      ++stats_.frames_out;
     }
+    backlog.swap(kept);
+    const bool blocked = !backlog.empty();  // read meanwhile, and try again soon
     if (stopping_) {
       std::lock_guard lock(mu_);
       if ((backlog.empty() && outbox_.empty()) || std::chrono::steady_clock::now() > linger_until_) break;

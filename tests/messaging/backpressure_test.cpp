@@ -8,6 +8,8 @@
 
 #include "actors/parameter_shard.hpp"
 #include "messaging/bridge.hpp"
+#include "messaging/served_shard.hpp"
+#include "test_helpers.hpp"
 
 namespace asgd::messaging {
 namespace {
@@ -16,30 +18,18 @@ using SteadyClock = std::chrono::steady_clock;
 
 struct BoundedShard {
   BoundedShard(caf::actor_system& sys, std::size_t size, std::size_t max_unanswered, PolicyConfig policy = {},
-               std::uint32_t workers = 1) {
-    ShardSetup ss;
-    ss.range = {0, size};
-    ss.initial.assign(size, 100.0f);
-    ss.optimizer = {"sgd", 1.0f, 0.0f, 0.0f};
-    ss.policy = policy;
-    ss.workers = workers;
-    auto core = ShardCore::make(std::move(ss));
-    EXPECT_TRUE(core.ok()) << core.status().to_string();
-    shard = sys.spawn(parameter_shard, std::make_shared<ShardCore>(std::move(core).value()));
-    auto server_handle = std::make_shared<caf::actor>();
+               std::uint32_t workers = 1, TransportLimits limits = {}) {
     BridgeOptions so;
-    so.listen = "tcp://127.0.0.1:0";
     so.name = "test shard";
     so.max_unanswered = max_unanswered;
-    auto s = Bridge::start(so, [server_handle](Inbound&& in) { post_to_shard_server(*server_handle, std::move(in)); });
-    EXPECT_TRUE(s.ok());
-    bridge = *s;
-    server = *server_handle = sys.spawn(shard_server, bridge, shard);
+    so.limits = limits;
+    auto s = asgd_test::ServedShard::start(sys, size, so, std::move(policy), workers);
+    EXPECT_TRUE(s.ok()) << s.status().to_string();
+    served = *s;
+    shard = served.shard;
+    bridge = served.bridge;
   }
-  ~BoundedShard() {
-    bridge->stop();
-    for (auto& a : {server, shard}) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
-  }
+  ~BoundedShard() { served.stop(); }
   // Waits (a little) for every slot to come back: the last ones go when
   // ZeroMQ has sent their replies.
   std::uint64_t unanswered_after_settling() const {
@@ -48,14 +38,16 @@ struct BoundedShard {
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     return bridge->stats().unanswered;
   }
-  caf::actor shard, server;
+  asgd_test::ServedShard served;
+  caf::actor shard;
   std::shared_ptr<Bridge> bridge;
 };
 
 // A worker's side without a bridge: a bare transport, so that it can send
 // every push at once without waiting for a reply.
 struct RawWorker {
-  explicit RawWorker(const std::string& endpoint) : transport(make_zmq_transport()) {
+  explicit RawWorker(const std::string& endpoint, TransportLimits limits = {})
+      : transport(make_zmq_transport(limits)) {
     auto p = transport->connect(endpoint);
     EXPECT_TRUE(p.ok());
     peer = *p;
@@ -145,6 +137,50 @@ TEST(BridgeBackpressure, ReadsHeldAtABspBarrierKeepTheirSlotsAndAreReleasedWhenT
     auto r = worker.reply();
     ASSERT_TRUE(r) << "the barrier released only " << w << " of " << kWorkers << " reads";
     EXPECT_EQ(r->second.outcome, static_cast<std::uint8_t>(PushOutcome::aggregated));
+  }
+  EXPECT_EQ(shard.unanswered_after_settling(), 0u);
+}
+
+// A peer that sends requests and never reads the replies fills its own
+// queue at the shard, and then the shard's backlog; replies to every other
+// peer still go out past them (ZeroMQ reports a full queue per peer).
+TEST(BridgeBackpressure, APeerThatNeverReadsItsRepliesDoesNotHoldUpTheRepliesToAnotherPeer) {
+  caf::actor_system_config cfg;
+  cfg.add_message_types<caf::id_block::asgd>();
+  caf::actor_system sys{cfg};
+  // 4 MiB a reply: a few fill the loopback socket's buffers.
+  constexpr std::size_t kSize = std::size_t{1} << 20;
+  TransportLimits shard_queues;
+  shard_queues.send_high_water_mark = 2;
+  BoundedShard shard(sys, kSize, kDefaultMaxUnanswered, {}, 1, shard_queues);
+  // Its sends never block (so RawWorker::send never reads a reply).
+  TransportLimits stuck_queues;
+  stuck_queues.receive_high_water_mark = 2;
+  RawWorker stuck(shard.bridge->endpoint(), stuck_queues);
+  constexpr std::uint64_t kPulls = 32;
+  for (std::uint64_t k = 0; k < kPulls; ++k) stuck.send(encode(PullRequest{0, 0}, k + 1));
+  // Every pull read and answered; most of the answers wait for `stuck`.
+  ASSERT_TRUE(asgd_test::eventually([&] { return shard.bridge->stats().frames_in >= kPulls; }))
+      << "the shard read " << shard.bridge->stats().frames_in << " of " << kPulls << " pulls";
+  ASSERT_TRUE(asgd_test::eventually([&] { return shard.bridge->stats().unanswered < kPulls; }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  ASSERT_GT(shard.bridge->stats().unanswered, 0u) << "the stuck peer's queue never filled: the test proves nothing";
+
+  RawWorker other(shard.bridge->endpoint());
+  other.send(encode(PullRequest{0, 0}, 1000));
+  const auto r = other.reply();
+  ASSERT_TRUE(r) << "no reply within 10 s: the stuck peer's replies held it up ("
+                 << shard.bridge->stats().unanswered << " unanswered)";
+  EXPECT_EQ(r->first, 1000u);
+
+  // Once `stuck` reads, it gets every reply, each once.
+  std::vector<bool> answered(kPulls + 1, false);
+  for (std::uint64_t k = 0; k < kPulls; ++k) {
+    auto mine = stuck.reply();
+    ASSERT_TRUE(mine) << "only " << k << " of " << kPulls << " pulls were answered";
+    ASSERT_LE(mine->first, kPulls);
+    EXPECT_FALSE(answered[mine->first]) << "request " << mine->first << " answered twice";
+    answered[mine->first] = true;
   }
   EXPECT_EQ(shard.unanswered_after_settling(), 0u);
 }

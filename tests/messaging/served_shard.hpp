@@ -16,17 +16,19 @@ struct ServedShard {
   caf::actor server;  ///< the shard_server in front of it
   std::shared_ptr<asgd::messaging::Bridge> bridge;
 
-  /// `size` parameters, all 100, sgd at lr 1 with no momentum, one worker;
-  /// the bridge binds `options.listen` (a free local tcp port when empty).
-  /// Errors as Bridge::start.
+  /// `size` parameters, all 100, sgd at lr 1 with no momentum, `workers`
+  /// workers under `policy`; the bridge binds `options.listen` (a free
+  /// local tcp port when empty). Errors as ShardCore::make, Bridge::start.
   static asgd::Result<ServedShard> start(caf::actor_system& sys, std::size_t size,
-                                         asgd::messaging::BridgeOptions options) {
+                                         asgd::messaging::BridgeOptions options, asgd::PolicyConfig policy = {},
+                                         std::uint32_t workers = 1) {
     using namespace asgd;
     ShardSetup ss;
     ss.range = {0, size};
     ss.initial.assign(size, 100.0f);
     ss.optimizer = {"sgd", 1.0f, 0.0f, 0.0f};
-    ss.workers = 1;
+    ss.policy = std::move(policy);
+    ss.workers = workers;
     auto core = ShardCore::make(std::move(ss));
     if (!core) return core.status();
     ServedShard s;
