@@ -18,6 +18,7 @@
 #include <zmq.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <charconv>
 #include <csignal>
 #include <chrono>
@@ -92,8 +93,11 @@ double median(std::vector<double> v) {
 // ---------------------------------------------------------------------------
 // The server processes.
 
-volatile sig_atomic_t g_stop = 0;
-extern "C" void on_term(int) { g_stop = 1; }
+// SIGTERM may be delivered to any thread (ZeroMQ's too), so a lock-free
+// atomic rather than a volatile sig_atomic_t.
+std::atomic<bool> g_stop{false};
+static_assert(std::atomic<bool>::is_always_lock_free);
+extern "C" void on_term(int) { g_stop.store(true, std::memory_order_relaxed); }
 
 int serve_raw(const CommOptions& o) {
   zmq::context_t ctx;
@@ -107,7 +111,7 @@ int serve_raw(const CommOptions& o) {
   std::printf("listening on %s\n", router.get(zmq::sockopt::last_endpoint).c_str());
   std::fflush(stdout);
   try {
-    while (!g_stop) {
+    while (!g_stop.load(std::memory_order_relaxed)) {
       zmq::pollitem_t item{router.handle(), 0, ZMQ_POLLIN, 0};
       zmq::poll(&item, 1, std::chrono::milliseconds(100));
       if (!(item.revents & ZMQ_POLLIN)) continue;
@@ -159,7 +163,7 @@ int serve_shard(const CommOptions& o) {
   ready->store(true);
   std::printf("listening on %s\n", (*bridge)->endpoint().c_str());
   std::fflush(stdout);
-  while (!g_stop) std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  while (!g_stop.load(std::memory_order_relaxed)) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   ready->store(false);
   (*bridge)->stop();
   caf::anon_send_exit(*server, caf::exit_reason::user_shutdown);

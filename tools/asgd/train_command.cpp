@@ -12,6 +12,7 @@
 #include <mutex>
 #include <optional>
 #include <cstdio>
+#include <atomic>
 #include <filesystem>
 #include <iostream>
 #include <map>
@@ -25,8 +26,12 @@ namespace asgd::cli {
 
 namespace {
 
-volatile std::sig_atomic_t g_interrupted = 0;  // written by the signal handler only
-extern "C" void on_sigint(int) { g_interrupted = 1; }
+// Written by the signal handler, read by Interrupts' watcher thread: a
+// volatile sig_atomic_t is safe only within one thread, so a lock-free
+// atomic (which a signal handler may also use).
+std::atomic<bool> g_interrupted{false};
+static_assert(std::atomic<bool>::is_always_lock_free);
+extern "C" void on_sigint(int) { g_interrupted.store(true, std::memory_order_relaxed); }
 
 }  // namespace
 
@@ -114,7 +119,7 @@ Interrupts::Interrupts() {
   std::signal(SIGTERM, on_sigint);
   watcher_ = std::jthread([this](std::stop_token done) {
     while (!done.stop_requested()) {
-      if (g_interrupted) {
+      if (g_interrupted.load(std::memory_order_relaxed)) {
         stop_.request_stop();
         return;
       }
