@@ -4,6 +4,7 @@
 
 #include <caf/all.hpp>
 
+#include <atomic>
 #include <memory>
 
 #include "actors/parameter_shard.hpp"
@@ -34,9 +35,13 @@ struct ServedShard {
     ServedShard s;
     s.shard = sys.spawn(parameter_shard, std::make_shared<ShardCore>(std::move(core).value()));
     if (options.listen.empty()) options.listen = "tcp://127.0.0.1:0";
+    // The server needs the bridge, so the handler learns of it only after
+    // start(): through an atomic, as the I/O thread reads it (a request
+    // before that is dropped; nobody knows the endpoint yet).
     auto handle = std::make_shared<caf::actor>();
-    auto bridge = messaging::Bridge::start(std::move(options), [handle](messaging::Inbound&& in) {
-      messaging::post_to_shard_server(*handle, std::move(in));
+    auto published = std::make_shared<std::atomic<caf::actor*>>(nullptr);
+    auto bridge = messaging::Bridge::start(std::move(options), [handle, published](messaging::Inbound&& in) {
+      if (caf::actor* server = published->load()) messaging::post_to_shard_server(*server, std::move(in));
     });
     if (!bridge) {
       caf::anon_send_exit(s.shard, caf::exit_reason::user_shutdown);
@@ -44,6 +49,7 @@ struct ServedShard {
     }
     s.bridge = *bridge;
     s.server = *handle = sys.spawn(messaging::shard_server, s.bridge, s.shard);
+    published->store(handle.get());
     return s;
   }
 
