@@ -221,6 +221,16 @@ void update_shared(Self self, Clock base) {
   shared.clocks[st.setup.id].store(st.step + 1, std::memory_order_release);
 }
 
+// Hogwild: the optimizer writes straight into the buffer that every worker
+// of the process shares (the model's parameters are a view of it), without
+// locks: that race is the policy's design (actors/shared_parameters.hpp).
+// Every write to the buffer happens here, in a frame of its own, so that
+// tests/tsan.supp can name this one intended race and no other.
+[[gnu::noinline]] void hogwild_step(Self self) {
+  auto& st = self->state;
+  st.local_optimizer->step(st.model->params(), st.model->grads(), st.setup.schedule.scale(st.step));
+}
+
 // Everything a step does after its gradient is computed (and, for a
 // simulated straggler, after its delay).
 void continue_step(Self self) {
@@ -235,13 +245,15 @@ void continue_step(Self self) {
   }
   if (!st.step_dropped) {
     if (plan.local_update) {
-      const Clock base = st.setup.shared ? st.setup.shared->min_live_clock() : 0;
-      st.local_optimizer->step(st.model->params(), st.model->grads(), st.setup.schedule.scale(st.step));
-      ++st.report.local_updates;
       if (st.setup.shared) {
+        const Clock base = st.setup.shared->min_live_clock();
+        hogwild_step(self);
         update_shared(self, base);
         ++st.report.updates;
+      } else {
+        st.local_optimizer->step(st.model->params(), st.model->grads(), st.setup.schedule.scale(st.step));
       }
+      ++st.report.local_updates;
     }
     if (carried_by_push) {
       if (st.policy->payload() == Payload::gradients) {
