@@ -422,18 +422,24 @@ StalenessSummary summarize_staleness(const std::vector<std::uint64_t>& merged) {
 
 namespace {
 
-// Spawns a data feeder per worker for its share and starts every worker.
 // Queues, in order, every epoch that each worker still in the job has
-// reported (a lost worker's missing reports are not waited for).
+// reported (a lost worker's missing reports are not waited for), and starts
+// evaluating them. An epoch a worker has not reported yet holds back the
+// later ones that faster workers have, but not the evaluation of those
+// before it.
 void complete_epochs(Self self) {
   auto& s = self->state;
-  for (auto& [e, agg] : s.epochs) {
-    if (agg.complete) continue;
+  auto all_reported = [&s](std::uint64_t e, CoordinatorState::EpochAgg& agg) {
     agg.reported.resize(s.setup.config.workers, false);
     for (std::size_t w = 0; w < agg.reported.size(); ++w) {
       const bool lost = w < s.seen.size() && (s.seen[w].lost || e < s.seen[w].first_epoch);
-      if (!agg.reported[w] && !lost) return;  // later epochs wait for this one
+      if (!agg.reported[w] && !lost) return false;
     }
+    return true;
+  };
+  for (auto& [e, agg] : s.epochs) {
+    if (agg.complete) continue;
+    if (!all_reported(e, agg)) break;
     agg.complete = true;
     const auto now = SteadyClock::now();
     agg.end_s = seconds_between(s.train_start, now);
@@ -615,6 +621,7 @@ void start_live(Self self) {
   if (st.setup.on_progress || st.setup.live) self->delayed_send(self, kLiveEvery, live_atom::value);
 }
 
+// Spawns a data feeder per worker for its share and starts every worker.
 void start_training(Self self) {
   auto& st = self->state;
   const JobConfig& cfg = st.setup.config;

@@ -163,9 +163,12 @@ TEST(Resume, AJobStoppedAfterItsFirstEpochContinuesFromTheShardCheckpoints) {
   c.checkpoint_dir = (dir / "ckpt").string();
   c.checkpoint_every_s = 0.2;
   c.metrics_out = (dir / "run.jsonl").string();
+  // The first run is stopped once its first epoch is evaluated; the shards
+  // checkpoint as they stop. Worker 1 is four times slower, so worker 0 has
+  // reported later epochs before the first is complete: the epoch must still
+  // be evaluated (and the stop requested) at once, not once all are in.
+  c.straggler = "1:4";
 
-  // The first run is stopped once its first epoch is in (and a checkpoint
-  // written after it: the epoch takes longer than the interval here).
   std::stop_source stop;
   JobCallbacks callbacks;
   callbacks.on_epoch = [&](const EpochMetrics& m) {
@@ -180,6 +183,7 @@ TEST(Resume, AJobStoppedAfterItsFirstEpochContinuesFromTheShardCheckpoints) {
   JobConfig again = c;
   again.resume = c.checkpoint_dir;
   again.checkpoint_dir.clear();  // defaults to the folder resumed from
+  again.straggler.clear();
   std::vector<std::uint32_t> epochs;
   JobCallbacks seen;
   seen.on_epoch = [&](const EpochMetrics& m) { epochs.push_back(m.epoch); };
