@@ -442,6 +442,15 @@ caf::behavior parameter_shard(caf::stateful_actor<ShardState>* self, std::shared
     self->state.checkpoint_every =
         std::chrono::duration_cast<caf::timespan>(std::chrono::duration<double>(setup.checkpoint_every_s));
     self->delayed_send(self, self->state.checkpoint_every, tick_atom::value);
+    // Told to stop (a job that ends, is cancelled or fails; a shard process
+    // shut down): keep the state reached, so --resume loses nothing of a
+    // job stopped on purpose. Only a killed process loses up to an interval.
+    self->set_exit_handler([self](caf::exit_msg& msg) {
+      auto& st = self->state;
+      if (const Status s = st.core->save(st.checkpoint_path); !s.ok())
+        spdlog::warn("shard {}: checkpoint on stopping failed: {}", st.core->index(), s.message());
+      self->quit(msg.reason);
+    });
   }
   // Delivers the answers the core produced for held reads (through their
   // promises) and hands back the current request's own, if it is due.
