@@ -12,6 +12,19 @@
 
 namespace asgd_test {
 
+/// How many times slower a sanitized build runs a training job: ThreadSanitizer
+/// costs 5-15x on our loops, AddressSanitizer about 2-3x. A harness's own
+/// bound on waiting for a job (a log line, its exit) is multiplied by it, as
+/// scripts/sanitize multiplies ctest's TIMEOUTs; a bound that is the
+/// product's promise (a job stops within its heartbeat timeout) is not.
+#if defined(__SANITIZE_THREAD__)
+inline constexpr int kSanitizerSlowdown = 10;
+#elif defined(__SANITIZE_ADDRESS__)
+inline constexpr int kSanitizerSlowdown = 3;
+#else
+inline constexpr int kSanitizerSlowdown = 1;
+#endif
+
 /// Polls `done` every 10 ms until it holds (true) or `limit` passes (false).
 template <class F>
 bool eventually(F done, std::chrono::milliseconds limit = std::chrono::seconds(10)) {

@@ -61,12 +61,14 @@ def main():
     if not data_root or not os.path.isdir(os.path.join(data_root, "mnist")):
         fail("ASGD_DATA_DIR is not set or has no mnist/ (point it at ../shared/data)")
 
+    # scripts/sanitize sets it: the 12 runs take far longer under a sanitizer.
+    slowdown = int(os.environ.get("ASGD_SANITIZER_SLOWDOWN", "1"))
     os.makedirs(artifacts, exist_ok=True)
     out = os.path.join(artifacts, "compare")
     shutil.rmtree(out, ignore_errors=True)
     run = subprocess.run([asgd, "compare", "--policies", "bsp,ssp:2,async", "--repeats", "2", "--dataset", "mnist",
                           "--model", "mlp", "--workers", "1,2", "--epochs", "2", "--out", out],
-                         capture_output=True, text=True, timeout=600)
+                         capture_output=True, text=True, timeout=600 * slowdown)
     print(run.stdout)
     if run.returncode != 0:
         fail("asgd compare exited with %d: %s" % (run.returncode, run.stderr[-2000:]))
