@@ -136,9 +136,11 @@ pid_t start_cluster(const fs::path& data, const std::string& policy, const std::
   return start_asgd(args, log);
 }
 
-// bsp gets an epoch more to pass 0.97: its 3 workers' summed batches make
-// fewer steps.
-std::string epochs_for(const std::string& policy) { return policy == "bsp" ? "6" : "5"; }
+// bsp and averaging get an epoch more to pass 0.97: bsp's 3 workers' summed
+// batches make fewer steps, and averaging's replaced copies move less than
+// as many applied gradients. With a worker lost after epoch 1 both ended
+// 5 epochs at 0.9706-0.9711 (three runs each), too close to the bar.
+std::string epochs_for(const std::string& policy) { return policy == "bsp" || policy == "averaging" ? "6" : "5"; }
 
 class WorkerKilledMidEpoch : public ::testing::TestWithParam<const char*> {};
 
@@ -149,7 +151,7 @@ TEST_P(WorkerKilledMidEpoch, TheJobFinishesWithoutItAbove97Percent) {
   const fs::path metrics = scratch / "run.jsonl";
   constexpr double kHeartbeatTimeout = 3.0;
   // --max-restarts 0: no new process takes its place (WorkerRestarted below).
-  const pid_t cluster = start_cluster(dir, GetParam(), "5", log, metrics, {"--max-restarts", "0"});
+  const pid_t cluster = start_cluster(dir, GetParam(), epochs_for(GetParam()), log, metrics, {"--max-restarts", "0"});
   ASSERT_GT(cluster, 0);
   // Mid-epoch: worker 1 has just finished its first epoch. (Its own log
   // line, not the coordinator's epoch line, which waits for an evaluation.)
