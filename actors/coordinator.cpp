@@ -802,6 +802,7 @@ caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self, Coordinat
     ss.schedule = schedule;
     ss.workers = cfg.workers;
     ss.staleness_aware_lr = cfg.staleness_aware_lr;
+    ss.hold_warning_s = cfg.rpc_timeout_s / 2;
     ss.shared = st.shared;
     if (!cfg.checkpoint_dir.empty() && cfg.checkpoint_every_s > 0) {
       ss.checkpoint_path = shard_checkpoint_path(cfg.checkpoint_dir, i);

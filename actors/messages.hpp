@@ -194,6 +194,7 @@ using live_atom = caf::atom_constant<caf::atom("live")>;
 using restarted_atom = caf::atom_constant<caf::atom("restarted")>;
 using join_atom = caf::atom_constant<caf::atom("join")>;
 using rejoin_atom = caf::atom_constant<caf::atom("rejoin")>;
+using watch_atom = caf::atom_constant<caf::atom("watch")>;
 
 }  // namespace asgd
 

@@ -116,6 +116,31 @@ void ShardCore::release_held(Instant now, std::vector<Answer>& out) {
   held_.erase(still_held, held_.end());
 }
 
+std::optional<std::string> ShardCore::describe_overdue_reads(Instant now, std::chrono::duration<double> after) {
+  const Held* oldest = nullptr;
+  std::size_t overdue = 0;
+  for (Held& h : held_) {
+    if (h.described || h.since == Instant{} || now - h.since < after) continue;
+    h.described = true;
+    ++overdue;
+    if (!oldest || h.since < oldest->since) oldest = &h;
+  }
+  if (!oldest) return std::nullopt;
+  // Every policy that holds reads waits for the slowest live workers (bsp
+  // and averaging for their pushes to complete a clock, ssp for their clock
+  // to come within the bound), so they are whom to look at.
+  const ClockView v = view();
+  std::string slowest;
+  std::size_t named = 0;
+  for (std::size_t w = 0; w < clock_.size(); ++w)
+    if (live_[w] && clock_[w] == v.min_clock) slowest += (named++ ? ", " : "") + std::to_string(w);
+  return fmt::format("shard {}: {} read(s) held by policy {} for over {:g} s; the oldest, worker {}'s at clock {}, "
+                     "for {:.1f} s: waiting for the slowest live worker{} {}, at clock {}",
+                     setup_.index, overdue, policy_->name(), after.count(), oldest->read.worker, oldest->read.clock,
+                     std::chrono::duration<double>(now - oldest->since).count(), named == 1 ? "" : "s", slowest,
+                     v.min_clock);
+}
+
 void ShardCore::commit_ready_aggregates() {
   // Strictly in clock order: a later clock never overtakes an earlier one.
   while (!pending_.empty()) {
@@ -452,6 +477,17 @@ caf::behavior parameter_shard(caf::stateful_actor<ShardState>* self, std::shared
       self->quit(msg.reason);
     });
   }
+  // While reads are held, looks at them every quarter of the warning time
+  // and logs those held past it, once each, naming whom they wait for.
+  if (setup.hold_warning_s > 0)
+    self->state.hold_warning =
+        std::chrono::duration_cast<caf::timespan>(std::chrono::duration<double>(setup.hold_warning_s));
+  auto watch = [self] {
+    auto& st = self->state;
+    if (st.watching || st.hold_warning == caf::timespan{} || st.core->held_reads() == 0) return;
+    st.watching = true;
+    self->delayed_send(self, st.hold_warning / 4, watch_atom::value);
+  };
   // Delivers the answers the core produced for held reads (through their
   // promises) and hands back the current request's own, if it is due.
   auto flush = [self](std::optional<ShardCore::Ticket> current) {
@@ -474,17 +510,26 @@ caf::behavior parameter_shard(caf::stateful_actor<ShardState>* self, std::shared
     return caf::delegated<ShardReply>();
   };
   return {
-      [self, deliver](push_atom, PushRequest& request) {
+      [self, deliver, watch](push_atom, PushRequest& request) {
         auto& st = self->state;
         const auto ticket = st.next_ticket++;
         st.core->push(std::move(request), ticket, std::chrono::steady_clock::now(), st.answers);
+        watch();
         return deliver(ticket);
       },
-      [self, deliver](pull_atom, const PullRequest& request) {
+      [self, deliver, watch](pull_atom, const PullRequest& request) {
         auto& st = self->state;
         const auto ticket = st.next_ticket++;
         st.core->pull(request, ticket, std::chrono::steady_clock::now(), st.answers);
+        watch();
         return deliver(ticket);
+      },
+      [self, watch](watch_atom) {
+        auto& st = self->state;
+        st.watching = false;
+        if (auto line = st.core->describe_overdue_reads(std::chrono::steady_clock::now(), st.hold_warning))
+          spdlog::warn("{}", *line);
+        watch();
       },
       [self, flush](leave_atom, WorkerId worker) {
         auto& st = self->state;

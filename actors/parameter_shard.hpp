@@ -17,6 +17,8 @@
 #include <chrono>
 #include <map>
 #include <memory>
+#include <optional>
+#include <string>
 #include <vector>
 
 #include "actors/key_range.hpp"
@@ -44,6 +46,10 @@ struct ShardSetup {
   /// `checkpoint_every_s` seconds; empty or 0: never.
   std::string checkpoint_path;
   double checkpoint_every_s = 0.0;
+  /// A read held this many seconds is logged once, naming the workers it
+  /// waits for (describe_overdue_reads); 0: never. Jobs set half of
+  /// --rpc-timeout, so the log names the laggard before a worker gives up.
+  double hold_warning_s = 0.0;
 };
 
 /// DIR/shard-K.ckpt: where shard K of a job checkpointing into DIR writes.
@@ -76,6 +82,11 @@ class ShardCore {
   /// Complete clock of the current parameters: every update of clocks below it is in.
   Clock complete_clock() const;
   std::size_t held_reads() const { return held_.size(); }
+  /// For the log: held reads that have waited `after` or longer at `now`
+  /// and were not described before, in one line naming the oldest of them
+  /// and the slowest live workers, whose clocks hold them back; nullopt
+  /// when there are none. Marks them described.
+  std::optional<std::string> describe_overdue_reads(Instant now, std::chrono::duration<double> after);
 
   /// A push. Appends to `out` the replies that are due now: the push's own
   /// (unless the policy holds the read it asks for) and every held read the
@@ -143,6 +154,7 @@ class ShardCore {
     PushOutcome outcome;
     std::vector<float> buffer;  // reused for the reply
     Instant since;
+    bool described = false;     // logged by describe_overdue_reads
   };
 
   ShardCore() = default;
@@ -174,6 +186,8 @@ struct ShardState {
   std::map<ShardCore::Ticket, caf::response_promise> promises;  // replies owed for held reads
   std::string checkpoint_path;             // from ShardSetup; empty: no periodic checkpoints
   caf::timespan checkpoint_every{};
+  caf::timespan hold_warning{};            // from ShardSetup; zero: held reads are not watched
+  bool watching = false;                   // a watch_atom is on its way
   ShardCore::Ticket next_ticket = 0;
   std::vector<ShardCore::Answer> answers;  // reused between messages
   static inline const char* name = "parameter_shard";

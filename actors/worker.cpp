@@ -20,9 +20,12 @@ void fail(Self self, StatusCode code, const std::string& what) {
   auto& st = self->state;
   if (st.finished) return;
   st.finished = true;
-  self->send(st.setup.coordinator, failed_atom::value, static_cast<std::int32_t>(code),
-             "worker " + std::to_string(st.setup.id) + ": " + what);
-  self->quit();
+  std::string message = "worker " + std::to_string(st.setup.id) + ": " + what;
+  self->send(st.setup.coordinator, failed_atom::value, static_cast<std::int32_t>(code), message);
+  // Not a normal exit: whoever watches this actor (a worker process's
+  // watcher reports a normal one as "finished") must not read a failure
+  // as the end of the data.
+  self->quit(caf::make_error(caf::sec::runtime_error, std::move(message)));
 }
 
 void fail(Self self, const std::string& what) { fail(self, StatusCode::timeout, what); }
@@ -380,7 +383,8 @@ void check_overdue(Self self) {
     for (std::size_t i = 0; i < st.awaiting.size(); ++i)
       if (st.awaiting[i]) who += (who.empty() ? "" : ", ") + std::to_string(i);
     fail(self, fmt::format("no reply from shard(s) {} within {:g} s (--rpc-timeout) at step {} under policy {}: "
-                           "a synchronous policy holds a read until the slowest worker catches up",
+                           "a synchronous policy holds a read until the slowest worker catches up (the shard's "
+                           "log names it)",
                            who, limit, st.step, st.policy->name()));
     return;
   }

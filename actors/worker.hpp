@@ -18,7 +18,9 @@
 //   after each epoch and every kProgressEvery in between (a quarter second), and
 //   (failed_atom, int32 StatusCode, std::string) when a reply does not come in
 //   time (timeout), training diverged (diverged) or a shard answered nonsense
-//   (internal). Sends (leave_atom, id) to every shard once out of data.
+//   (internal), and then stops with that error as its exit reason (a normal
+//   exit means it ran out of data). Sends (leave_atom, id) to every shard
+//   once out of data.
 
 #include <caf/all.hpp>
 

@@ -212,6 +212,37 @@ TEST(AllFinite, FindsANaNOrAnInfinityAnywhereAndNothingElse) {
   }
 }
 
+TEST(ShardCore, DescribesAReadHeldPastTheWarningTimeOnceNamingTheSlowestLiveWorkers) {
+  using namespace std::chrono_literals;
+  ShardSetup s = setup(2, 0.5f, 3);
+  s.policy.name = "bsp";
+  auto core = ShardCore::make(s);
+  ASSERT_TRUE(core.ok()) << core.status().to_string();
+  const ShardCore::Instant t0 = std::chrono::steady_clock::now();
+  std::vector<ShardCore::Answer> out;
+  // Workers 0 and 2 push clock 0 and ask for clock 1: held until worker 1
+  // pushes clock 0 too.
+  core->push(grad(0, 0, 0, {1.0f, 1.0f}), 0, t0, out);
+  core->push(grad(2, 0, 0, {1.0f, 1.0f}), 1, t0 + 1s, out);
+  ASSERT_TRUE(out.empty());
+  ASSERT_EQ(core->held_reads(), 2u);
+  EXPECT_EQ(core->describe_overdue_reads(t0 + 2s, 5s), std::nullopt) << "nothing waited 5 s yet";
+  const auto line = core->describe_overdue_reads(t0 + 5500ms, 5s);
+  ASSERT_TRUE(line);
+  EXPECT_NE(line->find("shard 3: 1 read(s) held by policy bsp for over 5 s"), std::string::npos) << *line;
+  EXPECT_NE(line->find("worker 0's at clock 1, for 5.5 s"), std::string::npos) << *line;
+  EXPECT_NE(line->find("waiting for the slowest live worker 1, at clock 0"), std::string::npos) << *line;
+  EXPECT_EQ(core->describe_overdue_reads(t0 + 5800ms, 5s), std::nullopt) << "each read is described once";
+  const auto second = core->describe_overdue_reads(t0 + 6500ms, 5s);
+  ASSERT_TRUE(second);
+  EXPECT_NE(second->find("worker 2's at clock 1"), std::string::npos) << *second;
+  // Worker 1 is lost: the barrier re-forms and nothing is held any more.
+  core->leave(1, t0 + 7s, out);
+  EXPECT_EQ(out.size(), 2u);
+  EXPECT_EQ(core->held_reads(), 0u);
+  EXPECT_EQ(core->describe_overdue_reads(t0 + 20s, 5s), std::nullopt);
+}
+
 TEST(ShardCore, RefusesInitialParametersOfTheWrongSize) {
   ShardSetup s = setup(5);
   s.initial.resize(4);

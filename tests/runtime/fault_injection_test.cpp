@@ -311,6 +311,34 @@ TEST(ShardKilledWithoutCheckpoints, TheJobStopsWithinTheHeartbeatTimeoutNamingTh
   std::printf("shard 0 killed without checkpoints: the job stopped %.1f s later, exit %d\n", took, *code);
 }
 
+// A worker alive but far too slow: ssp:1 holds the other worker's read,
+// the shards say on whom after half the --rpc-timeout, and the job stops
+// at the timeout instead of waiting on. (Once, the failed worker's normal
+// exit reached the coordinator before its failure did, and the job hung.)
+TEST(ReadHeldPastTheRpcTimeout, TheClusterStopsAtTheTimeoutAndTheShardsNameTheSlowestWorker) {
+  ASGD_REQUIRE_DATASET(dir, "mnist");
+  const asgd_test::TempDir scratch;
+  const fs::path log = scratch / "cluster.log";
+  const pid_t cluster = start_asgd({"cluster", "--workers", "2", "--shards", "2", "--policy", "ssp:1", "--epochs", "1",
+                                    "--data-dir", dir.string(), "--straggler", "1:100000", "--rpc-timeout", "4",
+                                    "--heartbeat-timeout", "2"},
+                                   log);
+  ASSERT_GT(cluster, 0);
+  ASSERT_TRUE(wait_for_text(log, "worker 0: samples", std::chrono::seconds(120), cluster)) << read_file(log);
+  const auto started = Clock::now();
+  const auto code = wait_exit(cluster, std::chrono::seconds(60));
+  const double took = std::chrono::duration<double>(Clock::now() - started).count();
+  ASSERT_TRUE(code) << "still running 60 s after the workers started\n" << read_file(log);
+  EXPECT_EQ(*code, 1) << read_file(log);
+  EXPECT_LE(took, 4.0 + 10.0) << read_file(log);
+  const std::string text = read_file(log);
+  EXPECT_NE(text.find("worker 0: no reply from shard(s) 0, 1 within 4 s (--rpc-timeout)"), std::string::npos) << text;
+  EXPECT_NE(text.find("held by policy ssp:1 for over 2 s"), std::string::npos) << text;
+  EXPECT_NE(text.find("waiting for the slowest live worker 1, at clock 0"), std::string::npos) << text;
+  std::printf("a read held past --rpc-timeout 4: the cluster stopped %.1f s after its workers started, exit %d\n", took,
+              *code);
+}
+
 INSTANTIATE_TEST_SUITE_P(EveryClusterPolicy, WorkerKilledMidEpoch,
                          ::testing::Values("bsp", "ssp:2", "async", "averaging"),
                          [](const ::testing::TestParamInfo<const char*>& p) {
