@@ -20,6 +20,7 @@
 #include <mutex>
 #include <thread>
 
+#include "messaging/curve_keys.hpp"
 #include "temp_dir.hpp"
 #include "test_helpers.hpp"
 
@@ -33,17 +34,10 @@ using Clock = std::chrono::steady_clock;
 constexpr auto kArrives = 10s;       // long enough for anything sent to arrive on a loaded machine
 constexpr auto kNothingComes = 500ms;  // how long to listen before concluding nothing is coming
 
-CurveKeypair keypair() {
-  auto k = new_curve_keypair();
-  EXPECT_TRUE(k.ok()) << k.status().to_string();
-  return k.ok() ? *k : CurveKeypair{};
-}
+using asgd_test::curve_keypair;
 
 CurveOptions curve(const CurveKeypair& own, std::vector<CurveKey> allowed) {
-  CurveOptions o;
-  o.public_key = own.public_key;
-  o.secret_key = own.secret_key;
-  o.allowed = std::move(allowed);
+  CurveOptions o = asgd_test::curve_options(own, std::move(allowed));
   o.log_name = "test";
   return o;
 }
@@ -95,7 +89,7 @@ std::string bare(const std::string& endpoint) {
 
 TEST(CurveKeys, AKeyRoundTripsThroughZ85AndAnythingElseIsNotAKey) {
   ASSERT_TRUE(curve_supported());
-  const CurveKeypair k = keypair();
+  const CurveKeypair k = curve_keypair();
   const std::string z = to_z85(k.public_key);
   EXPECT_EQ(z.size(), 40u);
   EXPECT_EQ(from_z85(z), k.public_key);
@@ -110,7 +104,7 @@ TEST(CurveKeys, AKeyRoundTripsThroughZ85AndAnythingElseIsNotAKey) {
 TEST(CurveKeys, GeneratedFilesReadBackTheSecretIsOwnerOnlyAndNothingIsReplacedWithoutForce) {
   const asgd_test::TempDir dir;
   const fs::path keys = dir / "keys";
-  const CurveKeypair k = keypair();
+  const CurveKeypair k = curve_keypair();
   auto files = write_key_files(keys, "host-a", k, false);
   ASSERT_TRUE(files.ok()) << files.status().to_string();
   EXPECT_EQ(files->secret, keys / "host-a.key");
@@ -127,13 +121,13 @@ TEST(CurveKeys, GeneratedFilesReadBackTheSecretIsOwnerOnlyAndNothingIsReplacedWi
   EXPECT_EQ(secret->public_key, k.public_key);
   EXPECT_EQ(read_public_key_file(files->public_).value(), k.public_key);
 
-  auto again = write_key_files(keys, "host-a", keypair(), false);
+  auto again = write_key_files(keys, "host-a", curve_keypair(), false);
   ASSERT_FALSE(again.ok());
   EXPECT_EQ(again.status().code(), StatusCode::invalid_argument);
   EXPECT_NE(again.status().message().find("host-a.key exists"), std::string::npos) << again.status().message();
   EXPECT_EQ(read_public_key_file(files->public_).value(), k.public_key) << "the refused write changed nothing";
 
-  const CurveKeypair replacement = keypair();
+  const CurveKeypair replacement = curve_keypair();
   ASSERT_TRUE(write_key_files(keys, "host-a", replacement, true).ok());
   EXPECT_EQ(read_public_key_file(files->public_).value(), replacement.public_key);
   ASSERT_EQ(::stat(files->secret.c_str(), &st), 0);
@@ -145,7 +139,7 @@ TEST(CurveKeys, GeneratedFilesReadBackTheSecretIsOwnerOnlyAndNothingIsReplacedWi
 
 TEST(CurveKeys, AKeyFileThatIsNotOneKeyIsRefusedNamingTheFileAndLine) {
   const asgd_test::TempDir dir;
-  const std::string key = to_z85(keypair().public_key);
+  const std::string key = to_z85(curve_keypair().public_key);
   write(dir / "commented.pub", "# a comment\n\n  " + key + "  \r\n# another\n");
   EXPECT_TRUE(read_public_key_file(dir / "commented.pub").ok());
 
@@ -172,7 +166,7 @@ TEST(CurveKeys, AKeyFileThatIsNotOneKeyIsRefusedNamingTheFileAndLine) {
 
 TEST(CurveKeys, AnAuthFolderAllowsEveryPubAndFindsThisProcesssOneKey) {
   const asgd_test::TempDir dir;
-  const CurveKeypair self = keypair(), other = keypair(), coordinator = keypair();
+  const CurveKeypair self = curve_keypair(), other = curve_keypair(), coordinator = curve_keypair();
   ASSERT_TRUE(write_key_files(dir.path(), "self", self, false).ok());
   write(dir / "other.pub", to_z85(other.public_key) + "\n");
   auto o = load_auth_keys({dir.path().string(), "", ""});
@@ -189,7 +183,7 @@ TEST(CurveKeys, AnAuthFolderAllowsEveryPubAndFindsThisProcesssOneKey) {
   EXPECT_EQ(o->allowed.size(), 3u);
 
   // Several secret keys: which is ours must be said.
-  ASSERT_TRUE(write_key_files(dir.path(), "second", keypair(), false).ok());
+  ASSERT_TRUE(write_key_files(dir.path(), "second", curve_keypair(), false).ok());
   auto several = load_auth_keys({dir.path().string(), "", ""});
   EXPECT_EQ(several.status().code(), StatusCode::invalid_argument);
   EXPECT_NE(several.status().message().find("several secret keys (second.key, self.key)"), std::string::npos)
@@ -213,7 +207,7 @@ TEST(CurveKeys, AnAuthFolderAllowsEveryPubAndFindsThisProcesssOneKey) {
 }
 
 TEST(CurveKeys, AnEndpointCarriesItsServersKeyAndGivesItBack) {
-  const CurveKeypair k = keypair();
+  const CurveKeypair k = curve_keypair();
   const std::string e = with_server_key("tcp://10.0.0.7:6000", k.public_key);
   auto s = split_server_key(e);
   ASSERT_TRUE(s.ok());
@@ -246,8 +240,8 @@ TEST(CurveKeys, ALogBudgetLetsAFewLinesThroughAMinuteAndSaysHowManyItHeldBack) {
 
 // A server with CURVE and the client keys it allows.
 struct CurveLink {
-  CurveKeypair server_keys = keypair();
-  CurveKeypair client_keys = keypair();
+  CurveKeypair server_keys = curve_keypair();
+  CurveKeypair client_keys = curve_keypair();
   std::unique_ptr<Transport> server;
   std::string endpoint;  // as bound: carries the server's key
   explicit CurveLink(const std::string& where = "tcp://127.0.0.1:0") {
@@ -297,7 +291,7 @@ TEST(CurveTransport, AnAllowedClientIsAdmittedBothWaysAndCounted) {
 TEST(CurveTransport, AClientWithAKeyNotAllowedAndAPlainTextClientGetNothingThroughAndAreCountedAndLogged) {
   CapturedLog log;
   CurveLink l;
-  const CurveKeypair rogue_keys = keypair();
+  const CurveKeypair rogue_keys = curve_keypair();
   auto rogue = l.client(rogue_keys);  // knows the server's key, holds a key the server does not allow
   auto plain = make_zmq_transport();
   auto good = l.client(l.client_keys);
@@ -372,7 +366,7 @@ TEST(CurveTransport, TwoTransportsInOneProcessEachKeepTheirOwnAllowList) {
 
 TEST(CurveTransport, AClientRefusesAServerItCannotAuthenticate) {
   CurveLink l;
-  const CurveKeypair stranger = keypair();
+  const CurveKeypair stranger = curve_keypair();
   // A server key outside the allow-list.
   auto wary = make_zmq_transport({}, curve(l.client_keys, {stranger.public_key}));
   auto r = wary->connect(l.endpoint);
@@ -475,7 +469,7 @@ class WireTap {
 TEST(CurveTransport, WhatCrossesTheWireIsEncrypted) {
   const std::string secret = "gradient-values-nobody-else-should-read-0123456789";
   for (const bool with_curve : {false, true}) {
-    const CurveKeypair server_keys = keypair(), client_keys = keypair();
+    const CurveKeypair server_keys = curve_keypair(), client_keys = curve_keypair();
     auto server =
         with_curve ? make_zmq_transport({}, curve(server_keys, {client_keys.public_key})) : make_zmq_transport();
     auto bound = server->bind("tcp://127.0.0.1:0");

@@ -21,6 +21,7 @@
 #include "cli/cli_run.hpp"
 #include "messaging/bridge.hpp"
 #include "messaging/curve_auth.hpp"
+#include "messaging/curve_keys.hpp"
 #include "messaging/served_shard.hpp"
 #include "runtime/cluster.hpp"
 #include "temp_dir.hpp"
@@ -35,19 +36,8 @@ using namespace messaging;
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
-CurveKeypair keypair() {
-  auto k = new_curve_keypair();
-  EXPECT_TRUE(k.ok()) << k.status().to_string();
-  return k.ok() ? *k : CurveKeypair{};
-}
-
-CurveOptions curve(const CurveKeypair& own, std::vector<CurveKey> allowed) {
-  CurveOptions o;
-  o.public_key = own.public_key;
-  o.secret_key = own.secret_key;
-  o.allowed = std::move(allowed);
-  return o;
-}
+using asgd_test::curve_keypair;
+using asgd_test::curve_options;
 
 using asgd_test::eventually;
 
@@ -81,11 +71,11 @@ TEST(ClusterAuth, AShardGivesAPeerWithoutAnAllowedKeyNoUpdateAndNoParametersAndC
   caf::actor_system_config cfg;
   cfg.add_message_types<caf::id_block::asgd>();
   caf::actor_system sys{cfg};
-  const CurveKeypair shard_keys = keypair(), worker_keys = keypair(), rogue_keys = keypair();
+  const CurveKeypair shard_keys = curve_keypair(), worker_keys = curve_keypair(), rogue_keys = curve_keypair();
 
   BridgeOptions so;
   so.name = "auth shard";
-  so.curve = curve(shard_keys, {worker_keys.public_key});
+  so.curve = curve_options(shard_keys, {worker_keys.public_key});
   auto served = asgd_test::ServedShard::start(sys, 4, so);
   ASSERT_TRUE(served.ok()) << served.status().to_string();
   const auto& shard_side = served->bridge;
@@ -95,7 +85,7 @@ TEST(ClusterAuth, AShardGivesAPeerWithoutAnAllowedKeyNoUpdateAndNoParametersAndC
   {
     // One rogue knows the shard's public key (it is no secret) but holds a
     // key the shard does not allow; the other speaks plain text.
-    Rogue keyed(make_zmq_transport({}, curve(rogue_keys, {shard_keys.public_key})), endpoint);
+    Rogue keyed(make_zmq_transport({}, curve_options(rogue_keys, {shard_keys.public_key})), endpoint);
     Rogue plain(make_zmq_transport(), bare);
     const auto until = Clock::now() + 1s;
     for (std::uint64_t id = 1; Clock::now() < until; id += 2) {
@@ -112,7 +102,7 @@ TEST(ClusterAuth, AShardGivesAPeerWithoutAnAllowedKeyNoUpdateAndNoParametersAndC
   // The allowed worker: the shard is untouched, then takes its one push.
   BridgeOptions wo;
   wo.name = "auth worker";
-  wo.curve = curve(worker_keys, {shard_keys.public_key});
+  wo.curve = curve_options(worker_keys, {shard_keys.public_key});
   auto worker_side = Bridge::start(wo, nullptr);
   ASSERT_TRUE(worker_side.ok());
   auto peer = (*worker_side)->connect(endpoint);
@@ -166,8 +156,8 @@ TEST(ClusterAuth, AJobWithKeysTrainsMnistWhileRoguesKnockOnAShardInVain) {
   ASGD_REQUIRE_DATASET(dir, "mnist");
   CapturedWarnings warnings;
   // Every process its own key, as on separate hosts; each allows all five.
-  const CurveKeypair coordinator_keys = keypair();
-  const std::vector<CurveKeypair> shard_keys = {keypair(), keypair()}, worker_keys = {keypair(), keypair()};
+  const CurveKeypair coordinator_keys = curve_keypair();
+  const std::vector<CurveKeypair> shard_keys = {curve_keypair(), curve_keypair()}, worker_keys = {curve_keypair(), curve_keypair()};
   std::vector<CurveKey> job = {coordinator_keys.public_key};
   for (const auto* group : {&shard_keys, &worker_keys})
     for (const auto& k : *group) job.push_back(k.public_key);
@@ -183,7 +173,7 @@ TEST(ClusterAuth, AJobWithKeysTrainsMnistWhileRoguesKnockOnAShardInVain) {
   coord.shards = 2;
   coord.workers = 2;
   coord.join_timeout_s = 30;
-  coord.curve = curve(coordinator_keys, job);
+  coord.curve = curve_options(coordinator_keys, job);
   std::promise<std::string> endpoint;
   auto endpoint_future = endpoint.get_future();
   std::atomic<bool> done = false;
@@ -203,14 +193,14 @@ TEST(ClusterAuth, AJobWithKeysTrainsMnistWhileRoguesKnockOnAShardInVain) {
       o.coordinator = at;  // the endpoint as printed: it carries the coordinator's key
       o.listen = ipc + std::to_string(i);
       o.index = i;
-      o.curve = curve(shard_keys[i], job);
+      o.curve = curve_options(shard_keys[i], job);
       role_status[i] = run_shard_process(o, {});
     });
     roles.emplace_back([&, i, at] {
       ProcessOptions o;
       o.coordinator = split_server_key(at)->first;  // a bare endpoint: the key comes from --coordinator-key
       o.index = i;
-      o.curve = curve(worker_keys[i], job);
+      o.curve = curve_options(worker_keys[i], job);
       o.curve->server_key = coordinator_keys.public_key;
       role_status[2 + i] = run_worker_process(o, {});
     });
@@ -221,7 +211,7 @@ TEST(ClusterAuth, AJobWithKeysTrainsMnistWhileRoguesKnockOnAShardInVain) {
     // Full-size pushes, but only a few queued at a time: nothing takes them.
     TransportLimits few;
     few.send_high_water_mark = 4;
-    Rogue keyed(make_zmq_transport(few, curve(keypair(), {shard_keys[0].public_key})),
+    Rogue keyed(make_zmq_transport(few, curve_options(curve_keypair(), {shard_keys[0].public_key})),
                 with_server_key(ipc + "0", shard_keys[0].public_key));
     Rogue plain(make_zmq_transport(few), ipc + "0");
     for (std::uint64_t id = 1; !done; id += 2) {
