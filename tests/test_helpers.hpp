@@ -2,6 +2,7 @@
 // Small helpers several suites share.
 
 #include <chrono>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -24,6 +25,14 @@ inline constexpr int kSanitizerSlowdown = 3;
 #else
 inline constexpr int kSanitizerSlowdown = 1;
 #endif
+
+/// The asgd binary the tests run: $ASGD_CLI when set (a test binary moved
+/// away from its build tree, as in a scripts/gpu-bundle folder), else the
+/// one built beside this test binary.
+inline const char* asgd_cli_path() {
+  const char* env = std::getenv("ASGD_CLI");
+  return env != nullptr && *env != '\0' ? env : ASGD_CLI_PATH;
+}
 
 /// Polls `done` every 10 ms until it holds (true) or `limit` passes (false).
 template <class F>

@@ -12,6 +12,7 @@
 #include <string>
 
 #include "temp_dir.hpp"
+#include "test_helpers.hpp"
 
 namespace asgd_test {
 
@@ -32,7 +33,7 @@ inline std::string slurp(const std::filesystem::path& p) {
 inline CliRun asgd(const std::string& args) {
   const TempDir dir_holder("_stdio");
   const std::filesystem::path& dir = dir_holder.path();
-  const std::string cmd = std::string(ASGD_CLI_PATH) + " " + args + " >" + (dir / "out").string() + " 2>" +
+  const std::string cmd = std::string(asgd_cli_path()) + " " + args + " >" + (dir / "out").string() + " 2>" +
                           (dir / "err").string() + " </dev/null";
   const int status = std::system(cmd.c_str());
   CliRun r;

@@ -155,7 +155,7 @@ TEST(CompareCli, AnInterruptStopsAfterTheRunningJobAndKeepsTheFinishedRuns) {
     ::dup2(o, 1);
     ::dup2(e, 2);
     const std::string data_dir = mnist.string(), out_dir = out.string();
-    ::execl(ASGD_CLI_PATH, ASGD_CLI_PATH, "compare", "--policies", "bsp,async", "--repeats", "20", "--epochs", "1",
+    ::execl(asgd_test::asgd_cli_path(), asgd_test::asgd_cli_path(), "compare", "--policies", "bsp,async", "--repeats", "20", "--epochs", "1",
             "--data-dir", data_dir.c_str(), "--out", out_dir.c_str(), static_cast<char*>(nullptr));
     ::_exit(127);
   }

@@ -46,7 +46,7 @@ std::string read_file(const fs::path& p) {
 
 // `asgd ARGS` as a child of ours, stdout and stderr into `log`.
 pid_t start_asgd(const std::vector<std::string>& args, const fs::path& log) {
-  std::vector<std::string> all = {ASGD_CLI_PATH};
+  std::vector<std::string> all = {asgd_test::asgd_cli_path()};
   all.insert(all.end(), args.begin(), args.end());
   std::vector<char*> argv;
   for (auto& a : all) argv.push_back(a.data());
@@ -57,7 +57,7 @@ pid_t start_asgd(const std::vector<std::string>& args, const fs::path& log) {
   posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
   posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
   pid_t pid = -1;
-  const int rc = posix_spawn(&pid, ASGD_CLI_PATH, &actions, nullptr, argv.data(), environ);
+  const int rc = posix_spawn(&pid, asgd_test::asgd_cli_path(), &actions, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&actions);
   return rc == 0 ? pid : -1;
 }
