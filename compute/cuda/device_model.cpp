@@ -9,8 +9,11 @@
 // Numerics: fp32 means fp32. cuDNN convolutions run with CUDNN_FMA_MATH and
 // cuBLAS with CUBLAS_DEFAULT_MATH, so neither uses TF32 tensor cores (which
 // Ampere and later would otherwise allow for float data and which would cost
-// three decimal digits). Where cuDNN offers a deterministic convolution
-// algorithm it is preferred, so repeated steps give the same gradients.
+// three decimal digits). Each convolution's algorithms are measured once per
+// batch size (cudnnFind*) and the fastest GEMM-based or direct one is used
+// (FFT and Winograd round differently), or a deterministic one when it is at
+// most 10% slower (repeated steps then give the same gradients): the choice
+// may differ between runs and GPUs, as in PyTorch with cudnn.benchmark.
 //
 // What differs from the CPU layers: dropout masks are a hash of (node,
 // step), not draws from the Dropout layer's generator, so they follow
@@ -21,6 +24,8 @@
 //
 // Errors: make_cuda_model returns a Status; the per-step calls throw
 // asgd::cuda::Error (a std::runtime_error; see check.hpp).
+
+#include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <climits>
@@ -345,27 +350,51 @@ Result<Plan> build_plan(const std::vector<Layer*>& layers, const Shape& sample_s
 // Workspace beyond this is not worth an algorithm's speed.
 constexpr std::size_t kWorkspaceLimit = std::size_t{1} << 30;
 
-// Picks from cuDNN's heuristic ranking (best first) the first algorithm
-// that runs within the workspace limit, preferring one cuDNN reports as
-// FMA math and deterministic, then FMA, then any it reports usable (the
-// descriptor's FMA math type still keeps TF32 out); raises `workspace` to
-// what the choice needs.
-template <class Perf, class Algo, class WorkspaceOf>
-Algo pick_algo(const std::vector<Perf>& ranked, int count, WorkspaceOf workspace_of, std::size_t& workspace,
-               const std::string& what) {
-  for (int pass = 0; pass < 3; ++pass) {
-    for (int i = 0; i < count; ++i) {
-      const Perf& perf = ranked[static_cast<std::size_t>(i)];
-      if (perf.status != CUDNN_STATUS_SUCCESS) continue;
-      if (pass < 2 && perf.mathType != CUDNN_FMA_MATH) continue;
-      if (pass < 1 && perf.determinism != CUDNN_DETERMINISTIC) continue;
-      std::size_t bytes = 0;
-      if (workspace_of(perf.algo, &bytes) != CUDNN_STATUS_SUCCESS || bytes > kWorkspaceLimit) continue;
-      workspace = std::max(workspace, bytes);
-      return perf.algo;
-    }
+// How much slower than the fastest a deterministic algorithm may be and
+// still be preferred (repeated steps then give the same gradients).
+constexpr float kDeterminismSlack = 1.10f;
+
+// FFT and Winograd algorithms compute in a transformed domain and round
+// differently: on an H100 an FFT backward-filter pass put lenet's first
+// gradients 0.5% off the CPU's, where the GEMM and direct algorithms agree
+// to 1e-5. Only those take part.
+bool exact_fp32(cudnnConvolutionFwdAlgo_t a) {
+  return a == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM || a == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM ||
+         a == CUDNN_CONVOLUTION_FWD_ALGO_GEMM || a == CUDNN_CONVOLUTION_FWD_ALGO_DIRECT;
+}
+bool exact_fp32(cudnnConvolutionBwdDataAlgo_t a) {
+  return a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_0 || a == CUDNN_CONVOLUTION_BWD_DATA_ALGO_1;
+}
+bool exact_fp32(cudnnConvolutionBwdFilterAlgo_t a) {
+  return a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_0 || a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_1 ||
+         a == CUDNN_CONVOLUTION_BWD_FILTER_ALGO_3;
+}
+
+// Picks from cuDNN's measured ranking (cudnnFind*: every algorithm run once
+// on this shape, fastest first) the fastest GEMM-based or direct algorithm
+// (exact_fp32) that runs in FMA math (no TF32) within the workspace limit,
+// or a deterministic one at most kDeterminismSlack slower. Raises
+// `workspace` to what the choice needs; logs the choice at debug level.
+template <class Perf, class Algo>
+Algo pick_algo(const std::vector<Perf>& measured, int count, std::size_t& workspace, const std::string& what) {
+  const Perf* fastest = nullptr;
+  const Perf* deterministic = nullptr;
+  for (int i = 0; i < count; ++i) {
+    const Perf& perf = measured[static_cast<std::size_t>(i)];
+    if (perf.status != CUDNN_STATUS_SUCCESS || perf.memory > kWorkspaceLimit || perf.mathType != CUDNN_FMA_MATH ||
+        !exact_fp32(perf.algo))
+      continue;
+    if (fastest == nullptr) fastest = &perf;
+    if (deterministic == nullptr && perf.determinism == CUDNN_DETERMINISTIC) deterministic = &perf;
   }
-  throw Error(what + ": cuDNN offers no algorithm for this shape");
+  if (fastest == nullptr) throw Error(what + ": cuDNN offers no GEMM-based or direct fp32 algorithm for this shape");
+  const Perf* chosen =
+      deterministic != nullptr && deterministic->time <= fastest->time * kDeterminismSlack ? deterministic : fastest;
+  spdlog::debug("cuDNN {}: algorithm {} ({:.3f} ms{}, {} bytes of workspace); the fastest took {:.3f} ms", what,
+                static_cast<int>(chosen->algo), chosen->time,
+                chosen->determinism == CUDNN_DETERMINISTIC ? ", deterministic" : "", chosen->memory, fastest->time);
+  workspace = std::max(workspace, chosen->memory);
+  return chosen->algo;
 }
 
 // ---- The model ---------------------------------------------------------------------
@@ -509,35 +538,25 @@ void CudaModel::choose_conv_algos(Node& n, std::size_t batch) {
   ConvAlgos a;
   int max_count = 0, count = 0;
 
+  // cudnnFind* allocates its own buffers and runs every algorithm once:
+  // tens of milliseconds, once per convolution and batch size.
   ASGD_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithmMaxCount(h, &max_count));
   std::vector<cudnnConvolutionFwdAlgoPerf_t> fwd(static_cast<std::size_t>(max_count));
-  ASGD_CUDNN_CHECK(cudnnGetConvolutionForwardAlgorithm_v7(h, x, w, conv, y, max_count, &count, fwd.data()));
-  a.fwd = pick_algo<cudnnConvolutionFwdAlgoPerf_t, cudnnConvolutionFwdAlgo_t>(
-      fwd, count,
-      [&](cudnnConvolutionFwdAlgo_t algo, std::size_t* bytes) {
-        return cudnnGetConvolutionForwardWorkspaceSize(h, x, w, conv, y, algo, bytes);
-      },
-      a.workspace, n.name + " forward");
+  ASGD_CUDNN_CHECK(cudnnFindConvolutionForwardAlgorithm(h, x, w, conv, y, max_count, &count, fwd.data()));
+  a.fwd = pick_algo<cudnnConvolutionFwdAlgoPerf_t, cudnnConvolutionFwdAlgo_t>(fwd, count, a.workspace,
+                                                                              n.name + " forward");
 
   ASGD_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithmMaxCount(h, &max_count));
   std::vector<cudnnConvolutionBwdDataAlgoPerf_t> data(static_cast<std::size_t>(max_count));
-  ASGD_CUDNN_CHECK(cudnnGetConvolutionBackwardDataAlgorithm_v7(h, w, y, conv, x, max_count, &count, data.data()));
+  ASGD_CUDNN_CHECK(cudnnFindConvolutionBackwardDataAlgorithm(h, w, y, conv, x, max_count, &count, data.data()));
   a.bwd_data = pick_algo<cudnnConvolutionBwdDataAlgoPerf_t, cudnnConvolutionBwdDataAlgo_t>(
-      data, count,
-      [&](cudnnConvolutionBwdDataAlgo_t algo, std::size_t* bytes) {
-        return cudnnGetConvolutionBackwardDataWorkspaceSize(h, w, y, conv, x, algo, bytes);
-      },
-      a.workspace, n.name + " backward data");
+      data, count, a.workspace, n.name + " backward data");
 
   ASGD_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithmMaxCount(h, &max_count));
   std::vector<cudnnConvolutionBwdFilterAlgoPerf_t> filter(static_cast<std::size_t>(max_count));
-  ASGD_CUDNN_CHECK(cudnnGetConvolutionBackwardFilterAlgorithm_v7(h, x, y, conv, w, max_count, &count, filter.data()));
+  ASGD_CUDNN_CHECK(cudnnFindConvolutionBackwardFilterAlgorithm(h, x, y, conv, w, max_count, &count, filter.data()));
   a.bwd_filter = pick_algo<cudnnConvolutionBwdFilterAlgoPerf_t, cudnnConvolutionBwdFilterAlgo_t>(
-      filter, count,
-      [&](cudnnConvolutionBwdFilterAlgo_t algo, std::size_t* bytes) {
-        return cudnnGetConvolutionBackwardFilterWorkspaceSize(h, x, y, conv, w, algo, bytes);
-      },
-      a.workspace, n.name + " backward filter");
+      filter, count, a.workspace, n.name + " backward filter");
 
   n.algo = &n.algos.emplace(batch, a).first->second;
 }
