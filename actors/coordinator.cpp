@@ -677,6 +677,14 @@ void calibrate(Self self, std::size_t next, std::shared_ptr<std::vector<double>>
           });
 }
 
+// What --resume was given is the user's to fix, whatever is wrong with it
+// (a damaged, foreign or unreadable checkpoint): a usage error that names
+// the folder and the file.
+Status resume_refused(const JobConfig& cfg, const Status& why) {
+  if (why.code() == StatusCode::invalid_argument || why.code() == StatusCode::not_found) return why;
+  return Status::InvalidArgument("--resume " + cfg.resume + ": " + why.message());
+}
+
 }  // namespace
 
 Result<ResumePlan> plan_resume(const JobConfig& cfg, const std::vector<WorkerShare>& shares) {
@@ -691,7 +699,7 @@ Result<ResumePlan> plan_resume(const JobConfig& cfg, const std::vector<WorkerSha
       if (saved.status().code() == StatusCode::not_found)
         return Status::NotFound("--resume " + cfg.resume + ": no checkpoint of shard " + std::to_string(i) + " (" +
                                 path + "); was the job run with --checkpoint-dir and --checkpoint-every?");
-      return saved.status();
+      return resume_refused(cfg, saved.status());
     }
     const auto& clocks = saved->stats.worker_clock;
     if (clocks.size() != shares.size())
@@ -775,17 +783,6 @@ caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self, Coordinat
     }
     st.resumed = std::move(plan).value();
     st.updates = st.resumed->updates;
-    const double now_unix = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-    spdlog::info("resuming {} at epoch {} of {}: {} updates restored from checkpoints written {:.0f} s ago", cfg.resume,
-                 st.resumed->first_epoch + 1, cfg.epochs, st.resumed->updates, now_unix - st.resumed->written_unix_s);
-    if (st.setup.on_record)
-      st.setup.on_record({{"event", "resume"},
-                          {"from", cfg.resume},
-                          {"epoch", st.resumed->first_epoch + 1},
-                          {"updates", st.resumed->updates},
-                          {"checkpoint_age_s", now_unix - st.resumed->written_unix_s},
-                          // Updates after the last checkpoint were lost with the stopped job: at most one interval.
-                          {"lost_at_most_s", cfg.checkpoint_every_s}});
   }
   for (std::uint32_t i = 0; i < cfg.shards; ++i) {
     const KeyRange r = st.ranges[i];
@@ -815,7 +812,7 @@ caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self, Coordinat
     }
     if (st.resumed) {
       if (const Status s = core->restore(shard_checkpoint_path(cfg.resume, i), st.resumed->restart); !s.ok()) {
-        fail(self, s);
+        fail(self, resume_refused(cfg, s));
         return {};
       }
     }
@@ -832,6 +829,19 @@ caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self, Coordinat
     }
     st.names[shard.address()] = "shard " + std::to_string(i);
     st.shards.push_back(shard);
+  }
+  if (st.resumed) {  // every shard restored: only now does the metrics file hear of it
+    const double now_unix = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+    spdlog::info("resuming {} at epoch {} of {}: {} updates restored from checkpoints written {:.0f} s ago", cfg.resume,
+                 st.resumed->first_epoch + 1, cfg.epochs, st.resumed->updates, now_unix - st.resumed->written_unix_s);
+    if (st.setup.on_record)
+      st.setup.on_record({{"event", "resume"},
+                          {"from", cfg.resume},
+                          {"epoch", st.resumed->first_epoch + 1},
+                          {"updates", st.resumed->updates},
+                          {"checkpoint_age_s", now_unix - st.resumed->written_unix_s},
+                          // Updates after the last checkpoint were lost with the stopped job: at most one interval.
+                          {"lost_at_most_s", cfg.checkpoint_every_s}});
   }
   st.worker_totals.resize(cfg.workers);
   for (std::uint32_t w = 0; w < cfg.workers; ++w) {

@@ -93,10 +93,22 @@ Status write_framed(const std::string& path, const char (&magic)[8], std::uint32
 }
 
 Result<FramedFile> read_framed(const std::string& path, const char (&magic)[8], std::uint32_t version) {
-  std::ifstream in(path, std::ios::binary);
-  if (!in) return Status::NotFound("no file at " + path);
-  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   auto corrupt = [&](const std::string& why) { return Status::Corruption(path + ": " + why); };
+  std::error_code ec;
+  const auto type = fs::status(path, ec).type();
+  if (type == fs::file_type::not_found) return Status::NotFound("no file at " + path);
+  // A folder opens as a stream and then fails its first read (libstdc++
+  // throws from inside the stream buffer): refuse it by name first.
+  if (type == fs::file_type::directory) return corrupt("is a folder, not a checkpoint file");
+  std::string bytes;
+  try {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) return Status::NotFound("no file at " + path);
+    bytes.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    if (in.bad()) return Status::IOError(path + ": read failed");
+  } catch (const std::ios_base::failure& e) {
+    return Status::IOError(path + ": read failed: " + e.what());
+  }
   constexpr std::size_t kFixed = sizeof kMagic + 8;
   if (bytes.size() < kFixed + 4 || std::memcmp(bytes.data(), magic, sizeof kMagic) != 0)
     return corrupt(std::string("not an asgd checkpoint (expected ") + std::string(magic, sizeof kMagic) + ")");

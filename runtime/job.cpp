@@ -191,6 +191,11 @@ Result<JobSummary> run_job_with(const JobConfig& requested, const JobCallbacks& 
       JobConfig saved = config;
       saved.resume.clear();
       saved.status_port = 0;
+      // Absolute: a resume from another working directory must write into
+      // this folder and this metrics file, and read the same data.
+      if (!user_data) saved.data_dir = resolve_data_dir(config);
+      for (std::string* path : {&saved.checkpoint_dir, &saved.metrics_out, &saved.data_dir})
+        if (!path->empty()) *path = std::filesystem::absolute(*path).lexically_normal().string();
       std::ofstream toml(std::filesystem::path(config.checkpoint_dir) / kJobSettingsFile);
       toml << "# The settings of the job checkpointed here; asgd train --resume reads them.\n" << to_toml(saved);
       if (!toml) return Status::IOError("cannot write " + config.checkpoint_dir + "/" + kJobSettingsFile);

@@ -30,10 +30,12 @@ inline std::string slurp(const std::filesystem::path& p) {
 }
 
 /// `asgd ARGS` with stdin closed; stdout and stderr go to a scratch folder.
-inline CliRun asgd(const std::string& args) {
+/// With `cwd`, it runs in that folder (relative paths in ARGS are its).
+inline CliRun asgd(const std::string& args, const std::filesystem::path& cwd = {}) {
   const TempDir dir_holder("_stdio");
   const std::filesystem::path& dir = dir_holder.path();
-  const std::string cmd = std::string(asgd_cli_path()) + " " + args + " >" + (dir / "out").string() + " 2>" +
+  const std::string cd = cwd.empty() ? "" : "cd '" + cwd.string() + "' && ";
+  const std::string cmd = cd + std::string(asgd_cli_path()) + " " + args + " >" + (dir / "out").string() + " 2>" +
                           (dir / "err").string() + " </dev/null";
   const int status = std::system(cmd.c_str());
   CliRun r;

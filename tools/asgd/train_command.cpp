@@ -83,6 +83,10 @@ std::optional<int> load_job(const JobOptions& o, JobConfig& config) {
       print_error(s.message());
       return kExitUsage;
     }
+    // The resumed folder is where the job goes on checkpointing, wherever
+    // it was first written from (a --checkpoint-dir flag may still say
+    // otherwise).
+    config.checkpoint_dir = std::filesystem::absolute(dir).lexically_normal().string();
   }
   if (!o.config_file.empty()) {
     if (Status s = apply_toml_file(o.config_file, config); !s.ok()) {

@@ -1,0 +1,120 @@
+// `asgd train --resume` as an operator meets it: from another working
+// directory, twice in a row, and with damaged or odd checkpoint folders.
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/cli_run.hpp"
+#include "temp_dir.hpp"
+#include "test_data.hpp"
+#include "test_helpers.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+using asgd_test::asgd;
+using asgd_test::CliRun;
+using asgd_test::expect_one_line_error;
+using asgd_test::read_jsonl;
+using asgd_test::slurp;
+
+// Small and quick: one epoch is a few hundred steps.
+const std::string kJob = " --workers 2 --batch 64 --validation-size 1000 --checkpoint-every 0.2 --log-level warn";
+
+std::vector<std::uint32_t> epochs_in(const std::vector<nlohmann::json>& lines) {
+  std::vector<std::uint32_t> out;
+  for (const auto& j : lines)
+    if (j["event"] == "epoch") out.push_back(j["epoch"].get<std::uint32_t>());
+  return out;
+}
+
+// The first run, from folder `run`, names its checkpoint folder and metrics
+// file relative to it; both resumes run from `elsewhere` and name neither:
+// they must keep writing into run/ck and run/m.jsonl.
+TEST(ResumeCli, AResumeFromAnotherFolderWritesIntoTheResumedFolderAndASecondContinuesFromTheLatestEpoch) {
+  ASGD_REQUIRE_DATASET(mnist, "mnist");
+  const asgd_test::TempDir scratch;
+  const fs::path run = scratch / "run";
+  const fs::path elsewhere = scratch / "elsewhere";
+  fs::create_directories(run);
+  fs::create_directories(elsewhere);
+
+  CliRun first = asgd("train --epochs 1 --data-dir " + mnist.string() + " --checkpoint-dir ck --metrics-out m.jsonl" + kJob,
+                      run);
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  const fs::path ck = run / "ck";
+  ASSERT_TRUE(fs::exists(ck / "shard-0.ckpt"));
+  const auto written = fs::last_write_time(ck / "shard-0.ckpt");
+
+  CliRun second = asgd("train --resume " + ck.string() + " --epochs 2", elsewhere);
+  ASSERT_EQ(second.exit_code, 0) << second.err;
+  EXPECT_FALSE(fs::exists(elsewhere / "ck")) << "the resume checkpointed into its working directory";
+  EXPECT_FALSE(fs::exists(elsewhere / "m.jsonl")) << "the resume wrote its metrics into its working directory";
+  EXPECT_GT(fs::last_write_time(ck / "shard-0.ckpt"), written) << "the resumed folder was not written";
+
+  CliRun third = asgd("train --resume " + ck.string() + " --epochs 3", elsewhere);
+  ASSERT_EQ(third.exit_code, 0) << third.err;
+  EXPECT_NE(third.out.find("epoch 3/3"), std::string::npos) << third.out;
+  EXPECT_EQ(third.out.find("epoch 2/3"), std::string::npos) << "epoch 2 was trained again:\n" << third.out;
+
+  // One metrics file holds the three runs, each epoch once, in order.
+  const auto lines = read_jsonl(run / "m.jsonl");
+  EXPECT_EQ(epochs_in(lines), (std::vector<std::uint32_t>{1, 2, 3}));
+  std::size_t resumes = 0;
+  for (const auto& j : lines) resumes += j["event"] == "resume";
+  EXPECT_EQ(resumes, 2u);
+  EXPECT_EQ(lines.back()["event"], "summary");
+}
+
+// A damaged shard checkpoint is the user's to fix (exit 2, naming the file),
+// and the failed resume leaves the old job's metrics file as it was.
+TEST(ResumeCli, ADamagedShardCheckpointIsAUsageErrorAndLeavesTheMetricsFileAlone) {
+  ASGD_REQUIRE_DATASET(mnist, "mnist");
+  const asgd_test::TempDir scratch;
+  const fs::path ck = scratch / "ck";
+  const fs::path metrics = scratch / "m.jsonl";
+  ASSERT_EQ(asgd("train --epochs 1 --data-dir " + mnist.string() + " --checkpoint-dir " + ck.string() +
+                 " --metrics-out " + metrics.string() + kJob)
+                .exit_code,
+            0);
+  const std::string before = slurp(metrics);
+  {  // one flipped byte among the values
+    std::fstream f(ck / "shard-0.ckpt", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(-20, std::ios::end);
+    f.put('\x7f');
+  }
+  const CliRun r = asgd("train --resume " + ck.string() + " --epochs 2 --log-level off");
+  expect_one_line_error(r, 2, "shard-0.ckpt");
+  EXPECT_NE(r.err.find("checksum"), std::string::npos) << r.err;
+  EXPECT_EQ(slurp(metrics), before) << "a failed resume wrote to the old job's metrics file";
+}
+
+// A folder where a checkpoint file should be is refused by name, not with
+// an internal error or an abort.
+TEST(ResumeCli, AFolderInPlaceOfACheckpointFileIsRefusedByName) {
+  ASGD_REQUIRE_DATASET(mnist, "mnist");
+  const asgd_test::TempDir scratch;
+  const fs::path ck = scratch / "ck";
+  ASSERT_EQ(asgd("train --epochs 1 --data-dir " + mnist.string() + " --checkpoint-dir " + ck.string() + kJob)
+                .exit_code,
+            0);
+  ASSERT_TRUE(fs::exists(ck / "model.ckpt"));
+
+  fs::remove(ck / "model.ckpt");
+  fs::create_directories(ck / "model.ckpt");
+  expect_one_line_error(asgd("export --checkpoint " + ck.string() + " --out " + (scratch / "x.safetensors").string()),
+                        1, "model.ckpt: is a folder");
+
+  fs::remove(ck / "shard-0.ckpt");
+  fs::create_directories(ck / "shard-0.ckpt");
+  expect_one_line_error(asgd("train --resume " + ck.string() + " --epochs 2 --log-level off"), 2,
+                        "shard-0.ckpt: is a folder");
+}
+
+}  // namespace
