@@ -23,6 +23,10 @@ double seconds_between(SteadyClock::time_point a, SteadyClock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
+double unix_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
 caf::timespan eval_period(const JobConfig& c) {
   return std::chrono::duration_cast<caf::timespan>(std::chrono::duration<double>(c.eval_every_s));
 }
@@ -207,11 +211,20 @@ void finish(Self self) {
                 }
                 std::uint64_t malformed = 0;
                 std::uint64_t nonfinite = 0;
+                std::uint64_t checkpoint_failures = 0;
                 for (const auto& s2 : *stats) {
                   malformed += s2.malformed_frames;
+                  checkpoint_failures += s2.checkpoint_failures;
                   if (s2.malformed_frames > 0)
                     spdlog::warn("shard {}'s process dropped {} malformed frames", s2.shard, s2.malformed_frames);
-                  if (s2.rejected > 0) spdlog::warn("shard {} rejected {} malformed pushes", s2.shard, s2.rejected);
+                  if (s2.rejected > 0)
+                    spdlog::warn("shard {} rejected {} malformed pushes or pulls", s2.shard, s2.rejected);
+                  if (s2.refused_departed > 0)
+                    spdlog::info("shard {} refused {} pushes or pulls of workers that had left (finished, or lost "
+                                 "while only stalled)",
+                                 s2.shard, s2.refused_departed);
+                  if (s2.checkpoint_failures > 0)
+                    spdlog::warn("shard {}: {} checkpoint writes failed", s2.shard, s2.checkpoint_failures);
                   if (s2.nonfinite > 0)
                     spdlog::warn("shard {} refused {} pushes holding NaN or infinity", s2.shard, s2.nonfinite);
                   nonfinite += s2.nonfinite;
@@ -226,6 +239,7 @@ void finish(Self self) {
                 summary.workers_rejoined = c2.workers_rejoined;
                 summary.malformed_frames = malformed;
                 summary.nonfinite_rejected = nonfinite;
+                summary.checkpoint_failures = checkpoint_failures;
                 c2.setup.outcome->set_value(std::move(summary));
                 shut_down(self);
               },
@@ -603,8 +617,19 @@ void live_tick(Self self) {
             [self, i](ShardStats& s) {
               auto& c = self->state;
               if (i >= c.live_shards.size()) return;
-              c.live_shards[i] = {s.shard, s.keys, s.updates_applied, s.rejected, s.malformed_frames, s.nonfinite, s.held,
-                                  s.queued};
+              LiveShard& l = c.live_shards[i];
+              l.shard = s.shard;
+              l.keys = s.keys;
+              l.updates_applied = s.updates_applied;
+              l.rejected = s.rejected;
+              l.refused_departed = s.refused_departed;
+              l.malformed_frames = s.malformed_frames;
+              l.nonfinite = s.nonfinite;
+              l.held = s.held;
+              l.queued = s.queued;
+              l.checkpoint_failures = s.checkpoint_failures;
+              l.checkpoint_age_s.reset();
+              if (s.checkpoint_unix_s > 0) l.checkpoint_age_s = std::max(0.0, unix_now() - s.checkpoint_unix_s);
             },
             [i](caf::error&) { spdlog::debug("live status: no statistics from shard {} this time", i); });
   }
@@ -960,16 +985,43 @@ caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self, Coordinat
         for (std::size_t w = 0; w < s.seen.size(); ++w)
           if (s.seen[w].finished || s.seen[w].lost) self->send(s.shards[shard], leave_atom::value, static_cast<WorkerId>(w));
         ++s.shard_restarts;
-        const double every_s = s.setup.config.checkpoint_every_s;
         const double at_s = seconds_between(s.train_start, SteadyClock::now());
-        spdlog::warn("shard {} was restarted from its checkpoint at {:.1f} s: the updates it applied after that "
-                     "checkpoint, at most {:g} s of them (--checkpoint-every), are lost",
-                     shard, at_s, every_s);
-        if (s.setup.on_record)
-          s.setup.on_record({{"event", "shard_restarted"},
-                             {"shard", shard},
-                             {"train_s", at_s},
-                             {"lost_at_most_s", every_s}});
+        // What was lost is what the restarted process did not reload: it
+        // says which checkpoint it reloaded, if any (checkpoint writes may
+        // have been failing for a while, or never have succeeded).
+        self->request(s.shards[shard], rpc_timeout(s.setup.config), stats_atom::value)
+            .then(
+                [self, shard, at_s](ShardStats& reloaded) {
+                  auto& c = self->state;
+                  nlohmann::json record = {{"event", "shard_restarted"}, {"shard", shard}, {"train_s", at_s}};
+                  if (reloaded.restored_unix_s > 0) {
+                    const double age_s = std::max(0.0, unix_now() - reloaded.restored_unix_s);
+                    spdlog::warn("shard {} was restarted at {:.1f} s from its checkpoint of {:.1f} s before, "
+                                 "holding {} updates: the updates it applied after that checkpoint are lost",
+                                 shard, at_s, age_s, reloaded.restored_updates);
+                    record["checkpoint_age_s"] = age_s;
+                    record["restored_updates"] = reloaded.restored_updates;
+                    record["lost_at_most_s"] = age_s;
+                  } else {
+                    spdlog::warn("shard {} was restarted at {:.1f} s without a checkpoint to reload (none had "
+                                 "been written): it starts again from the initial parameters, and every update "
+                                 "it had applied is lost",
+                                 shard, at_s);
+                    record["checkpoint_age_s"] = nullptr;
+                    record["restored_updates"] = 0;
+                    record["lost_at_most_s"] = at_s;
+                  }
+                  if (c.setup.on_record) c.setup.on_record(record);
+                },
+                [self, shard, at_s](caf::error& err) {
+                  auto& c = self->state;
+                  spdlog::warn("shard {} was restarted at {:.1f} s; it did not say which checkpoint it reloaded: {}",
+                               shard, at_s, self->system().render(err));
+                  if (c.setup.on_record)
+                    c.setup.on_record({{"event", "shard_restarted"}, {"shard", shard}, {"train_s", at_s},
+                                       {"checkpoint_age_s", nullptr}, {"restored_updates", nullptr},
+                                       {"lost_at_most_s", nullptr}});
+                });
       },
       [self](eval_atom) {
         auto& s = self->state;

@@ -127,7 +127,8 @@ struct ShardStats {
   std::uint64_t updates_applied = 0;         ///< pushes applied, alone or inside a committed aggregate
   std::uint64_t commits = 0;                 ///< optimizer steps or averages the shard took
   std::uint64_t updates_discarded = 0;
-  std::uint64_t rejected = 0;                 ///< malformed pushes
+  std::uint64_t rejected = 0;                 ///< malformed pushes and pulls (bad size, unknown worker, a duplicate)
+  std::uint64_t refused_departed = 0;         ///< pushes and pulls of a worker it was told had left (finished or lost)
   std::uint64_t nonfinite = 0;                ///< pushes refused for a NaN or infinity (parameters untouched)
   std::uint64_t malformed_frames = 0;         ///< frames its process dropped unread (bad length, checksum, ...)
   std::uint64_t duplicate_requests = 0;       ///< requests delivered twice, served once
@@ -136,6 +137,11 @@ struct ShardStats {
   std::uint64_t held = 0;                     ///< reads the policy holds back now
   std::uint64_t queued = 0;                   ///< messages waiting in its mailbox now
   std::vector<Clock> worker_clock;            ///< per worker: highest clock pushed + 1
+  // Checkpoints (--checkpoint-dir with --checkpoint-every); zero without.
+  std::uint64_t checkpoint_failures = 0;      ///< writes that failed (a full disk, a folder gone)
+  double checkpoint_unix_s = 0.0;             ///< when the newest checkpoint it wrote or reloaded was written; 0: none
+  double restored_unix_s = 0.0;               ///< a restarted shard: when the checkpoint it reloaded was written; 0: none
+  std::uint64_t restored_updates = 0;         ///< the updates that checkpoint held
 };
 
 template <class Inspector>
@@ -158,8 +164,10 @@ typename Inspector::result_type inspect(Inspector& f, EpochReport& x) {
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, ShardStats& x) {
-  return f(caf::meta::type_name("ShardStats"), x.shard, x.updates_applied, x.commits, x.updates_discarded, x.rejected, x.malformed_frames, x.duplicate_requests,
-           x.staleness_histogram, x.nonfinite, x.keys, x.held, x.queued, x.worker_clock);
+  return f(caf::meta::type_name("ShardStats"), x.shard, x.updates_applied, x.commits, x.updates_discarded, x.rejected,
+           x.refused_departed, x.malformed_frames, x.duplicate_requests, x.staleness_histogram, x.nonfinite, x.keys,
+           x.held, x.queued, x.worker_clock, x.checkpoint_failures, x.checkpoint_unix_s, x.restored_unix_s,
+           x.restored_updates);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, WorkerProgress& x) {

@@ -195,7 +195,9 @@ void ShardCore::push(PushRequest&& req, Ticket ticket, Instant now, std::vector<
   bool remote = req.received.owner != nullptr;
   bool tick = req.samples == 0 && payload.empty();
   if (!known || duplicate || (!tick && payload.size() != params_.size())) {
-    ++stats_.rejected;
+    // A worker declared lost that was only stalled (SIGSTOP, a long pause)
+    // pushes on: refused like a malformed push, but counted apart.
+    ++(req.worker < setup_.workers && !live_[req.worker] ? stats_.refused_departed : stats_.rejected);
     out.push_back({ticket, reply(PushOutcome::rejected, {}, false)});
     return;
   }
@@ -303,7 +305,7 @@ void ShardCore::push(PushRequest&& req, Ticket ticket, Instant now, std::vector<
 
 void ShardCore::pull(const PullRequest& pull, Ticket ticket, Instant now, std::vector<Answer>& out) {
   if (pull.worker >= setup_.workers || !live_[pull.worker]) {
-    ++stats_.rejected;
+    ++(pull.worker < setup_.workers ? stats_.refused_departed : stats_.rejected);
     out.push_back({ticket, reply(PushOutcome::rejected, {}, false)});
     return;
   }
@@ -356,6 +358,7 @@ Status ShardCore::save(const std::string& path) const {
       {"commits", stats_.commits},
       {"updates_discarded", stats_.updates_discarded},
       {"rejected", stats_.rejected},
+      {"refused_departed", stats_.refused_departed},
       {"nonfinite", stats_.nonfinite},
       {"staleness_histogram", stats_.staleness_histogram},
       {"written_unix_s",
@@ -376,6 +379,7 @@ Result<ShardCore::Saved> ShardCore::saved(const std::string& path) {
     s.commits = h.at("commits").get<std::uint64_t>();
     s.updates_discarded = h.at("updates_discarded").get<std::uint64_t>();
     s.rejected = h.at("rejected").get<std::uint64_t>();
+    s.refused_departed = h.value("refused_departed", std::uint64_t{0});  // absent before protocol 4
     s.nonfinite = h.at("nonfinite").get<std::uint64_t>();
     s.staleness_histogram = h.at("staleness_histogram").get<std::vector<std::uint64_t>>();
     s.worker_clock = h.at("clock").get<std::vector<Clock>>();
@@ -439,6 +443,10 @@ Status ShardCore::restore(const std::string& path, std::span<const Clock> restar
     stats_.commits = h.at("commits").get<std::uint64_t>();
     stats_.updates_discarded = h.at("updates_discarded").get<std::uint64_t>();
     stats_.rejected = h.at("rejected").get<std::uint64_t>();
+    stats_.refused_departed = h.value("refused_departed", std::uint64_t{0});
+    stats_.restored_unix_s = h.at("written_unix_s").get<double>();
+    stats_.restored_updates = stats_.updates_applied;
+    stats_.checkpoint_unix_s = stats_.restored_unix_s;
     stats_.nonfinite = h.at("nonfinite").get<std::uint64_t>();
     stats_.staleness_histogram = h.at("staleness_histogram").get<std::vector<std::uint64_t>>();
   } catch (const nlohmann::json::exception& e) {
@@ -457,8 +465,47 @@ ShardStats ShardCore::stats() const {
   return s;
 }
 
+namespace {
+
+double unix_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
+
+// Writes the shard's checkpoint and keeps count. A failure is the
+// operator's to see at once: a restart now loses everything since the last
+// checkpoint that was written, which grows with every failed interval. So
+// the first failure of a run of them is a warning that says so, later ones
+// every tenth, and the first success after them says how many failed.
+void checkpoint_now(ShardState& st, const char* when) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const Status s = st.core->save(st.checkpoint_path);
+  const std::uint32_t index = st.core->index();
+  if (!s.ok()) {
+    ++st.checkpoint_failures;
+    ++st.failures_in_a_row;
+    if (st.failures_in_a_row % 10 == 1) {
+      const std::string since =
+          st.checkpoint_unix_s > 0 ? fmt::format("its last checkpoint, {:.0f} s ago", unix_now() - st.checkpoint_unix_s)
+                                   : std::string("the start of training (none was written yet)");
+      spdlog::warn("shard {}: {} checkpoint failed ({} in a row): {}; until one is written, a restart of this shard "
+                   "loses every update since {}",
+                   index, when, st.failures_in_a_row, s.message(), since);
+    }
+    return;
+  }
+  if (st.failures_in_a_row > 0)
+    spdlog::info("shard {}: checkpoint written again after {} failed", index, st.failures_in_a_row);
+  st.failures_in_a_row = 0;
+  st.checkpoint_unix_s = unix_now();
+  spdlog::debug("shard {}: {} checkpoint {} in {:.1f} ms", index, when, st.checkpoint_path,
+                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+}
+
+}  // namespace
+
 caf::behavior parameter_shard(caf::stateful_actor<ShardState>* self, std::shared_ptr<ShardCore> core) {
   self->state.core = std::make_unique<ShardCore>(std::move(*core));
+  self->state.checkpoint_unix_s = self->state.core->stats().checkpoint_unix_s;  // a reloaded one's
   // Periodic checkpoints, on the shard's own thread between requests: the
   // parameters cannot change while they are written.
   const ShardSetup& setup = self->state.core->setup();
@@ -471,9 +518,7 @@ caf::behavior parameter_shard(caf::stateful_actor<ShardState>* self, std::shared
     // shut down): keep the state reached, so --resume loses nothing of a
     // job stopped on purpose. Only a killed process loses up to an interval.
     self->set_exit_handler([self](caf::exit_msg& msg) {
-      auto& st = self->state;
-      if (const Status s = st.core->save(st.checkpoint_path); !s.ok())
-        spdlog::warn("shard {}: checkpoint on stopping failed: {}", st.core->index(), s.message());
+      checkpoint_now(self->state, "stopping");
       self->quit(msg.reason);
     });
   }
@@ -536,27 +581,21 @@ caf::behavior parameter_shard(caf::stateful_actor<ShardState>* self, std::shared
         st.core->leave(worker, std::chrono::steady_clock::now(), st.answers);
         flush(std::nullopt);
         // The last worker is done: this state is final, keep it.
-        if (!st.checkpoint_path.empty() && st.core->view().live_workers == 0) {
-          if (const Status s = st.core->save(st.checkpoint_path); !s.ok())
-            spdlog::warn("shard {}: final checkpoint failed: {}", st.core->index(), s.message());
-        }
+        if (!st.checkpoint_path.empty() && st.core->view().live_workers == 0) checkpoint_now(st, "final");
       },
       [self](join_atom, WorkerId worker, Clock clock) { self->state.core->rejoin(worker, clock); },
       [self](snapshot_atom) { return self->state.core->snapshot(); },
       [self](tick_atom) {
         auto& st = self->state;
-        const auto t0 = std::chrono::steady_clock::now();
-        if (const Status s = st.core->save(st.checkpoint_path); !s.ok()) {
-          spdlog::warn("shard {}: checkpoint failed: {}", st.core->index(), s.message());
-        } else {
-          spdlog::debug("shard {}: checkpoint {} in {:.1f} ms", st.core->index(), st.checkpoint_path,
-                        std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-        }
+        checkpoint_now(st, "periodic");
         self->delayed_send(self, st.checkpoint_every, tick_atom::value);
       },
       [self](stats_atom) {
-        ShardStats s = self->state.core->stats();
+        const auto& st = self->state;
+        ShardStats s = st.core->stats();
         s.queued = self->mailbox().size();
+        s.checkpoint_failures = st.checkpoint_failures;
+        s.checkpoint_unix_s = st.checkpoint_unix_s;
         return s;
       },
   };

@@ -186,6 +186,9 @@ struct ShardState {
   std::map<ShardCore::Ticket, caf::response_promise> promises;  // replies owed for held reads
   std::string checkpoint_path;             // from ShardSetup; empty: no periodic checkpoints
   caf::timespan checkpoint_every{};
+  std::uint64_t checkpoint_failures = 0;   // writes that failed, in all
+  std::uint64_t failures_in_a_row = 0;     // since the last that succeeded
+  double checkpoint_unix_s = 0.0;          // when the newest good checkpoint was written (or the one reloaded); 0: none
   caf::timespan hold_warning{};            // from ShardSetup; zero: held reads are not watched
   bool watching = false;                   // a watch_atom is on its way
   ShardCore::Ticket next_ticket = 0;

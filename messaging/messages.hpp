@@ -285,8 +285,10 @@ void serialize_fields(A& ar, EpochReport& x) {
 }
 template <class A>
 void serialize_fields(A& ar, ShardStats& x) {
-  ar(x.shard, x.updates_applied, x.commits, x.updates_discarded, x.rejected, x.malformed_frames, x.duplicate_requests,
-     bounded(x.staleness_histogram, kMaxList), x.nonfinite, x.keys, x.held, x.queued, bounded(x.worker_clock, kMaxList));
+  ar(x.shard, x.updates_applied, x.commits, x.updates_discarded, x.rejected, x.refused_departed, x.malformed_frames,
+     x.duplicate_requests, bounded(x.staleness_histogram, kMaxList), x.nonfinite, x.keys, x.held, x.queued,
+     bounded(x.worker_clock, kMaxList), x.checkpoint_failures, x.checkpoint_unix_s, x.restored_unix_s,
+     x.restored_updates);
 }
 template <class A>
 void serialize_fields(A& ar, WorkerProgress& x) {

@@ -83,7 +83,10 @@ nlohmann::json to_json(const LiveSnapshot& s) {
                       {"keys", sh.keys},
                       {"updates_applied", sh.updates_applied},
                       {"rejected", sh.rejected},
+                      {"refused_departed", sh.refused_departed},
                       {"malformed_frames", sh.malformed_frames},
+                      {"checkpoint_failures", sh.checkpoint_failures},
+                      {"checkpoint_age_s", optional_number(sh.checkpoint_age_s)},
                       {"nonfinite", sh.nonfinite},
                       {"held", sh.held},
                       {"queue", sh.queued}});
@@ -183,6 +186,9 @@ std::string to_prometheus(const LiveSnapshot& s) {
             [](const LiveShard& sh) { return static_cast<double>(sh.updates_applied); });
   per_shard("asgd_shard_rejected_total", "counter", "Malformed and non-finite pushes and dropped frames at the shard.",
             [](const LiveShard& sh) { return static_cast<double>(sh.rejected + sh.malformed_frames + sh.nonfinite); });
+  per_shard("asgd_shard_checkpoint_failures_total", "counter",
+            "Checkpoint writes of the shard that failed; while they fail, a restart loses more.",
+            [](const LiveShard& sh) { return static_cast<double>(sh.checkpoint_failures); });
   per_shard("asgd_shard_held_reads", "gauge", "Reads the policy holds back at the shard now.",
             [](const LiveShard& sh) { return static_cast<double>(sh.held); });
   per_shard("asgd_shard_queue_depth", "gauge", "Messages waiting in the shard's mailbox now.",

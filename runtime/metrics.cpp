@@ -46,7 +46,8 @@ nlohmann::json to_json(const JobSummary& s) {
                       {"nonfinite_rejected", s.nonfinite_rejected},
                       {"workers_lost", s.workers_lost},
                       {"shard_restarts", s.shard_restarts},
-                      {"workers_rejoined", s.workers_rejoined}};
+                      {"workers_rejoined", s.workers_rejoined},
+                      {"checkpoint_failures", s.checkpoint_failures}};
   if (s.staleness) j["staleness"] = *s.staleness;
   if (s.time_to_target_s) j["time_to_target_s"] = *s.time_to_target_s;
   return j;

@@ -168,6 +168,9 @@ struct JobSummary {
   std::uint32_t workers_lost = 0;           ///< workers declared dead; the job finished without them
   std::uint32_t shard_restarts = 0;         ///< shard processes restarted from their checkpoints (asgd cluster)
   std::uint32_t workers_rejoined = 0;       ///< worker processes that took a lost worker's place (asgd cluster)
+  /// Shard checkpoint writes that failed (--checkpoint-dir): while they
+  /// fail, a restart or a resume loses more than one interval.
+  std::uint64_t checkpoint_failures = 0;
 };
 
 /// Called from a runtime thread, one call at a time, in epoch order.

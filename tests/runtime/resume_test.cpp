@@ -5,12 +5,15 @@
 
 #include <filesystem>
 #include <fstream>
+#include <future>
+#include <thread>
 #include <stop_token>
 
 #include <nlohmann/json.hpp>
 
 #include "actors/parameter_shard.hpp"
 #include "asgd/job.hpp"
+#include "http_client.hpp"
 #include "temp_dir.hpp"
 #include "test_helpers.hpp"
 #include "test_data.hpp"
@@ -88,9 +91,9 @@ TEST(ShardCheckpoint, RestoredWithoutRestartClocksItKeepsTheCheckpointsClocksAnd
   EXPECT_EQ(restored.core.stats().worker_clock, (std::vector<Clock>{6, 1}));
   EXPECT_EQ(restored.core.stats().updates_applied, 7u);
   // Worker 1 had left: its pushes are still refused.
-  const auto rejected = restored.core.stats().rejected;
+  const auto refused = restored.core.stats().refused_departed;
   restored.push_now({1, 1, 1, 8, false, gradient(1)});
-  EXPECT_EQ(restored.core.stats().rejected, rejected + 1);
+  EXPECT_EQ(restored.core.stats().refused_departed, refused + 1);
 }
 
 // Elastic join: a worker that had left counts again from the clock it
@@ -102,9 +105,9 @@ TEST(ShardRejoin, AWorkerThatLeftPushesAgainFromItsNewClockAndHoldsNoEarlierBarr
   ASSERT_TRUE(a.ok()) << a.status().to_string();
   asgd_test::ShardDriver shard(std::move(a).value());
   shard.leave(1);
-  const auto rejected = shard.core.stats().rejected;
+  const auto refused = shard.core.stats().refused_departed;
   shard.push_now({1, 0, 0, 8, false, gradient(0)});
-  EXPECT_EQ(shard.core.stats().rejected, rejected + 1);  // gone: refused
+  EXPECT_EQ(shard.core.stats().refused_departed, refused + 1);  // gone: refused
   shard.core.rejoin(1, 4);
   EXPECT_EQ(shard.core.stats().worker_clock[1], 4u);
   // Worker 0's clocks 0..3 commit without worker 1 (its clock is past them).
@@ -115,7 +118,7 @@ TEST(ShardRejoin, AWorkerThatLeftPushesAgainFromItsNewClockAndHoldsNoEarlierBarr
   EXPECT_EQ(shard.core.complete_clock(), 4u);
   shard.push_now({1, 4, 4, 8, false, gradient(4)});
   EXPECT_EQ(shard.core.complete_clock(), 5u);
-  EXPECT_EQ(shard.core.stats().rejected, rejected + 1);
+  EXPECT_EQ(shard.core.stats().refused_departed, refused + 1);
 }
 
 TEST(ShardCheckpoint, ADamagedOrForeignCheckpointIsRefusedNamingTheFile) {
@@ -222,6 +225,50 @@ TEST(Resume, AFolderWithoutShardCheckpointsIsRefusedSayingWhatIsMissing) {
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::not_found);
   EXPECT_NE(r.status().message().find("shard-0.ckpt"), std::string::npos) << r.status().message();
+}
+
+// A shard whose checkpoints cannot be written (here a folder stands where
+// its temporary file goes) says so while the job runs (/status) and after
+// it (the summary).
+TEST(CheckpointFailures, AreCountedOnStatusAndInTheSummary) {
+  ASGD_REQUIRE_DATASET(data, "mnist");
+  const asgd_test::TempDir dir;
+  const fs::path ckpt = dir / "ckpt";
+  fs::create_directories(ckpt / "shard-0.ckpt.tmp");
+  const int port = asgd_test::free_port();
+  ASSERT_GT(port, 0);
+  JobConfig c;
+  c.data_dir = data.string();
+  c.epochs = 2;
+  c.batch = 16;
+  c.shards = 2;
+  c.checkpoint_dir = ckpt.string();
+  c.checkpoint_every_s = 0.1;
+  c.status_port = static_cast<std::uint16_t>(port);
+  auto job = std::async(std::launch::async, [&] { return run_job(c); });
+
+  nlohmann::json seen;
+  const bool failing = asgd_test::eventually(
+      [&] {
+        const auto r = asgd_test::http(port, "GET", "/status");
+        if (r.status != 200) return false;
+        seen = r.body_json();
+        return seen["shard"].size() == 2 && seen["shard"][0]["checkpoint_failures"].get<std::uint64_t>() > 0 &&
+               !seen["shard"][1]["checkpoint_age_s"].is_null();
+      },
+      std::chrono::seconds(60));
+  EXPECT_TRUE(failing) << "/status never showed shard 0's failures and shard 1's checkpoint: " << seen.dump();
+  if (failing) {
+    EXPECT_EQ(seen["shard"][1]["checkpoint_failures"], 0) << seen.dump();
+    EXPECT_TRUE(seen["shard"][0]["checkpoint_age_s"].is_null()) << "shard 0 never wrote one: " << seen.dump();
+    EXPECT_LT(seen["shard"][1]["checkpoint_age_s"].get<double>(), 5.0) << seen.dump();
+  }
+
+  auto summary = job.get();
+  ASSERT_TRUE(summary.ok()) << summary.status().to_string();
+  EXPECT_GT(summary->checkpoint_failures, 0u);
+  EXPECT_FALSE(fs::exists(ckpt / "shard-0.ckpt"));
+  EXPECT_TRUE(fs::exists(ckpt / "shard-1.ckpt"));
 }
 
 }  // namespace
