@@ -455,10 +455,12 @@ void complete_epochs(Self self) {
     if (agg.complete) continue;
     if (!all_reported(e, agg)) break;
     agg.complete = true;
-    const auto now = SteadyClock::now();
-    agg.end_s = seconds_between(s.train_start, now);
-    agg.duration_s = seconds_between(s.last_epoch_end, now);
-    s.last_epoch_end = now;
+    // The epoch ended with the last report it got, which is now unless a
+    // lost worker was holding it back: then it ended earlier, and may be
+    // completed together with later epochs the others had reported since.
+    agg.end_s = std::max(agg.last_report_s, s.last_epoch_end_s);
+    agg.duration_s = agg.end_s - s.last_epoch_end_s;
+    s.last_epoch_end_s = agg.end_s;
     if (e + 1 == s.setup.config.epochs) s.train_s = agg.end_s;
     s.to_evaluate.push_back(e);
   }
@@ -653,7 +655,7 @@ void start_training(Self self) {
   start_live(self);
   if (st.setup.remote) {  // each worker process feeds its own worker
     st.train_start = SteadyClock::now();
-    st.last_epoch_end = st.train_start;
+    st.last_epoch_end_s = 0.0;
     for (std::uint32_t w = 0; w < cfg.workers; ++w)
       st.setup.remote->start_worker(w, st.shares[w], st.stragglers[w], st.schedule_steps, 0);
     if (cfg.eval_every_s > 0) self->delayed_send(self, eval_period(cfg), eval_atom::value);
@@ -668,7 +670,7 @@ void start_training(Self self) {
     self->monitor(feeder);
   }
   st.train_start = SteadyClock::now();
-  st.last_epoch_end = st.train_start;
+  st.last_epoch_end_s = 0.0;
   for (std::uint32_t w = 0; w < cfg.workers; ++w) self->send(st.workers[w], start_atom::value, st.feeders[w]);
   if (cfg.eval_every_s > 0) self->delayed_send(self, eval_period(cfg), eval_atom::value);
 }
@@ -946,6 +948,7 @@ caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self, Coordinat
         merge_histogram(total.staleness_histogram, r.staleness_histogram);
         auto& agg = s.epochs[r.epoch];
         ++agg.reports;
+        agg.last_report_s = training_seconds(s);
         agg.reported.resize(s.setup.config.workers, false);
         agg.reported[r.worker] = true;
         agg.sum.samples += r.samples;
@@ -977,6 +980,14 @@ caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self, Coordinat
       },
       [self](live_atom) { live_tick(self); },
       [self](rejoin_atom, std::uint32_t w) { rejoin_worker(self, w); },
+      // A supervisor saw worker w's process end: no heartbeat wait.
+      [self](lost_atom, std::uint32_t w, const std::string& why) {
+        auto& s = self->state;
+        if (s.done || w >= s.workers.size() || w >= s.seen.size() || s.seen[w].lost || s.seen[w].finished) return;
+        self->demonitor(s.workers[w]);
+        self->send_exit(s.workers[w], caf::exit_reason::kill);
+        lose_worker(self, w, why);
+      },
       [self](restarted_atom, std::uint32_t shard) {
         auto& s = self->state;
         if (s.done || shard >= s.shards.size()) return;

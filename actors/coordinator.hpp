@@ -11,6 +11,9 @@
 //   (failed_atom, int32 StatusCode, std::string)  from a worker that cannot go on: the job fails
 //   (cancel_atom)                from the runtime: the job stops, cancelled
 //   (eval_atom)                  self-message every --eval-every seconds: evaluate now
+//   (lost_atom, uint32 W, std::string why)  worker W's process ended (its supervisor saw it): lost now
+//   (rejoin_atom, uint32 W)      a new process registered for worker W
+//   (restarted_atom, uint32 S)   shard S's process was restarted and reloaded its checkpoint
 // Watches every actor it started. A worker that stops abnormally (its
 // process went silent past --heartbeat-timeout) is lost: the shards are told
 // it left, so synchronous policies stop waiting for it, and the job goes on
@@ -158,7 +161,8 @@ struct CoordinatorState {
     bool complete = false;       // every live worker reported: queued for evaluation
     EpochReport sum;          // samples and updates summed over workers
     std::vector<double> loss_by_worker;  // summed in worker order: reproducible
-    double end_s = 0.0;       // when the last report arrived, since train_start
+    double last_report_s = 0.0;  // when the latest report arrived, since train_start
+    double end_s = 0.0;       // when the epoch ended: its last live worker's report, since train_start
     double duration_s = 0.0;  // since the previous epoch ended
   };
   std::map<std::uint64_t, EpochAgg> epochs;   // epoch (0-based) -> reports so far
@@ -166,7 +170,7 @@ struct CoordinatorState {
   bool evaluating = false;
   std::uint64_t updates = 0;                  // cumulative over completed epochs
   std::chrono::steady_clock::time_point train_start;
-  std::chrono::steady_clock::time_point last_epoch_end;
+  double last_epoch_end_s = 0.0;              // since train_start
   double train_s = 0.0;
   std::optional<double> time_to_target_s;
   std::vector<EpochReport> worker_totals;     // per worker, for the closing log and the summary

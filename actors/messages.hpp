@@ -203,6 +203,7 @@ using restarted_atom = caf::atom_constant<caf::atom("restarted")>;
 using join_atom = caf::atom_constant<caf::atom("join")>;
 using rejoin_atom = caf::atom_constant<caf::atom("rejoin")>;
 using watch_atom = caf::atom_constant<caf::atom("watch")>;
+using lost_atom = caf::atom_constant<caf::atom("lost")>;
 
 }  // namespace asgd
 

@@ -382,10 +382,15 @@ void check_overdue(Self self) {
     std::string who;
     for (std::size_t i = 0; i < st.awaiting.size(); ++i)
       if (st.awaiting[i]) who += (who.empty() ? "" : ", ") + std::to_string(i);
-    fail(self, fmt::format("no reply from shard(s) {} within {:g} s (--rpc-timeout) at step {} under policy {}: "
-                           "a synchronous policy holds a read until the slowest worker catches up (the shard's "
-                           "log names it)",
-                           who, limit, st.step, st.policy->name()));
+    // Only a policy with a staleness bound holds reads back on purpose;
+    // under async a missing reply means the shard itself is not answering.
+    const char* why = st.policy->staleness_bound()
+                          ? "a synchronous policy holds a read until the slowest worker catches up (the shard's log "
+                            "names it), or the shard's process died or stopped"
+                          : "the shard's process died, stopped or hung (the coordinator's log says whether it still "
+                            "sends heartbeats)";
+    fail(self, fmt::format("no reply from shard(s) {} within {:g} s (--rpc-timeout) at step {} under policy {}: {}",
+                           who, limit, st.step, st.policy->name(), why));
     return;
   }
   if (st.batch_requested && std::chrono::duration<double>(now - st.batch_requested_at).count() > limit) {

@@ -15,6 +15,7 @@
 #include <map>
 #include <mutex>
 #include <optional>
+#include <set>
 #include <thread>
 
 #include "actors/coordinator.hpp"
@@ -628,10 +629,36 @@ Result<JobSummary> run_coordinator_process(const JobConfig& config, const Proces
   // supervisor restarts at once, so this wait is short). False, with the
   // newcomer told why, when the old one still beats after
   // --heartbeat-timeout.
+  // Processes the supervisor saw end (by pid): their slots are free at once.
+  // The membership thread alone reads the supervisor's notices.
+  std::set<std::uint32_t> ended;
+  auto take_exits = [&] {
+    while (auto exit = o.supervision ? o.supervision->next() : std::nullopt) {
+      ended.insert(exit->pid);
+      if (!exit->shard) {
+        // Lost now, restarted or not (a new process rejoins as usual);
+        // unless a new process has already taken its place.
+        bool current = false;
+        {
+          std::lock_guard lock(slots_mu);
+          const auto& slot = worker_slots[exit->index];
+          current = slot && slot->reg.pid == exit->pid;
+        }
+        if (current) tell_coordinator(lost_atom::value, exit->index, exit->what);
+      } else if (!exit->restarting) {
+        tell_coordinator(failed_atom::value, static_cast<std::int32_t>(StatusCode::internal),
+                         exit->what + "; the job stops");
+      } else {
+        spdlog::warn("{}; its supervisor starts it again", exit->what);
+      }
+    }
+  };
   auto old_is_dead = [&](const Inbound& in, const Registration& reg, const Member& old) {
     const std::string what = (reg.role == Role::shard ? "shard " : "worker ") + std::to_string(reg.index);
     const auto limit = SteadyClock::now() + millis(config.heartbeat_timeout_s);
     while (true) {
+      take_exits();  // the supervisor may be saying so right now
+      if (ended.count(old.reg.pid) > 0) return true;
       const auto heard = last_heard(old.peer);
       if (!heard || SteadyClock::now() - *heard > kPresumedDead) return true;
       if (SteadyClock::now() > limit) {
@@ -731,6 +758,13 @@ Result<JobSummary> run_coordinator_process(const JobConfig& config, const Proces
           const std::string what = fmt::format("shard {}'s process (pid {} on {}) sent no heartbeat for {:g} s "
                                                "(--heartbeat-timeout)",
                                                i, m.reg.pid, m.reg.host, config.heartbeat_timeout_s);
+          // A stopped or hung process never exits: its supervisor ends it,
+          // then restarts it or says it will not (handled below).
+          if (o.supervision && o.supervision->on_silent_shard) {
+            spdlog::warn("{}: asking the supervisor to end it", what);
+            o.supervision->on_silent_shard(i, m.reg.pid);
+            continue;
+          }
           if (restartable) {
             spdlog::warn("{}: waiting for it to be restarted; workers wait for it up to --rpc-timeout ({:g} s)",
                          what, config.rpc_timeout_s);
@@ -741,6 +775,7 @@ Result<JobSummary> run_coordinator_process(const JobConfig& config, const Proces
           }
         }
       }
+      take_exits();
       auto in = router->registrations.pop(std::chrono::milliseconds(200));
       if (!in) continue;
       const auto& reg = std::get<Registration>(in->body);

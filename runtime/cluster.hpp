@@ -16,7 +16,11 @@
 // shard or worker process gives up when the coordinator is silent as long.
 
 #include <cstdint>
+#include <deque>
 #include <functional>
+#include <memory>
+#include <mutex>
+#include <optional>
 #include <stop_token>
 #include <string>
 
@@ -24,6 +28,45 @@
 #include "messaging/transport.hpp"
 
 namespace asgd {
+
+/// A shard or worker process that a supervisor (asgd cluster) saw end.
+struct ProcessExit {
+  bool shard = false;          ///< a shard process; else a worker process
+  std::uint32_t index = 0;
+  std::uint32_t pid = 0;
+  bool restarting = false;     ///< the supervisor is starting it again; else it will not
+  std::string what;            ///< for messages: "shard 1 (pid 4242) was killed by signal 9 (SIGKILL)"
+};
+
+/// What a supervisor that started the job's processes (asgd cluster) and
+/// the coordinator process tell each other, so that the coordinator acts on
+/// a death at once instead of after --heartbeat-timeout of silence, and a
+/// process that is silent without exiting (stopped, hung) is ended and
+/// restarted or given up on. Thread-safe.
+class Supervision {
+ public:
+  /// Supervisor side: a process ended.
+  void exited(ProcessExit e) {
+    std::lock_guard lock(mu_);
+    exits_.push_back(std::move(e));
+  }
+  /// Coordinator side: the next exit not yet taken; never blocks.
+  std::optional<ProcessExit> next() {
+    std::lock_guard lock(mu_);
+    if (exits_.empty()) return std::nullopt;
+    ProcessExit e = std::move(exits_.front());
+    exits_.pop_front();
+    return e;
+  }
+  /// Set by the supervisor's side before the job starts; the coordinator
+  /// calls it (from one of its threads) when shard `index`'s process `pid`
+  /// has sent no heartbeat for --heartbeat-timeout.
+  std::function<void(std::uint32_t index, std::uint32_t pid)> on_silent_shard;
+
+ private:
+  std::mutex mu_;
+  std::deque<ProcessExit> exits_;
+};
 
 struct ProcessOptions {
   std::string coordinator;             ///< shard, worker: the coordinator's endpoint
@@ -37,6 +80,8 @@ struct ProcessOptions {
   /// plain tcp. With it a shard's endpoint carries its public key, and
   /// `coordinator` either carries the coordinator's or curve->server_key is it.
   std::optional<messaging::CurveOptions> curve;
+  /// Coordinator: the supervisor that started the job's processes, if any.
+  std::shared_ptr<Supervision> supervision;
 };
 
 /// The coordinator process. `on_listening` gets the bound endpoint before

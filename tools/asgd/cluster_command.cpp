@@ -9,13 +9,17 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <memory>
 #include <optional>
+#include <sstream>
 #include <string>
+#include <string_view>
 #include <thread>
 #include <vector>
 
@@ -40,7 +44,47 @@ struct ProcessFlags {
   std::string key_file;         // --key FILE: this process's secret key
   std::string coordinator_key;  // --coordinator-key FILE: the coordinator's public key
   std::uint32_t max_restarts = 3;  // asgd cluster: restarts of each shard process at most
+  bool supervised = false;         // coordinator: started by asgd cluster (hidden flag)
 };
+
+// Between asgd cluster and the coordinator process it starts, one line per
+// event. The supervisor writes to the coordinator's stdin
+//   exited shard|worker INDEX PID restarting|final TEXT
+// when a shard or worker process ends, and the coordinator prints on stdout
+//   asgd supervision: silent shard INDEX pid PID
+// when a shard process has been silent past --heartbeat-timeout without
+// exiting (stopped, hung), for the supervisor to end it.
+constexpr std::string_view kSilentShard = "asgd supervision: silent shard ";
+
+// The coordinator side: reads the supervisor's lines from stdin into
+// `supervision` until `stop`.
+void read_supervisor(std::stop_token stop, const std::shared_ptr<Supervision>& supervision) {
+  std::string pending;
+  char buf[1024];
+  while (!stop.stop_requested()) {
+    pollfd p{STDIN_FILENO, POLLIN, 0};
+    if (poll(&p, 1, 200) <= 0) continue;
+    const ssize_t n = read(STDIN_FILENO, buf, sizeof buf);
+    if (n <= 0) return;  // the supervisor is gone
+    pending.append(buf, static_cast<std::size_t>(n));
+    std::size_t nl;
+    while ((nl = pending.find('\n')) != std::string::npos) {
+      std::istringstream line(pending.substr(0, nl));
+      pending.erase(0, nl + 1);
+      std::string word, role, how;
+      ProcessExit e;
+      if (!(line >> word >> role >> e.index >> e.pid >> how) || word != "exited" ||
+          (role != "shard" && role != "worker") || (how != "restarting" && how != "final")) {
+        spdlog::warn("coordinator: ignored a line from the supervisor that it does not understand");
+        continue;
+      }
+      e.shard = role == "shard";
+      e.restarting = how == "restarting";
+      std::getline(line >> std::ws, e.what);
+      supervision->exited(std::move(e));
+    }
+  }
+}
 
 void add_auth_flags(CLI::App* cmd, ProcessFlags& f, bool needs_coordinator) {
   cmd->add_option("--auth-keys", f.auth_keys,
@@ -124,6 +168,15 @@ int run_coordinator(const JobOptions& jo, const ProcessFlags& pf) {
   Interrupts interrupts;
   po.shards = config.shards;
   po.workers = config.workers;
+  std::jthread supervisor_lines;
+  if (pf.supervised) {
+    po.supervision = std::make_shared<Supervision>();
+    po.supervision->on_silent_shard = [](std::uint32_t index, std::uint32_t pid) {
+      std::printf("%.*s%u pid %u\n", static_cast<int>(kSilentShard.size()), kSilentShard.data(), index, pid);
+      std::fflush(stdout);
+    };
+    supervisor_lines = std::jthread(read_supervisor, po.supervision);
+  }
   auto result = run_coordinator_process(config, po, progress_callbacks(config), interrupts.token(),
                                         [](const std::string& endpoint) {
                                           // asgd cluster reads this line to find us.
@@ -166,14 +219,16 @@ struct Child {
   int status = 0;
 };
 
-// Starts this executable with `args`, its output on a pipe.
-Result<Child> spawn_self(const std::string& name, const std::vector<std::string>& args) {
+// Starts this executable with `args`, its output on a pipe, and with
+// `stdin_fd` (when >= 0) as its standard input.
+Result<Child> spawn_self(const std::string& name, const std::vector<std::string>& args, int stdin_fd = -1) {
   int fds[2];
   if (pipe2(fds, O_CLOEXEC) != 0) return Status::IOError("pipe: " + std::string(std::strerror(errno)));
   posix_spawn_file_actions_t actions;
   posix_spawn_file_actions_init(&actions);
   posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
   posix_spawn_file_actions_adddup2(&actions, fds[1], STDERR_FILENO);
+  if (stdin_fd >= 0) posix_spawn_file_actions_adddup2(&actions, stdin_fd, STDIN_FILENO);
   std::vector<std::string> argv_s = {"/proc/self/exe"};
   argv_s.insert(argv_s.end(), args.begin(), args.end());
   std::vector<char*> argv;
@@ -269,17 +324,33 @@ int run_cluster(const JobOptions& jo, const ProcessFlags& pf) {
   Interrupts interrupts;
   const bool restartable = !config.checkpoint_dir.empty() && config.checkpoint_every_s > 0;
   std::vector<std::uint32_t> shard_restarts(config.shards, 0), worker_restarts(config.workers, 0);
-  std::vector<std::string> coord_args = {"coordinator", "--listen", pf.listen, "--join-timeout",
+  std::vector<std::string> coord_args = {"coordinator", "--supervised", "--listen", pf.listen, "--join-timeout",
                                          std::to_string(pf.join_timeout_s)};
   for (auto& a : given_job_flags(jo)) coord_args.push_back(a);
   coord_args.insert(coord_args.end(), auth_args.begin(), auth_args.end());
+  // The coordinator hears of every process that ends through its stdin.
+  int to_coordinator[2];
+  if (pipe2(to_coordinator, O_CLOEXEC) != 0) {
+    print_error(std::string("pipe: ") + std::strerror(errno));
+    return kExitFailure;
+  }
+  std::signal(SIGPIPE, SIG_IGN);  // a coordinator that has ended must not end us
   std::vector<Child> children;
-  auto coordinator = spawn_self("coordinator", coord_args);
+  auto coordinator = spawn_self("coordinator", coord_args, to_coordinator[0]);
+  close(to_coordinator[0]);
   if (!coordinator) {
+    close(to_coordinator[1]);
     print_error(coordinator.status().message());
     return kExitFailure;
   }
   children.push_back(std::move(coordinator).value());
+  auto tell_coordinator = [fd = to_coordinator[1]](const Child& c, bool restarting, std::string what) {
+    std::replace(what.begin(), what.end(), '\n', ' ');
+    const std::string line = std::string("exited ") + (c.shard ? "shard " : "worker ") + std::to_string(c.index) +
+                             " " + std::to_string(c.pid) + (restarting ? " restarting " : " final ") + what + "\n";
+    if (write(fd, line.data(), line.size()) < 0 && errno != EPIPE)
+      spdlog::warn("telling the coordinator that {} ended: {}", c.name, std::strerror(errno));
+  };
 
   auto stop_all = [&](int sig) {
     for (auto& c : children)
@@ -291,6 +362,7 @@ int run_cluster(const JobOptions& jo, const ProcessFlags& pf) {
   bool started = false;
   const auto started_at = std::chrono::steady_clock::now();
   std::optional<std::chrono::steady_clock::time_point> coordinator_done;
+  std::vector<std::string> silent;  // the coordinator's "silent shard" lines, to act on
   while (true) {
     std::vector<pollfd> fds;
     for (auto& c : children)
@@ -303,9 +375,22 @@ int run_cluster(const JobOptions& jo, const ProcessFlags& pf) {
         for (const auto& line : pump(c)) {
           const std::string tag = "coordinator listening on ";
           if (&c == &children[0] && endpoint.empty() && line.rfind(tag, 0) == 0) endpoint = line.substr(tag.size());
+          if (&c == &children[0] && line.rfind(kSilentShard, 0) == 0) silent.push_back(line.substr(kSilentShard.size()));
         }
       }
     }
+    // A shard the coordinator found silent but that has not exited (stopped,
+    // hung) is ended here, so it is restarted or given up on like a dead one.
+    for (const std::string& text : silent) {
+      std::uint32_t index = 0, pid = 0;
+      if (std::sscanf(text.c_str(), "%u pid %u", &index, &pid) != 2) continue;
+      for (auto& c : children)
+        if (c.shard && c.index == index && c.pid == static_cast<pid_t>(pid) && !reap(c, false)) {
+          spdlog::warn("{} (pid {}) is silent but has not exited: ending it (SIGKILL)", c.name, c.pid);
+          kill(c.pid, SIGKILL);
+        }
+    }
+    silent.clear();
     for (auto& c : children) reap(c, false);
     if (!started && !endpoint.empty()) {
       started = true;
@@ -356,16 +441,21 @@ int run_cluster(const JobOptions& jo, const ProcessFlags& pf) {
       if (WIFEXITED(c.status) && WEXITSTATUS(c.status) == 0) continue;
       std::string what = c.name + " (pid " + std::to_string(c.pid) + ") " + how_it_ended(c);
       if (c.shard && !restartable) {
-        spdlog::error("{}; the job writes no checkpoints (--checkpoint-dir), so it is not restarted", what);
+        what += "; the job writes no checkpoints (--checkpoint-dir), so it cannot be restarted";
+        spdlog::error("{}", what);
+        tell_coordinator(c, false, what);
         continue;
       }
       std::uint32_t& count = (c.shard ? shard_restarts : worker_restarts)[c.index];
       if (count >= pf.max_restarts) {
-        spdlog::error("{}; it was restarted {} time(s) already (--max-restarts), so not again", what, count);
+        what += fmt::format("; it was restarted {} time(s) already and --max-restarts is {}", count, pf.max_restarts);
+        spdlog::error("{}", what);
+        tell_coordinator(c, false, what);
         continue;
       }
       ++count;
       spdlog::warn("{}; starting it again ({} of at most {})", what, count, pf.max_restarts);
+      tell_coordinator(c, true, what);
       auto again = spawn_self(c.name, c.args);
       if (!again) {
         spdlog::error("restarting {}: {}", c.name, again.status().message());
@@ -415,6 +505,7 @@ int run_cluster(const JobOptions& jo, const ProcessFlags& pf) {
   for (const auto& [role, counts] : {std::pair{"shard", &shard_restarts}, std::pair{"worker", &worker_restarts}})
     for (std::uint32_t i = 0; i < counts->size(); ++i)
       if ((*counts)[i] > 0) spdlog::info("{} {}'s process was restarted {} time(s)", role, i, (*counts)[i]);
+  close(to_coordinator[1]);
   return exit_status(children[0]);
 }
 
@@ -441,6 +532,8 @@ std::function<int(const std::string&)> add_cluster_commands(CLI::App& app) {
   add_job_flags(coord, all->coord_job);
   add_process_flags(coord, all->coord, true, false);
   add_auth_flags(coord, all->coord, false);
+  // asgd cluster's own: it tells the coordinator which processes ended.
+  coord->add_flag("--supervised", all->coord.supervised)->group("");
   auto* shard = app.add_subcommand("shard", "run one parameter shard for the coordinator at --coordinator");
   add_process_flags(shard, all->shard, true, true);
   add_auth_flags(shard, all->shard, true);
