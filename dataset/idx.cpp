@@ -3,6 +3,7 @@
 #include <zlib.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
 #include <cstdio>
 #include <limits>
@@ -26,6 +27,8 @@ constexpr std::size_t kMaxImageSide = 1 << 16;
 // once. Real image files compress 2-5x; beyond this ratio the output grows
 // by doubling instead.
 constexpr std::size_t kMaxHintRatio = 64;
+// The smallest output buffer: below this, growing costs more than it saves.
+constexpr std::size_t kMinBuffer = std::size_t{1} << 16;
 
 std::string hex32(std::uint32_t v) {
   char buf[16];
@@ -105,124 +108,224 @@ bool is_gzip(const std::vector<std::uint8_t>& bytes, std::size_t at) {
 }
 
 struct InflateEnd {
-  void operator()(z_stream* s) const { inflateEnd(s); }
+  void operator()(z_stream* s) const {
+    inflateEnd(s);
+    delete s;
+  }
 };
 
-// Inflates every gzip member in `in` (gzip allows several, concatenated).
-Result<std::vector<std::uint8_t>> gunzip(const std::string& name, const std::vector<std::uint8_t>& in) {
-  // The last member's trailer holds its size mod 2^32: exact for the usual
-  // single-member file, so the output is allocated once. It is only a hint.
-  std::size_t hint = std::size_t{1} << 16;
-  if (in.size() >= 18) {
-    const std::uint8_t* t = in.data() + in.size() - 4;
-    const std::size_t isize = std::uint32_t{t[0]} | (std::uint32_t{t[1]} << 8) |
-                              (std::uint32_t{t[2]} << 16) | (std::uint32_t{t[3]} << 24);
-    std::size_t bound = kMaxIdxBytes;
-    std::size_t ratio_bound = 0;
-    if (checked_mul(in.size(), kMaxHintRatio, ratio_bound)) bound = std::min(bound, ratio_bound);
-    hint = std::max(hint, std::min(isize, bound));
-  }
-
-  z_stream zs{};
-  // 15 + 32: the largest window, with automatic gzip/zlib header detection.
-  if (inflateInit2(&zs, 15 + 32) != Z_OK) {
-    return Status::IOError(name + ": cannot initialise zlib: " + (zs.msg ? zs.msg : "out of memory"));
-  }
-  std::unique_ptr<z_stream, InflateEnd> guard(&zs);
-
-  // One byte past the cap, so that "exactly the cap" and "more" differ.
-  const std::size_t out_cap = kMaxIdxBytes + 1;
-  std::vector<std::uint8_t> out(std::min(hint, out_cap));
-  std::size_t in_pos = 0;
-  std::size_t out_pos = 0;
-  // zlib counts in uInt (32 bits); feed it at most this much per call.
-  constexpr std::size_t kStep = std::numeric_limits<uInt>::max();
-
-  for (;;) {
-    if (out_pos == out.size()) {
-      if (out.size() == out_cap) {
-        return Status::Corruption(name + ": decompresses to more than " + std::to_string(kMaxIdxBytes) +
-                                  " bytes, the IDX size limit");
+// The decompressed bytes of one file, handed out in order as they are asked
+// for. An IDX reader inflates the header first, learns from it how many bytes
+// to expect, and stops one byte past them, so a gzip bomb costs the size its
+// header declares rather than whatever the stream would inflate to.
+class DecompressingReader {
+ public:
+  // Reads `path` whole (compressed, it is small next to what it holds) and
+  // makes ready to inflate it, or to pass it through when it is not gzip.
+  static Result<DecompressingReader> open(const std::filesystem::path& path) {
+    DecompressingReader r;
+    r.name_ = path.string();
+    auto raw = read_raw_file(path);
+    if (!raw.ok()) return raw.status();
+    r.in_ = std::move(*raw);
+    if (!is_gzip(r.in_, 0)) {
+      if (r.in_.size() > kMaxIdxBytes) {
+        return Status::Corruption(r.name_ + ": file is " + std::to_string(r.in_.size()) +
+                                  " bytes, more than the IDX size limit of " + std::to_string(kMaxIdxBytes));
       }
-      out.resize(std::min(out_cap, out.size() * 2));
+      r.hint_ = r.in_.size();
+      return r;  // plain IDX, as gzip would pass it through
     }
-    const std::size_t in_avail = std::min(in.size() - in_pos, kStep);
-    const std::size_t out_avail = std::min(out.size() - out_pos, kStep);
-    zs.next_in = const_cast<Bytef*>(in.data() + in_pos);  // zlib's API is not const-correct
-    zs.avail_in = static_cast<uInt>(in_avail);
-    zs.next_out = out.data() + out_pos;
-    zs.avail_out = static_cast<uInt>(out_avail);
-    const int rc = inflate(&zs, Z_NO_FLUSH);
-    in_pos += in_avail - zs.avail_in;
-    out_pos += out_avail - zs.avail_out;
+    // The last member's trailer holds its size mod 2^32: exact for the usual
+    // single-member file, so the output is allocated once. Only a hint.
+    r.hint_ = kMinBuffer;
+    if (r.in_.size() >= 18) {
+      const std::uint8_t* t = r.in_.data() + r.in_.size() - 4;
+      const std::size_t isize = std::uint32_t{t[0]} | (std::uint32_t{t[1]} << 8) |
+                                (std::uint32_t{t[2]} << 16) | (std::uint32_t{t[3]} << 24);
+      std::size_t bound = kMaxIdxBytes;
+      std::size_t ratio_bound = 0;
+      if (checked_mul(r.in_.size(), kMaxHintRatio, ratio_bound)) bound = std::min(bound, ratio_bound);
+      r.hint_ = std::max(r.hint_, std::min(isize, bound));
+    }
+    // zlib keeps a pointer back to its z_stream: it lives on the heap so the
+    // reader can move.
+    auto zs = std::make_unique<z_stream>();
+    // 15 + 32: the largest window, with automatic gzip/zlib header detection.
+    if (inflateInit2(zs.get(), 15 + 32) != Z_OK) {
+      return Status::IOError(r.name_ + ": cannot initialise zlib: " + (zs->msg ? zs->msg : "out of memory"));
+    }
+    r.zs_.reset(zs.release());
+    return r;
+  }
 
-    if (rc == Z_STREAM_END) {
-      if (in_pos == in.size()) break;
-      if (is_gzip(in, in_pos)) {
-        inflateReset(&zs);
+  // Copies the next decompressed bytes into dst[0, n). Returns n, or fewer
+  // only at the end of the data, once the gzip trailer (CRC, length) and
+  // whatever follows the stream have been checked.
+  Result<std::size_t> read(std::uint8_t* dst, std::size_t n) {
+    if (!zs_) {
+      const std::size_t got = std::min(n, in_.size() - in_pos_);
+      std::copy_n(in_.data() + in_pos_, got, dst);
+      in_pos_ += got;
+      return got;
+    }
+    z_stream& zs = *zs_;
+    // zlib counts in uInt (32 bits); feed it at most this much per call.
+    constexpr std::size_t kStep = std::numeric_limits<uInt>::max();
+    std::size_t done = 0;
+    while (done < n && !at_end_) {
+      const std::size_t in_avail = std::min(in_.size() - in_pos_, kStep);
+      const std::size_t out_avail = std::min(n - done, kStep);
+      zs.next_in = in_.data() + in_pos_;
+      zs.avail_in = static_cast<uInt>(in_avail);
+      zs.next_out = dst + done;
+      zs.avail_out = static_cast<uInt>(out_avail);
+      const int rc = inflate(&zs, Z_NO_FLUSH);
+      in_pos_ += in_avail - zs.avail_in;
+      done += out_avail - zs.avail_out;
+
+      if (rc == Z_STREAM_END) {
+        if (in_pos_ == in_.size()) {
+          at_end_ = true;
+        } else if (is_gzip(in_, in_pos_)) {
+          inflateReset(&zs);  // gzip allows several members, concatenated
+        } else {
+          return Status::Corruption(name_ + ": " + std::to_string(in_.size() - in_pos_) +
+                                    " bytes of trailing garbage after the gzip stream");
+        }
         continue;
       }
-      return Status::Corruption(name + ": " + std::to_string(in.size() - in_pos) +
-                                " bytes of trailing garbage after the gzip stream");
+      if (rc == Z_DATA_ERROR || rc == Z_NEED_DICT) {
+        return Status::Corruption(name_ + ": corrupt gzip stream (" +
+                                  (zs.msg ? zs.msg : "invalid compressed data") + ")");
+      }
+      if (rc == Z_MEM_ERROR) return Status::IOError(name_ + ": out of memory while decompressing");
+      if (rc != Z_OK && rc != Z_BUF_ERROR) {
+        return Status::Corruption(name_ + ": zlib error " + std::to_string(rc) + " while decompressing");
+      }
+      // Z_OK or Z_BUF_ERROR with room left in dst: zlib has used all the
+      // input before the end of the stream, so the file was cut short.
+      if (in_pos_ == in_.size() && done < n) {
+        return Status::Corruption(name_ + ": truncated gzip stream (unexpected end of file)");
+      }
     }
-    if (rc == Z_DATA_ERROR || rc == Z_NEED_DICT) {
-      return Status::Corruption(name + ": corrupt gzip stream (" +
-                                (zs.msg ? zs.msg : "invalid compressed data") + ")");
-    }
-    if (rc == Z_MEM_ERROR) return Status::IOError(name + ": out of memory while decompressing");
-    if (rc != Z_OK && rc != Z_BUF_ERROR) {
-      return Status::Corruption(name + ": zlib error " + std::to_string(rc) + " while decompressing");
-    }
-    // Z_OK or Z_BUF_ERROR: zlib wants more input or more room. Running out
-    // of input before the end of the stream means the file was cut short.
-    if (in_pos == in.size() && out_pos < out.size()) {
-      return Status::Corruption(name + ": truncated gzip stream (unexpected end of file)");
+    return done;
+  }
+
+  // A guess at the whole decompressed size (exact for a plain file and a
+  // well-formed single-member gzip), bounded by what the compressed size
+  // could plausibly hold: enough to size a first buffer, never to judge data.
+  std::size_t size_hint() const { return hint_; }
+
+  const std::string& name() const { return name_; }
+
+ private:
+  DecompressingReader() = default;
+
+  std::string name_;
+  std::vector<std::uint8_t> in_;  // the file as stored
+  std::size_t in_pos_ = 0;
+  std::size_t hint_ = 0;
+  std::unique_ptr<z_stream, InflateEnd> zs_;  // null for a plain file
+  bool at_end_ = false;                       // the last gzip member has ended
+};
+
+// Makes `buf` hold `size` bytes, keeping its contents, with capacity exactly
+// `size`: a plain resize may double the capacity past what the header allows.
+void grow_to(std::vector<std::uint8_t>& buf, std::size_t size) {
+  buf.reserve(size);
+  buf.resize(size);
+}
+
+// The `body_bytes` that follow an IDX header of `header_bytes`, refusing a
+// file that holds fewer or more. The buffer starts at the reader's size hint
+// and grows as bytes arrive, so a header that declares a huge count over a
+// tiny file allocates little; at most one byte past the declared size is ever
+// inflated.
+Result<std::vector<std::uint8_t>> read_declared(DecompressingReader& in, std::size_t header_bytes,
+                                                std::size_t body_bytes, const std::string& dims) {
+  const std::string& name = in.name();
+  const std::size_t expected = header_bytes + body_bytes;
+  std::vector<std::uint8_t> body(std::min(body_bytes, in.size_hint()));
+  std::size_t filled = 0;
+  while (filled < body_bytes) {
+    if (filled == body.size()) grow_to(body, std::min(body_bytes, std::max(body.size() * 2, kMinBuffer)));
+    const std::size_t want = body.size() - filled;
+    auto got = in.read(body.data() + filled, want);
+    if (!got.ok()) return got.status();
+    filled += *got;
+    if (*got < want) {
+      return Status::Corruption(name + ": truncated: expected " + std::to_string(expected) + " bytes for " + dims +
+                                ", got " + std::to_string(header_bytes + filled));
     }
   }
-  out.resize(out_pos);
-  return out;
+  std::uint8_t past_end = 0;
+  auto more = in.read(&past_end, 1);
+  if (!more.ok()) return more.status();
+  if (*more != 0) {
+    return Status::Corruption(name + ": trailing bytes after " + dims + ": the file holds more than the " +
+                              std::to_string(expected) + " bytes its header declares");
+  }
+  return body;
 }
 
 }  // namespace
 
 Result<std::vector<std::uint8_t>> read_gz_file(const std::filesystem::path& path) {
-  auto raw = read_raw_file(path);
-  if (!raw.ok()) return raw.status();
-  if (!is_gzip(*raw, 0)) {
-    if (raw->size() > kMaxIdxBytes) {
-      return Status::Corruption(path.string() + ": file is " + std::to_string(raw->size()) +
-                                " bytes, more than the IDX size limit of " + std::to_string(kMaxIdxBytes));
+  auto in = DecompressingReader::open(path);
+  if (!in.ok()) return in.status();
+  std::vector<std::uint8_t> out(std::min(in->size_hint(), kMaxIdxBytes));
+  std::size_t filled = 0;
+  for (;;) {
+    const std::size_t want = out.size() - filled;
+    auto got = in->read(out.data() + filled, want);
+    if (!got.ok()) return got.status();
+    filled += *got;
+    if (*got < want) break;
+    // Full: look one byte ahead before growing, so an exact hint costs one
+    // allocation.
+    std::uint8_t next = 0;
+    auto more = in->read(&next, 1);
+    if (!more.ok()) return more.status();
+    if (*more == 0) break;
+    if (out.size() == kMaxIdxBytes) {
+      return Status::Corruption(path.string() + ": decompresses to more than " + std::to_string(kMaxIdxBytes) +
+                                " bytes, the IDX size limit");
     }
-    return raw;  // plain IDX, as gzip would pass it through
+    grow_to(out, std::min(kMaxIdxBytes, std::max(out.size() * 2, kMinBuffer)));
+    out[filled++] = next;
   }
-  return gunzip(path.string(), *raw);
+  out.resize(filled);
+  return out;
 }
 
 Result<IdxImages> read_idx_images(const std::filesystem::path& path) {
-  auto bytes = read_gz_file(path);
-  if (!bytes.ok()) return bytes.status();
-  std::vector<std::uint8_t>& data = *bytes;
+  auto in = DecompressingReader::open(path);
+  if (!in.ok()) return in.status();
   const std::string name = path.string();
 
-  if (data.size() < 4) {
+  std::array<std::uint8_t, kImagesHeaderBytes> header{};
+  auto got = in->read(header.data(), header.size());
+  if (!got.ok()) return got.status();
+  if (*got < 4) {
     return Status::Corruption(name + ": truncated: expected at least " + std::to_string(kImagesHeaderBytes) +
-                              " bytes of idx3 header, got " + std::to_string(data.size()));
+                              " bytes of idx3 header, got " + std::to_string(*got));
   }
-  const std::uint32_t magic = read_be32(data.data());
+  const std::uint32_t magic = read_be32(header.data());
   if (magic != kImagesMagic) {
     std::string msg = name + ": bad magic number " + hex32(magic) + ", expected " + hex32(kImagesMagic) +
                       " (idx3 unsigned-byte images)";
     if (magic == kLabelsMagic) msg += "; this looks like an idx1 label file";
     return Status::Corruption(std::move(msg));
   }
-  if (data.size() < kImagesHeaderBytes) {
+  if (*got < kImagesHeaderBytes) {
     return Status::Corruption(name + ": truncated: expected at least " + std::to_string(kImagesHeaderBytes) +
-                              " bytes of idx3 header, got " + std::to_string(data.size()));
+                              " bytes of idx3 header, got " + std::to_string(*got));
   }
   IdxImages images;
-  images.count = read_be32(data.data() + 4);
-  images.rows = read_be32(data.data() + 8);
-  images.cols = read_be32(data.data() + 12);
+  images.count = read_be32(header.data() + 4);
+  images.rows = read_be32(header.data() + 8);
+  images.cols = read_be32(header.data() + 12);
   const std::string dims = std::to_string(images.count) + " images of " + std::to_string(images.rows) + "x" +
                            std::to_string(images.cols);
   if (images.rows == 0 || images.cols == 0 || images.rows > kMaxImageSide || images.cols > kMaxImageSide) {
@@ -236,63 +339,51 @@ Result<IdxImages> read_idx_images(const std::filesystem::path& path) {
     return Status::Corruption(name + ": header declares " + dims + ", more than the IDX size limit of " +
                               std::to_string(kMaxIdxBytes) + " bytes");
   }
-  const std::size_t expected = kImagesHeaderBytes + pixel_bytes;
-  if (data.size() < expected) {
-    return Status::Corruption(name + ": truncated: expected " + std::to_string(expected) + " bytes for " + dims +
-                              ", got " + std::to_string(data.size()));
-  }
-  if (data.size() > expected) {
-    return Status::Corruption(name + ": " + std::to_string(data.size() - expected) + " trailing bytes after " +
-                              dims + " (expected " + std::to_string(expected) + " bytes, got " +
-                              std::to_string(data.size()) + ")");
-  }
-  // Drop the header in place: one memmove instead of a second buffer.
-  data.erase(data.begin(), data.begin() + kImagesHeaderBytes);
-  images.pixels = std::move(data);
+  auto pixels = read_declared(*in, kImagesHeaderBytes, pixel_bytes, dims);
+  if (!pixels.ok()) return pixels.status();
+  images.pixels = std::move(*pixels);
   return images;
 }
 
 Result<std::vector<std::uint8_t>> read_idx_labels(const std::filesystem::path& path, std::size_t num_classes) {
   const std::string name = path.string();
   if (num_classes == 0) return Status::InvalidArgument(name + ": num_classes must be at least 1");
-  auto bytes = read_gz_file(path);
-  if (!bytes.ok()) return bytes.status();
-  std::vector<std::uint8_t>& data = *bytes;
+  auto in = DecompressingReader::open(path);
+  if (!in.ok()) return in.status();
 
-  if (data.size() < 4) {
+  std::array<std::uint8_t, kLabelsHeaderBytes> header{};
+  auto got = in->read(header.data(), header.size());
+  if (!got.ok()) return got.status();
+  if (*got < 4) {
     return Status::Corruption(name + ": truncated: expected at least " + std::to_string(kLabelsHeaderBytes) +
-                              " bytes of idx1 header, got " + std::to_string(data.size()));
+                              " bytes of idx1 header, got " + std::to_string(*got));
   }
-  const std::uint32_t magic = read_be32(data.data());
+  const std::uint32_t magic = read_be32(header.data());
   if (magic != kLabelsMagic) {
     std::string msg = name + ": bad magic number " + hex32(magic) + ", expected " + hex32(kLabelsMagic) +
                       " (idx1 unsigned-byte labels)";
     if (magic == kImagesMagic) msg += "; this looks like an idx3 image file";
     return Status::Corruption(std::move(msg));
   }
-  if (data.size() < kLabelsHeaderBytes) {
+  if (*got < kLabelsHeaderBytes) {
     return Status::Corruption(name + ": truncated: expected at least " + std::to_string(kLabelsHeaderBytes) +
-                              " bytes of idx1 header, got " + std::to_string(data.size()));
+                              " bytes of idx1 header, got " + std::to_string(*got));
   }
-  const std::size_t count = read_be32(data.data() + 4);
-  const std::size_t expected = kLabelsHeaderBytes + count;  // count < 2^32: no overflow
-  if (data.size() < expected) {
-    return Status::Corruption(name + ": truncated: expected " + std::to_string(expected) + " bytes for " +
-                              std::to_string(count) + " labels, got " + std::to_string(data.size()));
+  const std::size_t count = read_be32(header.data() + 4);
+  if (count > kMaxIdxBytes - kLabelsHeaderBytes) {
+    return Status::Corruption(name + ": header declares " + std::to_string(count) +
+                              " labels, more than the IDX size limit of " + std::to_string(kMaxIdxBytes) + " bytes");
   }
-  if (data.size() > expected) {
-    return Status::Corruption(name + ": " + std::to_string(data.size() - expected) + " trailing bytes after " +
-                              std::to_string(count) + " labels (expected " + std::to_string(expected) +
-                              " bytes, got " + std::to_string(data.size()) + ")");
-  }
-  data.erase(data.begin(), data.begin() + kLabelsHeaderBytes);
+  auto labels = read_declared(*in, kLabelsHeaderBytes, count, std::to_string(count) + " labels");
+  if (!labels.ok()) return labels.status();
+  const std::vector<std::uint8_t>& data = *labels;
   for (std::size_t i = 0; i < data.size(); ++i) {
     if (data[i] >= num_classes) {
       return Status::Corruption(name + ": label " + std::to_string(data[i]) + " at index " + std::to_string(i) +
                                 " is out of range (num_classes = " + std::to_string(num_classes) + ")");
     }
   }
-  return std::move(data);
+  return labels;
 }
 
 }  // namespace asgd::data

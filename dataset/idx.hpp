@@ -4,6 +4,9 @@
 //
 // Every function validates before it trusts: magic number, dimension count,
 // declared sizes against the decompressed length (exact), and label range.
+// The IDX readers inflate the header first and then at most one byte past the
+// size it declares, so a gzip bomb costs about its compressed size plus the
+// declared size in memory, never what the stream would inflate to.
 // A bad file gives StatusCode::corruption (or not_found / io_error) with a
 // one-line message that starts with the file's path.
 
@@ -25,10 +28,13 @@ struct IdxImages {
 };
 
 /// Largest decompressed file the reader accepts (guards against a hostile
-/// header or a gzip bomb): 1 GiB.
+/// header): 1 GiB.
 inline constexpr std::size_t kMaxIdxBytes = std::size_t{1} << 30;
 
 /// Decompresses `path` (gzip or plain) into memory, at most kMaxIdxBytes.
+/// Knowing nothing of IDX headers, it inflates a gzip bomb until that limit
+/// refuses it (over 1 GiB of memory); read_idx_images and read_idx_labels
+/// stop at the size the header declares.
 /// Errors: not_found, io_error, corruption (bad gzip stream, CRC, truncation).
 Result<std::vector<std::uint8_t>> read_gz_file(const std::filesystem::path& path);
 

@@ -3,14 +3,20 @@
 #include <gtest/gtest.h>
 
 #include "temp_dir.hpp"
+#include <sys/resource.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include <zlib.h>
 
+#include <algorithm>
 #include <array>
+#include <cerrno>
 #include <cstdint>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -63,12 +69,123 @@ Bytes read_raw(const fs::path& path) {
   return Bytes(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
 }
 
+// Writes `head` followed by `zeros` zero bytes as one gzip stream, deflated
+// chunk by chunk so the test never holds the uncompressed data: a gzip bomb
+// when `zeros` is large (1 GiB becomes about 1 MB).
+void write_gz_with_zeros(const fs::path& path, const Bytes& head, std::size_t zeros) {
+  z_stream zs{};
+  // 15 + 16: gzip wrapper. Run-length matching is as fast as level 1 and
+  // shrinks zeros about 1000:1.
+  ASSERT_EQ(deflateInit2(&zs, Z_BEST_SPEED, Z_DEFLATED, 15 + 16, 9, Z_RLE), Z_OK);
+  std::ofstream out(path, std::ios::binary);
+  Bytes compressed(std::size_t{1} << 16);
+  auto feed = [&](const std::uint8_t* data, std::size_t n, int flush) {
+    zs.next_in = const_cast<Bytef*>(data);  // zlib's API is not const-correct
+    zs.avail_in = static_cast<uInt>(n);
+    do {
+      zs.next_out = compressed.data();
+      zs.avail_out = static_cast<uInt>(compressed.size());
+      EXPECT_NE(deflate(&zs, flush), Z_STREAM_ERROR);
+      out.write(reinterpret_cast<const char*>(compressed.data()),
+                static_cast<std::streamsize>(compressed.size() - zs.avail_out));
+    } while (zs.avail_out == 0);
+  };
+  feed(head.data(), head.size(), Z_NO_FLUSH);
+  const Bytes zero_chunk(std::size_t{1} << 20, 0);
+  for (std::size_t left = zeros; left > 0;) {
+    const std::size_t n = std::min(left, zero_chunk.size());
+    feed(zero_chunk.data(), n, Z_NO_FLUSH);
+    left -= n;
+  }
+  feed(nullptr, 0, Z_FINISH);
+  deflateEnd(&zs);
+  ASSERT_TRUE(out.good()) << path;
+}
+
+// Reading a file whose header declares at most 47 MB may raise the peak by
+// this much; inflating a whole gzip bomb raised it by 2 GB.
+constexpr long kMaxPeakGrowthKb = 200 * 1024;
+
+// Resident memory says nothing under a sanitizer (shadow memory, quarantined
+// frees); there only the errors are checked, which still say where reading
+// stopped.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kRssIsMeaningful = false;
+#else
+constexpr bool kRssIsMeaningful = true;
+#endif
+
+long max_rss_kb() {
+  rusage usage{};
+  getrusage(RUSAGE_SELF, &usage);
+  return usage.ru_maxrss;  // kilobytes on Linux
+}
+
+// What reading a file did in a forked child process: its status, and how far
+// its peak resident memory rose above where it started, so the figure is the
+// read's own and not the test binary's.
+struct ChildRead {
+  StatusCode code = StatusCode::ok;
+  std::string message;
+  long peak_growth_kb = -1;
+};
+
+// `read` returns a Status; it runs in the child only.
+template <class Read>
+ChildRead read_in_child(Read read) {
+  int fds[2];
+  if (pipe(fds) != 0) {
+    ADD_FAILURE() << "pipe: " << std::strerror(errno);
+    return {};
+  }
+  const pid_t pid = fork();
+  if (pid < 0) {
+    ADD_FAILURE() << "fork: " << std::strerror(errno);
+    return {};
+  }
+  if (pid == 0) {
+    close(fds[0]);
+    // A forked child's peak starts at the parent's resident size.
+    const long before = max_rss_kb();
+    const Status s = read();
+    const std::string report = std::to_string(max_rss_kb() - before) + " " +
+                               std::to_string(static_cast<int>(s.code())) + " " + s.message();
+    for (std::size_t sent = 0; sent < report.size();) {
+      const ssize_t n = write(fds[1], report.data() + sent, report.size() - sent);
+      if (n <= 0) _exit(1);
+      sent += static_cast<std::size_t>(n);
+    }
+    _exit(0);  // not exit(): the parent's gtest state must not run twice
+  }
+  close(fds[1]);
+  std::string report;
+  char buf[4096];
+  for (ssize_t n; (n = ::read(fds[0], buf, sizeof buf)) > 0;) report.append(buf, static_cast<std::size_t>(n));
+  close(fds[0]);
+  int wstatus = 0;
+  waitpid(pid, &wstatus, 0);
+  EXPECT_TRUE(WIFEXITED(wstatus) && WEXITSTATUS(wstatus) == 0) << "child ended with wait status " << wstatus;
+  ChildRead got;
+  std::istringstream in(report);
+  int code = 0;
+  in >> got.peak_growth_kb >> code;
+  in.get();
+  std::getline(in, got.message);
+  got.code = static_cast<StatusCode>(code);
+  return got;
+}
+
 // The status message starts with the path, is one line, and mentions `what`.
+void expect_error(StatusCode got_code, const std::string& message, StatusCode code, const fs::path& path,
+                  const std::string& what) {
+  EXPECT_EQ(got_code, code) << message;
+  EXPECT_EQ(message.rfind(path.string(), 0), 0u) << message;
+  EXPECT_EQ(message.find('\n'), std::string::npos) << message;
+  EXPECT_NE(message.find(what), std::string::npos) << "expected \"" << what << "\" in: " << message;
+}
+
 void expect_error(const Status& s, StatusCode code, const fs::path& path, const std::string& what) {
-  EXPECT_EQ(s.code(), code) << s.to_string();
-  EXPECT_EQ(s.message().rfind(path.string(), 0), 0u) << s.message();
-  EXPECT_EQ(s.message().find('\n'), std::string::npos) << s.message();
-  EXPECT_NE(s.message().find(what), std::string::npos) << "expected \"" << what << "\" in: " << s.message();
+  expect_error(s.code(), s.message(), code, path, what);
 }
 
 TEST(GzReader, ReadsAGzipFileBackToItsOriginalBytes) {
@@ -254,7 +371,8 @@ TEST(IdxReader, ReportsTrailingBytesAfterTheDeclaredImages) {
   write_gz(path, file);
   auto images = read_idx_images(path);
   ASSERT_FALSE(images.ok());
-  expect_error(images.status(), StatusCode::corruption, path, "5 trailing bytes");
+  expect_error(images.status(), StatusCode::corruption, path,
+               "trailing bytes after 3 images of 28x28: the file holds more than the 2368 bytes its header declares");
 }
 
 TEST(IdxReader, ReportsTrailingBytesAfterTheDeclaredLabels) {
@@ -265,7 +383,94 @@ TEST(IdxReader, ReportsTrailingBytesAfterTheDeclaredLabels) {
   write_raw(path, file);
   auto labels = read_idx_labels(path, 10);
   ASSERT_FALSE(labels.ok());
-  expect_error(labels.status(), StatusCode::corruption, path, "1 trailing bytes");
+  expect_error(labels.status(), StatusCode::corruption, path,
+               "trailing bytes after 3 labels: the file holds more than the 11 bytes its header declares");
+}
+
+// Before, the whole stream was inflated first: reading this 1 MB file raised
+// the peak resident memory by 2.0 GiB before the 1 GiB limit refused it.
+TEST(IdxReader, RefusesAGzipBombNamingTheFileWithoutInflatingMoreThanItsHeaderDeclares) {
+  TempDir dir;
+  const auto path = dir.path() / "bomb-images-idx3-ubyte.gz";
+  // 60000 images of 28x28 (47 MB) declared, 1 GiB of zeros behind them.
+  write_gz_with_zeros(path, idx3(60000, 28, 28, 0), kMaxIdxBytes);
+  ASSERT_LT(fs::file_size(path), std::uintmax_t{8} << 20);
+
+  const ChildRead got = read_in_child([&] { return read_idx_images(path).status(); });
+  expect_error(got.code, got.message, StatusCode::corruption, path,
+               "trailing bytes after 60000 images of 28x28: the file holds more than the 47040016 bytes");
+  // The declared 47 MB and the compressed file, with room for the allocator.
+  RecordProperty("peak_growth_kb", std::to_string(got.peak_growth_kb));
+  if (kRssIsMeaningful) {
+    EXPECT_LT(got.peak_growth_kb, kMaxPeakGrowthKb) << "peak resident memory grew by " << got.peak_growth_kb
+                                                    << " kB";
+  }
+}
+
+TEST(IdxReader, RefusesAHugeCountOverATinyFileAsTruncatedWithoutAllocatingTheDeclaredSize) {
+  TempDir dir;
+  // 1,000,000 images of 28x28 declared (784 MB), 1 kB of pixels given.
+  const Bytes file = idx3(1000000, 28, 28, 1024);
+  const auto gz_path = dir.path() / "images.gz";
+  write_gz(gz_path, file);
+  const auto plain_path = dir.path() / "images";
+  write_raw(plain_path, file);
+
+  for (const auto& path : {gz_path, plain_path}) {
+    const ChildRead got = read_in_child([&] { return read_idx_images(path).status(); });
+    expect_error(got.code, got.message, StatusCode::corruption, path,
+                 "truncated: expected 784000016 bytes for 1000000 images of 28x28, got 1040");
+    RecordProperty(path.filename().string() + "_peak_growth_kb", std::to_string(got.peak_growth_kb));
+    if (kRssIsMeaningful) {
+      EXPECT_LT(got.peak_growth_kb, kMaxPeakGrowthKb) << path << ": peak resident memory grew by "
+                                                      << got.peak_growth_kb << " kB";
+    }
+  }
+}
+
+TEST(IdxReader, RejectsALabelCountBeyondTheSizeLimitBeforeAllocating) {
+  TempDir dir;
+  const auto path = dir.path() / "labels";
+  Bytes file;
+  put_be32(file, 0x00000801);
+  put_be32(file, 0xffffffffu);
+  write_raw(path, file);
+  auto labels = read_idx_labels(path, 10);
+  ASSERT_FALSE(labels.ok());
+  expect_error(labels.status(), StatusCode::corruption, path, "4294967295 labels, more than the IDX size limit");
+}
+
+// The reader stops reading pixels at the declared size; the gzip trailer
+// after them must still be checked.
+TEST(IdxReader, ReportsACrcMismatchInAFileOfExactlyTheDeclaredSize) {
+  TempDir dir;
+  const auto path = dir.path() / "images.gz";
+  write_gz(path, three_images());
+  Bytes gz = read_raw(path);
+  gz[gz.size() - 8] ^= 0x01;  // first byte of the CRC-32 in the trailer
+  write_raw(path, gz);
+  auto images = read_idx_images(path);
+  ASSERT_FALSE(images.ok());
+  expect_error(images.status(), StatusCode::corruption, path, "incorrect data check");
+}
+
+TEST(IdxReader, ReadsAnImageFileWhoseHeaderAndPixelsSpanSeveralGzipMembers) {
+  TempDir dir;
+  const Bytes file = three_images();
+  // The first member ends inside the header, the second inside the pixels.
+  write_gz(dir.path() / "1.gz", Bytes(file.begin(), file.begin() + 10));
+  write_gz(dir.path() / "2.gz", Bytes(file.begin() + 10, file.begin() + 1000));
+  write_gz(dir.path() / "3.gz", Bytes(file.begin() + 1000, file.end()));
+  Bytes all;
+  for (const char* part : {"1.gz", "2.gz", "3.gz"}) {
+    const Bytes member = read_raw(dir.path() / part);
+    all.insert(all.end(), member.begin(), member.end());
+  }
+  const auto path = dir.path() / "images.gz";
+  write_raw(path, all);
+  auto images = read_idx_images(path);
+  ASSERT_TRUE(images.ok()) << images.status().to_string();
+  EXPECT_EQ(images->pixels, Bytes(file.begin() + 16, file.end()));
 }
 
 TEST(IdxReader, ReportsAnOutOfRangeLabelWithItsIndexAndValue) {
