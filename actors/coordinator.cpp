@@ -3,6 +3,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <limits>
 #include <cmath>
@@ -295,13 +296,19 @@ caf::timespan rpc_timeout(const JobConfig& c) {
 }
 
 OptimizerConfig optimizer_config(const JobConfig& c) {
-  return {c.optimizer, static_cast<float>(c.lr), static_cast<float>(c.momentum), static_cast<float>(c.weight_decay)};
+  const TrainingSettings t = training_settings(c);
+  return {c.optimizer, static_cast<float>(t.lr), static_cast<float>(t.momentum), static_cast<float>(c.weight_decay)};
 }
 
 LrSchedule lr_schedule(const JobConfig& c, std::uint64_t total_steps) {
   LrSchedule s;
   LrSchedule::parse(c.lr_schedule, s.kind);
   s.total_steps = total_steps;
+  // total_steps is the longest worker's clocks over the job: per epoch, a
+  // share of it.
+  const double warmup = training_settings(c).lr_warmup_epochs;
+  s.warmup_steps = static_cast<std::uint64_t>(std::llround(warmup * static_cast<double>(total_steps) /
+                                                           static_cast<double>(std::max<std::uint32_t>(c.epochs, 1))));
   return s;
 }
 
@@ -313,6 +320,9 @@ PolicyConfig policy_config(const JobConfig& c) {
   p.staleness = c.staleness;
   p.backup_workers = c.backup_workers;
   p.local_steps = c.local_steps;
+  // More than 8 averaging workers see few local steps each per epoch: they
+  // average twice as often (training_settings names it).
+  if (!p.local_steps && c.policy == "averaging" && c.workers > 8) p.local_steps = 4;
   return p;
 }
 
@@ -704,6 +714,20 @@ void calibrate(Self self, std::size_t next, std::shared_ptr<std::vector<double>>
           });
 }
 
+// What to change when training diverged: the step it ran with, where it
+// came from, and a smaller one to try.
+std::string divergence_hint(const JobConfig& c) {
+  const TrainingSettings t = training_settings(c);
+  std::string from = c.lr ? "--lr" : "the default";
+  for (const auto& a : t.adjusted)
+    if (a.size() > 3 && a.rfind("lr ", 0) == 0 && std::isdigit(static_cast<unsigned char>(a[3]))) from = "the default, " + a;
+  std::string hint = fmt::format("; the job ran with lr {:g} ({}), momentum {:g}{}, {} workers under {}: try --lr {:g}",
+                                 t.lr, from, t.momentum, t.staleness_aware_lr ? ", staleness-aware steps" : "",
+                                 c.workers, c.policy, t.lr / 2);
+  if (c.optimizer == "momentum" && t.momentum > 0.6) hint += fmt::format(" or --momentum {:g}", t.momentum - 0.3);
+  return hint;
+}
+
 // What --resume was given is the user's to fix, whatever is wrong with it
 // (a damaged, foreign or unreadable checkpoint): a usage error that names
 // the folder and the file.
@@ -825,7 +849,7 @@ caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self, Coordinat
     ss.policy = policy;
     ss.schedule = schedule;
     ss.workers = cfg.workers;
-    ss.staleness_aware_lr = cfg.staleness_aware_lr;
+    ss.staleness_aware_lr = training_settings(cfg).staleness_aware_lr;
     ss.hold_warning_s = cfg.rpc_timeout_s / 2;
     ss.shared = st.shared;
     if (!cfg.checkpoint_dir.empty() && cfg.checkpoint_every_s > 0) {
@@ -962,7 +986,7 @@ caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self, Coordinat
       },
       [self](failed_atom, std::int32_t code, const std::string& what) {
         switch (static_cast<StatusCode>(code)) {
-          case StatusCode::diverged: fail(self, Status::Diverged(what)); break;
+          case StatusCode::diverged: fail(self, Status::Diverged(what + divergence_hint(self->state.setup.config))); break;
           case StatusCode::timeout: fail(self, Status::Timeout(what)); break;
           case StatusCode::invalid_argument: fail(self, Status::InvalidArgument(what)); break;
           default: fail(self, Status::Internal(what)); break;

@@ -42,6 +42,10 @@ struct PushRequest {
   bool want_params = true;          ///< answer with the parameters for the read at clock + 1
   std::vector<float> payload;       ///< (range size,) gradients or parameters, as the policy says
   ReceivedFloats received = {};     ///< instead of `payload` (then empty) for a push from another process
+  /// The shard's version (ShardReply::version) of the parameters it was
+  /// computed on: the shard's updates since then are its staleness in
+  /// updates, which --staleness-aware-lr divides the step by.
+  std::uint64_t base_version = 0;
 
   /// The payload, wherever it is.
   std::span<const float> values() const {
@@ -146,7 +150,8 @@ struct ShardStats {
 
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, PushRequest& x) {
-  return f(caf::meta::type_name("PushRequest"), x.worker, x.clock, x.base_clock, x.samples, x.want_params, x.payload);
+  return f(caf::meta::type_name("PushRequest"), x.worker, x.clock, x.base_clock, x.samples, x.want_params, x.payload,
+           x.base_version);
 }
 template <class Inspector>
 typename Inspector::result_type inspect(Inspector& f, PullRequest& x) {

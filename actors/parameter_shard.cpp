@@ -88,9 +88,14 @@ void ShardCore::record_staleness(Clock clock, Clock base) {
   ++h[staleness];
 }
 
-float ShardCore::lr_scale(Clock clock, Clock staleness) const {
+float ShardCore::lr_scale(Clock clock, std::uint64_t staleness) const {
   float scale = setup_.schedule.scale(clock);
-  if (setup_.staleness_aware_lr && staleness > 1) scale /= static_cast<float>(staleness);
+  // A step is divided by how much staler it is than the steps of a
+  // two-worker job, which the rate is chosen for: with N workers pushing at
+  // once a read is about N - 1 updates old, so about N / 2 times as stale.
+  const float usual = std::max(1.0f, static_cast<float>(setup_.workers) / 2.0f);
+  if (setup_.staleness_aware_lr && static_cast<float>(staleness) > usual)
+    scale *= usual / static_cast<float>(staleness);
   return scale;
 }
 
@@ -221,7 +226,10 @@ void ShardCore::push(PushRequest&& req, Ticket ticket, Instant now, std::vector<
   switch (policy_->admit_push(info, view())) {
     case PushAction::apply: {
       if (tick) break;
-      const Clock staleness = req.clock > req.base_clock ? req.clock - req.base_clock : 0;
+      // Staleness for the step size counts the updates this shard applied
+      // since the worker read the parameters (Zhang et al. 2016): with N
+      // workers pushing at once it is about N - 1, whatever the clocks say.
+      const std::uint64_t behind = version_ > req.base_version ? version_ - req.base_version : 0;
       record_staleness(req.clock, req.base_clock);
       ++stats_.updates_applied;
       ++stats_.commits;
@@ -231,7 +239,7 @@ void ShardCore::push(PushRequest&& req, Ticket ticket, Instant now, std::vector<
       Clock progress = 0;
       for (Clock c : clock_) progress += c;
       progress /= clock_.size();
-      const float scale = lr_scale(progress > 0 ? progress - 1 : 0, staleness);
+      const float scale = lr_scale(progress > 0 ? progress - 1 : 0, behind);
       if (req.want_params && policy_->may_answer_pull(read, view())) {
         // The common async case: write the fresh parameters into the reply
         // in the optimizer's pass (it reads g[i] before it writes the slot)

@@ -65,6 +65,7 @@ void accept_params(Self self, std::size_t shard, ShardReply& reply) {
               st.model->params().begin() + static_cast<std::ptrdiff_t>(r.begin));
   }
   st.base_clock[shard] = reply.clock;
+  st.base_version[shard] = reply.version;
   st.buffers[shard] = std::move(reply.params);
 }
 
@@ -177,6 +178,7 @@ void send_pushes(Self self, Clock clock, bool want_params) {
   for (std::size_t i = 0; i < st.setup.shards.size(); ++i) {
     const KeyRange& r = st.setup.ranges[i];
     PushRequest req{st.setup.id, clock, st.base_clock[i], st.unpushed_samples, want_params, std::move(st.buffers[i])};
+    req.base_version = st.base_version[i];
     if (tick) {
       req.payload.clear();
     } else if (!params_payload && r.size() == st.model->num_params() && source.data() == st.model->grads().data()) {
@@ -350,7 +352,7 @@ void try_step(Self self) {
     if (++st.nonfinite_streak >= kMaxNonFiniteSteps) {
       fail(self, StatusCode::diverged,
            "the loss was " + std::to_string(loss) + " for " + std::to_string(kMaxNonFiniteSteps) +
-               " steps in a row (up to step " + std::to_string(st.step) + "); try a lower --lr");
+               " steps in a row (up to step " + std::to_string(st.step) + ")");
       return;
     }
   } else {
@@ -444,6 +446,7 @@ caf::behavior worker(caf::stateful_actor<WorkerState>* self, WorkerSetup setup) 
   }
   st.step = st.setup.first_clock;
   st.base_clock.assign(st.setup.shards.size(), st.setup.first_clock);
+  st.base_version.assign(st.setup.shards.size(), 0);
   st.buffers.resize(st.setup.shards.size());
   auto start = [self] {
     auto& s = self->state;

@@ -72,6 +72,7 @@ struct WorkerState {
   std::unique_ptr<Optimizer> local_optimizer;   // when the plan updates locally
   std::uint64_t step = 0;                       // steps completed: the worker's clock
   std::vector<Clock> base_clock;                // per shard: complete clock of our copy
+  std::vector<std::uint64_t> base_version;      // per shard: its version of our copy
   std::vector<std::vector<float>> buffers;      // per shard: recycled message buffers
   std::vector<float> accumulated;               // (num_params,) gradients summed between pushes
   std::size_t unpushed_steps = 0;               // steps whose work no push has carried yet

@@ -77,7 +77,10 @@ Setter count(T asgd::JobConfig::*field) {
   };
 }
 
-Setter real(double asgd::JobConfig::*field) {
+// Works for a plain number field and for one whose unset value means
+// "the runtime's default" (std::optional<double>).
+template <class T>
+Setter real(T asgd::JobConfig::*field) {
   return [field](asgd::JobConfig& c, const json& v) -> std::optional<std::string> {
     if (!v.is_number()) return "must be a number";
     c.*field = v.get<double>();

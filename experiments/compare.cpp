@@ -110,6 +110,8 @@ JobConfig config_for_run(const JobConfig& base, const std::string& policy, std::
   if (name != "bsp") c.backup_workers = defaults.backup_workers;
   if (name != "averaging") c.local_steps = defaults.local_steps;
   if (name != "async" && name != "ssp") c.staleness_aware_lr = defaults.staleness_aware_lr;
+  // Every run takes the defaults of its own policy and worker count, unless
+  // the base job set a value (then every run uses it).
   return c;
 }
 

@@ -94,7 +94,7 @@ std::string header_html(const ReportInput& in) {
       {"Device", html_escape(c.device)},
       {"Epochs", std::to_string(c.epochs)},
       {"Batch per worker", std::to_string(c.batch)},
-      {"Optimizer", html_escape(c.optimizer) + ", lr " + html_escape(printf_string("%g", c.lr)) + " (" +
+      {"Optimizer", html_escape(c.optimizer) + ", lr " + html_escape(printf_string("%g", training_settings(c).lr)) + " (" +
                         html_escape(c.lr_schedule) + ")"},
       {"Repeats", std::to_string(in.repeats) + " (seeds " + seeds + ")"},
       {"Evaluated", c.eval_every_s > 0 ? "every " + html_escape(printf_string("%g", c.eval_every_s)) + " s and each epoch"

@@ -267,7 +267,7 @@ namespace asgd::messaging {
 // serialize() for its own serialization.)
 template <class A>
 void serialize_fields(A& ar, PushRequest& x) {
-  ar(x.worker, x.clock, x.base_clock, x.samples, x.want_params);
+  ar(x.worker, x.clock, x.base_clock, x.samples, x.want_params, x.base_version);
 }
 template <class A>
 void serialize_fields(A& ar, PullRequest& x) {

@@ -827,7 +827,7 @@ Status run_shard_process(const ProcessOptions& o, std::stop_token stop) {
   ss.policy = policy_config(j.config);
   ss.schedule = lr_schedule(j.config, a.schedule_steps);
   ss.workers = a.workers;
-  ss.staleness_aware_lr = j.config.staleness_aware_lr;
+  ss.staleness_aware_lr = training_settings(j.config).staleness_aware_lr;
   ss.hold_warning_s = j.config.rpc_timeout_s / 2;
   if (!j.config.checkpoint_dir.empty() && j.config.checkpoint_every_s > 0) {  // a folder on this shard's host
     ss.checkpoint_path = shard_checkpoint_path(j.config.checkpoint_dir, a.index);

@@ -60,6 +60,19 @@ FieldAccess optional_uint_field(std::optional<std::uint32_t> JobConfig::*member)
           }};
 }
 
+FieldAccess optional_double_field(std::optional<double> JobConfig::*member) {
+  return {[member](JobConfig& c, const std::string& t) {
+            double v = 0;
+            Status s = parse_double(t, v);
+            if (s.ok()) c.*member = v;
+            return s;
+          },
+          [member](const JobConfig& c) -> std::optional<std::string> {
+            if (!(c.*member)) return std::nullopt;
+            return number_text(*(c.*member));
+          }};
+}
+
 FieldAccess double_field(double JobConfig::*member) {
   return {[member](JobConfig& c, const std::string& t) { return parse_double(t, c.*member); },
           [member](const JobConfig& c) -> std::optional<std::string> { return number_text(c.*member); }};
@@ -94,7 +107,9 @@ const std::vector<ConfigField>& job_config_fields() {
        uint_field(&JobConfig::backup_workers)},
       {"local-steps", "averaging: local steps between parameter averages (default 8)", "K",
        optional_uint_field(&JobConfig::local_steps)},
-      {"staleness-aware-lr", "async, ssp: divide each update's step by its staleness: true | false (default false)",
+      {"staleness-aware-lr",
+       "async, ssp: divide each update's step by the updates applied since its read: true | false (default true "
+       "for async and ssp)",
        "BOOL",
        {[](JobConfig& c, const std::string& t) {
           if (t == "true" || t == "1") c.staleness_aware_lr = true;
@@ -102,7 +117,10 @@ const std::vector<ConfigField>& job_config_fields() {
           else return Status::InvalidArgument("expected true or false");
           return Status{};
         },
-        [](const JobConfig& c) -> std::optional<std::string> { return c.staleness_aware_lr ? "true" : "false"; }}},
+        [](const JobConfig& c) -> std::optional<std::string> {
+          if (!c.staleness_aware_lr) return std::nullopt;
+          return *c.staleness_aware_lr ? "true" : "false";
+        }}},
       {"worker-weights", "per-worker batch weights: W0,W1,... or auto (default equal)", "LIST",
        string_field(&JobConfig::worker_weights)},
       {"straggler", "slow worker W by FACTOR, for experiments: W:FACTOR[,W:FACTOR...]", "W:F",
@@ -115,12 +133,16 @@ const std::vector<ConfigField>& job_config_fields() {
       {"device", "where workers compute: cpu | cuda | cuda:K (default cpu)", "DEV", string_field(&JobConfig::device)},
       {"epochs", "passes over the training data (default 3)", "E", uint_field(&JobConfig::epochs)},
       {"batch", "samples per worker step (default 64)", "B", uint_field(&JobConfig::batch)},
-      {"lr", "base learning rate (default 0.02)", "X", double_field(&JobConfig::lr)},
+      {"lr", "base learning rate (default 0.02; with more than 2 workers 0.02 x workers / 2, but for hogwild)", "X",
+       optional_double_field(&JobConfig::lr)},
+      {"lr-warmup", "epochs over which the rate ramps up at the start (default 0; 1 with more than 2 workers, "
+                    "but for hogwild)",
+       "E", optional_double_field(&JobConfig::lr_warmup_epochs)},
       {"lr-schedule", "constant | cosine (decay to 0 over the job) | step (x0.1 at 50% and 75%) (default cosine)", "NAME",
        string_field(&JobConfig::lr_schedule)},
       {"optimizer", "shard optimizer: sgd | momentum | adagrad | adam (default momentum)", "NAME",
        string_field(&JobConfig::optimizer)},
-      {"momentum", "momentum coefficient (default 0.9)", "X", double_field(&JobConfig::momentum)},
+      {"momentum", "momentum coefficient (default 0.9)", "X", optional_double_field(&JobConfig::momentum)},
       {"weight-decay", "L2 coefficient added to every gradient (default 0)", "X",
        double_field(&JobConfig::weight_decay)},
       {"seed", "seed for initialisation, validation split and shuffling (default 1)", "N",

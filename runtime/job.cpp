@@ -84,18 +84,22 @@ Status validate_config(const JobConfig& c, bool named_dataset) {
   // Hogwild's lock-free shared buffer needs every worker in this process
   // with the parameters in host memory: true of every job run_job runs
   // today (CPU workers, one process). Multi-process roles must refuse it.
-  if (c.staleness_aware_lr && (*policy)->name() != "async" && (*policy)->name().rfind("ssp", 0) != 0)
+  if (c.staleness_aware_lr.value_or(false) && (*policy)->name() != "async" && (*policy)->name().rfind("ssp", 0) != 0)
     return bad("staleness-aware-lr", "true", "applies to --policy async and ssp only, not to " + (*policy)->name());
   if (c.epochs < 1) return bad("epochs", std::to_string(c.epochs), "must be >= 1");
   if (c.batch < 1) return bad("batch", std::to_string(c.batch), "must be >= 1");
-  if (!(c.lr > 0.0) || !std::isfinite(c.lr)) return bad("lr", fmt::format("{:g}", c.lr), "must be a positive number");
+  if (c.lr && (!(*c.lr > 0.0) || !std::isfinite(*c.lr)))
+    return bad("lr", fmt::format("{:g}", *c.lr), "must be a positive number");
+  if (c.lr_warmup_epochs && (!(*c.lr_warmup_epochs >= 0.0) || !std::isfinite(*c.lr_warmup_epochs)))
+    return bad("lr-warmup", fmt::format("{:g}", *c.lr_warmup_epochs), "must be a number of epochs >= 0");
   if (LrSchedule::Kind kind; !LrSchedule::parse(c.lr_schedule, kind))
     return bad("lr-schedule", c.lr_schedule, "unknown schedule (known: constant, cosine, step)");
   if (!contains(known_optimizers(), c.optimizer))
     return bad("optimizer", c.optimizer, "unknown optimizer (known: " + join(known_optimizers()) + ")");
   if (!(c.weight_decay >= 0.0) || !std::isfinite(c.weight_decay))
     return bad("weight-decay", fmt::format("{:g}", c.weight_decay), "must be a number >= 0");
-  if (!(c.momentum >= 0.0 && c.momentum < 1.0)) return bad("momentum", fmt::format("{:g}", c.momentum), "must be in [0, 1)");
+  if (c.momentum && !(*c.momentum >= 0.0 && *c.momentum < 1.0))
+    return bad("momentum", fmt::format("{:g}", *c.momentum), "must be in [0, 1)");
   if (c.target_accuracy && !(*c.target_accuracy > 0.0 && *c.target_accuracy <= 1.0))
     return bad("target-accuracy", fmt::format("{:g}", *c.target_accuracy), "must be in (0, 1]");
   if (!(c.eval_every_s >= 0.0) || !std::isfinite(c.eval_every_s))
@@ -129,6 +133,53 @@ Status validate(const JobConfig& c, const UserDataset& data) {
     if (auto n = validate(*c.model_spec, data.sample_shape, data.classes); !n) return n.status();
   }
   return {};
+}
+
+TrainingSettings training_settings(const JobConfig& c) {
+  TrainingSettings t;
+  const std::string policy = c.policy.substr(0, c.policy.find(':'));
+  const std::uint32_t n = c.workers;
+  // The defaults were chosen on two workers. Beyond that (hogwild aside,
+  // whose in-process workers write one buffer) bsp and averaging take more
+  // samples per update: the rate grows with the workers (the linear
+  // scaling rule), ramped up over the first epoch. async and ssp instead
+  // apply staler gradients, about n - 1 updates old, and asynchrony acts as
+  // momentum of its own: their momentum drops to 0.5, each step is divided
+  // by how much staler it is than a two-worker job's, and the rate is twice
+  // the two-worker one, also ramped up. (docs/policies.md has the
+  // measurements behind each.)
+  const bool more = n > 2 && policy != "hogwild";
+  const bool stale = policy == "async" || policy == "ssp";
+  auto say = [&](const std::string& what) { t.adjusted.push_back(what); };
+  if (c.lr) {
+    t.lr = *c.lr;
+  } else if (more && stale) {
+    t.lr = 0.04;
+    say(fmt::format("lr {:g} (twice the two-worker rate, under staleness-aware steps)", t.lr));
+  } else if (more) {
+    t.lr = 0.02 * n / 2;
+    say(fmt::format("lr {:g} (0.02 x {} workers / 2, the linear scaling rule)", t.lr, n));
+  }
+  if (c.momentum) {
+    t.momentum = *c.momentum;
+  } else if (more && stale) {
+    t.momentum = 0.5;
+    say("momentum 0.5 (asynchrony adds its own)");
+  }
+  if (!c.local_steps && policy == "averaging" && n > 8) say("--local-steps 4 (more than 8 workers average twice as often)");
+  if (c.lr_warmup_epochs) {
+    t.lr_warmup_epochs = *c.lr_warmup_epochs;
+  } else if (more) {
+    t.lr_warmup_epochs = 1.0;
+    say("lr warm-up over the first epoch");
+  }
+  if (c.staleness_aware_lr) {
+    t.staleness_aware_lr = *c.staleness_aware_lr;
+  } else if (stale) {
+    t.staleness_aware_lr = true;
+    if (more) say(fmt::format("staleness-aware steps (each divided by its staleness in updates over {})", n / 2));
+  }
+  return t;
 }
 
 std::string resolve_data_dir(const JobConfig& c) {

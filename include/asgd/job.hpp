@@ -35,7 +35,9 @@ struct JobConfig {
   std::uint32_t push_every = 1;     ///< async: push accumulated gradients every n-th step
   std::uint32_t backup_workers = 0; ///< bsp: commit a clock once workers - backup_workers gradients are in
   std::optional<std::uint32_t> local_steps;  ///< averaging: local steps between two averages, >= 1 (default 8)
-  bool staleness_aware_lr = false;  ///< async, ssp: divide each update's step by its staleness (when > 1)
+  /// async, ssp: divide each update's step by its staleness in updates
+  /// (when > 1). Unset: the policy's default (training_settings).
+  std::optional<bool> staleness_aware_lr;
   /// Per-worker batch-size weights: "" (equal), "W0,W1,..." (one positive
   /// number per worker; batch and data partition scale with the weight), or
   /// "auto" (measured from each worker's throughput before training).
@@ -48,10 +50,17 @@ struct JobConfig {
   std::string device = "cpu";       ///< where workers compute
   std::uint32_t epochs = 3;         ///< passes over the training split, >= 1
   std::uint32_t batch = 64;         ///< samples per worker step, >= 1
-  double lr = 0.02;                 ///< base learning rate, > 0
+  /// Base learning rate, > 0. Unset: the default for the policy and the
+  /// worker count (training_settings); a value set is used as it is.
+  std::optional<double> lr;
+  /// Epochs over which the rate ramps up linearly at the start, >= 0.
+  /// Unset: the policy's default (training_settings).
+  std::optional<double> lr_warmup_epochs;
   std::string lr_schedule = "cosine";  ///< constant | cosine (decays to 0 over the job's updates) | step (x0.1 at 50% and 75%)
   std::string optimizer = "momentum";  ///< shard-side optimizer: sgd | momentum | adagrad | adam
-  double momentum = 0.9;            ///< for optimizer = momentum
+  /// For optimizer = momentum, in [0, 1). Unset: the default for the
+  /// policy and the worker count (training_settings).
+  std::optional<double> momentum;
   double weight_decay = 0.0;        ///< L2 coefficient added to every gradient, >= 0
   std::uint64_t seed = 1;           ///< seeds initialisation, the validation split and shuffling
   std::optional<double> target_accuracy;  ///< validation accuracy whose first crossing time is reported
@@ -100,6 +109,26 @@ Status validate(const JobConfig& config);
 /// when set, fits the data's sample shape and classes. Errors:
 /// invalid_argument with a message naming the problem.
 Status validate(const JobConfig& config, const UserDataset& data);
+
+/// What a job trains with once its unset optimizer settings take their
+/// defaults. Values set in the JobConfig are kept exactly. Unset ones are
+/// the two-worker defaults (lr 0.02, momentum 0.9, no warm-up, no
+/// staleness-aware step), adjusted so that a job still converges with more
+/// workers (docs/policies.md, "Defaults as workers grow"; the measurements
+/// that chose them are in docs/benchmarks.md).
+struct TrainingSettings {
+  double lr = 0.02;
+  double momentum = 0.9;
+  double lr_warmup_epochs = 0.0;
+  bool staleness_aware_lr = false;
+  /// The defaults that differ from the two-worker ones, each saying why:
+  /// "lr 0.08 (0.02 x 8 workers / 2: the linear scaling rule)". Empty when
+  /// none do (or every one is set).
+  std::vector<std::string> adjusted;
+};
+/// Pure: the same config gives the same settings in every process of a job.
+/// Expects a config that passed validate().
+TrainingSettings training_settings(const JobConfig& config);
 
 /// The data folder a job reads: config.data_dir, else $ASGD_DATA_DIR/<dataset>,
 /// else ./data/<dataset>.

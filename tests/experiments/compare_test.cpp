@@ -133,13 +133,13 @@ TEST(ConfigForRun, KeepsAPolicysOwnSettingsForItAndDropsThemForTheOthers) {
   EXPECT_EQ(ssp.staleness, 5u);
   EXPECT_EQ(ssp.fetch_every, 1u);
   EXPECT_EQ(ssp.backup_workers, 0u);
-  EXPECT_TRUE(ssp.staleness_aware_lr);
+  EXPECT_EQ(ssp.staleness_aware_lr, true);
   const JobConfig async = config_for_run(base, "async", 2, 0);
   EXPECT_FALSE(async.staleness);
   EXPECT_EQ(async.fetch_every, 4u);
   const JobConfig bsp = config_for_run(base, "bsp", 2, 0);
   EXPECT_EQ(bsp.backup_workers, 1u);
-  EXPECT_FALSE(bsp.staleness_aware_lr);
+  EXPECT_FALSE(bsp.staleness_aware_lr) << "unset: bsp's own default";
   for (const JobConfig& c : {ssp, async, bsp}) EXPECT_TRUE(validate(c).ok()) << c.policy << ": " << validate(c).message();
 }
 

@@ -149,7 +149,8 @@ TEST(ConfigFile, SetsTheSameKeysAsTheFlags) {
   EXPECT_EQ(c.dataset, "fashion-mnist");
   EXPECT_EQ(c.workers, 3u);
   EXPECT_EQ(c.shards, 2u);
-  EXPECT_DOUBLE_EQ(c.lr, 0.02);
+  ASSERT_TRUE(c.lr);
+  EXPECT_DOUBLE_EQ(*c.lr, 0.02);
   EXPECT_DOUBLE_EQ(*c.target_accuracy, 0.9);
   EXPECT_EQ(c.metrics_out, "m.jsonl");
 }

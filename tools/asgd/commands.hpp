@@ -85,6 +85,10 @@ Status setup_logging(const LogOptions& o);
 int exit_code_for(const Status& s);
 std::string logs_at(const LogOptions& o);
 
+/// One line on stdout naming the optimizer defaults adjusted for the job's
+/// policy and worker count (nothing when none is).
+void print_adjustments(const TrainingSettings& training);
+
 /// Per-epoch progress lines on stdout.
 JobCallbacks progress_callbacks(const JobConfig& config);
 /// Prints the summary or the error; the exit code.

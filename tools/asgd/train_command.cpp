@@ -264,6 +264,15 @@ int report_outcome(const Result<JobSummary>& result, const JobConfig& config, co
   return kExitOk;
 }
 
+void print_adjustments(const TrainingSettings& training) {
+  if (training.adjusted.empty()) return;
+  std::string line;
+  for (const auto& a : training.adjusted) line += (line.empty() ? "" : "; ") + a;
+  std::printf("defaults adjusted for this policy and worker count (set --lr, --momentum, --lr-warmup or "
+              "--staleness-aware-lr to choose): %s\n",
+              line.c_str());
+}
+
 namespace {
 
 int run_train(const JobOptions& o) {
@@ -271,10 +280,12 @@ int run_train(const JobOptions& o) {
   if (auto code = load_job(o, config)) return *code;
   const std::string dir = resolve_data_dir(config);
   auto plural = [](std::uint32_t n, const char* word) { return std::to_string(n) + " " + word + (n == 1 ? "" : "s"); };
+  const TrainingSettings training = training_settings(config);
   std::printf("asgd train: %s on %s, policy %s, %s, %s, %s, batch %u, lr %g (data: %s)\n", config.model.c_str(),
               config.dataset.c_str(), config.policy.c_str(), plural(config.workers, "worker").c_str(),
-              plural(config.shards, "shard").c_str(), plural(config.epochs, "epoch").c_str(), config.batch, config.lr,
+              plural(config.shards, "shard").c_str(), plural(config.epochs, "epoch").c_str(), config.batch, training.lr,
               dir.c_str());
+  print_adjustments(training);
   std::fflush(stdout);
 
   Interrupts interrupts;

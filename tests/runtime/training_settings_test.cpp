@@ -1,0 +1,111 @@
+// The optimizer defaults that follow the policy and the worker count, and
+// the rule that a value the user set is used exactly as set.
+
+#include <gtest/gtest.h>
+
+#include <string>
+
+#include "actors/coordinator.hpp"
+#include "asgd/job.hpp"
+#include "cli/cli_run.hpp"
+#include "test_data.hpp"
+
+namespace asgd {
+namespace {
+
+const char* const kPolicies[] = {"bsp", "ssp:3", "async", "averaging", "hogwild"};
+
+TEST(TrainingSettings, TwoWorkersTrainWithTheTunedDefaultsUnderEveryPolicy) {
+  for (const char* policy : kPolicies) {
+    JobConfig c;
+    c.policy = policy;
+    const TrainingSettings t = training_settings(c);
+    EXPECT_DOUBLE_EQ(t.lr, 0.02) << policy;
+    EXPECT_DOUBLE_EQ(t.momentum, 0.9) << policy;
+    EXPECT_DOUBLE_EQ(t.lr_warmup_epochs, 0.0) << policy;
+    EXPECT_TRUE(t.adjusted.empty()) << policy << ": " << t.adjusted.front();
+  }
+}
+
+TEST(TrainingSettings, MoreWorkersAdjustTheDefaultsAndSayWhich) {
+  JobConfig bsp;
+  bsp.policy = "bsp";
+  bsp.workers = 8;
+  const TrainingSettings b = training_settings(bsp);
+  EXPECT_DOUBLE_EQ(b.lr, 0.08);  // the linear scaling rule
+  EXPECT_DOUBLE_EQ(b.lr_warmup_epochs, 1.0);
+  EXPECT_DOUBLE_EQ(b.momentum, 0.9);
+  ASSERT_FALSE(b.adjusted.empty());
+  EXPECT_NE(b.adjusted.front().find("lr 0.08"), std::string::npos) << b.adjusted.front();
+
+  JobConfig async;
+  async.workers = 16;
+  const TrainingSettings a = training_settings(async);
+  EXPECT_TRUE(a.staleness_aware_lr);
+  EXPECT_LT(a.momentum, 0.9);
+  EXPECT_EQ(a.adjusted.size(), 4u);
+
+  JobConfig hogwild;
+  hogwild.policy = "hogwild";
+  hogwild.workers = 16;
+  EXPECT_TRUE(training_settings(hogwild).adjusted.empty()) << "hogwild shares one buffer in one process";
+}
+
+// Done-when 3 of issue 25: an explicit --lr / --momentum is what trains.
+TEST(TrainingSettings, ValuesTheUserSetAreUsedUnchangedAtEveryWorkerCount) {
+  for (const char* policy : kPolicies) {
+    for (std::uint32_t workers : {1u, 2u, 4u, 8u, 16u, 64u}) {
+      JobConfig c;
+      c.policy = policy;
+      c.workers = workers;
+      c.lr = 0.05;
+      c.momentum = 0.3;
+      c.lr_warmup_epochs = 0.0;
+      const std::string p = policy;
+      if (p == "async" || p == "ssp:3") c.staleness_aware_lr = false;
+      const TrainingSettings t = training_settings(c);
+      EXPECT_DOUBLE_EQ(t.lr, 0.05) << policy << " x" << workers;
+      EXPECT_DOUBLE_EQ(t.momentum, 0.3) << policy << " x" << workers;
+      EXPECT_DOUBLE_EQ(t.lr_warmup_epochs, 0.0) << policy << " x" << workers;
+      EXPECT_FALSE(t.staleness_aware_lr) << policy << " x" << workers;
+      EXPECT_TRUE(t.adjusted.empty()) << policy << " x" << workers << ": " << t.adjusted.front();
+      // What the shards and workers are built with.
+      const OptimizerConfig o = optimizer_config(c);
+      EXPECT_FLOAT_EQ(o.lr, 0.05f);
+      EXPECT_FLOAT_EQ(o.momentum, 0.3f);
+      EXPECT_EQ(lr_schedule(c, 1000).warmup_steps, 0u);
+    }
+  }
+}
+
+TEST(TrainingSettings, TheWarmUpSpansTheGivenEpochsOfTheSchedule) {
+  JobConfig c;
+  c.epochs = 5;
+  c.lr_warmup_epochs = 2.0;
+  const LrSchedule s = lr_schedule(c, 1000);  // 200 clocks an epoch
+  EXPECT_EQ(s.warmup_steps, 400u);
+  EXPECT_FLOAT_EQ(s.scale(0), 1.0f / 400.0f);  // the cosine is still 1 there
+  EXPECT_LT(s.scale(199), s.scale(399));
+  const LrSchedule plain{s.kind, 1000};
+  EXPECT_FLOAT_EQ(s.scale(400), plain.scale(400));
+}
+
+// The start-up line says which defaults were adjusted; with the values set
+// on the command line nothing is adjusted and the line shows them.
+TEST(TrainingSettings, TheStartUpLineNamesTheAdjustmentsAndAnExplicitLrIsPrinted) {
+  ASGD_REQUIRE_DATASET(mnist, "mnist");
+  const std::string job = " --epochs 1 --workers 8 --policy bsp --validation-size 1000 --log-level warn --data-dir " +
+                          mnist.string();
+  const asgd_test::CliRun adjusted = asgd_test::asgd("train" + job);
+  ASSERT_EQ(adjusted.exit_code, 0) << adjusted.err;
+  EXPECT_NE(adjusted.out.find("lr 0.08 (data:"), std::string::npos) << adjusted.out;
+  EXPECT_NE(adjusted.out.find("defaults adjusted for this policy and worker count"), std::string::npos)
+      << adjusted.out;
+  const asgd_test::CliRun set = asgd_test::asgd("train" + job + " --lr 0.05 --momentum 0.3 --lr-warmup 0");
+  ASSERT_EQ(set.exit_code, 0) << set.err;
+  EXPECT_NE(set.out.find("lr 0.05 (data:"), std::string::npos) << set.out;
+  EXPECT_EQ(set.out.find("defaults adjusted"), std::string::npos) << set.out;
+}
+
+}  // namespace
+}  // namespace asgd
