@@ -24,10 +24,7 @@ constexpr std::chrono::milliseconds kPausedPoll{1};
 
 Result<std::shared_ptr<Bridge>> Bridge::start(BridgeOptions options, Handler handler,
                                               std::unique_ptr<Transport> transport) {
-  if (!transport) {
-    if (options.curve && options.curve->log_name == CurveOptions().log_name) options.curve->log_name = options.name;
-    transport = make_zmq_transport(options.limits, options.curve);
-  }
+  if (!transport) transport = make_zmq_transport(options.limits, options.curve, options.name);
   std::shared_ptr<Bridge> b(new Bridge(std::move(options), std::move(handler), std::move(transport)));
   if (!b->options_.listen.empty()) {
     auto bound = b->transport_->bind(b->options_.listen);
@@ -135,6 +132,19 @@ Result<std::size_t> Bridge::reconnect(const PeerId& peer, const std::string& end
   return done.get();
 }
 
+Status Bridge::set_bound_limits(std::size_t max_part_bytes, std::size_t max_connections) {
+  std::future<Status> done;
+  {
+    std::lock_guard lock(mu_);
+    bound_limits_.push_back({max_part_bytes, max_connections, std::promise<Status>()});
+    done = bound_limits_.back().done.get_future();
+  }
+  transport_->wake();
+  if (done.wait_for(std::chrono::seconds(30)) != std::future_status::ready)
+    return Status::Timeout(options_.name + ": changing the limits of its endpoint took over 30 s");
+  return done.get();
+}
+
 void Bridge::send(const PeerId& peer, Message message) { send(peer, std::move(message), RequestSlot()); }
 
 void Bridge::send(const PeerId& peer, Message message, RequestSlot slot) {
@@ -178,21 +188,24 @@ void Bridge::reject(const PeerId& peer, FrameError why) {
 
 void Bridge::run() {
   std::deque<Outgoing> backlog;  // accepted but not yet taken by the transport (would block)
-  std::uint64_t auth_rejected_seen = 0;
+  std::uint64_t refused_seen = 0;
   bool paused = false;  // not reading the bound endpoint (max_unanswered)
   while (true) {
     std::deque<std::pair<std::string, std::promise<Result<PeerId>>>> connects;
     std::deque<Reconnect> reconnects;
+    std::deque<BoundLimits> bound_limits;
     {
       std::lock_guard lock(mu_);
       connects.swap(connects_);
       reconnects.swap(reconnects_);
+      bound_limits.swap(bound_limits_);
       while (!outbox_.empty()) {
         backlog.push_back(std::move(outbox_.front()));
         outbox_.pop_front();
         if (backlog.back().slot) tie_slot_to_frame(backlog.back().message, backlog.back().slot);
       }
     }
+    for (auto& l : bound_limits) l.done.set_value(transport_->set_bound_limits(l.max_part_bytes, l.max_connections));
     for (auto& [endpoint, done] : connects) done.set_value(transport_->connect(endpoint));
     for (auto& r : reconnects) {
       Status s = transport_->reconnect(r.peer, r.endpoint);
@@ -260,10 +273,12 @@ void Bridge::run() {
     auto in = transport_->receive(blocked || stopping_ ? std::chrono::milliseconds(1)
                                   : paused              ? kPausedPoll
                                                         : std::chrono::milliseconds(200));
-    if (const std::uint64_t refused = transport_->stats().auth_rejected; refused != auth_rejected_seen) {
-      auth_rejected_seen = refused;
+    if (const TransportStats ts = transport_->stats(); ts.refused != refused_seen) {
+      refused_seen = ts.refused;
       std::lock_guard lock(mu_);
-      stats_.auth_rejected = refused;
+      stats_.refused = ts.refused;
+      stats_.refused_over_limit = ts.refused_over_limit;
+      stats_.auth_rejected = ts.auth_rejected;
     }
     if (!in) {
       spdlog::error("{}: receiving failed: {}", options_.name, in.status().message());

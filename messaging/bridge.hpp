@@ -75,7 +75,10 @@ struct BridgeOptions {
   /// Authentication and encryption (docs/security.md) of the ZeroMQ
   /// transport start() makes; unset: plain tcp and ipc.
   std::optional<CurveOptions> curve;
-  /// The ZeroMQ transport's queue limits (per peer) when start() makes it.
+  /// The ZeroMQ transport's limits when start() makes it: its queues (per
+  /// peer), and what strangers may do to the bound endpoint (set its
+  /// bound_max_part_bytes to the largest part this process may legally be
+  /// sent there: largest_part() in messaging/wire.hpp).
   TransportLimits limits;
   /// Backpressure: messages read from the bound endpoint and not yet
   /// answered (their RequestSlot still held: in an actor's mailbox, held
@@ -95,7 +98,10 @@ struct BridgeStats {
   std::map<std::string, std::uint64_t> rejected_by_reason;
   std::uint64_t unmatched_replies = 0;         ///< replies nobody was waiting for
   std::uint64_t bytes_out = 0;                 ///< frame bytes queued for sending
-  std::uint64_t auth_rejected = 0;             ///< connection attempts CURVE refused (as of the I/O thread's last look)
+  // The transport's TransportStats, as of the I/O thread's last look:
+  std::uint64_t refused = 0;                   ///< connections to the bound endpoint refused or dropped
+  std::uint64_t refused_over_limit = 0;        ///< of those: over the limit of connections at once
+  std::uint64_t auth_rejected = 0;             ///< of those: connection attempts CURVE refused
   std::uint64_t unanswered = 0;                ///< requests read and not yet answered, now
   std::uint64_t unanswered_peak = 0;           ///< the most there ever were
   std::uint64_t read_pauses = 0;               ///< times reading stopped at max_unanswered
@@ -127,6 +133,12 @@ class Bridge {
   /// Changes BridgeOptions::max_unanswered (a shard learns its workers from
   /// its assignment). Thread-safe.
   void set_max_unanswered(std::size_t n);
+  /// Changes the bound endpoint's limits (Transport::set_bound_limits: the
+  /// ZeroMQ transport listens there again, closing the connections it had
+  /// accepted, so call it before peers connect). Runs on the I/O thread and
+  /// waits for it; thread-safe. Errors: as Transport::set_bound_limits,
+  /// timeout when the I/O thread does not get to it within 30 s.
+  Status set_bound_limits(std::size_t max_part_bytes, std::size_t max_connections);
   const std::string& name() const { return options_.name; }
   /// Buffers for big tensors, recycled between frames.
   const std::shared_ptr<TensorPool>& pool() const { return pool_; }
@@ -198,6 +210,12 @@ class Bridge {
     std::promise<Result<std::size_t>> done;
   };
   std::deque<Reconnect> reconnects_;
+  struct BoundLimits {
+    std::size_t max_part_bytes;
+    std::size_t max_connections;
+    std::promise<Status> done;
+  };
+  std::deque<BoundLimits> bound_limits_;
   struct Pending {
     caf::actor reply_to;
     PeerId peer;

@@ -32,6 +32,9 @@ class FaultyTransport final : public Transport {
     return inner_->reconnect(peer, endpoint);
   }
   void pause_bound(bool paused) override { inner_->pause_bound(paused); }
+  Status set_bound_limits(std::size_t max_part_bytes, std::size_t max_connections) override {
+    return inner_->set_bound_limits(max_part_bytes, max_connections);
+  }
 
   Result<bool> send(const PeerId& peer, Message message) override {
     const auto now = Clock::now();

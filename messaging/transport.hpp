@@ -69,6 +69,20 @@ struct TransportLimits {
   std::size_t max_message_bytes = 512u << 20;      ///< the sum of its parts; larger is dropped and counted
   int send_high_water_mark = 1000;                 ///< messages queued per peer before send() reports would-block
   int receive_high_water_mark = 1000;
+  /// The bound endpoint is where anyone who can reach it may connect, so
+  /// its limits are set apart (Transport::set_bound_limits changes them):
+  ///   - the largest single part a peer may send there (at most
+  ///     max_message_bytes, which is what connections to other endpoints
+  ///     get). A peer that announces a larger one loses its connection
+  ///     before anything is allocated for the part. Give it the largest
+  ///     part this process may legally be sent there: messaging/wire.hpp's
+  ///     largest_part();
+  std::size_t bound_max_part_bytes = 512u << 20;
+  ///   - connections there at once (tcp, ipc): one accepted beyond it is
+  ///     closed at once. Each may hold a part of up to bound_max_part_bytes
+  ///     half received, so the two bound what strangers can make this
+  ///     process hold.
+  std::size_t bound_max_connections = 256;
 };
 
 struct TransportStats {
@@ -80,9 +94,19 @@ struct TransportStats {
   std::uint64_t injected_duplicates = 0;
   std::uint64_t injected_reorders = 0;
   std::uint64_t injected_delays = 0;
+  // Connections to our bound endpoint (tcp, ipc) that this transport
+  // refused or dropped, with or without CURVE, each counted once and
+  // logged at warn with the peer's address and why, a few lines a minute
+  // at most: a handshake that failed (not ZeroMQ 3, a wrong mechanism, not
+  // completed within 10 s, a peer that hung up in it; with CURVE, a key
+  // not allowed), a part over bound_max_part_bytes or a protocol error
+  // after the handshake, a connection over bound_max_connections. A peer
+  // that leaves (closes or resets its side) is not refused.
+  std::uint64_t refused = 0;
+  std::uint64_t refused_over_limit = 0;  ///< of `refused`: over bound_max_connections
   // CURVE (zero without it): connection attempts to our bound endpoint.
   std::uint64_t auth_accepted = 0;  ///< handshakes completed with an allowed key
-  std::uint64_t auth_rejected = 0;  ///< refused: a key not allowed, no CURVE, a wrong server key, a bad handshake
+  std::uint64_t auth_rejected = 0;  ///< of `refused`: in the handshake: a key not allowed, no CURVE, a wrong server key, a bad handshake
 };
 
 /// A CurveZMQ key: 32 raw bytes (messaging/curve_auth.hpp reads and writes
@@ -96,7 +120,7 @@ using CurveKey = std::array<std::uint8_t, 32>;
 ///     key in `allowed` (a ZAP handler of its own, on its own thread, decides:
 ///     two transports in one process each have theirs). Every refused
 ///     attempt is counted (TransportStats::auth_rejected) and logged at warn
-///     with the peer's address and key, a few lines a minute at most;
+///     with the peer's address and key, as every refused connection is;
 ///   - connects as a CURVE client with this keypair, to a server whose public
 ///     key it must know: carried by the endpoint (with_server_key in
 ///     messaging/curve_auth.hpp), else `server_key`. A server key not in
@@ -109,7 +133,6 @@ struct CurveOptions {
   CurveKey secret_key{};
   std::vector<CurveKey> allowed;        ///< the allow-list: peers' public keys
   std::optional<CurveKey> server_key;   ///< for connect() to an endpoint that carries no key (the coordinator's)
-  std::string log_name = "transport";   ///< who we are in log lines ("shard 1")
 };
 
 class Transport {
@@ -154,6 +177,24 @@ class Transport {
   /// wait. A transport that cannot pause ignores it (the default).
   virtual void pause_bound(bool paused) { (void)paused; }
 
+  /// Changes the bound endpoint's limits (TransportLimits::bound_max_part_bytes
+  /// and bound_max_connections) for connections accepted from now on; before
+  /// bind(), for bind(). ZeroMQ fixes a listener's part limit when it binds,
+  /// so when that changes the ZeroMQ transport listens again on the same
+  /// endpoint: the connections it had accepted are closed (their peers'
+  /// ZeroMQ reconnects by itself; what they had sent and this side had not
+  /// read is lost), and for a moment connecting there is refused. So call
+  /// it before the peers that matter connect: a shard calls it once its
+  /// assignment says how large a push may be, before it announces that it
+  /// serves. Errors: io_error when the endpoint cannot be bound again (then
+  /// nothing listens there). A transport without these limits ignores them
+  /// (the default).
+  virtual Status set_bound_limits(std::size_t max_part_bytes, std::size_t max_connections) {
+    (void)max_part_bytes;
+    (void)max_connections;
+    return {};
+  }
+
   /// Makes a receive() in progress (or the next one) return at once.
   /// The one call that is thread-safe: other threads use it to hand the
   /// owning thread new work.
@@ -164,9 +205,13 @@ class Transport {
 /// its own zmq context (no globals: two transports in one process are
 /// independent). Sends multipart messages without copying the parts.
 /// With `curve`, authenticated and encrypted (CurveOptions); without it,
-/// plain tcp and ipc.
+/// plain tcp and ipc. Once bound, a thread of its own watches the bound
+/// endpoint's connections: it enforces bound_max_connections and counts and
+/// logs every refused connection (TransportStats::refused), naming this
+/// transport `log_name` ("shard 1").
 std::unique_ptr<Transport> make_zmq_transport(TransportLimits limits = {},
-                                              std::optional<CurveOptions> curve = std::nullopt);
+                                              std::optional<CurveOptions> curve = std::nullopt,
+                                              std::string log_name = "transport");
 
 /// What a FaultyTransport does to outgoing messages, each with its
 /// probability, decided by a seeded generator (a seed gives the same faults).

@@ -22,6 +22,8 @@
 // A frame that fails a check is rejected with a reason; the bridge drops
 // it, counts it and logs the sender once.
 
+#include <algorithm>
+#include <cstddef>
 #include <cstdint>
 #include <optional>
 #include <span>
@@ -37,6 +39,15 @@ inline constexpr std::uint16_t kProtocolVersion = 4;
 inline constexpr std::size_t kHeaderBytes = 36;
 inline constexpr std::size_t kMaxBody = 1u << 20;            ///< 1 MiB of fields
 inline constexpr std::size_t kMaxTensorBytes = 256u << 20;   ///< 64M float32 values
+
+/// The largest part a peer may legally send to a receiver that is sent
+/// tensors of at most `tensor_values` float32 values (0: none): part 0 with
+/// a body at its limit, or such a tensor. What a bound endpoint's
+/// TransportLimits::bound_max_part_bytes should be: ZeroMQ then drops a peer
+/// that announces a larger part before allocating it.
+constexpr std::size_t largest_part(std::size_t tensor_values) {
+  return std::max(kHeaderBytes + kMaxBody, tensor_values * sizeof(float));
+}
 
 /// Frame flags.
 inline constexpr std::uint16_t kFlagFp16 = 1;  ///< the tensor part holds float16 values

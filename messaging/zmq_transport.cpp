@@ -1,7 +1,12 @@
 // The ZeroMQ transport. Everything ZeroMQ-specific (cppzmq types, its
 // exceptions, errno values) stays in this file: callers see Status values.
 
+#include <arpa/inet.h>
+#include <fcntl.h>
+#include <netinet/in.h>
 #include <spdlog/spdlog.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <zmq.hpp>
 
 #include <algorithm>
@@ -11,13 +16,16 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <limits>
 #include <memory>
 #include <mutex>
 #include <optional>
 #include <string_view>
 #include <thread>
+#include <unordered_map>
 #include <utility>
+#include <vector>
 
 #include "messaging/curve_auth.hpp"
 #include "messaging/transport.hpp"
@@ -101,103 +109,190 @@ Part from_zmq(zmq::message_t&& msg, bool exclusive) {
   return p;
 }
 
-// Refused attempts logged per minute at most; the rest are counted, and the
-// next line logged says how many were left out. A flood of handshakes (a
-// misconfigured peer retries ten times a second) must not fill the disk.
+// Refused connections logged per minute at most; the rest are counted, and
+// the next line logged says how many were left out. A flood of connections
+// (a misconfigured peer retries ten times a second) must not fill the disk.
 constexpr int kRefusalLinesPerMinute = 5;
 
-// Why libzmq failed a handshake on our bound endpoint, for the log.
-std::string handshake_failure(std::uint16_t event, std::uint32_t value) {
-  if (event == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL)
-    return "the handshake did not complete (the peer hung up: a client without CURVE, or not ZeroMQ at all)";
-  switch (value) {
-    case ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
-      return "not a CURVE client (plain text, or another security mechanism)";
-    case ZMQ_PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC:
-      return "its handshake did not decrypt (a client holding a wrong server key?)";
-    default: {
-      char hex[16];
-      std::snprintf(hex, sizeof hex, "0x%08x", value);
-      return std::string("a malformed handshake (ZeroMQ protocol error ") + hex + ")";
-    }
+// How long a peer of the bound endpoint has to complete its handshake
+// (ZMQ_HANDSHAKE_IVL; libzmq's default is 30 s). A connection that never
+// does holds one of bound_max_connections until then; peers of a job
+// finish in milliseconds.
+constexpr int kHandshakeMs = 10000;
+
+// The events the gatekeeper reads from the ROUTER's monitor.
+constexpr int kWatchedEvents = ZMQ_EVENT_ACCEPTED | ZMQ_EVENT_DISCONNECTED | ZMQ_EVENT_CLOSED |
+                               ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL |
+                               ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL | ZMQ_EVENT_HANDSHAKE_FAILED_AUTH;
+
+// The peer at the other end of the accepted socket `fd`, for the log:
+// "10.0.0.9:51234", or over ipc "a local process (pid 4242)"; "" when not
+// known.
+std::string peer_of(int fd) {
+  sockaddr_storage ss{};
+  socklen_t len = sizeof ss;
+  if (::getpeername(fd, reinterpret_cast<sockaddr*>(&ss), &len) != 0) return "";
+  char host[INET6_ADDRSTRLEN] = {};
+  if (ss.ss_family == AF_INET) {
+    sockaddr_in a{};
+    std::memcpy(&a, &ss, sizeof a);
+    ::inet_ntop(AF_INET, &a.sin_addr, host, sizeof host);
+    return std::string(host) + ":" + std::to_string(ntohs(a.sin_port));
   }
+  if (ss.ss_family == AF_INET6) {
+    sockaddr_in6 a{};
+    std::memcpy(&a, &ss, sizeof a);
+    ::inet_ntop(AF_INET6, &a.sin6_addr, host, sizeof host);
+    return "[" + std::string(host) + "]:" + std::to_string(ntohs(a.sin6_port));
+  }
+  if (ss.ss_family == AF_UNIX) {
+    ucred cred{};
+    socklen_t n = sizeof cred;
+    if (::getsockopt(fd, SOL_SOCKET, SO_PEERCRED, &cred, &n) == 0)
+      return "a local process (pid " + std::to_string(cred.pid) + ")";
+    return "a local process";
+  }
+  return "";
 }
 
-// The CURVE gatekeeper of one transport's bound endpoint, on its own thread:
-//   - the ZAP handler of the transport's zmq context (libzmq asks it about
-//     every client that completes a CURVE hello: admit it or not), and
-//   - a monitor of the ROUTER, which sees the attempts that never reach ZAP
-//     (a plain-text client, a wrong server key, garbage) and the handshakes
-//     that succeed.
+// Whether this side, not the peer, ended the connection whose socket `dup`
+// still holds open after ZeroMQ closed its own descriptor: ZeroMQ left bytes
+// unread (it stopped mid-stream), or the peer had neither closed nor reset
+// its side. A peer that left closed (or reset) its side, and ZeroMQ had read
+// up to that.
+bool ended_by_this_side(int dup) {
+  char c = 0;
+  const ssize_t r = ::recv(dup, &c, 1, MSG_PEEK | MSG_DONTWAIT);
+  return r > 0 || (r < 0 && (errno == EAGAIN || errno == EWOULDBLOCK));
+}
+
+// The gatekeeper of one transport's bound endpoint, on its own thread:
+//   - a monitor of the ROUTER tells it of every connection accepted and
+//     ended and of every handshake's outcome. It closes a connection over
+//     bound_max_connections as soon as it is accepted, and counts and logs
+//     every connection refused or dropped (TransportStats::refused).
+//   - it is the ZAP handler of the transport's zmq context: libzmq asks it
+//     about every client that completes a CURVE hello (admit it or not) or,
+//     without CURVE, greets with the NULL mechanism (admitted). With a ZAP
+//     domain set, libzmq also refuses peers of ZeroMQ 2 and older at once,
+//     and so bytes that are not ZeroMQ at all (without one it reads them
+//     as ZMTP 1.0 messages).
 // Built before the ROUTER binds, destroyed after it closed: while the ZAP
 // socket is bound an unanswered request stalls a handshake (fails closed);
 // a context without a ZAP handler would admit any CURVE client.
-class CurveGuard {
+//
+// libzmq's events name a connection only when it is accepted and when it
+// ends, by its file descriptor, and a connection ZeroMQ drops after its
+// handshake (a part over ZMQ_MAXMSGSIZE, a protocol error) ends with the
+// same event as one whose peer left. So the gatekeeper keeps a duplicate of
+// each accepted socket until the connection ends: the socket's state then
+// says who ended it, and it names the peer in the log and lets the
+// gatekeeper close a connection over the limit (it shuts down the reading
+// side: ZeroMQ sees the end and closes the connection itself). This relies
+// on what libzmq 4.3 does with one I/O thread, a context's default: a
+// socket's events are emitted in the order things happen, a failed
+// handshake's event right before its connection's end, and an end before
+// the descriptor is closed. An event is never dropped: while the monitor's
+// queue is full, ZeroMQ's I/O thread waits.
+class Gatekeeper {
  public:
-  CurveGuard(zmq::context_t& context, zmq::socket_t& router, const CurveOptions& curve)
-      : name_(curve.log_name),
-        allowed_(curve.allowed),
+  Gatekeeper(zmq::context_t& context, zmq::socket_t& router, std::string name,
+             const std::optional<CurveOptions>& curve, std::size_t max_connections, std::size_t max_part_bytes)
+      : name_(std::move(name)),
+        curve_(curve.has_value()),
         budget_(kRefusalLinesPerMinute, std::chrono::minutes(1)),
+        max_connections_(max_connections),
+        max_part_bytes_(max_part_bytes),
         zap_(context, zmq::socket_type::rep),
         monitor_(context, zmq::socket_type::pair),
         stop_rx_(context, zmq::socket_type::pair),
         stop_tx_(context, zmq::socket_type::pair) {
-    std::sort(allowed_.begin(), allowed_.end());
+    if (curve) {
+      allowed_ = curve->allowed;
+      std::sort(allowed_.begin(), allowed_.end());
+    }
     zap_.set(zmq::sockopt::linger, 0);
     zap_.bind("inproc://zeromq.zap.01");  // the name libzmq looks for, in this context only
     const std::string tag = std::to_string(reinterpret_cast<std::uintptr_t>(this));
-    const std::string monitor_at = "inproc://asgd-curve-monitor-" + tag;
-    if (zmq_socket_monitor(router.handle(), monitor_at.c_str(),
-                           ZMQ_EVENT_HANDSHAKE_SUCCEEDED | ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL |
-                               ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) != 0)
-      throw zmq::error_t();
+    const std::string monitor_at = "inproc://asgd-gate-monitor-" + tag;
+    if (zmq_socket_monitor(router.handle(), monitor_at.c_str(), kWatchedEvents) != 0) throw zmq::error_t();
     monitor_.set(zmq::sockopt::linger, 0);
     monitor_.connect(monitor_at);
-    stop_rx_.bind("inproc://asgd-curve-stop-" + tag);
-    stop_tx_.connect("inproc://asgd-curve-stop-" + tag);
+    stop_rx_.bind("inproc://asgd-gate-stop-" + tag);
+    stop_tx_.connect("inproc://asgd-gate-stop-" + tag);
     stop_rx_.set(zmq::sockopt::linger, 0);
     stop_tx_.set(zmq::sockopt::linger, 0);
     thread_ = std::thread([this] { run(); });
   }
 
-  ~CurveGuard() {
+  ~Gatekeeper() {
     try {
       zmq::message_t stop(1);
       (void)stop_tx_.send(stop, zmq::send_flags::dontwait);
     } catch (const zmq::error_t&) {
     }
     thread_.join();
+    forget_connections();
     if (budget_.held_back() > 0)
-      spdlog::warn("{}: {} further refused connection attempts were counted, not logged", name_, budget_.held_back());
+      spdlog::warn("{}: {} further refused connections were counted, not logged", name_, budget_.held_back());
   }
 
-  CurveGuard(const CurveGuard&) = delete;
-  CurveGuard& operator=(const CurveGuard&) = delete;
+  Gatekeeper(const Gatekeeper&) = delete;
+  Gatekeeper& operator=(const Gatekeeper&) = delete;
 
-  std::uint64_t accepted() const { return accepted_.load(std::memory_order_relaxed); }
-  std::uint64_t rejected() const { return rejected_.load(std::memory_order_relaxed); }
+  void set_max_connections(std::size_t n) { max_connections_.store(n); }
+  void set_max_part_bytes(std::size_t n) { max_part_bytes_.store(n); }
+
+  /// Listeners of the ROUTER that have closed so far.
+  std::uint64_t listeners_closed() const { return listeners_closed_.load(); }
+
+  void add_to(TransportStats& s) const {
+    s.refused = refused_.load(std::memory_order_relaxed);
+    s.refused_over_limit = over_limit_.load(std::memory_order_relaxed);
+    s.auth_accepted = auth_accepted_.load(std::memory_order_relaxed);
+    s.auth_rejected = auth_rejected_.load(std::memory_order_relaxed);
+  }
 
  private:
+  // One monitor event: a u16 event and a u32 value (a descriptor, an errno,
+  // a protocol error), then the endpoint it happened on.
+  struct Event {
+    std::uint16_t what = 0;
+    std::uint32_t value = 0;
+    std::string where;
+  };
+
+  // An accepted connection, by ZeroMQ's descriptor, until it ends.
+  struct Connection {
+    int dup = -1;                         // our duplicate of its socket; -1 when it ended before we looked
+    std::string peer;                     // its address, when known
+    std::string where;                    // our endpoint
+    std::uint64_t handshakes_before = 0;  // handshakes_ when it was accepted
+    bool over_limit = false;              // closed by us as one too many
+  };
+
+  enum class Refusal { handshake, dropped, over_limit };
+
   void run() {
     while (true) {
       zmq_pollitem_t items[] = {{stop_rx_.handle(), 0, ZMQ_POLLIN, 0},
-                                {zap_.handle(), 0, ZMQ_POLLIN, 0},
-                                {monitor_.handle(), 0, ZMQ_POLLIN, 0}};
+                                {monitor_.handle(), 0, ZMQ_POLLIN, 0},
+                                {zap_.handle(), 0, ZMQ_POLLIN, 0}};
       try {
         zmq::poll(items, 3, std::chrono::milliseconds(-1));
         if (items[0].revents & ZMQ_POLLIN) return;
-        if (items[1].revents & ZMQ_POLLIN) answer_zap();
-        if (items[2].revents & ZMQ_POLLIN) read_monitor();
+        if (items[1].revents & ZMQ_POLLIN) read_monitor();
+        if (items[2].revents & ZMQ_POLLIN) answer_zap();
       } catch (const zmq::error_t& e) {
         if (e.num() == ETERM) return;
-        if (e.num() != EINTR) spdlog::error("{}: the CURVE gatekeeper: {}", name_, e.what());
+        if (e.num() != EINTR) spdlog::error("{}: the gatekeeper of its endpoint: {}", name_, e.what());
       }
     }
   }
 
   // One ZAP request (RFC 27): version, request id, domain, address, routing
-  // id, mechanism, credentials (CURVE: the client's 32-byte public key).
-  // Always answered, so the REP socket never gets stuck.
+  // id, mechanism, credentials (CURVE: the client's 32-byte public key;
+  // NULL: none). Always answered, so the REP socket never gets stuck.
   void answer_zap() {
     std::vector<zmq::message_t> parts;
     while (true) {
@@ -213,6 +308,8 @@ class CurveGuard {
     std::string why;
     if (parts.size() < 6 || parts[0].to_string_view() != "1.0") {
       why = "a malformed ZAP request";
+    } else if (!curve_) {
+      // The endpoint's mechanism is NULL, so the client's is too: admitted.
     } else if (parts[5].to_string_view() != "CURVE") {
       why = "security mechanism " + parts[5].to_string() + ", not CURVE";
     } else if (parts.size() != 7 || parts[6].size() != CurveKey().size()) {
@@ -224,34 +321,177 @@ class CurveGuard {
     }
     const bool ok = why.empty();
     const std::string request_id = parts.size() > 1 ? parts[1].to_string() : "";
-    const std::string user = ok ? key_fingerprint(*key) : "";
+    const std::string user = ok && key ? key_fingerprint(*key) : "";
     const std::string reply[] = {"1.0", request_id, ok ? "200" : "400", ok ? "OK" : "not allowed", user, ""};
     for (std::size_t i = 0; i < std::size(reply); ++i)
       zap_.send(zmq::buffer(reply[i]), i + 1 < std::size(reply) ? zmq::send_flags::sndmore : zmq::send_flags::none);
-    if (!ok) refused(address.empty() ? "a local peer" : address, key, why);
+    // Counted here; its connection's end is not counted again (see ended()).
+    if (!ok) refuse(address.empty() ? "a local peer" : address, key, why, Refusal::handshake);
   }
 
-  // One monitor event: a u16 event and a u32 value, then our endpoint.
-  void read_monitor() {
-    zmq::message_t head, where;
-    if (!monitor_.recv(head, zmq::recv_flags::dontwait)) return;
-    if (head.more()) (void)monitor_.recv(where, zmq::recv_flags::dontwait);
-    if (head.size() < 6) return;
-    std::uint16_t event = 0;
-    std::uint32_t value = 0;
-    std::memcpy(&event, head.data(), sizeof event);
-    std::memcpy(&value, static_cast<const char*>(head.data()) + 2, sizeof value);
-    if (event == ZMQ_EVENT_HANDSHAKE_SUCCEEDED) {
-      accepted_.fetch_add(1, std::memory_order_relaxed);
-    } else if (event == ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL || event == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) {
-      // libzmq does not tell the peer's address here; our endpoint is what we know.
-      refused("a peer on " + where.to_string() + " (address not known at this stage)", std::nullopt,
-              handshake_failure(event, value));
+  // Moves every event the monitor has into events_.
+  void drain() {
+    while (true) {
+      zmq::message_t head, where;
+      if (!monitor_.recv(head, zmq::recv_flags::dontwait)) return;
+      if (head.more()) (void)monitor_.recv(where, zmq::recv_flags::dontwait);  // sent with it: already here
+      if (head.size() < 6) continue;
+      Event e;
+      std::memcpy(&e.what, head.data(), sizeof e.what);
+      std::memcpy(&e.value, static_cast<const char*>(head.data()) + 2, sizeof e.value);
+      e.where = where.to_string();
+      events_.push_back(std::move(e));
     }
   }
 
-  void refused(const std::string& from, const std::optional<CurveKey>& key, const std::string& why) {
-    rejected_.fetch_add(1, std::memory_order_relaxed);
+  void read_monitor() {
+    drain();
+    while (!events_.empty()) {
+      Event e = std::move(events_.front());
+      events_.pop_front();
+      switch (e.what) {
+        case ZMQ_EVENT_ACCEPTED:
+          accepted(e);
+          break;
+        case ZMQ_EVENT_HANDSHAKE_SUCCEEDED:
+          ++handshakes_;
+          if (curve_) auth_accepted_.fetch_add(1, std::memory_order_relaxed);
+          failure_.reset();
+          break;
+        case ZMQ_EVENT_HANDSHAKE_FAILED_AUTH:  // ZAP said no, and answer_zap counted it
+          ++handshakes_;
+          failure_.reset();
+          break;
+        case ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL:
+        case ZMQ_EVENT_HANDSHAKE_FAILED_PROTOCOL:
+          failure_ = e;  // its connection's end comes next
+          break;
+        case ZMQ_EVENT_DISCONNECTED:
+          ended(e);
+          failure_.reset();
+          break;
+        case ZMQ_EVENT_CLOSED:
+          // A listener closed (Transport::set_bound_limits listens again):
+          // ZeroMQ closes the connections it had accepted without an event.
+          forget_connections();
+          failure_.reset();
+          listeners_closed_.fetch_add(1);
+          break;
+        default:
+          failure_.reset();
+      }
+    }
+  }
+
+  // Whether events_ holds the end of the connection on descriptor `fd`.
+  bool end_queued(std::uint32_t fd) const {
+    return std::any_of(events_.begin(), events_.end(),
+                       [&](const Event& e) { return e.what == ZMQ_EVENT_DISCONNECTED && e.value == fd; });
+  }
+
+  void accepted(const Event& e) {
+    const int fd = static_cast<int>(e.value);
+    if (auto old = connections_.find(fd); old != connections_.end()) {  // its listener closed it
+      close_dup(old->second);
+      connections_.erase(old);
+    }
+    Connection c;
+    c.where = e.where;
+    c.handshakes_before = handshakes_;
+    c.dup = ::fcntl(fd, F_DUPFD_CLOEXEC, 0);
+    if (c.dup >= 0) {
+      // The descriptor may have been closed since the event, and reused. Its
+      // end was then emitted before it was closed, so now it is queued: the
+      // duplicate is of something else.
+      drain();
+      if (end_queued(e.value)) {
+        ::close(c.dup);
+        c.dup = -1;
+      } else {
+        c.peer = peer_of(c.dup);
+      }
+    }
+    std::size_t ending = 0;
+    for (const Event& q : events_)
+      if (q.what == ZMQ_EVENT_DISCONNECTED && (q.value == e.value || connections_.count(static_cast<int>(q.value))))
+        ++ending;
+    const std::size_t open = connections_.size() + 1 - std::min(ending, connections_.size() + 1);
+    const std::size_t limit = max_connections_.load();
+    if (c.dup >= 0 && open > limit) {
+      // Reading ends: ZeroMQ sees the connection end and closes it. (Not
+      // its writing side: ZeroMQ's next write would raise SIGPIPE.)
+      ::shutdown(c.dup, SHUT_RD);
+      c.over_limit = true;
+      refuse(c, "more than " + std::to_string(limit) + " connections at once, this endpoint's limit",
+             Refusal::over_limit);
+    }
+    connections_[fd] = std::move(c);
+  }
+
+  void ended(const Event& e) {
+    auto it = connections_.find(static_cast<int>(e.value));
+    if (it == connections_.end()) return;  // accepted by a listener since closed
+    Connection c = std::move(it->second);
+    connections_.erase(it);
+    if (c.over_limit) {
+      // Counted when it was accepted.
+    } else if (failure_) {
+      refuse(c, handshake_failure(*failure_, c), Refusal::handshake);
+    } else if (c.handshakes_before == handshakes_) {
+      // No handshake succeeded (or was refused by ZAP, which counted it)
+      // while it was open, so its own did not, and libzmq said nothing:
+      // it did not speak ZeroMQ 3 (ZMTP 1 and 2 are refused with ZAP on).
+      refuse(c, "what it sent is not a ZeroMQ handshake", Refusal::handshake);
+    } else if (c.dup >= 0 && ended_by_this_side(c.dup)) {
+      refuse(c,
+             "ZeroMQ dropped it: it began a part larger than this endpoint's limit of " +
+                 std::to_string(max_part_bytes_.load()) + " bytes, or broke ZeroMQ's protocol",
+             Refusal::dropped);
+    }
+    close_dup(c);
+  }
+
+  // Why libzmq failed the handshake of connection `c`, for the log.
+  std::string handshake_failure(const Event& e, const Connection& c) const {
+    if (e.what == ZMQ_EVENT_HANDSHAKE_FAILED_NO_DETAIL) {
+      if (c.dup >= 0 && ended_by_this_side(c.dup))
+        return "it did not complete a ZeroMQ handshake within " + std::to_string(kHandshakeMs / 1000) + " s";
+      return curve_ ? "the handshake did not complete (the peer hung up: a client without CURVE, or not ZeroMQ at "
+                      "all)"
+                    : "the handshake did not complete (the peer hung up, or is not ZeroMQ)";
+    }
+    switch (e.value) {
+      case ZMQ_PROTOCOL_ERROR_ZMTP_MECHANISM_MISMATCH:
+        return curve_ ? "not a CURVE client (plain text, or another security mechanism)"
+                      : "it asked for a security mechanism (CURVE?) this endpoint does not use";
+      case ZMQ_PROTOCOL_ERROR_ZMTP_CRYPTOGRAPHIC:
+        return "its handshake did not decrypt (a client holding a wrong server key?)";
+      default: {
+        char hex[16];
+        std::snprintf(hex, sizeof hex, "0x%08x", e.value);
+        return std::string("a malformed handshake (ZeroMQ protocol error ") + hex + ")";
+      }
+    }
+  }
+
+  void close_dup(Connection& c) {
+    if (c.dup >= 0) ::close(c.dup);
+    c.dup = -1;
+  }
+
+  void forget_connections() {
+    for (auto& [fd, c] : connections_) close_dup(c);
+    connections_.clear();
+  }
+
+  void refuse(const Connection& c, const std::string& why, Refusal kind) {
+    refuse(c.peer.empty() ? "a peer that left at once, on " + c.where : c.peer, std::nullopt, why, kind);
+  }
+
+  void refuse(const std::string& from, const std::optional<CurveKey>& key, const std::string& why, Refusal kind) {
+    refused_.fetch_add(1, std::memory_order_relaxed);
+    if (kind == Refusal::over_limit) over_limit_.fetch_add(1, std::memory_order_relaxed);
+    if (kind == Refusal::handshake && curve_) auth_rejected_.fetch_add(1, std::memory_order_relaxed);
     std::uint64_t left_out = 0;
     if (!budget_.allow(LogBudget::Clock::now(), left_out)) return;
     spdlog::warn("{}: refused a connection from {}{}: {}{}", name_, from,
@@ -261,10 +501,21 @@ class CurveGuard {
   }
 
   std::string name_;
+  bool curve_;
   std::vector<CurveKey> allowed_;  // sorted
-  LogBudget budget_;               // the guard's thread only
-  std::atomic<std::uint64_t> accepted_{0};
-  std::atomic<std::uint64_t> rejected_{0};
+  LogBudget budget_;               // the gatekeeper's thread only
+  std::atomic<std::size_t> max_connections_;
+  std::atomic<std::size_t> max_part_bytes_;  // for the log: ZeroMQ enforces it
+  std::atomic<std::uint64_t> refused_{0};
+  std::atomic<std::uint64_t> over_limit_{0};
+  std::atomic<std::uint64_t> auth_accepted_{0};
+  std::atomic<std::uint64_t> auth_rejected_{0};
+  std::atomic<std::uint64_t> listeners_closed_{0};
+  // The gatekeeper's thread only:
+  std::deque<Event> events_;                         // read from the monitor, not yet handled
+  std::unordered_map<int, Connection> connections_;  // open, by ZeroMQ's descriptor
+  std::uint64_t handshakes_ = 0;                     // handshakes that succeeded, or that ZAP refused
+  std::optional<Event> failure_;                     // a failed handshake, whose connection's end comes next
   zmq::socket_t zap_;
   zmq::socket_t monitor_;
   zmq::socket_t stop_rx_;
@@ -274,18 +525,19 @@ class CurveGuard {
 
 class ZmqTransport final : public Transport {
  public:
-  ZmqTransport(TransportLimits limits, std::optional<CurveOptions> curve) : limits_(limits), curve_(std::move(curve)) {
+  ZmqTransport(TransportLimits limits, std::optional<CurveOptions> curve, std::string name)
+      : limits_(limits), curve_(std::move(curve)), name_(std::move(name)) {
     if (curve_) std::sort(curve_->allowed.begin(), curve_->allowed.end());
     // A PAIR of inproc sockets lets other threads interrupt a poll.
-    const std::string name = "inproc://asgd-wake-" + std::to_string(reinterpret_cast<std::uintptr_t>(this));
-    wake_rx_.bind(name);
-    wake_tx_.connect(name);
+    const std::string wake_at = "inproc://asgd-wake-" + std::to_string(reinterpret_cast<std::uintptr_t>(this));
+    wake_rx_.bind(wake_at);
+    wake_tx_.connect(wake_at);
     wake_rx_.set(zmq::sockopt::linger, 0);
     wake_tx_.set(zmq::sockopt::linger, 0);
   }
 
   ~ZmqTransport() override {
-    // The ROUTER goes before its gatekeeper (see CurveGuard).
+    // The ROUTER goes before its gatekeeper (see Gatekeeper).
     router_.reset();
     guard_.reset();
   }
@@ -304,16 +556,19 @@ class ZmqTransport final : public Transport {
     try {
       if (!router_) {
         zmq::socket_t router(context_, zmq::socket_type::router);
-        configure(router);
+        configure(router, limits_.bound_max_part_bytes);
         // A send to an identity we do not know fails (EHOSTUNREACH) instead
         // of vanishing, and a full peer queue says EAGAIN instead of dropping.
         router.set(zmq::sockopt::router_mandatory, true);
+        router.set(zmq::sockopt::handshake_ivl, kHandshakeMs);
         if (curve_) {
           router.set(zmq::sockopt::curve_server, true);
           router.set(zmq::sockopt::curve_secretkey, zmq::buffer(curve_->secret_key));
-          router.set(zmq::sockopt::zap_domain, "asgd");
-          guard_ = std::make_unique<CurveGuard>(context_, router, *curve_);  // before anyone can connect
         }
+        router.set(zmq::sockopt::zap_domain, "asgd");  // asks the gatekeeper, with or without CURVE
+        // Before anyone can connect.
+        guard_ = std::make_unique<Gatekeeper>(context_, router, name_, curve_, limits_.bound_max_connections,
+                                              part_limit(limits_.bound_max_part_bytes));
         router_ = std::move(router);
       }
       router_->bind(endpoint);
@@ -413,12 +668,26 @@ class ZmqTransport final : public Transport {
 
   void pause_bound(bool paused) override { bound_paused_ = paused; }
 
+  Status set_bound_limits(std::size_t max_part_bytes, std::size_t max_connections) override {
+    const bool part_changed = part_limit(max_part_bytes) != part_limit(limits_.bound_max_part_bytes);
+    limits_.bound_max_part_bytes = max_part_bytes;
+    limits_.bound_max_connections = max_connections;
+    if (!router_) return {};
+    guard_->set_max_connections(max_connections);
+    guard_->set_max_part_bytes(part_limit(max_part_bytes));
+    try {
+      router_->set(zmq::sockopt::maxmsgsize, static_cast<std::int64_t>(part_limit(max_part_bytes)));
+    } catch (const zmq::error_t& e) {
+      return Status::IOError("limiting parts on " + bound_ + ": " + describe(e));
+    }
+    // ZeroMQ checks no part limit over inproc.
+    if (!part_changed || bound_.empty() || router_inproc_) return {};
+    return listen_again();
+  }
+
   TransportStats stats() const override {
     TransportStats s = stats_;
-    if (guard_) {
-      s.auth_accepted = guard_->accepted();
-      s.auth_rejected = guard_->rejected();
-    }
+    if (guard_) guard_->add_to(s);
     return s;
   }
 
@@ -437,7 +706,7 @@ class ZmqTransport final : public Transport {
     const auto& [endpoint, carried_key] = *split;
     try {
       zmq::socket_t dealer(context_, zmq::socket_type::dealer);
-      configure(dealer);
+      configure(dealer, limits_.max_message_bytes);
       if (curve_) {
         const std::optional<CurveKey> server = carried_key ? carried_key : curve_->server_key;
         if (!server)
@@ -470,17 +739,52 @@ class ZmqTransport final : public Transport {
     }
   }
 
-  void configure(zmq::socket_t& s) const {
+  // ZMQ_MAXMSGSIZE for a socket whose peers may send parts of up to
+  // `max_part_bytes`: no part is larger than a whole message may be.
+  std::size_t part_limit(std::size_t max_part_bytes) const {
+    return std::min({max_part_bytes, limits_.max_message_bytes,
+                     static_cast<std::size_t>(std::numeric_limits<std::int64_t>::max())});
+  }
+
+  void configure(zmq::socket_t& s, std::size_t max_part_bytes) const {
     s.set(zmq::sockopt::sndhwm, limits_.send_high_water_mark);
     s.set(zmq::sockopt::rcvhwm, limits_.receive_high_water_mark);
-    // libzmq refuses a single frame over the limit before allocating it; over
-    // tcp and ipc it does so by dropping the sending peer's connection (the
-    // peer reconnects), so such a message never reaches receive() to be
-    // counted. Messages whose frames are each under it but that are too large
-    // or too many in sum are counted in read_message.
-    s.set(zmq::sockopt::maxmsgsize, static_cast<std::int64_t>(std::min<std::size_t>(
-                                        limits_.max_message_bytes, static_cast<std::size_t>(std::numeric_limits<std::int64_t>::max()))));
+    // libzmq refuses a single part over the limit when its size arrives,
+    // before allocating it; over tcp and ipc it does so by dropping the
+    // sending peer's connection (the peer reconnects), so such a message
+    // never reaches receive() to be counted (on the bound endpoint the
+    // gatekeeper counts the connection). Messages whose parts are each
+    // under it but that are too large or too many in sum are counted in
+    // read_message.
+    s.set(zmq::sockopt::maxmsgsize, static_cast<std::int64_t>(part_limit(max_part_bytes)));
     s.set(zmq::sockopt::linger, kLingerMs);
+  }
+
+  // Closes the bound endpoint's listener and binds the same endpoint again,
+  // so that the ROUTER's options as they are now apply to what it accepts:
+  // libzmq copies them into a listener when it binds. The connections the
+  // old listener had accepted close with it.
+  Status listen_again() {
+    const std::string what = "listening again on " + bound_;
+    const std::uint64_t closed = guard_->listeners_closed();
+    try {
+      router_->unbind(bound_);
+    } catch (const zmq::error_t& e) {
+      return Status::IOError(what + ": " + describe(e));
+    }
+    // The listener closes on ZeroMQ's I/O thread; until it has, its port
+    // is taken.
+    const auto until = Clock::now() + std::chrono::seconds(5);
+    while (guard_->listeners_closed() == closed) {
+      if (Clock::now() > until) return Status::IOError(what + ": the old listener did not close within 5 s");
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    try {
+      router_->bind(bound_);
+    } catch (const zmq::error_t& e) {
+      return Status::IOError(what + ": " + describe(e) + "; nothing listens there now");
+    }
+    return {};
   }
 
   Connection* connection(const PeerId& peer) {
@@ -556,10 +860,11 @@ class ZmqTransport final : public Transport {
 
   TransportLimits limits_;
   std::optional<CurveOptions> curve_;  // allowed: sorted
+  std::string name_;                   // for log lines
   // Declared before the sockets so it outlives them: closing a context waits
   // for its sockets.
   zmq::context_t context_;
-  std::unique_ptr<CurveGuard> guard_;  // with CURVE, once bound
+  std::unique_ptr<Gatekeeper> guard_;  // once bound
   std::optional<zmq::socket_t> router_;
   std::string bound_;
   bool router_inproc_ = false;  // bound to an inproc endpoint: what it receives may be the sender's bytes
@@ -574,8 +879,9 @@ class ZmqTransport final : public Transport {
 
 }  // namespace
 
-std::unique_ptr<Transport> make_zmq_transport(TransportLimits limits, std::optional<CurveOptions> curve) {
-  return std::make_unique<ZmqTransport>(limits, std::move(curve));
+std::unique_ptr<Transport> make_zmq_transport(TransportLimits limits, std::optional<CurveOptions> curve,
+                                              std::string log_name) {
+  return std::make_unique<ZmqTransport>(limits, std::move(curve), std::move(log_name));
 }
 
 }  // namespace asgd::messaging

@@ -57,6 +57,21 @@ constexpr int kShardSendQueue = 32;    // per peer, replies ZeroMQ has not sent 
 // request in flight per shard.
 std::size_t shard_max_unanswered(std::uint32_t workers) { return 4 * std::size_t{workers} + 64; }
 
+// Connections the coordinator's or a shard's endpoint accepts at once
+// (docs/cluster.md, "Queues and their bounds"): each of the job's `peers`
+// twice (a restarted process may connect before its old connection is seen
+// gone), and a few more.
+std::size_t max_connections(std::size_t peers) { return 2 * peers + 16; }
+
+// Logs, when a process ends, what its endpoint refused (each refusal was
+// logged when it happened, a few lines a minute at most).
+void log_refused(const std::string& name, const BridgeStats& st) {
+  if (st.refused == 0) return;
+  spdlog::warn("{}: refused {} connections to its endpoint ({} over its limit of connections at once, {} in the "
+               "--auth-keys handshake)",
+               name, st.refused, st.refused_over_limit, st.auth_rejected);
+}
+
 // A shard process's memory is mostly push buffers (a push is the size of
 // its key range; ZeroMQ's I/O thread allocates each, and frees it once the
 // reply written over it has been sent), and the bounds above cap how many
@@ -424,6 +439,10 @@ Result<Joined> join(const ProcessOptions& o, Role role, const std::string& name,
   bo.listen = listen ? o.listen : "";
   bo.name = name;
   bo.curve = o.curve;
+  // Nobody sends a shard's endpoint a push before it has its keys (and
+  // says so with its first heartbeat): until then it takes control
+  // messages only (run_shard_process widens it).
+  bo.limits.bound_max_part_bytes = largest_part(0);
   if (role == Role::shard) {
     bo.limits.receive_high_water_mark = kShardReceiveQueue;
     bo.limits.send_high_water_mark = kShardSendQueue;
@@ -526,6 +545,8 @@ Result<JobSummary> run_coordinator_process(const JobConfig& config, const Proces
   bo.coding = coding_of(config);
   bo.name = "coordinator";
   bo.curve = o.curve;
+  bo.limits.bound_max_part_bytes = largest_part(0);  // its endpoint is sent no tensors
+  bo.limits.bound_max_connections = max_connections(std::size_t{config.workers} + config.shards);
   auto started = Bridge::start(bo, [router](Inbound&& in) { (*router)(std::move(in)); });
   if (!started) return started.status();
   std::shared_ptr<Bridge> bridge = *started;
@@ -799,6 +820,7 @@ Result<JobSummary> run_coordinator_process(const JobConfig& config, const Proces
     membership.request_stop();
     membership.join();
   }
+  log_refused("coordinator", bridge->stats());
   return result;
 }
 
@@ -870,6 +892,16 @@ Status run_shard_process(const ProcessOptions& o, std::stop_token stop) {
     return core.status();
   }
   j.bridge->set_max_unanswered(shard_max_unanswered(a.workers));
+  // Before the first heartbeat, after which the coordinator and workers
+  // connect: the largest part a peer may now send is a push of its keys.
+  if (Status s = j.bridge->set_bound_limits(largest_part(a.range_end - a.range_begin),
+                                            max_connections(std::size_t{a.workers} + 1));
+      !s.ok()) {
+    j.bridge->send(j.coordinator,
+                   encode(Failure{static_cast<std::int32_t>(s.code()), name + ": " + s.message()}, j.bridge->next_id()));
+    j.bridge->stop();
+    return s;
+  }
   // What the bounds allow: every unanswered request, and per peer (the
   // workers and the coordinator) ZeroMQ's receive queue and the push
   // being received.
@@ -885,7 +917,7 @@ Status run_shard_process(const ProcessOptions& o, std::stop_token stop) {
   j.bridge->stop();
   const auto st = j.bridge->stats();
   if (st.rejected > 0) spdlog::warn("{}: dropped {} malformed frames", name, st.rejected);
-  if (st.auth_rejected > 0) spdlog::warn("{}: refused {} connection attempts (--auth-keys)", name, st.auth_rejected);
+  log_refused(name, st);
   spdlog::info("{}: at most {} requests were unanswered at once (limit {}); reading stopped at the limit {} times",
                name, st.unanswered_peak, shard_max_unanswered(a.workers), st.read_pauses);
   caf::anon_send_exit(*server_handle, caf::exit_reason::user_shutdown);

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "messaging/transport.hpp"
+#include "test_helpers.hpp"
 
 namespace asgd::messaging {
 namespace {
@@ -307,6 +308,8 @@ TEST(ZmqTransport, AFrameOverTheLimitOverTcpCostsTheSenderItsConnectionAndItRetu
   EXPECT_EQ(texts_of(after->message), (std::vector<std::string>{"after"}));
   EXPECT_NE(after->from, before->from);
   EXPECT_EQ(server->send(before->from, message_of({"gone"})).status().code(), StatusCode::not_found);
+  EXPECT_TRUE(asgd_test::eventually([&] { return server->stats().refused == 1; }))
+      << "the dropped connection is counted: " << server->stats().refused;
 }
 
 TEST(ZmqTransport, PassesALargePartOverInprocWithoutCopyingItAndFreesItWhenTheReceiverLetsGo) {

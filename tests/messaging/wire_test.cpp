@@ -265,6 +265,20 @@ TEST(WireMessages, EveryMessageTypeRoundTrips) {
   EXPECT_EQ(wp2.batches_ready, 1u);
 }
 
+TEST(WireMessages, NoPartOfALegalFrameIsLargerThanLargestPartSays) {
+  // What a shard's endpoint is sent: a push of its key range, with the
+  // largest body a frame may have in part 0.
+  constexpr std::size_t kRange = 400'000;  // 1.6 MB of float32: the tensor is the larger part
+  const Message push = encode(PushRequest{0, 0, 0, 1, true, {}}, 1, std::vector<float>(kRange, 1.0f));
+  ASSERT_EQ(push.size(), 2u);
+  EXPECT_LE(push[0].bytes.size(), largest_part(kRange));
+  EXPECT_EQ(push[1].bytes.size(), largest_part(kRange));
+  const std::vector<std::byte> body(kMaxBody);
+  const Message widest = build_frame(1, 0, 1, body, Part{});
+  EXPECT_EQ(widest[0].bytes.size(), largest_part(0)) << "a control frame at its limit";
+  EXPECT_EQ(largest_part(10), largest_part(0)) << "a small tensor is smaller than part 0 may be";
+}
+
 TEST(WireMessages, Fp16HalvesTheTensorBytesAndKeepsValuesToHalfPrecision) {
   std::vector<float> g(1000);
   for (std::size_t i = 0; i < g.size(); ++i) g[i] = std::sin(static_cast<float>(i)) * 0.01f;
