@@ -33,13 +33,13 @@ struct LiveShard {
   std::uint64_t keys = 0;           ///< parameters in its key range
   std::uint64_t updates_applied = 0;
   std::uint64_t rejected = 0;       ///< malformed pushes
-  std::uint64_t refused_departed = 0;  ///< pushes of workers it was told had left
   std::uint64_t malformed_frames = 0;  ///< frames its process dropped unread
-  std::uint64_t checkpoint_failures = 0;  ///< checkpoint writes that failed
-  std::optional<double> checkpoint_age_s;  ///< since its newest checkpoint was written; none: none yet (or none asked for)
   std::uint64_t nonfinite = 0;      ///< pushes refused for a NaN or infinity
   std::uint64_t held = 0;           ///< reads the policy holds back now
   std::uint64_t queued = 0;         ///< messages in its mailbox now
+  std::uint64_t refused_departed = 0;  ///< pushes of workers it was told had left
+  std::uint64_t checkpoint_failures = 0;  ///< checkpoint writes that failed
+  std::optional<double> checkpoint_age_s = std::nullopt;  ///< since its newest checkpoint was written; none: none yet (or none asked for)
 };
 
 struct LiveSnapshot {

@@ -323,9 +323,30 @@ TEST(ShardCore, StalenessAwareLearningRateDividesTheStepByTheStaleness) {
   auto core = ShardCore::make(s);
   ASSERT_TRUE(core.ok());
   ShardDriver shard(std::move(core).value());
-  EXPECT_FLOAT_EQ(shard.push_now(grad(0, 0, 0, {1.0f})).params[0], -1.0f);   // fresh: full step
-  EXPECT_FLOAT_EQ(shard.push_now(grad(0, 1, 0, {1.0f})).params[0], -2.0f);   // staleness 1: full step
-  EXPECT_FLOAT_EQ(shard.push_now(grad(0, 5, 1, {1.0f})).params[0], -2.25f);  // staleness 4: a quarter
+  // Staleness counts the shard's updates since the version the push read.
+  auto read_at = [](Clock c, std::uint64_t version) {
+    PushRequest p = grad(0, c, c, {1.0f});
+    p.base_version = version;
+    return p;
+  };
+  EXPECT_FLOAT_EQ(shard.push_now(read_at(0, 0)).params[0], -1.0f);   // fresh: full step
+  EXPECT_FLOAT_EQ(shard.push_now(read_at(1, 0)).params[0], -2.0f);   // 1 update behind: full step
+  EXPECT_FLOAT_EQ(shard.push_now(read_at(2, 0)).params[0], -2.5f);   // 2 behind: half
+  EXPECT_FLOAT_EQ(shard.push_now(read_at(3, 3)).params[0], -3.5f);   // read the latest: full step again
+  EXPECT_FLOAT_EQ(shard.push_now(read_at(4, 0)).params[0], -3.75f);  // 4 behind: a quarter
+}
+
+TEST(ShardCore, StalenessAwareStepsAreScaledOnlyBeyondHalfTheWorkerCount) {
+  ShardSetup s = setup(1, 1.0f, 8);  // 8 workers: a staleness up to 4 is what the rate is chosen for
+  s.initial = {0.0f};
+  s.staleness_aware_lr = true;
+  auto core = ShardCore::make(s);
+  ASSERT_TRUE(core.ok());
+  ShardDriver shard(std::move(core).value());
+  for (WorkerId w = 0; w < 8; ++w) shard.push_now(grad(w, 0, 0, {1.0f}, false));  // versions 1..8, staleness 0..7
+  // Steps 1..4 behind are full (-1 each, 5 of them with the first); 5, 6, 7
+  // behind are scaled by 4/5, 4/6, 4/7.
+  EXPECT_NEAR(shard.core.params()[0], -(5.0 + 4.0 / 5 + 4.0 / 6 + 4.0 / 7), 1e-5);
 }
 
 TEST(WorkerShares, SplitDataAndBatchInProportionToTheWeights) {

@@ -61,7 +61,7 @@ TEST(RunJob, TrainsMnistAcrossTwoWorkersAndTwoShardsAndWritesTheMetricsFile) {
                                           // beyond DESIGN.md's list: the histogram and per-worker figures
                                           "staleness_histogram", "worker_batch", "worker_wait_s",
                                           "malformed_frames", "nonfinite_rejected", "workers_lost",
-                                          "shard_restarts", "workers_rejoined"};
+                                          "shard_restarts", "workers_rejoined", "checkpoint_failures"};
   std::set<std::string> keys;
   for (const auto& [k, v] : s.items()) keys.insert(k);
   EXPECT_EQ(keys, expected);

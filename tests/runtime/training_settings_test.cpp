@@ -61,6 +61,7 @@ TEST(TrainingSettings, ValuesTheUserSetAreUsedUnchangedAtEveryWorkerCount) {
       c.lr = 0.05;
       c.momentum = 0.3;
       c.lr_warmup_epochs = 0.0;
+      c.local_steps = 8;  // averaging's own knob, set too
       const std::string p = policy;
       if (p == "async" || p == "ssp:3") c.staleness_aware_lr = false;
       const TrainingSettings t = training_settings(c);
