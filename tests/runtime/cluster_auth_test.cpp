@@ -4,7 +4,6 @@
 // trains as it does without them.
 
 #include <gtest/gtest.h>
-#include <spdlog/sinks/ringbuffer_sink.h>
 #include <spdlog/spdlog.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -17,6 +16,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "captured_log.hpp"
 #include "actors/parameter_shard.hpp"
 #include "cli/cli_run.hpp"
 #include "messaging/bridge.hpp"
@@ -130,31 +130,10 @@ TEST(ClusterAuth, AShardGivesAPeerWithoutAnAllowedKeyNoUpdateAndNoParametersAndC
   self->send_exit(remote, caf::exit_reason::user_shutdown);
 }
 
-// Warnings logged while it lives. Declared before the job's threads start
-// and destroyed after they ended (they log through the logger it replaces).
-class CapturedWarnings {
- public:
-  CapturedWarnings()
-      : sink_(std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(4096)), previous_(spdlog::default_logger()) {
-    auto logger = std::make_shared<spdlog::logger>("captured", sink_);
-    logger->set_level(spdlog::level::warn);
-    spdlog::set_default_logger(logger);
-  }
-  ~CapturedWarnings() { spdlog::set_default_logger(previous_); }
-  std::string all() const {
-    std::string out;
-    for (const auto& line : sink_->last_formatted()) out += line;
-    return out;
-  }
-
- private:
-  std::shared_ptr<spdlog::sinks::ringbuffer_sink_mt> sink_;
-  std::shared_ptr<spdlog::logger> previous_;
-};
 
 TEST(ClusterAuth, AJobWithKeysTrainsMnistWhileRoguesKnockOnAShardInVain) {
   ASGD_REQUIRE_DATASET(dir, "mnist");
-  CapturedWarnings warnings;
+  asgd_test::CapturedLog warnings;
   // Every process its own key, as on separate hosts; each allows all five.
   const CurveKeypair coordinator_keys = curve_keypair();
   const std::vector<CurveKeypair> shard_keys = {curve_keypair(), curve_keypair()}, worker_keys = {curve_keypair(), curve_keypair()};
