@@ -14,6 +14,14 @@
 
 namespace asgd {
 
+namespace {
+
+// How a step staler than usual is taken (ShardCore::lr_scale).
+constexpr float kStaleMomentum = 0.5f;
+constexpr float kStaleRateFactor = 2.0f;
+
+}  // namespace
+
 Result<ShardCore> ShardCore::make(ShardSetup setup) {
   if (setup.workers == 0) return Status::InvalidArgument("shard " + std::to_string(setup.index) + ": no workers");
   if (setup.shared && setup.shared->values.size() < setup.range.end)
@@ -88,14 +96,21 @@ void ShardCore::record_staleness(Clock clock, Clock base) {
   ++h[staleness];
 }
 
-float ShardCore::lr_scale(Clock clock, std::uint64_t staleness) const {
+float ShardCore::lr_scale(Clock clock, std::uint64_t staleness) {
   float scale = setup_.schedule.scale(clock);
-  // A step is divided by how much staler it is than the steps of a
-  // two-worker job, which the rate is chosen for: with N workers pushing at
-  // once a read is about N - 1 updates old, so about N / 2 times as stale.
+  // The rate is chosen for the staleness of a two-worker job's steps, about
+  // 1 update; with N workers about N / 2 times that is usual. A step staler
+  // than that (N processes pushing at once: about N - 1) takes twice the
+  // rate divided by how much staler it is (Zhang et al. 2016), and a step
+  // over N / 4 stale takes momentum 0.5, since asynchrony acts as momentum
+  // of its own (Mitliagkas et al. 2016). The factors and thresholds are
+  // measured: docs/policies.md.
   const float usual = std::max(1.0f, static_cast<float>(setup_.workers) / 2.0f);
-  if (setup_.staleness_aware_lr && static_cast<float>(staleness) > usual)
-    scale *= usual / static_cast<float>(staleness);
+  const bool stale = setup_.staleness_aware_lr && static_cast<float>(staleness) > usual;
+  if (stale) scale *= kStaleRateFactor * usual / static_cast<float>(staleness);
+  const bool damp = setup_.staleness_aware_lr && static_cast<float>(staleness) > std::max(1.0f, usual / 2.0f);
+  const float mu = setup_.optimizer.momentum;
+  optimizer_->set_momentum_scale(damp && mu > kStaleMomentum ? kStaleMomentum / mu : 1.0f);
   return scale;
 }
 

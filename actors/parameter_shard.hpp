@@ -164,7 +164,8 @@ class ShardCore {
   void commit_ready_aggregates();
   void release_held(Instant now, std::vector<Answer>& out);
   void record_staleness(Clock clock, Clock base);
-  float lr_scale(Clock clock, std::uint64_t staleness) const;
+  // Also sets the optimizer's momentum for the step it scales.
+  float lr_scale(Clock clock, std::uint64_t staleness);
 
   ShardSetup setup_;
   std::vector<float> owned_;            // (range.size(),) unless shared

@@ -75,13 +75,14 @@ class Momentum final : public Optimizer {
     });
   }
   std::vector<std::span<float>> state() override { return {v_}; }
+  void set_momentum_scale(float scale) override { momentum_scale_ = scale; }
 
  private:
   // v: (p.size(),) the momentum buffer's slice for p.
   void update(std::span<float> p, std::span<const float> g, float lr_scale, std::span<float> copy, float* v) const {
     const FlushDenormals flush;
     const float lr = c_.lr * lr_scale;
-    const float mu = c_.momentum;
+    const float mu = c_.momentum * momentum_scale_;
     const float wd = c_.weight_decay;
     // Two loops rather than a branch inside one, so both vectorise.
     if (copy.empty()) {
@@ -99,6 +100,7 @@ class Momentum final : public Optimizer {
 
   OptimizerConfig c_;
   std::vector<float> v_;  // (size,) momentum buffer
+  float momentum_scale_ = 1.0f;
 };
 
 // Adagrad (Duchi et al. 2011) as torch.optim.Adagrad with lr_decay 0.

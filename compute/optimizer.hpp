@@ -53,6 +53,11 @@ class Optimizer {
   virtual void step_visiting(std::span<float> params, std::span<const float> grads, float lr_scale,
                              std::span<float> copy, const std::function<void(std::size_t, std::size_t)>& written);
 
+  /// Multiplies the momentum coefficient of the steps that follow, until
+  /// set again (1: as configured). Optimizers without momentum ignore it.
+  /// A shard takes a very stale update with less momentum (docs/policies.md).
+  virtual void set_momentum_scale(float scale) { (void)scale; }
+
   /// Its state, for checkpoints: the buffers it keeps (each (size,);
   /// momentum: 1, adagrad: 1, adam: 2, sgd: none), writable so a restored
   /// checkpoint can fill them, and the steps it has taken (adam's t).

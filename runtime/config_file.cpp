@@ -108,8 +108,8 @@ const std::vector<ConfigField>& job_config_fields() {
       {"local-steps", "averaging: local steps between parameter averages (default 8)", "K",
        optional_uint_field(&JobConfig::local_steps)},
       {"staleness-aware-lr",
-       "async, ssp: divide each update's step by the updates applied since its read: true | false (default true "
-       "for async and ssp)",
+       "async, ssp: take a step staler than usual with a rate divided by its staleness and momentum 0.5: "
+       "true | false (default true, false when --lr or --momentum is given)",
        "BOOL",
        {[](JobConfig& c, const std::string& t) {
           if (t == "true" || t == "1") c.staleness_aware_lr = true;
@@ -133,7 +133,7 @@ const std::vector<ConfigField>& job_config_fields() {
       {"device", "where workers compute: cpu | cuda | cuda:K (default cpu)", "DEV", string_field(&JobConfig::device)},
       {"epochs", "passes over the training data (default 3)", "E", uint_field(&JobConfig::epochs)},
       {"batch", "samples per worker step (default 64)", "B", uint_field(&JobConfig::batch)},
-      {"lr", "base learning rate (default 0.02; with more than 2 workers 0.02 x workers / 2, but for hogwild)", "X",
+      {"lr", "base learning rate (default 0.02; bsp and averaging with more than 2 workers: 0.02 x workers / 2)", "X",
        optional_double_field(&JobConfig::lr)},
       {"lr-warmup", "epochs over which the rate ramps up at the start (default 0; 1 with more than 2 workers, "
                     "but for hogwild)",

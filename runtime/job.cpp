@@ -142,30 +142,21 @@ TrainingSettings training_settings(const JobConfig& c) {
   // The defaults were chosen on two workers. Beyond that (hogwild aside,
   // whose in-process workers write one buffer) bsp and averaging take more
   // samples per update: the rate grows with the workers (the linear
-  // scaling rule), ramped up over the first epoch. async and ssp instead
-  // apply staler gradients, about n - 1 updates old, and asynchrony acts as
-  // momentum of its own: their momentum drops to 0.5, each step is divided
-  // by how much staler it is than a two-worker job's, and the rate is twice
-  // the two-worker one, also ramped up. (docs/policies.md has the
-  // measurements behind each.)
+  // scaling rule). async and ssp instead apply staler gradients: their
+  // staleness-aware steps (on by default, unless the rate or momentum is
+  // given) take a step staler than usual with less momentum and a rate
+  // divided by its staleness. Every policy but hogwild ramps the rate up
+  // over the first epoch. (docs/policies.md has the measurements.)
   const bool more = n > 2 && policy != "hogwild";
   const bool stale = policy == "async" || policy == "ssp";
   auto say = [&](const std::string& what) { t.adjusted.push_back(what); };
   if (c.lr) {
     t.lr = *c.lr;
-  } else if (more && stale) {
-    t.lr = 0.04;
-    say(fmt::format("lr {:g} (twice the two-worker rate, under staleness-aware steps)", t.lr));
-  } else if (more) {
+  } else if (more && !stale) {
     t.lr = 0.02 * n / 2;
     say(fmt::format("lr {:g} (0.02 x {} workers / 2, the linear scaling rule)", t.lr, n));
   }
-  if (c.momentum) {
-    t.momentum = *c.momentum;
-  } else if (more && stale) {
-    t.momentum = 0.5;
-    say("momentum 0.5 (asynchrony adds its own)");
-  }
+  if (c.momentum) t.momentum = *c.momentum;
   if (!c.local_steps && policy == "averaging" && n > 8) say("--local-steps 4 (more than 8 workers average twice as often)");
   if (c.lr_warmup_epochs) {
     t.lr_warmup_epochs = *c.lr_warmup_epochs;
@@ -175,9 +166,12 @@ TrainingSettings training_settings(const JobConfig& c) {
   }
   if (c.staleness_aware_lr) {
     t.staleness_aware_lr = *c.staleness_aware_lr;
-  } else if (stale) {
+  } else if (stale && !c.lr && !c.momentum) {
     t.staleness_aware_lr = true;
-    if (more) say(fmt::format("staleness-aware steps (each divided by its staleness in updates over {})", n / 2));
+    if (more)
+      say(fmt::format("staleness-aware steps (a step over {} updates stale takes momentum 0.5, one over {} twice "
+                      "the rate divided by its staleness over {})",
+                      std::max(1u, n / 4), std::max(1u, n / 2), std::max(1u, n / 2)));
   }
   return t;
 }

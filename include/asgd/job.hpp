@@ -35,8 +35,10 @@ struct JobConfig {
   std::uint32_t push_every = 1;     ///< async: push accumulated gradients every n-th step
   std::uint32_t backup_workers = 0; ///< bsp: commit a clock once workers - backup_workers gradients are in
   std::optional<std::uint32_t> local_steps;  ///< averaging: local steps between two averages, >= 1 (default 8)
-  /// async, ssp: divide each update's step by its staleness in updates
-  /// (when > 1). Unset: the policy's default (training_settings).
+  /// async, ssp: a step staler than usual for the worker count (in updates
+  /// since its read) takes a rate divided by its staleness and momentum 0.5
+  /// (docs/policies.md). Unset: on for async and ssp unless lr or momentum
+  /// is set (training_settings).
   std::optional<bool> staleness_aware_lr;
   /// Per-worker batch-size weights: "" (equal), "W0,W1,..." (one positive
   /// number per worker; batch and data partition scale with the weight), or
@@ -112,8 +114,8 @@ Status validate(const JobConfig& config, const UserDataset& data);
 
 /// What a job trains with once its unset optimizer settings take their
 /// defaults. Values set in the JobConfig are kept exactly. Unset ones are
-/// the two-worker defaults (lr 0.02, momentum 0.9, no warm-up, no
-/// staleness-aware step), adjusted so that a job still converges with more
+/// the two-worker defaults (lr 0.02, momentum 0.9, no warm-up; async and
+/// ssp with staleness-aware steps), adjusted so that a job still converges with more
 /// workers (docs/policies.md, "Defaults as workers grow"; the measurements
 /// that chose them are in docs/benchmarks.md).
 struct TrainingSettings {

@@ -316,8 +316,8 @@ TEST(ShardCore, ScalesEachStepByTheScheduleAtTheUpdatesClock) {
   EXPECT_NEAR(shard.push_now(grad(0, 2, 2, {1.0f})).params[0], -1.5f, 1e-6);  // 0 past the end
 }
 
-TEST(ShardCore, StalenessAwareLearningRateDividesTheStepByTheStaleness) {
-  ShardSetup s = setup(1, 1.0f, 1);
+TEST(ShardCore, StalenessAwareStepsDivideAStaleStepsDoubledRateByItsStaleness) {
+  ShardSetup s = setup(1, 1.0f, 1);  // one worker: a staleness of 1 is usual
   s.initial = {0.0f};
   s.staleness_aware_lr = true;
   auto core = ShardCore::make(s);
@@ -330,23 +330,29 @@ TEST(ShardCore, StalenessAwareLearningRateDividesTheStepByTheStaleness) {
     return p;
   };
   EXPECT_FLOAT_EQ(shard.push_now(read_at(0, 0)).params[0], -1.0f);   // fresh: full step
-  EXPECT_FLOAT_EQ(shard.push_now(read_at(1, 0)).params[0], -2.0f);   // 1 update behind: full step
-  EXPECT_FLOAT_EQ(shard.push_now(read_at(2, 0)).params[0], -2.5f);   // 2 behind: half
-  EXPECT_FLOAT_EQ(shard.push_now(read_at(3, 3)).params[0], -3.5f);   // read the latest: full step again
-  EXPECT_FLOAT_EQ(shard.push_now(read_at(4, 0)).params[0], -3.75f);  // 4 behind: a quarter
+  EXPECT_FLOAT_EQ(shard.push_now(read_at(1, 0)).params[0], -2.0f);   // 1 update behind: usual, full step
+  EXPECT_FLOAT_EQ(shard.push_now(read_at(2, 0)).params[0], -3.0f);   // 2 behind: 2 x 1/2
+  EXPECT_FLOAT_EQ(shard.push_now(read_at(3, 3)).params[0], -4.0f);   // read the latest: full step
+  EXPECT_FLOAT_EQ(shard.push_now(read_at(4, 0)).params[0], -4.5f);   // 4 behind: 2 x 1/4
 }
 
-TEST(ShardCore, StalenessAwareStepsAreScaledOnlyBeyondHalfTheWorkerCount) {
-  ShardSetup s = setup(1, 1.0f, 8);  // 8 workers: a staleness up to 4 is what the rate is chosen for
+TEST(ShardCore, AStaleStepIsTakenWithMomentumHalfAndTheNextFreshOneWithTheConfiguredMomentum) {
+  ShardSetup s = setup(1, 1.0f, 1);
   s.initial = {0.0f};
+  s.optimizer = {"momentum", 1.0f, 0.9f, 0.0f};
   s.staleness_aware_lr = true;
   auto core = ShardCore::make(s);
   ASSERT_TRUE(core.ok());
   ShardDriver shard(std::move(core).value());
-  for (WorkerId w = 0; w < 8; ++w) shard.push_now(grad(w, 0, 0, {1.0f}, false));  // versions 1..8, staleness 0..7
-  // Steps 1..4 behind are full (-1 each, 5 of them with the first); 5, 6, 7
-  // behind are scaled by 4/5, 4/6, 4/7.
-  EXPECT_NEAR(shard.core.params()[0], -(5.0 + 4.0 / 5 + 4.0 / 6 + 4.0 / 7), 1e-5);
+  PushRequest fresh = grad(0, 0, 0, {1.0f});
+  EXPECT_FLOAT_EQ(shard.push_now(std::move(fresh)).params[0], -1.0f);  // v = 1
+  PushRequest stale = grad(0, 1, 1, {1.0f});
+  stale.base_version = 0;
+  shard.push_now(grad(0, 1, 1, {0.0f}));                             // a zero gradient: v = 0.9, p = -1.9
+  EXPECT_FLOAT_EQ(shard.push_now(std::move(stale)).params[0], -1.9f - (0.5f * 0.9f + 1.0f));  // 2 behind: v = 0.5 v + g, rate 2 x 1/2
+  PushRequest again = grad(0, 2, 2, {1.0f});
+  again.base_version = 3;
+  EXPECT_NEAR(shard.push_now(std::move(again)).params[0], -1.9f - 1.45f - (0.9f * 1.45f + 1.0f), 1e-5);  // fresh: 0.9 again
 }
 
 TEST(WorkerShares, SplitDataAndBatchInProportionToTheWeights) {

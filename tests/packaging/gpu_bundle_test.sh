@@ -12,7 +12,8 @@ build=$(cd "$1" && pwd)
 source=$(cd "$2" && pwd)
 [[ -n ${ASGD_DATA_DIR:-} && -d $ASGD_DATA_DIR/mnist ]] || { echo "gpu_bundle_test: no \$ASGD_DATA_DIR/mnist" >&2; exit 77; }
 command -v patchelf >/dev/null || { echo "gpu_bundle_test: no patchelf (scripts/setup installs it)" >&2; exit 77; }
-ldd "$build/bin/asgd" | grep -q 'libcudnn\.so' || { echo "gpu_bundle_test: this build has no CUDA backend" >&2; exit 77; }
+linked=$(ldd "$build/bin/asgd")
+grep -q 'libcudnn\.so' <<<"$linked" || { echo "gpu_bundle_test: this build has no CUDA backend" >&2; exit 77; }
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/asgd-bundle.XXXXXX")
 trap 'rm -rf "$work"' EXIT

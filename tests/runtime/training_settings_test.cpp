@@ -42,8 +42,14 @@ TEST(TrainingSettings, MoreWorkersAdjustTheDefaultsAndSayWhich) {
   async.workers = 16;
   const TrainingSettings a = training_settings(async);
   EXPECT_TRUE(a.staleness_aware_lr);
-  EXPECT_LT(a.momentum, 0.9);
-  EXPECT_EQ(a.adjusted.size(), 4u);
+  EXPECT_DOUBLE_EQ(a.lr, 0.02);
+  EXPECT_DOUBLE_EQ(a.momentum, 0.9);  // stale steps take less (ShardCore), fresh ones this
+  EXPECT_EQ(a.adjusted.size(), 2u);  // the warm-up and the staleness-aware steps
+
+  // A rate or momentum given by the user is used exactly: no staleness-aware
+  // steps change it unless asked for.
+  async.lr = 0.01;
+  EXPECT_FALSE(training_settings(async).staleness_aware_lr);
 
   JobConfig hogwild;
   hogwild.policy = "hogwild";
