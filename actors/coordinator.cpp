@@ -24,10 +24,6 @@ double seconds_between(SteadyClock::time_point a, SteadyClock::time_point b) {
   return std::chrono::duration<double>(b - a).count();
 }
 
-double unix_now() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
 caf::timespan eval_period(const JobConfig& c) {
   return std::chrono::duration_cast<caf::timespan>(std::chrono::duration<double>(c.eval_every_s));
 }
@@ -319,10 +315,7 @@ PolicyConfig policy_config(const JobConfig& c) {
   p.push_every = c.push_every;
   p.staleness = c.staleness;
   p.backup_workers = c.backup_workers;
-  p.local_steps = c.local_steps;
-  // More than 8 averaging workers see few local steps each per epoch: they
-  // average twice as often (training_settings names it).
-  if (!p.local_steps && c.policy == "averaging" && c.workers > 8) p.local_steps = 4;
+  p.local_steps = c.local_steps ? c.local_steps : training_settings(c).local_steps;
   return p;
 }
 
@@ -641,7 +634,7 @@ void live_tick(Self self) {
               l.queued = s.queued;
               l.checkpoint_failures = s.checkpoint_failures;
               l.checkpoint_age_s.reset();
-              if (s.checkpoint_unix_s > 0) l.checkpoint_age_s = std::max(0.0, unix_now() - s.checkpoint_unix_s);
+              if (s.checkpoint_unix_s > 0) l.checkpoint_age_s = std::max(0.0, unix_seconds_now() - s.checkpoint_unix_s);
             },
             [i](caf::error&) { spdlog::debug("live status: no statistics from shard {} this time", i); });
   }
@@ -882,7 +875,7 @@ caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self, Coordinat
     st.shards.push_back(shard);
   }
   if (st.resumed) {  // every shard restored: only now does the metrics file hear of it
-    const double now_unix = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+    const double now_unix = unix_seconds_now();
     spdlog::info("resuming {} at epoch {} of {}: {} updates restored from checkpoints written {:.0f} s ago", cfg.resume,
                  st.resumed->first_epoch + 1, cfg.epochs, st.resumed->updates, now_unix - st.resumed->written_unix_s);
     if (st.setup.on_record)
@@ -1030,7 +1023,7 @@ caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self, Coordinat
                   auto& c = self->state;
                   nlohmann::json record = {{"event", "shard_restarted"}, {"shard", shard}, {"train_s", at_s}};
                   if (reloaded.restored_unix_s > 0) {
-                    const double age_s = std::max(0.0, unix_now() - reloaded.restored_unix_s);
+                    const double age_s = std::max(0.0, unix_seconds_now() - reloaded.restored_unix_s);
                     spdlog::warn("shard {} was restarted at {:.1f} s from its checkpoint of {:.1f} s before, "
                                  "holding {} updates: the updates it applied after that checkpoint are lost",
                                  shard, at_s, age_s, reloaded.restored_updates);

@@ -143,7 +143,7 @@ struct ShardStats {
   std::vector<Clock> worker_clock;            ///< per worker: highest clock pushed + 1
   // Checkpoints (--checkpoint-dir with --checkpoint-every); zero without.
   std::uint64_t checkpoint_failures = 0;      ///< writes that failed (a full disk, a folder gone)
-  double checkpoint_unix_s = 0.0;             ///< when the newest checkpoint it wrote or reloaded was written; 0: none
+  double checkpoint_unix_s = 0.0;             ///< when the newest checkpoint it wrote or reloaded was written; 0: none (filled by the shard actor)
   double restored_unix_s = 0.0;               ///< a restarted shard: when the checkpoint it reloaded was written; 0: none
   std::uint64_t restored_updates = 0;         ///< the updates that checkpoint held
 };

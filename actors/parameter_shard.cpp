@@ -384,8 +384,7 @@ Status ShardCore::save(const std::string& path) const {
       {"refused_departed", stats_.refused_departed},
       {"nonfinite", stats_.nonfinite},
       {"staleness_histogram", stats_.staleness_histogram},
-      {"written_unix_s",
-       std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count()}};
+      {"written_unix_s", unix_seconds_now()}};
   return write_framed(path, kShardMagic, kShardCheckpointVersion, header, blocks);
 }
 
@@ -469,7 +468,6 @@ Status ShardCore::restore(const std::string& path, std::span<const Clock> restar
     stats_.refused_departed = h.value("refused_departed", std::uint64_t{0});
     stats_.restored_unix_s = h.at("written_unix_s").get<double>();
     stats_.restored_updates = stats_.updates_applied;
-    stats_.checkpoint_unix_s = stats_.restored_unix_s;
     stats_.nonfinite = h.at("nonfinite").get<std::uint64_t>();
     stats_.staleness_histogram = h.at("staleness_histogram").get<std::vector<std::uint64_t>>();
   } catch (const nlohmann::json::exception& e) {
@@ -490,10 +488,6 @@ ShardStats ShardCore::stats() const {
 
 namespace {
 
-double unix_now() {
-  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-}
-
 // Writes the shard's checkpoint and keeps count. A failure is the
 // operator's to see at once: a restart now loses everything since the last
 // checkpoint that was written, which grows with every failed interval. So
@@ -508,7 +502,7 @@ void checkpoint_now(ShardState& st, const char* when) {
     ++st.failures_in_a_row;
     if (st.failures_in_a_row % 10 == 1) {
       const std::string since =
-          st.checkpoint_unix_s > 0 ? fmt::format("its last checkpoint, {:.0f} s ago", unix_now() - st.checkpoint_unix_s)
+          st.checkpoint_unix_s > 0 ? fmt::format("its last checkpoint, {:.0f} s ago", unix_seconds_now() - st.checkpoint_unix_s)
                                    : std::string("the start of training (none was written yet)");
       spdlog::warn("shard {}: {} checkpoint failed ({} in a row): {}; until one is written, a restart of this shard "
                    "loses every update since {}",
@@ -519,7 +513,7 @@ void checkpoint_now(ShardState& st, const char* when) {
   if (st.failures_in_a_row > 0)
     spdlog::info("shard {}: checkpoint written again after {} failed", index, st.failures_in_a_row);
   st.failures_in_a_row = 0;
-  st.checkpoint_unix_s = unix_now();
+  st.checkpoint_unix_s = unix_seconds_now();
   spdlog::debug("shard {}: {} checkpoint {} in {:.1f} ms", index, when, st.checkpoint_path,
                 std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
 }
@@ -528,7 +522,7 @@ void checkpoint_now(ShardState& st, const char* when) {
 
 caf::behavior parameter_shard(caf::stateful_actor<ShardState>* self, std::shared_ptr<ShardCore> core) {
   self->state.core = std::make_unique<ShardCore>(std::move(*core));
-  self->state.checkpoint_unix_s = self->state.core->stats().checkpoint_unix_s;  // a reloaded one's
+  self->state.checkpoint_unix_s = self->state.core->stats().restored_unix_s;  // the one reloaded, if any
   // Periodic checkpoints, on the shard's own thread between requests: the
   // parameters cannot change while they are written.
   const ShardSetup& setup = self->state.core->setup();

@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -67,6 +68,10 @@ nlohmann::json tensor_list(const std::vector<CheckpointTensor>& tensors) {
 }
 
 }  // namespace
+
+double unix_seconds_now() {
+  return std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+}
 
 Checkpoint Checkpoint::of(Model& model) {
   Checkpoint c;

@@ -49,6 +49,10 @@ struct Checkpoint {
   static Checkpoint of(Model& model);
 };
 
+/// The wall clock that checkpoints are stamped with and their ages measured
+/// by: seconds since the Unix epoch.
+double unix_seconds_now();
+
 inline constexpr std::uint32_t kCheckpointVersion = 1;
 inline constexpr const char* kCheckpointFile = "model.ckpt";
 

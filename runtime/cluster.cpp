@@ -25,6 +25,7 @@
 #include "compute/blas.hpp"
 #include "dataset/dataset.hpp"
 #include "messaging/bridge.hpp"
+#include "runtime/checkpoint.hpp"
 #include "runtime/config_file.hpp"
 #include "runtime/job_internal.hpp"
 
@@ -645,11 +646,6 @@ Result<JobSummary> run_coordinator_process(const JobConfig& config, const Proces
     if (auto h = router->heard.find(peer); h != router->heard.end()) return h->second;
     return std::nullopt;
   };
-  // A process that registers for a slot during the job takes the place of
-  // a dead one only: the old process must have missed a few heartbeats (a
-  // supervisor restarts at once, so this wait is short). False, with the
-  // newcomer told why, when the old one still beats after
-  // --heartbeat-timeout.
   // Processes the supervisor saw end (by pid): their slots are free at once.
   // The membership thread alone reads the supervisor's notices.
   std::set<std::uint32_t> ended;
@@ -674,6 +670,10 @@ Result<JobSummary> run_coordinator_process(const JobConfig& config, const Proces
       }
     }
   };
+  // A process that registers for a slot during the job takes the place of
+  // a dead one only: the old process must have missed a few heartbeats, or
+  // its supervisor said it ended. False, with the newcomer told why, when
+  // the old one still beats after --heartbeat-timeout.
   auto old_is_dead = [&](const Inbound& in, const Registration& reg, const Member& old) {
     const std::string what = (reg.role == Role::shard ? "shard " : "worker ") + std::to_string(reg.index);
     const auto limit = SteadyClock::now() + millis(config.heartbeat_timeout_s);
@@ -869,10 +869,8 @@ Status run_shard_process(const ProcessOptions& o, std::stop_token stop) {
         if (!s.ok()) {
           core = s;
         } else {
-          const double now_unix =
-              std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
           spdlog::warn("{}: restarted; reloaded {} (written {:.1f} s ago, {} updates applied by then)", name,
-                       checkpoint, now_unix - saved->written_unix_s, saved->stats.updates_applied);
+                       checkpoint, unix_seconds_now() - saved->written_unix_s, saved->stats.updates_applied);
         }
       } else {
         spdlog::warn("{}: restarted before its first checkpoint ({}): starting again from the initial parameters",

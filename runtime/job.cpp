@@ -157,7 +157,10 @@ TrainingSettings training_settings(const JobConfig& c) {
     say(fmt::format("lr {:g} (0.02 x {} workers / 2, the linear scaling rule)", t.lr, n));
   }
   if (c.momentum) t.momentum = *c.momentum;
-  if (!c.local_steps && policy == "averaging" && n > 8) say("--local-steps 4 (more than 8 workers average twice as often)");
+  if (!c.local_steps && policy == "averaging" && n > 8) {
+    t.local_steps = 4;
+    say("--local-steps 4 (more than 8 workers average twice as often)");
+  }
   if (c.lr_warmup_epochs) {
     t.lr_warmup_epochs = *c.lr_warmup_epochs;
   } else if (more) {

@@ -123,6 +123,9 @@ struct TrainingSettings {
   double momentum = 0.9;
   double lr_warmup_epochs = 0.0;
   bool staleness_aware_lr = false;
+  /// averaging: local steps between averages when JobConfig::local_steps is
+  /// unset and the policy's own default (8) does not hold; unset: it holds.
+  std::optional<std::uint32_t> local_steps;
   /// The defaults that differ from the two-worker ones, each saying why:
   /// "lr 0.08 (0.02 x 8 workers / 2: the linear scaling rule)". Empty when
   /// none do (or every one is set).

@@ -51,6 +51,14 @@ TEST(TrainingSettings, MoreWorkersAdjustTheDefaultsAndSayWhich) {
   async.lr = 0.01;
   EXPECT_FALSE(training_settings(async).staleness_aware_lr);
 
+  JobConfig averaging;
+  averaging.policy = "averaging";
+  averaging.workers = 16;
+  EXPECT_EQ(training_settings(averaging).local_steps, 4u);
+  EXPECT_EQ(policy_config(averaging).local_steps, 4u);  // what the workers and shards run with
+  averaging.workers = 8;
+  EXPECT_FALSE(policy_config(averaging).local_steps) << "the policy's own default, 8";
+
   JobConfig hogwild;
   hogwild.policy = "hogwild";
   hogwild.workers = 16;
