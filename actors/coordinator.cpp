@@ -291,8 +291,8 @@ caf::timespan rpc_timeout(const JobConfig& c) {
   return std::chrono::duration_cast<caf::timespan>(std::chrono::duration<double>(c.rpc_timeout_s));
 }
 
-OptimizerConfig optimizer_config(const JobConfig& c) {
-  const TrainingSettings t = training_settings(c);
+OptimizerConfig optimizer_config(const JobConfig& c, Placement where) {
+  const TrainingSettings t = training_settings(c, where);
   return {c.optimizer, static_cast<float>(t.lr), static_cast<float>(t.momentum), static_cast<float>(c.weight_decay)};
 }
 
@@ -707,10 +707,14 @@ void calibrate(Self self, std::size_t next, std::shared_ptr<std::vector<double>>
           });
 }
 
+Placement placement_of(const CoordinatorSetup& setup) {
+  return setup.remote ? Placement::processes : Placement::one_process;
+}
+
 // What to change when training diverged: the step it ran with, where it
 // came from, and a smaller one to try.
-std::string divergence_hint(const JobConfig& c) {
-  const TrainingSettings t = training_settings(c);
+std::string divergence_hint(const JobConfig& c, Placement where) {
+  const TrainingSettings t = training_settings(c, where);
   std::string from = c.lr ? "--lr" : "the default";
   for (const auto& a : t.adjusted)
     if (a.size() > 3 && a.rfind("lr ", 0) == 0 && std::isdigit(static_cast<unsigned char>(a[3]))) from = "the default, " + a;
@@ -808,7 +812,7 @@ caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self, Coordinat
     st.shared = std::make_shared<SharedParameters>(std::vector<float>(params.begin(), params.end()), cfg.workers);
   }
 
-  const OptimizerConfig optimizer = optimizer_config(cfg);
+  const OptimizerConfig optimizer = optimizer_config(cfg, placement_of(st.setup));
   // By clock: equal shares give the length; weights aim at the same number
   // of steps per epoch, so auto weights leave it (within a step) unchanged.
   const LrSchedule schedule = lr_schedule(cfg, planned_clocks(st.shares, cfg.epochs));
@@ -979,7 +983,9 @@ caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self, Coordinat
       },
       [self](failed_atom, std::int32_t code, const std::string& what) {
         switch (static_cast<StatusCode>(code)) {
-          case StatusCode::diverged: fail(self, Status::Diverged(what + divergence_hint(self->state.setup.config))); break;
+          case StatusCode::diverged:
+            fail(self, Status::Diverged(what + divergence_hint(self->state.setup.config, placement_of(self->state.setup))));
+            break;
           case StatusCode::timeout: fail(self, Status::Timeout(what)); break;
           case StatusCode::invalid_argument: fail(self, Status::InvalidArgument(what)); break;
           default: fail(self, Status::Internal(what)); break;

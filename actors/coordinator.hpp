@@ -84,7 +84,7 @@ inline constexpr std::chrono::milliseconds kLiveEvery{500};
 /// The policy settings a job's configuration gives.
 PolicyConfig policy_config(const JobConfig& config);
 /// The optimizer settings a job's configuration gives (shard and local).
-OptimizerConfig optimizer_config(const JobConfig& config);
+OptimizerConfig optimizer_config(const JobConfig& config, Placement where = Placement::one_process);
 /// The job's learning-rate schedule over `total_steps` clocks (the kind
 /// was validated by validate()).
 LrSchedule lr_schedule(const JobConfig& config, std::uint64_t total_steps);

@@ -845,7 +845,7 @@ Status run_shard_process(const ProcessOptions& o, std::stop_token stop) {
   ss.index = a.index;
   ss.range = {a.range_begin, a.range_end};
   ss.initial = std::move(j.tensor);
-  ss.optimizer = optimizer_config(j.config);
+  ss.optimizer = optimizer_config(j.config, Placement::processes);
   ss.policy = policy_config(j.config);
   ss.schedule = lr_schedule(j.config, a.schedule_steps);
   ss.workers = a.workers;
@@ -976,7 +976,7 @@ Status run_worker_process(const ProcessOptions& o, std::stop_token stop) {
   ws.coordinator = system.spawn(remote_coordinator, j.bridge, j.coordinator);
   ws.policy = policy_config(cfg);
   ws.rpc_timeout = rpc_timeout(cfg);
-  ws.optimizer = optimizer_config(cfg);
+  ws.optimizer = optimizer_config(cfg, Placement::processes);
   ws.schedule = lr_schedule(cfg, a.schedule_steps);
   ws.straggler_factor = a.straggler;
   // A worker process that rejoins a running job starts at an epoch's first step.

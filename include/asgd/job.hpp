@@ -131,9 +131,16 @@ struct TrainingSettings {
   /// none do (or every one is set).
   std::vector<std::string> adjusted;
 };
+/// Where a job's shards and workers run: their stale steps differ (CAF runs
+/// an in-process worker several steps in a row), and so do some defaults.
+enum class Placement {
+  one_process,  ///< run_job, `asgd train`
+  processes,    ///< `asgd cluster`: a process per shard and worker
+};
+
 /// Pure: the same config gives the same settings in every process of a job.
 /// Expects a config that passed validate().
-TrainingSettings training_settings(const JobConfig& config);
+TrainingSettings training_settings(const JobConfig& config, Placement where = Placement::one_process);
 
 /// The data folder a job reads: config.data_dir, else $ASGD_DATA_DIR/<dataset>,
 /// else ./data/<dataset>.

@@ -46,6 +46,21 @@ TEST(TrainingSettings, MoreWorkersAdjustTheDefaultsAndSayWhich) {
   EXPECT_DOUBLE_EQ(a.momentum, 0.9);  // stale steps take less (ShardCore), fresh ones this
   EXPECT_EQ(a.adjusted.size(), 2u);  // the warm-up and the staleness-aware steps
 
+  // Fresh steps take twice the rate up to 4 workers in one process and up
+  // to 8 worker processes, falling to the two-worker rate beyond.
+  const auto lr_of = [&](std::uint32_t workers, Placement where) {
+    async.workers = workers;
+    return training_settings(async, where).lr;
+  };
+  EXPECT_DOUBLE_EQ(lr_of(4, Placement::one_process), 0.04);
+  EXPECT_DOUBLE_EQ(lr_of(8, Placement::one_process), 0.02);
+  EXPECT_DOUBLE_EQ(lr_of(8, Placement::processes), 0.04);
+  EXPECT_DOUBLE_EQ(lr_of(16, Placement::processes), 0.02);
+  EXPECT_DOUBLE_EQ(lr_of(2, Placement::processes), 0.02);
+  async.momentum = 0.9;  // a given momentum keeps the two-worker rate
+  EXPECT_DOUBLE_EQ(lr_of(4, Placement::processes), 0.02);
+  async.momentum.reset();
+
   // A rate or momentum given by the user is used exactly: no staleness-aware
   // steps change it unless asked for.
   async.lr = 0.01;

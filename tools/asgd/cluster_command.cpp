@@ -318,7 +318,7 @@ int run_cluster(const JobOptions& jo, const ProcessFlags& pf) {
       auth_args.push_back(std::filesystem::absolute(pf.key_file).string());
     }
   }
-  print_adjustments(training_settings(config));
+  print_adjustments(training_settings(config, Placement::processes));
   std::printf("asgd cluster: 1 coordinator, %u shard and %u worker processes on this machine%s\n", config.shards,
               config.workers, checked.curve ? ", authenticated and encrypted (CURVE)" : "");
   std::fflush(stdout);
