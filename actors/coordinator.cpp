@@ -311,11 +311,9 @@ LrSchedule lr_schedule(const JobConfig& c, std::uint64_t total_steps) {
 PolicyConfig policy_config(const JobConfig& c) {
   PolicyConfig p;
   p.name = c.policy;
-  p.fetch_every = c.fetch_every;
-  p.push_every = c.push_every;
-  p.staleness = c.staleness;
-  p.backup_workers = c.backup_workers;
-  p.local_steps = c.local_steps ? c.local_steps : training_settings(c).local_steps;
+  // What the worker count changes, then what was given.
+  p.options = training_settings(c).policy_options;
+  for (const auto& [knob, value] : c.policy_options) p.options[knob] = value;
   return p;
 }
 

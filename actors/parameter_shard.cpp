@@ -114,6 +114,31 @@ float ShardCore::lr_scale(Clock clock, std::uint64_t staleness) {
   return scale;
 }
 
+void ShardCore::fold(std::span<const float> pushed, float scale, std::span<float> reply, const Written& written) {
+  const Combine how = policy_->combine();
+  switch (how.rule) {
+    case Combine::Rule::optimizer_step:
+      if (written && !reply.empty()) optimizer_->step_visiting(params_, pushed, scale, reply, written);
+      else optimizer_->step(params_, pushed, scale, reply);
+      return;
+    case Combine::Rule::replace:
+      std::copy(pushed.begin(), pushed.end(), params_.begin());
+      if (!reply.empty() && reply.data() != pushed.data()) std::copy(pushed.begin(), pushed.end(), reply.begin());
+      break;
+    case Combine::Rule::elastic:
+      // Each pushed value is read before its reply slot (which may be the
+      // same memory) is written.
+      for (std::size_t i = 0; i < params_.size(); ++i) {
+        const float x = pushed[i];
+        const float d = how.moving_rate * (x - params_[i]);
+        params_[i] += d;
+        if (!reply.empty()) reply[i] = x - d;
+      }
+      break;
+  }
+  if (written && !reply.empty()) written(0, reply.size());
+}
+
 void ShardCore::answer_or_hold(Ticket ticket, PullInfo read, PushOutcome outcome, std::vector<float> buffer,
                                Instant now, std::vector<Answer>& out) {
   if (policy_->may_answer_pull(read, view())) {
@@ -195,11 +220,7 @@ void ShardCore::commit_ready_aggregates() {
       record_staleness(t, agg.base[w]);
       ++stats_.updates_applied;
     }
-    if (policy_->payload() == Payload::parameters) {
-      std::copy(mean_.begin(), mean_.end(), params_.begin());
-    } else {
-      optimizer_->step(params_, mean_, lr_scale(t, 0));
-    }
+    fold(mean_, lr_scale(t, 0), {}, {});
     ++version_;
     ++stats_.commits;
     committed_ = t + 1;
@@ -269,7 +290,7 @@ void ShardCore::push(PushRequest&& req, Ticket ticket, Instant now, std::vector<
           if (in.writable.empty()) in.spare.resize(payload.size());
           const std::span<float> fresh = in.writable.empty() ? std::span<float>(in.spare) : in.writable;
           std::uint32_t crc = 0;
-          optimizer_->step_visiting(params_, payload, scale, fresh, [&](std::size_t begin, std::size_t end) {
+          fold(payload, scale, fresh, [&](std::size_t begin, std::size_t end) {
             crc = messaging::crc32c(std::as_bytes(fresh.subspan(begin, end - begin)), crc);
           });
           if (in.writable.empty()) {
@@ -279,14 +300,14 @@ void ShardCore::push(PushRequest&& req, Ticket ticket, Instant now, std::vector<
           }
           r.params_crc = crc;
         } else {
-          optimizer_->step(params_, req.payload, scale, req.payload);
+          fold(req.payload, scale, req.payload, {});
           r.params = std::move(req.payload);
         }
         out.push_back({ticket, std::move(r)});
         release_held(now, out);
         return;
       }
-      optimizer_->step(params_, payload, scale);
+      fold(payload, scale, {}, {});
       break;
     }
     case PushAction::aggregate: {

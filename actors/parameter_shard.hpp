@@ -15,6 +15,7 @@
 #include <caf/all.hpp>
 
 #include <chrono>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -166,6 +167,11 @@ class ShardCore {
   void record_staleness(Clock clock, Clock base);
   // Also sets the optimizer's momentum for the step it scales.
   float lr_scale(Clock clock, std::uint64_t staleness);
+  using Written = std::function<void(std::size_t, std::size_t)>;
+  // Folds what is applied (a push, or a commit's mean) into the parameters
+  // by the policy's Combine rule; with a `reply` (may be `pushed` itself),
+  // writes there what the reply carries, calling `written` as it is final.
+  void fold(std::span<const float> pushed, float scale, std::span<float> reply, const Written& written);
 
   ShardSetup setup_;
   std::vector<float> owned_;            // (range.size(),) unless shared

@@ -12,6 +12,8 @@
 #include <numeric>
 #include <set>
 
+#include "policies/registry.hpp"
+
 namespace asgd::experiments {
 
 namespace {
@@ -100,16 +102,14 @@ JobConfig config_for_run(const JobConfig& base, const std::string& policy, std::
   c.policy = policy;
   c.workers = workers;
   c.seed = base.seed + repeat;
-  const JobConfig defaults;
+  // Each run keeps the settings of its own policy only.
+  const PolicyEntry* entry = find_policy(policy);
+  std::erase_if(c.policy_options, [&](const auto& option) {
+    return !entry || std::none_of(entry->knobs.begin(), entry->knobs.end(),
+                                  [&](const PolicyKnob& k) { return k.name == option.first; });
+  });
   const std::string name = policy.substr(0, policy.find(':'));
-  if (name != "ssp") c.staleness = defaults.staleness;
-  if (name != "async") {
-    c.fetch_every = defaults.fetch_every;
-    c.push_every = defaults.push_every;
-  }
-  if (name != "bsp") c.backup_workers = defaults.backup_workers;
-  if (name != "averaging") c.local_steps = defaults.local_steps;
-  if (name != "async" && name != "ssp") c.staleness_aware_lr = defaults.staleness_aware_lr;
+  if (name != "async" && name != "ssp") c.staleness_aware_lr.reset();
   // Every run takes the defaults of its own policy and worker count, unless
   // the base job set a value (then every run uses it).
   return c;

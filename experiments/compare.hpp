@@ -66,11 +66,10 @@ Result<std::vector<std::string>> parse_policy_list(const std::string& text);
 Result<std::vector<std::uint32_t>> parse_worker_list(const std::string& text);
 
 /// The job of one run: `base` under `policy` (an entry as given, "ssp:3")
-/// with `workers` workers and seed base.seed + repeat. Settings that only
-/// one policy takes (staleness: ssp; fetch_every and push_every: async;
-/// backup_workers: bsp; local_steps: averaging; staleness_aware_lr: async
-/// and ssp) stay as given for the policies that take them and return to
-/// their defaults for the others, so one command line serves every entry.
+/// with `workers` workers and seed base.seed + repeat. A policy's settings
+/// (policy_options, by the registry's knobs; staleness_aware_lr: async and
+/// ssp) stay as given for the policies that take them and return to their
+/// defaults for the others, so one command line serves every entry.
 /// metrics_out and checkpoint_dir are left as they are.
 JobConfig config_for_run(const JobConfig& base, const std::string& policy, std::uint32_t workers,
                          std::uint32_t repeat);

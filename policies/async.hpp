@@ -5,7 +5,7 @@
 // accumulated every `push_every` steps (Downpour's n_fetch and n_push), which
 // trades traffic for staleness.
 
-#include "policies/policy.hpp"
+#include "policies/registry.hpp"
 
 namespace asgd {
 
@@ -26,5 +26,17 @@ class AsyncPolicy final : public ConsistencyPolicy {
   std::uint32_t fetch_every_;
   std::uint32_t push_every_;
 };
+
+inline PolicyEntry async_policy_entry() {
+  return {"async",
+          "Downpour SGD: shards apply every push at once, nobody waits",
+          "",
+          {{"fetch-every", "N", 1, 1, 1e9, true, "async: pull parameters every N steps"},
+           {"push-every", "N", 1, 1, 1e9, true, "async: push accumulated gradients every N steps"}},
+          [](const PolicyOptions& o) {
+            return std::make_unique<AsyncPolicy>(static_cast<std::uint32_t>(o.at("fetch-every")),
+                                                 static_cast<std::uint32_t>(o.at("push-every")));
+          }};
+}
 
 }  // namespace asgd

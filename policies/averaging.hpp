@@ -5,7 +5,7 @@
 // its copy by their average (weighted by batch size) and answers the reads
 // for the next round. A round ending at clock t is committed as clock t.
 
-#include "policies/policy.hpp"
+#include "policies/registry.hpp"
 
 namespace asgd {
 
@@ -21,6 +21,7 @@ class AveragingPolicy final : public ConsistencyPolicy {
     return {.local_update = true, .push = round_end, .pull = round_end};
   }
   Payload payload() const override { return Payload::parameters; }
+  Combine combine() const override { return {.rule = Combine::Rule::replace}; }
   PushAction admit_push(const PushInfo& push, const ClockView& view) const override {
     return push.clock < view.committed ? PushAction::discard : PushAction::aggregate;
   }
@@ -31,5 +32,15 @@ class AveragingPolicy final : public ConsistencyPolicy {
  private:
   std::uint32_t k_;
 };
+
+inline PolicyEntry averaging_policy_entry() {
+  return {"averaging",
+          "local SGD: K local steps, then the workers' parameters are averaged",
+          "",
+          {{"local-steps", "K", 8, 1, 1e9, true, "averaging: local steps between parameter averages"}},
+          [](const PolicyOptions& o) {
+            return std::make_unique<AveragingPolicy>(static_cast<std::uint32_t>(o.at("local-steps")));
+          }};
+}
 
 }  // namespace asgd

@@ -5,7 +5,7 @@
 // With b backup workers (Chen et al. 2016) it commits once the first
 // N - b gradients of clock t are in and discards the ones that come later.
 
-#include "policies/policy.hpp"
+#include "policies/registry.hpp"
 
 namespace asgd {
 
@@ -34,5 +34,15 @@ class BspPolicy final : public ConsistencyPolicy {
  private:
   std::uint32_t backups_;
 };
+
+inline PolicyEntry bsp_policy_entry() {
+  return {"bsp",
+          "bulk-synchronous: each clock's gradients are averaged into one step",
+          "",
+          {{"backup-workers", "B", 0, 0, 1e9, true, "bsp: apply a clock once all but B workers pushed; drop the late"}},
+          [](const PolicyOptions& o) {
+            return std::make_unique<BspPolicy>(static_cast<std::uint32_t>(o.at("backup-workers")));
+          }};
+}
 
 }  // namespace asgd

@@ -5,7 +5,7 @@
 // snapshots of the shared buffer). It needs one address space, so it is
 // refused where workers do not share host memory.
 
-#include "policies/policy.hpp"
+#include "policies/registry.hpp"
 
 namespace asgd {
 
@@ -19,5 +19,13 @@ class HogwildPolicy final : public ConsistencyPolicy {
   PushAction admit_push(const PushInfo&, const ClockView&) const override { return PushAction::apply; }
   bool may_answer_pull(const PullInfo&, const ClockView&) const override { return true; }
 };
+
+inline PolicyEntry hogwild_policy_entry() {
+  return {"hogwild",
+          "lock-free updates of one shared buffer (one process only)",
+          "",
+          {},
+          [](const PolicyOptions&) { return std::make_unique<HogwildPolicy>(); }};
+}
 
 }  // namespace asgd

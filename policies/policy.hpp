@@ -19,6 +19,7 @@
 
 #include <cstdint>
 #include <limits>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -75,15 +76,32 @@ struct PullInfo {
   Clock clock = 0;       ///< the step the worker will compute next
 };
 
-/// Settings a policy may read; each policy documents which it uses.
+/// A policy's settings by knob name ("local-steps" -> 4). Which knobs each
+/// policy takes, their ranges and defaults: policies/registry.hpp.
+using PolicyOptions = std::map<std::string, double>;
+
+/// Which policy, and the settings given for it.
 struct PolicyConfig {
-  /// "bsp", "ssp", "ssp:S" (staleness S), "async", "hogwild" or "averaging".
+  /// A registered name, with ":V" where the policy takes one ("ssp:3").
   std::string name = "async";
-  std::uint32_t fetch_every = 1;             ///< async: pull every n-th step (Downpour n_fetch)
-  std::uint32_t push_every = 1;              ///< async: push every n-th step (Downpour n_push)
-  std::optional<std::uint32_t> staleness;    ///< ssp's s (default 3; "ssp:S" sets it too)
-  std::uint32_t backup_workers = 0;          ///< bsp: commit once workers - backup_workers have pushed
-  std::optional<std::uint32_t> local_steps; ///< averaging: local steps between averages (k; default 8)
+  /// Knobs set; the policy's other knobs take their defaults. A knob the
+  /// policy does not take is an error.
+  PolicyOptions options;
+};
+
+/// How a shard folds what it applies (a push, or a committed aggregate's
+/// weighted mean) into its parameters, and what the reply then carries.
+struct Combine {
+  enum class Rule {
+    optimizer_step,  ///< gradients: one step of the shard's optimizer; the reply carries the parameters
+    replace,         ///< parameters: the shard's become them (averaging's mean)
+    /// parameters: the shard's (the center) and the worker's each move
+    /// `moving_rate` of their difference towards the other; the reply
+    /// carries the worker's moved copy (elastic averaging)
+    elastic,
+  };
+  Rule rule = Rule::optimizer_step;
+  float moving_rate = 0.0f;
 };
 
 /// One instance per actor that consults it (each shard and each worker own
@@ -103,6 +121,9 @@ class ConsistencyPolicy {
 
   /// Worker side: what a push carries.
   virtual Payload payload() const { return Payload::gradients; }
+
+  /// Shard side: how an applied push or a commit enters the parameters.
+  virtual Combine combine() const { return {}; }
 
   /// Workers update one shared parameter buffer in place (hogwild): only
   /// possible when they share an address space and the parameters' memory.
@@ -126,12 +147,11 @@ class ConsistencyPolicy {
   virtual bool may_answer_pull(const PullInfo& pull, const ClockView& view) const = 0;
 };
 
-/// Policy names make_policy knows.
-const std::vector<std::string>& known_policies();
+/// Policy names make_policy knows (policies/registry.hpp has the rest).
+std::vector<std::string> known_policies();
 
 /// Errors: invalid_argument naming the bad value (unknown policy, a
-/// malformed "ssp:S", a fetch_every, push_every or local_steps of 0, or a
-/// setting the policy does not use set away from its default).
+/// malformed ":V", a knob out of range or one the policy does not take).
 Result<std::unique_ptr<ConsistencyPolicy>> make_policy(const PolicyConfig& config);
 
 }  // namespace asgd

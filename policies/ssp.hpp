@@ -6,7 +6,7 @@
 // clocks ahead of the slowest. ssp(0) admits the same reads at the same
 // moments as bsp; ssp(infinity) is async.
 
-#include "policies/policy.hpp"
+#include "policies/registry.hpp"
 
 namespace asgd {
 
@@ -25,5 +25,13 @@ class SspPolicy final : public ConsistencyPolicy {
  private:
   std::uint32_t s_;
 };
+
+inline PolicyEntry ssp_policy_entry() {
+  return {"ssp",
+          "stale-synchronous: a worker may run S clocks ahead of the slowest (ssp:S)",
+          "staleness",
+          {{"staleness", "S", 3, 0, 1e9, true, "ssp: how many clocks a worker may run ahead of the slowest"}},
+          [](const PolicyOptions& o) { return std::make_unique<SspPolicy>(static_cast<std::uint32_t>(o.at("staleness"))); }};
+}
 
 }  // namespace asgd

@@ -1,5 +1,6 @@
 #include "runtime/config_file.hpp"
 
+#include <spdlog/fmt/fmt.h>
 #include <toml.hpp>
 
 #include <algorithm>
@@ -9,6 +10,8 @@
 #include <filesystem>
 #include <limits>
 #include <sstream>
+
+#include "policies/registry.hpp"
 
 namespace asgd {
 
@@ -47,19 +50,6 @@ FieldAccess uint_field(Int JobConfig::*member) {
           [member](const JobConfig& c) -> std::optional<std::string> { return std::to_string(c.*member); }};
 }
 
-FieldAccess optional_uint_field(std::optional<std::uint32_t> JobConfig::*member) {
-  return {[member](JobConfig& c, const std::string& t) {
-            std::uint32_t v = 0;
-            Status s = parse_uint(t, v);
-            if (s.ok()) c.*member = v;
-            return s;
-          },
-          [member](const JobConfig& c) -> std::optional<std::string> {
-            if (!(c.*member)) return std::nullopt;
-            return std::to_string(*(c.*member));
-          }};
-}
-
 FieldAccess optional_double_field(std::optional<double> JobConfig::*member) {
   return {[member](JobConfig& c, const std::string& t) {
             double v = 0;
@@ -86,6 +76,47 @@ FieldAccess string_field(std::string JobConfig::*member) {
           [member](const JobConfig& c) -> std::optional<std::string> { return c.*member; }};
 }
 
+std::string policy_doc() {
+  std::string names;
+  for (const PolicyEntry& e : policy_registry())
+    names += (names.empty() ? "" : " | ") + e.name + (e.argument.empty() ? "" : " | " + e.name + ":" + e.knobs.front().metavar);
+  return "consistency policy: " + names + " (default async)";
+}
+
+// A policy's knob as a field: JobConfig::policy_options[name].
+FieldAccess knob_field(const std::string& name) {
+  return {[name](JobConfig& c, const std::string& t) {
+            double v = 0;
+            Status s = parse_double(t, v);
+            if (s.ok()) c.policy_options[name] = v;
+            return s;
+          },
+          [name](const JobConfig& c) -> std::optional<std::string> {
+            const auto it = c.policy_options.find(name);
+            if (it == c.policy_options.end()) return std::nullopt;
+            return number_text(it->second);
+          }};
+}
+
+// The fields, with every policy knob (policies/registry.hpp) after "policy".
+std::vector<ConfigField> with_policy_knobs(std::vector<ConfigField> fields) {
+  std::vector<ConfigField> knobs;
+  for (const KnobUse& use : policy_knobs()) {
+    std::string doc;
+    for (const PolicyEntry* e : use.policies) {
+      for (const PolicyKnob& k : e->knobs) {
+        if (k.name != use.knob->name) continue;
+        // Each doc starts with its policy's name ("ssp: how many ...").
+        doc += (doc.empty() ? "" : "; ") + k.doc + " (default " + fmt::format("{:g}", k.default_value) + ")";
+      }
+    }
+    knobs.push_back({use.knob->name, doc, use.knob->metavar, knob_field(use.knob->name)});
+  }
+  const auto policy = std::find_if(fields.begin(), fields.end(), [](const ConfigField& f) { return f.key == "policy"; });
+  fields.insert(policy + 1, knobs.begin(), knobs.end());
+  return fields;
+}
+
 std::string normalize(std::string key) {
   std::replace(key.begin(), key.end(), '_', '-');
   return key;
@@ -94,19 +125,12 @@ std::string normalize(std::string key) {
 }  // namespace
 
 const std::vector<ConfigField>& job_config_fields() {
-  static const std::vector<ConfigField> fields = {
+  static const std::vector<ConfigField> fields = with_policy_knobs({
       {"dataset", "dataset: mnist | fashion-mnist (default mnist)", "NAME", string_field(&JobConfig::dataset)},
       {"data-dir", "the dataset's folder (default $ASGD_DATA_DIR/NAME, else ./data/NAME)", "DIR",
        string_field(&JobConfig::data_dir)},
       {"model", "model: mlp | lenet | resnet-mini (default mlp)", "NAME", string_field(&JobConfig::model)},
-      {"policy", "consistency policy: bsp | ssp | ssp:S | async | hogwild | averaging (default async)", "NAME",
-       string_field(&JobConfig::policy)},
-      {"staleness", "ssp: how many clocks a worker may run ahead of the slowest (default 3)", "S",
-       optional_uint_field(&JobConfig::staleness)},
-      {"backup-workers", "bsp: apply a clock once all but B workers pushed; drop the late (default 0)", "B",
-       uint_field(&JobConfig::backup_workers)},
-      {"local-steps", "averaging: local steps between parameter averages (default 8)", "K",
-       optional_uint_field(&JobConfig::local_steps)},
+      {"policy", policy_doc(), "NAME", string_field(&JobConfig::policy)},
       {"staleness-aware-lr",
        "async, ssp: take a step staler than usual with a rate divided by its staleness and momentum 0.5: "
        "true | false (default true, false when --lr or --momentum is given)",
@@ -125,15 +149,15 @@ const std::vector<ConfigField>& job_config_fields() {
        string_field(&JobConfig::worker_weights)},
       {"straggler", "slow worker W by FACTOR, for experiments: W:FACTOR[,W:FACTOR...]", "W:F",
        string_field(&JobConfig::straggler)},
-      {"fetch-every", "async: pull parameters every N steps (default 1)", "N", uint_field(&JobConfig::fetch_every)},
-      {"push-every", "async: push accumulated gradients every N steps (default 1)", "N",
-       uint_field(&JobConfig::push_every)},
       {"workers", "worker actors (default 2)", "N", uint_field(&JobConfig::workers)},
       {"shards", "parameter shards (default 1)", "M", uint_field(&JobConfig::shards)},
       {"device", "where workers compute: cpu | cuda | cuda:K (default cpu)", "DEV", string_field(&JobConfig::device)},
       {"epochs", "passes over the training data (default 3)", "E", uint_field(&JobConfig::epochs)},
       {"batch", "samples per worker step (default 64)", "B", uint_field(&JobConfig::batch)},
-      {"lr", "base learning rate (default 0.02; bsp and averaging with more than 2 workers: 0.02 x workers / 2)", "X",
+      {"lr",
+       "base learning rate (default 0.02; beyond 2 workers bsp and averaging 0.02 x workers / 2, async and ssp up "
+       "to 0.04; easgd 0.04: the start-up line says)",
+       "X",
        optional_double_field(&JobConfig::lr)},
       {"lr-warmup", "epochs over which the rate ramps up at the start (default 0; 1 with more than 2 workers, "
                     "but for hogwild)",
@@ -180,7 +204,7 @@ const std::vector<ConfigField>& job_config_fields() {
        uint_field(&JobConfig::status_port)},
       {"status-address", "the address the status server binds (default 127.0.0.1)", "ADDR",
        string_field(&JobConfig::status_address)},
-  };
+  });
   return fields;
 }
 

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <stop_token>
@@ -29,12 +30,13 @@ struct JobConfig {
   /// key or flag, and not carried across processes (asgd cluster refuses
   /// it). Shared, never modified by the runtime. Null: `model` by name.
   std::shared_ptr<const ModelSpec> model_spec;
-  std::string policy = "async";     ///< bsp | ssp | ssp:S | async | hogwild | averaging (docs/policies.md)
-  std::optional<std::uint32_t> staleness;  ///< ssp's s; default 3 ("--policy ssp:S" sets it too)
-  std::uint32_t fetch_every = 1;    ///< async: pull fresh parameters every n-th step
-  std::uint32_t push_every = 1;     ///< async: push accumulated gradients every n-th step
-  std::uint32_t backup_workers = 0; ///< bsp: commit a clock once workers - backup_workers gradients are in
-  std::optional<std::uint32_t> local_steps;  ///< averaging: local steps between two averages, >= 1 (default 8)
+  std::string policy = "async";     ///< bsp | ssp | ssp:S | async | hogwild | averaging | easgd (docs/policies.md)
+  /// The policy's settings by name, as flags spell them ("staleness",
+  /// "local-steps", "moving-rate"); each is also a flag and a TOML key
+  /// (local_steps). Which policy takes which, and their defaults:
+  /// docs/policies.md and `asgd train --help`. A setting the policy does not
+  /// take is an error; one not given takes the policy's default.
+  std::map<std::string, double> policy_options;
   /// async, ssp: a step staler than usual for the worker count (in updates
   /// since its read) takes a rate divided by its staleness and momentum 0.5
   /// (docs/policies.md). Unset: on for async and ssp unless lr or momentum
@@ -123,9 +125,9 @@ struct TrainingSettings {
   double momentum = 0.9;
   double lr_warmup_epochs = 0.0;
   bool staleness_aware_lr = false;
-  /// averaging: local steps between averages when JobConfig::local_steps is
-  /// unset and the policy's own default (8) does not hold; unset: it holds.
-  std::optional<std::uint32_t> local_steps;
+  /// Policy settings not given whose default the worker count changes
+  /// (averaging's local-steps beyond 8 workers, easgd's moving-rate).
+  std::map<std::string, double> policy_options;
   /// The defaults that differ from the two-worker ones, each saying why:
   /// "lr 0.08 (0.02 x 8 workers / 2: the linear scaling rule)". Empty when
   /// none do (or every one is set).

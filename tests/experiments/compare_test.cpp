@@ -125,22 +125,20 @@ TEST(ConfigForRun, SetsThePolicyWorkersAndTheRepeatsSeed) {
 
 TEST(ConfigForRun, KeepsAPolicysOwnSettingsForItAndDropsThemForTheOthers) {
   JobConfig base;
-  base.staleness = 5;
-  base.fetch_every = 4;
-  base.backup_workers = 1;
+  base.policy_options = {{"staleness", 5}, {"fetch-every", 4}, {"backup-workers", 1}, {"local-steps", 2}};
   base.staleness_aware_lr = true;
+  using Options = std::map<std::string, double>;
   const JobConfig ssp = config_for_run(base, "ssp", 2, 0);
-  EXPECT_EQ(ssp.staleness, 5u);
-  EXPECT_EQ(ssp.fetch_every, 1u);
-  EXPECT_EQ(ssp.backup_workers, 0u);
+  EXPECT_EQ(ssp.policy_options, (Options{{"staleness", 5}}));
   EXPECT_EQ(ssp.staleness_aware_lr, true);
   const JobConfig async = config_for_run(base, "async", 2, 0);
-  EXPECT_FALSE(async.staleness);
-  EXPECT_EQ(async.fetch_every, 4u);
+  EXPECT_EQ(async.policy_options, (Options{{"fetch-every", 4}}));
   const JobConfig bsp = config_for_run(base, "bsp", 2, 0);
-  EXPECT_EQ(bsp.backup_workers, 1u);
+  EXPECT_EQ(bsp.policy_options, (Options{{"backup-workers", 1}}));
   EXPECT_FALSE(bsp.staleness_aware_lr) << "unset: bsp's own default";
-  for (const JobConfig& c : {ssp, async, bsp}) EXPECT_TRUE(validate(c).ok()) << c.policy << ": " << validate(c).message();
+  const JobConfig easgd = config_for_run(base, "easgd", 2, 0);
+  EXPECT_EQ(easgd.policy_options, (Options{{"local-steps", 2}})) << "a knob two policies take stays for both";
+  for (const JobConfig& c : {ssp, async, bsp, easgd}) EXPECT_TRUE(validate(c).ok()) << c.policy << ": " << validate(c).message();
 }
 
 TEST(CurvePoints, AnEvaluationWithoutUpdatesSamplesOrLossHasNoneRatherThanZero) {

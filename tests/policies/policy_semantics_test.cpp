@@ -32,13 +32,13 @@ PolicyConfig policy_named(const std::string& name) {
 }
 PolicyConfig bsp(std::uint32_t backups = 0) {
   PolicyConfig c = policy_named("bsp");
-  c.backup_workers = backups;
+  c.options["backup-workers"] = backups;
   return c;
 }
 PolicyConfig ssp(std::uint32_t s) { return policy_named("ssp:" + std::to_string(s)); }
 PolicyConfig averaging(std::uint32_t local_steps) {
   PolicyConfig c = policy_named("averaging");
-  c.local_steps = local_steps;
+  c.options["local-steps"] = local_steps;
   return c;
 }
 
@@ -362,6 +362,57 @@ TEST(AveragingSemantics, ReplacesTheParametersByTheSamplesWeightedMeanOnceEveryW
   std::vector<std::uint64_t> histogram(kLocalSteps, 0);
   histogram[kLocalSteps - 1] = 4 * kWorkers;
   EXPECT_EQ(shard.core.stats().staleness_histogram, histogram);
+}
+
+PolicyConfig easgd(std::uint32_t tau, double alpha) {
+  PolicyConfig c = policy_named("easgd");
+  c.options = {{"local-steps", tau}, {"moving-rate", alpha}};
+  return c;
+}
+
+TEST(EasgdSemantics, CenterAndWorkerEachMoveAlphaOfTheirDifferenceAndNobodyWaits) {
+  constexpr std::uint32_t kWorkers = 2, kTau = 4;
+  constexpr double kAlpha = 0.25;
+  constexpr std::size_t kSize = 5;
+  const std::vector<float> initial = seeded_values(41, 9, 9, kSize);
+  ShardDriver shard = make_shard(easgd(kTau, kAlpha), kWorkers, initial, 0.1f);
+  std::vector<double> center(initial.begin(), initial.end());
+  for (Clock round = 0; round < 3; ++round) {
+    const Clock end = round * kTau + kTau - 1;
+    // Only worker 1 pushes: under easgd it is answered at once, worker 0
+    // being a round behind or not.
+    for (WorkerId w : {1u, 0u}) {
+      if (w == 0 && round == 1) continue;
+      const std::vector<float> local = seeded_values(41, w, round, kSize);
+      const Ticket t = shard.push({w, end, 0, 64, true, local});
+      ASSERT_TRUE(shard.answered_now(t)) << "worker " << w << " round " << round;
+      std::vector<double> moved(kSize);
+      for (std::size_t i = 0; i < kSize; ++i) {
+        const double d = kAlpha * (local[i] - center[i]);  // the elastic difference; lr plays no part
+        center[i] += d;
+        moved[i] = local[i] - d;
+      }
+      expect_near(params_of(shard), center, 1e-6);
+      expect_near(shard.reply(t).params, moved, 1e-6);
+    }
+  }
+  EXPECT_EQ(shard.core.stats().updates_applied, 5u);
+}
+
+TEST(EasgdSemantics, IsAKnownPolicyWithItsTwoKnobsAndRefusesAMovingRateOutsideZeroToOne) {
+  auto made = make_policy(easgd(4, 0.5));
+  ASSERT_TRUE(made.ok()) << made.status().to_string();
+  EXPECT_EQ((*made)->name(), "easgd");
+  EXPECT_EQ((*made)->combine().rule, Combine::Rule::elastic);
+  EXPECT_FLOAT_EQ((*made)->combine().moving_rate, 0.5f);
+  const StepPlan mid = (*made)->plan(1), end = (*made)->plan(3);
+  EXPECT_TRUE(mid.local_update && !mid.push && !mid.pull);
+  EXPECT_TRUE(end.local_update && end.push && end.pull);
+  EXPECT_FALSE(make_policy(easgd(4, 1.5)).ok());
+  EXPECT_FALSE(make_policy(easgd(0, 0.5)).ok());
+  PolicyConfig defaults = policy_named("easgd");
+  EXPECT_TRUE(make_policy(defaults).ok());
+  EXPECT_NE(std::find(known_policies().begin(), known_policies().end(), "easgd"), known_policies().end());
 }
 
 TEST(AveragingSemantics, AWorkerThatEndsOnAPartialRoundAndLeavesDoesNotStallOneWithMoreSteps) {

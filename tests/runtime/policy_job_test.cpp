@@ -39,7 +39,7 @@ Outcome run(const JobConfig& c) {
 
 TEST(Policies, EachTrainsMnistMlpWithTwoWorkersToAtLeast97PercentInThreeEpochs) {
   ASGD_REQUIRE_DATASET(dir, "mnist");
-  for (const std::string policy : {"bsp", "ssp:3", "async", "hogwild", "averaging"}) {
+  for (const std::string policy : {"bsp", "ssp:3", "async", "hogwild", "averaging", "easgd"}) {
     const Outcome r = run(mnist_job(dir.string(), policy));
     const JobSummary& s = r.summary;
     EXPECT_GE(s.final_test_accuracy, 0.97) << policy;
@@ -122,23 +122,29 @@ TEST(Policies, ValidateNamesTheBadPolicySetting) {
   EXPECT_NE(error([](JobConfig& c) { c.policy = "ssp:x"; }).find("ssp:S"), std::string::npos);
   EXPECT_NE(error([](JobConfig& c) { c.policy = "bsp:2"; }).find("only ssp takes a parameter"), std::string::npos);
   EXPECT_NE(error([](JobConfig& c) { c.policy = "gossip"; }).find("unknown policy 'gossip'"), std::string::npos);
-  EXPECT_NE(error([](JobConfig& c) { c.policy = "bsp"; c.fetch_every = 4; }).find("--policy async only"),
+  EXPECT_NE(error([](JobConfig& c) { c.policy = "bsp"; c.policy_options["fetch-every"] = 4; }).find("--policy async only"),
             std::string::npos);
-  EXPECT_NE(error([](JobConfig& c) { c.policy = "async"; c.staleness = 2; }).find("--staleness"), std::string::npos);
-  EXPECT_NE(error([](JobConfig& c) { c.policy = "ssp:2"; c.staleness = 3; }).find("disagrees"), std::string::npos);
-  EXPECT_NE(error([](JobConfig& c) { c.policy = "bsp"; c.backup_workers = 2; }).find("--backup-workers 2"),
+  EXPECT_NE(error([](JobConfig& c) { c.policy = "async"; c.policy_options["staleness"] = 2; }).find("--staleness"), std::string::npos);
+  EXPECT_NE(error([](JobConfig& c) { c.policy = "ssp:2"; c.policy_options["staleness"] = 3; }).find("disagrees"), std::string::npos);
+  EXPECT_NE(error([](JobConfig& c) { c.policy = "bsp"; c.policy_options["backup-workers"] = 2; }).find("--backup-workers 2"),
             std::string::npos);
-  EXPECT_NE(error([](JobConfig& c) { c.policy = "averaging"; c.local_steps = 0; }).find("local-steps"),
+  EXPECT_NE(error([](JobConfig& c) { c.policy = "averaging"; c.policy_options["local-steps"] = 0; }).find("local-steps"),
             std::string::npos);
   EXPECT_NE(error([](JobConfig& c) { c.worker_weights = "1,2,3"; }).find("one per worker"), std::string::npos);
   EXPECT_NE(error([](JobConfig& c) { c.straggler = "5:2"; }).find("no worker 5"), std::string::npos);
   EXPECT_NE(error([](JobConfig& c) { c.policy = "bsp"; c.staleness_aware_lr = true; }).find("async and ssp only"),
             std::string::npos);
-  EXPECT_NE(error([](JobConfig& c) { c.policy = "bsp"; c.local_steps = 4; }).find("--policy averaging only"),
+  EXPECT_NE(error([](JobConfig& c) { c.policy = "bsp"; c.policy_options["local-steps"] = 4; }).find("--policy averaging, easgd only"),
+            std::string::npos);
+  EXPECT_NE(error([](JobConfig& c) { c.policy = "easgd"; c.policy_options["moving-rate"] = 1.5; }).find("<= 1"),
+            std::string::npos);
+  EXPECT_NE(error([](JobConfig& c) { c.policy = "ssp"; c.policy_options["staleness"] = 2.5; }).find("whole number"),
+            std::string::npos);
+  EXPECT_NE(error([](JobConfig& c) { c.policy_options["speed"] = 2; }).find("no policy takes a setting 'speed'"),
             std::string::npos);
   JobConfig ok;
   ok.policy = "ssp";
-  ok.staleness = 2;
+  ok.policy_options["staleness"] = 2;
   EXPECT_TRUE(validate(ok).ok());
 }
 

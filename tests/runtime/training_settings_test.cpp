@@ -69,10 +69,10 @@ TEST(TrainingSettings, MoreWorkersAdjustTheDefaultsAndSayWhich) {
   JobConfig averaging;
   averaging.policy = "averaging";
   averaging.workers = 16;
-  EXPECT_EQ(training_settings(averaging).local_steps, 4u);
-  EXPECT_EQ(policy_config(averaging).local_steps, 4u);  // what the workers and shards run with
+  EXPECT_EQ(training_settings(averaging).policy_options.at("local-steps"), 4.0);
+  EXPECT_EQ(policy_config(averaging).options.at("local-steps"), 4.0);  // what the workers and shards run with
   averaging.workers = 8;
-  EXPECT_FALSE(policy_config(averaging).local_steps) << "the policy's own default, 8";
+  EXPECT_FALSE(policy_config(averaging).options.count("local-steps")) << "the policy's own default, 8";
 
   JobConfig hogwild;
   hogwild.policy = "hogwild";
@@ -90,7 +90,7 @@ TEST(TrainingSettings, ValuesTheUserSetAreUsedUnchangedAtEveryWorkerCount) {
       c.lr = 0.05;
       c.momentum = 0.3;
       c.lr_warmup_epochs = 0.0;
-      c.local_steps = 8;  // averaging's own knob, set too
+      c.policy_options["local-steps"] = 8;  // averaging's own knob, set too
       const std::string p = policy;
       if (p == "async" || p == "ssp:3") c.staleness_aware_lr = false;
       const TrainingSettings t = training_settings(c);

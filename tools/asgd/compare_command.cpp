@@ -15,6 +15,7 @@
 #include "asgd/job.hpp"
 #include "experiments/compare.hpp"
 #include "experiments/report.hpp"
+#include "policies/registry.hpp"
 #include "runtime/config_file.hpp"
 #include "tools/asgd/commands.hpp"
 
@@ -166,7 +167,9 @@ int run_compare(const CompareOptions& o) {
   // job's check under the default policy: they are set after it, and each
   // run keeps those of its own policy (config_for_run).
   std::vector<std::string> per_policy;
-  for (const char* key : {"staleness", "fetch-every", "push-every", "backup-workers", "local-steps", "staleness-aware-lr"}) {
+  std::vector<std::string> keys{"staleness-aware-lr"};
+  for (const KnobUse& use : policy_knobs()) keys.push_back(use.knob->name);
+  for (const std::string& key : keys) {
     if (job.options.at(key)->count() > 0) per_policy.push_back(key);
     job.options.erase(key);
   }

@@ -1,0 +1,126 @@
+#include "policies/registry.hpp"
+
+#include <charconv>
+#include <cmath>
+
+#include <spdlog/fmt/fmt.h>
+
+#include "policies/async.hpp"
+#include "policies/averaging.hpp"
+#include "policies/bsp.hpp"
+#include "policies/easgd.hpp"
+#include "policies/hogwild.hpp"
+#include "policies/ssp.hpp"
+
+namespace asgd {
+
+const std::vector<PolicyEntry>& policy_registry() {
+  static const std::vector<PolicyEntry> entries = {
+      bsp_policy_entry(), ssp_policy_entry(), async_policy_entry(), hogwild_policy_entry(), averaging_policy_entry(),
+      easgd_policy_entry(),
+  };
+  return entries;
+}
+
+std::vector<std::string> known_policies() {
+  std::vector<std::string> names;
+  for (const PolicyEntry& e : policy_registry()) names.push_back(e.name);
+  return names;
+}
+
+const PolicyEntry* find_policy(const std::string& name) {
+  const std::string base = name.substr(0, name.find(':'));
+  for (const PolicyEntry& e : policy_registry())
+    if (e.name == base) return &e;
+  return nullptr;
+}
+
+std::vector<KnobUse> policy_knobs() {
+  std::vector<KnobUse> out;
+  for (const PolicyEntry& e : policy_registry()) {
+    for (const PolicyKnob& k : e.knobs) {
+      auto it = std::find_if(out.begin(), out.end(), [&](const KnobUse& u) { return u.knob->name == k.name; });
+      if (it == out.end()) out.push_back({&k, {&e}});
+      else it->policies.push_back(&e);
+    }
+  }
+  return out;
+}
+
+namespace {
+
+std::string names_of(const std::vector<const PolicyEntry*>& entries) {
+  std::string out;
+  for (const PolicyEntry* e : entries) out += (out.empty() ? "" : ", ") + e->name;
+  return out;
+}
+
+std::string policy_list() {
+  std::string out;
+  for (const PolicyEntry& e : policy_registry())
+    out += (out.empty() ? "" : ", ") + e.name + (e.argument.empty() ? "" : ", " + e.name + ":" + e.knobs.front().metavar);
+  return out;
+}
+
+Status check_knob(const PolicyKnob& k, double v) {
+  auto bad = [&](const std::string& why) {
+    return Status::InvalidArgument(fmt::format("--{} {:g}: must be {}", k.name, v, why));
+  };
+  if (!std::isfinite(v)) return bad("a finite number");
+  if (k.whole && v != std::floor(v)) return bad("a whole number");
+  if (v < k.min) return bad(fmt::format(">= {:g}", k.min));
+  if (v > k.max) return bad(fmt::format("<= {:g}", k.max));
+  return {};
+}
+
+// The ":V" of "NAME:V", for a policy that takes one.
+Result<double> argument_of(const PolicyEntry& e, const std::string& name, std::size_t colon) {
+  const std::string arg = name.substr(colon + 1);
+  const PolicyKnob* knob = nullptr;
+  for (const PolicyKnob& k : e.knobs)
+    if (k.name == e.argument) knob = &k;
+  std::uint32_t v = 0;
+  const auto [end, ec] = std::from_chars(arg.data(), arg.data() + arg.size(), v);
+  if (!knob || arg.empty() || ec != std::errc() || end != arg.data() + arg.size())
+    return Status::InvalidArgument("'" + name + "': only ssp takes a parameter, as ssp:S with S a whole number >= 0");
+  return static_cast<double>(v);
+}
+
+}  // namespace
+
+Result<PolicyOptions> resolve_policy_options(const PolicyConfig& c) {
+  const PolicyEntry* e = find_policy(c.name);
+  if (!e) return Status::InvalidArgument("unknown policy '" + c.name + "' (known: " + policy_list() + ")");
+  PolicyOptions given = c.options;
+  if (const auto colon = c.name.find(':'); colon != std::string::npos) {
+    auto v = argument_of(*e, c.name, colon);
+    if (!v) return v.status();
+    if (auto it = given.find(e->argument); it != given.end() && it->second != *v)
+      return Status::InvalidArgument(fmt::format("'{}' disagrees with --{} {:g}", c.name, e->argument, it->second));
+    given[e->argument] = *v;
+  }
+  PolicyOptions out;
+  for (const PolicyKnob& k : e->knobs) {
+    const auto it = given.find(k.name);
+    out[k.name] = it == given.end() ? k.default_value : it->second;
+    if (Status s = check_knob(k, out[k.name]); !s.ok()) return s;
+  }
+  for (const auto& [name, value] : given) {
+    if (out.count(name)) continue;
+    std::vector<const PolicyEntry*> takers;
+    for (const KnobUse& u : policy_knobs())
+      if (u.knob->name == name) takers = u.policies;
+    if (takers.empty()) return Status::InvalidArgument("no policy takes a setting '" + name + "'");
+    return Status::InvalidArgument(fmt::format("--{} applies to --policy {} only, not to --policy {}", name,
+                                               names_of(takers), e->name));
+  }
+  return out;
+}
+
+Result<std::unique_ptr<ConsistencyPolicy>> make_policy(const PolicyConfig& config) {
+  auto options = resolve_policy_options(config);
+  if (!options) return options.status();
+  return find_policy(config.name)->make(*options);
+}
+
+}  // namespace asgd
