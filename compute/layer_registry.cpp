@@ -19,6 +19,7 @@
 #include "compute/layers/max_pool2d.hpp"
 #include "compute/layers/relu.hpp"
 #include "compute/layers/residual.hpp"
+#include "compute/layers/tanh.hpp"
 
 namespace asgd {
 
@@ -139,6 +140,7 @@ const std::array kKinds = {
                 if (j.contains("main")) l.main = layers_from_json(j.at("main"));
                 if (j.contains("shortcut")) l.shortcut = layers_from_json(j.at("shortcut"));
               }},
+    LayerKind{K::tanh, "tanh", plain<Tanh>, no_fields, no_fields_read},
 };
 
 }  // namespace

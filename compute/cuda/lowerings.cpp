@@ -78,7 +78,7 @@ void dense_backward(Gpu& gpu, Node& n, const float* x, const float* dy, float* d
                                   in, dy, out, &kZero, dx, in));
 }
 
-// ---- cuDNN activations: relu -----------------------------------------------------
+// ---- cuDNN activations: relu, tanh ------------------------------------------------
 
 template <cudnnActivationMode_t Mode>
 Status lower_activation(Layer&, Node& n, PlanBuilder&, std::vector<Shape>&) {
@@ -391,6 +391,7 @@ const std::array kGpuOps = {
            .carve = residual_carve,
            .forward = residual_forward,
            .backward = residual_backward},
+    activation_ops("tanh", lower_activation<CUDNN_ACTIVATION_TANH>),
 };
 
 }  // namespace

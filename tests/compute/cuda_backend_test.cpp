@@ -35,6 +35,7 @@
 #include "compute/layers/max_pool2d.hpp"
 #include "compute/layers/relu.hpp"
 #include "compute/layers/residual.hpp"
+#include "compute/layers/tanh.hpp"
 #include "compute/loss.hpp"
 #include "compute/device.hpp"
 #include "compute/random.hpp"
@@ -296,6 +297,13 @@ TEST(CudaBackend, ReluOnImagesMatchesTheCpu) {
   SKIP_WITHOUT_GPU();
   expect_gpu_matches_cpu(
       [] { return seq(std::make_unique<ReLU>(), std::make_unique<Flatten>(), std::make_unique<Dense>(32, 3)); },
+      {2, 4, 4}, kLayerTol);
+}
+
+TEST(CudaBackend, TanhMatchesTheCpu) {
+  SKIP_WITHOUT_GPU();
+  expect_gpu_matches_cpu(
+      [] { return seq(std::make_unique<Tanh>(), std::make_unique<Flatten>(), std::make_unique<Dense>(32, 3)); },
       {2, 4, 4}, kLayerTol);
 }
 
