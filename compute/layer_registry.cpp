@@ -19,6 +19,7 @@
 #include "compute/layers/max_pool2d.hpp"
 #include "compute/layers/relu.hpp"
 #include "compute/layers/residual.hpp"
+#include "compute/layers/sigmoid.hpp"
 #include "compute/layers/tanh.hpp"
 
 namespace asgd {
@@ -141,6 +142,7 @@ const std::array kKinds = {
                 if (j.contains("shortcut")) l.shortcut = layers_from_json(j.at("shortcut"));
               }},
     LayerKind{K::tanh, "tanh", plain<Tanh>, no_fields, no_fields_read},
+    LayerKind{K::sigmoid, "sigmoid", plain<Sigmoid>, no_fields, no_fields_read},
 };
 
 }  // namespace

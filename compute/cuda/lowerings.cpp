@@ -78,7 +78,7 @@ void dense_backward(Gpu& gpu, Node& n, const float* x, const float* dy, float* d
                                   in, dy, out, &kZero, dx, in));
 }
 
-// ---- cuDNN activations: relu, tanh ------------------------------------------------
+// ---- cuDNN activations: relu, tanh, sigmoid ---------------------------------------
 
 template <cudnnActivationMode_t Mode>
 Status lower_activation(Layer&, Node& n, PlanBuilder&, std::vector<Shape>&) {
@@ -392,6 +392,7 @@ const std::array kGpuOps = {
            .forward = residual_forward,
            .backward = residual_backward},
     activation_ops("tanh", lower_activation<CUDNN_ACTIVATION_TANH>),
+    activation_ops("sigmoid", lower_activation<CUDNN_ACTIVATION_SIGMOID>),
 };
 
 }  // namespace

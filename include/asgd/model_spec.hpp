@@ -37,6 +37,7 @@ class ModelSpec {
       global_avg_pool,
       residual,
       tanh,
+      sigmoid,
     };
     Kind kind = Kind::relu;
     std::size_t units = 0;    ///< dense: outputs; conv2d: output channels
@@ -78,6 +79,11 @@ class ModelSpec {
   /// y = tanh(x), elementwise (torch.nn.Tanh).
   ModelSpec& tanh() {
     push(Layer::Kind::tanh);
+    return *this;
+  }
+  /// y = 1 / (1 + exp(-x)), elementwise (torch.nn.Sigmoid).
+  ModelSpec& sigmoid() {
+    push(Layer::Kind::sigmoid);
     return *this;
   }
   /// Max pooling over `kernel` x `kernel` windows, stride `stride` (0: kernel).

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "asgd/model_spec.hpp"
+#include "compute/layers/sigmoid.hpp"
 #include "compute/layers/tanh.hpp"
 #include "compute/model.hpp"
 #include "compute/random.hpp"
@@ -78,6 +79,29 @@ TEST(Tanh, GradientsMatchFiniteDifferences) {
 
 TEST(Tanh, AModelSpecNamesIt) {
   expect_spec_round_trip(ModelSpec("t").dense(8).tanh().dense(3), "tanh");
+}
+
+// ---- Sigmoid ----------------------------------------------------------------
+
+TEST(Sigmoid, ForwardIsTheLogisticFunctionAndStaysFiniteFarOut) {
+  Sigmoid sigmoid;
+  expect_values(sigmoid, [](double x) { return 1.0 / (1.0 + std::exp(-x)); });
+  Tensor far({1, 2});
+  far[0] = -200.0f;
+  far[1] = 200.0f;
+  Tensor y;
+  sigmoid.forward(view(far), y);
+  EXPECT_EQ(y[0], 0.0f);
+  EXPECT_EQ(y[1], 1.0f);
+}
+
+TEST(Sigmoid, GradientsMatchFiniteDifferences) {
+  Sigmoid sigmoid;
+  expect_gradients_match(sigmoid, 3, 1e-3);
+}
+
+TEST(Sigmoid, AModelSpecNamesIt) {
+  expect_spec_round_trip(ModelSpec("s").dense(8).sigmoid().dense(3), "sigmoid");
 }
 
 }  // namespace

@@ -35,6 +35,7 @@
 #include "compute/layers/max_pool2d.hpp"
 #include "compute/layers/relu.hpp"
 #include "compute/layers/residual.hpp"
+#include "compute/layers/sigmoid.hpp"
 #include "compute/layers/tanh.hpp"
 #include "compute/loss.hpp"
 #include "compute/device.hpp"
@@ -304,6 +305,13 @@ TEST(CudaBackend, TanhMatchesTheCpu) {
   SKIP_WITHOUT_GPU();
   expect_gpu_matches_cpu(
       [] { return seq(std::make_unique<Tanh>(), std::make_unique<Flatten>(), std::make_unique<Dense>(32, 3)); },
+      {2, 4, 4}, kLayerTol);
+}
+
+TEST(CudaBackend, SigmoidMatchesTheCpu) {
+  SKIP_WITHOUT_GPU();
+  expect_gpu_matches_cpu(
+      [] { return seq(std::make_unique<Sigmoid>(), std::make_unique<Flatten>(), std::make_unique<Dense>(32, 3)); },
       {2, 4, 4}, kLayerTol);
 }
 
