@@ -784,6 +784,7 @@ caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self, Coordinat
     return {};
   }
   st.model.emplace(std::move(model).value());
+  if (st.setup.compute) st.model->use_compute(st.setup.compute);
   st.model->init_params(cfg.seed);
   if (cfg.shards > st.model->num_params()) {
     fail(self, Status::InvalidArgument("--shards " + std::to_string(cfg.shards) + " exceeds the model's " +
@@ -907,6 +908,7 @@ caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self, Coordinat
     ws.schedule = schedule;
     ws.straggler_factor = st.stragglers[w];
     ws.shared = st.shared;
+    ws.compute = st.setup.compute;
     if (st.resumed) ws.first_clock = st.resumed->restart[w];
     caf::actor wk;
     if (st.setup.remote) {

@@ -62,6 +62,9 @@ struct CoordinatorSetup {
   /// A record for the metrics file beyond epochs and evals (the "resume"
   /// line); called from the coordinator's thread.
   std::function<void(const nlohmann::json&)> on_record;
+  /// The job's compute threads, which its models (the workers' and the
+  /// evaluation's) take their pools from; null: each model's own default.
+  std::shared_ptr<ComputeContext> compute;
 };
 
 /// Where a resumed job starts (JobConfig::resume): read from the shards'

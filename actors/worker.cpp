@@ -415,6 +415,7 @@ caf::behavior worker(caf::stateful_actor<WorkerState>* self, WorkerSetup setup) 
     return {};
   }
   st.model.emplace(std::move(model).value());
+  if (st.setup.compute) st.model->use_compute(st.setup.compute);
   st.policy = std::move(policy).value();
   auto device = Device::parse(st.setup.device);
   const Status placed = device ? st.model->set_device(*device) : device.status();

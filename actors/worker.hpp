@@ -57,6 +57,7 @@ struct WorkerSetup {
   double straggler_factor = 1.0;      ///< > 1: each step takes this many times its compute time
   std::shared_ptr<SharedParameters> shared;  ///< hogwild: the buffer every worker updates
   Clock first_clock = 0;              ///< the clock of its first step (> 0 when a job resumes)
+  std::shared_ptr<ComputeContext> compute;  ///< the job's compute threads; null: the model's default
 };
 
 /// How often a worker tells the coordinator how far it got (WorkerProgress).

@@ -121,9 +121,11 @@ Measurement measure(Model& model, const std::vector<Batch>& pool, const ComputeO
 }
 
 // Builds and places the model; the error status when it cannot be.
-Result<Model> make_model(const std::string& name, const Device& device, std::uint64_t seed) {
+Result<Model> make_model(const std::string& name, const Device& device, std::uint64_t seed,
+                         const std::shared_ptr<ComputeContext>& compute) {
   auto model = Model::build(name, kSampleShape, kClasses);
   if (!model) return model.status();
+  model->use_compute(compute);
   model->init_params(seed);
   if (Status s = model->set_device(device); !s.ok()) return s;
   return model;
@@ -152,8 +154,9 @@ int run_bench_compute(const ComputeOptions& o) {
   // Every model and the device are checked before anything is timed, so a
   // typo fails at once rather than after minutes of measuring.
   std::string device_name = device->str();
+  const auto compute = std::make_shared<ComputeContext>(o.threads);
   for (const std::string& name : o.models) {
-    auto model = make_model(name, *device, o.seed);
+    auto model = make_model(name, *device, o.seed, compute);
     if (!model) {
       const Status& s = model.status();
       print_error(s.code() == StatusCode::unavailable ? "--device " + o.device + ": " + s.message()
@@ -161,7 +164,6 @@ int run_bench_compute(const ComputeOptions& o) {
       return exit_code_for(s);
     }
   }
-  blas::set_threads(static_cast<int>(o.threads));
   if (!o.json) {
     std::printf("bench compute: forward + backward (Model::compute_gradients) on %s, %u BLAS threads (OpenBLAS %s "
                 "kernels); per model and batch %.1f s warm-up, then %u windows of %.2f s, median reported\n",
@@ -172,7 +174,7 @@ int run_bench_compute(const ComputeOptions& o) {
   }
   for (const std::string& name : o.models) {
     for (std::uint32_t batch : o.batches) {
-      auto model = make_model(name, *device, o.seed);
+      auto model = make_model(name, *device, o.seed, compute);
       if (!model) {  // checked above; a GPU can still fail here
         print_error(model.status().to_string());
         return kExitFailure;

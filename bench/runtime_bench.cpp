@@ -50,6 +50,7 @@ Result<std::pair<Model, std::unique_ptr<Optimizer>>> model_and_optimizer(const J
   const auto& train = data.train;
   auto model = Model::build(c.model, {train.channels, train.rows, train.cols}, data.num_classes);
   if (!model) return model.status();
+  model->use_compute(std::make_shared<ComputeContext>(c.threads));
   model->init_params(c.seed);
   auto opt = make_optimizer(optimizer_config(c), model->num_params());
   if (!opt) return opt.status();
@@ -136,7 +137,6 @@ int run_bench_runtime(const BenchOptions& o) {
 
   std::vector<double> plain, runtime;
   for (std::uint32_t r = 0; r < o.repeats; ++r) {
-    blas::set_threads(static_cast<int>(c.threads));
     auto a = plain_loop(c, data);
     if (!a) {
       print_error(a.status().to_string());

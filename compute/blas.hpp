@@ -1,7 +1,9 @@
 #pragma once
 // The only place that talks to BLAS. Row-major single-precision GEMM plus the
-// thread-count knob (OpenBLAS keeps one process-wide pool, so the runtime sets
-// it once per process from its configuration).
+// thread-count knob. OpenBLAS keeps one process-wide thread count, which
+// cannot give two jobs in one process two budgets, so asgd's layers call it
+// single-threaded from their own pools (ComputeContext sets the count to 1
+// and each Dense layer splits its products across its model's threads).
 
 #include <cstddef>
 #include <string>
@@ -13,6 +15,11 @@ namespace asgd::blas {
 /// the transposes. lda/ldb/ldc default to the packed row lengths.
 void gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha,
           const float* a, const float* b, float beta, float* c);
+
+/// The same with explicit leading dimensions (the stored matrices' row
+/// lengths), for products on blocks of rows or columns.
+void gemm(bool trans_a, bool trans_b, std::size_t m, std::size_t n, std::size_t k, float alpha, const float* a,
+          std::size_t lda, const float* b, std::size_t ldb, float beta, float* c, std::size_t ldc);
 
 /// The kernel set OpenBLAS picked when it loaded ("SkylakeX", "Haswell", ...).
 std::string core_name();
@@ -26,7 +33,7 @@ std::string core_name();
 /// to set it before starting (the asgd CLI re-executes itself once).
 std::string suggested_coretype();
 
-/// Sets the number of threads BLAS uses for one call (process-wide).
+/// Sets the number of threads BLAS uses for one call (process-wide; see above).
 void set_threads(int threads);
 int threads();
 

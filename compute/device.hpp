@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "asgd/status.hpp"
-#include "compute/layers.hpp"
+#include "compute/layer.hpp"
 
 namespace asgd {
 

@@ -2,9 +2,18 @@
 
 #include <cassert>
 #include <cmath>
+#include <thread>
 
-#include "compute/conv_layers.hpp"
 #include "compute/denormals.hpp"
+#include "compute/layer_registry.hpp"
+#include "compute/layers/batch_norm2d.hpp"
+#include "compute/layers/conv2d.hpp"
+#include "compute/layers/dense.hpp"
+#include "compute/layers/flatten.hpp"
+#include "compute/layers/global_avg_pool.hpp"
+#include "compute/layers/max_pool2d.hpp"
+#include "compute/layers/relu.hpp"
+#include "compute/layers/residual.hpp"
 #include "compute/random.hpp"
 
 namespace asgd {
@@ -15,8 +24,6 @@ const std::vector<std::string>& known_models() {
 }
 
 namespace {
-
-using Layers = std::vector<std::unique_ptr<Layer>>;
 
 template <class... L>
 Layers sequence(std::unique_ptr<L>... layers) {
@@ -40,89 +47,6 @@ void collect_batchnorms(Layer& layer, std::vector<BatchNorm2D*>& out) {
   for (Layer* child : layer.children()) collect_batchnorms(*child, out);
 }
 
-const char* kind_name(ModelSpec::Layer::Kind kind) {
-  using K = ModelSpec::Layer::Kind;
-  switch (kind) {
-    case K::dense: return "dense";
-    case K::conv2d: return "conv2d";
-    case K::relu: return "relu";
-    case K::max_pool: return "max_pool";
-    case K::batch_norm: return "batch_norm";
-    case K::dropout: return "dropout";
-    case K::flatten: return "flatten";
-    case K::global_avg_pool: return "global_avg_pool";
-    case K::residual: return "residual";
-  }
-  return "?";
-}
-
-Result<Layers> build_path(const std::vector<ModelSpec::Layer>& specs, Shape& shape, const std::string& prefix);
-
-// The layer `l` describes for per-sample input `in`, checked here because
-// the layers themselves only assert their preconditions.
-Result<std::unique_ptr<Layer>> build_layer(const ModelSpec::Layer& l, const Shape& in, const std::string& where) {
-  using K = ModelSpec::Layer::Kind;
-  auto bad = [&](const std::string& why) {
-    return Status::InvalidArgument(where + " (" + kind_name(l.kind) + "): " + why);
-  };
-  const bool image = in.size() == 3;
-  auto needs_image = [&] { return bad("needs (C, H, W) input, got " + shape_string(in) + " (after a flatten or dense?)"); };
-  switch (l.kind) {
-    case K::dense:
-      if (l.units == 0) return bad("needs at least 1 output");
-      return std::unique_ptr<Layer>(std::make_unique<Dense>(numel(in), l.units));
-    case K::conv2d:
-      if (!image) return needs_image();
-      if (l.units == 0 || l.kernel == 0 || l.stride == 0) return bad("out_channels, kernel and stride must be >= 1");
-      if (std::min(in[1], in[2]) + 2 * l.pad < l.kernel)
-        return bad("kernel " + std::to_string(l.kernel) + " is larger than its padded input " + shape_string(in));
-      return std::unique_ptr<Layer>(std::make_unique<Conv2D>(in[0], l.units, l.kernel, l.stride, l.pad, l.bias));
-    case K::max_pool:
-      if (!image) return needs_image();
-      if (l.kernel == 0) return bad("kernel must be >= 1");
-      if (std::min(in[1], in[2]) < l.kernel)
-        return bad("window " + std::to_string(l.kernel) + " is larger than its input " + shape_string(in));
-      return std::unique_ptr<Layer>(std::make_unique<MaxPool2D>(l.kernel, l.stride));
-    case K::batch_norm:
-      if (!image) return needs_image();
-      return std::unique_ptr<Layer>(std::make_unique<BatchNorm2D>(in[0]));
-    case K::global_avg_pool:
-      if (!image) return needs_image();
-      return std::unique_ptr<Layer>(std::make_unique<GlobalAvgPool>());
-    case K::relu: return std::unique_ptr<Layer>(std::make_unique<ReLU>());
-    case K::flatten: return std::unique_ptr<Layer>(std::make_unique<Flatten>());
-    case K::dropout:
-      if (!(l.p >= 0.0 && l.p < 1.0)) return bad("p must be in [0, 1), got " + std::to_string(l.p));
-      return std::unique_ptr<Layer>(std::make_unique<Dropout>(static_cast<float>(l.p)));
-    case K::residual: {
-      if (l.main.empty()) return bad("the main path is empty");
-      Shape main_shape = in, short_shape = in;
-      auto main = build_path(l.main, main_shape, where + " main path ");
-      if (!main) return main.status();
-      auto shortcut = build_path(l.shortcut, short_shape, where + " shortcut ");
-      if (!shortcut) return shortcut.status();
-      if (main_shape != short_shape)
-        return bad("the main path gives " + shape_string(main_shape) + ", the shortcut " + shape_string(short_shape));
-      return std::unique_ptr<Layer>(std::make_unique<Residual>(std::move(main).value(), std::move(shortcut).value()));
-    }
-  }
-  return bad("unknown layer kind");
-}
-
-Result<Layers> build_path(const std::vector<ModelSpec::Layer>& specs, Shape& shape, const std::string& prefix) {
-  Layers out;
-  for (std::size_t i = 0; i < specs.size(); ++i) {
-    auto layer = build_layer(specs[i], shape, prefix + "layer " + std::to_string(i));
-    if (!layer) return layer.status();
-    shape = (*layer)->output_shape(shape);
-    if (numel(shape) == 0)
-      return Status::InvalidArgument(prefix + "layer " + std::to_string(i) + " (" + kind_name(specs[i].kind) +
-                                     "): gives an empty output " + shape_string(shape));
-    out.push_back(std::move(layer).value());
-  }
-  return out;
-}
-
 }  // namespace
 
 Model::~Model() = default;
@@ -138,7 +62,7 @@ Result<Model> Model::build(const ModelSpec& spec, const Shape& sample_shape, std
   if (sample_shape.empty() || numel(sample_shape) == 0)
     return bad("samples of shape " + shape_string(sample_shape) + " hold no values");
   Shape shape = sample_shape;
-  auto layers = build_path(spec.layers(), shape, "");
+  auto layers = build_layers(spec.layers(), shape, "");
   if (!layers) return bad(layers.status().message());
   if (shape != Shape{classes})
     return bad("the last layer gives " + shape_string(shape) + ", the data has " + std::to_string(classes) +
@@ -229,11 +153,18 @@ void Model::add(std::unique_ptr<Layer> layer, Shape& shape) {
 }
 
 void Model::finalize() {
+  use_compute(std::make_shared<ComputeContext>(std::max(1u, std::thread::hardware_concurrency())));
   for (const auto& layer : layers_) collect_batchnorms(*layer, batchnorms_);
   grads_.assign(params_.size(), 0.0f);
   bind_layers();
   acts_.resize(layers_.size());
   grad_acts_.resize(2);
+}
+
+void Model::use_compute(std::shared_ptr<ComputeContext> context) {
+  compute_ = std::move(context);
+  pool_ = compute_->make_pool();
+  for (const auto& layer : layers_) layer->set_pool(pool_.get());
 }
 
 void Model::bind_layers() {

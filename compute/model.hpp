@@ -11,8 +11,10 @@
 
 #include "asgd/model_spec.hpp"
 #include "asgd/status.hpp"
+#include "compute/context.hpp"
 #include "compute/device.hpp"
-#include "compute/layers.hpp"
+#include "compute/layer.hpp"
+#include "compute/loss.hpp"
 
 namespace asgd {
 
@@ -82,6 +84,12 @@ class Model {
   const std::vector<ParamEntry>& layout() const { return layout_; }
 
   const Device& device() const { return device_; }
+
+  /// Computes on a pool of `context`'s threads from now on (the job's
+  /// budget). A model starts with a context of its own, one thread per core
+  /// (what OpenBLAS would take when nobody set its count).
+  void use_compute(std::shared_ptr<ComputeContext> context);
+  const ComputeContext& compute() const { return *compute_; }
 
   /// Moves the computation to `device`: compute_gradients, evaluate and
   /// prefetch run there; parameters and gradients stay in host memory.
@@ -175,6 +183,8 @@ class Model {
   bool training_ = true;
   enum class WeightInit { he, torch_default };
   WeightInit weight_init_ = WeightInit::he;
+  std::shared_ptr<ComputeContext> compute_;
+  std::shared_ptr<ThreadPool> pool_;       // from compute_; every layer's
   Device device_;
   std::unique_ptr<DeviceModel> device_model_;  // null on the CPU
   std::size_t classes_ = 0;

@@ -22,7 +22,6 @@
 #include "actors/data_feeder.hpp"
 #include "actors/parameter_shard.hpp"
 #include "actors/worker.hpp"
-#include "compute/blas.hpp"
 #include "dataset/dataset.hpp"
 #include "messaging/bridge.hpp"
 #include "runtime/checkpoint.hpp"
@@ -945,7 +944,8 @@ Status run_worker_process(const ProcessOptions& o, std::stop_token stop) {
   if (a.partition_end > data->train.count || a.partition_begin > a.partition_end || a.batch == 0)
     return fail_early(Status::Internal("the assigned partition does not fit the training data here"));
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  blas::set_threads(static_cast<int>(cfg.threads > 0 ? cfg.threads : std::max(1u, cores / cfg.workers)));
+  const auto compute =
+      std::make_shared<ComputeContext>(cfg.threads > 0 ? cfg.threads : std::max(1u, cores / cfg.workers));
 
   auto actor_cfg = actor_config(1);
   caf::actor_system system{actor_cfg};
@@ -970,6 +970,7 @@ Status run_worker_process(const ProcessOptions& o, std::stop_token stop) {
   ws.device = cfg.device;
   ws.sample_shape = {train.channels, train.rows, train.cols};
   ws.classes = data->num_classes;
+  ws.compute = compute;
   ws.shards = shards;
   ws.ranges = ranges;
   ws.feeder = feeder;

@@ -284,10 +284,11 @@ Result<JobSummary> run_job_with(const JobConfig& requested, const JobCallbacks& 
     return Status::InvalidArgument("--workers " + std::to_string(config.workers) + ": more workers than the " +
                                    std::to_string(data->train.count) + " training samples");
 
-  // OpenBLAS keeps one pool per process: give each worker its share of cores.
+  // Each worker's share of the cores, in a budget of this job's own.
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   const unsigned blas_threads = config.threads > 0 ? config.threads : std::max(1u, cores / config.workers);
-  blas::set_threads(static_cast<int>(blas_threads));
+  const auto compute = std::make_shared<ComputeContext>(blas_threads);
+  if (hooks.on_compute_context) hooks.on_compute_context(compute);
   if (const std::string better = blas::suggested_coretype(); !better.empty()) {
     spdlog::warn("OpenBLAS runs its generic {} kernels on this CPU; set OPENBLAS_CORETYPE={} for faster matrix products",
                  blas::core_name(), better);
@@ -323,7 +324,7 @@ Result<JobSummary> run_job_with(const JobConfig& requested, const JobCallbacks& 
       if (metrics && write_error.ok()) write_error = metrics->write(record);
     };
     CoordinatorSetup setup{config, data, on_epoch, on_eval, callbacks.on_progress, callbacks.on_final_params,
-                           outcome, nullptr, live, on_record};
+                           outcome, nullptr, live, on_record, compute};
     if (hooks.make_placement) {
       auto placement = hooks.make_placement(system);
       if (!placement) return placement.status();

@@ -9,6 +9,7 @@
 
 #include "actors/coordinator.hpp"
 #include "asgd/job.hpp"
+#include "compute/context.hpp"
 
 namespace asgd {
 
@@ -21,6 +22,9 @@ struct ClusterHooks {
   /// Called once the outcome is known, while the actor system still runs:
   /// the last moment to stop sending to its actors.
   std::function<void(const Status& outcome)> before_shutdown;
+  /// Called with the job's compute context once it is made (tests read
+  /// what the job's models used of it).
+  std::function<void(std::shared_ptr<const ComputeContext>)> on_compute_context;
 };
 
 /// run_job, with shards and workers placed by `hooks` when set, on

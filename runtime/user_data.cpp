@@ -1,8 +1,7 @@
 // The public descriptions of user data and user models: UserDataset's and
-// ModelSpec's checks, and ModelSpec's JSON form (what checkpoints record).
+// ModelSpec's checks (ModelSpec's JSON form is in compute/layer_registry.cpp).
 
 #include <cmath>
-#include <nlohmann/json.hpp>
 
 #include "asgd/dataset.hpp"
 #include "asgd/model_spec.hpp"
@@ -50,77 +49,6 @@ Result<std::size_t> validate(const ModelSpec& spec, const std::vector<std::size_
   auto model = Model::build(spec, shape, classes);
   if (!model) return model.status();
   return model->num_params();
-}
-
-using Kind = ModelSpec::Layer::Kind;
-
-// At namespace scope, where nlohmann's calls find it by argument-dependent lookup.
-NLOHMANN_JSON_SERIALIZE_ENUM(Kind, {{Kind::dense, "dense"},
-                                    {Kind::conv2d, "conv2d"},
-                                    {Kind::relu, "relu"},
-                                    {Kind::max_pool, "max_pool"},
-                                    {Kind::batch_norm, "batch_norm"},
-                                    {Kind::dropout, "dropout"},
-                                    {Kind::flatten, "flatten"},
-                                    {Kind::global_avg_pool, "global_avg_pool"},
-                                    {Kind::residual, "residual"}})
-
-namespace {
-
-nlohmann::json layers_to_json(const std::vector<ModelSpec::Layer>& layers) {
-  nlohmann::json out = nlohmann::json::array();
-  for (const auto& l : layers) {
-    nlohmann::json j = {{"kind", l.kind}};
-    switch (l.kind) {
-      case Kind::dense: j["units"] = l.units; break;
-      case Kind::conv2d:
-        j.update({{"units", l.units}, {"kernel", l.kernel}, {"stride", l.stride}, {"pad", l.pad}, {"bias", l.bias}});
-        break;
-      case Kind::max_pool: j.update({{"kernel", l.kernel}, {"stride", l.stride}}); break;
-      case Kind::dropout: j["p"] = l.p; break;
-      case Kind::residual: j.update({{"main", layers_to_json(l.main)}, {"shortcut", layers_to_json(l.shortcut)}}); break;
-      default: break;
-    }
-    out.push_back(std::move(j));
-  }
-  return out;
-}
-
-std::vector<ModelSpec::Layer> layers_from_json(const nlohmann::json& list) {
-  std::vector<ModelSpec::Layer> out;
-  for (const auto& j : list) {
-    ModelSpec::Layer l;
-    if (j.at("kind").get<std::string>() != nlohmann::json(j.at("kind").get<Kind>()).get<std::string>())
-      throw std::invalid_argument("unknown layer kind " + j.at("kind").dump());
-    l.kind = j.at("kind").get<Kind>();
-    l.units = j.value("units", l.units);
-    l.kernel = j.value("kernel", l.kernel);
-    l.stride = j.value("stride", l.stride);
-    l.pad = j.value("pad", l.pad);
-    l.bias = j.value("bias", l.bias);
-    l.p = j.value("p", l.p);
-    if (j.contains("main")) l.main = layers_from_json(j.at("main"));
-    if (j.contains("shortcut")) l.shortcut = layers_from_json(j.at("shortcut"));
-    out.push_back(std::move(l));
-  }
-  return out;
-}
-
-}  // namespace
-
-std::string ModelSpec::to_json() const {
-  return nlohmann::json{{"name", name_}, {"layers", layers_to_json(layers_)}}.dump();
-}
-
-Result<ModelSpec> ModelSpec::from_json(const std::string& text) {
-  try {
-    const auto j = nlohmann::json::parse(text);
-    ModelSpec spec(j.at("name").get<std::string>());
-    spec.layers_ = layers_from_json(j.at("layers"));
-    return spec;
-  } catch (const std::exception& e) {
-    return Status::InvalidArgument(std::string("not a model spec: ") + e.what());
-  }
 }
 
 }  // namespace asgd

@@ -1,8 +1,8 @@
 // The CUDA backend's DeviceModel. The CPU model's layers are mirrored as a
-// tree of nodes (a Residual holds its two paths) that run on cuDNN
-// (convolution, pooling, ReLU, batch normalisation, softmax), cuBLAS (dense
-// layers) and the small kernels in kernels.cu, all queued on the model's own
-// stream. Parameters and gradients stay in host memory in the model's flat
+// tree of nodes (nodes.hpp, plan.cpp), each run by its layer kind's GpuOps
+// (lowerings.cpp) on cuDNN, cuBLAS and the small kernels in kernels.cu, all
+// queued on the model's own stream; the loss is cuDNN's log-softmax and a
+// kernel. Parameters and gradients stay in host memory in the model's flat
 // layout; each step uploads the parameters and downloads the gradients
 // through pinned buffers.
 //
@@ -32,62 +32,20 @@
 #include <cstring>
 #include <memory>
 #include <string>
-#include <unordered_map>
 #include <utility>
 #include <vector>
 
-#include "compute/conv_layers.hpp"
 #include "compute/cuda/check.hpp"
+#include "compute/cuda/cudnn.hpp"
 #include "compute/cuda/kernels.cuh"
 #include "compute/cuda/memory.hpp"
+#include "compute/cuda/nodes.hpp"
 #include "compute/device.hpp"
-#include "compute/random.hpp"
+#include "compute/layers/batch_norm2d.hpp"
 
 namespace asgd {
 namespace cuda {
 namespace {
-
-// Owns one cuDNN object (the handle or a descriptor), created on first use.
-template <class T, cudnnStatus_t (*Create)(T*), cudnnStatus_t (*Destroy)(T)>
-class CudnnObject {
- public:
-  CudnnObject() = default;
-  ~CudnnObject() {
-    if (h_) Destroy(h_);
-  }
-  CudnnObject(CudnnObject&& other) noexcept : h_(std::exchange(other.h_, nullptr)) {}
-  CudnnObject& operator=(CudnnObject&&) = delete;
-  CudnnObject(const CudnnObject&) = delete;
-  CudnnObject& operator=(const CudnnObject&) = delete;
-
-  T get() {
-    if (!h_) ASGD_CUDNN_CHECK(Create(&h_));
-    return h_;
-  }
-
- private:
-  T h_ = nullptr;
-};
-using CudnnHandle = CudnnObject<cudnnHandle_t, cudnnCreate, cudnnDestroy>;
-using TensorDesc = CudnnObject<cudnnTensorDescriptor_t, cudnnCreateTensorDescriptor, cudnnDestroyTensorDescriptor>;
-using FilterDesc = CudnnObject<cudnnFilterDescriptor_t, cudnnCreateFilterDescriptor, cudnnDestroyFilterDescriptor>;
-using ConvDesc =
-    CudnnObject<cudnnConvolutionDescriptor_t, cudnnCreateConvolutionDescriptor, cudnnDestroyConvolutionDescriptor>;
-using PoolDesc = CudnnObject<cudnnPoolingDescriptor_t, cudnnCreatePoolingDescriptor, cudnnDestroyPoolingDescriptor>;
-using ActDesc =
-    CudnnObject<cudnnActivationDescriptor_t, cudnnCreateActivationDescriptor, cudnnDestroyActivationDescriptor>;
-
-class CublasHandle {
- public:
-  CublasHandle() { ASGD_CUBLAS_CHECK(cublasCreate(&h_)); }
-  ~CublasHandle() { cublasDestroy(h_); }
-  CublasHandle(const CublasHandle&) = delete;
-  CublasHandle& operator=(const CublasHandle&) = delete;
-  cublasHandle_t get() const { return h_; }
-
- private:
-  cublasHandle_t h_ = nullptr;
-};
 
 // Makes `index` the calling thread's device; first member of the model, so
 // everything after it is created on that device.
@@ -95,255 +53,6 @@ struct CurrentDevice {
   explicit CurrentDevice(int i) : index(i) { ASGD_CUDA_CHECK(cudaSetDevice(index)); }
   int index;
 };
-
-// cuDNN and cuBLAS take int sizes; plan and batch checks keep every size
-// below INT_MAX, so this never truncates.
-int to_int(std::size_t n) { return static_cast<int>(n); }
-
-// ---- The plan: nodes mirroring the CPU layers ---------------------------------
-
-// A per-sample shape: (C, H, W) for images; a vector (N) is (N, 1, 1).
-struct Dims {
-  std::size_t c = 0, h = 1, w = 1;
-  bool image = false;
-  std::size_t numel() const { return c * h * w; }
-  std::size_t plane() const { return h * w; }
-  std::string str() const {
-    return image ? "(" + std::to_string(c) + ", " + std::to_string(h) + ", " + std::to_string(w) + ")"
-                 : "(" + std::to_string(c) + ")";
-  }
-};
-
-enum class Op { dense, relu, conv, maxpool, global_avg_pool, batchnorm, flatten, dropout, residual };
-
-// The three algorithms a convolution uses at one batch size.
-struct ConvAlgos {
-  cudnnConvolutionFwdAlgo_t fwd{};
-  cudnnConvolutionBwdDataAlgo_t bwd_data{};
-  cudnnConvolutionBwdFilterAlgo_t bwd_filter{};
-  std::size_t workspace = 0;  // bytes: the most any of the three needs
-};
-
-struct Node {
-  Op op = Op::relu;
-  std::string name;        // "layer 4.main.1 (batchnorm2d)", for messages
-  std::size_t index = 0;   // position in a walk over all nodes; seeds dropout
-  Dims in, out;            // per sample
-  std::size_t params = 0;  // offset of the node's first parameter in the flat vector
-  bool needs_dx = true;    // whether backward must produce dL/dx (not for the model's first layer)
-  bool last = false;       // last of its sequence: its dL/dy belongs to the parent
-
-  // Configuration read from the CPU layer.
-  std::size_t kernel = 0, stride = 1, pad = 0;
-  bool bias = false;
-  float p = 0.0f;                     // dropout
-  float eps = 0.0f, momentum = 0.0f;  // batchnorm
-  std::size_t stats = 0;             // batchnorm: offset of running_mean (C), then running_var (C), in the stats vector
-  std::vector<Node> main, shortcut;  // residual paths; an empty shortcut is the identity
-
-  // cuDNN state for the batch size last described.
-  TensorDesc x_desc, y_desc, bn_desc;
-  FilterDesc w_desc;
-  ConvDesc conv_desc;
-  PoolDesc pool_desc;
-  std::unordered_map<std::size_t, ConvAlgos> algos;  // by batch size: chosen once per shape
-  const ConvAlgos* algo = nullptr;
-
-  // Buffers for the prepared batch B, carved from the model's pool.
-  float* y = nullptr;              // (B, out...); null where the node passes its input through
-  float* dy = nullptr;             // (B, out...) dL/dy, unless last
-  float* scratch = nullptr;        // (B, in...) residual: the shortcut's dL/dx; batchnorm: a dL/dx nobody reads
-  float* saved_mean = nullptr;     // (C) batchnorm: this batch's mean, for backward
-  float* saved_inv_std = nullptr;  // (C) batchnorm: this batch's 1 / sqrt(var + eps)
-  std::uint64_t seed = 0;          // dropout: this step's mask
-  const float* out_ptr = nullptr;  // what the next node reads (y, or the input passed through)
-};
-
-struct Plan {
-  std::vector<Node> nodes;
-  Dims sample;
-  std::size_t classes = 0;
-  std::size_t params = 0;                // flat parameter count
-  std::size_t stats = 0;                 // running statistics, all batchnorms together
-  std::size_t max_numel = 0;             // largest per-sample tensor anywhere
-  std::vector<BatchNorm2D*> batchnorms;  // in stats order
-};
-
-template <class F>
-void for_each_node(std::vector<Node>& seq, F&& f) {
-  for (Node& n : seq) {
-    f(n);
-    for_each_node(n.main, f);
-    for_each_node(n.shortcut, f);
-  }
-}
-
-std::size_t spec_count(const std::vector<ParamSpec>& specs) {
-  std::size_t n = 0;
-  for (const ParamSpec& s : specs) n += numel(s.shape);
-  return n;
-}
-
-bool same_shapes(const std::vector<ParamSpec>& specs, const std::vector<Shape>& expected) {
-  if (specs.size() != expected.size()) return false;
-  for (std::size_t i = 0; i < specs.size(); ++i)
-    if (specs[i].shape != expected[i]) return false;
-  return true;
-}
-
-// Reads the CPU layers into a Plan, checking everything the GPU code relies
-// on: known layer kinds, shapes that chain, the parameter layout. Host only.
-class PlanBuilder {
- public:
-  explicit PlanBuilder(Plan& plan) : plan_(plan) {}
-
-  Status add_sequence(const std::vector<Layer*>& layers, Dims& shape, std::vector<Node>& out, bool first_needs_dx,
-                      const std::string& prefix) {
-    out.reserve(layers.size());
-    for (std::size_t i = 0; i < layers.size(); ++i) {
-      Node& node = out.emplace_back();
-      node.needs_dx = i > 0 || first_needs_dx;
-      node.last = i + 1 == layers.size();
-      if (Status s = add_layer(*layers[i], shape, node, prefix + std::to_string(i)); !s.ok()) return s;
-    }
-    return {};
-  }
-
- private:
-  Status add_layer(Layer& layer, Dims& shape, Node& node, const std::string& path);
-
-  Plan& plan_;
-  std::size_t next_index_ = 0;
-};
-
-std::vector<Layer*> raw(const std::vector<std::unique_ptr<Layer>>& layers) {
-  std::vector<Layer*> out;
-  for (const auto& l : layers) out.push_back(l.get());
-  return out;
-}
-
-Status PlanBuilder::add_layer(Layer& layer, Dims& shape, Node& node, const std::string& path) {
-  node.name = "layer " + path + " (" + layer.kind() + ")";
-  node.index = next_index_++;
-  node.params = plan_.params;
-  node.in = shape;
-  const auto fail = [&](const std::string& why) { return Status::InvalidArgument(node.name + ": " + why); };
-  const auto need_image = [&] { return fail("needs (C, H, W) inputs, gets " + shape.str()); };
-  std::vector<Shape> expected_params;
-
-  if (auto* dense = dynamic_cast<Dense*>(&layer)) {
-    if (dense->in() != shape.numel())
-      return fail("expects " + std::to_string(dense->in()) + " inputs per sample, gets " + shape.str());
-    node.op = Op::dense;
-    node.out = {dense->out(), 1, 1, false};
-    expected_params = {{dense->out(), dense->in()}, {dense->out()}};
-  } else if (dynamic_cast<ReLU*>(&layer)) {
-    node.op = Op::relu;
-    node.out = shape;
-  } else if (auto* conv = dynamic_cast<Conv2D*>(&layer)) {
-    if (!shape.image) return need_image();
-    if (conv->in_channels() != shape.c)
-      return fail("expects " + std::to_string(conv->in_channels()) + " channels, gets " + shape.str());
-    if (conv->kernel() == 0 || conv->stride() == 0) return fail("kernel and stride must be positive");
-    if (shape.h + 2 * conv->pad() < conv->kernel() || shape.w + 2 * conv->pad() < conv->kernel())
-      return fail("kernel larger than the padded input " + shape.str());
-    node.op = Op::conv;
-    node.kernel = conv->kernel();
-    node.stride = conv->stride();
-    node.pad = conv->pad();
-    node.bias = conv->has_bias();
-    node.out = {conv->out_channels(), (shape.h + 2 * node.pad - node.kernel) / node.stride + 1,
-                (shape.w + 2 * node.pad - node.kernel) / node.stride + 1, true};
-    expected_params = {{conv->out_channels(), conv->in_channels(), node.kernel, node.kernel}};
-    if (node.bias) expected_params.push_back({conv->out_channels()});
-  } else if (auto* pool = dynamic_cast<MaxPool2D*>(&layer)) {
-    if (!shape.image) return need_image();
-    if (pool->kernel() == 0 || pool->stride() == 0) return fail("kernel and stride must be positive");
-    if (shape.h < pool->kernel() || shape.w < pool->kernel())
-      return fail("window larger than the input " + shape.str());
-    node.op = Op::maxpool;
-    node.kernel = pool->kernel();
-    node.stride = pool->stride();
-    node.out = {shape.c, (shape.h - node.kernel) / node.stride + 1, (shape.w - node.kernel) / node.stride + 1, true};
-  } else if (dynamic_cast<GlobalAvgPool*>(&layer)) {
-    if (!shape.image) return need_image();
-    node.op = Op::global_avg_pool;
-    node.out = {shape.c, 1, 1, false};
-  } else if (auto* bn = dynamic_cast<BatchNorm2D*>(&layer)) {
-    if (!shape.image) return need_image();
-    if (bn->channels() != shape.c)
-      return fail("expects " + std::to_string(bn->channels()) + " channels, gets " + shape.str());
-    if (bn->running_mean().size() != shape.c || bn->running_var().size() != shape.c)
-      return fail("running statistics do not have one value per channel");
-    node.op = Op::batchnorm;
-    node.eps = bn->eps();
-    node.momentum = bn->momentum();
-    node.stats = plan_.stats;
-    plan_.stats += 2 * shape.c;
-    plan_.batchnorms.push_back(bn);
-    node.out = shape;
-    expected_params = {{shape.c}, {shape.c}};
-  } else if (dynamic_cast<Flatten*>(&layer)) {
-    node.op = Op::flatten;
-    node.out = {shape.numel(), 1, 1, false};
-  } else if (auto* dropout = dynamic_cast<Dropout*>(&layer)) {
-    if (!(dropout->p() >= 0.0f && dropout->p() <= 1.0f)) return fail("p must lie in [0, 1]");
-    node.op = Op::dropout;
-    node.p = dropout->p();
-    node.out = shape;
-  } else if (auto* residual = dynamic_cast<Residual*>(&layer)) {
-    node.op = Op::residual;
-    Dims main_shape = shape, short_shape = shape;
-    if (Status s = add_sequence(raw(residual->main_path()), main_shape, node.main, node.needs_dx, path + ".main.");
-        !s.ok())
-      return s;
-    if (Status s = add_sequence(raw(residual->shortcut_path()), short_shape, node.shortcut, node.needs_dx,
-                                path + ".shortcut.");
-        !s.ok())
-      return s;
-    if (main_shape.c != short_shape.c || main_shape.h != short_shape.h || main_shape.w != short_shape.w)
-      return fail("main path gives " + main_shape.str() + " but shortcut gives " + short_shape.str());
-    node.out = main_shape;
-    // The paths' layers took their parameters in order, main's then shortcut's.
-    if (plan_.params - node.params != spec_count(layer.param_specs()))
-      return fail("parameters do not add up to main's then shortcut's");
-  } else {
-    return fail("the CUDA backend has no implementation of this layer kind");
-  }
-
-  if (node.op != Op::residual) {
-    // The kernels assume each layer's documented layout (torch.nn's).
-    if (!same_shapes(layer.param_specs(), expected_params)) return fail("unexpected parameter layout");
-    plan_.params += spec_count(layer.param_specs());
-  }
-  plan_.max_numel = std::max({plan_.max_numel, node.in.numel(), node.out.numel()});
-  if (plan_.max_numel > static_cast<std::size_t>(INT_MAX)) return fail("tensor too large for cuDNN");
-  shape = node.out;
-  return {};
-}
-
-Result<Plan> build_plan(const std::vector<Layer*>& layers, const Shape& sample_shape, std::size_t param_count) {
-  Plan plan;
-  if (sample_shape.size() == 3)
-    plan.sample = {sample_shape[0], sample_shape[1], sample_shape[2], true};
-  else if (sample_shape.size() == 1)
-    plan.sample = {sample_shape[0], 1, 1, false};
-  else
-    return Status::InvalidArgument("CUDA backend: sample shape " + shape_string(sample_shape) +
-                                   " is neither (C, H, W) nor (N)");
-  Dims shape = plan.sample;
-  plan.max_numel = shape.numel();
-  PlanBuilder builder(plan);
-  if (Status s = builder.add_sequence(layers, shape, plan.nodes, false, ""); !s.ok()) return s;
-  if (shape.image)
-    return Status::InvalidArgument("CUDA backend: the model must end in class scores (N), not " + shape.str());
-  if (shape.numel() == 0) return Status::InvalidArgument("CUDA backend: the model has no outputs");
-  if (plan.params != param_count)
-    return Status::InvalidArgument("CUDA backend: the layers hold " + std::to_string(plan.params) +
-                                   " parameters, the model says " + std::to_string(param_count));
-  plan.classes = shape.numel();
-  return plan;
-}
 
 // ---- Algorithm choice ------------------------------------------------------------
 
@@ -399,9 +108,7 @@ Algo pick_algo(const std::vector<Perf>& measured, int count, std::size_t& worksp
 
 // ---- The model ---------------------------------------------------------------------
 
-constexpr std::uint64_t kDropoutSeed = 0x5EEDD20F0u;
-
-class CudaModel final : public DeviceModel {
+class CudaModel final : public DeviceModel, public Gpu {
  public:
   CudaModel(Plan plan, int device);
   ~CudaModel() override;
@@ -415,22 +122,15 @@ class CudaModel final : public DeviceModel {
              std::span<float> logits) override;
   void prefetch(std::span<const float> x, std::span<const std::int32_t> y) override;
 
+  const float* forward(std::vector<Node>& seq, const float* x, std::size_t batch, bool training) override;
+  void backward(std::vector<Node>& seq, const float* x, const float* dy, float* dx, std::size_t batch) override;
+  void choose_conv_algos(Node& n, std::size_t batch) override;
+
  private:
   void check_batch(std::size_t batch, std::span<const float> x, const char* call) const;
   void prepare(std::size_t batch, bool training);
-  void describe(Node& n, std::size_t batch);
-  void choose_conv_algos(Node& n, std::size_t batch);
   void layout(std::vector<Node>& seq, Carver& carver, std::size_t batch, bool training);
   void upload_params_and_stats(std::span<const float> params);
-  const float* forward(std::vector<Node>& seq, const float* x, std::size_t batch, bool training);
-  void forward(Node& n, const float* x, std::size_t batch, bool training);
-  void backward(std::vector<Node>& seq, const float* x, const float* dy, float* dx, std::size_t batch);
-  void backward(Node& n, const float* x, const float* dy, float* dx, std::size_t batch);
-
-  float* param(const Node& n) const { return params_.as<float>() + n.params; }
-  float* grad(const Node& n) const { return grads_.as<float>() + n.params; }
-  float* stat(const Node& n) const { return stats_.as<float>() + n.stats; }
-  cudaStream_t stream() const { return stream_.get(); }
 
   CurrentDevice device_;
   std::string description_;
@@ -438,7 +138,6 @@ class CudaModel final : public DeviceModel {
   Stream stream_;
   CudnnHandle cudnn_;
   CublasHandle cublas_;
-  ActDesc relu_;
   TensorDesc logits_desc_;  // (B, classes, 1, 1)
   BatchUploader uploader_;
 
@@ -455,7 +154,6 @@ class CudaModel final : public DeviceModel {
   float* dlogits_ = nullptr;   // (B, classes)
   float* row_loss_ = nullptr;  // (B)
   float* loss_ = nullptr;      // (1)
-  std::uint64_t steps_ = 0;
 };
 
 CudaModel::CudaModel(Plan plan, int device) : device_(device), plan_(std::move(plan)) {
@@ -463,16 +161,22 @@ CudaModel::CudaModel(Plan plan, int device) : device_(device), plan_(std::move(p
   ASGD_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
   description_ = "cuda:" + std::to_string(device) + " (" + prop.name + ")";
 
-  ASGD_CUDNN_CHECK(cudnnSetStream(cudnn_.get(), stream()));
-  ASGD_CUBLAS_CHECK(cublasSetStream(cublas_.get(), stream()));
+  ASGD_CUDNN_CHECK(cudnnSetStream(cudnn_.get(), stream_.get()));
+  ASGD_CUBLAS_CHECK(cublasSetStream(cublas_.get(), stream_.get()));
   ASGD_CUBLAS_CHECK(cublasSetMathMode(cublas_.get(), CUBLAS_DEFAULT_MATH));  // no TF32
-  ASGD_CUDNN_CHECK(cudnnSetActivationDescriptor(relu_.get(), CUDNN_ACTIVATION_RELU, CUDNN_NOT_PROPAGATE_NAN, 0.0));
 
   const std::size_t param_bytes = std::max<std::size_t>(plan_.params, 1) * sizeof(float);
   const std::size_t stat_bytes = std::max<std::size_t>(plan_.stats, 1) * sizeof(float);
   params_.reserve(param_bytes);
   grads_.reserve(param_bytes);
   stats_.reserve(stat_bytes);
+  // What every node's operations run with (Gpu).
+  cudnn = cudnn_.get();
+  cublas = cublas_.get();
+  stream = stream_.get();
+  params_base = params_.as<float>();
+  grads_base = grads_.as<float>();
+  stats_base = stats_.as<float>();
   host_params_.reserve(param_bytes);
   host_grads_.reserve(param_bytes);
   host_stats_.reserve(stat_bytes);
@@ -489,41 +193,6 @@ void CudaModel::check_batch(std::size_t batch, std::span<const float> x, const c
   if (x.size() != batch * plan_.sample.numel())
     throw Error(std::string(call) + ": x holds " + std::to_string(x.size()) + " floats, " + std::to_string(batch) +
                 " samples of " + plan_.sample.str() + " need " + std::to_string(batch * plan_.sample.numel()));
-}
-
-void CudaModel::describe(Node& n, std::size_t batch) {
-  const auto set_4d = [&](TensorDesc& desc, const Dims& d) {
-    ASGD_CUDNN_CHECK(cudnnSetTensor4dDescriptor(desc.get(), CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, to_int(batch),
-                                                to_int(d.c), to_int(d.h), to_int(d.w)));
-  };
-  switch (n.op) {
-    case Op::relu:
-    case Op::maxpool:
-    case Op::batchnorm:
-    case Op::conv:
-      set_4d(n.x_desc, n.in);
-      set_4d(n.y_desc, n.out);
-      break;
-    default:
-      return;
-  }
-  if (n.op == Op::maxpool) {
-    ASGD_CUDNN_CHECK(cudnnSetPooling2dDescriptor(n.pool_desc.get(), CUDNN_POOLING_MAX, CUDNN_NOT_PROPAGATE_NAN,
-                                                 to_int(n.kernel), to_int(n.kernel), 0, 0, to_int(n.stride),
-                                                 to_int(n.stride)));
-  } else if (n.op == Op::batchnorm) {
-    ASGD_CUDNN_CHECK(
-        cudnnSetTensor4dDescriptor(n.bn_desc.get(), CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, 1, to_int(n.in.c), 1, 1));
-  } else if (n.op == Op::conv) {
-    ASGD_CUDNN_CHECK(cudnnSetFilter4dDescriptor(n.w_desc.get(), CUDNN_DATA_FLOAT, CUDNN_TENSOR_NCHW, to_int(n.out.c),
-                                                to_int(n.in.c), to_int(n.kernel), to_int(n.kernel)));
-    ASGD_CUDNN_CHECK(cudnnSetConvolution2dDescriptor(n.conv_desc.get(), to_int(n.pad), to_int(n.pad), to_int(n.stride),
-                                                     to_int(n.stride), 1, 1, CUDNN_CROSS_CORRELATION,
-                                                     CUDNN_DATA_FLOAT));
-    // FMA, not DEFAULT: DEFAULT lets Ampere and later run float convolutions on TF32 tensor cores.
-    ASGD_CUDNN_CHECK(cudnnSetConvolutionMathType(n.conv_desc.get(), CUDNN_FMA_MATH));
-    choose_conv_algos(n, batch);
-  }
 }
 
 void CudaModel::choose_conv_algos(Node& n, std::size_t batch) {
@@ -564,19 +233,15 @@ void CudaModel::choose_conv_algos(Node& n, std::size_t batch) {
 // Every buffer a step needs, in one pass over the nodes: run once to
 // measure (null base) and once to assign.
 void CudaModel::layout(std::vector<Node>& seq, Carver& carver, std::size_t batch, bool training) {
+  using Output = GpuOps::Output;
   for (Node& n : seq) {
-    const std::size_t in = batch * n.in.numel(), out = batch * n.out.numel();
-    const bool passes_through = n.op == Op::flatten || (n.op == Op::dropout && !training);
-    n.y = passes_through ? nullptr : carver.take<float>(out);
-    n.dy = training && !n.last ? carver.take<float>(out) : nullptr;
+    const Output output = n.ops->output;
+    const bool passes_through = output == Output::input || (output == Output::input_at_inference && !training);
+    n.y = passes_through ? nullptr : carver.take<float>(batch * n.out.numel());
+    n.dy = training && !n.last ? carver.take<float>(batch * n.out.numel()) : nullptr;
     n.scratch = nullptr;
     n.saved_mean = n.saved_inv_std = nullptr;
-    if (training && n.op == Op::residual && n.needs_dx && !n.shortcut.empty()) n.scratch = carver.take<float>(in);
-    if (training && n.op == Op::batchnorm) {
-      if (!n.needs_dx) n.scratch = carver.take<float>(in);  // cuDNN always writes dx
-      n.saved_mean = carver.take<float>(n.in.c);
-      n.saved_inv_std = carver.take<float>(n.in.c);
-    }
+    if (n.ops->carve) n.ops->carve(n, carver, batch, training);
     layout(n.main, carver, batch, training);
     layout(n.shortcut, carver, batch, training);
   }
@@ -591,10 +256,10 @@ void CudaModel::prepare(std::size_t batch, bool training) {
     throw Error("CUDA backend: a batch of " + std::to_string(batch) + " is too large for cuDNN");
   prepared_batch_ = 0;  // until this succeeds
 
-  std::size_t workspace = 0;
+  std::size_t workspace_needed = 0;
   for_each_node(plan_.nodes, [&](Node& n) {
-    describe(n, batch);
-    if (n.op == Op::conv) workspace = std::max(workspace, n.algo->workspace);
+    if (n.ops->describe) n.ops->describe(*this, n, batch);
+    if (n.algo) workspace_needed = std::max(workspace_needed, n.algo->workspace);
   });
   ASGD_CUDNN_CHECK(cudnnSetTensor4dDescriptor(logits_desc_.get(), CUDNN_TENSOR_NCHW, CUDNN_DATA_FLOAT, to_int(batch),
                                               to_int(plan_.classes), 1, 1));
@@ -611,7 +276,9 @@ void CudaModel::prepare(std::size_t batch, bool training) {
   pool_.reserve(measure.used());
   Carver carver(pool_.as<std::byte>());
   carve_step(carver);
-  workspace_.reserve(workspace);
+  workspace_.reserve(workspace_needed);
+  workspace = workspace_.data();
+  workspace_bytes = workspace_.bytes();
   host_out_.reserve(std::max<std::size_t>(batch * plan_.classes, 1) * sizeof(float));
 
   prepared_batch_ = batch;
@@ -622,7 +289,7 @@ void CudaModel::upload_params_and_stats(std::span<const float> params) {
   if (!params.empty()) {
     std::memcpy(host_params_.data(), params.data(), params.size_bytes());
     ASGD_CUDA_CHECK(
-        cudaMemcpyAsync(params_.data(), host_params_.data(), params.size_bytes(), cudaMemcpyHostToDevice, stream()));
+        cudaMemcpyAsync(params_.data(), host_params_.data(), params.size_bytes(), cudaMemcpyHostToDevice, stream_.get()));
   }
   if (plan_.stats == 0) return;
   // The host layers hold the current running statistics (they may have been
@@ -633,7 +300,7 @@ void CudaModel::upload_params_and_stats(std::span<const float> params) {
     host = std::copy(bn->running_var().begin(), bn->running_var().end(), host);
   }
   ASGD_CUDA_CHECK(cudaMemcpyAsync(stats_.data(), host_stats_.data(), plan_.stats * sizeof(float),
-                                  cudaMemcpyHostToDevice, stream()));
+                                  cudaMemcpyHostToDevice, stream_.get()));
 }
 
 float CudaModel::compute_gradients(std::span<const float> params, std::span<float> grads, std::span<const float> x,
@@ -653,23 +320,23 @@ float CudaModel::compute_gradients(std::span<const float> params, std::span<floa
 
   ASGD_CUDA_CHECK(cudaSetDevice(device_.index));
   prepare(batch, true);
-  const BatchUploader::DeviceBatch in = uploader_.acquire(x, y, stream());
+  const BatchUploader::DeviceBatch in = uploader_.acquire(x, y, stream_.get());
   upload_params_and_stats(params);
-  ++steps_;
+  ++step;
 
   const float* logits = forward(plan_.nodes, in.x, batch, true);
   const float one = 1.0f, zero = 0.0f;
   ASGD_CUDNN_CHECK(cudnnSoftmaxForward(cudnn_.get(), CUDNN_SOFTMAX_LOG, CUDNN_SOFTMAX_MODE_INSTANCE, &one,
                                        logits_desc_.get(), logits, &zero, logits_desc_.get(), logp_));
-  ASGD_CUDA_CHECK(kernels::softmax_xent(logp_, in.y, batch, plan_.classes, dlogits_, row_loss_, loss_, stream()));
+  ASGD_CUDA_CHECK(kernels::softmax_xent(logp_, in.y, batch, plan_.classes, dlogits_, row_loss_, loss_, stream_.get()));
   backward(plan_.nodes, in.x, dlogits_, nullptr, batch);
 
   ASGD_CUDA_CHECK(
-      cudaMemcpyAsync(host_grads_.data(), grads_.data(), grads.size_bytes(), cudaMemcpyDeviceToHost, stream()));
+      cudaMemcpyAsync(host_grads_.data(), grads_.data(), grads.size_bytes(), cudaMemcpyDeviceToHost, stream_.get()));
   if (plan_.stats > 0)
     ASGD_CUDA_CHECK(cudaMemcpyAsync(host_stats_.data(), stats_.data(), plan_.stats * sizeof(float),
-                                    cudaMemcpyDeviceToHost, stream()));
-  ASGD_CUDA_CHECK(cudaMemcpyAsync(host_out_.data(), loss_, sizeof(float), cudaMemcpyDeviceToHost, stream()));
+                                    cudaMemcpyDeviceToHost, stream_.get()));
+  ASGD_CUDA_CHECK(cudaMemcpyAsync(host_out_.data(), loss_, sizeof(float), cudaMemcpyDeviceToHost, stream_.get()));
   stream_.synchronize();
 
   if (!grads.empty()) std::memcpy(grads.data(), host_grads_.data(), grads.size_bytes());
@@ -694,10 +361,10 @@ void CudaModel::infer(std::span<const float> params, std::span<const float> x, s
 
   ASGD_CUDA_CHECK(cudaSetDevice(device_.index));
   prepare(batch, false);
-  const BatchUploader::DeviceBatch in = uploader_.acquire(x, {}, stream());
+  const BatchUploader::DeviceBatch in = uploader_.acquire(x, {}, stream_.get());
   upload_params_and_stats(params);
   const float* out = forward(plan_.nodes, in.x, batch, false);
-  ASGD_CUDA_CHECK(cudaMemcpyAsync(host_out_.data(), out, logits.size_bytes(), cudaMemcpyDeviceToHost, stream()));
+  ASGD_CUDA_CHECK(cudaMemcpyAsync(host_out_.data(), out, logits.size_bytes(), cudaMemcpyDeviceToHost, stream_.get()));
   stream_.synchronize();
   std::memcpy(logits.data(), host_out_.data(), logits.size_bytes());
 }
@@ -713,76 +380,11 @@ void CudaModel::prefetch(std::span<const float> x, std::span<const std::int32_t>
 
 const float* CudaModel::forward(std::vector<Node>& seq, const float* x, std::size_t batch, bool training) {
   for (Node& n : seq) {
-    forward(n, x, batch, training);
+    n.out_ptr = n.y;
+    n.ops->forward(*this, n, x, batch, training);
     x = n.out_ptr;
   }
   return x;
-}
-
-void CudaModel::forward(Node& n, const float* x, std::size_t batch, bool training) {
-  const float one = 1.0f, zero = 0.0f;
-  cudnnHandle_t h = cudnn_.get();
-  n.out_ptr = n.y;
-  switch (n.op) {
-    case Op::dense: {
-      // Row-major y (B, out) = x (B, in) W^T is column-major y^T = W x^T,
-      // and row-major W (out, in) is column-major W^T (in, out).
-      const int in = to_int(n.in.numel()), out = to_int(n.out.numel());
-      ASGD_CUBLAS_CHECK(cublasSgemm(cublas_.get(), CUBLAS_OP_T, CUBLAS_OP_N, out, to_int(batch), in, &one, param(n), in,
-                                    x, in, &zero, n.y, out));
-      ASGD_CUDA_CHECK(
-          kernels::add_row_bias(n.y, param(n) + n.in.numel() * n.out.numel(), batch, n.out.numel(), stream()));
-      break;
-    }
-    case Op::relu:
-      ASGD_CUDNN_CHECK(cudnnActivationForward(h, relu_.get(), &one, n.x_desc.get(), x, &zero, n.y_desc.get(), n.y));
-      break;
-    case Op::conv:
-      ASGD_CUDNN_CHECK(cudnnConvolutionForward(h, &one, n.x_desc.get(), x, n.w_desc.get(), param(n), n.conv_desc.get(),
-                                               n.algo->fwd, workspace_.data(), workspace_.bytes(), &zero,
-                                               n.y_desc.get(), n.y));
-      if (n.bias)
-        ASGD_CUDA_CHECK(kernels::add_channel_bias(n.y, param(n) + n.out.c * n.in.c * n.kernel * n.kernel, batch,
-                                                  n.out.c, n.out.plane(), stream()));
-      break;
-    case Op::maxpool:
-      ASGD_CUDNN_CHECK(cudnnPoolingForward(h, n.pool_desc.get(), &one, n.x_desc.get(), x, &zero, n.y_desc.get(), n.y));
-      break;
-    case Op::global_avg_pool:
-      ASGD_CUDA_CHECK(kernels::row_mean(x, n.y, batch * n.in.c, n.in.plane(), stream()));
-      break;
-    case Op::batchnorm:
-      // cuDNN moves running_var towards the unbiased batch variance, as the
-      // CPU layer and PyTorch do, and normalises with the biased one.
-      if (training) {
-        ASGD_CUDNN_CHECK(cudnnBatchNormalizationForwardTraining(
-            h, CUDNN_BATCHNORM_SPATIAL, &one, &zero, n.x_desc.get(), x, n.y_desc.get(), n.y, n.bn_desc.get(), param(n),
-            param(n) + n.in.c, static_cast<double>(n.momentum), stat(n), stat(n) + n.in.c, static_cast<double>(n.eps),
-            n.saved_mean, n.saved_inv_std));
-      } else {
-        ASGD_CUDNN_CHECK(cudnnBatchNormalizationForwardInference(
-            h, CUDNN_BATCHNORM_SPATIAL, &one, &zero, n.x_desc.get(), x, n.y_desc.get(), n.y, n.bn_desc.get(), param(n),
-            param(n) + n.in.c, stat(n), stat(n) + n.in.c, static_cast<double>(n.eps)));
-      }
-      break;
-    case Op::flatten:
-      n.out_ptr = x;
-      break;
-    case Op::dropout:
-      if (!training) {
-        n.out_ptr = x;
-        break;
-      }
-      n.seed = mix_seed(kDropoutSeed, n.index, steps_);
-      ASGD_CUDA_CHECK(kernels::dropout(x, n.y, batch * n.in.numel(), n.p, n.seed, stream()));
-      break;
-    case Op::residual: {
-      const float* a = forward(n.main, x, batch, training);
-      const float* b = forward(n.shortcut, x, batch, training);  // x itself when the shortcut is empty
-      ASGD_CUDA_CHECK(kernels::add(a, b, n.y, batch * n.out.numel(), stream()));
-      break;
-    }
-  }
 }
 
 // dy is dL/d(output of seq), dx receives dL/dx (or null: not needed).
@@ -792,75 +394,7 @@ void CudaModel::backward(std::vector<Node>& seq, const float* x, const float* dy
     const float* in = i == 0 ? x : seq[i - 1].out_ptr;
     const float* grad_out = n.last ? dy : n.dy;
     float* grad_in = i == 0 ? dx : seq[i - 1].dy;
-    backward(n, in, grad_out, grad_in, batch);
-  }
-}
-
-void CudaModel::backward(Node& n, const float* x, const float* dy, float* dx, std::size_t batch) {
-  const float one = 1.0f, zero = 0.0f;
-  cudnnHandle_t h = cudnn_.get();
-  const std::size_t in_count = batch * n.in.numel();
-  switch (n.op) {
-    case Op::dense: {
-      const int in = to_int(n.in.numel()), out = to_int(n.out.numel());
-      // dW (out, in) = dy^T x, i.e. column-major dW^T (in, out) = x^T (in, B) dy (B, out).
-      ASGD_CUBLAS_CHECK(cublasSgemm(cublas_.get(), CUBLAS_OP_N, CUBLAS_OP_T, in, out, to_int(batch), &one, x, in, dy,
-                                    out, &zero, grad(n), in));
-      ASGD_CUDA_CHECK(
-          kernels::channel_sum(dy, batch, n.out.numel(), 1, grad(n) + n.in.numel() * n.out.numel(), stream()));
-      // dx (B, in) = dy W, i.e. column-major dx^T (in, B) = W^T (in, out) dy^T (out, B).
-      if (dx)
-        ASGD_CUBLAS_CHECK(cublasSgemm(cublas_.get(), CUBLAS_OP_N, CUBLAS_OP_N, in, to_int(batch), out, &one, param(n),
-                                      in, dy, out, &zero, dx, in));
-      break;
-    }
-    case Op::relu:
-      if (dx)
-        ASGD_CUDNN_CHECK(cudnnActivationBackward(h, relu_.get(), &one, n.y_desc.get(), n.y, n.y_desc.get(), dy,
-                                                 n.x_desc.get(), x, &zero, n.x_desc.get(), dx));
-      break;
-    case Op::conv:
-      ASGD_CUDNN_CHECK(cudnnConvolutionBackwardFilter(h, &one, n.x_desc.get(), x, n.y_desc.get(), dy, n.conv_desc.get(),
-                                                      n.algo->bwd_filter, workspace_.data(), workspace_.bytes(), &zero,
-                                                      n.w_desc.get(), grad(n)));
-      if (n.bias)
-        ASGD_CUDA_CHECK(kernels::channel_sum(dy, batch, n.out.c, n.out.plane(),
-                                             grad(n) + n.out.c * n.in.c * n.kernel * n.kernel, stream()));
-      if (dx)
-        ASGD_CUDNN_CHECK(cudnnConvolutionBackwardData(h, &one, n.w_desc.get(), param(n), n.y_desc.get(), dy,
-                                                      n.conv_desc.get(), n.algo->bwd_data, workspace_.data(),
-                                                      workspace_.bytes(), &zero, n.x_desc.get(), dx));
-      break;
-    case Op::maxpool:
-      if (dx)
-        ASGD_CUDNN_CHECK(cudnnPoolingBackward(h, n.pool_desc.get(), &one, n.y_desc.get(), n.y, n.y_desc.get(), dy,
-                                              n.x_desc.get(), x, &zero, n.x_desc.get(), dx));
-      break;
-    case Op::global_avg_pool:
-      if (dx) ASGD_CUDA_CHECK(kernels::row_mean_backward(dy, dx, batch * n.in.c, n.in.plane(), stream()));
-      break;
-    case Op::batchnorm:
-      ASGD_CUDNN_CHECK(cudnnBatchNormalizationBackward(
-          h, CUDNN_BATCHNORM_SPATIAL, &one, &zero, &one, &zero, n.x_desc.get(), x, n.y_desc.get(), dy, n.x_desc.get(),
-          dx ? dx : n.scratch, n.bn_desc.get(), param(n), grad(n), grad(n) + n.in.c, static_cast<double>(n.eps),
-          n.saved_mean, n.saved_inv_std));
-      break;
-    case Op::flatten:
-      if (dx) ASGD_CUDA_CHECK(cudaMemcpyAsync(dx, dy, in_count * sizeof(float), cudaMemcpyDeviceToDevice, stream()));
-      break;
-    case Op::dropout:
-      if (dx) ASGD_CUDA_CHECK(kernels::dropout(dy, dx, in_count, n.p, n.seed, stream()));
-      break;
-    case Op::residual:
-      // dL/dx = main's dL/dx + shortcut's (dy itself for the identity).
-      if (n.main.empty()) {
-        if (dx) ASGD_CUDA_CHECK(cudaMemcpyAsync(dx, dy, in_count * sizeof(float), cudaMemcpyDeviceToDevice, stream()));
-      } else {
-        backward(n.main, x, dy, dx, batch);
-      }
-      if (!n.shortcut.empty()) backward(n.shortcut, x, dy, dx ? n.scratch : nullptr, batch);
-      if (dx) ASGD_CUDA_CHECK(kernels::add(dx, n.shortcut.empty() ? dy : n.scratch, dx, in_count, stream()));
-      break;
+    n.ops->backward(*this, n, in, grad_out, grad_in, batch);
   }
 }
 

@@ -26,7 +26,19 @@ class ModelSpec {
  public:
   /// One layer. Fields a kind does not use keep their defaults.
   struct Layer {
-    enum class Kind { dense, conv2d, relu, max_pool, batch_norm, dropout, flatten, global_avg_pool, residual };
+    enum class Kind {
+      dense,
+      conv2d,
+      relu,
+      max_pool,
+      batch_norm,
+      dropout,
+      flatten,
+      global_avg_pool,
+      residual,
+      tanh,
+      sigmoid,
+    };
     Kind kind = Kind::relu;
     std::size_t units = 0;    ///< dense: outputs; conv2d: output channels
     std::size_t kernel = 0;   ///< conv2d, max_pool: the square window's side
@@ -62,6 +74,16 @@ class ModelSpec {
   }
   ModelSpec& relu() {
     push(Layer::Kind::relu);
+    return *this;
+  }
+  /// y = tanh(x), elementwise (torch.nn.Tanh).
+  ModelSpec& tanh() {
+    push(Layer::Kind::tanh);
+    return *this;
+  }
+  /// y = 1 / (1 + exp(-x)), elementwise (torch.nn.Sigmoid).
+  ModelSpec& sigmoid() {
+    push(Layer::Kind::sigmoid);
     return *this;
   }
   /// Max pooling over `kernel` x `kernel` windows, stride `stride` (0: kernel).

@@ -1,5 +1,3 @@
-#include "compute/conv_layers.hpp"
-
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -12,10 +10,18 @@
 #include <utility>
 #include <vector>
 
-#include "compute/blas.hpp"
-#include "compute/layers.hpp"
+#include "compute/layers/batch_norm2d.hpp"
+#include "compute/layers/conv2d.hpp"
+#include "compute/layers/dense.hpp"
+#include "compute/layers/dropout.hpp"
+#include "compute/layers/flatten.hpp"
+#include "compute/layers/global_avg_pool.hpp"
+#include "compute/layers/max_pool2d.hpp"
+#include "compute/layers/relu.hpp"
+#include "compute/layers/residual.hpp"
 #include "compute/random.hpp"
 #include "compute/tensor.hpp"
+#include "compute/thread_pool.hpp"
 #include "gradcheck.hpp"
 
 namespace asgd {
@@ -248,29 +254,19 @@ TEST(Conv2D, RunsWithADifferentBatchSizeAfterTheFirst) {
   }
 }
 
-// Sets the compute-thread budget (BLAS's thread count, which layers also
-// split their batch by) for one scope.
-class ThreadBudget {
- public:
-  explicit ThreadBudget(int threads) : saved_(blas::threads()) { blas::set_threads(threads); }
-  ~ThreadBudget() { blas::set_threads(saved_); }
-  ThreadBudget(const ThreadBudget&) = delete;
-  ThreadBudget& operator=(const ThreadBudget&) = delete;
-
- private:
-  int saved_;
-};
-
 struct Outputs {
   std::vector<float> y, dx, grads;
 };
 
-// One forward and backward pass of `layer` with `threads` compute threads.
-Outputs run_with_threads(Bound& bound, const Tensor& x, const Tensor& dy, int threads) {
-  const ThreadBudget budget(threads);
+// One forward and backward pass of `layer` on a pool of `threads` threads.
+Outputs run_with_threads(Bound& bound, const Tensor& x, const Tensor& dy, std::size_t threads) {
+  ThreadPool pool(threads);
+  bound.layer.set_pool(&pool);
   Tensor y, dx;
   bound.layer.forward(view(x), y);
   bound.layer.backward(view(x), y, dy, &dx);
+  bound.layer.set_pool(nullptr);
+  EXPECT_EQ(pool.widest_loop(), threads) << "the layer did not split its work across the pool";
   return {{y.span().begin(), y.span().end()}, {dx.span().begin(), dx.span().end()}, bound.grads};
 }
 

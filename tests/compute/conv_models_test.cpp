@@ -10,7 +10,15 @@
 #include <string>
 #include <vector>
 
-#include "compute/conv_layers.hpp"
+#include "compute/layers/batch_norm2d.hpp"
+#include "compute/layers/conv2d.hpp"
+#include "compute/layers/dense.hpp"
+#include "compute/layers/dropout.hpp"
+#include "compute/layers/flatten.hpp"
+#include "compute/layers/global_avg_pool.hpp"
+#include "compute/layers/max_pool2d.hpp"
+#include "compute/layers/relu.hpp"
+#include "compute/layers/residual.hpp"
 #include "compute/device.hpp"
 #include "compute/model.hpp"
 #include "compute/optimizer.hpp"

@@ -26,9 +26,19 @@
 #include <utility>
 #include <vector>
 
-#include "compute/conv_layers.hpp"
+#include "compute/layers/batch_norm2d.hpp"
+#include "compute/layers/conv2d.hpp"
+#include "compute/layers/dense.hpp"
+#include "compute/layers/dropout.hpp"
+#include "compute/layers/flatten.hpp"
+#include "compute/layers/global_avg_pool.hpp"
+#include "compute/layers/max_pool2d.hpp"
+#include "compute/layers/relu.hpp"
+#include "compute/layers/residual.hpp"
+#include "compute/layers/sigmoid.hpp"
+#include "compute/layers/tanh.hpp"
+#include "compute/loss.hpp"
 #include "compute/device.hpp"
-#include "compute/layers.hpp"
 #include "compute/random.hpp"
 
 namespace asgd {
@@ -288,6 +298,20 @@ TEST(CudaBackend, ReluOnImagesMatchesTheCpu) {
   SKIP_WITHOUT_GPU();
   expect_gpu_matches_cpu(
       [] { return seq(std::make_unique<ReLU>(), std::make_unique<Flatten>(), std::make_unique<Dense>(32, 3)); },
+      {2, 4, 4}, kLayerTol);
+}
+
+TEST(CudaBackend, TanhMatchesTheCpu) {
+  SKIP_WITHOUT_GPU();
+  expect_gpu_matches_cpu(
+      [] { return seq(std::make_unique<Tanh>(), std::make_unique<Flatten>(), std::make_unique<Dense>(32, 3)); },
+      {2, 4, 4}, kLayerTol);
+}
+
+TEST(CudaBackend, SigmoidMatchesTheCpu) {
+  SKIP_WITHOUT_GPU();
+  expect_gpu_matches_cpu(
+      [] { return seq(std::make_unique<Sigmoid>(), std::make_unique<Flatten>(), std::make_unique<Dense>(32, 3)); },
       {2, 4, 4}, kLayerTol);
 }
 

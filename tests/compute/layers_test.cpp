@@ -1,5 +1,3 @@
-#include "compute/layers.hpp"
-
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -11,6 +9,9 @@
 #include <utility>
 #include <vector>
 
+#include "compute/layers/dense.hpp"
+#include "compute/layers/relu.hpp"
+#include "compute/loss.hpp"
 #include "compute/random.hpp"
 #include "compute/tensor.hpp"
 #include "gradcheck.hpp"

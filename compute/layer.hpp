@@ -1,7 +1,9 @@
 #pragma once
-// Layers of a sequential model on the CPU. Shapes are (B, ...) with B the
-// batch; a layer's parameters and gradients are slices of its model's single
-// flat allocation (bound once), which is also the unit shards own.
+// The interface every layer of a sequential model implements on the CPU;
+// each kind lives in compute/layers/ and has one entry in
+// compute/layer_registry.cpp. Shapes are (B, ...) with B the batch; a
+// layer's parameters and gradients are slices of its model's single flat
+// allocation (bound once), which is also the unit shards own.
 
 #include <cstdint>
 #include <memory>
@@ -12,6 +14,8 @@
 #include "compute/tensor.hpp"
 
 namespace asgd {
+
+class ThreadPool;
 
 /// How a parameter tensor is initialised.
 enum class Init { zeros, ones, he_uniform };
@@ -63,6 +67,11 @@ class Layer {
   /// over the whole model; empty for plain layers.
   virtual std::vector<Layer*> children() { return {}; }
 
+  /// The pool this layer splits its batches across: its model's, which
+  /// outlives the layer's use of it. Null (the default): the calling
+  /// thread alone.
+  virtual void set_pool(ThreadPool* /*pool*/) {}
+
   /// Reseeds any randomness the layer draws (Dropout's masks).
   virtual void reseed(std::uint64_t /*seed*/) {}
 
@@ -74,55 +83,6 @@ class Layer {
   /// dL/dx (resized to x's shape). The first layer passes dx = nullptr, which
   /// skips the input gradient nobody needs.
   virtual void backward(ConstTensorView x, const Tensor& y, const Tensor& dy, Tensor* dx) = 0;
-};
-
-/// y = x W^T + b with W (out, in) and b (out): torch.nn.Linear's layout.
-class Dense final : public Layer {
- public:
-  Dense(std::size_t in, std::size_t out) : in_(in), out_(out) {}
-  std::string kind() const override { return "dense"; }
-  Shape output_shape(const Shape& input) const override;
-  std::vector<ParamSpec> param_specs() const override;
-  void bind(std::span<float> params, std::span<float> grads) override;
-  void forward(ConstTensorView x, Tensor& y) override;
-  void backward(ConstTensorView x, const Tensor& y, const Tensor& dy, Tensor* dx) override;
-
-  std::size_t in() const { return in_; }
-  std::size_t out() const { return out_; }
-
- private:
-  std::size_t in_, out_;
-  float* w_ = nullptr;   // (out, in)
-  float* b_ = nullptr;   // (out,)
-  float* dw_ = nullptr;  // (out, in)
-  float* db_ = nullptr;  // (out,)
-};
-
-/// y = max(x, 0).
-class ReLU final : public Layer {
- public:
-  std::string kind() const override { return "relu"; }
-  Shape output_shape(const Shape& input) const override { return input; }
-  void forward(ConstTensorView x, Tensor& y) override;
-  void backward(ConstTensorView x, const Tensor& y, const Tensor& dy, Tensor* dx) override;
-};
-
-/// Mean softmax cross-entropy over a batch of logits (B, C) and labels (B,).
-/// Not a Layer: it ends the graph and owns the labels.
-class SoftmaxCrossEntropy {
- public:
-  /// Returns the mean loss over the batch and keeps the probabilities for
-  /// backward(). Labels must lie in [0, C).
-  float forward(ConstTensorView logits, std::span<const std::int32_t> labels);
-
-  /// dL/dlogits = (softmax - onehot) / B, resized to (B, C).
-  void backward(std::span<const std::int32_t> labels, Tensor& dlogits) const;
-
-  /// How many rows of the last forward() had their largest logit at the label.
-  std::size_t correct(std::span<const std::int32_t> labels) const;
-
- private:
-  Tensor probs_;  // (B, C)
 };
 
 }  // namespace asgd
