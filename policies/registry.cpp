@@ -35,6 +35,15 @@ const PolicyEntry* find_policy(const std::string& name) {
   return nullptr;
 }
 
+std::string policy_spellings(const std::string& separator) {
+  std::string out;
+  for (const PolicyEntry& e : policy_registry()) {
+    out += (out.empty() ? "" : separator) + e.name;
+    if (!e.argument.empty()) out += separator + e.name + ":" + e.knobs.front().metavar;
+  }
+  return out;
+}
+
 std::vector<KnobUse> policy_knobs() {
   std::vector<KnobUse> out;
   for (const PolicyEntry& e : policy_registry()) {
@@ -52,13 +61,6 @@ namespace {
 std::string names_of(const std::vector<const PolicyEntry*>& entries) {
   std::string out;
   for (const PolicyEntry* e : entries) out += (out.empty() ? "" : ", ") + e->name;
-  return out;
-}
-
-std::string policy_list() {
-  std::string out;
-  for (const PolicyEntry& e : policy_registry())
-    out += (out.empty() ? "" : ", ") + e.name + (e.argument.empty() ? "" : ", " + e.name + ":" + e.knobs.front().metavar);
   return out;
 }
 
@@ -90,7 +92,7 @@ Result<double> argument_of(const PolicyEntry& e, const std::string& name, std::s
 
 Result<PolicyOptions> resolve_policy_options(const PolicyConfig& c) {
   const PolicyEntry* e = find_policy(c.name);
-  if (!e) return Status::InvalidArgument("unknown policy '" + c.name + "' (known: " + policy_list() + ")");
+  if (!e) return Status::InvalidArgument("unknown policy '" + c.name + "' (known: " + policy_spellings(", ") + ")");
   PolicyOptions given = c.options;
   if (const auto colon = c.name.find(':'); colon != std::string::npos) {
     auto v = argument_of(*e, c.name, colon);

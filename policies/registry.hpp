@@ -45,6 +45,9 @@ const std::vector<PolicyEntry>& policy_registry();
 /// when no policy has that name.
 const PolicyEntry* find_policy(const std::string& name);
 
+/// Every way to name a policy, joined by `separator`: "bsp, ssp, ssp:S, ...".
+std::string policy_spellings(const std::string& separator);
+
 /// Every knob name any policy takes, each once, in registry order, with the
 /// policies that take it ("local-steps" -> averaging, easgd).
 struct KnobUse {

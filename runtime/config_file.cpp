@@ -76,13 +76,6 @@ FieldAccess string_field(std::string JobConfig::*member) {
           [member](const JobConfig& c) -> std::optional<std::string> { return c.*member; }};
 }
 
-std::string policy_doc() {
-  std::string names;
-  for (const PolicyEntry& e : policy_registry())
-    names += (names.empty() ? "" : " | ") + e.name + (e.argument.empty() ? "" : " | " + e.name + ":" + e.knobs.front().metavar);
-  return "consistency policy: " + names + " (default async)";
-}
-
 // A policy's knob as a field: JobConfig::policy_options[name].
 FieldAccess knob_field(const std::string& name) {
   return {[name](JobConfig& c, const std::string& t) {
@@ -130,7 +123,7 @@ const std::vector<ConfigField>& job_config_fields() {
       {"data-dir", "the dataset's folder (default $ASGD_DATA_DIR/NAME, else ./data/NAME)", "DIR",
        string_field(&JobConfig::data_dir)},
       {"model", "model: mlp | lenet | resnet-mini (default mlp)", "NAME", string_field(&JobConfig::model)},
-      {"policy", policy_doc(), "NAME", string_field(&JobConfig::policy)},
+      {"policy", "consistency policy: " + policy_spellings(" | ") + " (default async)", "NAME", string_field(&JobConfig::policy)},
       {"staleness-aware-lr",
        "async, ssp: take a step staler than usual with a rate divided by its staleness and momentum 0.5: "
        "true | false (default true, false when --lr or --momentum is given)",
