@@ -34,6 +34,14 @@ cudaError_t add(const float* a, const float* b, float* out, std::size_t n, cudaS
 /// is stored.
 cudaError_t dropout(const float* in, float* out, std::size_t n, float p, std::uint64_t seed, cudaStream_t stream);
 
+/// y (n) = x where x > 0, else slope * x: LeakyReLU (cuDNN's activation
+/// descriptors have no leaky mode).
+cudaError_t leaky_relu(const float* x, float* y, std::size_t n, float slope, cudaStream_t stream);
+
+/// dx (n) = dy where x > 0, else slope * dy.
+cudaError_t leaky_relu_backward(const float* x, const float* dy, float* dx, std::size_t n, float slope,
+                                cudaStream_t stream);
+
 /// y (rows) = mean of each row of x (rows, plane): global average pooling
 /// with rows = batch * channels.
 cudaError_t row_mean(const float* x, float* y, std::size_t rows, std::size_t plane, cudaStream_t stream);
