@@ -4,7 +4,7 @@
 // `stream` and returns the launch status (cudaSuccess, or the error to pass
 // to ASGD_CUDA_CHECK); nothing is launched for empty inputs. Layouts are
 // row-major, NCHW for images; every kernel has its CPU counterpart in
-// compute/layers.cpp or compute/conv_layers.cpp.
+// compute/layers/ (lowerings.cpp says which).
 
 #include <cuda_runtime_api.h>
 
