@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <array>
+#include <cmath>
 #include <stdexcept>
 
 #include "compute/layers/batch_norm2d.hpp"
@@ -16,6 +17,7 @@
 #include "compute/layers/dropout.hpp"
 #include "compute/layers/flatten.hpp"
 #include "compute/layers/global_avg_pool.hpp"
+#include "compute/layers/leaky_relu.hpp"
 #include "compute/layers/max_pool2d.hpp"
 #include "compute/layers/relu.hpp"
 #include "compute/layers/residual.hpp"
@@ -143,6 +145,14 @@ const std::array kKinds = {
               }},
     LayerKind{K::tanh, "tanh", plain<Tanh>, no_fields, no_fields_read},
     LayerKind{K::sigmoid, "sigmoid", plain<Sigmoid>, no_fields, no_fields_read},
+    LayerKind{K::leaky_relu, "leaky_relu",
+              [](const SpecLayer& l, const Shape&, const std::string& where) -> Built {
+                if (!std::isfinite(l.negative_slope))
+                  return bad(where, l, "negative_slope must be finite, got " + std::to_string(l.negative_slope));
+                return make<LeakyReLU>(static_cast<float>(l.negative_slope));
+              },
+              [](const SpecLayer& l, json& j) { j["negative_slope"] = l.negative_slope; },
+              [](const json& j, SpecLayer& l) { l.negative_slope = j.value("negative_slope", l.negative_slope); }},
 };
 
 }  // namespace

@@ -288,8 +288,8 @@ void CudaModel::prepare(std::size_t batch, bool training) {
 void CudaModel::upload_params_and_stats(std::span<const float> params) {
   if (!params.empty()) {
     std::memcpy(host_params_.data(), params.data(), params.size_bytes());
-    ASGD_CUDA_CHECK(
-        cudaMemcpyAsync(params_.data(), host_params_.data(), params.size_bytes(), cudaMemcpyHostToDevice, stream_.get()));
+    ASGD_CUDA_CHECK(cudaMemcpyAsync(params_.data(), host_params_.data(), params.size_bytes(), cudaMemcpyHostToDevice,
+                                    stream_.get()));
   }
   if (plan_.stats == 0) return;
   // The host layers hold the current running statistics (they may have been

@@ -65,6 +65,14 @@ __global__ void dropout_kernel(const float* in, float* out, std::size_t n, float
   }
 }
 
+__global__ void leaky_relu_kernel(const float* x, float* y, std::size_t n, float slope) {
+  ASGD_GRID_STRIDE(i, n) y[i] = x[i] > 0.0f ? x[i] : slope * x[i];
+}
+
+__global__ void leaky_relu_backward_kernel(const float* x, const float* dy, float* dx, std::size_t n, float slope) {
+  ASGD_GRID_STRIDE(i, n) dx[i] = x[i] > 0.0f ? dy[i] : slope * dy[i];
+}
+
 __global__ void row_mean_kernel(const float* x, float* y, std::size_t rows, std::size_t plane) {
   ASGD_GRID_STRIDE(r, rows) {
     const float* row = x + r * plane;
@@ -130,6 +138,19 @@ cudaError_t channel_sum(const float* dy, std::size_t batch, std::size_t channels
 cudaError_t add(const float* a, const float* b, float* out, std::size_t n, cudaStream_t stream) {
   if (n == 0) return cudaSuccess;
   add_kernel<<<blocks_for(n), kThreads, 0, stream>>>(a, b, out, n);
+  return cudaGetLastError();
+}
+
+cudaError_t leaky_relu(const float* x, float* y, std::size_t n, float slope, cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  leaky_relu_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, y, n, slope);
+  return cudaGetLastError();
+}
+
+cudaError_t leaky_relu_backward(const float* x, const float* dy, float* dx, std::size_t n, float slope,
+                                cudaStream_t stream) {
+  if (n == 0) return cudaSuccess;
+  leaky_relu_backward_kernel<<<blocks_for(n), kThreads, 0, stream>>>(x, dy, dx, n, slope);
   return cudaGetLastError();
 }
 

@@ -4,7 +4,7 @@
 // `stream` and returns the launch status (cudaSuccess, or the error to pass
 // to ASGD_CUDA_CHECK); nothing is launched for empty inputs. Layouts are
 // row-major, NCHW for images; every kernel has its CPU counterpart in
-// compute/layers.cpp or compute/conv_layers.cpp.
+// compute/layers/ (lowerings.cpp says which).
 
 #include <cuda_runtime_api.h>
 
@@ -33,6 +33,14 @@ cudaError_t add(const float* a, const float* b, float* out, std::size_t n, cudaS
 /// and backward (in = dy) with the same seed apply the same mask and no mask
 /// is stored.
 cudaError_t dropout(const float* in, float* out, std::size_t n, float p, std::uint64_t seed, cudaStream_t stream);
+
+/// y (n) = x where x > 0, else slope * x: LeakyReLU (cuDNN's activation
+/// descriptors have no leaky mode).
+cudaError_t leaky_relu(const float* x, float* y, std::size_t n, float slope, cudaStream_t stream);
+
+/// dx (n) = dy where x > 0, else slope * dy.
+cudaError_t leaky_relu_backward(const float* x, const float* dy, float* dx, std::size_t n, float slope,
+                                cudaStream_t stream);
 
 /// y (rows) = mean of each row of x (rows, plane): global average pooling
 /// with rows = batch * channels.

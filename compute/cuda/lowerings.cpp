@@ -14,6 +14,7 @@
 #include "compute/layers/conv2d.hpp"
 #include "compute/layers/dense.hpp"
 #include "compute/layers/dropout.hpp"
+#include "compute/layers/leaky_relu.hpp"
 #include "compute/layers/max_pool2d.hpp"
 #include "compute/layers/residual.hpp"
 #include "compute/random.hpp"
@@ -109,6 +110,22 @@ constexpr GpuOps activation_ops(const char* kind, Status (*lower)(Layer&, Node&,
           .describe = activation_describe,
           .forward = activation_forward,
           .backward = activation_backward};
+}
+
+// ---- leaky_relu: kernels.cu ----------------------------------------------------------
+
+Status lower_leaky_relu(Layer& layer, Node& n, PlanBuilder&, std::vector<Shape>&) {
+  n.slope = as<LeakyReLU>(layer).negative_slope();
+  n.out = n.in;
+  return {};
+}
+
+void leaky_relu_forward(Gpu& gpu, Node& n, const float* x, std::size_t batch, bool) {
+  ASGD_CUDA_CHECK(kernels::leaky_relu(x, n.y, batch * n.in.numel(), n.slope, gpu.stream));
+}
+
+void leaky_relu_backward(Gpu& gpu, Node& n, const float* x, const float* dy, float* dx, std::size_t batch) {
+  if (dx) ASGD_CUDA_CHECK(kernels::leaky_relu_backward(x, dy, dx, batch * n.in.numel(), n.slope, gpu.stream));
 }
 
 // ---- conv2d: cuDNN ----------------------------------------------------------------
@@ -393,6 +410,10 @@ const std::array kGpuOps = {
            .backward = residual_backward},
     activation_ops("tanh", lower_activation<CUDNN_ACTIVATION_TANH>),
     activation_ops("sigmoid", lower_activation<CUDNN_ACTIVATION_SIGMOID>),
+    GpuOps{.kind = "leaky_relu",
+           .lower = lower_leaky_relu,
+           .forward = leaky_relu_forward,
+           .backward = leaky_relu_backward},
 };
 
 }  // namespace

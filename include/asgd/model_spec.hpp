@@ -38,6 +38,7 @@ class ModelSpec {
       residual,
       tanh,
       sigmoid,
+      leaky_relu,
     };
     Kind kind = Kind::relu;
     std::size_t units = 0;    ///< dense: outputs; conv2d: output channels
@@ -46,6 +47,7 @@ class ModelSpec {
     std::size_t pad = 0;      ///< conv2d: zero padding on each side
     bool bias = true;         ///< conv2d
     double p = 0.0;           ///< dropout: probability of zeroing a unit, in [0, 1)
+    double negative_slope = 0.01;  ///< leaky_relu: y = negative_slope * x below zero (finite)
     std::vector<Layer> main;      ///< residual: the main path
     std::vector<Layer> shortcut;  ///< residual: the shortcut; empty is the identity
   };
@@ -84,6 +86,12 @@ class ModelSpec {
   /// y = 1 / (1 + exp(-x)), elementwise (torch.nn.Sigmoid).
   ModelSpec& sigmoid() {
     push(Layer::Kind::sigmoid);
+    return *this;
+  }
+  /// y = x above zero, else negative_slope * x, elementwise
+  /// (torch.nn.LeakyReLU(negative_slope), whose default is 0.01).
+  ModelSpec& leaky_relu(double negative_slope = 0.01) {
+    push(Layer::Kind::leaky_relu).negative_slope = negative_slope;
     return *this;
   }
   /// Max pooling over `kernel` x `kernel` windows, stride `stride` (0: kernel).

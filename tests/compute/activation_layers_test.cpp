@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "asgd/model_spec.hpp"
+#include "compute/layers/leaky_relu.hpp"
 #include "compute/layers/sigmoid.hpp"
 #include "compute/layers/tanh.hpp"
 #include "compute/model.hpp"
@@ -102,6 +103,46 @@ TEST(Sigmoid, GradientsMatchFiniteDifferences) {
 
 TEST(Sigmoid, AModelSpecNamesIt) {
   expect_spec_round_trip(ModelSpec("s").dense(8).sigmoid().dense(3), "sigmoid");
+}
+
+// ---- LeakyReLU --------------------------------------------------------------
+
+TEST(LeakyReLU, ForwardScalesNegativesByTheSlopeWhichDefaultsToPyTorchs) {
+  LeakyReLU default_slope;
+  EXPECT_EQ(default_slope.negative_slope(), 0.01f);
+  expect_values(default_slope, [](double x) { return x > 0 ? x : 0.01f * x; });
+  LeakyReLU steep(0.2f);
+  expect_values(steep, [](double x) { return x > 0 ? x : 0.2f * x; });
+}
+
+TEST(LeakyReLU, GradientsMatchFiniteDifferences) {
+  // Inputs within the step of zero would straddle the kink: none here.
+  for (const float slope : {0.01f, 0.3f, -0.5f}) {
+    SCOPED_TRACE(testing::Message() << "slope " << slope);
+    LeakyReLU leaky(slope);
+    Rng rng(4);
+    Tensor x = uniform_tensor(rng, {4, 3, 5}, -3.0f, 3.0f);
+    for (std::size_t i = 0; i < x.size(); ++i) x[i] = x[i] < 0 ? x[i] - 0.1f : x[i] + 0.1f;
+    const Tensor r = normal_tensor(rng, x.shape());
+    Tensor y, dx, scratch;
+    leaky.forward(view(x), y);
+    leaky.backward(view(x), y, r, &dx);
+    auto loss = [&] {
+      leaky.forward(view(x), scratch);
+      return probe_loss(scratch, r);
+    };
+    const std::vector<double> numeric = central_differences(x.span(), loss, 1e-3f);
+    EXPECT_GT(max_abs(numeric), 0.1) << "a vacuous check";
+    EXPECT_LT(max_scaled_error(dx.span(), numeric), 1e-3);
+  }
+}
+
+TEST(LeakyReLU, AModelSpecNamesItWithItsSlope) {
+  const ModelSpec spec = ModelSpec("l").dense(8).leaky_relu(0.2).dense(3);
+  expect_spec_round_trip(spec, "leaky_relu");
+  EXPECT_EQ(ModelSpec::from_json(spec.to_json())->layers()[1].negative_slope, 0.2);
+  EXPECT_EQ(ModelSpec().leaky_relu().layers()[0].negative_slope, 0.01);
+  EXPECT_FALSE(Model::build(ModelSpec().dense(4).leaky_relu(std::nan("")).dense(3), {1, 4, 4}, 3).ok());
 }
 
 }  // namespace

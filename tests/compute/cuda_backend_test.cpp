@@ -32,6 +32,7 @@
 #include "compute/layers/dropout.hpp"
 #include "compute/layers/flatten.hpp"
 #include "compute/layers/global_avg_pool.hpp"
+#include "compute/layers/leaky_relu.hpp"
 #include "compute/layers/max_pool2d.hpp"
 #include "compute/layers/relu.hpp"
 #include "compute/layers/residual.hpp"
@@ -312,6 +313,15 @@ TEST(CudaBackend, SigmoidMatchesTheCpu) {
   SKIP_WITHOUT_GPU();
   expect_gpu_matches_cpu(
       [] { return seq(std::make_unique<Sigmoid>(), std::make_unique<Flatten>(), std::make_unique<Dense>(32, 3)); },
+      {2, 4, 4}, kLayerTol);
+}
+
+TEST(CudaBackend, LeakyReluMatchesTheCpu) {
+  SKIP_WITHOUT_GPU();
+  expect_gpu_matches_cpu(
+      [] {
+        return seq(std::make_unique<LeakyReLU>(0.1f), std::make_unique<Flatten>(), std::make_unique<Dense>(32, 3));
+      },
       {2, 4, 4}, kLayerTol);
 }
 
