@@ -11,7 +11,7 @@
 #include "actors/data_feeder.hpp"
 #include "actors/parameter_shard.hpp"
 #include "actors/worker.hpp"
-#include "runtime/checkpoint.hpp"
+#include "actors/checkpoint.hpp"
 
 namespace asgd {
 

@@ -34,12 +34,12 @@
 #include <optional>
 
 #include "actors/key_range.hpp"
-#include "actors/messages.hpp"
+#include "messaging/protocol.hpp"
 #include "actors/parameter_shard.hpp"
 #include "actors/shared_parameters.hpp"
 #include "asgd/job.hpp"
 #include "compute/model.hpp"
-#include "runtime/live_status.hpp"
+#include "actors/live_status.hpp"
 
 namespace asgd {
 

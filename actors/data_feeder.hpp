@@ -12,7 +12,7 @@
 #include <deque>
 #include <memory>
 
-#include "actors/messages.hpp"
+#include "messaging/protocol.hpp"
 #include "dataset/dataset.hpp"
 
 namespace asgd {

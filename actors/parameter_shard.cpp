@@ -10,7 +10,7 @@
 
 #include "compute/tensor.hpp"
 #include "messaging/wire.hpp"  // crc32c: a remote push's reply is checksummed in the update's pass
-#include "runtime/checkpoint.hpp"
+#include "actors/checkpoint.hpp"
 
 namespace asgd {
 

@@ -23,7 +23,7 @@
 #include <vector>
 
 #include "actors/key_range.hpp"
-#include "actors/messages.hpp"
+#include "messaging/protocol.hpp"
 #include "actors/shared_parameters.hpp"
 #include "compute/optimizer.hpp"
 #include "compute/schedule.hpp"
@@ -114,7 +114,7 @@ class ShardCore {
   ShardReply snapshot() const;
   /// Writes what a restarted shard needs to go on (parameters, optimizer
   /// state, each worker's clock and liveness, counters) to `path`,
-  /// atomically with a checksum (runtime/checkpoint.hpp's framing). Reads
+  /// atomically with a checksum (actors/checkpoint.hpp's framing). Reads
   /// that are held and aggregates not yet committed are not in it: their
   /// work is what a restore loses, at most one checkpoint interval.
   /// Errors: io_error naming the path.

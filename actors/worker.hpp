@@ -30,7 +30,7 @@
 #include <vector>
 
 #include "actors/key_range.hpp"
-#include "actors/messages.hpp"
+#include "messaging/protocol.hpp"
 #include "actors/shared_parameters.hpp"
 #include "compute/model.hpp"
 #include "compute/optimizer.hpp"

@@ -5,8 +5,8 @@
 #include <cstdio>
 #include <numeric>
 
-#include "experiments/chartjs.hpp"
-#include "experiments/page_common.hpp"
+#include "runtime/chartjs.hpp"
+#include "runtime/page_common.hpp"
 
 namespace asgd::experiments {
 
@@ -46,7 +46,7 @@ std::string join(const std::vector<std::string>& parts, const std::string& sep) 
 }
 
 std::string policy_color(const ReportInput& in, const std::string& policy) {
-  const auto& colors = page::palette();
+  const auto& colors = pages::palette();
   const auto it = std::find(in.policies.begin(), in.policies.end(), policy);
   const std::size_t i = it == in.policies.end() ? 0 : static_cast<std::size_t>(it - in.policies.begin());
   return colors[i % colors.size()];
@@ -605,7 +605,7 @@ nlohmann::json report_data(const ReportInput& in) {
   }
   json target = nullptr;
   if (in.target) target = {{"accuracy", in.target->accuracy}, {"given", in.target->given}, {"how", in.target->how}};
-  return {{"policies", in.policies}, {"workers", in.workers}, {"repeats", in.repeats}, {"palette", page::palette()},
+  return {{"policies", in.policies}, {"workers", in.workers}, {"repeats", in.repeats}, {"palette", pages::palette()},
           {"target", target},        {"runs", runs},          {"groups", jgroups},    {"scaling", scaling}};
 }
 
@@ -620,9 +620,9 @@ std::string report_html(const ReportInput& in) {
                     // Nothing on this page may come from anywhere but the page itself.
                     "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; "
                     "script-src 'unsafe-inline'; style-src 'unsafe-inline'; img-src data:\">\n";
-  out += "<script>" + std::string(page::error_capture_js()) + "</script>\n";
+  out += "<script>" + std::string(pages::error_capture_js()) + "</script>\n";
   out += "<title>asgd compare: " + html_escape(join(labels, ", ")) + " (" + html_escape(in.config.model) + " on " +
-         html_escape(in.config.dataset) + ")</title>\n<style>" + std::string(page::base_css()) + "</style>\n</head>\n<body>\n";
+         html_escape(in.config.dataset) + ")</title>\n<style>" + std::string(pages::base_css()) + "</style>\n</head>\n<body>\n";
   out += header_html(in);
   out += "<main>\n";
   if (!in.incomplete.empty()) out += "<p class=\"banner\"><b>Incomplete:</b> " + html_escape(in.incomplete) + "</p>\n";
@@ -662,13 +662,13 @@ std::string report_html(const ReportInput& in) {
   out += "</div>\n";
   out += runs_table_html(in);
   out += notes_html(in);
-  out += "</main>\n<footer>Written by asgd compare &middot; Chart.js " + std::string(chartjs_version()) +
+  out += "</main>\n<footer>Written by asgd compare &middot; Chart.js " + std::string(pages::chartjs_version()) +
          " (MIT) is inlined, so this file opens offline &middot; the numbers are in results.csv and curves.csv "
          "beside it</footer>\n";
   out += "<pre id=\"asgd-render-status\" hidden></pre>\n";
   out += "<script type=\"application/json\" id=\"asgd-data\">" + script_json(report_data(in)) + "</script>\n";
-  out += page::chartjs_script_element();
-  out += "<script>" + std::string(page::chart_helpers_js()) + std::string(kDrawJs) + "</script>\n</body>\n</html>\n";
+  out += pages::chartjs_script_element();
+  out += "<script>" + std::string(pages::chart_helpers_js()) + std::string(kDrawJs) + "</script>\n</body>\n</html>\n";
   return out;
 }
 

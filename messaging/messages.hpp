@@ -1,6 +1,6 @@
 #pragma once
 // Every message that crosses a process boundary, each with its one cereal
-// serialize function beside it. The actor messages (actors/messages.hpp)
+// serialize function beside it. The actor messages (messaging/protocol.hpp)
 // travel as they are; their tensors (a push's payload, a reply's
 // parameters, a shard's initial parameters) are not in the body but in the
 // frame's tensor part (messaging/wire.hpp), optionally as float16.
@@ -23,7 +23,7 @@
 #include <string>
 #include <vector>
 
-#include "actors/messages.hpp"
+#include "messaging/protocol.hpp"
 #include "messaging/wire.hpp"
 
 namespace asgd::messaging {

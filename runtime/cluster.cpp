@@ -24,7 +24,7 @@
 #include "actors/worker.hpp"
 #include "dataset/dataset.hpp"
 #include "messaging/bridge.hpp"
-#include "runtime/checkpoint.hpp"
+#include "actors/checkpoint.hpp"
 #include "runtime/config_file.hpp"
 #include "runtime/job_internal.hpp"
 

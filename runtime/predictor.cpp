@@ -7,7 +7,7 @@
 #include <unordered_map>
 
 #include "compute/model.hpp"
-#include "runtime/checkpoint.hpp"
+#include "actors/checkpoint.hpp"
 
 namespace asgd {
 

@@ -2,7 +2,7 @@
 // A job's status server (--status-port): a small HTTP/1.1 server on its own
 // thread that serves
 //   GET /metrics  the job's counters and gauges, Prometheus text format
-//   GET /status   the same state as JSON (runtime/live_status.hpp)
+//   GET /status   the same state as JSON (actors/live_status.hpp)
 //   GET /         a page that polls /status and draws live charts
 // from a LiveStatus the coordinator keeps current. Anything else is 404 (or
 // 405 for another method). Each connection gets 10 s to send its request;
@@ -13,7 +13,7 @@
 #include <string>
 
 #include "asgd/status.hpp"
-#include "runtime/live_status.hpp"
+#include "actors/live_status.hpp"
 
 namespace asgd {
 

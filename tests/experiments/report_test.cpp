@@ -9,8 +9,8 @@
 #include <regex>
 
 #include "cli/cli_run.hpp"
-#include "experiments/chartjs.hpp"
-#include "experiments/live_page.hpp"
+#include "runtime/chartjs.hpp"
+#include "runtime/live_page.hpp"
 
 namespace asgd::experiments {
 namespace {
@@ -95,7 +95,7 @@ TEST(Report, IsOneFileThatFetchesNothingAndInlinesChartJs) {
   const std::string html = report_html(sample_input());
   EXPECT_FALSE(fetches_anything(html));
   EXPECT_NE(html.find("default-src 'none'"), std::string::npos);  // and the browser refuses if it tried
-  EXPECT_NE(html.find(std::string(chartjs_source().substr(0, 200))), std::string::npos);
+  EXPECT_NE(html.find(std::string(pages::chartjs_source().substr(0, 200))), std::string::npos);
   EXPECT_EQ(html.find("sourceMappingURL"), std::string::npos);
 }
 
@@ -163,21 +163,21 @@ TEST(ChartJs, TheEmbeddedCopyIsTheVendoredFileWithoutItsSourceMapComment) {
   const std::string file = asgd_test::slurp(std::string(ASGD_SOURCE_DIR) + "/third_party/chartjs/chart.umd.min.js");
   ASSERT_FALSE(file.empty());
   const auto map = file.rfind("//# sourceMappingURL=");
-  EXPECT_EQ(chartjs_source(), file.substr(0, map));
-  EXPECT_NE(file.find("Chart.js v" + std::string(chartjs_version())), std::string::npos);
+  EXPECT_EQ(pages::chartjs_source(), file.substr(0, map));
+  EXPECT_NE(file.find("Chart.js v" + std::string(pages::chartjs_version())), std::string::npos);
   const std::string readme = asgd_test::slurp(std::string(ASGD_SOURCE_DIR) + "/third_party/chartjs/README.md");
-  EXPECT_NE(readme.find("| version | " + std::string(chartjs_version()) + " |"), std::string::npos);
+  EXPECT_NE(readme.find("| version | " + std::string(pages::chartjs_version()) + " |"), std::string::npos);
 }
 
 TEST(LivePage, PollsStatusEverySecondAndFetchesNothingElse) {
-  const std::string html = live_status_page_html();
+  const std::string html = pages::live_status_page_html();
   EXPECT_NE(html.find("fetch('status'"), std::string::npos);
   EXPECT_NE(html.find("setTimeout(poll, 1000)"), std::string::npos);
   EXPECT_NE(html.find("job not reachable"), std::string::npos);
   EXPECT_FALSE(fetches_anything(html));
-  EXPECT_NE(html.find(std::string(chartjs_source().substr(0, 200))), std::string::npos);
+  EXPECT_NE(html.find(std::string(pages::chartjs_source().substr(0, 200))), std::string::npos);
   EXPECT_LT(html.find("window.onerror"), html.find("Chart.js v"));
-  EXPECT_EQ(html, live_status_page_html());
+  EXPECT_EQ(html, pages::live_status_page_html());
 }
 
 }  // namespace

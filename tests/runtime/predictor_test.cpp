@@ -6,7 +6,7 @@
 #include <random>
 
 #include "compute/model.hpp"
-#include "runtime/checkpoint.hpp"
+#include "actors/checkpoint.hpp"
 #include "temp_dir.hpp"
 
 namespace asgd {

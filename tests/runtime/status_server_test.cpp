@@ -10,7 +10,7 @@
 
 #include "cli/cli_run.hpp"
 #include "http_client.hpp"
-#include "runtime/live_status.hpp"
+#include "actors/live_status.hpp"
 #include "runtime/status_server.hpp"
 #include "test_data.hpp"
 

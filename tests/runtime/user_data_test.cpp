@@ -12,7 +12,7 @@
 
 #include "asgd/asgd.hpp"
 #include "dataset/dataset.hpp"
-#include "runtime/checkpoint.hpp"
+#include "actors/checkpoint.hpp"
 #include "runtime/cluster.hpp"
 #include "temp_dir.hpp"
 #include "test_data.hpp"

@@ -4,7 +4,7 @@
 #include <filesystem>
 #include <memory>
 
-#include "runtime/checkpoint.hpp"
+#include "actors/checkpoint.hpp"
 #include "tools/asgd/commands.hpp"
 
 namespace asgd::cli {

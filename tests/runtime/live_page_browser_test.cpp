@@ -22,7 +22,7 @@
 #include <nlohmann/json.hpp>
 
 #include "cli/cli_run.hpp"
-#include "experiments/live_page.hpp"
+#include "runtime/live_page.hpp"
 #include "temp_dir.hpp"
 
 namespace {
@@ -150,7 +150,7 @@ TEST(LivePageInBrowser, DrawsEveryChartFromItsPollsOfStatus) {
   if (chromium.empty()) GTEST_SKIP() << "chromium is not installed (apt-get install chromium)";
   std::atomic<int> polls{0};
   TinyHttpServer server([&](const std::string& path) {
-    if (path == "/") return Reply{200, "text/html; charset=utf-8", asgd::experiments::live_status_page_html()};
+    if (path == "/") return Reply{200, "text/html; charset=utf-8", asgd::pages::live_status_page_html()};
     if (path == "/status") return Reply{200, "application/json", status_at(10.0 + polls++).dump()};
     return Reply{404, "text/plain", "not found"};
   });
@@ -181,7 +181,7 @@ TEST(LivePageInBrowser, SaysJobNotReachableWhenStatusFailsAndKeepsPolling) {
   if (chromium.empty()) GTEST_SKIP() << "chromium is not installed (apt-get install chromium)";
   std::atomic<int> polls{0};
   TinyHttpServer server([&](const std::string& path) {
-    if (path == "/") return Reply{200, "text/html; charset=utf-8", asgd::experiments::live_status_page_html()};
+    if (path == "/") return Reply{200, "text/html; charset=utf-8", asgd::pages::live_status_page_html()};
     ++polls;
     return Reply{503, "text/plain", "gone"};
   });

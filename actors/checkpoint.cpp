@@ -1,4 +1,4 @@
-#include "runtime/checkpoint.hpp"
+#include "actors/checkpoint.hpp"
 
 #include <fcntl.h>
 #include <unistd.h>

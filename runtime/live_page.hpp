@@ -4,7 +4,7 @@
 
 #include <string>
 
-namespace asgd::experiments {
+namespace asgd::pages {
 
 /// The whole page, self-contained (Chart.js inlined; no request but its own
 /// polls). Once a second it fetches "status" relative to the page's URL
@@ -24,4 +24,4 @@ namespace asgd::experiments {
 /// nothing of a job is in it. Thread-safe.
 std::string live_status_page_html();
 
-}  // namespace asgd::experiments
+}  // namespace asgd::pages

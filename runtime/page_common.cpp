@@ -1,8 +1,8 @@
-#include "experiments/page_common.hpp"
+#include "runtime/page_common.hpp"
 
-#include "experiments/chartjs.hpp"
+#include "runtime/chartjs.hpp"
 
-namespace asgd::experiments::page {
+namespace asgd::pages {
 
 std::string_view error_capture_js() {
   return R"JS(
@@ -107,4 +107,4 @@ std::string chartjs_script_element() {
   return out;
 }
 
-}  // namespace asgd::experiments::page
+}  // namespace asgd::pages

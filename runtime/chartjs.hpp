@@ -4,7 +4,7 @@
 
 #include <string_view>
 
-namespace asgd::experiments {
+namespace asgd::pages {
 
 /// The minified UMD build, ready to inline into a <script> element (the
 /// build checks that it holds no "</script"). Static storage; never empty.
@@ -13,4 +13,4 @@ std::string_view chartjs_source();
 /// Its version, "4.6.1".
 std::string_view chartjs_version();
 
-}  // namespace asgd::experiments
+}  // namespace asgd::pages

@@ -1,10 +1,10 @@
-#include "experiments/live_page.hpp"
+#include "runtime/live_page.hpp"
 
 #include <string_view>
 
-#include "experiments/page_common.hpp"
+#include "runtime/page_common.hpp"
 
-namespace asgd::experiments {
+namespace asgd::pages {
 
 namespace {
 
@@ -237,13 +237,13 @@ std::string live_status_page_html() {
                     "<meta name=\"viewport\" content=\"width=device-width, initial-scale=1\">\n"
                     "<meta http-equiv=\"Content-Security-Policy\" content=\"default-src 'none'; "
                     "script-src 'unsafe-inline'; style-src 'unsafe-inline'; connect-src 'self'; img-src data:\">\n";
-  out += "<script>" + std::string(page::error_capture_js()) + "</script>\n";
-  out += "<title>asgd job</title>\n<style>" + std::string(page::base_css()) + std::string(kLiveCss) + "</style>\n";
+  out += "<script>" + std::string(pages::error_capture_js()) + "</script>\n";
+  out += "<title>asgd job</title>\n<style>" + std::string(pages::base_css()) + std::string(kLiveCss) + "</style>\n";
   out += "</head>\n<body>\n";
   out += kBody;
-  out += page::chartjs_script_element();
-  out += "<script>" + std::string(page::chart_helpers_js()) + std::string(kLiveJs) + "</script>\n</body>\n</html>\n";
+  out += pages::chartjs_script_element();
+  out += "<script>" + std::string(pages::chart_helpers_js()) + std::string(kLiveJs) + "</script>\n</body>\n</html>\n";
   return out;
 }
 
-}  // namespace asgd::experiments
+}  // namespace asgd::pages

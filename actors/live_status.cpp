@@ -1,4 +1,4 @@
-#include "runtime/live_status.hpp"
+#include "actors/live_status.hpp"
 
 #include <cmath>
 #include <cstdio>

@@ -7,7 +7,7 @@
 #include <string_view>
 #include <vector>
 
-namespace asgd::experiments::page {
+namespace asgd::pages {
 
 /// Goes first in <head>: window.onerror, unhandledrejection and a wrapped
 /// console.error push onto window.asgdErrors.
@@ -29,4 +29,4 @@ std::string_view base_css();
 /// <script>Chart.js</script>.
 std::string chartjs_script_element();
 
-}  // namespace asgd::experiments::page
+}  // namespace asgd::pages
