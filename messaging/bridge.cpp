@@ -290,6 +290,11 @@ void Bridge::run() {
 
 namespace {
 
+/// Whether a message of type M is a request (Inbound::body can hold it):
+/// every message but the replies (ShardReply, ShardStats).
+template <class M>
+constexpr bool kIsRequest = std::is_constructible_v<decltype(Inbound::body), M>;
+
 template <class M>
 FrameError decode_into(const Frame& f, Inbound& ib) {
   M m;
@@ -346,36 +351,22 @@ void Bridge::handle(Incoming&& in) {
   // until it is answered (or dropped).
   if (in.from.starts_with("r:")) ib.slot = take_slot();
   FrameError e = FrameError::none;
-  switch (type) {
-    case MsgType::registration: e = decode_into<Registration>(f, ib); break;
-    case MsgType::assignment: e = decode_into<Assignment>(f, ib); break;
-    case MsgType::push: {
-      PushRequest req;
-      e = decode(f, req);
-      if (e == FrameError::none) {
-        // A big float32 payload stays where ZeroMQ received it (checked
-        // first): the shard reads the gradient from there.
-        e = can_borrow_tensor(f) && in.message[1].owner
-                ? borrow_tensor(f, in.message[1], req.received, pool_.get())
-                : decode_tensor(f, req.payload, std::nullopt, pool_.get());
-      }
-      if (e == FrameError::none) ib.body = std::move(req);
-      break;
+  if (type == MsgType::push) {
+    PushRequest req;
+    e = decode(f, req);
+    if (e == FrameError::none) {
+      // A big float32 payload stays where ZeroMQ received it (checked
+      // first): the shard reads the gradient from there.
+      e = can_borrow_tensor(f) && in.message[1].owner
+              ? borrow_tensor(f, in.message[1], req.received, pool_.get())
+              : decode_tensor(f, req.payload, std::nullopt, pool_.get());
     }
-    case MsgType::pull: e = decode_into<PullRequest>(f, ib); break;
-    case MsgType::clock: e = decode_into<ClockNotice>(f, ib); break;
-    case MsgType::heartbeat: e = decode_into<Heartbeat>(f, ib); break;
-    case MsgType::evaluation: e = decode_into<EvaluationRequest>(f, ib); break;
-    case MsgType::checkpoint: e = decode_into<CheckpointRequest>(f, ib); break;
-    case MsgType::shutdown: e = decode_into<Shutdown>(f, ib); break;
-    case MsgType::epoch_report: e = decode_into<EpochReport>(f, ib); break;
-    case MsgType::progress: e = decode_into<WorkerProgress>(f, ib); break;
-    case MsgType::failure: e = decode_into<Failure>(f, ib); break;
-    case MsgType::stats: e = decode_into<StatsRequest>(f, ib); break;
-    case MsgType::start: e = decode_into<StartTraining>(f, ib); break;
-    case MsgType::restarted: e = decode_into<Restarted>(f, ib); break;
-    case MsgType::parameters:
-    case MsgType::stats_reply: break;  // handled above
+    if (e == FrameError::none) ib.body = std::move(req);
+  } else {
+    // Replies were handled above; any other message is a request.
+    visit_wire_type(f.header.type, [&]<class M>() {
+      if constexpr (kIsRequest<M>) e = decode_into<M>(f, ib);
+    });
   }
   if (e == FrameError::none && type != MsgType::push) {
     // Only pushes and assignments carry tensors.

@@ -33,7 +33,9 @@ const char* to_string(MsgType t) {
   return "unknown";
 }
 
-bool is_known(std::uint16_t type) { return type >= 1 && type <= static_cast<std::uint16_t>(MsgType::restarted); }
+bool is_known(std::uint16_t type) {
+  return visit_wire_type(type, []<class M>() {});
+}
 
 namespace {
 

@@ -1,14 +1,14 @@
 #pragma once
-// Every message that crosses a process boundary, each with its one cereal
-// serialize function beside it. The actor messages (messaging/protocol.hpp)
-// travel as they are; their tensors (a push's payload, a reply's
-// parameters, a shard's initial parameters) are not in the body but in the
-// frame's tensor part (messaging/wire.hpp), optionally as float16.
+// Every message that crosses a process boundary: the actor messages of
+// messaging/protocol.hpp and the ones only processes exchange (below), each
+// with its one description (fields()), and the list that gives each its wire
+// type. A message's body is its fields in order but its tensor (a push's
+// payload, a reply's parameters, a shard's initial parameters), which is
+// the frame's tensor part (messaging/wire.hpp), optionally as float16.
 //
-// Bounds: every variable-length field is read through bounded(), which
-// checks the length against its bound before allocating, so a hostile frame
-// can make the decoder allocate at most kMaxBody bytes of fields plus the
-// checked tensor.
+// Bounds: every string and list is read through its bound, which is checked
+// against the length before allocating, so a hostile frame can make the
+// decoder allocate at most kMaxBody bytes of fields plus the checked tensor.
 
 #include <cereal/archives/portable_binary.hpp>
 #include <cereal/cereal.hpp>
@@ -18,6 +18,9 @@
 #include <memory>
 #include <mutex>
 #include <optional>
+#include <tuple>
+#include <type_traits>
+#include <utility>
 
 #include <cstdint>
 #include <string>
@@ -52,64 +55,21 @@ bool is_known(std::uint16_t type);
 
 enum class Role : std::uint8_t { coordinator = 0, shard = 1, worker = 2 };
 
-/// Bounds of variable-length fields.
-inline constexpr std::size_t kMaxText = 4096;          ///< strings: names, endpoints, reasons, configs
-inline constexpr std::size_t kMaxConfig = 64 * 1024;   ///< the job configuration text
-inline constexpr std::size_t kMaxList = 1u << 16;      ///< lists: histograms, endpoints, ranges
-
-/// A length-checked view of a string or vector field for cereal.
-template <class T>
-struct Bounded {
-  T& ref;
-  std::size_t max;
-  template <class Archive>
-  void save(Archive& ar) const {
-    ar(cereal::make_size_tag(static_cast<cereal::size_type>(ref.size())));
-    for (auto& x : const_cast<T&>(ref)) item(ar, x);
-  }
-  template <class Archive>
-  void load(Archive& ar) {
-    cereal::size_type n = 0;
-    ar(cereal::make_size_tag(n));
-    if (n > max) throw cereal::Exception("a field of " + std::to_string(n) + " items exceeds its bound of " +
-                                         std::to_string(max));
-    ref.resize(static_cast<std::size_t>(n));
-    for (auto& x : ref) item(ar, x);
-  }
-
- private:
-  // Strings inside a list are bounded too.
-  template <class Archive, class V>
-  static void item(Archive& ar, V& x) {
-    if constexpr (std::is_same_v<V, std::string>) {
-      ar(Bounded<std::string>{x, kMaxText});
-    } else {
-      ar(x);
-    }
-  }
-};
-template <class T>
-Bounded<T> bounded(T& ref, std::size_t max) {
-  return {ref, max};
-}
-
 struct Registration {
-  static constexpr MsgType kType = MsgType::registration;
   Role role = Role::worker;
   std::uint32_t index = 0;
   std::string endpoint;   ///< where this process listens (shards), or empty
   std::string host;
   std::uint32_t pid = 0;
-  template <class A>
-  void serialize(A& ar) {
-    ar(role, index, bounded(endpoint, kMaxText), bounded(host, kMaxText), pid);
-  }
 };
+template <class F>
+decltype(auto) fields(F&& f, Registration& x) {
+  return f(x.role, x.index, x.endpoint, x.host, x.pid);
+}
 
 /// Everything a process needs to play its part. Shards get their initial
 /// parameters as the frame's tensor.
 struct Assignment {
-  static constexpr MsgType kType = MsgType::assignment;
   Role role = Role::worker;
   std::uint32_t index = 0;
   std::string config;                          ///< the job's settings, TOML
@@ -130,190 +90,193 @@ struct Assignment {
   /// worker: the epoch (0-based) it starts at; > 0 for a worker process
   /// that rejoins a running job in place of a lost one.
   std::uint32_t first_epoch = 0;
-  template <class A>
-  void serialize(A& ar) {
-    ar(role, index, bounded(config, kMaxConfig), workers, range_begin, range_end, partition_begin, partition_end,
-       batch, straggler, schedule_steps, bounded(shard_endpoints, 1024), bounded(range_bounds, 1025), restore,
-       first_epoch);
-  }
 };
+template <class F>
+decltype(auto) fields(F&& f, Assignment& x) {
+  return f(x.role, x.index, bounded(x.config, kMaxConfig), x.workers, x.range_begin, x.range_end, x.partition_begin,
+           x.partition_end, x.batch, x.straggler, x.schedule_steps, bounded(x.shard_endpoints, 1024),
+           bounded(x.range_bounds, 1025), x.restore, x.first_epoch);
+}
 
 /// Shard `index`'s process was restarted and listens at `endpoint` now:
 /// connect there and send again what it had not answered.
 struct Restarted {
-  static constexpr MsgType kType = MsgType::restarted;
   Role role = Role::shard;
   std::uint32_t index = 0;
   std::string endpoint;
-  template <class A>
-  void serialize(A& ar) {
-    ar(role, index, bounded(endpoint, kMaxText));
-  }
 };
+template <class F>
+decltype(auto) fields(F&& f, Restarted& x) {
+  return f(x.role, x.index, x.endpoint);
+}
 
 struct ClockNotice {
-  static constexpr MsgType kType = MsgType::clock;
   WorkerId worker = 0;
   Clock clock = 0;
   bool leaving = false;
-  template <class A>
-  void serialize(A& ar) {
-    ar(worker, clock, leaving);
-  }
 };
+template <class F>
+decltype(auto) fields(F&& f, ClockNotice& x) {
+  return f(x.worker, x.clock, x.leaving);
+}
 
 struct Heartbeat {
-  static constexpr MsgType kType = MsgType::heartbeat;
   Role role = Role::worker;
   std::uint32_t index = 0;
   std::uint64_t sequence = 0;
-  template <class A>
-  void serialize(A& ar) {
-    ar(role, index, sequence);
-  }
 };
+template <class F>
+decltype(auto) fields(F&& f, Heartbeat& x) {
+  return f(x.role, x.index, x.sequence);
+}
 
-struct EvaluationRequest {
-  static constexpr MsgType kType = MsgType::evaluation;
-  template <class A>
-  void serialize(A&) {}
-};
+struct EvaluationRequest {};
+template <class F>
+decltype(auto) fields(F&& f, EvaluationRequest&) {
+  return f();
+}
 
 struct CheckpointRequest {
-  static constexpr MsgType kType = MsgType::checkpoint;
   std::string directory;
-  template <class A>
-  void serialize(A& ar) {
-    ar(bounded(directory, kMaxText));
-  }
 };
+template <class F>
+decltype(auto) fields(F&& f, CheckpointRequest& x) {
+  return f(x.directory);
+}
 
 struct Shutdown {
-  static constexpr MsgType kType = MsgType::shutdown;
   std::string reason;
-  template <class A>
-  void serialize(A& ar) {
-    ar(bounded(reason, kMaxText));
-  }
 };
+template <class F>
+decltype(auto) fields(F&& f, Shutdown& x) {
+  return f(x.reason);
+}
 
 struct Failure {
-  static constexpr MsgType kType = MsgType::failure;
   std::int32_t code = 0;  ///< a StatusCode
   std::string what;
-  template <class A>
-  void serialize(A& ar) {
-    ar(code, bounded(what, kMaxText));
-  }
 };
+template <class F>
+decltype(auto) fields(F&& f, Failure& x) {
+  return f(x.code, x.what);
+}
 
-struct StartTraining {
-  static constexpr MsgType kType = MsgType::start;
-  template <class A>
-  void serialize(A&) {}
-};
+struct StartTraining {};
+template <class F>
+decltype(auto) fields(F&& f, StartTraining&) {
+  return f();
+}
 
 /// The shard statistics request; the reply is a ShardStats (stats_reply).
-struct StatsRequest {
-  static constexpr MsgType kType = MsgType::stats;
-  template <class A>
-  void serialize(A&) {}
-};
+struct StatsRequest {};
+template <class F>
+decltype(auto) fields(F&& f, StatsRequest&) {
+  return f();
+}
 
-/// Wire types of the actor messages (their tensors ride in the tensor part).
-template <class T>
-struct WireType;
-template <>
-struct WireType<PushRequest> {
-  static constexpr MsgType kType = MsgType::push;
+/// Every message that crosses a process boundary with its wire type: the
+/// one list the type of a message, the check of a frame's type and the
+/// dispatch of a decoded frame (visit_wire_type) come from.
+template <MsgType Type, class M>
+struct On {
+  static constexpr MsgType type = Type;
+  using message = M;
 };
-template <>
-struct WireType<PullRequest> {
-  static constexpr MsgType kType = MsgType::pull;
-};
-template <>
-struct WireType<ShardReply> {
-  static constexpr MsgType kType = MsgType::parameters;
-};
-template <>
-struct WireType<EpochReport> {
-  static constexpr MsgType kType = MsgType::epoch_report;
-};
-template <>
-struct WireType<ShardStats> {
-  static constexpr MsgType kType = MsgType::stats_reply;
-};
-template <>
-struct WireType<WorkerProgress> {
-  static constexpr MsgType kType = MsgType::progress;
-};
+using WireMessages =
+    std::tuple<On<MsgType::registration, Registration>, On<MsgType::assignment, Assignment>,
+               On<MsgType::push, PushRequest>, On<MsgType::pull, PullRequest>, On<MsgType::parameters, ShardReply>,
+               On<MsgType::clock, ClockNotice>, On<MsgType::heartbeat, Heartbeat>,
+               On<MsgType::evaluation, EvaluationRequest>, On<MsgType::checkpoint, CheckpointRequest>,
+               On<MsgType::shutdown, Shutdown>, On<MsgType::epoch_report, EpochReport>, On<MsgType::failure, Failure>,
+               On<MsgType::stats, StatsRequest>, On<MsgType::start, StartTraining>,
+               On<MsgType::stats_reply, ShardStats>, On<MsgType::progress, WorkerProgress>,
+               On<MsgType::restarted, Restarted>>;
 
-template <class T>
+/// The wire type of message M.
+template <class M>
 constexpr MsgType type_of() {
-  if constexpr (requires { T::kType; }) {
-    return T::kType;
-  } else {
-    return WireType<T>::kType;
-  }
+  return []<std::size_t... I>(std::index_sequence<I...>) {
+    MsgType type{};
+    ((std::is_same_v<typename std::tuple_element_t<I, WireMessages>::message, M>
+          ? (type = std::tuple_element_t<I, WireMessages>::type, true)
+          : false) ||
+     ...);
+    return type;
+  }(std::make_index_sequence<std::tuple_size_v<WireMessages>>{});
 }
 
-}  // namespace asgd::messaging
-
-
-namespace asgd::messaging {
-
-// The fields of the actor messages on the wire, without their tensors.
-// (Named serialize_fields, not serialize: CAF 0.17 would take a free
-// serialize() for its own serialization.)
-template <class A>
-void serialize_fields(A& ar, PushRequest& x) {
-  ar(x.worker, x.clock, x.base_clock, x.samples, x.want_params, x.base_version);
-}
-template <class A>
-void serialize_fields(A& ar, PullRequest& x) {
-  ar(x.worker, x.clock);
-}
-template <class A>
-void serialize_fields(A& ar, ShardReply& x) {
-  ar(x.shard, x.outcome, x.clock, x.version, x.held_s);
-}
-template <class A>
-void serialize_fields(A& ar, EpochReport& x) {
-  ar(x.worker, x.epoch, x.samples, x.batches, x.loss_sum, x.updates, x.compute_s, x.comm_s, x.data_wait_s,
-     x.policy_wait_s, x.local_updates, bounded(x.staleness_histogram, kMaxList), x.dropped_batches,
-     x.dropped_samples);
-}
-template <class A>
-void serialize_fields(A& ar, ShardStats& x) {
-  ar(x.shard, x.updates_applied, x.commits, x.updates_discarded, x.rejected, x.refused_departed, x.malformed_frames,
-     x.duplicate_requests, bounded(x.staleness_histogram, kMaxList), x.nonfinite, x.keys, x.held, x.queued,
-     bounded(x.worker_clock, kMaxList), x.checkpoint_failures, x.checkpoint_unix_s, x.restored_unix_s,
-     x.restored_updates);
-}
-template <class A>
-void serialize_fields(A& ar, WorkerProgress& x) {
-  ar(x.worker, x.clock, x.epoch, x.samples, x.updates, x.loss_sum, x.loss_samples, x.policy_wait_s, x.staleness,
-     x.batches_ready);
+/// Calls `f.template operator()<M>()` for the message M of wire type `type`;
+/// false (and no call) for a type no message has.
+template <class F>
+bool visit_wire_type(std::uint16_t type, F&& f) {
+  return [&]<std::size_t... I>(std::index_sequence<I...>) {
+    return ((type == static_cast<std::uint16_t>(std::tuple_element_t<I, WireMessages>::type)
+                 ? (f.template operator()<typename std::tuple_element_t<I, WireMessages>::message>(), true)
+                 : false) ||
+            ...);
+  }(std::make_index_sequence<std::tuple_size_v<WireMessages>>{});
 }
 
-/// Lets cereal serialize an actor message through serialize_fields.
+/// cereal's reading and writing of one string or list through its bound.
 template <class T>
-struct FieldsOf {
-  T& x;
-  template <class A>
-  void serialize(A& ar) {
-    serialize_fields(ar, x);
+struct BoundedIO {
+  T& ref;
+  std::size_t max;
+  template <class Archive>
+  void save(Archive& ar) const {
+    ar(cereal::make_size_tag(static_cast<cereal::size_type>(ref.size())));
+    for (auto& x : ref) item(ar, x);
+  }
+  template <class Archive>
+  void load(Archive& ar) {
+    cereal::size_type n = 0;
+    ar(cereal::make_size_tag(n));
+    if (n > max) throw cereal::Exception("a field of " + std::to_string(n) + " items exceeds its bound of " +
+                                         std::to_string(max));
+    ref.resize(static_cast<std::size_t>(n));
+    for (auto& x : ref) item(ar, x);
+  }
+
+ private:
+  // Strings inside a list are bounded too.
+  template <class Archive, class V>
+  static void item(Archive& ar, V& x) {
+    if constexpr (std::is_same_v<V, std::string>) {
+      ar(BoundedIO<std::string>{x, kMaxText});
+    } else {
+      ar(x);
+    }
   }
 };
 
-/// What cereal archives for message `m`: itself, or its FieldsOf.
-template <class A, class M>
-void archive_message(A& ar, M& m) {
-  if constexpr (requires { M::kType; }) {
-    ar(m);
+template <class T>
+inline constexpr bool kIsVector = false;
+template <class T, class A>
+inline constexpr bool kIsVector<std::vector<T, A>> = true;
+
+/// One field of a body: a tensor is not in it; strings and lists go through
+/// their bounds.
+template <class Archive, class T>
+void wire_field(Archive& ar, T& x) {
+  if constexpr (std::is_same_v<T, std::string>) {
+    ar(BoundedIO<std::string>{x, kMaxText});
   } else {
-    ar(FieldsOf<M>{m});
+    static_assert(!kIsVector<T>, "a list field needs its bound: bounded(field, max)");
+    ar(x);
   }
+}
+template <class Archive, class T>
+void wire_field(Archive&, TensorField<T>) {}
+template <class Archive, class T>
+void wire_field(Archive& ar, BoundedField<T> x) {
+  ar(BoundedIO<T>{x.ref, x.max});
+}
+
+/// Writes or reads message `m`'s body: its fields as its description lists
+/// them.
+template <class Archive, class M>
+void archive_message(Archive& ar, M& m) {
+  fields([&](auto&&... field) { (wire_field(ar, field), ...); }, m);
 }
 
 /// How a tensor travels.

@@ -1,7 +1,10 @@
 #pragma once
-// Messages between in-process actors, each with its one inspect function
-// (CAF uses it to copy, print and, across processes, serialize). Vectors move
-// into messages, so in-process sends copy no tensor data.
+// The messages actors exchange, each described once: `fields(f, m)` hands `f`
+// every field of `m` in order. CAF's inspect (below, for copying and
+// printing) takes that list as it is; the wire format (messaging/messages.hpp)
+// takes every field but the tensor, which travels in the frame's tensor part,
+// and reads each string and list through its bound. Vectors move into
+// messages, so in-process sends copy no tensor data.
 
 #include <caf/all.hpp>
 
@@ -16,6 +19,47 @@
 #include "policies/policy.hpp"
 
 namespace asgd {
+
+/// Bounds of variable-length fields on the wire.
+inline constexpr std::size_t kMaxText = 4096;          ///< strings: names, endpoints, reasons, configs
+inline constexpr std::size_t kMaxConfig = 64 * 1024;   ///< the job configuration text
+inline constexpr std::size_t kMaxList = 1u << 16;      ///< lists: histograms, endpoints, ranges
+
+/// A field in a message's description that is its tensor: not in the
+/// frame's body but in its tensor part.
+template <class T>
+struct TensorField {
+  T& ref;
+};
+/// A string or list field with the most items the wire accepts (strings
+/// not marked take kMaxText; a list must be marked).
+template <class T>
+struct BoundedField {
+  T& ref;
+  std::size_t max;
+};
+template <class T>
+TensorField<T> tensor(T& ref) {
+  return {ref};
+}
+template <class T>
+BoundedField<T> bounded(T& ref, std::size_t max) {
+  return {ref, max};
+}
+
+/// The field itself, whatever marks it.
+template <class T>
+T& field_ref(T& x) {
+  return x;
+}
+template <class T>
+T& field_ref(TensorField<T> x) {
+  return x.ref;
+}
+template <class T>
+T& field_ref(BoundedField<T> x) {
+  return x.ref;
+}
 
 /// A remote push's payload left in the frame it arrived in instead of
 /// copied into a vector: a view, valid while `owner` lives, whose checksum
@@ -148,36 +192,49 @@ struct ShardStats {
   std::uint64_t restored_updates = 0;         ///< the updates that checkpoint held
 };
 
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, PushRequest& x) {
-  return f(caf::meta::type_name("PushRequest"), x.worker, x.clock, x.base_clock, x.samples, x.want_params, x.payload,
-           x.base_version);
+// The descriptions. In-process views (PushRequest::received,
+// ShardReply::params_in_frame and params_crc) are not fields.
+template <class F>
+decltype(auto) fields(F&& f, PushRequest& x) {
+  return f(x.worker, x.clock, x.base_clock, x.samples, x.want_params, x.base_version, tensor(x.payload));
 }
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, PullRequest& x) {
-  return f(caf::meta::type_name("PullRequest"), x.worker, x.clock);
+template <class F>
+decltype(auto) fields(F&& f, PullRequest& x) {
+  return f(x.worker, x.clock);
 }
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, ShardReply& x) {
-  return f(caf::meta::type_name("ShardReply"), x.shard, x.outcome, x.clock, x.version, x.held_s, x.params);
+template <class F>
+decltype(auto) fields(F&& f, ShardReply& x) {
+  return f(x.shard, x.outcome, x.clock, x.version, x.held_s, tensor(x.params));
 }
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, EpochReport& x) {
-  return f(caf::meta::type_name("EpochReport"), x.worker, x.epoch, x.samples, x.batches, x.loss_sum,
-           x.updates, x.compute_s, x.comm_s, x.data_wait_s, x.policy_wait_s, x.local_updates, x.staleness_histogram,
-           x.dropped_batches, x.dropped_samples);
+template <class F>
+decltype(auto) fields(F&& f, EpochReport& x) {
+  return f(x.worker, x.epoch, x.samples, x.batches, x.loss_sum, x.updates, x.compute_s, x.comm_s, x.data_wait_s,
+           x.policy_wait_s, x.local_updates, bounded(x.staleness_histogram, kMaxList), x.dropped_batches,
+           x.dropped_samples);
 }
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, ShardStats& x) {
-  return f(caf::meta::type_name("ShardStats"), x.shard, x.updates_applied, x.commits, x.updates_discarded, x.rejected,
-           x.refused_departed, x.malformed_frames, x.duplicate_requests, x.staleness_histogram, x.nonfinite, x.keys,
-           x.held, x.queued, x.worker_clock, x.checkpoint_failures, x.checkpoint_unix_s, x.restored_unix_s,
-           x.restored_updates);
+template <class F>
+decltype(auto) fields(F&& f, ShardStats& x) {
+  return f(x.shard, x.updates_applied, x.commits, x.updates_discarded, x.rejected, x.refused_departed,
+           x.malformed_frames, x.duplicate_requests, bounded(x.staleness_histogram, kMaxList), x.nonfinite, x.keys,
+           x.held, x.queued, bounded(x.worker_clock, kMaxList), x.checkpoint_failures, x.checkpoint_unix_s,
+           x.restored_unix_s, x.restored_updates);
 }
-template <class Inspector>
-typename Inspector::result_type inspect(Inspector& f, WorkerProgress& x) {
-  return f(caf::meta::type_name("WorkerProgress"), x.worker, x.clock, x.epoch, x.samples, x.updates, x.loss_sum,
-           x.loss_samples, x.policy_wait_s, x.staleness, x.batches_ready);
+template <class F>
+decltype(auto) fields(F&& f, WorkerProgress& x) {
+  return f(x.worker, x.clock, x.epoch, x.samples, x.updates, x.loss_sum, x.loss_samples, x.policy_wait_s,
+           x.staleness, x.batches_ready);
+}
+
+/// A message with a description.
+template <class M>
+concept Described = requires(M& m) { fields([](auto&&...) {}, m); };
+
+/// CAF's inspect of every described message (with a type ID, below): its
+/// fields, in the order of the description.
+template <class Inspector, Described M>
+typename Inspector::result_type inspect(Inspector& f, M& x) {
+  return fields([&](auto&&... field) { return f(caf::meta::type_name(caf::type_name<M>::value), field_ref(field)...); },
+                x);
 }
 
 namespace data {

@@ -19,25 +19,7 @@ FrameError check_untrusted(const Message& message) {
   if (FrameError e = parse_frame(message, f); e != FrameError::none) return e;
   if (!is_known(f.header.type)) return FrameError::unknown_type;
   FrameError e = FrameError::none;
-  switch (static_cast<MsgType>(f.header.type)) {
-    case MsgType::registration: e = body_of<Registration>(f); break;
-    case MsgType::assignment: e = body_of<Assignment>(f); break;
-    case MsgType::push: e = body_of<PushRequest>(f); break;
-    case MsgType::pull: e = body_of<PullRequest>(f); break;
-    case MsgType::parameters: e = body_of<ShardReply>(f); break;
-    case MsgType::clock: e = body_of<ClockNotice>(f); break;
-    case MsgType::heartbeat: e = body_of<Heartbeat>(f); break;
-    case MsgType::evaluation: e = body_of<EvaluationRequest>(f); break;
-    case MsgType::checkpoint: e = body_of<CheckpointRequest>(f); break;
-    case MsgType::shutdown: e = body_of<Shutdown>(f); break;
-    case MsgType::epoch_report: e = body_of<EpochReport>(f); break;
-    case MsgType::progress: e = body_of<WorkerProgress>(f); break;
-    case MsgType::failure: e = body_of<Failure>(f); break;
-    case MsgType::stats: e = body_of<StatsRequest>(f); break;
-    case MsgType::stats_reply: e = body_of<ShardStats>(f); break;
-    case MsgType::start: e = body_of<StartTraining>(f); break;
-    case MsgType::restarted: e = body_of<Restarted>(f); break;
-  }
+  visit_wire_type(f.header.type, [&]<class M>() { e = body_of<M>(f); });
   if (e != FrameError::none) return e;
   if (f.header.type == static_cast<std::uint16_t>(MsgType::push) && can_borrow_tensor(f) && message[1].owner) {
     // As the bridge takes a big float32 push: checked where it lies, not copied.
