@@ -260,79 +260,17 @@ void ShardCore::push(PushRequest&& req, Ticket ticket, Instant now, std::vector<
   const PullInfo read{req.worker, req.clock + 1};
   PushOutcome outcome = PushOutcome::applied;
   switch (policy_->admit_push(info, view())) {
-    case PushAction::apply: {
+    case PushAction::apply:
       if (tick) break;
-      // Staleness for the step size counts the updates this shard applied
-      // since the worker read the parameters (Zhang et al. 2016): with N
-      // workers pushing at once it is about N - 1, whatever the clocks say.
-      const std::uint64_t behind = version_ > req.base_version ? version_ - req.base_version : 0;
-      record_staleness(req.clock, req.base_clock);
-      ++stats_.updates_applied;
-      ++stats_.commits;
-      ++version_;
-      // The schedule follows the model's progress, not this worker's: under
-      // async a straggler's late pushes must not get an early, larger rate.
-      Clock progress = 0;
-      for (Clock c : clock_) progress += c;
-      progress /= clock_.size();
-      const float scale = lr_scale(progress > 0 ? progress - 1 : 0, behind);
-      if (req.want_params && policy_->may_answer_pull(read, view())) {
-        // The common async case: write the fresh parameters into the reply
-        // in the optimizer's pass (it reads g[i] before it writes the slot)
-        // and answer at once. A local push's buffer becomes the reply. A
-        // remote push's reply goes over its gradient in the frame's buffer
-        // when that is ours alone, else into the spare buffer, and is
-        // checksummed block by block while each block is in cache, which
-        // saves the sending process a pass.
-        ShardReply r = reply(PushOutcome::applied, {}, false);
-        if (remote) {
-          ReceivedFloats& in = req.received;
-          if (in.writable.empty()) in.spare.resize(payload.size());
-          const std::span<float> fresh = in.writable.empty() ? std::span<float>(in.spare) : in.writable;
-          std::uint32_t crc = 0;
-          fold(payload, scale, fresh, [&](std::size_t begin, std::size_t end) {
-            crc = messaging::crc32c(std::as_bytes(fresh.subspan(begin, end - begin)), crc);
-          });
-          if (in.writable.empty()) {
-            r.params = std::move(in.spare);
-          } else {
-            r.params_in_frame = {std::move(in.owner), in.values, in.writable, {}, std::nullopt};
-          }
-          r.params_crc = crc;
-        } else {
-          fold(req.payload, scale, req.payload, {});
-          r.params = std::move(req.payload);
-        }
-        out.push_back({ticket, std::move(r)});
+      if (apply(req, payload, remote, ticket, out)) {
         release_held(now, out);
         return;
       }
-      fold(payload, scale, {}, {});
       break;
-    }
-    case PushAction::aggregate: {
-      Aggregate& agg = pending_[req.clock];
-      if (agg.slots.empty()) {
-        agg.slots.resize(setup_.workers);
-        agg.samples.assign(setup_.workers, 0);
-        agg.base.assign(setup_.workers, 0);
-        agg.present.assign(setup_.workers, false);
-      }
-      agg.present[req.worker] = true;
-      ++agg.count;
-      agg.samples[req.worker] = req.samples;
-      agg.base[req.worker] = req.base_clock;
-      // A remote payload is copied out: an aggregate may wait a long time,
-      // and should not keep a frame's buffer alive meanwhile.
-      if (remote) {
-        agg.slots[req.worker].assign(payload.begin(), payload.end());
-      } else {
-        agg.slots[req.worker] = std::move(req.payload);
-      }
+    case PushAction::aggregate:
+      aggregate(req, payload, remote);
       outcome = PushOutcome::aggregated;
-      commit_ready_aggregates();
       break;
-    }
     case PushAction::discard:
       ++stats_.updates_discarded;
       outcome = PushOutcome::discarded;
@@ -345,6 +283,77 @@ void ShardCore::push(PushRequest&& req, Ticket ticket, Instant now, std::vector<
     out.push_back({ticket, reply(outcome, {}, false)});
   }
   release_held(now, out);
+}
+
+bool ShardCore::apply(PushRequest& req, std::span<const float> payload, bool remote, Ticket ticket,
+                      std::vector<Answer>& out) {
+  // Staleness for the step size counts the updates this shard applied
+  // since the worker read the parameters (Zhang et al. 2016): with N
+  // workers pushing at once it is about N - 1, whatever the clocks say.
+  const std::uint64_t behind = version_ > req.base_version ? version_ - req.base_version : 0;
+  record_staleness(req.clock, req.base_clock);
+  ++stats_.updates_applied;
+  ++stats_.commits;
+  ++version_;
+  // The schedule follows the model's progress, not this worker's: under
+  // async a straggler's late pushes must not get an early, larger rate.
+  Clock progress = 0;
+  for (Clock c : clock_) progress += c;
+  progress /= clock_.size();
+  const float scale = lr_scale(progress > 0 ? progress - 1 : 0, behind);
+  if (!req.want_params || !policy_->may_answer_pull(PullInfo{req.worker, req.clock + 1}, view())) {
+    fold(payload, scale, {}, {});
+    return false;
+  }
+  // The common async case: write the fresh parameters into the reply in the
+  // optimizer's pass (it reads g[i] before it writes the slot) and answer at
+  // once. A local push's buffer becomes the reply. A remote push's reply
+  // goes over its gradient in the frame's buffer when that is ours alone,
+  // else into the spare buffer, and is checksummed block by block while each
+  // block is in cache, which saves the sending process a pass.
+  ShardReply r = reply(PushOutcome::applied, {}, false);
+  if (remote) {
+    ReceivedFloats& in = req.received;
+    if (in.writable.empty()) in.spare.resize(payload.size());
+    const std::span<float> fresh = in.writable.empty() ? std::span<float>(in.spare) : in.writable;
+    std::uint32_t crc = 0;
+    fold(payload, scale, fresh, [&](std::size_t begin, std::size_t end) {
+      crc = messaging::crc32c(std::as_bytes(fresh.subspan(begin, end - begin)), crc);
+    });
+    if (in.writable.empty()) {
+      r.params = std::move(in.spare);
+    } else {
+      r.params_in_frame = {std::move(in.owner), in.values, in.writable, {}, std::nullopt};
+    }
+    r.params_crc = crc;
+  } else {
+    fold(req.payload, scale, req.payload, {});
+    r.params = std::move(req.payload);
+  }
+  out.push_back({ticket, std::move(r)});
+  return true;
+}
+
+void ShardCore::aggregate(PushRequest& req, std::span<const float> payload, bool remote) {
+  Aggregate& agg = pending_[req.clock];
+  if (agg.slots.empty()) {
+    agg.slots.resize(setup_.workers);
+    agg.samples.assign(setup_.workers, 0);
+    agg.base.assign(setup_.workers, 0);
+    agg.present.assign(setup_.workers, false);
+  }
+  agg.present[req.worker] = true;
+  ++agg.count;
+  agg.samples[req.worker] = req.samples;
+  agg.base[req.worker] = req.base_clock;
+  // A remote payload is copied out: an aggregate may wait a long time, and
+  // should not keep a frame's buffer alive meanwhile.
+  if (remote) {
+    agg.slots[req.worker].assign(payload.begin(), payload.end());
+  } else {
+    agg.slots[req.worker] = std::move(req.payload);
+  }
+  commit_ready_aggregates();
 }
 
 void ShardCore::pull(const PullRequest& pull, Ticket ticket, Instant now, std::vector<Answer>& out) {
@@ -505,138 +514,6 @@ ShardStats ShardCore::stats() const {
   s.held = held_.size();
   s.worker_clock = clock_;
   return s;
-}
-
-namespace {
-
-// Writes the shard's checkpoint and keeps count. A failure is the
-// operator's to see at once: a restart now loses everything since the last
-// checkpoint that was written, which grows with every failed interval. So
-// the first failure of a run of them is a warning that says so, later ones
-// every tenth, and the first success after them says how many failed.
-void checkpoint_now(ShardState& st, const char* when) {
-  const auto t0 = std::chrono::steady_clock::now();
-  const Status s = st.core->save(st.checkpoint_path);
-  const std::uint32_t index = st.core->index();
-  if (!s.ok()) {
-    ++st.checkpoint_failures;
-    ++st.failures_in_a_row;
-    if (st.failures_in_a_row % 10 == 1) {
-      const std::string since =
-          st.checkpoint_unix_s > 0 ? fmt::format("its last checkpoint, {:.0f} s ago", unix_seconds_now() - st.checkpoint_unix_s)
-                                   : std::string("the start of training (none was written yet)");
-      spdlog::warn("shard {}: {} checkpoint failed ({} in a row): {}; until one is written, a restart of this shard "
-                   "loses every update since {}",
-                   index, when, st.failures_in_a_row, s.message(), since);
-    }
-    return;
-  }
-  if (st.failures_in_a_row > 0)
-    spdlog::info("shard {}: checkpoint written again after {} failed", index, st.failures_in_a_row);
-  st.failures_in_a_row = 0;
-  st.checkpoint_unix_s = unix_seconds_now();
-  spdlog::debug("shard {}: {} checkpoint {} in {:.1f} ms", index, when, st.checkpoint_path,
-                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
-}
-
-}  // namespace
-
-caf::behavior parameter_shard(caf::stateful_actor<ShardState>* self, std::shared_ptr<ShardCore> core) {
-  self->state.core = std::make_unique<ShardCore>(std::move(*core));
-  self->state.checkpoint_unix_s = self->state.core->stats().restored_unix_s;  // the one reloaded, if any
-  // Periodic checkpoints, on the shard's own thread between requests: the
-  // parameters cannot change while they are written.
-  const ShardSetup& setup = self->state.core->setup();
-  if (!setup.checkpoint_path.empty() && setup.checkpoint_every_s > 0) {
-    self->state.checkpoint_path = setup.checkpoint_path;
-    self->state.checkpoint_every =
-        std::chrono::duration_cast<caf::timespan>(std::chrono::duration<double>(setup.checkpoint_every_s));
-    self->delayed_send(self, self->state.checkpoint_every, tick_atom::value);
-    // Told to stop (a job that ends, is cancelled or fails; a shard process
-    // shut down): keep the state reached, so --resume loses nothing of a
-    // job stopped on purpose. Only a killed process loses up to an interval.
-    self->set_exit_handler([self](caf::exit_msg& msg) {
-      checkpoint_now(self->state, "stopping");
-      self->quit(msg.reason);
-    });
-  }
-  // While reads are held, looks at them every quarter of the warning time
-  // and logs those held past it, once each, naming whom they wait for.
-  if (setup.hold_warning_s > 0)
-    self->state.hold_warning =
-        std::chrono::duration_cast<caf::timespan>(std::chrono::duration<double>(setup.hold_warning_s));
-  auto watch = [self] {
-    auto& st = self->state;
-    if (st.watching || st.hold_warning == caf::timespan{} || st.core->held_reads() == 0) return;
-    st.watching = true;
-    self->delayed_send(self, st.hold_warning / 4, watch_atom::value);
-  };
-  // Delivers the answers the core produced for held reads (through their
-  // promises) and hands back the current request's own, if it is due.
-  auto flush = [self](std::optional<ShardCore::Ticket> current) {
-    auto& st = self->state;
-    std::optional<ShardReply> own;
-    for (auto& a : st.answers) {
-      if (a.ticket == current) {
-        own = std::move(a.reply);
-      } else if (auto it = st.promises.find(a.ticket); it != st.promises.end()) {
-        it->second.deliver(std::move(a.reply));
-        st.promises.erase(it);
-      }
-    }
-    st.answers.clear();
-    return own;
-  };
-  auto deliver = [self, flush](ShardCore::Ticket current) -> caf::result<ShardReply> {
-    if (auto own = flush(current)) return std::move(*own);
-    self->state.promises.emplace(current, self->make_response_promise());
-    return caf::delegated<ShardReply>();
-  };
-  return {
-      [self, deliver, watch](push_atom, PushRequest& request) {
-        auto& st = self->state;
-        const auto ticket = st.next_ticket++;
-        st.core->push(std::move(request), ticket, std::chrono::steady_clock::now(), st.answers);
-        watch();
-        return deliver(ticket);
-      },
-      [self, deliver, watch](pull_atom, const PullRequest& request) {
-        auto& st = self->state;
-        const auto ticket = st.next_ticket++;
-        st.core->pull(request, ticket, std::chrono::steady_clock::now(), st.answers);
-        watch();
-        return deliver(ticket);
-      },
-      [self, watch](watch_atom) {
-        auto& st = self->state;
-        st.watching = false;
-        if (auto line = st.core->describe_overdue_reads(std::chrono::steady_clock::now(), st.hold_warning))
-          spdlog::warn("{}", *line);
-        watch();
-      },
-      [self, flush](leave_atom, WorkerId worker) {
-        auto& st = self->state;
-        st.core->leave(worker, std::chrono::steady_clock::now(), st.answers);
-        flush(std::nullopt);
-        // The last worker is done: this state is final, keep it.
-        if (!st.checkpoint_path.empty() && st.core->view().live_workers == 0) checkpoint_now(st, "final");
-      },
-      [self](join_atom, WorkerId worker, Clock clock) { self->state.core->rejoin(worker, clock); },
-      [self](snapshot_atom) { return self->state.core->snapshot(); },
-      [self](tick_atom) {
-        auto& st = self->state;
-        checkpoint_now(st, "periodic");
-        self->delayed_send(self, st.checkpoint_every, tick_atom::value);
-      },
-      [self](stats_atom) {
-        const auto& st = self->state;
-        ShardStats s = st.core->stats();
-        s.queued = self->mailbox().size();
-        s.checkpoint_failures = st.checkpoint_failures;
-        s.checkpoint_unix_s = st.checkpoint_unix_s;
-        return s;
-      },
-  };
 }
 
 }  // namespace asgd

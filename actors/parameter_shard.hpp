@@ -162,6 +162,11 @@ class ShardCore {
   ShardReply reply(PushOutcome outcome, std::vector<float> buffer, bool with_params) const;
   void answer_or_hold(Ticket ticket, PullInfo read, PushOutcome outcome, std::vector<float> buffer, Instant now,
                       std::vector<Answer>& out);
+  // A push the policy applies at once; true when it answered the push's
+  // read in the same pass (the reply is in `out`).
+  bool apply(PushRequest& req, std::span<const float> payload, bool remote, Ticket ticket, std::vector<Answer>& out);
+  // A push into its clock's aggregate, committed once complete.
+  void aggregate(PushRequest& req, std::span<const float> payload, bool remote);
   void commit_ready_aggregates();
   void release_held(Instant now, std::vector<Answer>& out);
   void record_staleness(Clock clock, Clock base);

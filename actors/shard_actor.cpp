@@ -1,0 +1,151 @@
+// The shard actor: a thin shell around ShardCore (parameter_shard.cpp) that
+// serialises its calls, delivers the replies it held, and writes its
+// checkpoints.
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <optional>
+
+#include "actors/checkpoint.hpp"
+#include "actors/parameter_shard.hpp"
+
+namespace asgd {
+
+namespace {
+
+// Writes the shard's checkpoint and keeps count. A failure is the
+// operator's to see at once: a restart now loses everything since the last
+// checkpoint that was written, which grows with every failed interval. So
+// the first failure of a run of them is a warning that says so, later ones
+// every tenth, and the first success after them says how many failed.
+void checkpoint_now(ShardState& st, const char* when) {
+  const auto t0 = std::chrono::steady_clock::now();
+  const Status s = st.core->save(st.checkpoint_path);
+  const std::uint32_t index = st.core->index();
+  if (!s.ok()) {
+    ++st.checkpoint_failures;
+    ++st.failures_in_a_row;
+    if (st.failures_in_a_row % 10 == 1) {
+      const std::string since =
+          st.checkpoint_unix_s > 0 ? fmt::format("its last checkpoint, {:.0f} s ago", unix_seconds_now() - st.checkpoint_unix_s)
+                                   : std::string("the start of training (none was written yet)");
+      spdlog::warn("shard {}: {} checkpoint failed ({} in a row): {}; until one is written, a restart of this shard "
+                   "loses every update since {}",
+                   index, when, st.failures_in_a_row, s.message(), since);
+    }
+    return;
+  }
+  if (st.failures_in_a_row > 0)
+    spdlog::info("shard {}: checkpoint written again after {} failed", index, st.failures_in_a_row);
+  st.failures_in_a_row = 0;
+  st.checkpoint_unix_s = unix_seconds_now();
+  spdlog::debug("shard {}: {} checkpoint {} in {:.1f} ms", index, when, st.checkpoint_path,
+                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+}
+
+// Periodic checkpoints and the watch over held reads, as the setup asks.
+void start_timers(caf::stateful_actor<ShardState>* self) {
+  self->state.checkpoint_unix_s = self->state.core->stats().restored_unix_s;  // the one reloaded, if any
+  // Periodic checkpoints, on the shard's own thread between requests: the
+  // parameters cannot change while they are written.
+  const ShardSetup& setup = self->state.core->setup();
+  if (!setup.checkpoint_path.empty() && setup.checkpoint_every_s > 0) {
+    self->state.checkpoint_path = setup.checkpoint_path;
+    self->state.checkpoint_every =
+        std::chrono::duration_cast<caf::timespan>(std::chrono::duration<double>(setup.checkpoint_every_s));
+    self->delayed_send(self, self->state.checkpoint_every, tick_atom::value);
+    // Told to stop (a job that ends, is cancelled or fails; a shard process
+    // shut down): keep the state reached, so --resume loses nothing of a
+    // job stopped on purpose. Only a killed process loses up to an interval.
+    self->set_exit_handler([self](caf::exit_msg& msg) {
+      checkpoint_now(self->state, "stopping");
+      self->quit(msg.reason);
+    });
+  }
+  // While reads are held, looks at them every quarter of the warning time
+  // and logs those held past it, once each, naming whom they wait for.
+  if (setup.hold_warning_s > 0)
+    self->state.hold_warning =
+        std::chrono::duration_cast<caf::timespan>(std::chrono::duration<double>(setup.hold_warning_s));
+}
+
+}  // namespace
+
+caf::behavior parameter_shard(caf::stateful_actor<ShardState>* self, std::shared_ptr<ShardCore> core) {
+  self->state.core = std::make_unique<ShardCore>(std::move(*core));
+  start_timers(self);
+  auto watch = [self] {
+    auto& st = self->state;
+    if (st.watching || st.hold_warning == caf::timespan{} || st.core->held_reads() == 0) return;
+    st.watching = true;
+    self->delayed_send(self, st.hold_warning / 4, watch_atom::value);
+  };
+  // Delivers the answers the core produced for held reads (through their
+  // promises) and hands back the current request's own, if it is due.
+  auto flush = [self](std::optional<ShardCore::Ticket> current) {
+    auto& st = self->state;
+    std::optional<ShardReply> own;
+    for (auto& a : st.answers) {
+      if (a.ticket == current) {
+        own = std::move(a.reply);
+      } else if (auto it = st.promises.find(a.ticket); it != st.promises.end()) {
+        it->second.deliver(std::move(a.reply));
+        st.promises.erase(it);
+      }
+    }
+    st.answers.clear();
+    return own;
+  };
+  auto deliver = [self, flush](ShardCore::Ticket current) -> caf::result<ShardReply> {
+    if (auto own = flush(current)) return std::move(*own);
+    self->state.promises.emplace(current, self->make_response_promise());
+    return caf::delegated<ShardReply>();
+  };
+  return {
+      [self, deliver, watch](push_atom, PushRequest& request) {
+        auto& st = self->state;
+        const auto ticket = st.next_ticket++;
+        st.core->push(std::move(request), ticket, std::chrono::steady_clock::now(), st.answers);
+        watch();
+        return deliver(ticket);
+      },
+      [self, deliver, watch](pull_atom, const PullRequest& request) {
+        auto& st = self->state;
+        const auto ticket = st.next_ticket++;
+        st.core->pull(request, ticket, std::chrono::steady_clock::now(), st.answers);
+        watch();
+        return deliver(ticket);
+      },
+      [self, watch](watch_atom) {
+        auto& st = self->state;
+        st.watching = false;
+        if (auto line = st.core->describe_overdue_reads(std::chrono::steady_clock::now(), st.hold_warning))
+          spdlog::warn("{}", *line);
+        watch();
+      },
+      [self, flush](leave_atom, WorkerId worker) {
+        auto& st = self->state;
+        st.core->leave(worker, std::chrono::steady_clock::now(), st.answers);
+        flush(std::nullopt);
+        // The last worker is done: this state is final, keep it.
+        if (!st.checkpoint_path.empty() && st.core->view().live_workers == 0) checkpoint_now(st, "final");
+      },
+      [self](join_atom, WorkerId worker, Clock clock) { self->state.core->rejoin(worker, clock); },
+      [self](snapshot_atom) { return self->state.core->snapshot(); },
+      [self](tick_atom) {
+        auto& st = self->state;
+        checkpoint_now(st, "periodic");
+        self->delayed_send(self, st.checkpoint_every, tick_atom::value);
+      },
+      [self](stats_atom) {
+        const auto& st = self->state;
+        ShardStats s = st.core->stats();
+        s.queued = self->mailbox().size();
+        s.checkpoint_failures = st.checkpoint_failures;
+        s.checkpoint_unix_s = st.checkpoint_unix_s;
+        return s;
+      },
+  };
+}
+
+}  // namespace asgd
