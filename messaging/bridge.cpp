@@ -186,75 +186,87 @@ void Bridge::reject(const PeerId& peer, FrameError why) {
                           options_.name, peer, to_string(why));
 }
 
+// Takes what other threads asked for since the last round: frames to send
+// (onto the backlog), connections, reconnections (their unanswered frames
+// go onto the backlog again) and new limits for the bound endpoint.
+void Bridge::take_requests(std::deque<Outgoing>& backlog) {
+  std::deque<std::pair<std::string, std::promise<Result<PeerId>>>> connects;
+  std::deque<Reconnect> reconnects;
+  std::deque<BoundLimits> bound_limits;
+  {
+    std::lock_guard lock(mu_);
+    connects.swap(connects_);
+    reconnects.swap(reconnects_);
+    bound_limits.swap(bound_limits_);
+    while (!outbox_.empty()) {
+      backlog.push_back(std::move(outbox_.front()));
+      outbox_.pop_front();
+      if (backlog.back().slot) tie_slot_to_frame(backlog.back().message, backlog.back().slot);
+    }
+  }
+  for (auto& l : bound_limits) l.done.set_value(transport_->set_bound_limits(l.max_part_bytes, l.max_connections));
+  for (auto& [endpoint, done] : connects) done.set_value(transport_->connect(endpoint));
+  for (auto& r : reconnects) {
+    Status s = transport_->reconnect(r.peer, r.endpoint);
+    if (!s.ok()) {
+      r.done.set_value(std::move(s));
+      continue;
+    }
+    {
+      // In id order, the order they were first sent in. Frames for the
+      // peer still in the backlog go too (a duplicate's id is seen twice
+      // over one connection, which the receiving shard server drops).
+      std::lock_guard lock(mu_);
+      std::size_t n = 0;
+      for (auto& [id, p] : pending_) {
+        if (p.peer != r.peer) continue;
+        backlog.push_back({p.peer, p.frame, {}});
+        ++n;
+      }
+      stats_.resent += n;
+      r.done.set_value(n);
+    }
+  }
+}
+
+// Sends the backlog's frames that the transport takes now.
+void Bridge::send_what_fits(std::deque<Outgoing>& backlog) {
+  // A peer whose queue is full keeps its frames, in order, for the next
+  // round; frames for every other peer go past them, so a peer that
+  // stops reading holds up nobody else's replies.
+  std::vector<PeerId> full;
+  std::deque<Outgoing> kept;
+  while (!backlog.empty()) {
+    Outgoing& out = backlog.front();
+    if (std::find(full.begin(), full.end(), out.peer) == full.end()) {
+      auto sent = transport_->send(out.peer, out.message);
+      if (sent && !*sent) {
+        full.push_back(out.peer);
+      } else {
+        if (!sent) {
+          // While stopping, peers that left first are expected.
+          spdlog::log(stopping_ ? spdlog::level::debug : spdlog::level::warn, "{}: a frame to {} was not sent: {}",
+                      options_.name, out.peer, sent.status().message());
+        }
+        backlog.pop_front();
+        std::lock_guard lock(mu_);
+        ++stats_.frames_out;
+        continue;
+      }
+    }
+    kept.push_back(std::move(out));
+    backlog.pop_front();
+  }
+  backlog.swap(kept);
+}
+
 void Bridge::run() {
   std::deque<Outgoing> backlog;  // accepted but not yet taken by the transport (would block)
   std::uint64_t refused_seen = 0;
   bool paused = false;  // not reading the bound endpoint (max_unanswered)
   while (true) {
-    std::deque<std::pair<std::string, std::promise<Result<PeerId>>>> connects;
-    std::deque<Reconnect> reconnects;
-    std::deque<BoundLimits> bound_limits;
-    {
-      std::lock_guard lock(mu_);
-      connects.swap(connects_);
-      reconnects.swap(reconnects_);
-      bound_limits.swap(bound_limits_);
-      while (!outbox_.empty()) {
-        backlog.push_back(std::move(outbox_.front()));
-        outbox_.pop_front();
-        if (backlog.back().slot) tie_slot_to_frame(backlog.back().message, backlog.back().slot);
-      }
-    }
-    for (auto& l : bound_limits) l.done.set_value(transport_->set_bound_limits(l.max_part_bytes, l.max_connections));
-    for (auto& [endpoint, done] : connects) done.set_value(transport_->connect(endpoint));
-    for (auto& r : reconnects) {
-      Status s = transport_->reconnect(r.peer, r.endpoint);
-      if (!s.ok()) {
-        r.done.set_value(std::move(s));
-        continue;
-      }
-      {
-        // In id order, the order they were first sent in. Frames for the
-        // peer still in the backlog go too (a duplicate's id is seen twice
-        // over one connection, which the receiving shard server drops).
-        std::lock_guard lock(mu_);
-        std::size_t n = 0;
-        for (auto& [id, p] : pending_) {
-          if (p.peer != r.peer) continue;
-          backlog.push_back({p.peer, p.frame, {}});
-          ++n;
-        }
-        stats_.resent += n;
-        r.done.set_value(n);
-      }
-    }
-    // A peer whose queue is full keeps its frames, in order, for the next
-    // round; frames for every other peer go past them, so a peer that
-    // stops reading holds up nobody else's replies.
-    std::vector<PeerId> full;
-    std::deque<Outgoing> kept;
-    while (!backlog.empty()) {
-      Outgoing& out = backlog.front();
-      if (std::find(full.begin(), full.end(), out.peer) == full.end()) {
-        auto sent = transport_->send(out.peer, out.message);
-        if (sent && !*sent) {
-          full.push_back(out.peer);
-        } else {
-          if (!sent) {
-            // While stopping, peers that left first are expected.
-            spdlog::log(stopping_ ? spdlog::level::debug : spdlog::level::warn, "{}: a frame to {} was not sent: {}",
-                        options_.name, out.peer, sent.status().message());
-          }
-          backlog.pop_front();
-          std::lock_guard lock(mu_);
-          ++stats_.frames_out;
-          continue;
-        }
-      }
-      kept.push_back(std::move(out));
-      backlog.pop_front();
-    }
-    backlog.swap(kept);
+    take_requests(backlog);
+    send_what_fits(backlog);
     const bool blocked = !backlog.empty();  // read meanwhile, and try again soon
     if (stopping_) {
       std::lock_guard lock(mu_);

@@ -203,6 +203,10 @@ class Bridge {
     RequestSlot slot;  // a reply's request's, until tied to the frame (Bridge::run)
   };
   std::deque<Outgoing> outbox_;
+  // The I/O thread's rounds (run): what other threads asked for, and the
+  // frames the transport takes now.
+  void take_requests(std::deque<Outgoing>& backlog);
+  void send_what_fits(std::deque<Outgoing>& backlog);
   std::deque<std::pair<std::string, std::promise<Result<PeerId>>>> connects_;
   struct Reconnect {
     PeerId peer;
