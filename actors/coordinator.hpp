@@ -33,6 +33,7 @@
 #include <memory>
 #include <optional>
 
+#include "actors/job_plan.hpp"
 #include "actors/key_range.hpp"
 #include "actors/messages.hpp"
 #include "actors/parameter_shard.hpp"
@@ -43,7 +44,6 @@
 
 namespace asgd {
 
-struct WorkerShare;
 class RemotePlacement;
 
 struct CoordinatorSetup {
@@ -84,35 +84,8 @@ Result<ResumePlan> plan_resume(const JobConfig& config, const std::vector<Worker
 /// asks the shards how they stand, when there is a status server).
 inline constexpr std::chrono::milliseconds kLiveEvery{500};
 
-/// The policy settings a job's configuration gives.
-PolicyConfig policy_config(const JobConfig& config);
-/// The optimizer settings a job's configuration gives (shard and local).
-OptimizerConfig optimizer_config(const JobConfig& config, Placement where = Placement::one_process);
-/// The job's learning-rate schedule over `total_steps` clocks (the kind
-/// was validated by validate()).
-LrSchedule lr_schedule(const JobConfig& config, std::uint64_t total_steps);
 /// The job's --rpc-timeout as a CAF duration.
 caf::timespan rpc_timeout(const JobConfig& config);
-
-/// Per-worker weights from --worker-weights "W0,W1,..." (empty: all 1).
-/// Errors: invalid_argument unless there is one positive number per worker.
-Result<std::vector<double>> parse_worker_weights(const std::string& text, std::uint32_t workers);
-
-/// Per-worker slow-down factors from --straggler "W:F[,W:F...]" (1 for the
-/// rest). Errors: invalid_argument for a bad worker index or a factor < 1.
-Result<std::vector<double>> parse_stragglers(const std::string& text, std::uint32_t workers);
-
-/// What one worker trains on: its part of the training split and its batch.
-struct WorkerShare {
-  data::Partition partition;
-  std::uint32_t batch = 0;
-};
-
-/// Splits `train_count` samples and the global batch (batch x workers) in
-/// proportion to `weights`, so every worker takes about as many steps per
-/// epoch whatever its weight. Equal weights give data::partition_for and
-/// `batch` exactly.
-std::vector<WorkerShare> assign_shares(std::size_t train_count, std::uint32_t batch, const std::vector<double>& weights);
 
 /// Shards and workers in other processes (runtime/cluster.cpp). The
 /// coordinator calls it from its own thread only.
@@ -133,10 +106,6 @@ class RemotePlacement {
   /// taken: tells it to stop, saying why.
   virtual void dismiss_worker(std::uint32_t w, const std::string& why) = 0;
 };
-
-/// The most steps any worker takes over the job: the length of the
-/// learning-rate schedule, which runs by clock.
-std::uint64_t planned_clocks(const std::vector<WorkerShare>& shares, std::uint32_t epochs);
 
 struct CoordinatorState {
   CoordinatorSetup setup;
