@@ -91,7 +91,7 @@ void snapshot(Self self, std::function<void()> then) {
         .then(
             [self, remaining, then, i](ShardReply& reply) {
               auto& s = self->state;
-              const KeyRange& r = s.ranges[i];
+              const KeyRange& r = s.plan.ranges[i];
               if (reply.shard != i || reply.params.size() != r.size()) {
                 fail(self, Status::Internal("shard " + std::to_string(i) + " sent a malformed snapshot"));
                 return;
@@ -109,10 +109,9 @@ void snapshot(Self self, std::function<void()> then) {
 
 JobSummary make_summary(const CoordinatorState& c, const EvalResult& test, const std::vector<std::uint64_t>& histogram) {
   const JobConfig& cfg = c.setup.config;
-  auto policy = make_policy(policy_config(cfg));
   JobSummary sum;
-  sum.policy = policy ? (*policy)->name() : cfg.policy;
-  sum.staleness = policy ? (*policy)->staleness_bound() : std::nullopt;
+  sum.policy = c.plan.policy_name;
+  sum.staleness = c.plan.staleness_bound;
   sum.workers = cfg.workers;
   sum.shards = cfg.shards;
   sum.device = cfg.device;
@@ -125,7 +124,7 @@ JobSummary make_summary(const CoordinatorState& c, const EvalResult& test, const
     samples += w.samples;
     sum.worker_wait_s.push_back(w.policy_wait_s);
   }
-  for (const auto& share : c.shares) sum.worker_batch.push_back(share.batch);
+  for (const auto& w : c.plan.workers) sum.worker_batch.push_back(w.share.batch);
   sum.samples_per_s = c.train_s > 0 ? static_cast<double>(samples) / c.train_s : 0.0;
   sum.final_test_accuracy = test.accuracy;
   sum.time_to_target_s = c.time_to_target_s;
@@ -411,8 +410,7 @@ void rejoin_worker(Self self, std::uint32_t w) {
   --s.workers_lost;
   --s.workers_stopped;
   ++s.workers_rejoined;
-  const WorkerShare& share = s.shares[w];
-  const Clock clock = first * ((share.partition.size() + share.batch - 1) / share.batch);
+  const Clock clock = first * s.plan.workers[w].steps_per_epoch;
   // Started once every shard has taken the join: a statistics request
   // after it on the same connection is answered after it.
   auto remaining = std::make_shared<std::size_t>(s.shards.size());
@@ -424,8 +422,7 @@ void rejoin_worker(Self self, std::uint32_t w) {
               if (--*remaining > 0) return;
               auto& c = self->state;
               if (c.done) return;
-              c.setup.remote->start_worker(w, c.shares[w], c.stragglers[w], c.schedule_steps,
-                                           static_cast<std::uint32_t>(first));
+              c.setup.remote->start_worker(c.plan, w, static_cast<std::uint32_t>(first));
               const double at_s = seconds_between(c.train_start, SteadyClock::now());
               spdlog::warn("worker {} rejoined at {:.1f} s: a new process trains its share from epoch {} of {} on", w,
                            at_s, first + 1, c.setup.config.epochs);
@@ -529,7 +526,7 @@ void start_live(Self self) {
   st.live_shards.assign(st.shards.size(), {});
   st.total_samples = 0;
   const std::uint32_t first_epoch = st.resumed ? st.resumed->first_epoch : 0;
-  for (const auto& share : st.shares) st.total_samples += share.partition.size() * (cfg.epochs - first_epoch);
+  for (const auto& w : st.plan.workers) st.total_samples += w.share.partition.size() * (cfg.epochs - first_epoch);
   if (st.setup.on_progress || st.setup.live) self->delayed_send(self, kLiveEvery, live_atom::value);
 }
 
@@ -541,15 +538,13 @@ void start_training(Self self) {
   if (st.setup.remote) {  // each worker process feeds its own worker
     st.train_start = SteadyClock::now();
     st.last_epoch_end_s = 0.0;
-    for (std::uint32_t w = 0; w < cfg.workers; ++w)
-      st.setup.remote->start_worker(w, st.shares[w], st.stragglers[w], st.schedule_steps, 0);
+    for (std::uint32_t w = 0; w < cfg.workers; ++w) st.setup.remote->start_worker(st.plan, w, 0);
     if (cfg.eval_every_s > 0) self->delayed_send(self, eval_period(cfg), eval_atom::value);
     return;
   }
   for (std::uint32_t w = 0; w < cfg.workers; ++w) {
-    FeederSetup fs{st.setup.data, st.shares[w].partition, cfg.epochs, st.shares[w].batch, cfg.prefetch, cfg.seed, w + 1,
-                   st.resumed ? st.resumed->first_epoch : 0u};
-    auto feeder = self->spawn<caf::detached>(data_feeder, std::move(fs));
+    auto feeder = self->spawn<caf::detached>(
+        data_feeder, feeder_setup(st.plan, st.plan.workers[w], st.setup.data, st.resumed ? st.resumed->first_epoch : 0u));
     st.names[feeder.address()] = "data feeder " + std::to_string(w);
     st.feeders.push_back(feeder);
     self->monitor(feeder);
@@ -568,7 +563,7 @@ void calibrate(Self self, std::size_t next, std::shared_ptr<std::vector<double>>
   if (next == st.workers.size()) {
     for (std::size_t w = 0; w < rates->size(); ++w)
       spdlog::info("worker {}: {:.0f} samples/s in calibration", w, (*rates)[w]);
-    st.shares = assign_shares(st.setup.data->train.count, st.setup.config.batch, *rates);
+    replan_shares(st.plan, *rates);
     start_training(self);
     return;
   }
@@ -589,14 +584,10 @@ void calibrate(Self self, std::size_t next, std::shared_ptr<std::vector<double>>
           });
 }
 
-Placement placement_of(const CoordinatorSetup& setup) {
-  return setup.remote ? Placement::processes : Placement::one_process;
-}
-
 // What to change when training diverged: the step it ran with, where it
 // came from, and a smaller one to try.
-std::string divergence_hint(const JobConfig& c, Placement where) {
-  const TrainingSettings t = training_settings(c, where);
+std::string divergence_hint(const JobConfig& c, const JobPlan& plan) {
+  const TrainingSettings& t = plan.training;
   std::string from = c.lr ? "--lr" : "the default";
   for (const auto& a : t.adjusted)
     if (a.size() > 3 && a.rfind("lr ", 0) == 0 && std::isdigit(static_cast<unsigned char>(a[3]))) from = "the default, " + a;
@@ -617,9 +608,10 @@ Status resume_refused(const JobConfig& cfg, const Status& why) {
 
 }  // namespace
 
-Result<ResumePlan> plan_resume(const JobConfig& cfg, const std::vector<WorkerShare>& shares) {
+Result<ResumePlan> plan_resume(const JobConfig& cfg, const JobPlan& job) {
+  const std::vector<WorkerPlan>& workers = job.workers;
   ResumePlan plan;
-  std::vector<Clock> done(shares.size(), std::numeric_limits<Clock>::max());  // per worker: steps every shard has
+  std::vector<Clock> done(workers.size(), std::numeric_limits<Clock>::max());  // per worker: steps every shard has
   plan.updates = std::numeric_limits<std::uint64_t>::max();
   plan.written_unix_s = std::numeric_limits<double>::max();
   for (std::uint32_t i = 0; i < cfg.shards; ++i) {
@@ -632,119 +624,81 @@ Result<ResumePlan> plan_resume(const JobConfig& cfg, const std::vector<WorkerSha
       return resume_refused(cfg, saved.status());
     }
     const auto& clocks = saved->stats.worker_clock;
-    if (clocks.size() != shares.size())
+    if (clocks.size() != workers.size())
       return Status::InvalidArgument("--resume " + cfg.resume + ": " + path + " is of a job with " +
-                                     std::to_string(clocks.size()) + " workers, not " + std::to_string(shares.size()));
+                                     std::to_string(clocks.size()) + " workers, not " + std::to_string(workers.size()));
     for (std::size_t w = 0; w < clocks.size(); ++w) done[w] = std::min(done[w], clocks[w]);
     plan.updates = std::min(plan.updates, saved->stats.updates_applied);
     plan.written_unix_s = std::min(plan.written_unix_s, saved->written_unix_s);
   }
   std::uint64_t epochs_done = cfg.epochs;
-  for (std::size_t w = 0; w < shares.size(); ++w) {
-    const std::uint64_t per_epoch = (shares[w].partition.size() + shares[w].batch - 1) / shares[w].batch;
-    epochs_done = std::min<std::uint64_t>(epochs_done, done[w] / std::max<std::uint64_t>(per_epoch, 1));
-  }
+  for (std::size_t w = 0; w < workers.size(); ++w)
+    epochs_done = std::min<std::uint64_t>(epochs_done, done[w] / std::max<std::uint64_t>(workers[w].steps_per_epoch, 1));
   if (epochs_done >= cfg.epochs)
     return Status::InvalidArgument("--resume " + cfg.resume + ": the checkpointed job had trained all " +
                                    std::to_string(cfg.epochs) + " epochs; raise --epochs to train further");
   plan.first_epoch = static_cast<std::uint32_t>(epochs_done);
-  for (const auto& share : shares) {
-    const std::uint64_t per_epoch = (share.partition.size() + share.batch - 1) / share.batch;
-    plan.restart.push_back(plan.first_epoch * per_epoch);
-  }
+  for (const auto& w : workers) plan.restart.push_back(plan.first_epoch * w.steps_per_epoch);
   return plan;
 }
 
-caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self, CoordinatorSetup setup) {
+namespace {
+
+// --resume: where each worker starts again, read from the shards'
+// checkpoints. False once the job has failed.
+bool resume(Self self) {
   auto& st = self->state;
-  st.setup = std::move(setup);
+  auto plan = plan_resume(st.setup.config, st.plan);
+  if (!plan) {
+    fail(self, plan.status());
+    return false;
+  }
+  st.resumed = std::move(plan).value();
+  st.updates = st.resumed->updates;
+  for (WorkerPlan& w : st.plan.workers) w.first_clock = st.resumed->restart[w.id];
+  return true;
+}
+
+// Every shard restored: only now does the metrics file hear of it.
+void announce_resume(Self self) {
+  auto& st = self->state;
   const JobConfig& cfg = st.setup.config;
-  const auto& train = st.setup.data->train;
-  const Shape sample_shape = {train.channels, train.rows, train.cols};
+  const double now_unix = unix_seconds_now();
+  spdlog::info("resuming {} at epoch {} of {}: {} updates restored from checkpoints written {:.0f} s ago", cfg.resume,
+               st.resumed->first_epoch + 1, cfg.epochs, st.resumed->updates, now_unix - st.resumed->written_unix_s);
+  if (st.setup.on_record)
+    st.setup.on_record({{"event", "resume"},
+                        {"from", cfg.resume},
+                        {"epoch", st.resumed->first_epoch + 1},
+                        {"updates", st.resumed->updates},
+                        {"checkpoint_age_s", now_unix - st.resumed->written_unix_s},
+                        // Updates after the last checkpoint were lost with the stopped job: at most one interval.
+                        {"lost_at_most_s", cfg.checkpoint_every_s}});
+}
 
-  auto model = Model::build(cfg.model, cfg.model_spec.get(), sample_shape, st.setup.data->num_classes);
-  if (!model) {
-    fail(self, model.status());
-    return {};
-  }
-  st.model.emplace(std::move(model).value());
-  if (st.setup.compute) st.model->use_compute(st.setup.compute);
-  st.model->init_params(cfg.seed);
-  if (cfg.shards > st.model->num_params()) {
-    fail(self, Status::InvalidArgument("--shards " + std::to_string(cfg.shards) + " exceeds the model's " +
-                                       std::to_string(st.model->num_params()) + " parameters"));
-    return {};
-  }
-  st.ranges = partition_keys(st.model->num_params(), cfg.shards);
-
-  const PolicyConfig policy = policy_config(cfg);
-  auto made = make_policy(policy);
-  const bool auto_weights = cfg.worker_weights == "auto";
-  auto weights = parse_worker_weights(auto_weights ? "" : cfg.worker_weights, cfg.workers);
-  auto stragglers = parse_stragglers(cfg.straggler, cfg.workers);
-  for (const Status* s : {&made.status(), &weights.status(), &stragglers.status()}) {
-    if (!s->ok()) {
-      fail(self, *s);
-      return {};
-    }
-  }
-  st.stragglers = std::move(stragglers).value();
-  st.shares = assign_shares(train.count, cfg.batch, *weights);
-  if ((*made)->shares_parameters()) {
-    auto params = st.model->params();
-    st.shared = std::make_shared<SharedParameters>(std::vector<float>(params.begin(), params.end()), cfg.workers);
-  }
-
-  const OptimizerConfig optimizer = optimizer_config(cfg, placement_of(st.setup));
-  // By clock: equal shares give the length; weights aim at the same number
-  // of steps per epoch, so auto weights leave it (within a step) unchanged.
-  const LrSchedule schedule = lr_schedule(cfg, planned_clocks(st.shares, cfg.epochs));
-  st.schedule_steps = schedule.total_steps;
-  if (!cfg.resume.empty()) {
-    if (st.setup.remote || auto_weights) {
-      fail(self, Status::InvalidArgument(std::string("--resume: not available ") +
-                                         (st.setup.remote ? "for asgd cluster yet; resume with asgd train"
-                                                          : "with --worker-weights auto (give the weights)")));
-      return {};
-    }
-    auto plan = plan_resume(cfg, st.shares);
-    if (!plan) {
-      fail(self, plan.status());
-      return {};
-    }
-    st.resumed = std::move(plan).value();
-    st.updates = st.resumed->updates;
-  }
-  for (std::uint32_t i = 0; i < cfg.shards; ++i) {
-    const KeyRange r = st.ranges[i];
-    ShardSetup ss;
-    ss.index = i;
-    ss.range = r;
-    if (!st.shared) {
-      auto params = st.model->params();
-      ss.initial.assign(params.begin() + static_cast<std::ptrdiff_t>(r.begin),
-                        params.begin() + static_cast<std::ptrdiff_t>(r.end));
-    }
-    ss.optimizer = optimizer;
-    ss.policy = policy;
-    ss.schedule = schedule;
-    ss.workers = cfg.workers;
-    ss.staleness_aware_lr = training_settings(cfg).staleness_aware_lr;
-    ss.hold_warning_s = cfg.rpc_timeout_s / 2;
+// The plan's shards, each on its slice of the model's initial parameters
+// (or its checkpoint, when the job resumes), spawned here or placed in
+// their processes. False once the job has failed.
+bool start_shards(Self self) {
+  auto& st = self->state;
+  const JobConfig& cfg = st.setup.config;
+  const auto params = st.model->params();
+  for (const ShardPlan& plan : st.plan.shards) {
+    std::vector<float> initial;
+    if (!st.shared)
+      initial.assign(params.begin() + static_cast<std::ptrdiff_t>(plan.range.begin),
+                     params.begin() + static_cast<std::ptrdiff_t>(plan.range.end));
+    ShardSetup ss = shard_setup(st.plan, plan, std::move(initial));
     ss.shared = st.shared;
-    if (!cfg.checkpoint_dir.empty() && cfg.checkpoint_every_s > 0) {
-      ss.checkpoint_path = shard_checkpoint_path(cfg.checkpoint_dir, i);
-      ss.checkpoint_every_s = cfg.checkpoint_every_s;
-    }
     auto core = ShardCore::make(ss);  // checks the setup, remote or not
     if (!core) {
       fail(self, core.status());
-      return {};
+      return false;
     }
     if (st.resumed) {
-      if (const Status s = core->restore(shard_checkpoint_path(cfg.resume, i), st.resumed->restart); !s.ok()) {
+      if (const Status s = core->restore(shard_checkpoint_path(cfg.resume, plan.index), st.resumed->restart); !s.ok()) {
         fail(self, resume_refused(cfg, s));
-        return {};
+        return false;
       }
     }
     caf::actor shard;
@@ -752,62 +706,67 @@ caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self, Coordinat
       auto placed = st.setup.remote->place_shard(self, ss);
       if (!placed) {
         fail(self, placed.status());
-        return {};
+        return false;
       }
       shard = *placed;
     } else {
       shard = self->spawn(parameter_shard, std::make_shared<ShardCore>(std::move(core).value()));
     }
-    st.names[shard.address()] = "shard " + std::to_string(i);
+    st.names[shard.address()] = "shard " + std::to_string(plan.index);
     st.shards.push_back(shard);
   }
-  if (st.resumed) {  // every shard restored: only now does the metrics file hear of it
-    const double now_unix = unix_seconds_now();
-    spdlog::info("resuming {} at epoch {} of {}: {} updates restored from checkpoints written {:.0f} s ago", cfg.resume,
-                 st.resumed->first_epoch + 1, cfg.epochs, st.resumed->updates, now_unix - st.resumed->written_unix_s);
-    if (st.setup.on_record)
-      st.setup.on_record({{"event", "resume"},
-                          {"from", cfg.resume},
-                          {"epoch", st.resumed->first_epoch + 1},
-                          {"updates", st.resumed->updates},
-                          {"checkpoint_age_s", now_unix - st.resumed->written_unix_s},
-                          // Updates after the last checkpoint were lost with the stopped job: at most one interval.
-                          {"lost_at_most_s", cfg.checkpoint_every_s}});
-  }
-  st.worker_totals.resize(cfg.workers);
-  for (std::uint32_t w = 0; w < cfg.workers; ++w) {
-    WorkerSetup ws;
-    ws.id = w;
-    ws.model = cfg.model;
-    ws.model_spec = cfg.model_spec;
-    ws.device = cfg.device;
-    ws.sample_shape = sample_shape;
-    ws.classes = st.setup.data->num_classes;
-    ws.shards = st.shards;
-    ws.ranges = st.ranges;
-    ws.coordinator = caf::actor_cast<caf::actor>(self);
-    ws.policy = policy;
-    ws.rpc_timeout = rpc_timeout(cfg);
-    ws.optimizer = optimizer;
-    ws.schedule = schedule;
-    ws.straggler_factor = st.stragglers[w];
-    ws.shared = st.shared;
-    ws.compute = st.setup.compute;
-    if (st.resumed) ws.first_clock = st.resumed->restart[w];
+  return true;
+}
+
+// The plan's workers, spawned here or standing for their processes; they
+// start training later (start_training). False once the job has failed.
+bool start_workers(Self self) {
+  auto& st = self->state;
+  st.worker_totals.resize(st.plan.workers.size());
+  for (const WorkerPlan& plan : st.plan.workers) {
     caf::actor wk;
     if (st.setup.remote) {
-      auto placed = st.setup.remote->place_worker(self, w);
+      auto placed = st.setup.remote->place_worker(self, plan.id);
       if (!placed) {
         fail(self, placed.status());
-        return {};
+        return false;
       }
       wk = *placed;
     } else {
+      WorkerSetup ws = worker_setup(st.plan, plan);
+      ws.shards = st.shards;
+      ws.coordinator = caf::actor_cast<caf::actor>(self);
+      ws.shared = st.shared;
+      ws.compute = st.setup.compute;
       wk = self->spawn(worker, std::move(ws));
     }
-    st.names[wk.address()] = "worker " + std::to_string(w);
+    st.names[wk.address()] = "worker " + std::to_string(plan.id);
     st.workers.push_back(wk);
   }
+  return true;
+}
+
+}  // namespace
+
+caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self, CoordinatorSetup setup) {
+  auto& st = self->state;
+  st.setup = std::move(setup);
+  st.plan = std::move(st.setup.plan);
+  if (!st.setup.model) {
+    fail(self, Status::Internal("coordinator: started without its model"));
+    return {};
+  }
+  st.model.emplace(std::move(*st.setup.model));
+  st.setup.model.reset();
+  if (st.plan.shares_parameters) {
+    auto params = st.model->params();
+    st.shared = std::make_shared<SharedParameters>(std::vector<float>(params.begin(), params.end()),
+                                                   st.setup.config.workers);
+  }
+  if (!st.setup.config.resume.empty() && !resume(self)) return {};
+  if (!start_shards(self)) return {};
+  if (st.resumed) announce_resume(self);
+  if (!start_workers(self)) return {};
   for (auto* group : {&st.shards, &st.workers})
     for (auto& a : *group) self->monitor(a);
 
@@ -831,7 +790,7 @@ caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self, Coordinat
     fail(self, Status::Internal(who + " stopped unexpectedly: " + self->system().render(dm.reason)));
   });
 
-  if (auto_weights) {
+  if (st.plan.calibrate_weights) {
     calibrate(self, 0, std::make_shared<std::vector<double>>());
   } else {
     start_training(self);
@@ -868,7 +827,7 @@ caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self, Coordinat
       [self](failed_atom, std::int32_t code, const std::string& what) {
         switch (static_cast<StatusCode>(code)) {
           case StatusCode::diverged:
-            fail(self, Status::Diverged(what + divergence_hint(self->state.setup.config, placement_of(self->state.setup))));
+            fail(self, Status::Diverged(what + divergence_hint(self->state.setup.config, self->state.plan)));
             break;
           case StatusCode::timeout: fail(self, Status::Timeout(what)); break;
           case StatusCode::invalid_argument: fail(self, Status::InvalidArgument(what)); break;

@@ -65,6 +65,13 @@ struct CoordinatorSetup {
   /// The job's compute threads, which its models (the workers' and the
   /// evaluation's) take their pools from; null: each model's own default.
   std::shared_ptr<ComputeContext> compute;
+  /// The job's plan (plan_job), from which the coordinator starts its shards
+  /// and workers.
+  JobPlan plan;
+  /// The model the plan was made for, its parameters initialised: the
+  /// shards' initial parameters, then the coordinator's for evaluation. The
+  /// coordinator takes it over.
+  std::shared_ptr<Model> model;
 };
 
 /// Where a resumed job starts (JobConfig::resume): read from the shards'
@@ -78,7 +85,7 @@ struct ResumePlan {
 /// Errors: not_found for a missing shard checkpoint, corruption, and
 /// invalid_argument when the checkpoints are not this job's or it had
 /// already trained every epoch.
-Result<ResumePlan> plan_resume(const JobConfig& config, const std::vector<WorkerShare>& shares);
+Result<ResumePlan> plan_resume(const JobConfig& config, const JobPlan& plan);
 
 /// How often the coordinator refreshes Progress and the live status (and
 /// asks the shards how they stand, when there is a status server).
@@ -98,10 +105,9 @@ class RemotePlacement {
   /// The local actor that stands for worker `w`: it stops normally once the
   /// worker has finished, abnormally when its process went silent.
   virtual Result<caf::actor> place_worker(caf::local_actor* coordinator, std::uint32_t w) = 0;
-  /// Starts worker `w` on `share`, slowed by `straggler`, with a learning-rate
-  /// schedule of `schedule_steps`, at epoch `first_epoch` (0-based).
-  virtual void start_worker(std::uint32_t w, const WorkerShare& share, double straggler, std::uint64_t schedule_steps,
-                            std::uint32_t first_epoch) = 0;
+  /// Starts worker `w` as `plan` says (its share, its straggler factor, the
+  /// schedule's length), at epoch `first_epoch` (0-based).
+  virtual void start_worker(const JobPlan& plan, std::uint32_t w, std::uint32_t first_epoch) = 0;
   /// Worker `w`'s new process (registered in place of a lost one) is not
   /// taken: tells it to stop, saying why.
   virtual void dismiss_worker(std::uint32_t w, const std::string& why) = 0;
@@ -109,15 +115,12 @@ class RemotePlacement {
 
 struct CoordinatorState {
   CoordinatorSetup setup;
+  JobPlan plan;                               // setup's, taken over: shares change with --worker-weights auto
   std::optional<Model> model;                 // for initialisation and evaluation
-  std::vector<KeyRange> ranges;
   std::vector<caf::actor> shards;
   std::vector<caf::actor> workers;
   std::vector<caf::actor> feeders;
-  std::vector<WorkerShare> shares;
   std::optional<ResumePlan> resumed;
-  std::vector<double> stragglers;             // per worker: slow-down factor
-  std::uint64_t schedule_steps = 0;
   std::shared_ptr<SharedParameters> shared;   // hogwild only
   std::uint32_t workers_stopped = 0;          // finished or lost
   std::uint32_t workers_lost = 0;

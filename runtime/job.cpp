@@ -280,20 +280,34 @@ Result<JobSummary> run_job_with(const JobConfig& requested, const JobCallbacks& 
     spdlog::info("loaded {} from {}: {} train, {} validation, {} test images", config.dataset, dir,
                  data->train.count, data->validation.count, data->test.count);
   }
-  if (config.workers > data->train.count)
-    return Status::InvalidArgument("--workers " + std::to_string(config.workers) + ": more workers than the " +
-                                   std::to_string(data->train.count) + " training samples");
+  // A job that cannot be planned ends as one its coordinator failed: the
+  // processes of a cluster are told.
+  auto refuse = [&](const Status& why) {
+    if (hooks.before_shutdown) hooks.before_shutdown(why);
+    return why;
+  };
+  // The coordinator's model (the shards' initial parameters, then what it
+  // evaluates), and the plan for its size.
+  const auto& train = data->train;
+  const Shape sample_shape = {train.channels, train.rows, train.cols};
+  auto model = Model::build(config.model, config.model_spec.get(), sample_shape, data->num_classes);
+  if (!model) return refuse(model.status());
+  const JobFacts facts{model->num_params(), train.count, data->num_classes, sample_shape,
+                       hooks.make_placement ? Placement::processes : Placement::one_process,
+                       std::thread::hardware_concurrency()};
+  auto plan = plan_job(config, facts);
+  if (!plan) return refuse(plan.status());
 
   // Each worker's share of the cores, in a budget of this job's own.
-  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  const unsigned blas_threads = config.threads > 0 ? config.threads : std::max(1u, cores / config.workers);
-  const auto compute = std::make_shared<ComputeContext>(blas_threads);
+  const auto compute = std::make_shared<ComputeContext>(plan->compute_threads);
   if (hooks.on_compute_context) hooks.on_compute_context(compute);
+  model->use_compute(compute);
+  model->init_params(config.seed);
   if (const std::string better = blas::suggested_coretype(); !better.empty()) {
     spdlog::warn("OpenBLAS runs its generic {} kernels on this CPU; set OPENBLAS_CORETYPE={} for faster matrix products",
                  blas::core_name(), better);
   }
-  spdlog::info("OpenBLAS {} kernels, {} thread(s) per worker", blas::core_name(), blas_threads);
+  spdlog::info("OpenBLAS {} kernels, {} thread(s) per worker", blas::core_name(), plan->compute_threads);
 
   caf::actor_system_config cfg;
   cfg.add_message_types<caf::id_block::asgd>();
@@ -304,7 +318,7 @@ Result<JobSummary> run_job_with(const JobConfig& requested, const JobCallbacks& 
   // only spins while idle and steals cores from the BLAS threads: measured
   // on 2 cores, bench runtime (b)/(a) went from 0.88-0.91 to 0.97-1.01, and
   // 2-worker training from ~135k to ~165k samples/s.
-  cfg.set("scheduler.max-threads", static_cast<std::size_t>(std::clamp(config.workers, 1u, cores)));
+  cfg.set("scheduler.max-threads", plan->actor_threads);
 
   Status write_error;
   auto on_epoch = [&](const EpochMetrics& m) {
@@ -324,7 +338,8 @@ Result<JobSummary> run_job_with(const JobConfig& requested, const JobCallbacks& 
       if (metrics && write_error.ok()) write_error = metrics->write(record);
     };
     CoordinatorSetup setup{config, data, on_epoch, on_eval, callbacks.on_progress, callbacks.on_final_params,
-                           outcome, nullptr, live, on_record, compute};
+                           outcome, nullptr, live, on_record, compute, std::move(plan).value(),
+                           std::make_shared<Model>(std::move(model).value())};
     if (hooks.make_placement) {
       auto placement = hooks.make_placement(system);
       if (!placement) return placement.status();
