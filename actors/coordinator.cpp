@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cctype>
-#include <charconv>
 #include <limits>
 #include <cmath>
 
@@ -748,6 +747,145 @@ bool start_workers(Self self) {
 
 }  // namespace
 
+namespace {
+
+// A watched actor stopped: a worker that finished or was lost, or anything
+// else, which fails the job.
+void on_down(Self self, caf::down_msg& dm) {
+  auto& s = self->state;
+  if (s.done) return;
+  if (dm.reason == caf::exit_reason::normal) {
+    if (auto w = std::find(s.workers.begin(), s.workers.end(), dm.source); w != s.workers.end()) {
+      if (const auto i = static_cast<std::size_t>(w - s.workers.begin()); i < s.seen.size()) s.seen[i].finished = true;
+      ++s.workers_stopped;
+      finish(self);
+    }
+    return;
+  }
+  if (auto w = std::find(s.workers.begin(), s.workers.end(), dm.source); w != s.workers.end()) {
+    lose_worker(self, static_cast<std::size_t>(w - s.workers.begin()), self->system().render(dm.reason));
+    return;
+  }
+  auto it = s.names.find(dm.source);
+  const std::string who = it != s.names.end() ? it->second : "an actor";
+  fail(self, Status::Internal(who + " stopped unexpectedly: " + self->system().render(dm.reason)));
+}
+
+// A worker finished an epoch: its totals, and the epoch's so far.
+void take_report(Self self, EpochReport& r) {
+  auto& s = self->state;
+  if (r.worker >= s.worker_totals.size()) return;
+  if (r.worker < s.seen.size() && s.seen[r.worker].lost) return;  // declared dead: its word no longer counts
+  auto& total = s.worker_totals[r.worker];
+  total.worker = r.worker;
+  total.samples += r.samples;
+  total.compute_s += r.compute_s;
+  total.comm_s += r.comm_s;
+  total.data_wait_s += r.data_wait_s;
+  total.policy_wait_s += r.policy_wait_s;
+  total.dropped_batches += r.dropped_batches;
+  merge_histogram(total.staleness_histogram, r.staleness_histogram);
+  auto& agg = s.epochs[r.epoch];
+  ++agg.reports;
+  agg.last_report_s = training_seconds(s);
+  agg.reported.resize(s.setup.config.workers, false);
+  agg.reported[r.worker] = true;
+  agg.sum.samples += r.samples;
+  agg.sum.batches += r.batches;
+  agg.loss_by_worker.resize(s.setup.config.workers, 0.0);
+  agg.loss_by_worker[r.worker] += r.loss_sum;
+  agg.sum.dropped_batches += r.dropped_batches;
+  agg.sum.dropped_samples += r.dropped_samples;
+  agg.sum.updates += r.updates;
+  complete_epochs(self);
+}
+
+// A worker, or the cluster's watch on a shard's process, says the job cannot
+// go on: it fails with that status.
+void fail_with(Self self, std::int32_t code, const std::string& what) {
+  switch (static_cast<StatusCode>(code)) {
+    case StatusCode::diverged:
+      fail(self, Status::Diverged(what + divergence_hint(self->state.setup.config, self->state.plan)));
+      break;
+    case StatusCode::timeout: fail(self, Status::Timeout(what)); break;
+    case StatusCode::invalid_argument: fail(self, Status::InvalidArgument(what)); break;
+    default: fail(self, Status::Internal(what)); break;
+  }
+}
+
+// Shard `shard`'s process was restarted: it hears who had left, and the
+// metrics file what was lost.
+void shard_restarted(Self self, std::uint32_t shard) {
+  auto& s = self->state;
+  if (s.done || shard >= s.shards.size()) return;
+  // The restarted process has the workers that had left by its
+  // checkpoint; the leave notices that came after died with the old one.
+  for (std::size_t w = 0; w < s.seen.size(); ++w)
+    if (s.seen[w].finished || s.seen[w].lost) self->send(s.shards[shard], leave_atom::value, static_cast<WorkerId>(w));
+  ++s.shard_restarts;
+  const double at_s = seconds_between(s.train_start, SteadyClock::now());
+  // What was lost is what the restarted process did not reload: it
+  // says which checkpoint it reloaded, if any (checkpoint writes may
+  // have been failing for a while, or never have succeeded).
+  self->request(s.shards[shard], rpc_timeout(s.setup.config), stats_atom::value)
+      .then(
+          [self, shard, at_s](ShardStats& reloaded) {
+            auto& c = self->state;
+            nlohmann::json record = {{"event", "shard_restarted"}, {"shard", shard}, {"train_s", at_s}};
+            if (reloaded.restored_unix_s > 0) {
+              const double age_s = std::max(0.0, unix_seconds_now() - reloaded.restored_unix_s);
+              spdlog::warn("shard {} was restarted at {:.1f} s from its checkpoint of {:.1f} s before, "
+                           "holding {} updates: the updates it applied after that checkpoint are lost",
+                           shard, at_s, age_s, reloaded.restored_updates);
+              record["checkpoint_age_s"] = age_s;
+              record["restored_updates"] = reloaded.restored_updates;
+              record["lost_at_most_s"] = age_s;
+            } else {
+              spdlog::warn("shard {} was restarted at {:.1f} s without a checkpoint to reload (none had "
+                           "been written): it starts again from the initial parameters, and every update "
+                           "it had applied is lost",
+                           shard, at_s);
+              record["checkpoint_age_s"] = nullptr;
+              record["restored_updates"] = 0;
+              record["lost_at_most_s"] = at_s;
+            }
+            if (c.setup.on_record) c.setup.on_record(record);
+          },
+          [self, shard, at_s](caf::error& err) {
+            auto& c = self->state;
+            spdlog::warn("shard {} was restarted at {:.1f} s; it did not say which checkpoint it reloaded: {}",
+                         shard, at_s, self->system().render(err));
+            if (c.setup.on_record)
+              c.setup.on_record({{"event", "shard_restarted"}, {"shard", shard}, {"train_s", at_s},
+                                 {"checkpoint_age_s", nullptr}, {"restored_updates", nullptr},
+                                 {"lost_at_most_s", nullptr}});
+          });
+}
+
+// Every --eval-every seconds: an evaluation point, unless an epoch's
+// evaluation is under way.
+void evaluate_now(Self self) {
+  auto& s = self->state;
+  if (s.done || s.finishing || s.last_epoch_evaluated) return;
+  self->delayed_send(self, eval_period(s.setup.config), eval_atom::value);
+  if (s.evaluating) return;  // an epoch's evaluation is under way: skip this one
+  s.evaluating = true;
+  const double taken_s = seconds_between(s.train_start, SteadyClock::now());
+  const auto at = totals_now(s);
+  snapshot(self, [self, taken_s, at] {
+    auto& c = self->state;
+    const EvalResult r = evaluate_on(c, c.setup.data->validation);
+    note_accuracy(c, r.accuracy, taken_s);
+    const EvalPoint point{taken_s, r.accuracy, at.updates, at.samples, loss_between(c.last_point, at)};
+    c.last_point = at;
+    if (c.setup.on_eval) c.setup.on_eval(point);
+    c.evaluating = false;
+    maybe_evaluate(self);
+  });
+}
+
+}  // namespace
+
 caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self, CoordinatorSetup setup) {
   auto& st = self->state;
   st.setup = std::move(setup);
@@ -770,25 +908,7 @@ caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self, Coordinat
   for (auto* group : {&st.shards, &st.workers})
     for (auto& a : *group) self->monitor(a);
 
-  self->set_down_handler([self](caf::down_msg& dm) {
-    auto& s = self->state;
-    if (s.done) return;
-    if (dm.reason == caf::exit_reason::normal) {
-      if (auto w = std::find(s.workers.begin(), s.workers.end(), dm.source); w != s.workers.end()) {
-        if (const auto i = static_cast<std::size_t>(w - s.workers.begin()); i < s.seen.size()) s.seen[i].finished = true;
-        ++s.workers_stopped;
-        finish(self);
-      }
-      return;
-    }
-    if (auto w = std::find(s.workers.begin(), s.workers.end(), dm.source); w != s.workers.end()) {
-      lose_worker(self, static_cast<std::size_t>(w - s.workers.begin()), self->system().render(dm.reason));
-      return;
-    }
-    auto it = s.names.find(dm.source);
-    const std::string who = it != s.names.end() ? it->second : "an actor";
-    fail(self, Status::Internal(who + " stopped unexpectedly: " + self->system().render(dm.reason)));
-  });
+  self->set_down_handler([self](caf::down_msg& dm) { on_down(self, dm); });
 
   if (st.plan.calibrate_weights) {
     calibrate(self, 0, std::make_shared<std::vector<double>>());
@@ -797,43 +917,8 @@ caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self, Coordinat
   }
 
   return {
-      [self](EpochReport& r) {
-        auto& s = self->state;
-        if (r.worker >= s.worker_totals.size()) return;
-        if (r.worker < s.seen.size() && s.seen[r.worker].lost) return;  // declared dead: its word no longer counts
-        auto& total = s.worker_totals[r.worker];
-        total.worker = r.worker;
-        total.samples += r.samples;
-        total.compute_s += r.compute_s;
-        total.comm_s += r.comm_s;
-        total.data_wait_s += r.data_wait_s;
-        total.policy_wait_s += r.policy_wait_s;
-        total.dropped_batches += r.dropped_batches;
-        merge_histogram(total.staleness_histogram, r.staleness_histogram);
-        auto& agg = s.epochs[r.epoch];
-        ++agg.reports;
-        agg.last_report_s = training_seconds(s);
-        agg.reported.resize(s.setup.config.workers, false);
-        agg.reported[r.worker] = true;
-        agg.sum.samples += r.samples;
-        agg.sum.batches += r.batches;
-        agg.loss_by_worker.resize(s.setup.config.workers, 0.0);
-        agg.loss_by_worker[r.worker] += r.loss_sum;
-        agg.sum.dropped_batches += r.dropped_batches;
-        agg.sum.dropped_samples += r.dropped_samples;
-        agg.sum.updates += r.updates;
-        complete_epochs(self);
-      },
-      [self](failed_atom, std::int32_t code, const std::string& what) {
-        switch (static_cast<StatusCode>(code)) {
-          case StatusCode::diverged:
-            fail(self, Status::Diverged(what + divergence_hint(self->state.setup.config, self->state.plan)));
-            break;
-          case StatusCode::timeout: fail(self, Status::Timeout(what)); break;
-          case StatusCode::invalid_argument: fail(self, Status::InvalidArgument(what)); break;
-          default: fail(self, Status::Internal(what)); break;
-        }
-      },
+      [self](EpochReport& r) { take_report(self, r); },
+      [self](failed_atom, std::int32_t code, const std::string& what) { fail_with(self, code, what); },
       [self](cancel_atom) { fail(self, Status::Cancelled("the job was cancelled")); },
       [self](WorkerProgress& p) {
         auto& s = self->state;
@@ -854,71 +939,8 @@ caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self, Coordinat
         self->send_exit(s.workers[w], caf::exit_reason::kill);
         lose_worker(self, w, why);
       },
-      [self](restarted_atom, std::uint32_t shard) {
-        auto& s = self->state;
-        if (s.done || shard >= s.shards.size()) return;
-        // The restarted process has the workers that had left by its
-        // checkpoint; the leave notices that came after died with the old one.
-        for (std::size_t w = 0; w < s.seen.size(); ++w)
-          if (s.seen[w].finished || s.seen[w].lost) self->send(s.shards[shard], leave_atom::value, static_cast<WorkerId>(w));
-        ++s.shard_restarts;
-        const double at_s = seconds_between(s.train_start, SteadyClock::now());
-        // What was lost is what the restarted process did not reload: it
-        // says which checkpoint it reloaded, if any (checkpoint writes may
-        // have been failing for a while, or never have succeeded).
-        self->request(s.shards[shard], rpc_timeout(s.setup.config), stats_atom::value)
-            .then(
-                [self, shard, at_s](ShardStats& reloaded) {
-                  auto& c = self->state;
-                  nlohmann::json record = {{"event", "shard_restarted"}, {"shard", shard}, {"train_s", at_s}};
-                  if (reloaded.restored_unix_s > 0) {
-                    const double age_s = std::max(0.0, unix_seconds_now() - reloaded.restored_unix_s);
-                    spdlog::warn("shard {} was restarted at {:.1f} s from its checkpoint of {:.1f} s before, "
-                                 "holding {} updates: the updates it applied after that checkpoint are lost",
-                                 shard, at_s, age_s, reloaded.restored_updates);
-                    record["checkpoint_age_s"] = age_s;
-                    record["restored_updates"] = reloaded.restored_updates;
-                    record["lost_at_most_s"] = age_s;
-                  } else {
-                    spdlog::warn("shard {} was restarted at {:.1f} s without a checkpoint to reload (none had "
-                                 "been written): it starts again from the initial parameters, and every update "
-                                 "it had applied is lost",
-                                 shard, at_s);
-                    record["checkpoint_age_s"] = nullptr;
-                    record["restored_updates"] = 0;
-                    record["lost_at_most_s"] = at_s;
-                  }
-                  if (c.setup.on_record) c.setup.on_record(record);
-                },
-                [self, shard, at_s](caf::error& err) {
-                  auto& c = self->state;
-                  spdlog::warn("shard {} was restarted at {:.1f} s; it did not say which checkpoint it reloaded: {}",
-                               shard, at_s, self->system().render(err));
-                  if (c.setup.on_record)
-                    c.setup.on_record({{"event", "shard_restarted"}, {"shard", shard}, {"train_s", at_s},
-                                       {"checkpoint_age_s", nullptr}, {"restored_updates", nullptr},
-                                       {"lost_at_most_s", nullptr}});
-                });
-      },
-      [self](eval_atom) {
-        auto& s = self->state;
-        if (s.done || s.finishing || s.last_epoch_evaluated) return;
-        self->delayed_send(self, eval_period(s.setup.config), eval_atom::value);
-        if (s.evaluating) return;  // an epoch's evaluation is under way: skip this one
-        s.evaluating = true;
-        const double taken_s = seconds_between(s.train_start, SteadyClock::now());
-        const auto at = totals_now(s);
-        snapshot(self, [self, taken_s, at] {
-          auto& c = self->state;
-          const EvalResult r = evaluate_on(c, c.setup.data->validation);
-          note_accuracy(c, r.accuracy, taken_s);
-          const EvalPoint point{taken_s, r.accuracy, at.updates, at.samples, loss_between(c.last_point, at)};
-          c.last_point = at;
-          if (c.setup.on_eval) c.setup.on_eval(point);
-          c.evaluating = false;
-          maybe_evaluate(self);
-        });
-      },
+      [self](restarted_atom, std::uint32_t shard) { shard_restarted(self, shard); },
+      [self](eval_atom) { evaluate_now(self); },
   };
 }
 
