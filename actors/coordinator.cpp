@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <cctype>
-#include <charconv>
 #include <limits>
 #include <cmath>
 
@@ -91,7 +90,7 @@ void snapshot(Self self, std::function<void()> then) {
         .then(
             [self, remaining, then, i](ShardReply& reply) {
               auto& s = self->state;
-              const KeyRange& r = s.ranges[i];
+              const KeyRange& r = s.plan.ranges[i];
               if (reply.shard != i || reply.params.size() != r.size()) {
                 fail(self, Status::Internal("shard " + std::to_string(i) + " sent a malformed snapshot"));
                 return;
@@ -109,10 +108,9 @@ void snapshot(Self self, std::function<void()> then) {
 
 JobSummary make_summary(const CoordinatorState& c, const EvalResult& test, const std::vector<std::uint64_t>& histogram) {
   const JobConfig& cfg = c.setup.config;
-  auto policy = make_policy(policy_config(cfg));
   JobSummary sum;
-  sum.policy = policy ? (*policy)->name() : cfg.policy;
-  sum.staleness = policy ? (*policy)->staleness_bound() : std::nullopt;
+  sum.policy = c.plan.policy_name;
+  sum.staleness = c.plan.staleness_bound;
   sum.workers = cfg.workers;
   sum.shards = cfg.shards;
   sum.device = cfg.device;
@@ -125,7 +123,7 @@ JobSummary make_summary(const CoordinatorState& c, const EvalResult& test, const
     samples += w.samples;
     sum.worker_wait_s.push_back(w.policy_wait_s);
   }
-  for (const auto& share : c.shares) sum.worker_batch.push_back(share.batch);
+  for (const auto& w : c.plan.workers) sum.worker_batch.push_back(w.share.batch);
   sum.samples_per_s = c.train_s > 0 ? static_cast<double>(samples) / c.train_s : 0.0;
   sum.final_test_accuracy = test.accuracy;
   sum.time_to_target_s = c.time_to_target_s;
@@ -291,122 +289,6 @@ caf::timespan rpc_timeout(const JobConfig& c) {
   return std::chrono::duration_cast<caf::timespan>(std::chrono::duration<double>(c.rpc_timeout_s));
 }
 
-OptimizerConfig optimizer_config(const JobConfig& c, Placement where) {
-  const TrainingSettings t = training_settings(c, where);
-  return {c.optimizer, static_cast<float>(t.lr), static_cast<float>(t.momentum), static_cast<float>(c.weight_decay)};
-}
-
-LrSchedule lr_schedule(const JobConfig& c, std::uint64_t total_steps) {
-  LrSchedule s;
-  LrSchedule::parse(c.lr_schedule, s.kind);
-  s.total_steps = total_steps;
-  // total_steps is the longest worker's clocks over the job: per epoch, a
-  // share of it.
-  const double warmup = training_settings(c).lr_warmup_epochs;
-  s.warmup_steps = static_cast<std::uint64_t>(std::llround(warmup * static_cast<double>(total_steps) /
-                                                           static_cast<double>(std::max<std::uint32_t>(c.epochs, 1))));
-  return s;
-}
-
-PolicyConfig policy_config(const JobConfig& c) {
-  PolicyConfig p;
-  p.name = c.policy;
-  // What the worker count changes, then what was given.
-  p.options = training_settings(c).policy_options;
-  for (const auto& [knob, value] : c.policy_options) p.options[knob] = value;
-  return p;
-}
-
-namespace {
-
-std::vector<std::string> split(const std::string& text, char sep) {
-  std::vector<std::string> out;
-  std::size_t start = 0;
-  while (true) {
-    const auto end = text.find(sep, start);
-    out.push_back(text.substr(start, end == std::string::npos ? std::string::npos : end - start));
-    if (end == std::string::npos) return out;
-    start = end + 1;
-  }
-}
-
-bool parse_number(const std::string& text, double& out) {
-  const char* end = text.data() + text.size();
-  auto [ptr, ec] = std::from_chars(text.data(), end, out);
-  return !text.empty() && ec == std::errc() && ptr == end && std::isfinite(out);
-}
-
-}  // namespace
-
-Result<std::vector<double>> parse_worker_weights(const std::string& text, std::uint32_t workers) {
-  if (text.empty()) return std::vector<double>(workers, 1.0);
-  const auto parts = split(text, ',');
-  if (parts.size() != workers)
-    return Status::InvalidArgument("--worker-weights " + text + ": expected " + std::to_string(workers) +
-                                   " comma-separated weights (one per worker) or 'auto', got " +
-                                   std::to_string(parts.size()));
-  std::vector<double> weights;
-  for (const auto& p : parts) {
-    double w = 0;
-    if (!parse_number(p, w) || !(w > 0))
-      return Status::InvalidArgument("--worker-weights " + text + ": '" + p + "' is not a positive number");
-    weights.push_back(w);
-  }
-  return weights;
-}
-
-Result<std::vector<double>> parse_stragglers(const std::string& text, std::uint32_t workers) {
-  std::vector<double> factors(workers, 1.0);
-  if (text.empty()) return factors;
-  for (const auto& item : split(text, ',')) {
-    const auto colon = item.find(':');
-    std::uint32_t w = 0;
-    double f = 0;
-    const std::string index = item.substr(0, colon == std::string::npos ? 0 : colon);
-    auto [ptr, ec] = std::from_chars(index.data(), index.data() + index.size(), w);
-    if (colon == std::string::npos || index.empty() || ec != std::errc() || ptr != index.data() + index.size() ||
-        !parse_number(item.substr(colon + 1), f))
-      return Status::InvalidArgument("--straggler " + text + ": '" + item + "' is not WORKER:FACTOR");
-    if (w >= workers)
-      return Status::InvalidArgument("--straggler " + text + ": there is no worker " + std::to_string(w) + " of " +
-                                     std::to_string(workers) + " (workers count from 0)");
-    if (!(f >= 1.0)) return Status::InvalidArgument("--straggler " + text + ": the factor must be >= 1");
-    factors[w] = f;
-  }
-  return factors;
-}
-
-std::vector<WorkerShare> assign_shares(std::size_t n, std::uint32_t batch, const std::vector<double>& weights) {
-  const std::size_t count = weights.size();
-  std::vector<WorkerShare> shares(count);
-  const bool equal = std::all_of(weights.begin(), weights.end(), [&](double w) { return w == weights.front(); });
-  double total = 0;
-  for (double w : weights) total += w;
-  double cumulative = 0;
-  std::size_t begin = 0;
-  for (std::size_t i = 0; i < count; ++i) {
-    if (equal) {
-      shares[i] = {data::partition_for(n, i, count), batch};
-      continue;
-    }
-    cumulative += weights[i];
-    // Boundaries from the cumulative weight: sizes add up to n exactly.
-    const std::size_t end = i + 1 == count ? n : static_cast<std::size_t>(std::llround(cumulative / total * static_cast<double>(n)));
-    shares[i].partition = {begin, std::max(end, begin)};
-    begin = shares[i].partition.end;
-    const double b = static_cast<double>(batch) * static_cast<double>(count) * weights[i] / total;
-    shares[i].batch = static_cast<std::uint32_t>(std::max(1.0, std::round(b)));
-  }
-  return shares;
-}
-
-std::uint64_t planned_clocks(const std::vector<WorkerShare>& shares, std::uint32_t epochs) {
-  std::uint64_t most = 0;
-  for (const auto& s : shares)
-    most = std::max<std::uint64_t>(most, epochs * ((s.partition.size() + s.batch - 1) / s.batch));
-  return most;
-}
-
 void merge_histogram(std::vector<std::uint64_t>& into, const std::vector<std::uint64_t>& h) {
   if (into.size() < h.size()) into.resize(h.size(), 0);
   for (std::size_t i = 0; i < h.size(); ++i) into[i] += h[i];
@@ -527,8 +409,7 @@ void rejoin_worker(Self self, std::uint32_t w) {
   --s.workers_lost;
   --s.workers_stopped;
   ++s.workers_rejoined;
-  const WorkerShare& share = s.shares[w];
-  const Clock clock = first * ((share.partition.size() + share.batch - 1) / share.batch);
+  const Clock clock = first * s.plan.workers[w].steps_per_epoch;
   // Started once every shard has taken the join: a statistics request
   // after it on the same connection is answered after it.
   auto remaining = std::make_shared<std::size_t>(s.shards.size());
@@ -540,8 +421,7 @@ void rejoin_worker(Self self, std::uint32_t w) {
               if (--*remaining > 0) return;
               auto& c = self->state;
               if (c.done) return;
-              c.setup.remote->start_worker(w, c.shares[w], c.stragglers[w], c.schedule_steps,
-                                           static_cast<std::uint32_t>(first));
+              c.setup.remote->start_worker(c.plan, w, static_cast<std::uint32_t>(first));
               const double at_s = seconds_between(c.train_start, SteadyClock::now());
               spdlog::warn("worker {} rejoined at {:.1f} s: a new process trains its share from epoch {} of {} on", w,
                            at_s, first + 1, c.setup.config.epochs);
@@ -645,7 +525,7 @@ void start_live(Self self) {
   st.live_shards.assign(st.shards.size(), {});
   st.total_samples = 0;
   const std::uint32_t first_epoch = st.resumed ? st.resumed->first_epoch : 0;
-  for (const auto& share : st.shares) st.total_samples += share.partition.size() * (cfg.epochs - first_epoch);
+  for (const auto& w : st.plan.workers) st.total_samples += w.share.partition.size() * (cfg.epochs - first_epoch);
   if (st.setup.on_progress || st.setup.live) self->delayed_send(self, kLiveEvery, live_atom::value);
 }
 
@@ -657,15 +537,13 @@ void start_training(Self self) {
   if (st.setup.remote) {  // each worker process feeds its own worker
     st.train_start = SteadyClock::now();
     st.last_epoch_end_s = 0.0;
-    for (std::uint32_t w = 0; w < cfg.workers; ++w)
-      st.setup.remote->start_worker(w, st.shares[w], st.stragglers[w], st.schedule_steps, 0);
+    for (std::uint32_t w = 0; w < cfg.workers; ++w) st.setup.remote->start_worker(st.plan, w, 0);
     if (cfg.eval_every_s > 0) self->delayed_send(self, eval_period(cfg), eval_atom::value);
     return;
   }
   for (std::uint32_t w = 0; w < cfg.workers; ++w) {
-    FeederSetup fs{st.setup.data, st.shares[w].partition, cfg.epochs, st.shares[w].batch, cfg.prefetch, cfg.seed, w + 1,
-                   st.resumed ? st.resumed->first_epoch : 0u};
-    auto feeder = self->spawn<caf::detached>(data_feeder, std::move(fs));
+    auto feeder = self->spawn<caf::detached>(
+        data_feeder, feeder_setup(st.plan, st.plan.workers[w], st.setup.data, st.resumed ? st.resumed->first_epoch : 0u));
     st.names[feeder.address()] = "data feeder " + std::to_string(w);
     st.feeders.push_back(feeder);
     self->monitor(feeder);
@@ -684,7 +562,7 @@ void calibrate(Self self, std::size_t next, std::shared_ptr<std::vector<double>>
   if (next == st.workers.size()) {
     for (std::size_t w = 0; w < rates->size(); ++w)
       spdlog::info("worker {}: {:.0f} samples/s in calibration", w, (*rates)[w]);
-    st.shares = assign_shares(st.setup.data->train.count, st.setup.config.batch, *rates);
+    replan_shares(st.plan, *rates);
     start_training(self);
     return;
   }
@@ -705,14 +583,10 @@ void calibrate(Self self, std::size_t next, std::shared_ptr<std::vector<double>>
           });
 }
 
-Placement placement_of(const CoordinatorSetup& setup) {
-  return setup.remote ? Placement::processes : Placement::one_process;
-}
-
 // What to change when training diverged: the step it ran with, where it
 // came from, and a smaller one to try.
-std::string divergence_hint(const JobConfig& c, Placement where) {
-  const TrainingSettings t = training_settings(c, where);
+std::string divergence_hint(const JobConfig& c, const JobPlan& plan) {
+  const TrainingSettings& t = plan.training;
   std::string from = c.lr ? "--lr" : "the default";
   for (const auto& a : t.adjusted)
     if (a.size() > 3 && a.rfind("lr ", 0) == 0 && std::isdigit(static_cast<unsigned char>(a[3]))) from = "the default, " + a;
@@ -733,9 +607,10 @@ Status resume_refused(const JobConfig& cfg, const Status& why) {
 
 }  // namespace
 
-Result<ResumePlan> plan_resume(const JobConfig& cfg, const std::vector<WorkerShare>& shares) {
+Result<ResumePlan> plan_resume(const JobConfig& cfg, const JobPlan& job) {
+  const std::vector<WorkerPlan>& workers = job.workers;
   ResumePlan plan;
-  std::vector<Clock> done(shares.size(), std::numeric_limits<Clock>::max());  // per worker: steps every shard has
+  std::vector<Clock> done(workers.size(), std::numeric_limits<Clock>::max());  // per worker: steps every shard has
   plan.updates = std::numeric_limits<std::uint64_t>::max();
   plan.written_unix_s = std::numeric_limits<double>::max();
   for (std::uint32_t i = 0; i < cfg.shards; ++i) {
@@ -748,119 +623,81 @@ Result<ResumePlan> plan_resume(const JobConfig& cfg, const std::vector<WorkerSha
       return resume_refused(cfg, saved.status());
     }
     const auto& clocks = saved->stats.worker_clock;
-    if (clocks.size() != shares.size())
+    if (clocks.size() != workers.size())
       return Status::InvalidArgument("--resume " + cfg.resume + ": " + path + " is of a job with " +
-                                     std::to_string(clocks.size()) + " workers, not " + std::to_string(shares.size()));
+                                     std::to_string(clocks.size()) + " workers, not " + std::to_string(workers.size()));
     for (std::size_t w = 0; w < clocks.size(); ++w) done[w] = std::min(done[w], clocks[w]);
     plan.updates = std::min(plan.updates, saved->stats.updates_applied);
     plan.written_unix_s = std::min(plan.written_unix_s, saved->written_unix_s);
   }
   std::uint64_t epochs_done = cfg.epochs;
-  for (std::size_t w = 0; w < shares.size(); ++w) {
-    const std::uint64_t per_epoch = (shares[w].partition.size() + shares[w].batch - 1) / shares[w].batch;
-    epochs_done = std::min<std::uint64_t>(epochs_done, done[w] / std::max<std::uint64_t>(per_epoch, 1));
-  }
+  for (std::size_t w = 0; w < workers.size(); ++w)
+    epochs_done = std::min<std::uint64_t>(epochs_done, done[w] / std::max<std::uint64_t>(workers[w].steps_per_epoch, 1));
   if (epochs_done >= cfg.epochs)
     return Status::InvalidArgument("--resume " + cfg.resume + ": the checkpointed job had trained all " +
                                    std::to_string(cfg.epochs) + " epochs; raise --epochs to train further");
   plan.first_epoch = static_cast<std::uint32_t>(epochs_done);
-  for (const auto& share : shares) {
-    const std::uint64_t per_epoch = (share.partition.size() + share.batch - 1) / share.batch;
-    plan.restart.push_back(plan.first_epoch * per_epoch);
-  }
+  for (const auto& w : workers) plan.restart.push_back(plan.first_epoch * w.steps_per_epoch);
   return plan;
 }
 
-caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self, CoordinatorSetup setup) {
+namespace {
+
+// --resume: where each worker starts again, read from the shards'
+// checkpoints. False once the job has failed.
+bool resume(Self self) {
   auto& st = self->state;
-  st.setup = std::move(setup);
+  auto plan = plan_resume(st.setup.config, st.plan);
+  if (!plan) {
+    fail(self, plan.status());
+    return false;
+  }
+  st.resumed = std::move(plan).value();
+  st.updates = st.resumed->updates;
+  for (WorkerPlan& w : st.plan.workers) w.first_clock = st.resumed->restart[w.id];
+  return true;
+}
+
+// Every shard restored: only now does the metrics file hear of it.
+void announce_resume(Self self) {
+  auto& st = self->state;
   const JobConfig& cfg = st.setup.config;
-  const auto& train = st.setup.data->train;
-  const Shape sample_shape = {train.channels, train.rows, train.cols};
+  const double now_unix = unix_seconds_now();
+  spdlog::info("resuming {} at epoch {} of {}: {} updates restored from checkpoints written {:.0f} s ago", cfg.resume,
+               st.resumed->first_epoch + 1, cfg.epochs, st.resumed->updates, now_unix - st.resumed->written_unix_s);
+  if (st.setup.on_record)
+    st.setup.on_record({{"event", "resume"},
+                        {"from", cfg.resume},
+                        {"epoch", st.resumed->first_epoch + 1},
+                        {"updates", st.resumed->updates},
+                        {"checkpoint_age_s", now_unix - st.resumed->written_unix_s},
+                        // Updates after the last checkpoint were lost with the stopped job: at most one interval.
+                        {"lost_at_most_s", cfg.checkpoint_every_s}});
+}
 
-  auto model = Model::build(cfg.model, cfg.model_spec.get(), sample_shape, st.setup.data->num_classes);
-  if (!model) {
-    fail(self, model.status());
-    return {};
-  }
-  st.model.emplace(std::move(model).value());
-  if (st.setup.compute) st.model->use_compute(st.setup.compute);
-  st.model->init_params(cfg.seed);
-  if (cfg.shards > st.model->num_params()) {
-    fail(self, Status::InvalidArgument("--shards " + std::to_string(cfg.shards) + " exceeds the model's " +
-                                       std::to_string(st.model->num_params()) + " parameters"));
-    return {};
-  }
-  st.ranges = partition_keys(st.model->num_params(), cfg.shards);
-
-  const PolicyConfig policy = policy_config(cfg);
-  auto made = make_policy(policy);
-  const bool auto_weights = cfg.worker_weights == "auto";
-  auto weights = parse_worker_weights(auto_weights ? "" : cfg.worker_weights, cfg.workers);
-  auto stragglers = parse_stragglers(cfg.straggler, cfg.workers);
-  for (const Status* s : {&made.status(), &weights.status(), &stragglers.status()}) {
-    if (!s->ok()) {
-      fail(self, *s);
-      return {};
-    }
-  }
-  st.stragglers = std::move(stragglers).value();
-  st.shares = assign_shares(train.count, cfg.batch, *weights);
-  if ((*made)->shares_parameters()) {
-    auto params = st.model->params();
-    st.shared = std::make_shared<SharedParameters>(std::vector<float>(params.begin(), params.end()), cfg.workers);
-  }
-
-  const OptimizerConfig optimizer = optimizer_config(cfg, placement_of(st.setup));
-  // By clock: equal shares give the length; weights aim at the same number
-  // of steps per epoch, so auto weights leave it (within a step) unchanged.
-  const LrSchedule schedule = lr_schedule(cfg, planned_clocks(st.shares, cfg.epochs));
-  st.schedule_steps = schedule.total_steps;
-  if (!cfg.resume.empty()) {
-    if (st.setup.remote || auto_weights) {
-      fail(self, Status::InvalidArgument(std::string("--resume: not available ") +
-                                         (st.setup.remote ? "for asgd cluster yet; resume with asgd train"
-                                                          : "with --worker-weights auto (give the weights)")));
-      return {};
-    }
-    auto plan = plan_resume(cfg, st.shares);
-    if (!plan) {
-      fail(self, plan.status());
-      return {};
-    }
-    st.resumed = std::move(plan).value();
-    st.updates = st.resumed->updates;
-  }
-  for (std::uint32_t i = 0; i < cfg.shards; ++i) {
-    const KeyRange r = st.ranges[i];
-    ShardSetup ss;
-    ss.index = i;
-    ss.range = r;
-    if (!st.shared) {
-      auto params = st.model->params();
-      ss.initial.assign(params.begin() + static_cast<std::ptrdiff_t>(r.begin),
-                        params.begin() + static_cast<std::ptrdiff_t>(r.end));
-    }
-    ss.optimizer = optimizer;
-    ss.policy = policy;
-    ss.schedule = schedule;
-    ss.workers = cfg.workers;
-    ss.staleness_aware_lr = training_settings(cfg).staleness_aware_lr;
-    ss.hold_warning_s = cfg.rpc_timeout_s / 2;
+// The plan's shards, each on its slice of the model's initial parameters
+// (or its checkpoint, when the job resumes), spawned here or placed in
+// their processes. False once the job has failed.
+bool start_shards(Self self) {
+  auto& st = self->state;
+  const JobConfig& cfg = st.setup.config;
+  const auto params = st.model->params();
+  for (const ShardPlan& plan : st.plan.shards) {
+    std::vector<float> initial;
+    if (!st.shared)
+      initial.assign(params.begin() + static_cast<std::ptrdiff_t>(plan.range.begin),
+                     params.begin() + static_cast<std::ptrdiff_t>(plan.range.end));
+    ShardSetup ss = shard_setup(st.plan, plan, std::move(initial));
     ss.shared = st.shared;
-    if (!cfg.checkpoint_dir.empty() && cfg.checkpoint_every_s > 0) {
-      ss.checkpoint_path = shard_checkpoint_path(cfg.checkpoint_dir, i);
-      ss.checkpoint_every_s = cfg.checkpoint_every_s;
-    }
     auto core = ShardCore::make(ss);  // checks the setup, remote or not
     if (!core) {
       fail(self, core.status());
-      return {};
+      return false;
     }
     if (st.resumed) {
-      if (const Status s = core->restore(shard_checkpoint_path(cfg.resume, i), st.resumed->restart); !s.ok()) {
+      if (const Status s = core->restore(shard_checkpoint_path(cfg.resume, plan.index), st.resumed->restart); !s.ok()) {
         fail(self, resume_refused(cfg, s));
-        return {};
+        return false;
       }
     }
     caf::actor shard;
@@ -868,129 +705,220 @@ caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self, Coordinat
       auto placed = st.setup.remote->place_shard(self, ss);
       if (!placed) {
         fail(self, placed.status());
-        return {};
+        return false;
       }
       shard = *placed;
     } else {
       shard = self->spawn(parameter_shard, std::make_shared<ShardCore>(std::move(core).value()));
     }
-    st.names[shard.address()] = "shard " + std::to_string(i);
+    st.names[shard.address()] = "shard " + std::to_string(plan.index);
     st.shards.push_back(shard);
   }
-  if (st.resumed) {  // every shard restored: only now does the metrics file hear of it
-    const double now_unix = unix_seconds_now();
-    spdlog::info("resuming {} at epoch {} of {}: {} updates restored from checkpoints written {:.0f} s ago", cfg.resume,
-                 st.resumed->first_epoch + 1, cfg.epochs, st.resumed->updates, now_unix - st.resumed->written_unix_s);
-    if (st.setup.on_record)
-      st.setup.on_record({{"event", "resume"},
-                          {"from", cfg.resume},
-                          {"epoch", st.resumed->first_epoch + 1},
-                          {"updates", st.resumed->updates},
-                          {"checkpoint_age_s", now_unix - st.resumed->written_unix_s},
-                          // Updates after the last checkpoint were lost with the stopped job: at most one interval.
-                          {"lost_at_most_s", cfg.checkpoint_every_s}});
-  }
-  st.worker_totals.resize(cfg.workers);
-  for (std::uint32_t w = 0; w < cfg.workers; ++w) {
-    WorkerSetup ws;
-    ws.id = w;
-    ws.model = cfg.model;
-    ws.model_spec = cfg.model_spec;
-    ws.device = cfg.device;
-    ws.sample_shape = sample_shape;
-    ws.classes = st.setup.data->num_classes;
-    ws.shards = st.shards;
-    ws.ranges = st.ranges;
-    ws.coordinator = caf::actor_cast<caf::actor>(self);
-    ws.policy = policy;
-    ws.rpc_timeout = rpc_timeout(cfg);
-    ws.optimizer = optimizer;
-    ws.schedule = schedule;
-    ws.straggler_factor = st.stragglers[w];
-    ws.shared = st.shared;
-    ws.compute = st.setup.compute;
-    if (st.resumed) ws.first_clock = st.resumed->restart[w];
+  return true;
+}
+
+// The plan's workers, spawned here or standing for their processes; they
+// start training later (start_training). False once the job has failed.
+bool start_workers(Self self) {
+  auto& st = self->state;
+  st.worker_totals.resize(st.plan.workers.size());
+  for (const WorkerPlan& plan : st.plan.workers) {
     caf::actor wk;
     if (st.setup.remote) {
-      auto placed = st.setup.remote->place_worker(self, w);
+      auto placed = st.setup.remote->place_worker(self, plan.id);
       if (!placed) {
         fail(self, placed.status());
-        return {};
+        return false;
       }
       wk = *placed;
     } else {
+      WorkerSetup ws = worker_setup(st.plan, plan);
+      ws.shards = st.shards;
+      ws.coordinator = caf::actor_cast<caf::actor>(self);
+      ws.shared = st.shared;
+      ws.compute = st.setup.compute;
       wk = self->spawn(worker, std::move(ws));
     }
-    st.names[wk.address()] = "worker " + std::to_string(w);
+    st.names[wk.address()] = "worker " + std::to_string(plan.id);
     st.workers.push_back(wk);
   }
+  return true;
+}
+
+}  // namespace
+
+namespace {
+
+// A watched actor stopped: a worker that finished or was lost, or anything
+// else, which fails the job.
+void on_down(Self self, caf::down_msg& dm) {
+  auto& s = self->state;
+  if (s.done) return;
+  if (dm.reason == caf::exit_reason::normal) {
+    if (auto w = std::find(s.workers.begin(), s.workers.end(), dm.source); w != s.workers.end()) {
+      if (const auto i = static_cast<std::size_t>(w - s.workers.begin()); i < s.seen.size()) s.seen[i].finished = true;
+      ++s.workers_stopped;
+      finish(self);
+    }
+    return;
+  }
+  if (auto w = std::find(s.workers.begin(), s.workers.end(), dm.source); w != s.workers.end()) {
+    lose_worker(self, static_cast<std::size_t>(w - s.workers.begin()), self->system().render(dm.reason));
+    return;
+  }
+  auto it = s.names.find(dm.source);
+  const std::string who = it != s.names.end() ? it->second : "an actor";
+  fail(self, Status::Internal(who + " stopped unexpectedly: " + self->system().render(dm.reason)));
+}
+
+// A worker finished an epoch: its totals, and the epoch's so far.
+void take_report(Self self, EpochReport& r) {
+  auto& s = self->state;
+  if (r.worker >= s.worker_totals.size()) return;
+  if (r.worker < s.seen.size() && s.seen[r.worker].lost) return;  // declared dead: its word no longer counts
+  auto& total = s.worker_totals[r.worker];
+  total.worker = r.worker;
+  total.samples += r.samples;
+  total.compute_s += r.compute_s;
+  total.comm_s += r.comm_s;
+  total.data_wait_s += r.data_wait_s;
+  total.policy_wait_s += r.policy_wait_s;
+  total.dropped_batches += r.dropped_batches;
+  merge_histogram(total.staleness_histogram, r.staleness_histogram);
+  auto& agg = s.epochs[r.epoch];
+  ++agg.reports;
+  agg.last_report_s = training_seconds(s);
+  agg.reported.resize(s.setup.config.workers, false);
+  agg.reported[r.worker] = true;
+  agg.sum.samples += r.samples;
+  agg.sum.batches += r.batches;
+  agg.loss_by_worker.resize(s.setup.config.workers, 0.0);
+  agg.loss_by_worker[r.worker] += r.loss_sum;
+  agg.sum.dropped_batches += r.dropped_batches;
+  agg.sum.dropped_samples += r.dropped_samples;
+  agg.sum.updates += r.updates;
+  complete_epochs(self);
+}
+
+// A worker, or the cluster's watch on a shard's process, says the job cannot
+// go on: it fails with that status.
+void fail_with(Self self, std::int32_t code, const std::string& what) {
+  switch (static_cast<StatusCode>(code)) {
+    case StatusCode::diverged:
+      fail(self, Status::Diverged(what + divergence_hint(self->state.setup.config, self->state.plan)));
+      break;
+    case StatusCode::timeout: fail(self, Status::Timeout(what)); break;
+    case StatusCode::invalid_argument: fail(self, Status::InvalidArgument(what)); break;
+    default: fail(self, Status::Internal(what)); break;
+  }
+}
+
+// Shard `shard`'s process was restarted: it hears who had left, and the
+// metrics file what was lost.
+void shard_restarted(Self self, std::uint32_t shard) {
+  auto& s = self->state;
+  if (s.done || shard >= s.shards.size()) return;
+  // The restarted process has the workers that had left by its
+  // checkpoint; the leave notices that came after died with the old one.
+  for (std::size_t w = 0; w < s.seen.size(); ++w)
+    if (s.seen[w].finished || s.seen[w].lost) self->send(s.shards[shard], leave_atom::value, static_cast<WorkerId>(w));
+  ++s.shard_restarts;
+  const double at_s = seconds_between(s.train_start, SteadyClock::now());
+  // What was lost is what the restarted process did not reload: it
+  // says which checkpoint it reloaded, if any (checkpoint writes may
+  // have been failing for a while, or never have succeeded).
+  self->request(s.shards[shard], rpc_timeout(s.setup.config), stats_atom::value)
+      .then(
+          [self, shard, at_s](ShardStats& reloaded) {
+            auto& c = self->state;
+            nlohmann::json record = {{"event", "shard_restarted"}, {"shard", shard}, {"train_s", at_s}};
+            if (reloaded.restored_unix_s > 0) {
+              const double age_s = std::max(0.0, unix_seconds_now() - reloaded.restored_unix_s);
+              spdlog::warn("shard {} was restarted at {:.1f} s from its checkpoint of {:.1f} s before, "
+                           "holding {} updates: the updates it applied after that checkpoint are lost",
+                           shard, at_s, age_s, reloaded.restored_updates);
+              record["checkpoint_age_s"] = age_s;
+              record["restored_updates"] = reloaded.restored_updates;
+              record["lost_at_most_s"] = age_s;
+            } else {
+              spdlog::warn("shard {} was restarted at {:.1f} s without a checkpoint to reload (none had "
+                           "been written): it starts again from the initial parameters, and every update "
+                           "it had applied is lost",
+                           shard, at_s);
+              record["checkpoint_age_s"] = nullptr;
+              record["restored_updates"] = 0;
+              record["lost_at_most_s"] = at_s;
+            }
+            if (c.setup.on_record) c.setup.on_record(record);
+          },
+          [self, shard, at_s](caf::error& err) {
+            auto& c = self->state;
+            spdlog::warn("shard {} was restarted at {:.1f} s; it did not say which checkpoint it reloaded: {}",
+                         shard, at_s, self->system().render(err));
+            if (c.setup.on_record)
+              c.setup.on_record({{"event", "shard_restarted"}, {"shard", shard}, {"train_s", at_s},
+                                 {"checkpoint_age_s", nullptr}, {"restored_updates", nullptr},
+                                 {"lost_at_most_s", nullptr}});
+          });
+}
+
+// Every --eval-every seconds: an evaluation point, unless an epoch's
+// evaluation is under way.
+void evaluate_now(Self self) {
+  auto& s = self->state;
+  if (s.done || s.finishing || s.last_epoch_evaluated) return;
+  self->delayed_send(self, eval_period(s.setup.config), eval_atom::value);
+  if (s.evaluating) return;  // an epoch's evaluation is under way: skip this one
+  s.evaluating = true;
+  const double taken_s = seconds_between(s.train_start, SteadyClock::now());
+  const auto at = totals_now(s);
+  snapshot(self, [self, taken_s, at] {
+    auto& c = self->state;
+    const EvalResult r = evaluate_on(c, c.setup.data->validation);
+    note_accuracy(c, r.accuracy, taken_s);
+    const EvalPoint point{taken_s, r.accuracy, at.updates, at.samples, loss_between(c.last_point, at)};
+    c.last_point = at;
+    if (c.setup.on_eval) c.setup.on_eval(point);
+    c.evaluating = false;
+    maybe_evaluate(self);
+  });
+}
+
+}  // namespace
+
+caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self, CoordinatorSetup setup) {
+  auto& st = self->state;
+  st.setup = std::move(setup);
+  st.plan = std::move(st.setup.plan);
+  if (!st.setup.model) {
+    fail(self, Status::Internal("coordinator: started without its model"));
+    return {};
+  }
+  st.model.emplace(std::move(*st.setup.model));
+  st.setup.model.reset();
+  if (st.plan.shares_parameters) {
+    auto params = st.model->params();
+    st.shared = std::make_shared<SharedParameters>(std::vector<float>(params.begin(), params.end()),
+                                                   st.setup.config.workers);
+  }
+  if (!st.setup.config.resume.empty() && !resume(self)) return {};
+  if (!start_shards(self)) return {};
+  if (st.resumed) announce_resume(self);
+  if (!start_workers(self)) return {};
   for (auto* group : {&st.shards, &st.workers})
     for (auto& a : *group) self->monitor(a);
 
-  self->set_down_handler([self](caf::down_msg& dm) {
-    auto& s = self->state;
-    if (s.done) return;
-    if (dm.reason == caf::exit_reason::normal) {
-      if (auto w = std::find(s.workers.begin(), s.workers.end(), dm.source); w != s.workers.end()) {
-        if (const auto i = static_cast<std::size_t>(w - s.workers.begin()); i < s.seen.size()) s.seen[i].finished = true;
-        ++s.workers_stopped;
-        finish(self);
-      }
-      return;
-    }
-    if (auto w = std::find(s.workers.begin(), s.workers.end(), dm.source); w != s.workers.end()) {
-      lose_worker(self, static_cast<std::size_t>(w - s.workers.begin()), self->system().render(dm.reason));
-      return;
-    }
-    auto it = s.names.find(dm.source);
-    const std::string who = it != s.names.end() ? it->second : "an actor";
-    fail(self, Status::Internal(who + " stopped unexpectedly: " + self->system().render(dm.reason)));
-  });
+  self->set_down_handler([self](caf::down_msg& dm) { on_down(self, dm); });
 
-  if (auto_weights) {
+  if (st.plan.calibrate_weights) {
     calibrate(self, 0, std::make_shared<std::vector<double>>());
   } else {
     start_training(self);
   }
 
   return {
-      [self](EpochReport& r) {
-        auto& s = self->state;
-        if (r.worker >= s.worker_totals.size()) return;
-        if (r.worker < s.seen.size() && s.seen[r.worker].lost) return;  // declared dead: its word no longer counts
-        auto& total = s.worker_totals[r.worker];
-        total.worker = r.worker;
-        total.samples += r.samples;
-        total.compute_s += r.compute_s;
-        total.comm_s += r.comm_s;
-        total.data_wait_s += r.data_wait_s;
-        total.policy_wait_s += r.policy_wait_s;
-        total.dropped_batches += r.dropped_batches;
-        merge_histogram(total.staleness_histogram, r.staleness_histogram);
-        auto& agg = s.epochs[r.epoch];
-        ++agg.reports;
-        agg.last_report_s = training_seconds(s);
-        agg.reported.resize(s.setup.config.workers, false);
-        agg.reported[r.worker] = true;
-        agg.sum.samples += r.samples;
-        agg.sum.batches += r.batches;
-        agg.loss_by_worker.resize(s.setup.config.workers, 0.0);
-        agg.loss_by_worker[r.worker] += r.loss_sum;
-        agg.sum.dropped_batches += r.dropped_batches;
-        agg.sum.dropped_samples += r.dropped_samples;
-        agg.sum.updates += r.updates;
-        complete_epochs(self);
-      },
-      [self](failed_atom, std::int32_t code, const std::string& what) {
-        switch (static_cast<StatusCode>(code)) {
-          case StatusCode::diverged:
-            fail(self, Status::Diverged(what + divergence_hint(self->state.setup.config, placement_of(self->state.setup))));
-            break;
-          case StatusCode::timeout: fail(self, Status::Timeout(what)); break;
-          case StatusCode::invalid_argument: fail(self, Status::InvalidArgument(what)); break;
-          default: fail(self, Status::Internal(what)); break;
-        }
-      },
+      [self](EpochReport& r) { take_report(self, r); },
+      [self](failed_atom, std::int32_t code, const std::string& what) { fail_with(self, code, what); },
       [self](cancel_atom) { fail(self, Status::Cancelled("the job was cancelled")); },
       [self](WorkerProgress& p) {
         auto& s = self->state;
@@ -1011,71 +939,8 @@ caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self, Coordinat
         self->send_exit(s.workers[w], caf::exit_reason::kill);
         lose_worker(self, w, why);
       },
-      [self](restarted_atom, std::uint32_t shard) {
-        auto& s = self->state;
-        if (s.done || shard >= s.shards.size()) return;
-        // The restarted process has the workers that had left by its
-        // checkpoint; the leave notices that came after died with the old one.
-        for (std::size_t w = 0; w < s.seen.size(); ++w)
-          if (s.seen[w].finished || s.seen[w].lost) self->send(s.shards[shard], leave_atom::value, static_cast<WorkerId>(w));
-        ++s.shard_restarts;
-        const double at_s = seconds_between(s.train_start, SteadyClock::now());
-        // What was lost is what the restarted process did not reload: it
-        // says which checkpoint it reloaded, if any (checkpoint writes may
-        // have been failing for a while, or never have succeeded).
-        self->request(s.shards[shard], rpc_timeout(s.setup.config), stats_atom::value)
-            .then(
-                [self, shard, at_s](ShardStats& reloaded) {
-                  auto& c = self->state;
-                  nlohmann::json record = {{"event", "shard_restarted"}, {"shard", shard}, {"train_s", at_s}};
-                  if (reloaded.restored_unix_s > 0) {
-                    const double age_s = std::max(0.0, unix_seconds_now() - reloaded.restored_unix_s);
-                    spdlog::warn("shard {} was restarted at {:.1f} s from its checkpoint of {:.1f} s before, "
-                                 "holding {} updates: the updates it applied after that checkpoint are lost",
-                                 shard, at_s, age_s, reloaded.restored_updates);
-                    record["checkpoint_age_s"] = age_s;
-                    record["restored_updates"] = reloaded.restored_updates;
-                    record["lost_at_most_s"] = age_s;
-                  } else {
-                    spdlog::warn("shard {} was restarted at {:.1f} s without a checkpoint to reload (none had "
-                                 "been written): it starts again from the initial parameters, and every update "
-                                 "it had applied is lost",
-                                 shard, at_s);
-                    record["checkpoint_age_s"] = nullptr;
-                    record["restored_updates"] = 0;
-                    record["lost_at_most_s"] = at_s;
-                  }
-                  if (c.setup.on_record) c.setup.on_record(record);
-                },
-                [self, shard, at_s](caf::error& err) {
-                  auto& c = self->state;
-                  spdlog::warn("shard {} was restarted at {:.1f} s; it did not say which checkpoint it reloaded: {}",
-                               shard, at_s, self->system().render(err));
-                  if (c.setup.on_record)
-                    c.setup.on_record({{"event", "shard_restarted"}, {"shard", shard}, {"train_s", at_s},
-                                       {"checkpoint_age_s", nullptr}, {"restored_updates", nullptr},
-                                       {"lost_at_most_s", nullptr}});
-                });
-      },
-      [self](eval_atom) {
-        auto& s = self->state;
-        if (s.done || s.finishing || s.last_epoch_evaluated) return;
-        self->delayed_send(self, eval_period(s.setup.config), eval_atom::value);
-        if (s.evaluating) return;  // an epoch's evaluation is under way: skip this one
-        s.evaluating = true;
-        const double taken_s = seconds_between(s.train_start, SteadyClock::now());
-        const auto at = totals_now(s);
-        snapshot(self, [self, taken_s, at] {
-          auto& c = self->state;
-          const EvalResult r = evaluate_on(c, c.setup.data->validation);
-          note_accuracy(c, r.accuracy, taken_s);
-          const EvalPoint point{taken_s, r.accuracy, at.updates, at.samples, loss_between(c.last_point, at)};
-          c.last_point = at;
-          if (c.setup.on_eval) c.setup.on_eval(point);
-          c.evaluating = false;
-          maybe_evaluate(self);
-        });
-      },
+      [self](restarted_atom, std::uint32_t shard) { shard_restarted(self, shard); },
+      [self](eval_atom) { evaluate_now(self); },
   };
 }
 

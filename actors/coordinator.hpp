@@ -33,6 +33,7 @@
 #include <memory>
 #include <optional>
 
+#include "actors/job_plan.hpp"
 #include "actors/key_range.hpp"
 #include "messaging/protocol.hpp"
 #include "actors/parameter_shard.hpp"
@@ -43,7 +44,6 @@
 
 namespace asgd {
 
-struct WorkerShare;
 class RemotePlacement;
 
 struct CoordinatorSetup {
@@ -65,6 +65,13 @@ struct CoordinatorSetup {
   /// The job's compute threads, which its models (the workers' and the
   /// evaluation's) take their pools from; null: each model's own default.
   std::shared_ptr<ComputeContext> compute;
+  /// The job's plan (plan_job), from which the coordinator starts its shards
+  /// and workers.
+  JobPlan plan;
+  /// The model the plan was made for, its parameters initialised: the
+  /// shards' initial parameters, then the coordinator's for evaluation. The
+  /// coordinator takes it over.
+  std::shared_ptr<Model> model;
 };
 
 /// Where a resumed job starts (JobConfig::resume): read from the shards'
@@ -78,41 +85,14 @@ struct ResumePlan {
 /// Errors: not_found for a missing shard checkpoint, corruption, and
 /// invalid_argument when the checkpoints are not this job's or it had
 /// already trained every epoch.
-Result<ResumePlan> plan_resume(const JobConfig& config, const std::vector<WorkerShare>& shares);
+Result<ResumePlan> plan_resume(const JobConfig& config, const JobPlan& plan);
 
 /// How often the coordinator refreshes Progress and the live status (and
 /// asks the shards how they stand, when there is a status server).
 inline constexpr std::chrono::milliseconds kLiveEvery{500};
 
-/// The policy settings a job's configuration gives.
-PolicyConfig policy_config(const JobConfig& config);
-/// The optimizer settings a job's configuration gives (shard and local).
-OptimizerConfig optimizer_config(const JobConfig& config, Placement where = Placement::one_process);
-/// The job's learning-rate schedule over `total_steps` clocks (the kind
-/// was validated by validate()).
-LrSchedule lr_schedule(const JobConfig& config, std::uint64_t total_steps);
 /// The job's --rpc-timeout as a CAF duration.
 caf::timespan rpc_timeout(const JobConfig& config);
-
-/// Per-worker weights from --worker-weights "W0,W1,..." (empty: all 1).
-/// Errors: invalid_argument unless there is one positive number per worker.
-Result<std::vector<double>> parse_worker_weights(const std::string& text, std::uint32_t workers);
-
-/// Per-worker slow-down factors from --straggler "W:F[,W:F...]" (1 for the
-/// rest). Errors: invalid_argument for a bad worker index or a factor < 1.
-Result<std::vector<double>> parse_stragglers(const std::string& text, std::uint32_t workers);
-
-/// What one worker trains on: its part of the training split and its batch.
-struct WorkerShare {
-  data::Partition partition;
-  std::uint32_t batch = 0;
-};
-
-/// Splits `train_count` samples and the global batch (batch x workers) in
-/// proportion to `weights`, so every worker takes about as many steps per
-/// epoch whatever its weight. Equal weights give data::partition_for and
-/// `batch` exactly.
-std::vector<WorkerShare> assign_shares(std::size_t train_count, std::uint32_t batch, const std::vector<double>& weights);
 
 /// Shards and workers in other processes (runtime/cluster.cpp). The
 /// coordinator calls it from its own thread only.
@@ -125,30 +105,22 @@ class RemotePlacement {
   /// The local actor that stands for worker `w`: it stops normally once the
   /// worker has finished, abnormally when its process went silent.
   virtual Result<caf::actor> place_worker(caf::local_actor* coordinator, std::uint32_t w) = 0;
-  /// Starts worker `w` on `share`, slowed by `straggler`, with a learning-rate
-  /// schedule of `schedule_steps`, at epoch `first_epoch` (0-based).
-  virtual void start_worker(std::uint32_t w, const WorkerShare& share, double straggler, std::uint64_t schedule_steps,
-                            std::uint32_t first_epoch) = 0;
+  /// Starts worker `w` as `plan` says (its share, its straggler factor, the
+  /// schedule's length), at epoch `first_epoch` (0-based).
+  virtual void start_worker(const JobPlan& plan, std::uint32_t w, std::uint32_t first_epoch) = 0;
   /// Worker `w`'s new process (registered in place of a lost one) is not
   /// taken: tells it to stop, saying why.
   virtual void dismiss_worker(std::uint32_t w, const std::string& why) = 0;
 };
 
-/// The most steps any worker takes over the job: the length of the
-/// learning-rate schedule, which runs by clock.
-std::uint64_t planned_clocks(const std::vector<WorkerShare>& shares, std::uint32_t epochs);
-
 struct CoordinatorState {
   CoordinatorSetup setup;
+  JobPlan plan;                               // setup's, taken over: shares change with --worker-weights auto
   std::optional<Model> model;                 // for initialisation and evaluation
-  std::vector<KeyRange> ranges;
   std::vector<caf::actor> shards;
   std::vector<caf::actor> workers;
   std::vector<caf::actor> feeders;
-  std::vector<WorkerShare> shares;
   std::optional<ResumePlan> resumed;
-  std::vector<double> stragglers;             // per worker: slow-down factor
-  std::uint64_t schedule_steps = 0;
   std::shared_ptr<SharedParameters> shared;   // hogwild only
   std::uint32_t workers_stopped = 0;          // finished or lost
   std::uint32_t workers_lost = 0;

@@ -44,28 +44,35 @@ double median(std::vector<double> v) {
 }
 
 // (a): the loop a user would write by hand.
-// The job's model, initialised, and its optimizer.
-Result<std::pair<Model, std::unique_ptr<Optimizer>>> model_and_optimizer(const JobConfig& c,
-                                                                         const data::DatasetSplits& data) {
+// The job's model, initialised, with the optimizer and schedule its plan
+// gives the shard: both sides run the same kernels.
+struct Planned {
+  Model model;
+  std::unique_ptr<Optimizer> optimizer;
+  LrSchedule schedule;
+};
+
+Result<Planned> planned_model(const JobConfig& c, const data::DatasetSplits& data) {
   const auto& train = data.train;
-  auto model = Model::build(c.model, {train.channels, train.rows, train.cols}, data.num_classes);
+  const Shape shape = {train.channels, train.rows, train.cols};
+  auto model = Model::build(c.model, shape, data.num_classes);
   if (!model) return model.status();
-  model->use_compute(std::make_shared<ComputeContext>(c.threads));
+  auto plan = plan_job(c, {model->num_params(), train.count, data.num_classes, shape, Placement::one_process,
+                           std::thread::hardware_concurrency()});
+  if (!plan) return plan.status();
+  model->use_compute(std::make_shared<ComputeContext>(plan->compute_threads));
   model->init_params(c.seed);
-  auto opt = make_optimizer(optimizer_config(c), model->num_params());
+  auto opt = make_optimizer(plan->optimizer, model->num_params());
   if (!opt) return opt.status();
-  return std::pair<Model, std::unique_ptr<Optimizer>>(std::move(model).value(), std::move(opt).value());
+  return Planned{std::move(model).value(), std::move(opt).value(), plan->schedule};
 }
 
 Result<double> plain_loop(const JobConfig& c, const std::shared_ptr<const data::DatasetSplits>& data) {
   const auto& train = data->train;
-  auto made = model_and_optimizer(c, *data);
+  auto made = planned_model(c, *data);
   if (!made) return made.status();
-  auto& [model, opt] = *made;
+  auto& [model, opt, schedule] = *made;
   BatchSource source({data, data::partition_for(train.count, 0, 1), 1, c.batch, 1, c.seed, 1});
-  // The same schedule the shard applies, so both sides run the same kernels.
-  const LrSchedule schedule =
-      lr_schedule(c, planned_clocks(assign_shares(train.count, c.batch, std::vector<double>(c.workers, 1.0)), c.epochs));
   std::uint64_t step = 0;
   std::size_t samples = 0;
   const auto t0 = std::chrono::steady_clock::now();
@@ -87,9 +94,10 @@ struct PushCosts {
 };
 
 Result<PushCosts> push_costs(const JobConfig& c, const std::shared_ptr<const data::DatasetSplits>& data) {
-  auto made = model_and_optimizer(c, *data);
+  auto made = planned_model(c, *data);
   if (!made) return made.status();
-  auto& [model, opt] = *made;
+  Model& model = made->model;
+  Optimizer& opt = *made->optimizer;
   std::vector<float> params(model.params().begin(), model.params().end());
   std::vector<float> grad(params.size());
   for (std::size_t i = 0; i < grad.size(); ++i) grad[i] = 1e-3f * static_cast<float>(i % 97) - 0.05f;
@@ -99,7 +107,7 @@ Result<PushCosts> push_costs(const JobConfig& c, const std::shared_ptr<const dat
     const auto t0 = std::chrono::steady_clock::now();
     finite = all_finite(grad) && finite;
     const auto t1 = std::chrono::steady_clock::now();
-    opt->step(params, grad, 1e-3f);
+    opt.step(params, grad, 1e-3f);
     const auto t2 = std::chrono::steady_clock::now();
     check.push_back(std::chrono::duration<double>(t1 - t0).count());
     step.push_back(std::chrono::duration<double>(t2 - t1).count());

@@ -335,18 +335,18 @@ class ClusterPlacement final : public RemotePlacement {
     return proxy;
   }
 
-  void start_worker(std::uint32_t w, const WorkerShare& share, double straggler, std::uint64_t schedule_steps,
-                    std::uint32_t first_epoch) override {
+  void start_worker(const JobPlan& plan, std::uint32_t w, std::uint32_t first_epoch) override {
+    const WorkerPlan& worker = plan.workers.at(w);
     Assignment a;
     a.role = Role::worker;
     a.index = w;
     a.config = config_text_;
     a.workers = static_cast<std::uint32_t>(workers_.size());
-    a.partition_begin = share.partition.begin;
-    a.partition_end = share.partition.end;
-    a.batch = share.batch;
-    a.straggler = straggler;
-    a.schedule_steps = schedule_steps;
+    a.partition_begin = worker.share.partition.begin;
+    a.partition_end = worker.share.partition.end;
+    a.batch = worker.share.batch;
+    a.straggler = worker.straggler;
+    a.schedule_steps = plan.planned_clocks;
     a.first_epoch = first_epoch;
     PeerId peer;
     {
@@ -519,8 +519,8 @@ Status serve_until_shutdown(Joined& j, const std::string& name, std::stop_token 
 
 Status validate_for_cluster(const JobConfig& c) {
   if (Status s = validate(c); !s.ok()) return s;
-  auto policy = make_policy(policy_config(c));
-  if (policy && (*policy)->shares_parameters())
+  auto settings = plan_settings(c, Placement::processes, 1);
+  if (settings && settings->shares_parameters)
     return Status::InvalidArgument("--policy " + c.policy +
                                    ": workers in separate processes cannot share one parameter buffer; use "
                                    "asgd train for hogwild");
@@ -823,6 +823,41 @@ Result<JobSummary> run_coordinator_process(const JobConfig& config, const Proces
   return result;
 }
 
+// The shard the coordinator's plan assigned this process: its keys and the
+// schedule's length as assigned, the rest planned from the same settings by
+// the same rules; reloaded from its checkpoint when the process takes the
+// place of one that died.
+Result<ShardCore> assigned_shard(Joined& j, const std::string& name) {
+  const Assignment& a = j.assignment;
+  auto plan = plan_settings(j.config, Placement::processes, std::thread::hardware_concurrency());
+  if (!plan) return plan.status();
+  plan_clocks(*plan, a.schedule_steps);
+  const ShardPlan shard = plan_shard(*plan, a.index, {a.range_begin, a.range_end});
+  const std::string& checkpoint = shard.checkpoint_path;  // a folder on this shard's host
+  auto core = ShardCore::make(shard_setup(*plan, shard, std::move(j.tensor)));
+  if (!core) return core;
+  std::error_code ec;
+  if (!a.restore) {
+    // A new job: a checkpoint left by an earlier one in this folder must
+    // not be reloaded if this shard is restarted before it writes its own.
+    if (!checkpoint.empty()) std::filesystem::remove(checkpoint, ec);
+    return core;
+  }
+  if (checkpoint.empty())
+    return Status::InvalidArgument("restarted, but the job writes no checkpoints (--checkpoint-dir, --checkpoint-every)");
+  if (!std::filesystem::exists(checkpoint, ec)) {
+    spdlog::warn("{}: restarted before its first checkpoint ({}): starting again from the initial parameters", name,
+                 checkpoint);
+    return core;
+  }
+  auto saved = ShardCore::saved(checkpoint);
+  if (!saved) return saved.status();
+  if (Status s = core->restore(checkpoint, {}); !s.ok()) return s;
+  spdlog::warn("{}: restarted; reloaded {} (written {:.1f} s ago, {} updates applied by then)", name, checkpoint,
+               unix_seconds_now() - saved->written_unix_s, saved->stats.updates_applied);
+  return core;
+}
+
 Status run_shard_process(const ProcessOptions& o, std::stop_token stop) {
   configure_shard_allocator();  // before ZeroMQ's threads start
   // Requests for the shard go straight from the I/O thread to its server.
@@ -840,47 +875,7 @@ Status run_shard_process(const ProcessOptions& o, std::stop_token stop) {
 
   auto actor_cfg = actor_config(1);
   caf::actor_system system{actor_cfg};
-  ShardSetup ss;
-  ss.index = a.index;
-  ss.range = {a.range_begin, a.range_end};
-  ss.initial = std::move(j.tensor);
-  ss.optimizer = optimizer_config(j.config, Placement::processes);
-  ss.policy = policy_config(j.config);
-  ss.schedule = lr_schedule(j.config, a.schedule_steps);
-  ss.workers = a.workers;
-  ss.staleness_aware_lr = training_settings(j.config).staleness_aware_lr;
-  ss.hold_warning_s = j.config.rpc_timeout_s / 2;
-  if (!j.config.checkpoint_dir.empty() && j.config.checkpoint_every_s > 0) {  // a folder on this shard's host
-    ss.checkpoint_path = shard_checkpoint_path(j.config.checkpoint_dir, a.index);
-    ss.checkpoint_every_s = j.config.checkpoint_every_s;
-  }
-  const std::string checkpoint = ss.checkpoint_path;
-  auto core = ShardCore::make(std::move(ss));
-  if (core) {
-    std::error_code ec;
-    if (a.restore) {
-      if (checkpoint.empty()) {
-        core = Status::InvalidArgument("restarted, but the job writes no checkpoints (--checkpoint-dir, --checkpoint-every)");
-      } else if (std::filesystem::exists(checkpoint, ec)) {
-        auto saved = ShardCore::saved(checkpoint);
-        Status s = saved.status();
-        if (s.ok()) s = core->restore(checkpoint, {});
-        if (!s.ok()) {
-          core = s;
-        } else {
-          spdlog::warn("{}: restarted; reloaded {} (written {:.1f} s ago, {} updates applied by then)", name,
-                       checkpoint, unix_seconds_now() - saved->written_unix_s, saved->stats.updates_applied);
-        }
-      } else {
-        spdlog::warn("{}: restarted before its first checkpoint ({}): starting again from the initial parameters",
-                     name, checkpoint);
-      }
-    } else if (!checkpoint.empty()) {
-      // A new job: a checkpoint left by an earlier one in this folder must
-      // not be reloaded if this shard is restarted before it writes its own.
-      std::filesystem::remove(checkpoint, ec);
-    }
-  }
+  auto core = assigned_shard(j, name);
   if (!core) {
     j.bridge->send(j.coordinator, encode(Failure{static_cast<std::int32_t>(core.status().code()),
                                                  name + ": " + core.status().message()},
@@ -943,45 +938,40 @@ Status run_worker_process(const ProcessOptions& o, std::stop_token stop) {
   auto data = std::make_shared<const data::DatasetSplits>(std::move(loaded).value());
   if (a.partition_end > data->train.count || a.partition_begin > a.partition_end || a.batch == 0)
     return fail_early(Status::Internal("the assigned partition does not fit the training data here"));
-  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  const auto compute =
-      std::make_shared<ComputeContext>(cfg.threads > 0 ? cfg.threads : std::max(1u, cores / cfg.workers));
+  if (a.first_epoch >= cfg.epochs) return fail_early(Status::Internal("assigned to start after the last epoch"));
+  // The coordinator's plan as assigned: this worker's share, straggler
+  // factor and the schedule's length; the rest planned from the same
+  // settings by the same rules, its threads from this host's cores.
+  auto plan = plan_settings(cfg, Placement::processes, std::thread::hardware_concurrency());
+  if (!plan) return fail_early(plan.status());
+  plan_clocks(*plan, a.schedule_steps);
+  const auto& train = data->train;
+  plan->sample_shape = {train.channels, train.rows, train.cols};
+  plan->classes = data->num_classes;
+  const WorkerPlan worker_plan =
+      plan_worker(a.index, {{a.partition_begin, a.partition_end}, a.batch}, a.straggler, a.first_epoch);
+  const auto compute = std::make_shared<ComputeContext>(plan->compute_threads);
 
   auto actor_cfg = actor_config(1);
   caf::actor_system system{actor_cfg};
   std::vector<caf::actor> shards;
   std::vector<PeerId> shard_peers;
-  std::vector<KeyRange> ranges;
   for (std::size_t i = 0; i < a.shard_endpoints.size(); ++i) {
     auto peer = j.bridge->connect(a.shard_endpoints[i]);
     if (!peer) return fail_early(peer.status());
     shard_peers.push_back(*peer);
     shards.push_back(system.spawn(remote_shard, j.bridge, *peer, static_cast<std::uint32_t>(i)));
-    ranges.push_back({a.range_bounds[i], a.range_bounds[i + 1]});
+    plan->ranges.push_back({a.range_bounds[i], a.range_bounds[i + 1]});
   }
-  const auto& train = data->train;
-  if (a.first_epoch >= cfg.epochs) return fail_early(Status::Internal("assigned to start after the last epoch"));
-  auto feeder = system.spawn<caf::detached>(
-      data_feeder, FeederSetup{data, {a.partition_begin, a.partition_end}, cfg.epochs, a.batch, cfg.prefetch, cfg.seed,
-                               a.index + 1, a.first_epoch});
-  WorkerSetup ws;
-  ws.id = a.index;
-  ws.model = cfg.model;
-  ws.device = cfg.device;
-  ws.sample_shape = {train.channels, train.rows, train.cols};
-  ws.classes = data->num_classes;
+  auto feeder =
+      system.spawn<caf::detached>(data_feeder, feeder_setup(*plan, worker_plan, data, a.first_epoch));
+  // A worker process that rejoins a running job starts at an epoch's first
+  // step (plan_worker).
+  WorkerSetup ws = worker_setup(*plan, worker_plan);
   ws.compute = compute;
   ws.shards = shards;
-  ws.ranges = ranges;
   ws.feeder = feeder;
   ws.coordinator = system.spawn(remote_coordinator, j.bridge, j.coordinator);
-  ws.policy = policy_config(cfg);
-  ws.rpc_timeout = rpc_timeout(cfg);
-  ws.optimizer = optimizer_config(cfg, Placement::processes);
-  ws.schedule = lr_schedule(cfg, a.schedule_steps);
-  ws.straggler_factor = a.straggler;
-  // A worker process that rejoins a running job starts at an epoch's first step.
-  ws.first_clock = Clock{a.first_epoch} * ((a.partition_end - a.partition_begin + a.batch - 1) / a.batch);
   auto worker_actor = system.spawn(worker, std::move(ws));
   // Tells the coordinator when the worker has finished (a failure it
   // reports itself). Held here: CAF ends an actor nobody refers to.

@@ -132,6 +132,28 @@ Status validate(const JobConfig& c, const UserDataset& data) {
   return {};
 }
 
+namespace {
+
+// The coordinator's model (the shards' initial parameters, then what it
+// evaluates) and the job's plan, made for its size.
+struct Planned {
+  Model model;
+  JobPlan plan;
+};
+
+Result<Planned> plan_for(const JobConfig& config, const data::DatasetSplits& data, Placement where) {
+  const auto& train = data.train;
+  const Shape sample_shape = {train.channels, train.rows, train.cols};
+  auto model = Model::build(config.model, config.model_spec.get(), sample_shape, data.num_classes);
+  if (!model) return model.status();
+  auto plan = plan_job(config, {model->num_params(), train.count, data.num_classes, sample_shape, where,
+                                std::thread::hardware_concurrency()});
+  if (!plan) return plan.status();
+  return Planned{std::move(model).value(), std::move(plan).value()};
+}
+
+}  // namespace
+
 std::string resolve_data_dir(const JobConfig& c) {
   if (!c.data_dir.empty()) return c.data_dir;
   if (const char* root = std::getenv("ASGD_DATA_DIR"); root && *root)
@@ -217,20 +239,24 @@ Result<JobSummary> run_job_with(const JobConfig& requested, const JobCallbacks& 
     spdlog::info("loaded {} from {}: {} train, {} validation, {} test images", config.dataset, dir,
                  data->train.count, data->validation.count, data->test.count);
   }
-  if (config.workers > data->train.count)
-    return Status::InvalidArgument("--workers " + std::to_string(config.workers) + ": more workers than the " +
-                                   std::to_string(data->train.count) + " training samples");
+  auto planned = plan_for(config, *data, hooks.make_placement ? Placement::processes : Placement::one_process);
+  if (!planned) {
+    // Ends as a job its coordinator failed: the processes of a cluster are told.
+    if (hooks.before_shutdown) hooks.before_shutdown(planned.status());
+    return planned.status();
+  }
+  const JobPlan& plan = planned->plan;
 
   // Each worker's share of the cores, in a budget of this job's own.
-  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  const unsigned blas_threads = config.threads > 0 ? config.threads : std::max(1u, cores / config.workers);
-  const auto compute = std::make_shared<ComputeContext>(blas_threads);
+  const auto compute = std::make_shared<ComputeContext>(plan.compute_threads);
   if (hooks.on_compute_context) hooks.on_compute_context(compute);
+  planned->model.use_compute(compute);
+  planned->model.init_params(config.seed);
   if (const std::string better = blas::suggested_coretype(); !better.empty()) {
     spdlog::warn("OpenBLAS runs its generic {} kernels on this CPU; set OPENBLAS_CORETYPE={} for faster matrix products",
                  blas::core_name(), better);
   }
-  spdlog::info("OpenBLAS {} kernels, {} thread(s) per worker", blas::core_name(), blas_threads);
+  spdlog::info("OpenBLAS {} kernels, {} thread(s) per worker", blas::core_name(), plan.compute_threads);
 
   caf::actor_system_config cfg;
   cfg.add_message_types<caf::id_block::asgd>();
@@ -241,7 +267,7 @@ Result<JobSummary> run_job_with(const JobConfig& requested, const JobCallbacks& 
   // only spins while idle and steals cores from the BLAS threads: measured
   // on 2 cores, bench runtime (b)/(a) went from 0.88-0.91 to 0.97-1.01, and
   // 2-worker training from ~135k to ~165k samples/s.
-  cfg.set("scheduler.max-threads", static_cast<std::size_t>(std::clamp(config.workers, 1u, cores)));
+  cfg.set("scheduler.max-threads", plan.actor_threads);
 
   Status write_error;
   auto on_epoch = [&](const EpochMetrics& m) {
@@ -261,7 +287,8 @@ Result<JobSummary> run_job_with(const JobConfig& requested, const JobCallbacks& 
       if (metrics && write_error.ok()) write_error = metrics->write(record);
     };
     CoordinatorSetup setup{config, data, on_epoch, on_eval, callbacks.on_progress, callbacks.on_final_params,
-                           outcome, nullptr, live, on_record, compute};
+                           outcome, nullptr, live, on_record, compute, std::move(planned->plan),
+                           std::make_shared<Model>(std::move(planned->model))};
     if (hooks.make_placement) {
       auto placement = hooks.make_placement(system);
       if (!placement) return placement.status();

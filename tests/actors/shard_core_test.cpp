@@ -355,37 +355,5 @@ TEST(ShardCore, AStaleStepIsTakenWithMomentumHalfAndTheNextFreshOneWithTheConfig
   EXPECT_NEAR(shard.push_now(std::move(again)).params[0], -1.9f - 1.45f - (0.9f * 1.45f + 1.0f), 1e-5);  // fresh: 0.9 again
 }
 
-TEST(WorkerShares, SplitDataAndBatchInProportionToTheWeights) {
-  const auto equal = assign_shares(55000, 64, {1.0, 1.0});
-  EXPECT_EQ(equal[0].partition.size(), 27500u);
-  EXPECT_EQ(equal[1].batch, 64u);
-  EXPECT_EQ(planned_clocks(equal, 3), 3u * 430u);  // 27500 samples -> 430 batches each
-  const auto weighted = assign_shares(1000, 10, {1.0, 3.0});
-  EXPECT_EQ(weighted[0].partition.size(), 250u);
-  EXPECT_EQ(weighted[1].partition.size(), 750u);
-  EXPECT_EQ(weighted[0].partition.end, weighted[1].partition.begin);
-  EXPECT_EQ(weighted[0].batch, 5u);
-  EXPECT_EQ(weighted[1].batch, 15u);
-  EXPECT_EQ(planned_clocks(weighted, 1), 50u);  // both take 50 steps per epoch
-}
-
-TEST(WorkerWeights, ParseOnePositiveNumberPerWorker) {
-  EXPECT_EQ(*parse_worker_weights("", 3), (std::vector<double>{1, 1, 1}));
-  EXPECT_EQ(*parse_worker_weights("1,2.5", 2), (std::vector<double>{1, 2.5}));
-  EXPECT_FALSE(parse_worker_weights("1,2", 3).ok());
-  EXPECT_FALSE(parse_worker_weights("1,-2", 2).ok());
-  EXPECT_FALSE(parse_worker_weights("1,x", 2).ok());
-}
-
-TEST(Stragglers, ParseWorkerColonFactor) {
-  EXPECT_EQ(*parse_stragglers("", 2), (std::vector<double>{1, 1}));
-  EXPECT_EQ(*parse_stragglers("0:4", 2), (std::vector<double>{4, 1}));
-  EXPECT_EQ(*parse_stragglers("1:2,0:3", 2), (std::vector<double>{3, 2}));
-  EXPECT_FALSE(parse_stragglers("2:4", 2).ok());
-  EXPECT_FALSE(parse_stragglers("0:0.5", 2).ok());
-  EXPECT_FALSE(parse_stragglers("0", 2).ok());
-  EXPECT_FALSE(parse_stragglers("a:2", 2).ok());
-}
-
 }  // namespace
 }  // namespace asgd

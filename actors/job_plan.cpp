@@ -1,0 +1,280 @@
+#include "actors/job_plan.hpp"
+
+#include <algorithm>
+#include <charconv>
+#include <cmath>
+
+#include "actors/data_feeder.hpp"
+#include "actors/parameter_shard.hpp"
+#include "actors/worker.hpp"
+
+namespace asgd {
+
+namespace {
+
+std::vector<std::string> split(const std::string& text, char sep) {
+  std::vector<std::string> out;
+  std::size_t start = 0;
+  while (true) {
+    const auto end = text.find(sep, start);
+    out.push_back(text.substr(start, end == std::string::npos ? std::string::npos : end - start));
+    if (end == std::string::npos) return out;
+    start = end + 1;
+  }
+}
+
+bool parse_number(const std::string& text, double& out) {
+  const char* end = text.data() + text.size();
+  auto [ptr, ec] = std::from_chars(text.data(), end, out);
+  return !text.empty() && ec == std::errc() && ptr == end && std::isfinite(out);
+}
+
+// The schedule runs by clock, `total_steps` of them over the job: the
+// warm-up's epochs are a share of it each.
+std::uint64_t warmup_steps(double warmup_epochs, std::uint64_t total_steps, std::uint32_t epochs) {
+  return static_cast<std::uint64_t>(std::llround(warmup_epochs * static_cast<double>(total_steps) /
+                                                 static_cast<double>(std::max<std::uint32_t>(epochs, 1))));
+}
+
+}  // namespace
+
+PolicyConfig policy_config(const JobConfig& c) {
+  PolicyConfig p;
+  p.name = c.policy;
+  // What the worker count changes, then what was given.
+  p.options = training_settings(c).policy_options;
+  for (const auto& [knob, value] : c.policy_options) p.options[knob] = value;
+  return p;
+}
+
+OptimizerConfig optimizer_config(const JobConfig& c, Placement where) {
+  const TrainingSettings t = training_settings(c, where);
+  return {c.optimizer, static_cast<float>(t.lr), static_cast<float>(t.momentum), static_cast<float>(c.weight_decay)};
+}
+
+LrSchedule lr_schedule(const JobConfig& c, std::uint64_t total_steps) {
+  LrSchedule s;
+  LrSchedule::parse(c.lr_schedule, s.kind);
+  s.total_steps = total_steps;
+  s.warmup_steps = warmup_steps(training_settings(c).lr_warmup_epochs, total_steps, c.epochs);
+  return s;
+}
+
+Result<std::vector<double>> parse_worker_weights(const std::string& text, std::uint32_t workers) {
+  if (text.empty()) return std::vector<double>(workers, 1.0);
+  const auto parts = split(text, ',');
+  if (parts.size() != workers)
+    return Status::InvalidArgument("--worker-weights " + text + ": expected " + std::to_string(workers) +
+                                   " comma-separated weights (one per worker) or 'auto', got " +
+                                   std::to_string(parts.size()));
+  std::vector<double> weights;
+  for (const auto& p : parts) {
+    double w = 0;
+    if (!parse_number(p, w) || !(w > 0))
+      return Status::InvalidArgument("--worker-weights " + text + ": '" + p + "' is not a positive number");
+    weights.push_back(w);
+  }
+  return weights;
+}
+
+Result<std::vector<double>> parse_stragglers(const std::string& text, std::uint32_t workers) {
+  std::vector<double> factors(workers, 1.0);
+  if (text.empty()) return factors;
+  for (const auto& item : split(text, ',')) {
+    const auto colon = item.find(':');
+    std::uint32_t w = 0;
+    double f = 0;
+    const std::string index = item.substr(0, colon == std::string::npos ? 0 : colon);
+    auto [ptr, ec] = std::from_chars(index.data(), index.data() + index.size(), w);
+    if (colon == std::string::npos || index.empty() || ec != std::errc() || ptr != index.data() + index.size() ||
+        !parse_number(item.substr(colon + 1), f))
+      return Status::InvalidArgument("--straggler " + text + ": '" + item + "' is not WORKER:FACTOR");
+    if (w >= workers)
+      return Status::InvalidArgument("--straggler " + text + ": there is no worker " + std::to_string(w) + " of " +
+                                     std::to_string(workers) + " (workers count from 0)");
+    if (!(f >= 1.0)) return Status::InvalidArgument("--straggler " + text + ": the factor must be >= 1");
+    factors[w] = f;
+  }
+  return factors;
+}
+
+std::vector<WorkerShare> assign_shares(std::size_t n, std::uint32_t batch, const std::vector<double>& weights) {
+  const std::size_t count = weights.size();
+  std::vector<WorkerShare> shares(count);
+  const bool equal = std::all_of(weights.begin(), weights.end(), [&](double w) { return w == weights.front(); });
+  double total = 0;
+  for (double w : weights) total += w;
+  double cumulative = 0;
+  std::size_t begin = 0;
+  for (std::size_t i = 0; i < count; ++i) {
+    if (equal) {
+      shares[i] = {data::partition_for(n, i, count), batch};
+      continue;
+    }
+    cumulative += weights[i];
+    // Boundaries from the cumulative weight: sizes add up to n exactly.
+    const std::size_t end =
+        i + 1 == count ? n : static_cast<std::size_t>(std::llround(cumulative / total * static_cast<double>(n)));
+    shares[i].partition = {begin, std::max(end, begin)};
+    begin = shares[i].partition.end;
+    const double b = static_cast<double>(batch) * static_cast<double>(count) * weights[i] / total;
+    shares[i].batch = static_cast<std::uint32_t>(std::max(1.0, std::round(b)));
+  }
+  return shares;
+}
+
+std::uint64_t steps_per_epoch(const WorkerShare& share) {
+  return (share.partition.size() + share.batch - 1) / std::max<std::uint32_t>(share.batch, 1);
+}
+
+std::uint64_t planned_clocks(const std::vector<WorkerShare>& shares, std::uint32_t epochs) {
+  std::uint64_t most = 0;
+  for (const auto& s : shares) most = std::max<std::uint64_t>(most, epochs * steps_per_epoch(s));
+  return most;
+}
+
+unsigned compute_threads(const JobConfig& c, unsigned cores) {
+  return c.threads > 0 ? c.threads : std::max(1u, std::max(1u, cores) / std::max(1u, c.workers));
+}
+
+Result<JobPlan> plan_settings(const JobConfig& c, Placement where, unsigned cores) {
+  JobPlan p;
+  p.model = c.model;
+  p.model_spec = c.model_spec;
+  p.device = c.device;
+  p.placement = where;
+  p.policy = policy_config(c);
+  auto made = make_policy(p.policy);
+  if (!made) return made.status();
+  p.policy_name = (*made)->name();
+  p.staleness_bound = (*made)->staleness_bound();
+  p.shares_parameters = (*made)->shares_parameters();
+  p.training = training_settings(c, where);
+  p.optimizer = optimizer_config(c, where);
+  LrSchedule::parse(c.lr_schedule, p.schedule.kind);
+  p.epochs = c.epochs;
+  p.batch = c.batch;
+  p.calibrate_weights = c.worker_weights == "auto";
+  p.worker_count = c.workers;
+  p.compute_threads = compute_threads(c, cores);
+  // Workers compute inside their handlers: one scheduler thread each, up
+  // to the cores (run_job says why no more).
+  p.actor_threads = std::clamp(c.workers, 1u, std::max(1u, cores));
+  p.rpc_timeout_s = c.rpc_timeout_s;
+  p.hold_warning_s = c.rpc_timeout_s / 2;
+  if (!c.checkpoint_dir.empty() && c.checkpoint_every_s > 0) p.checkpoint_every_s = c.checkpoint_every_s;
+  p.checkpoint_dir = p.checkpoint_every_s > 0 ? c.checkpoint_dir : "";
+  p.prefetch = c.prefetch;
+  p.seed = c.seed;
+  plan_clocks(p, 0);
+  return p;
+}
+
+Result<JobPlan> plan_job(const JobConfig& c, const JobFacts& f) {
+  if (c.workers > f.train_count)
+    return Status::InvalidArgument("--workers " + std::to_string(c.workers) + ": more workers than the " +
+                                   std::to_string(f.train_count) + " training samples");
+  if (c.shards > f.num_params)
+    return Status::InvalidArgument("--shards " + std::to_string(c.shards) + " exceeds the model's " +
+                                   std::to_string(f.num_params) + " parameters");
+  auto settings = plan_settings(c, f.placement, f.cores);
+  if (!settings) return settings.status();
+  JobPlan p = std::move(settings).value();
+  auto weights = parse_worker_weights(p.calibrate_weights ? "" : c.worker_weights, c.workers);
+  if (!weights) return weights.status();
+  auto stragglers = parse_stragglers(c.straggler, c.workers);
+  if (!stragglers) return stragglers.status();
+  if (!c.resume.empty() && (f.placement == Placement::processes || p.calibrate_weights))
+    return Status::InvalidArgument(std::string("--resume: not available ") +
+                                   (f.placement == Placement::processes
+                                        ? "for asgd cluster yet; resume with asgd train"
+                                        : "with --worker-weights auto (give the weights)"));
+  p.sample_shape = f.sample_shape;
+  p.classes = f.classes;
+  p.num_params = f.num_params;
+  p.train_count = f.train_count;
+  p.ranges = partition_keys(f.num_params, c.shards);
+  for (std::uint32_t i = 0; i < c.shards; ++i) p.shards.push_back(plan_shard(p, i, p.ranges[i]));
+  const std::vector<WorkerShare> shares = assign_shares(f.train_count, c.batch, *weights);
+  for (std::uint32_t w = 0; w < c.workers; ++w) p.workers.push_back(plan_worker(w, shares[w], (*stragglers)[w]));
+  // By clock: equal shares give the length; weights aim at the same number
+  // of steps per epoch, so auto weights leave it (within a step) unchanged.
+  plan_clocks(p, planned_clocks(shares, c.epochs));
+  return p;
+}
+
+void plan_clocks(JobPlan& p, std::uint64_t clocks) {
+  p.planned_clocks = clocks;
+  p.schedule.total_steps = clocks;
+  p.schedule.warmup_steps = warmup_steps(p.training.lr_warmup_epochs, clocks, p.epochs);
+}
+
+ShardPlan plan_shard(const JobPlan& p, std::uint32_t index, KeyRange range) {
+  ShardPlan s;
+  s.index = index;
+  s.range = range;
+  if (!p.checkpoint_dir.empty()) s.checkpoint_path = shard_checkpoint_path(p.checkpoint_dir, index);
+  return s;
+}
+
+WorkerPlan plan_worker(std::uint32_t id, const WorkerShare& share, double straggler, std::uint32_t first_epoch) {
+  WorkerPlan w;
+  w.id = id;
+  w.share = share;
+  w.steps_per_epoch = steps_per_epoch(share);
+  w.straggler = straggler;
+  w.first_clock = Clock{first_epoch} * w.steps_per_epoch;
+  return w;
+}
+
+void replan_shares(JobPlan& p, const std::vector<double>& weights) {
+  const std::vector<WorkerShare> shares = assign_shares(p.train_count, p.batch, weights);
+  for (std::size_t w = 0; w < p.workers.size() && w < shares.size(); ++w) {
+    p.workers[w].share = shares[w];
+    p.workers[w].steps_per_epoch = steps_per_epoch(shares[w]);
+  }
+}
+
+ShardSetup shard_setup(const JobPlan& p, const ShardPlan& shard, std::vector<float> initial) {
+  ShardSetup s;
+  s.index = shard.index;
+  s.range = shard.range;
+  s.initial = std::move(initial);
+  s.optimizer = p.optimizer;
+  s.policy = p.policy;
+  s.schedule = p.schedule;
+  s.workers = p.worker_count;
+  s.staleness_aware_lr = p.training.staleness_aware_lr;
+  s.hold_warning_s = p.hold_warning_s;
+  if (!shard.checkpoint_path.empty()) {
+    s.checkpoint_path = shard.checkpoint_path;
+    s.checkpoint_every_s = p.checkpoint_every_s;
+  }
+  return s;
+}
+
+WorkerSetup worker_setup(const JobPlan& p, const WorkerPlan& worker) {
+  WorkerSetup s;
+  s.id = worker.id;
+  s.model = p.model;
+  s.model_spec = p.model_spec;
+  s.device = p.device;
+  s.sample_shape = p.sample_shape;
+  s.classes = p.classes;
+  s.ranges = p.ranges;
+  s.policy = p.policy;
+  s.rpc_timeout = std::chrono::duration_cast<caf::timespan>(std::chrono::duration<double>(p.rpc_timeout_s));
+  s.optimizer = p.optimizer;
+  s.schedule = p.schedule;
+  s.straggler_factor = worker.straggler;
+  s.first_clock = worker.first_clock;
+  return s;
+}
+
+FeederSetup feeder_setup(const JobPlan& p, const WorkerPlan& worker, std::shared_ptr<const data::DatasetSplits> data,
+                         std::uint32_t first_epoch) {
+  return FeederSetup{std::move(data), worker.share.partition, p.epochs, worker.share.batch, p.prefetch, p.seed,
+                     worker.id + 1, first_epoch};
+}
+
+}  // namespace asgd
