@@ -291,6 +291,31 @@ void continue_step(Self self) {
   }
 }
 
+// Every epoch is done: pushes what the plan had not pushed yet, else
+// leaves.
+void out_of_data(Self self) {
+  auto& st = self->state;
+  if (st.unpushed_samples == 0) {
+    leave(self);
+    return;
+  }
+  // The plan had not pushed our last steps yet (averaging's last partial
+  // round, Downpour's n_push): carry them before leaving. Tagged with the
+  // clock at which the plan would have pushed next, so under averaging a
+  // worker with fewer steps joins the others' next average instead of
+  // committing alone.
+  st.finishing = true;
+  st.step_ends_epoch = false;
+  Clock clock = st.step - 1;
+  for (Clock s = st.step - 1; s < st.step + 1'000'000; ++s) {
+    if (st.policy->plan(s).push) {
+      clock = s;
+      break;
+    }
+  }
+  send_pushes(self, clock, false);
+}
+
 void try_step(Self self) {
   auto& st = self->state;
   if (st.finished || st.finishing || st.straggling || st.outstanding > 0) return;
@@ -306,25 +331,7 @@ void try_step(Self self) {
   data::Batch batch = std::move(*st.next_batch);
   st.next_batch.reset();
   if (batch.size == 0) {  // every epoch done
-    if (st.unpushed_samples > 0) {
-      // The plan had not pushed our last steps yet (averaging's last
-      // partial round, Downpour's n_push): carry them before leaving.
-      // Tagged with the clock at which the plan would have pushed next, so
-      // under averaging a worker with fewer steps joins the others' next
-      // average instead of committing alone.
-      st.finishing = true;
-      st.step_ends_epoch = false;
-      Clock clock = st.step - 1;
-      for (Clock s = st.step - 1; s < st.step + 1'000'000; ++s) {
-        if (st.policy->plan(s).push) {
-          clock = s;
-          break;
-        }
-      }
-      send_pushes(self, clock, false);
-    } else {
-      leave(self);
-    }
+    out_of_data(self);
     return;
   }
   request_batch(self);  // the feeder prepares the next one while we compute

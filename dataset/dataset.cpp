@@ -65,6 +65,60 @@ std::vector<std::size_t> iota(std::size_t n) {
   return v;
 }
 
+// An IDX image file and its label file, read and checked against each
+// other.
+struct ImagesAndLabels {
+  std::filesystem::path images_path;
+  IdxImages images;
+  std::vector<std::uint8_t> labels;
+};
+
+Result<ImagesAndLabels> read_images_and_labels(const std::filesystem::path& dir, const std::string& images_name,
+                                               const std::string& labels_name) {
+  auto images_path = find_idx_file(dir, images_name);
+  if (!images_path.ok()) return images_path.status();
+  auto labels_path = find_idx_file(dir, labels_name);
+  if (!labels_path.ok()) return labels_path.status();
+  auto images = read_idx_images(*images_path);
+  if (!images.ok()) return images.status();
+  auto labels = read_idx_labels(*labels_path, kNumClasses);
+  if (!labels.ok()) return labels.status();
+  if (images->count != labels->size()) {
+    return Status::Corruption(images_path->string() + " has " + std::to_string(images->count) + " images but " +
+                              labels_path->string() + " has " + std::to_string(labels->size()) + " labels");
+  }
+  return ImagesAndLabels{*images_path, std::move(images).value(), std::move(labels).value()};
+}
+
+// The mean and standard deviation of the pixels (scaled to [0, 1]) of the
+// images `idx`. Pixels are bytes, so a histogram gives them exactly in one
+// cheap pass.
+struct PixelStatistics {
+  double mean = 0.0;
+  double stddev = 1.0;
+};
+PixelStatistics pixel_statistics(const IdxImages& images, const std::vector<std::size_t>& idx) {
+  const std::size_t ss = images.rows * images.cols;
+  std::array<std::uint64_t, 256> hist{};
+  for (std::size_t i : idx) {
+    const std::uint8_t* src = images.pixels.data() + i * ss;
+    for (std::size_t p = 0; p < ss; ++p) ++hist[src[p]];
+  }
+  const double total = static_cast<double>(idx.size() * ss);
+  double mean = 0.0;
+  for (std::size_t v = 0; v < 256; ++v) mean += static_cast<double>(hist[v]) * (static_cast<double>(v) / 255.0);
+  mean /= total;
+  double var = 0.0;
+  for (std::size_t v = 0; v < 256; ++v) {
+    const double d = static_cast<double>(v) / 255.0 - mean;
+    var += static_cast<double>(hist[v]) * d * d;
+  }
+  var /= total;
+  // A constant image set has no spread to divide by; centring alone is all
+  // that can be done.
+  return {mean, var > 0.0 ? std::sqrt(var) : 1.0};
+}
+
 }  // namespace
 
 const std::vector<std::string>& known_datasets() {
@@ -116,52 +170,26 @@ Result<DatasetSplits> load_dataset(const std::string& name, const std::filesyste
     return Status::NotFound("data directory " + dir.string() + " is not a directory");
   }
 
-  auto train_images_path = find_idx_file(dir, "train-images-idx3-ubyte");
-  if (!train_images_path.ok()) return train_images_path.status();
-  auto train_labels_path = find_idx_file(dir, "train-labels-idx1-ubyte");
-  if (!train_labels_path.ok()) return train_labels_path.status();
-  auto test_images_path = find_idx_file(dir, "t10k-images-idx3-ubyte");
-  if (!test_images_path.ok()) return test_images_path.status();
-  auto test_labels_path = find_idx_file(dir, "t10k-labels-idx1-ubyte");
-  if (!test_labels_path.ok()) return test_labels_path.status();
-
-  auto train_images = read_idx_images(*train_images_path);
-  if (!train_images.ok()) return train_images.status();
-  auto train_labels = read_idx_labels(*train_labels_path, kNumClasses);
-  if (!train_labels.ok()) return train_labels.status();
-  auto test_images = read_idx_images(*test_images_path);
-  if (!test_images.ok()) return test_images.status();
-  auto test_labels = read_idx_labels(*test_labels_path, kNumClasses);
-  if (!test_labels.ok()) return test_labels.status();
-
-  auto check_counts = [](const std::filesystem::path& images_path, std::size_t images,
-                         const std::filesystem::path& labels_path, std::size_t labels) -> Status {
-    if (images == labels) return {};
-    return Status::Corruption(images_path.string() + " has " + std::to_string(images) + " images but " +
-                              labels_path.string() + " has " + std::to_string(labels) + " labels");
-  };
-  if (auto s = check_counts(*train_images_path, train_images->count, *train_labels_path, train_labels->size());
-      !s.ok()) {
-    return s;
+  auto train = read_images_and_labels(dir, "train-images-idx3-ubyte", "train-labels-idx1-ubyte");
+  if (!train) return train.status();
+  auto test = read_images_and_labels(dir, "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte");
+  if (!test) return test.status();
+  const IdxImages& train_images = train->images;
+  const IdxImages& test_images = test->images;
+  if (test_images.rows != train_images.rows || test_images.cols != train_images.cols) {
+    return Status::Corruption(test->images_path.string() + ": images are " + std::to_string(test_images.rows) +
+                              "x" + std::to_string(test_images.cols) + " but the training images in " +
+                              train->images_path.string() + " are " + std::to_string(train_images.rows) + "x" +
+                              std::to_string(train_images.cols));
   }
-  if (auto s = check_counts(*test_images_path, test_images->count, *test_labels_path, test_labels->size());
-      !s.ok()) {
-    return s;
+  if (test_images.count == 0) {
+    return Status::Corruption(test->images_path.string() + ": the test set is empty");
   }
-  if (test_images->rows != train_images->rows || test_images->cols != train_images->cols) {
-    return Status::Corruption(test_images_path->string() + ": images are " + std::to_string(test_images->rows) +
-                              "x" + std::to_string(test_images->cols) + " but the training images in " +
-                              train_images_path->string() + " are " + std::to_string(train_images->rows) + "x" +
-                              std::to_string(train_images->cols));
-  }
-  if (test_images->count == 0) {
-    return Status::Corruption(test_images_path->string() + ": the test set is empty");
-  }
-  const std::size_t n = train_images->count;
+  const std::size_t n = train_images.count;
   if (validation_size >= n) {
     return Status::InvalidArgument("validation_size " + std::to_string(validation_size) +
                                    " must be smaller than the " + std::to_string(n) + " training images in " +
-                                   train_images_path->string());
+                                   train->images_path.string());
   }
 
   // The first validation_size entries of a seeded permutation are held out;
@@ -175,41 +203,20 @@ Result<DatasetSplits> load_dataset(const std::string& name, const std::filesyste
   validation_idx.reserve(validation_size);
   for (std::size_t i = 0; i < n; ++i) (held_out[i] ? validation_idx : train_idx).push_back(i);
 
-  // Pixels are bytes, so a histogram of the training split gives the exact
-  // mean and variance in one cheap pass.
-  const std::size_t ss = train_images->rows * train_images->cols;
-  std::array<std::uint64_t, 256> hist{};
-  for (std::size_t i : train_idx) {
-    const std::uint8_t* src = train_images->pixels.data() + i * ss;
-    for (std::size_t p = 0; p < ss; ++p) ++hist[src[p]];
-  }
-  const double total = static_cast<double>(train_idx.size() * ss);
-  double mean = 0.0;
-  for (std::size_t v = 0; v < 256; ++v) mean += static_cast<double>(hist[v]) * (static_cast<double>(v) / 255.0);
-  mean /= total;
-  double var = 0.0;
-  for (std::size_t v = 0; v < 256; ++v) {
-    const double d = static_cast<double>(v) / 255.0 - mean;
-    var += static_cast<double>(hist[v]) * d * d;
-  }
-  var /= total;
-  // A constant image set has no spread to divide by; centring alone is all
-  // that can be done.
-  const double stddev = var > 0.0 ? std::sqrt(var) : 1.0;
-
+  const PixelStatistics norm = pixel_statistics(train_images, train_idx);
   std::array<float, 256> lut{};
   for (std::size_t v = 0; v < 256; ++v) {
-    lut[v] = static_cast<float>((static_cast<double>(v) / 255.0 - mean) / stddev);
+    lut[v] = static_cast<float>((static_cast<double>(v) / 255.0 - norm.mean) / norm.stddev);
   }
 
   DatasetSplits splits;
   splits.name = name;
   splits.num_classes = kNumClasses;
-  splits.normalization.mean = static_cast<float>(mean);
-  splits.normalization.stddev = static_cast<float>(stddev);
-  splits.train = select(*train_images, *train_labels, train_idx, lut);
-  splits.validation = select(*train_images, *train_labels, validation_idx, lut);
-  splits.test = select(*test_images, *test_labels, iota(test_images->count), lut);
+  splits.normalization.mean = static_cast<float>(norm.mean);
+  splits.normalization.stddev = static_cast<float>(norm.stddev);
+  splits.train = select(train_images, train->labels, train_idx, lut);
+  splits.validation = select(train_images, train->labels, validation_idx, lut);
+  splits.test = select(test_images, test->labels, iota(test_images.count), lut);
   return splits;
 }
 

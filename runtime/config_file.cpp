@@ -115,6 +115,34 @@ std::string normalize(std::string key) {
   return key;
 }
 
+// --staleness-aware-lr: true, false or unset (the default by policy).
+FieldAccess staleness_aware_field() {
+  return {[](JobConfig& c, const std::string& t) {
+            if (t == "true" || t == "1") c.staleness_aware_lr = true;
+            else if (t == "false" || t == "0") c.staleness_aware_lr = false;
+            else return Status::InvalidArgument("expected true or false");
+            return Status{};
+          },
+          [](const JobConfig& c) -> std::optional<std::string> {
+            if (!c.staleness_aware_lr) return std::nullopt;
+            return *c.staleness_aware_lr ? "true" : "false";
+          }};
+}
+
+// --target-accuracy: a number or unset.
+FieldAccess target_accuracy_field() {
+  return {[](JobConfig& c, const std::string& t) {
+            double v = 0;
+            Status s = parse_double(t, v);
+            if (s.ok()) c.target_accuracy = v;
+            return s;
+          },
+          [](const JobConfig& c) -> std::optional<std::string> {
+            if (!c.target_accuracy) return std::nullopt;
+            return number_text(*c.target_accuracy);
+          }};
+}
+
 }  // namespace
 
 const std::vector<ConfigField>& job_config_fields() {
@@ -127,17 +155,7 @@ const std::vector<ConfigField>& job_config_fields() {
       {"staleness-aware-lr",
        "async, ssp: take a step staler than usual with a rate divided by its staleness and momentum 0.5: "
        "true | false (default true, false when --lr or --momentum is given)",
-       "BOOL",
-       {[](JobConfig& c, const std::string& t) {
-          if (t == "true" || t == "1") c.staleness_aware_lr = true;
-          else if (t == "false" || t == "0") c.staleness_aware_lr = false;
-          else return Status::InvalidArgument("expected true or false");
-          return Status{};
-        },
-        [](const JobConfig& c) -> std::optional<std::string> {
-          if (!c.staleness_aware_lr) return std::nullopt;
-          return *c.staleness_aware_lr ? "true" : "false";
-        }}},
+       "BOOL", staleness_aware_field()},
       {"worker-weights", "per-worker batch weights: W0,W1,... or auto (default equal)", "LIST",
        string_field(&JobConfig::worker_weights)},
       {"straggler", "slow worker W by FACTOR, for experiments: W:FACTOR[,W:FACTOR...]", "W:F",
@@ -165,16 +183,7 @@ const std::vector<ConfigField>& job_config_fields() {
       {"seed", "seed for initialisation, validation split and shuffling (default 1)", "N",
        uint_field(&JobConfig::seed)},
       {"target-accuracy", "report the training time until validation accuracy reaches A", "A",
-       {[](JobConfig& c, const std::string& t) {
-          double v = 0;
-          Status s = parse_double(t, v);
-          if (s.ok()) c.target_accuracy = v;
-          return s;
-        },
-        [](const JobConfig& c) -> std::optional<std::string> {
-          if (!c.target_accuracy) return std::nullopt;
-          return number_text(*c.target_accuracy);
-        }}},
+       target_accuracy_field()},
       {"eval-every", "also evaluate on the validation split every S seconds of training (default 0: per epoch only)",
        "S", double_field(&JobConfig::eval_every_s)},
       {"metrics-out", "write metrics as JSON Lines to FILE", "FILE", string_field(&JobConfig::metrics_out)},

@@ -218,9 +218,12 @@ TEST(ClusterAuth, AJobWithKeysTrainsMnistWhileRoguesKnockOnAShardInVain) {
   // (The process is "shard" until the coordinator gives it its index.)
   EXPECT_NE(log.find("shard: refused a connection from localhost"), std::string::npos) << log;
   EXPECT_NE(log.find("its key is not in the allow-list"), std::string::npos) << log;
-  EXPECT_NE(log.find("shard: refused a connection from a local process (pid " + std::to_string(::getpid()) + ")"),
-            std::string::npos)
-      << log;
+  // The plain rogue is named by its pid, unless it was gone before the
+  // gatekeeper looked at its socket (a loaded machine): then the line says so.
+  const bool named = log.find("shard: refused a connection from a local process (pid " +
+                              std::to_string(::getpid()) + ")") != std::string::npos;
+  const bool gone = log.find("shard: refused a connection from a peer that left at once, on ipc://") != std::string::npos;
+  EXPECT_TRUE(named || gone) << log;
   EXPECT_NE(log.find("connections to its endpoint"), std::string::npos) << log;
 }
 

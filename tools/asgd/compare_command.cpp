@@ -133,14 +133,18 @@ void print_summary(const experiments::ReportInput& in) {
                 row.base_workers);
 }
 
-int run_compare(const CompareOptions& o) {
+// What a comparison runs: the shared job, each policy and worker count.
+struct Comparison {
+  JobConfig base;
+  std::vector<std::string> policies;
+  std::vector<std::uint32_t> worker_counts;
+  std::string workers_text;  ///< --workers as given; empty when not
+};
+
+// The flags compare refuses: an exit code, or nothing when they are fine.
+std::optional<int> refused_flags(const CompareOptions& o) {
   if (o.out.empty()) {
     print_error("--out DIR is required: the folder for results.csv, curves.csv, report.html and runs/");
-    return kExitUsage;
-  }
-  auto policies = experiments::parse_policy_list(o.policies);
-  if (!policies) {
-    print_error(policies.status().message());
     return kExitUsage;
   }
   if (o.repeats == 0) {
@@ -152,16 +156,25 @@ int run_compare(const CompareOptions& o) {
                 ": compare writes one metrics file per run, to DIR/runs/<run>.jsonl; leave the flag out");
     return kExitUsage;
   }
-
   if (o.job.options.at("policy")->count() > 0) {
     print_error("--policy " + o.job.flags.at("policy") + ": compare runs each policy of --policies; leave --policy out");
     return kExitUsage;
   }
+  return std::nullopt;
+}
 
+// Reads the shared job and the lists into `c`: an exit code when they are
+// not valid, else nothing.
+std::optional<int> plan_comparison(const CompareOptions& o, Comparison& c) {
+  auto policies = experiments::parse_policy_list(o.policies);
+  if (!policies) {
+    print_error(policies.status().message());
+    return kExitUsage;
+  }
+  c.policies = *policies;
   // --workers may list several counts here; every run gets one of them.
   JobOptions job = o.job;
-  const bool workers_given = job.options.at("workers")->count() > 0;
-  const std::string workers_text = workers_given ? job.flags.at("workers") : "";
+  if (job.options.at("workers")->count() > 0) c.workers_text = job.flags.at("workers");
   job.options.erase("workers");
   // Settings of one policy (--staleness for ssp, ...) would fail the shared
   // job's check under the default policy: they are set after it, and each
@@ -173,128 +186,83 @@ int run_compare(const CompareOptions& o) {
     if (job.options.at(key)->count() > 0) per_policy.push_back(key);
     job.options.erase(key);
   }
-  JobConfig base;
-  if (auto code = load_job(job, base)) return *code;
+  if (auto code = load_job(job, c.base)) return *code;
   for (const std::string& key : per_policy) {
-    if (Status s = set_job_field(base, key, o.job.flags.at(key)); !s.ok()) {
+    if (Status s = set_job_field(c.base, key, o.job.flags.at(key)); !s.ok()) {
       print_error(s.message());
       return kExitUsage;
     }
   }
-  std::vector<std::uint32_t> worker_counts{base.workers};
-  if (workers_given) {
-    auto parsed = experiments::parse_worker_list(workers_text);
+  c.worker_counts = {c.base.workers};
+  if (!c.workers_text.empty()) {
+    auto parsed = experiments::parse_worker_list(c.workers_text);
     if (!parsed) {
       print_error(parsed.status().message());
       return kExitUsage;
     }
-    worker_counts = *parsed;
+    c.worker_counts = *parsed;
   }
   // Curves need points between epochs to tell fast policies apart.
-  if (o.job.options.at("eval-every")->count() == 0 && base.eval_every_s == 0.0) base.eval_every_s = 0.5;
-  if (!base.metrics_out.empty())
+  if (o.job.options.at("eval-every")->count() == 0 && c.base.eval_every_s == 0.0) c.base.eval_every_s = 0.5;
+  if (!c.base.metrics_out.empty())
     std::printf("note: metrics-out from %s is replaced by one file per run in %s/runs/\n", o.job.config_file.c_str(),
                 o.out.c_str());
-  base.metrics_out.clear();
-
-  for (std::uint32_t w : worker_counts)
-    for (const std::string& p : *policies) {
-      if (Status s = validate(experiments::config_for_run(base, p, w, 0)); !s.ok()) {
-        const std::string with = worker_counts.size() > 1 ? "with --workers " + std::to_string(w) + ": " : "";
+  c.base.metrics_out.clear();
+  for (std::uint32_t w : c.worker_counts)
+    for (const std::string& p : c.policies) {
+      if (Status s = validate(experiments::config_for_run(c.base, p, w, 0)); !s.ok()) {
+        const std::string with = c.worker_counts.size() > 1 ? "with --workers " + std::to_string(w) + ": " : "";
         print_error("--policies " + o.policies + ": " + with + s.message());
         return kExitUsage;
       }
     }
+  return std::nullopt;
+}
 
-  const fs::path dir(o.out);
-  std::error_code ec;
-  fs::create_directories(dir / "runs", ec);
-  if (ec) {
-    print_error("--out " + o.out + ": cannot create " + (dir / "runs").string() + ": " + ec.message());
-    return kExitUsage;
-  }
+// One run of the comparison: its record, or why it failed (cancelled when
+// interrupted).
+Result<RunRecord> run_one(const Comparison& c, const fs::path& dir, const std::string& policy, std::uint32_t workers,
+                          std::uint32_t repeat, std::stop_token stop, std::string& id) {
+  RunRecord rec;
+  rec.policy = policy;
+  rec.workers = workers;
+  rec.repeat = repeat;
+  JobConfig config = experiments::config_for_run(c.base, policy, workers, repeat);
+  rec.seed = config.seed;
+  id = experiments::run_id(rec);
+  config.metrics_out = (dir / "runs" / (id + ".jsonl")).string();
+  if (!c.base.checkpoint_dir.empty()) config.checkpoint_dir = (fs::path(c.base.checkpoint_dir) / id).string();
 
-  experiments::ReportInput report;
-  report.config = base;
-  report.config.workers = worker_counts.front();
-  report.policies = *policies;
-  report.workers = worker_counts;
-  report.repeats = o.repeats;
-  report.command = command_line(o);
-  report.host = host_description();
-  Outputs outputs(dir, std::move(report));
-  if (Status s = outputs.write(); !s.ok()) {
-    print_error("--out " + o.out + ": " + s.message());
-    return kExitUsage;
-  }
+  std::mutex mu;  // the callbacks come from runtime threads
+  std::uint64_t total_samples = 0;
+  JobCallbacks callbacks;
+  callbacks.on_epoch = [&](const EpochMetrics& m) {
+    std::lock_guard lock(mu);
+    rec.curve.push_back(experiments::curve_point(m));
+  };
+  callbacks.on_eval = [&](const EvalPoint& e) {
+    std::lock_guard lock(mu);
+    rec.curve.push_back(experiments::curve_point(e));
+  };
+  callbacks.on_progress = [&](const Progress& progress) {
+    std::lock_guard lock(mu);
+    total_samples = progress.total_samples;
+  };
+  auto result = run_job(config, callbacks, stop);
+  if (!result) return result.status();
+  rec.summary = *result;
+  std::stable_sort(rec.curve.begin(), rec.curve.end(), [](const auto& a, const auto& b) { return a.wall_s < b.wall_s; });
+  // samples_per_s is training samples / train_s, so their product is the
+  // run's training samples.
+  if (total_samples == 0)
+    total_samples = static_cast<std::uint64_t>(std::llround(rec.summary.samples_per_s * rec.summary.train_s));
+  experiments::fill_epoch_samples(rec, total_samples);
+  return rec;
+}
 
-  const std::size_t total = static_cast<std::size_t>(o.repeats) * worker_counts.size() * policies->size();
-  auto plural = [](std::size_t n, const char* word) { return std::to_string(n) + " " + word + (n == 1 ? "" : "s"); };
-  std::printf("asgd compare: %s on %s, policies %s, workers %s, %s, %s: %s (data: %s; out: %s)\n", base.model.c_str(),
-              base.dataset.c_str(), o.policies.c_str(),
-              workers_given ? workers_text.c_str() : std::to_string(base.workers).c_str(),
-              plural(base.epochs, "epoch").c_str(), plural(o.repeats, "repeat").c_str(), plural(total, "run").c_str(),
-              resolve_data_dir(base).c_str(), o.out.c_str());
-  std::fflush(stdout);
-
-  Interrupts interrupts;
-  std::optional<Status> failure;
-  std::string failed_run;
-  for (std::uint32_t r = 0; r < o.repeats && !failure; ++r) {
-    for (std::uint32_t w : worker_counts) {
-      for (const std::string& p : *policies) {
-        if (failure || interrupts.token().stop_requested()) break;
-        RunRecord rec;
-        rec.policy = p;
-        rec.workers = w;
-        rec.repeat = r;
-        JobConfig config = experiments::config_for_run(base, p, w, r);
-        rec.seed = config.seed;
-        const std::string id = experiments::run_id(rec);
-        config.metrics_out = (dir / "runs" / (id + ".jsonl")).string();
-        if (!base.checkpoint_dir.empty()) config.checkpoint_dir = (fs::path(base.checkpoint_dir) / id).string();
-
-        std::mutex mu;  // the callbacks come from runtime threads
-        std::uint64_t total_samples = 0;
-        JobCallbacks callbacks;
-        callbacks.on_epoch = [&](const EpochMetrics& m) {
-          std::lock_guard lock(mu);
-          rec.curve.push_back(experiments::curve_point(m));
-        };
-        callbacks.on_eval = [&](const EvalPoint& e) {
-          std::lock_guard lock(mu);
-          rec.curve.push_back(experiments::curve_point(e));
-        };
-        callbacks.on_progress = [&](const Progress& progress) {
-          std::lock_guard lock(mu);
-          total_samples = progress.total_samples;
-        };
-        auto result = run_job(config, callbacks, interrupts.token());
-        if (!result) {
-          if (result.status().code() != StatusCode::cancelled) {
-            failure = result.status();
-            failed_run = id;
-          }
-          break;
-        }
-        rec.summary = *result;
-        std::stable_sort(rec.curve.begin(), rec.curve.end(),
-                         [](const auto& a, const auto& b) { return a.wall_s < b.wall_s; });
-        // samples_per_s is training samples / train_s, so their product is
-        // the run's training samples.
-        if (total_samples == 0)
-          total_samples = static_cast<std::uint64_t>(std::llround(rec.summary.samples_per_s * rec.summary.train_s));
-        experiments::fill_epoch_samples(rec, total_samples);
-        outputs.report().runs.push_back(std::move(rec));
-        print_run(outputs.report().runs.size(), total, outputs.report().runs.back());
-        if (Status s = outputs.write(); !s.ok()) {
-          print_error(s.message());
-          return kExitFailure;
-        }
-      }
-    }
-  }
-
+// The files' last write, the summary, and the exit code.
+int finish_comparison(const CompareOptions& o, Outputs& outputs, const fs::path& dir, std::size_t total,
+                      const std::optional<Status>& failure, const std::string& failed_run) {
   const std::size_t done = outputs.report().runs.size();
   const bool interrupted = !failure && done < total;
   if (failure)
@@ -324,6 +292,69 @@ int run_compare(const CompareOptions& o) {
     return kExitFailure;
   }
   return kExitOk;
+}
+
+int run_compare(const CompareOptions& o) {
+  if (auto code = refused_flags(o)) return *code;
+  Comparison c;
+  if (auto code = plan_comparison(o, c)) return *code;
+  const fs::path dir(o.out);
+  std::error_code ec;
+  fs::create_directories(dir / "runs", ec);
+  if (ec) {
+    print_error("--out " + o.out + ": cannot create " + (dir / "runs").string() + ": " + ec.message());
+    return kExitUsage;
+  }
+
+  experiments::ReportInput report;
+  report.config = c.base;
+  report.config.workers = c.worker_counts.front();
+  report.policies = c.policies;
+  report.workers = c.worker_counts;
+  report.repeats = o.repeats;
+  report.command = command_line(o);
+  report.host = host_description();
+  Outputs outputs(dir, std::move(report));
+  if (Status s = outputs.write(); !s.ok()) {
+    print_error("--out " + o.out + ": " + s.message());
+    return kExitUsage;
+  }
+
+  const std::size_t total = static_cast<std::size_t>(o.repeats) * c.worker_counts.size() * c.policies.size();
+  auto plural = [](std::size_t n, const char* word) { return std::to_string(n) + " " + word + (n == 1 ? "" : "s"); };
+  std::printf("asgd compare: %s on %s, policies %s, workers %s, %s, %s: %s (data: %s; out: %s)\n",
+              c.base.model.c_str(), c.base.dataset.c_str(), o.policies.c_str(),
+              !c.workers_text.empty() ? c.workers_text.c_str() : std::to_string(c.base.workers).c_str(),
+              plural(c.base.epochs, "epoch").c_str(), plural(o.repeats, "repeat").c_str(),
+              plural(total, "run").c_str(), resolve_data_dir(c.base).c_str(), o.out.c_str());
+  std::fflush(stdout);
+
+  Interrupts interrupts;
+  std::optional<Status> failure;
+  std::string failed_run;
+  for (std::uint32_t r = 0; r < o.repeats && !failure; ++r) {
+    for (std::uint32_t w : c.worker_counts) {
+      for (const std::string& p : c.policies) {
+        if (failure || interrupts.token().stop_requested()) break;
+        std::string id;
+        auto rec = run_one(c, dir, p, w, r, interrupts.token(), id);
+        if (!rec) {
+          if (rec.status().code() != StatusCode::cancelled) {
+            failure = rec.status();
+            failed_run = id;
+          }
+          break;
+        }
+        outputs.report().runs.push_back(std::move(rec).value());
+        print_run(outputs.report().runs.size(), total, outputs.report().runs.back());
+        if (Status s = outputs.write(); !s.ok()) {
+          print_error(s.message());
+          return kExitFailure;
+        }
+      }
+    }
+  }
+  return finish_comparison(o, outputs, dir, total, failure, failed_run);
 }
 
 }  // namespace
