@@ -171,93 +171,82 @@ Result<JobSummary> run_job(const JobConfig& config, std::shared_ptr<const UserDa
   return run_job_with(config, callbacks, stop, {}, std::move(data));
 }
 
-Result<JobSummary> run_job_with(const JobConfig& requested, const JobCallbacks& callbacks, std::stop_token stop,
-                                const ClusterHooks& hooks, std::shared_ptr<const UserDataset> user_data) {
-  const auto job_start = std::chrono::steady_clock::now();
-  if (Status s = user_data ? validate(requested, *user_data) : validate(requested); !s.ok()) return s;
-  JobConfig config = requested;
-  // A resumed job goes on checkpointing where it was resumed from.
-  if (!config.resume.empty() && config.checkpoint_dir.empty()) config.checkpoint_dir = config.resume;
+namespace {
 
-  std::optional<MetricsWriter> metrics;
-  if (!config.metrics_out.empty()) {
-    auto w = MetricsWriter::open(config.metrics_out, !config.resume.empty());
-    if (!w) return w.status();
-    metrics.emplace(std::move(w).value());
+// The job's metrics file, when it has one: records go there until a write
+// fails, and the first failure is kept for the end of the job.
+struct MetricsSink {
+  std::optional<MetricsWriter> writer;
+  Status error;
+  void write(const nlohmann::json& record) {
+    if (writer && error.ok()) error = writer->write(record);
   }
-  // The status server starts first: a port in use is refused before any
-  // data is loaded.
-  std::shared_ptr<LiveStatus> live;
-  std::unique_ptr<StatusServer> status_server;
-  if (config.status_port != 0) {
-    live = std::make_shared<LiveStatus>();
-    live->update([&](LiveSnapshot& s) {
-      s.policy = config.policy;
-      s.model = config.model_spec ? config.model_spec->name() : config.model;
-      s.dataset = user_data ? user_data->name : config.dataset;
-      s.workers = config.workers;
-      s.shards = config.shards;
-      s.epochs = config.epochs;
-    });
-    auto server = StatusServer::start(config.status_address, config.status_port, live, pages::live_status_page_html());
-    if (!server) return server.status();
-    status_server = std::move(server).value();
-  }
-  if (!config.checkpoint_dir.empty()) {  // refuse now, not after hours of training
-    std::error_code ec;
-    std::filesystem::create_directories(config.checkpoint_dir, ec);
-    if (ec || ::access(config.checkpoint_dir.c_str(), W_OK) != 0)
-      return Status::InvalidArgument("--checkpoint-dir " + config.checkpoint_dir + ": cannot write there" +
-                                     (ec ? " (" + ec.message() + ")" : ""));
-    if (config.checkpoint_every_s > 0) {
-      // The settings beside the shard checkpoints, so --resume DIR needs nothing else.
-      JobConfig saved = config;
-      saved.resume.clear();
-      saved.status_port = 0;
-      // Absolute: a resume from another working directory must write into
-      // this folder and this metrics file, and read the same data.
-      if (!user_data) saved.data_dir = resolve_data_dir(config);
-      for (std::string* path : {&saved.checkpoint_dir, &saved.metrics_out, &saved.data_dir})
-        if (!path->empty()) *path = std::filesystem::absolute(*path).lexically_normal().string();
-      std::ofstream toml(std::filesystem::path(config.checkpoint_dir) / kJobSettingsFile);
-      toml << "# The settings of the job checkpointed here; asgd train --resume reads them.\n" << to_toml(saved);
-      if (!toml) return Status::IOError("cannot write " + config.checkpoint_dir + "/" + kJobSettingsFile);
-    }
-  }
+};
 
-  std::shared_ptr<const data::DatasetSplits> data;
+// The status server starts first: a port in use is refused before any data
+// is loaded. Sets `live` to the status it serves.
+Result<std::unique_ptr<StatusServer>> start_status_server(const JobConfig& config, const std::string& dataset,
+                                                          std::shared_ptr<LiveStatus>& live) {
+  live = std::make_shared<LiveStatus>();
+  live->update([&](LiveSnapshot& s) {
+    s.policy = config.policy;
+    s.model = config.model_spec ? config.model_spec->name() : config.model;
+    s.dataset = dataset;
+    s.workers = config.workers;
+    s.shards = config.shards;
+    s.epochs = config.epochs;
+  });
+  return StatusServer::start(config.status_address, config.status_port, live, pages::live_status_page_html());
+}
+
+// Refuses a checkpoint folder it cannot write now, not after hours of
+// training, and writes the job's settings there for --resume.
+Status prepare_checkpoint_dir(const JobConfig& config, bool user_data) {
+  std::error_code ec;
+  std::filesystem::create_directories(config.checkpoint_dir, ec);
+  if (ec || ::access(config.checkpoint_dir.c_str(), W_OK) != 0)
+    return Status::InvalidArgument("--checkpoint-dir " + config.checkpoint_dir + ": cannot write there" +
+                                   (ec ? " (" + ec.message() + ")" : ""));
+  if (config.checkpoint_every_s <= 0) return {};
+  // The settings beside the shard checkpoints, so --resume DIR needs nothing else.
+  JobConfig saved = config;
+  saved.resume.clear();
+  saved.status_port = 0;
+  // Absolute: a resume from another working directory must write into this
+  // folder and this metrics file, and read the same data.
+  if (!user_data) saved.data_dir = resolve_data_dir(config);
+  for (std::string* path : {&saved.checkpoint_dir, &saved.metrics_out, &saved.data_dir})
+    if (!path->empty()) *path = std::filesystem::absolute(*path).lexically_normal().string();
+  std::ofstream toml(std::filesystem::path(config.checkpoint_dir) / kJobSettingsFile);
+  toml << "# The settings of the job checkpointed here; asgd train --resume reads them.\n" << to_toml(saved);
+  if (!toml) return Status::IOError("cannot write " + config.checkpoint_dir + "/" + kJobSettingsFile);
+  return {};
+}
+
+// The job's data: the user's (moved out of `user_data`, which the job no
+// longer needs) or the named dataset, loaded.
+Result<std::shared_ptr<const data::DatasetSplits>> job_data(const JobConfig& config,
+                                                            std::shared_ptr<const UserDataset>& user_data) {
   if (user_data) {
-    data = std::make_shared<const data::DatasetSplits>(data::from_user_dataset(*user_data));
-    user_data.reset();  // the job's copy is all it needs
+    auto data = std::make_shared<const data::DatasetSplits>(data::from_user_dataset(*user_data));
+    user_data.reset();
     spdlog::info("user data {}: {} train, {} validation, {} test samples", data->name, data->train.count,
                  data->validation.count, data->test.count);
-  } else {
-    const std::string dir = resolve_data_dir(config);
-    auto loaded = data::load_dataset(config.dataset, dir, config.validation_size, config.seed);
-    if (!loaded) return loaded.status();
-    data = std::make_shared<const data::DatasetSplits>(std::move(loaded).value());
-    spdlog::info("loaded {} from {}: {} train, {} validation, {} test images", config.dataset, dir,
-                 data->train.count, data->validation.count, data->test.count);
+    return data;
   }
-  auto planned = plan_for(config, *data, hooks.make_placement ? Placement::processes : Placement::one_process);
-  if (!planned) {
-    // Ends as a job its coordinator failed: the processes of a cluster are told.
-    if (hooks.before_shutdown) hooks.before_shutdown(planned.status());
-    return planned.status();
-  }
-  const JobPlan& plan = planned->plan;
+  const std::string dir = resolve_data_dir(config);
+  auto loaded = data::load_dataset(config.dataset, dir, config.validation_size, config.seed);
+  if (!loaded) return loaded.status();
+  auto data = std::make_shared<const data::DatasetSplits>(std::move(loaded).value());
+  spdlog::info("loaded {} from {}: {} train, {} validation, {} test images", config.dataset, dir, data->train.count,
+               data->validation.count, data->test.count);
+  return data;
+}
 
-  // Each worker's share of the cores, in a budget of this job's own.
-  const auto compute = std::make_shared<ComputeContext>(plan.compute_threads);
-  if (hooks.on_compute_context) hooks.on_compute_context(compute);
-  planned->model.use_compute(compute);
-  planned->model.init_params(config.seed);
-  if (const std::string better = blas::suggested_coretype(); !better.empty()) {
-    spdlog::warn("OpenBLAS runs its generic {} kernels on this CPU; set OPENBLAS_CORETYPE={} for faster matrix products",
-                 blas::core_name(), better);
-  }
-  spdlog::info("OpenBLAS {} kernels, {} thread(s) per worker", blas::core_name(), plan.compute_threads);
-
+// Runs the coordinator in an actor system of the job's own until it reports
+// the job's outcome, cancelling it when `stop` is requested.
+Result<JobSummary> run_coordinator(CoordinatorSetup setup, const JobPlan& plan, const ClusterHooks& hooks,
+                                   std::stop_token stop) {
   caf::actor_system_config cfg;
   cfg.add_message_types<caf::id_block::asgd>();
   // Workers compute inside their handlers: one scheduler thread per worker,
@@ -268,27 +257,11 @@ Result<JobSummary> run_job_with(const JobConfig& requested, const JobCallbacks& 
   // on 2 cores, bench runtime (b)/(a) went from 0.88-0.91 to 0.97-1.01, and
   // 2-worker training from ~135k to ~165k samples/s.
   cfg.set("scheduler.max-threads", plan.actor_threads);
-
-  Status write_error;
-  auto on_epoch = [&](const EpochMetrics& m) {
-    if (metrics && write_error.ok()) write_error = metrics->write(to_json(m));
-    if (callbacks.on_epoch) callbacks.on_epoch(m);
-  };
-
   auto outcome = std::make_shared<std::promise<Result<JobSummary>>>();
   auto future = outcome->get_future().share();
+  setup.outcome = outcome;
   {
     caf::actor_system system{cfg};
-    auto on_eval = [&](const EvalPoint& e) {
-      if (metrics && write_error.ok()) write_error = metrics->write(to_json(e));
-      if (callbacks.on_eval) callbacks.on_eval(e);
-    };
-    auto on_record = [&](const nlohmann::json& record) {
-      if (metrics && write_error.ok()) write_error = metrics->write(record);
-    };
-    CoordinatorSetup setup{config, data, on_epoch, on_eval, callbacks.on_progress, callbacks.on_final_params,
-                           outcome, nullptr, live, on_record, compute, std::move(planned->plan),
-                           std::make_shared<Model>(std::move(planned->model))};
     if (hooks.make_placement) {
       auto placement = hooks.make_placement(system);
       if (!placement) return placement.status();
@@ -315,19 +288,78 @@ Result<JobSummary> run_job_with(const JobConfig& requested, const JobCallbacks& 
     }
     // Leaving the scope waits for every actor to stop.
   }
+  try {
+    return future.get();
+  } catch (const std::future_error&) {
+    return Status::Internal("the coordinator stopped without reporting an outcome");
+  }
+}
 
-  Result<JobSummary> result = [&]() -> Result<JobSummary> {
-    try {
-      return future.get();
-    } catch (const std::future_error&) {
-      return Status::Internal("the coordinator stopped without reporting an outcome");
-    }
-  }();
+}  // namespace
+
+Result<JobSummary> run_job_with(const JobConfig& requested, const JobCallbacks& callbacks, std::stop_token stop,
+                                const ClusterHooks& hooks, std::shared_ptr<const UserDataset> user_data) {
+  const auto job_start = std::chrono::steady_clock::now();
+  if (Status s = user_data ? validate(requested, *user_data) : validate(requested); !s.ok()) return s;
+  JobConfig config = requested;
+  // A resumed job goes on checkpointing where it was resumed from.
+  if (!config.resume.empty() && config.checkpoint_dir.empty()) config.checkpoint_dir = config.resume;
+
+  MetricsSink metrics;
+  if (!config.metrics_out.empty()) {
+    auto w = MetricsWriter::open(config.metrics_out, !config.resume.empty());
+    if (!w) return w.status();
+    metrics.writer.emplace(std::move(w).value());
+  }
+  std::shared_ptr<LiveStatus> live;
+  std::unique_ptr<StatusServer> status_server;
+  if (config.status_port != 0) {
+    auto server = start_status_server(config, user_data ? user_data->name : config.dataset, live);
+    if (!server) return server.status();
+    status_server = std::move(server).value();
+  }
+  if (!config.checkpoint_dir.empty()) {
+    if (Status s = prepare_checkpoint_dir(config, user_data != nullptr); !s.ok()) return s;
+  }
+  auto data = job_data(config, user_data);
+  if (!data) return data.status();
+  auto planned = plan_for(config, **data, hooks.make_placement ? Placement::processes : Placement::one_process);
+  if (!planned) {
+    // Ends as a job its coordinator failed: the processes of a cluster are told.
+    if (hooks.before_shutdown) hooks.before_shutdown(planned.status());
+    return planned.status();
+  }
+  const JobPlan plan = planned->plan;
+
+  // Each worker's share of the cores, in a budget of this job's own.
+  const auto compute = std::make_shared<ComputeContext>(plan.compute_threads);
+  if (hooks.on_compute_context) hooks.on_compute_context(compute);
+  planned->model.use_compute(compute);
+  planned->model.init_params(config.seed);
+  if (const std::string better = blas::suggested_coretype(); !better.empty()) {
+    spdlog::warn("OpenBLAS runs its generic {} kernels on this CPU; set OPENBLAS_CORETYPE={} for faster matrix products",
+                 blas::core_name(), better);
+  }
+  spdlog::info("OpenBLAS {} kernels, {} thread(s) per worker", blas::core_name(), plan.compute_threads);
+
+  auto on_epoch = [&](const EpochMetrics& m) {
+    metrics.write(to_json(m));
+    if (callbacks.on_epoch) callbacks.on_epoch(m);
+  };
+  auto on_eval = [&](const EvalPoint& e) {
+    metrics.write(to_json(e));
+    if (callbacks.on_eval) callbacks.on_eval(e);
+  };
+  auto on_record = [&](const nlohmann::json& record) { metrics.write(record); };
+  CoordinatorSetup setup{config,   *data,   on_epoch,  on_eval, callbacks.on_progress, callbacks.on_final_params,
+                         nullptr,  nullptr, live,      on_record, compute,             std::move(planned->plan),
+                         std::make_shared<Model>(std::move(planned->model))};
+  auto result = run_coordinator(std::move(setup), plan, hooks, stop);
   if (!result) return result;
   JobSummary summary = std::move(result).value();
   summary.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - job_start).count();
-  if (metrics && write_error.ok()) write_error = metrics->write(to_json(summary));
-  if (!write_error.ok()) return write_error;
+  metrics.write(to_json(summary));
+  if (!metrics.error.ok()) return metrics.error;
   return summary;
 }
 
