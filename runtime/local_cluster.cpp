@@ -1,0 +1,368 @@
+#include "runtime/local_cluster.hpp"
+
+#include <fcntl.h>
+#include <poll.h>
+#include <spawn.h>
+#include <spdlog/spdlog.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <optional>
+#include <sstream>
+
+extern char** environ;
+
+namespace asgd {
+
+namespace {
+
+constexpr std::string_view kSilentShard = "asgd supervision: silent shard ";
+constexpr std::string_view kListening = "coordinator listening on ";
+using SteadyClock = std::chrono::steady_clock;
+
+}  // namespace
+
+struct LocalCluster::Child {
+  std::string name;
+  std::vector<std::string> args;  // how it was started (a shard or worker is started again with them)
+  bool shard = false;
+  bool worker = false;
+  std::uint32_t index = 0;
+  bool replaced = false;  // dead, and dealt with: restarted, or left dead
+  pid_t pid = -1;
+  int out = -1;         // read end of its stdout+stderr
+  std::string partial;  // an unfinished line
+  bool exited = false;
+  int status = 0;
+
+  ~Child() {
+    if (out >= 0) close(out);
+  }
+
+  // Reads what is there; prints whole lines with the child's name in front.
+  // Returns the lines read.
+  std::vector<std::string> pump() {
+    std::vector<std::string> lines;
+    char buf[4096];
+    const ssize_t n = read(out, buf, sizeof buf);
+    if (n <= 0) {
+      if (!partial.empty()) lines.push_back(std::move(partial));
+      partial.clear();
+      close(out);
+      out = -1;
+    } else {
+      partial.append(buf, static_cast<std::size_t>(n));
+      std::size_t nl;
+      while ((nl = partial.find('\n')) != std::string::npos) {
+        lines.push_back(partial.substr(0, nl));
+        partial.erase(0, nl + 1);
+      }
+    }
+    for (const auto& l : lines) std::printf("[%s] %s\n", name.c_str(), l.c_str());
+    std::fflush(stdout);
+    return lines;
+  }
+
+  bool reap(bool block) {
+    if (exited) return true;
+    int s = 0;
+    if (waitpid(pid, &s, block ? 0 : WNOHANG) == pid) {
+      exited = true;
+      status = s;
+    }
+    return exited;
+  }
+
+  int exit_status() const { return WIFEXITED(status) ? WEXITSTATUS(status) : 1; }
+
+  std::string how_it_ended() const {
+    if (WIFSIGNALED(status)) {
+      const int sig = WTERMSIG(status);
+      const char* abbrev = sigabbrev_np(sig);
+      return "was killed by signal " + std::to_string(sig) + (abbrev ? std::string(" (SIG") + abbrev + ")" : "");
+    }
+    return "exited with status " + std::to_string(exit_status());
+  }
+};
+
+namespace {
+
+// Starts `program` with `args`, its output on a pipe, and with `stdin_fd`
+// (when >= 0) as its standard input.
+Result<std::unique_ptr<LocalCluster::Child>> spawn(const std::string& program, const std::string& name,
+                                                   const std::vector<std::string>& args, int stdin_fd = -1) {
+  int fds[2];
+  if (pipe2(fds, O_CLOEXEC) != 0) return Status::IOError("pipe: " + std::string(std::strerror(errno)));
+  posix_spawn_file_actions_t actions;
+  posix_spawn_file_actions_init(&actions);
+  posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
+  posix_spawn_file_actions_adddup2(&actions, fds[1], STDERR_FILENO);
+  if (stdin_fd >= 0) posix_spawn_file_actions_adddup2(&actions, stdin_fd, STDIN_FILENO);
+  std::vector<std::string> argv_s = {program};
+  argv_s.insert(argv_s.end(), args.begin(), args.end());
+  std::vector<char*> argv;
+  for (auto& a : argv_s) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  pid_t pid = -1;
+  const int rc = posix_spawn(&pid, program.c_str(), &actions, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&actions);
+  close(fds[1]);
+  if (rc != 0) {
+    close(fds[0]);
+    return Status::IOError("starting the " + name + " process: " + std::strerror(rc));
+  }
+  auto c = std::make_unique<LocalCluster::Child>();
+  c->name = name;
+  c->args = args;
+  c->pid = pid;
+  c->out = fds[0];
+  return c;
+}
+
+}  // namespace
+
+LocalCluster::LocalCluster(LocalClusterOptions options)
+    : options_(std::move(options)),
+      shard_restarts_(options_.shards, 0),
+      worker_restarts_(options_.workers, 0) {}
+
+LocalCluster::~LocalCluster() {
+  if (to_coordinator_ >= 0) close(to_coordinator_);
+}
+
+Result<int> LocalCluster::run(std::stop_token stop) {
+  std::vector<std::string> args = {"coordinator", "--supervised"};
+  args.insert(args.end(), options_.coordinator_args.begin(), options_.coordinator_args.end());
+  // The coordinator hears of every process that ends through its stdin.
+  int to_coordinator[2];
+  if (pipe2(to_coordinator, O_CLOEXEC) != 0) return Status::IOError(std::string("pipe: ") + std::strerror(errno));
+  std::signal(SIGPIPE, SIG_IGN);  // a coordinator that has ended must not end us
+  auto coordinator = spawn(options_.program, "coordinator", args, to_coordinator[0]);
+  close(to_coordinator[0]);
+  to_coordinator_ = to_coordinator[1];
+  if (!coordinator) return coordinator.status();
+  children_.push_back(std::move(coordinator).value());
+  supervise(stop);
+  drain_and_reap();
+  int failed = 0;
+  for (std::size_t i = 1; i < children_.size(); ++i)
+    if (children_[i]->exit_status() != 0 && !children_[i]->replaced) ++failed;
+  if (failed > 0) spdlog::warn("{} of the shard and worker processes did not exit cleanly", failed);
+  for (const auto& [role, counts] : {std::pair{"shard", &shard_restarts_}, std::pair{"worker", &worker_restarts_}})
+    for (std::uint32_t i = 0; i < counts->size(); ++i)
+      if ((*counts)[i] > 0) spdlog::info("{} {}'s process was restarted {} time(s)", role, i, (*counts)[i]);
+  return children_[0]->exit_status();
+}
+
+// Waits for the coordinator's endpoint, starts the others, and keeps them
+// going until the coordinator has ended and the rest followed.
+void LocalCluster::supervise(std::stop_token stop) {
+  std::string endpoint;
+  const auto deadline = SteadyClock::now() + std::chrono::duration<double>(options_.join_timeout_s);
+  bool started = false;
+  std::optional<SteadyClock::time_point> coordinator_done;
+  const Child& coordinator = *children_[0];
+  while (true) {
+    std::vector<std::string> silent;  // the coordinator's "silent shard" lines, to act on
+    read_output(endpoint, silent);
+    end_silent_shards(silent);
+    for (auto& c : children_) c->reap(false);
+    if (!started && !endpoint.empty()) {
+      started = true;
+      if (!start_roles(endpoint)) stop_all(SIGTERM);
+    }
+    if (!started && (coordinator.exited || SteadyClock::now() > deadline)) {
+      if (!coordinator.exited) spdlog::error("the coordinator did not say where it listens");
+      stop_all(SIGTERM);
+      return;
+    }
+    if (stop.stop_requested()) {
+      // Ctrl-C: the coordinator stops the job and tells the others.
+      stop_all(SIGTERM);
+      return;
+    }
+    restart_dead(stop);
+    if (coordinator.exited && !coordinator_done) coordinator_done = SteadyClock::now();
+    const bool all_done =
+        std::all_of(children_.begin(), children_.end(), [](const auto& c) { return c->exited && c->out < 0; });
+    if (all_done) return;
+    // The others stop when the coordinator says so; give them a few seconds.
+    if (coordinator_done && SteadyClock::now() - *coordinator_done > std::chrono::seconds(10)) {
+      stop_all(SIGTERM);
+      return;
+    }
+  }
+}
+
+// Prints what the processes wrote (waiting up to 100 ms for any), and picks
+// the coordinator's endpoint and its "silent shard" lines out of its output.
+void LocalCluster::read_output(std::string& endpoint, std::vector<std::string>& silent) {
+  std::vector<pollfd> fds;
+  for (auto& c : children_)
+    if (c->out >= 0) fds.push_back({c->out, POLLIN, 0});
+  if (!fds.empty()) poll(fds.data(), fds.size(), 100);
+  for (auto& c : children_) {
+    if (c->out < 0) continue;
+    pollfd p{c->out, POLLIN, 0};
+    if (poll(&p, 1, 0) <= 0) continue;
+    for (const auto& line : c->pump()) {
+      if (c != children_[0]) continue;
+      if (endpoint.empty() && line.starts_with(kListening)) endpoint = line.substr(kListening.size());
+      if (line.starts_with(kSilentShard)) silent.push_back(line.substr(kSilentShard.size()));
+    }
+  }
+}
+
+// A shard the coordinator found silent but that has not exited (stopped,
+// hung) is ended here, so it is restarted or given up on like a dead one.
+void LocalCluster::end_silent_shards(const std::vector<std::string>& silent) {
+  for (const std::string& text : silent) {
+    std::uint32_t index = 0, pid = 0;
+    if (std::sscanf(text.c_str(), "%u pid %u", &index, &pid) != 2) continue;
+    for (auto& c : children_)
+      if (c->shard && c->index == index && c->pid == static_cast<pid_t>(pid) && !c->reap(false)) {
+        spdlog::warn("{} (pid {}) is silent but has not exited: ending it (SIGKILL)", c->name, c->pid);
+        kill(c->pid, SIGKILL);
+      }
+  }
+}
+
+// Shards first: workers connect to them once the coordinator assigns.
+bool LocalCluster::start_roles(const std::string& endpoint) {
+  for (const auto& [role, count] : {std::pair<std::string, std::uint32_t>{"shard", options_.shards},
+                                    std::pair<std::string, std::uint32_t>{"worker", options_.workers}}) {
+    for (std::uint32_t i = 0; i < count; ++i) {
+      // With CURVE the endpoint carries the coordinator's public key.
+      std::vector<std::string> args = {role, "--coordinator", endpoint, "--index", std::to_string(i)};
+      args.insert(args.end(), options_.role_args.begin(), options_.role_args.end());
+      auto c = spawn(options_.program, role + " " + std::to_string(i), args);
+      if (!c) {
+        spdlog::error("{}", c.status().message());
+        return false;
+      }
+      (*c)->shard = role == "shard";
+      (*c)->worker = role == "worker";
+      (*c)->index = i;
+      children_.push_back(std::move(c).value());
+    }
+  }
+  return true;
+}
+
+// A shard or worker process that died while the job runs is started again:
+// it registers for its index; the coordinator has a shard reload its
+// checkpoint, and a worker rejoin at the next epoch (docs/cluster.md, "When
+// a process dies").
+void LocalCluster::restart_dead(std::stop_token stop) {
+  std::vector<std::unique_ptr<Child>> restarted;
+  for (auto& c : children_) {
+    if (!(c->shard || c->worker) || !c->exited || c->replaced || children_[0]->exited || stop.stop_requested())
+      continue;
+    c->replaced = true;
+    if (WIFEXITED(c->status) && WEXITSTATUS(c->status) == 0) continue;
+    std::string what = c->name + " (pid " + std::to_string(c->pid) + ") " + c->how_it_ended();
+    if (c->shard && !options_.shards_restartable) {
+      what += "; the job writes no checkpoints (--checkpoint-dir), so it cannot be restarted";
+      spdlog::error("{}", what);
+      tell_coordinator(*c, false, what);
+      continue;
+    }
+    std::uint32_t& count = (c->shard ? shard_restarts_ : worker_restarts_)[c->index];
+    if (count >= options_.max_restarts) {
+      what += fmt::format("; it was restarted {} time(s) already and --max-restarts is {}", count,
+                          options_.max_restarts);
+      spdlog::error("{}", what);
+      tell_coordinator(*c, false, what);
+      continue;
+    }
+    ++count;
+    spdlog::warn("{}; starting it again ({} of at most {})", what, count, options_.max_restarts);
+    tell_coordinator(*c, true, what);
+    auto again = spawn(options_.program, c->name, c->args);
+    if (!again) {
+      spdlog::error("restarting {}: {}", c->name, again.status().message());
+      continue;
+    }
+    (*again)->shard = c->shard;
+    (*again)->worker = c->worker;
+    (*again)->index = c->index;
+    restarted.push_back(std::move(again).value());
+  }
+  for (auto& c : restarted) children_.push_back(std::move(c));
+}
+
+void LocalCluster::tell_coordinator(const Child& c, bool restarting, std::string what) {
+  std::replace(what.begin(), what.end(), '\n', ' ');
+  const std::string line = std::string("exited ") + (c.shard ? "shard " : "worker ") + std::to_string(c.index) + " " +
+                           std::to_string(c.pid) + (restarting ? " restarting " : " final ") + what + "\n";
+  if (write(to_coordinator_, line.data(), line.size()) < 0 && errno != EPIPE)
+    spdlog::warn("telling the coordinator that {} ended: {}", c.name, std::strerror(errno));
+}
+
+void LocalCluster::stop_all(int signal) {
+  for (auto& c : children_)
+    if (!c->exited) kill(c->pid, signal);
+}
+
+// Drains and reaps everyone; a process that ignores SIGTERM for 5 s is killed.
+void LocalCluster::drain_and_reap() {
+  const auto grace = SteadyClock::now() + std::chrono::seconds(5);
+  while (true) {
+    bool all = true;
+    for (auto& c : children_) {
+      if (c->out >= 0) {
+        pollfd p{c->out, POLLIN, 0};
+        if (poll(&p, 1, 20) > 0) c->pump();
+      }
+      all = c->reap(false) && all;
+    }
+    if (all) break;
+    if (SteadyClock::now() > grace) {
+      stop_all(SIGKILL);
+      for (auto& c : children_) c->reap(true);
+      break;
+    }
+  }
+  for (auto& c : children_)
+    while (c->out >= 0) c->pump();
+}
+
+std::string silent_shard_line(std::uint32_t index, std::uint32_t pid) {
+  return std::string(kSilentShard) + std::to_string(index) + " pid " + std::to_string(pid);
+}
+
+void read_supervision(std::stop_token stop, const std::shared_ptr<Supervision>& supervision) {
+  std::string pending;
+  char buf[1024];
+  while (!stop.stop_requested()) {
+    pollfd p{STDIN_FILENO, POLLIN, 0};
+    if (poll(&p, 1, 200) <= 0) continue;
+    const ssize_t n = read(STDIN_FILENO, buf, sizeof buf);
+    if (n <= 0) return;  // the supervisor is gone
+    pending.append(buf, static_cast<std::size_t>(n));
+    std::size_t nl;
+    while ((nl = pending.find('\n')) != std::string::npos) {
+      std::istringstream line(pending.substr(0, nl));
+      pending.erase(0, nl + 1);
+      std::string word, role, how;
+      ProcessExit e;
+      if (!(line >> word >> role >> e.index >> e.pid >> how) || word != "exited" ||
+          (role != "shard" && role != "worker") || (how != "restarting" && how != "final")) {
+        spdlog::warn("coordinator: ignored a line from the supervisor that it does not understand");
+        continue;
+      }
+      e.shard = role == "shard";
+      e.restarting = how == "restarting";
+      std::getline(line >> std::ws, e.what);
+      supervision->exited(std::move(e));
+    }
+  }
+}
+
+}  // namespace asgd
