@@ -108,8 +108,10 @@ TEST_P(WorkerKilledMidEpoch, TheJobFinishesWithoutItAbove97Percent) {
     if (i > 0) {
       EXPECT_GT(epochs[i]["wall_s"].get<double>(), epochs[i - 1]["wall_s"].get<double>() + 0.05) << i;
     }
-    EXPECT_LT(rates[i], 3.0 * median) << "epoch " << i + 1 << ": " << epochs[i].dump();
-    EXPECT_GT(rates[i], median / 3.0) << "epoch " << i + 1 << ": " << epochs[i].dump();
+    // Within 10x of the median: the burst this guards against gave 1e10,
+    // while a loaded 2-core machine gives an epoch a third of the others'.
+    EXPECT_LT(rates[i], 10.0 * median) << "epoch " << i + 1 << ": " << epochs[i].dump();
+    EXPECT_GT(rates[i], median / 10.0) << "epoch " << i + 1 << ": " << epochs[i].dump();
   }
   std::printf("policy %s: worker 1 killed after epoch 1, declared lost %.2f s later; final_test_accuracy %.4f, "
               "train %.1f s\n",

@@ -1,0 +1,68 @@
+#pragma once
+// Internal to the cluster roles: runtime/cluster.cpp (the shard and worker
+// processes) and runtime/cluster_coordinator.cpp (the coordinator process).
+
+#include <caf/all.hpp>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstddef>
+#include <deque>
+#include <mutex>
+#include <optional>
+#include <string>
+
+#include "asgd/job.hpp"
+#include "messaging/bridge.hpp"
+
+namespace asgd::cluster_detail {
+
+using SteadyClock = std::chrono::steady_clock;
+using alive_atom = caf::atom_constant<caf::atom("alive")>;
+using done_atom = caf::atom_constant<caf::atom("done")>;
+
+inline constexpr auto kHeartbeatEvery = std::chrono::seconds(1);
+// A process that registers for a shard's slot during the job takes it only
+// once the process there has missed this many seconds of heartbeats.
+inline constexpr auto kPresumedDead = std::chrono::milliseconds(2500);
+
+// Connections the coordinator's or a shard's endpoint accepts at once
+// (docs/cluster.md, "Queues and their bounds"): each of the job's `peers`
+// twice (a restarted process may connect before its old connection is seen
+// gone), and a few more.
+std::size_t max_connections(std::size_t peers);
+
+// Logs, when a process ends, what its endpoint refused (each refusal was
+// logged when it happened, a few lines a minute at most).
+void log_refused(const std::string& name, const messaging::BridgeStats& st);
+
+std::chrono::milliseconds millis(double seconds);
+
+messaging::TensorCoding coding_of(const JobConfig& c);
+
+/// A thread-safe queue the bridge's handler fills and a main thread drains.
+template <class T>
+class Inbox {
+ public:
+  void push(T x) {
+    {
+      std::lock_guard lock(mu_);
+      items_.push_back(std::move(x));
+    }
+    cv_.notify_one();
+  }
+  std::optional<T> pop(std::chrono::milliseconds timeout) {
+    std::unique_lock lock(mu_);
+    if (!cv_.wait_for(lock, timeout, [&] { return !items_.empty(); })) return std::nullopt;
+    T x = std::move(items_.front());
+    items_.pop_front();
+    return x;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<T> items_;
+};
+
+}  // namespace asgd::cluster_detail
