@@ -339,6 +339,35 @@ Status run_shard_process(const ProcessOptions& o, std::stop_token stop) {
   return s;
 }
 
+namespace {
+
+// Tells the coordinator when the worker `watched` has finished (a failure
+// it reports itself).
+caf::behavior finish_watcher(caf::event_based_actor* self, std::shared_ptr<Bridge> bridge, PeerId coordinator,
+                             std::uint32_t index, caf::actor watched) {
+  self->monitor(watched);
+  self->set_down_handler([self, bridge, coordinator, index](caf::down_msg& dm) {
+    if (dm.reason == caf::exit_reason::normal)
+      bridge->send(coordinator, encode(ClockNotice{index, 0, true}, bridge->next_id()));
+    self->quit();
+  });
+  return {[](int) {}};
+}
+
+// Shard r.index's process was restarted at r.endpoint: this process's
+// connection `peer` goes there, sending again what it had not answered.
+void reconnect_shard(Bridge& bridge, const std::string& name, const PeerId& peer, const Restarted& r) {
+  auto resent = bridge.reconnect(peer, r.endpoint);
+  if (resent) {
+    spdlog::info("{}: shard {} was restarted, now at {}; sent {} unanswered request(s) again", name, r.index,
+                 r.endpoint, *resent);
+  } else {
+    spdlog::error("{}: reconnecting to shard {} at {}: {}", name, r.index, r.endpoint, resent.status().message());
+  }
+}
+
+}  // namespace
+
 Status run_worker_process(const ProcessOptions& o, std::stop_token stop) {
   auto joined = join(o, Role::worker, "worker", false, nullptr, stop);
   if (!joined) return joined.status();
@@ -395,36 +424,15 @@ Status run_worker_process(const ProcessOptions& o, std::stop_token stop) {
   ws.feeder = feeder;
   ws.coordinator = system.spawn(remote_coordinator, j.bridge, j.coordinator);
   auto worker_actor = system.spawn(worker, std::move(ws));
-  // Tells the coordinator when the worker has finished (a failure it
-  // reports itself). Held here: CAF ends an actor nobody refers to.
-  auto bridge = j.bridge;
-  auto coord = j.coordinator;
-  const std::uint32_t index = a.index;
-  caf::actor watcher = system.spawn(
-      [bridge, coord, index](caf::event_based_actor* self, caf::actor watched) -> caf::behavior {
-        self->monitor(watched);
-        self->set_down_handler([self, bridge, coord, index](caf::down_msg& dm) {
-          if (dm.reason == caf::exit_reason::normal)
-            bridge->send(coord, encode(ClockNotice{index, 0, true}, bridge->next_id()));
-          self->quit();
-        });
-        return {[](int) {}};
-      },
-      worker_actor);
+  // Held here: CAF ends an actor nobody refers to.
+  caf::actor watcher = system.spawn(finish_watcher, j.bridge, j.coordinator, a.index, worker_actor);
   spdlog::info("{}: samples [{}, {}) in batches of {}, {} shard(s){}", name, a.partition_begin, a.partition_end,
                a.batch, shards.size(),
                a.first_epoch > 0 ? fmt::format(", from epoch {} (in place of a lost process)", a.first_epoch + 1) : "");
   Status s = serve_until_shutdown(j, name, stop, [&](Inbound& in) {
     if (std::holds_alternative<StartTraining>(in.body)) caf::anon_send(worker_actor, start_atom::value);
-    if (auto* r = std::get_if<Restarted>(&in.body); r && r->role == Role::shard && r->index < shard_peers.size()) {
-      auto resent = j.bridge->reconnect(shard_peers[r->index], r->endpoint);
-      if (resent) {
-        spdlog::info("{}: shard {} was restarted, now at {}; sent {} unanswered request(s) again", name, r->index,
-                     r->endpoint, *resent);
-      } else {
-        spdlog::error("{}: reconnecting to shard {} at {}: {}", name, r->index, r->endpoint, resent.status().message());
-      }
-    }
+    if (auto* r = std::get_if<Restarted>(&in.body); r && r->role == Role::shard && r->index < shard_peers.size())
+      reconnect_shard(*j.bridge, name, shard_peers[r->index], *r);
     return Status{};
   });
   j.bridge->stop();
