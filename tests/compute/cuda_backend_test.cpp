@@ -9,8 +9,13 @@
 // different orders, so a tensor passes when every element is within
 // tol * (largest |cpu element| of that tensor) + 1e-7 of the CPU value, and
 // a gradient also within 0.01 * tol * (largest |cpu gradient| of the step):
-// tol = 1e-4 for single layers, more for whole models, where differences
-// grow through BatchNorm's division by the batch deviation.
+// tol = 1e-4 for single layers. Whole models are judged per tensor by the
+// norm of the difference (within tol of the CPU tensor's norm) and by its
+// median element (within tol / 10 of its scale), with a larger tol, since
+// differences grow through BatchNorm's division by the batch deviation and
+// one near-tie moves a whole upstream gradient. No comparison lets a NaN or
+// an infinity through (close.hpp), and every output the GPU writes is
+// pre-filled with NaN, so an element it never wrote fails.
 
 #include <gtest/gtest.h>
 
@@ -18,6 +23,7 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstdlib>
 #include <functional>
 #include <limits>
 #include <memory>
@@ -41,15 +47,27 @@
 #include "compute/loss.hpp"
 #include "compute/device.hpp"
 #include "compute/random.hpp"
+#include "tests/compute/close.hpp"
 
 namespace asgd {
 namespace {
 
-#define SKIP_WITHOUT_GPU()                                               \
-  do {                                                                   \
-    std::string why_no_gpu;                                              \
-    if (cuda_device_count(&why_no_gpu) == 0) GTEST_SKIP() << why_no_gpu; \
+// Skips without a usable GPU, saying why; with ASGD_REQUIRE_GPU=1 (the GPU
+// check script sets it) that is a failure instead, so a machine whose
+// driver or libcuda cannot start CUDA never reports a green run.
+#define SKIP_WITHOUT_GPU()                                                                         \
+  do {                                                                                             \
+    std::string why_no_gpu;                                                                        \
+    if (cuda_device_count(&why_no_gpu) == 0) {                                                     \
+      if (gpu_required()) FAIL() << "ASGD_REQUIRE_GPU=1, but CUDA could not start: " << why_no_gpu; \
+      GTEST_SKIP() << why_no_gpu;                                                                  \
+    }                                                                                              \
   } while (0)
+
+bool gpu_required() {
+  const char* v = std::getenv("ASGD_REQUIRE_GPU");
+  return v != nullptr && std::string(v) == "1";
+}
 
 using Layers = std::vector<std::unique_ptr<Layer>>;
 // Each check builds its model twice: once for the CPU reference and once for
@@ -208,29 +226,36 @@ std::vector<std::int32_t> random_labels(Rng& rng, std::size_t batch, std::size_t
   return y;
 }
 
-// Every element within tol * (the CPU tensor's largest magnitude) + floor.
+// Every element within tol * (the CPU tensor's largest magnitude) + floor,
+// and no NaN or infinity anywhere (close.hpp).
 void expect_close(std::span<const float> gpu, std::span<const float> cpu, double tol, const std::string& what,
                   double floor = 1e-7) {
-  ASSERT_EQ(gpu.size(), cpu.size()) << what;
-  double scale = 0.0, worst = 0.0;
-  std::size_t at = 0;
-  for (const float v : cpu) scale = std::max(scale, std::abs(static_cast<double>(v)));
-  for (std::size_t i = 0; i < cpu.size(); ++i) {
-    const double d = std::abs(static_cast<double>(gpu[i]) - static_cast<double>(cpu[i]));
-    if (!(d <= worst)) {  // also catches NaN
-      worst = d;
-      at = i;
+  EXPECT_TRUE(all_close(gpu, cpu, tol, floor)) << what;
+}
+
+// How a comparison judges a tensor: element by element for single layers;
+// for whole models by its norm and its median element (a near-tie in one
+// max-pool window or ReLU sends one upstream gradient elsewhere, which says
+// nothing about the backend).
+struct Judge {
+  double tol = 1e-4;
+  bool whole_model = false;
+  void expect(std::span<const float> gpu, std::span<const float> cpu, const std::string& what, double floor) const {
+    if (whole_model) {
+      EXPECT_TRUE(close_in_norm(gpu, cpu, tol, tol / 10, floor)) << what;
+    } else {
+      EXPECT_TRUE(all_close(gpu, cpu, tol, floor)) << what;
     }
   }
-  EXPECT_LE(worst, tol * scale + floor) << what << ": worst at " << at << " (gpu " << gpu[at] << ", cpu " << cpu[at]
-                                       << "; tensor scale " << scale << ")";
-}
+};
 
 // Trains one step per batch size on both sides (the same size twice reuses
 // the GPU buffers, a larger one grows them, a smaller one reuses them), then
 // compares inference on a batch size not seen before.
 void expect_gpu_matches_cpu(const MakeLayers& make, const Shape& sample, double tol,
-                            const std::vector<std::size_t>& batches = {4, 4, 7, 2}, std::size_t infer_batch = 5) {
+                            const std::vector<std::size_t>& batches = {4, 4, 7, 2}, std::size_t infer_batch = 5,
+                            bool whole_model = false) {
+  const Judge judge{tol, whole_model};
   CpuNet cpu(make(), sample);
   CpuNet host(make(), sample);  // the GPU model reads these layers and writes its running statistics back
   cpu.init(7);
@@ -259,20 +284,20 @@ void expect_gpu_matches_cpu(const MakeLayers& make, const Shape& sample, double 
     for (const float g : cpu.grads()) step_scale = std::max(step_scale, std::abs(static_cast<double>(g)));
     const double floor = 1e-7 + 0.01 * tol * step_scale;
     for (const auto& e : cpu.entries())
-      expect_close(std::span(grads).subspan(e.offset, e.size), cpu.grads().subspan(e.offset, e.size), tol,
+      judge.expect(std::span(grads).subspan(e.offset, e.size), cpu.grads().subspan(e.offset, e.size),
                    "gradient " + e.name, floor);
     const auto gpu_buffers = host.buffers();
     const auto cpu_buffers = cpu.buffers();
     ASSERT_EQ(gpu_buffers.size(), cpu_buffers.size());
     for (std::size_t i = 0; i < cpu_buffers.size(); ++i)
-      expect_close(gpu_buffers[i].values, cpu_buffers[i].values, tol, cpu_buffers[i].name);
+      judge.expect(gpu_buffers[i].values, cpu_buffers[i].values, cpu_buffers[i].name, 1e-7);
   }
 
   SCOPED_TRACE("inference, batch " + std::to_string(infer_batch));
   const auto x = random_inputs(rng, infer_batch * cpu.sample_size());
-  std::vector<float> logits(infer_batch * cpu.classes());
+  std::vector<float> logits(infer_batch * cpu.classes(), std::numeric_limits<float>::quiet_NaN());  // unwritten shows
   gpu.infer(cpu.params(), x, infer_batch, logits);
-  expect_close(logits, cpu.infer(x, infer_batch), tol, "logits");
+  judge.expect(logits, cpu.infer(x, infer_batch), "logits", 1e-7);
 }
 
 // ---- One layer kind at a time, each followed by a dense head -------------------
@@ -575,12 +600,12 @@ Layers resnet_mini() {
 
 TEST(CudaBackend, LenetMatchesTheCpu) {
   SKIP_WITHOUT_GPU();
-  expect_gpu_matches_cpu(lenet, {1, 28, 28}, 2e-4, {8, 8, 16, 3}, 10);
+  expect_gpu_matches_cpu(lenet, {1, 28, 28}, 2e-4, {8, 8, 16, 3}, 10, true);
 }
 
 TEST(CudaBackend, ResnetMiniMatchesTheCpu) {
   SKIP_WITHOUT_GPU();
-  expect_gpu_matches_cpu(resnet_mini, {1, 28, 28}, 1e-3, {8, 8, 16, 3}, 10);
+  expect_gpu_matches_cpu(resnet_mini, {1, 28, 28}, 1e-3, {8, 8, 16, 3}, 10, true);
 }
 
 // ---- Batches: prefetching, empty batches, bad labels --------------------------
