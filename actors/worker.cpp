@@ -208,7 +208,14 @@ void request_batch(Self self) {
             auto& s = self->state;
             s.batch_requested = false;
             s.next_batch = std::move(batch);
-            s.model->prefetch(s.next_batch->x, s.next_batch->y);  // a GPU uploads it while we wait for shards
+            try {
+              s.model->prefetch(s.next_batch->x, s.next_batch->y);  // a GPU uploads it while we wait for shards
+            } catch (const std::exception& e) {  // a bad batch, no memory for a larger one, a CUDA error
+              fail(self, StatusCode::internal,
+                   "worker " + std::to_string(s.setup.id) + " on " + s.model->device().str() +
+                       ": preparing a batch: " + e.what());
+              return;
+            }
             try_step(self);
           },
           [self](caf::error& err) { fail(self, "no batch from the data feeder: " + self->system().render(err)); });

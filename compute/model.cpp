@@ -259,6 +259,11 @@ std::vector<std::int32_t> Model::classify(std::span<const float> x, std::size_t 
 }
 
 void Model::prefetch(std::span<const float> x, std::span<const std::int32_t> y) {
+  // A malformed batch is refused here, on every device, before any copy.
+  if (x.size() != y.size() * sample_size())
+    throw std::invalid_argument("a batch of " + std::to_string(y.size()) + " labels with " + std::to_string(x.size()) +
+                                " input values: samples of " + shape_string(sample_shape_) + " need " +
+                                std::to_string(y.size() * sample_size()));
   if (device_model_) device_model_->prefetch(x, y);
 }
 

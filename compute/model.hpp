@@ -134,8 +134,10 @@ class Model {
   std::vector<std::int32_t> classify(std::span<const float> x, std::size_t chunk = 1000);
 
   /// A hint that the next compute_gradients will be on this batch: a GPU
-  /// starts uploading it now. Does nothing on the CPU. x and y must stay
-  /// unchanged until that call.
+  /// starts uploading it now. x and y must stay unchanged until that call.
+  /// Throws std::invalid_argument for a batch whose inputs do not match its
+  /// labels (on every device), and what the device throws (no memory for a
+  /// larger batch, a CUDA error).
   void prefetch(std::span<const float> x, std::span<const std::int32_t> y);
 
   /// True when some layer keeps running statistics (BatchNorm).

@@ -198,9 +198,11 @@ Status lower_maxpool(Layer& layer, Node& n, PlanBuilder&, std::vector<Shape>&) {
 
 void maxpool_describe(Gpu& gpu, Node& n, std::size_t batch) {
   describe_in_out(gpu, n, batch);
-  ASGD_CUDNN_CHECK(cudnnSetPooling2dDescriptor(n.pool_desc.get(), CUDNN_POOLING_MAX, CUDNN_NOT_PROPAGATE_NAN,
-                                               to_int(n.kernel), to_int(n.kernel), 0, 0, to_int(n.stride),
-                                               to_int(n.stride)));
+  // The deterministic mode: plain CUDNN_POOLING_MAX may route an
+  // overlapping window's gradient differently from run to run.
+  ASGD_CUDNN_CHECK(cudnnSetPooling2dDescriptor(n.pool_desc.get(), CUDNN_POOLING_MAX_DETERMINISTIC,
+                                               CUDNN_NOT_PROPAGATE_NAN, to_int(n.kernel), to_int(n.kernel), 0, 0,
+                                               to_int(n.stride), to_int(n.stride)));
 }
 
 void maxpool_forward(Gpu& gpu, Node& n, const float* x, std::size_t, bool) {
@@ -260,7 +262,8 @@ void batchnorm_carve(Node& n, Carver& carver, std::size_t batch, bool training) 
   n.saved_inv_std = carver.take<float>(n.in.c);
 }
 
-void batchnorm_forward(Gpu& gpu, Node& n, const float* x, std::size_t, bool training) {
+void batchnorm_forward(Gpu& gpu, Node& n, const float* x, std::size_t batch, bool training) {
+  if (training) BatchNorm2D::check_values_per_channel(batch * n.in.h * n.in.w);
   // cuDNN moves running_var towards the unbiased batch variance, as the
   // CPU layer and PyTorch do, and normalises with the biased one.
   float* gamma = gpu.param(n);

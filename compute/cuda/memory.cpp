@@ -35,7 +35,12 @@ template class Buffer<true>;
 
 Stream::Stream() { ASGD_CUDA_CHECK(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking)); }
 Stream::~Stream() {
-  if (s_) cudaStreamDestroy(s_);
+  // Whatever still runs on it (a copy into a buffer about to be freed) ends
+  // first: cudaFree only waits for the legacy default stream's work.
+  if (s_) {
+    cudaStreamSynchronize(s_);
+    cudaStreamDestroy(s_);
+  }
 }
 void Stream::synchronize() const { ASGD_CUDA_CHECK(cudaStreamSynchronize(s_)); }
 

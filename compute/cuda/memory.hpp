@@ -153,9 +153,11 @@ class BatchUploader {
   Slot& victim();
   void fill(Slot& slot, std::span<const float> x, std::span<const std::int32_t> y, cudaStream_t stream);
 
-  Stream copy_stream_;
   Slot slots_[2];
   std::uint64_t fills_ = 0;
+  // Last, so destroyed first: its destructor waits for the copies into the
+  // slots' buffers before they are freed.
+  Stream copy_stream_;
 };
 
 }  // namespace asgd::cuda

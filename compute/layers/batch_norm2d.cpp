@@ -4,6 +4,8 @@
 #include <cassert>
 #include <cmath>
 #include <memory>
+#include <stdexcept>
+#include <string>
 #include <vector>
 
 #include "compute/cpu_kernels.hpp"
@@ -113,6 +115,14 @@ void BatchNorm2D::begin_recalibration() {
 
 void BatchNorm2D::end_recalibration() { cumulative_ = false; }
 
+void BatchNorm2D::check_values_per_channel(std::size_t values_per_channel) {
+  if (values_per_channel == 1)
+    throw std::invalid_argument(
+        "BatchNorm2D in training needs more than one value per channel, and this batch gives it one (a batch of 1 "
+        "on 1x1 maps): its variance is undefined; train with a batch of at least 2, or put the BatchNorm before "
+        "the layer that pools to 1x1");
+}
+
 void BatchNorm2D::forward(ConstTensorView x, Tensor& y) {
   assert(x.shape.size() == 4 && x.shape[1] == c_);
   const std::size_t batch = x.shape[0];
@@ -138,6 +148,7 @@ void BatchNorm2D::forward(ConstTensorView x, Tensor& y) {
     return total;
   };
   if (training_ && n > 0) {
+    check_values_per_channel(n);
     const float factor = cumulative_ ? 1.0f / static_cast<float>(++batches_seen_) : momentum_;
     // Two passes (mean, then squared deviations): E[x^2] - mean^2 would
     // cancel catastrophically for channels far from zero.

@@ -37,6 +37,14 @@ class BatchNorm2D final : public Layer {
   void begin_recalibration();
   void end_recalibration();
 
+  /// A training-mode forward needs more than one value per channel (batch x
+  /// H x W > 1): with one, the variance is 0 and the unbiased estimate the
+  /// running variance takes is undefined (cuDNN makes it infinite, which
+  /// poisons every later inference). Throws std::invalid_argument saying so
+  /// when `values_per_channel` is 1; the CPU and the GPU paths both check,
+  /// as PyTorch does.
+  static void check_values_per_channel(std::size_t values_per_channel);
+
   std::size_t channels() const { return c_; }
   float eps() const { return eps_; }
   float momentum() const { return momentum_; }

@@ -191,5 +191,47 @@ TEST(Worker, FailsNamingTheShardThatDidNotAnswerWithinTheTimeout) {
   self->send_exit(feeder, caf::exit_reason::user_shutdown);
 }
 
+// Serves batches whose inputs do not match their labels, as a broken data
+// source would.
+caf::behavior malformed_feeder(caf::event_based_actor*) {
+  return {
+      [](next_atom) {
+        data::Batch b;
+        b.size = 2;
+        b.y = {1, 2};
+        b.x.assign(3, 0.5f);  // two 28x28 samples need 1568 values
+        return b;
+      },
+  };
+}
+
+TEST(Worker, ABatchItCannotPrepareFailsTheJobSayingWhyInsteadOfEscapingTheHandler) {
+  auto model = Model::build("mlp", {1, 28, 28}, 10);
+  ASSERT_TRUE(model.ok());
+  const auto ranges = partition_keys(model->num_params(), 1);
+  caf::actor_system_config cfg;
+  cfg.add_message_types<caf::id_block::asgd>();
+  caf::actor_system sys{cfg};
+  caf::scoped_actor self{sys};
+  ShardSetup ss;
+  ss.range = ranges[0];
+  ss.initial.assign(ranges[0].size(), 0.0f);
+  ss.optimizer = {"sgd", 0.1f, 0.0f, 0.0f};
+  auto core = ShardCore::make(std::move(ss));
+  ASSERT_TRUE(core.ok());
+  std::vector<caf::actor> shards = {sys.spawn(parameter_shard, std::make_shared<ShardCore>(std::move(core).value()))};
+  auto feeder = sys.spawn(malformed_feeder);
+  auto w = sys.spawn(worker, mlp_worker(0, shards, ranges, feeder, self, std::chrono::seconds(10)));
+  self->send(w, start_atom::value);
+  std::string message;
+  std::int32_t code = 0;
+  self->receive([&](failed_atom, std::int32_t c, const std::string& m) { code = c; message = m; },
+                caf::after(std::chrono::seconds(10)) >> [] { FAIL() << "the worker never reported the bad batch"; });
+  EXPECT_EQ(static_cast<StatusCode>(code), StatusCode::internal);
+  EXPECT_NE(message.find("preparing a batch: a batch of 2 labels with 3 input values"), std::string::npos) << message;
+  for (auto& s : shards) self->send_exit(s, caf::exit_reason::user_shutdown);
+  self->send_exit(feeder, caf::exit_reason::user_shutdown);
+}
+
 }  // namespace
 }  // namespace asgd

@@ -1,5 +1,7 @@
 #include <gtest/gtest.h>
 
+#include <stdexcept>
+
 #include <algorithm>
 #include <cmath>
 #include <cstddef>
@@ -479,6 +481,27 @@ TEST(BatchNorm2D, TrainingForwardNormalisesWithTheBiasedBatchVariance) {
   bn.forward(view(x), y);
   const ChannelStats s = channel_stats(x);
   expect_normalised(x, y, s.mean, s.var, bound);
+}
+
+TEST(BatchNorm2D, TrainingOnOneValuePerChannelIsRefusedSayingWhyAndInferenceIsNot) {
+  Rng rng(43);
+  BatchNorm2D bn(3);
+  Bound bound(bn, rng);
+  const Tensor one = uniform_tensor(rng, {1, 3, 1, 1}, -2.0f, 3.0f);  // a batch of 1 on 1x1 maps
+  Tensor y;
+  try {
+    bn.forward(view(one), y);
+    FAIL() << "a training forward on one value per channel went through";
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("more than one value per channel"), std::string::npos) << e.what();
+  }
+  for (const float v : bn.running_var()) EXPECT_EQ(v, 1.0f);  // untouched
+  const Tensor two = uniform_tensor(rng, {2, 3, 1, 1}, -2.0f, 3.0f);
+  EXPECT_NO_THROW(bn.forward(view(two), y));
+  bn.set_training(false);
+  EXPECT_NO_THROW(bn.forward(view(one), y));
+  EXPECT_NO_THROW(BatchNorm2D::check_values_per_channel(2));
+  EXPECT_THROW(BatchNorm2D::check_values_per_channel(1), std::invalid_argument);
 }
 
 TEST(BatchNorm2D, RunningStatisticsMoveAsPyTorchs) {

@@ -29,6 +29,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <thread>
 #include <utility>
 #include <vector>
 
@@ -661,6 +662,98 @@ TEST(CudaBackend, PrefetchedBatchesGiveTheSameGradients) {
   const auto [x5, y5] = batch_of();
   gpu.prefetch(x5, y5);
   check(x3, y3, "a batch other than the prefetched one");
+}
+
+// ---- Paths a first GPU run must see (issue: GPU tests that can fail) -------------
+
+// One model on `device` against the CPU over the given steps; each step is
+// ("train", batch) or ("infer", batch).
+void expect_steps_match(const MakeLayers& make, const Shape& sample, int device,
+                        const std::vector<std::pair<std::string, std::size_t>>& steps, std::uint64_t seed) {
+  CpuNet cpu(make(), sample);
+  CpuNet host(make(), sample);
+  cpu.init(seed);
+  std::copy(cpu.params().begin(), cpu.params().end(), host.params().begin());
+  auto made = make_cuda_model(host.layer_ptrs(), sample, host.params().size(), device);
+  ASSERT_TRUE(made.ok()) << made.status().to_string();
+  DeviceModel& gpu = **made;
+  Rng rng(seed + 1);
+  std::vector<float> grads(cpu.params().size());
+  for (const auto& [what, batch] : steps) {
+    SCOPED_TRACE(what + " at batch " + std::to_string(batch));
+    const auto x = random_inputs(rng, batch * cpu.sample_size());
+    if (what == "infer") {
+      std::vector<float> logits(batch * cpu.classes(), std::numeric_limits<float>::quiet_NaN());
+      gpu.infer(cpu.params(), x, batch, logits);
+      expect_close(logits, cpu.infer(x, batch), kLayerTol, "logits");
+      continue;
+    }
+    const auto y = random_labels(rng, batch, cpu.classes());
+    std::fill(grads.begin(), grads.end(), std::numeric_limits<float>::quiet_NaN());
+    const float gpu_loss = gpu.compute_gradients(cpu.params(), grads, x, y);
+    EXPECT_NEAR(gpu_loss, cpu.train_step(x, y), kLayerTol);
+    expect_close(grads, cpu.grads(), kLayerTol, "gradients");
+  }
+}
+
+TEST(CudaBackend, TrainInferAndTrainAgainAtOneBatchSize) {
+  SKIP_WITHOUT_GPU();
+  expect_steps_match(small_convnet, {1, 6, 6}, 0, {{"train", 4}, {"infer", 4}, {"train", 4}, {"infer", 4}}, 3);
+}
+
+TEST(CudaBackend, ASecondGpuComputesWhatTheFirstDoes) {
+  SKIP_WITHOUT_GPU();
+  if (cuda_device_count() < 2) GTEST_SKIP() << "this machine has one GPU; cuda:1 needs a second";
+  expect_steps_match(small_convnet, {1, 6, 6}, 1, {{"train", 4}, {"infer", 5}, {"train", 7}}, 4);
+}
+
+TEST(CudaBackend, TwoModelsOnOneGpuFromTwoThreadsEachMatchTheCpu) {
+  SKIP_WITHOUT_GPU();
+  // Failures inside the threads are recorded by gtest, which is thread-safe
+  // on this platform.
+  std::thread a([] { expect_steps_match(small_convnet, {1, 6, 6}, 0, {{"train", 6}, {"train", 6}, {"infer", 6}}, 5); });
+  std::thread b([] { expect_steps_match(small_convnet, {1, 6, 6}, 0, {{"train", 3}, {"infer", 2}, {"train", 8}}, 6); });
+  a.join();
+  b.join();
+}
+
+TEST(CudaBackend, APrefetchFollowedByAnotherBatchSizeGivesTheSameGradients) {
+  SKIP_WITHOUT_GPU();
+  CpuNet cpu(small_convnet(), {1, 6, 6});
+  CpuNet host(small_convnet(), {1, 6, 6});
+  cpu.init(8);
+  std::copy(cpu.params().begin(), cpu.params().end(), host.params().begin());
+  auto made = make_cuda_model(host.layer_ptrs(), {1, 6, 6}, host.params().size(), 0);
+  ASSERT_TRUE(made.ok()) << made.status().to_string();
+  DeviceModel& gpu = **made;
+  Rng rng(12);
+  std::vector<float> grads(cpu.params().size());
+  const auto check = [&](std::span<const float> x, std::span<const std::int32_t> y, const std::string& what) {
+    std::fill(grads.begin(), grads.end(), std::numeric_limits<float>::quiet_NaN());
+    const float gpu_loss = gpu.compute_gradients(cpu.params(), grads, x, y);
+    EXPECT_NEAR(gpu_loss, cpu.train_step(x, y), kLayerTol) << what;
+    expect_close(grads, cpu.grads(), kLayerTol, what);
+  };
+  const auto big_x = random_inputs(rng, 9 * 36);
+  const auto big_y = random_labels(rng, 9, 5);
+  const auto small_x = random_inputs(rng, 3 * 36);
+  const auto small_y = random_labels(rng, 3, 5);
+  gpu.prefetch(big_x, big_y);  // a batch of 9 on its way ...
+  check(small_x, small_y, "a batch of 3 computed first");
+  check(big_x, big_y, "then the prefetched batch of 9");
+}
+
+// Parameter counts that are not multiples of four: the second convolution's
+// weights and every bias start at offsets that are not 16-byte aligned in
+// the flat parameter vector.
+Layers unaligned_convnet() {
+  return seq(std::make_unique<Conv2D>(1, 3, 3), std::make_unique<ReLU>(), std::make_unique<Conv2D>(3, 5, 3),
+             std::make_unique<Flatten>(), std::make_unique<Dense>(5 * 4 * 4, 3));
+}
+
+TEST(CudaBackend, ParametersAtOffsetsThatAreNot16ByteAlignedMatchTheCpu) {
+  SKIP_WITHOUT_GPU();
+  expect_gpu_matches_cpu(unaligned_convnet, {1, 8, 8}, kLayerTol);
 }
 
 TEST(CudaBackend, AnEmptyBatchGivesZeroLossAndZeroGradients) {
