@@ -196,6 +196,18 @@ Result<JobPlan> plan_job(const JobConfig& c, const JobFacts& f) {
   p.ranges = partition_keys(f.num_params, c.shards);
   for (std::uint32_t i = 0; i < c.shards; ++i) p.shards.push_back(plan_shard(p, i, p.ranges[i]));
   const std::vector<WorkerShare> shares = assign_shares(f.train_count, c.batch, *weights);
+  // A share smaller than its batch trains one short step an epoch: a job
+  // that looks fine and learns nothing useful.
+  for (std::uint32_t w = 0; w < c.workers; ++w) {
+    const std::size_t share = shares[w].partition.end - shares[w].partition.begin;
+    if (share < shares[w].batch)
+      return Status::InvalidArgument(
+          "--workers " + std::to_string(c.workers) + " with --batch " + std::to_string(c.batch) + ": worker " +
+          std::to_string(w) + "'s share of the " + std::to_string(f.train_count) + " training samples is " +
+          std::to_string(share) + ", less than its batch of " + std::to_string(shares[w].batch) +
+          ", so it would take one short step an epoch; use fewer workers or a --batch of at most " +
+          std::to_string(f.train_count / c.workers));
+  }
   for (std::uint32_t w = 0; w < c.workers; ++w) p.workers.push_back(plan_worker(w, shares[w], (*stragglers)[w]));
   // By clock: equal shares give the length; weights aim at the same number
   // of steps per epoch, so auto weights leave it (within a step) unchanged.

@@ -28,6 +28,7 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <climits>
 #include <cstring>
 #include <memory>
@@ -406,7 +407,18 @@ int cuda_device_count(std::string* why) {
   const cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess) {
     cudaGetLastError();  // clear it, so later calls do not report it again
-    if (why) *why = std::string("CUDA cannot be used: ") + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")";
+    if (!why) return 0;
+    std::error_code ec;
+    // Without a driver's device node CUDA's own words ("driver version is
+    // insufficient") mislead: there is no NVIDIA GPU (or driver) at all.
+    if (!std::filesystem::exists("/dev/nvidiactl", ec)) {
+      *why = "no NVIDIA GPU found (no NVIDIA driver: /dev/nvidiactl does not exist)";
+    } else if (err == cudaErrorInsufficientDriver) {
+      *why = "the NVIDIA driver is older than this build's CUDA runtime (CUDA " + std::to_string(CUDART_VERSION / 1000) +
+             " needs driver R580 or newer): cudaErrorInsufficientDriver";
+    } else {
+      *why = std::string("CUDA cannot be used: ") + cudaGetErrorName(err) + " (" + cudaGetErrorString(err) + ")";
+    }
     return 0;
   }
   if (count == 0 && why) *why = "no CUDA device found";

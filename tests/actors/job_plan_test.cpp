@@ -136,13 +136,28 @@ TEST(JobPlan, ThePolicysOptionsAreResolvedOnce) {
   JobConfig c;
   c.policy = "averaging";
   c.workers = 16;
-  EXPECT_EQ(planned(c).policy.options.at("local-steps"), 4.0) << "more than 8 workers average twice as often";
+  const JobFacts enough = facts(1000, 16 * 64);  // a batch for every worker
+  EXPECT_EQ(planned(c, enough).policy.options.at("local-steps"), 4.0) << "more than 8 workers average twice as often";
   c.policy_options["local-steps"] = 2;
-  EXPECT_EQ(planned(c).policy.options.at("local-steps"), 2.0) << "a value given is used as given";
+  EXPECT_EQ(planned(c, enough).policy.options.at("local-steps"), 2.0) << "a value given is used as given";
   c.workers = 8;
   c.policy_options.clear();
   EXPECT_EQ(planned(c).policy.options.count("local-steps"), 0u) << "the policy's own default";
   EXPECT_EQ(planned(c).policy.name, "averaging");
+}
+
+TEST(JobPlan, AWorkerWhoseShareIsSmallerThanItsBatchIsRefusedWithAdvice) {
+  JobConfig c;
+  c.workers = 4;
+  c.batch = 64;
+  EXPECT_TRUE(plan_job(c, facts(1000, 4 * 64)).ok()) << "a share of exactly one batch trains";
+  const std::string why = refusal(c, facts(1000, 4 * 64 - 1));
+  // Shares of 64, 64, 64 and 63: the last is short of a batch.
+  EXPECT_NE(why.find("--workers 4 with --batch 64: worker 3's share of the 255 training samples is 63, less than "
+                     "its batch of 64"),
+            std::string::npos)
+      << why;
+  EXPECT_NE(why.find("a --batch of at most 63"), std::string::npos) << why;
 }
 
 TEST(JobPlan, SaysWhatThePolicyAsksOfTheRuntime) {

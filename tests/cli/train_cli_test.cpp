@@ -54,6 +54,20 @@ TEST(TrainCli, RejectsAnUnknownModelOrDeviceWithExitCode2) {
 TEST(TrainCli, RefusesCudaWithoutAUsableGpuSayingWhy) {
   if (asgd::cuda_device_count() > 0) GTEST_SKIP() << "this machine has a GPU";
   expect_one_line_error(asgd("train --device cuda"), 2, "no usable CUDA device");
+  std::error_code ec;
+  if (!std::filesystem::exists("/dev/nvidiactl", ec))  // no driver here: say so in plain words
+    expect_one_line_error(asgd("train --device cuda"), 2, "no NVIDIA GPU found");
+}
+
+TEST(TrainCli, RefusesAJobWhoseWorkersGetLessThanABatchEachWithAdvice) {
+  const CliRun r = asgd("train --data-dir " + asgd_test::dataset_dir("mnist").string() + " --workers 64 --batch 4096");
+  // (After the data has loaded: its size decides.)
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_NE(r.err.find("asgd: error: --workers 64 with --batch 4096: worker 0's share of the 55000 training samples "
+                       "is 860, less than its batch of 4096"),
+            std::string::npos)
+      << r.err;
+  EXPECT_NE(r.err.find("use fewer workers or a --batch of at most 859"), std::string::npos) << r.err;
 }
 
 TEST(ExportCli, ATrainedLenetLoadsIntoTorchWithTheSameTestAccuracy) {
