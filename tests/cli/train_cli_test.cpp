@@ -120,6 +120,14 @@ TEST(TrainCli, RejectsAnUnknownFlagWithExitCode2) {
   expect_one_line_error(asgd("train --wrokers 2"), 2, "wrokers");
 }
 
+TEST(TrainCli, AnUnknownFlagGetsTheNearestKnownOneAndWhereTheListIs) {
+  expect_one_line_error(asgd("train --worker 2"), 2,
+                        "unknown flag --worker; did you mean --workers? (asgd train --help lists them)");
+  expect_one_line_error(asgd("train --epoch=2"), 2, "did you mean --epochs?");
+  expect_one_line_error(asgd("train --zzzzzzzz"), 2, "unknown flag --zzzzzzzz (asgd train --help lists them)");
+  expect_one_line_error(asgd("traim"), 2, "unknown command traim; did you mean train? the commands: train, compare");
+}
+
 TEST(TrainCli, ReportsAMissingDataDirectoryWithExitCode2) {
   expect_one_line_error(asgd("train --data-dir /nonexistent/mnist"), 2, "/nonexistent/mnist");
 }

@@ -4,8 +4,11 @@
 #include <spdlog/spdlog.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <iostream>
+#include <string>
+#include <vector>
 
 #include "compute/blas.hpp"
 
@@ -23,6 +26,77 @@ void reexec_with_better_blas_kernels(char** argv) {
   ::setenv("OPENBLAS_CORETYPE", core.c_str(), 1);
   ::execv("/proc/self/exe", argv);
   // execv only returns on failure: carry on with the kernels we have.
+}
+
+// The edit distance between two flags, for "did you mean".
+std::size_t edit_distance(const std::string& a, const std::string& b) {
+  std::vector<std::size_t> row(b.size() + 1);
+  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
+  for (std::size_t i = 1; i <= a.size(); ++i) {
+    std::size_t diagonal = row[0];
+    row[0] = i;
+    for (std::size_t j = 1; j <= b.size(); ++j) {
+      const std::size_t up = row[j];
+      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
+      diagonal = up;
+    }
+  }
+  return row[b.size()];
+}
+
+// The parser's complaint in words that say what to do: an unknown flag
+// with the nearest one the command has and where the list is; a missing
+// command with the list of commands.
+std::string explain_parse_error(CLI::App& app, const std::vector<std::string>& reversed_args,
+                                const CLI::ParseError& e) {
+  CLI::App* command = nullptr;
+  for (auto* sub : app.get_subcommands()) command = sub;
+  const std::string where = command ? "asgd " + command->get_name() : std::string("asgd");
+  if (dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr) {
+    // The first argument the command did not take that looks like a flag.
+    std::string unknown;
+    for (auto it = reversed_args.rbegin(); it != reversed_args.rend() && unknown.empty(); ++it) {
+      if (!it->starts_with("--")) continue;
+      const std::string flag = it->substr(0, it->find('='));
+      const CLI::App* scope = command ? command : &app;
+      bool known = false;
+      for (const CLI::Option* o : scope->get_options())
+        for (const std::string& name : o->get_lnames()) known = known || "--" + name == flag;
+      if (!known) unknown = flag;
+    }
+    if (!unknown.empty()) {
+      std::string best;
+      std::size_t best_distance = 3;  // farther than this is no suggestion
+      const CLI::App* scope = command ? command : &app;
+      for (const CLI::Option* o : scope->get_options())
+        for (const std::string& name : o->get_lnames())
+          if (const std::size_t d = edit_distance(unknown, "--" + name); d < best_distance) {
+            best_distance = d;
+            best = "--" + name;
+          }
+      return "unknown flag " + unknown + (best.empty() ? "" : "; did you mean " + best + "?") + " (" + where +
+             " --help lists them)";
+    }
+    return std::string(e.what()) + " (" + where + " --help lists what it takes)";
+  }
+  if (command == nullptr && std::string(e.what()).find("subcommand is required") != std::string::npos) {
+    std::string names, best;
+    std::size_t best_distance = 3;
+    for (const CLI::App* sub : app.get_subcommands({})) {
+      names += (names.empty() ? "" : ", ") + sub->get_name();
+      if (!reversed_args.empty())
+        if (const std::size_t d = edit_distance(reversed_args.back(), sub->get_name()); d < best_distance) {
+          best_distance = d;
+          best = sub->get_name();
+        }
+    }
+    const std::string given =
+        reversed_args.empty() ? ""
+        : (reversed_args.back().starts_with("-") ? "unknown flag " : "unknown command ") + reversed_args.back() + "; ";
+    return given + (best.empty() ? "" : "did you mean " + best + "? ") + "the commands: " + names +
+           " (asgd --help says what each does)";
+  }
+  return e.what();
 }
 
 }  // namespace
@@ -47,6 +121,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> args(argv + 1, argv + argc);
   if (args.empty()) args.push_back("train");
   std::reverse(args.begin(), args.end());  // CLI11 takes them last-first
+  const std::vector<std::string> given = args;  // parse() consumes args
   try {
     app.parse(args);
   } catch (const CLI::CallForHelp& e) {
@@ -56,7 +131,7 @@ int main(int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return app.exit(e);
   } catch (const CLI::ParseError& e) {
-    print_error(e.what());
+    print_error(explain_parse_error(app, given, e));
     return kExitUsage;
   }
   spdlog::set_pattern("[%H:%M:%S.%e] %^%l%$ %v");
