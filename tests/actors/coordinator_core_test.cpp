@@ -153,6 +153,44 @@ TEST(CoordinatorCore, ALostWorkersSecondLossAndAFinishedWorkersLossChangeNothing
   EXPECT_EQ(d.core.members().lost_count(), 1u);
 }
 
+TEST(CoordinatorCore, AWorkerWhoseProcessEndedIsKilledAndTheJobGoesOnWithoutIt) {
+  Driver d(config(3, 2));
+  const auto& out = d.call([&](CoordinatorActions& o) { d.core.worker_gone(1, "its process exited", o); });
+  ASSERT_EQ(out.size(), 2u);
+  EXPECT_EQ(std::get<act::Kill>(out[0]).worker, 1u) << "no waiting for its heartbeat to time out";
+  EXPECT_EQ(std::get<act::Leave>(out[1]).worker, 1u);
+  EXPECT_TRUE(d.call([&](CoordinatorActions& o) { d.core.worker_gone(1, "again", o); }).empty());
+}
+
+// ---- live status -----------------------------------------------------------------
+
+TEST(CoordinatorCore, TheLiveStatusShowsTheSlowestWorkersEpochTheRateAndEachWorkersState) {
+  Driver d(config(3, 2));  // 600 samples a epoch: 1200 in all
+  d.progress(0, 1, 300, 1.0);
+  d.progress(1, 0, 100, 1.5);
+  d.progress(1, 0, 50, 1.8);  // late: counts only grow
+  d.progress(2, 1, 200, 1.0);
+  d.lost(2);
+  const Progress p = d.core.tick(at(2.0));
+  EXPECT_EQ(p.epoch, 1u) << "worker 1, the slowest, is in epoch 1";
+  EXPECT_EQ(p.samples, 600u);
+  EXPECT_EQ(p.total_samples, 1200u);
+  EXPECT_DOUBLE_EQ(p.samples_per_s, 300.0);
+  EXPECT_DOUBLE_EQ(p.eta_s.value_or(-1.0), 2.0);
+
+  LiveSnapshot snap;
+  d.core.fill_live(snap, p, at(2.0));
+  EXPECT_EQ(snap.state, "training");
+  ASSERT_EQ(snap.worker.size(), 3u);
+  EXPECT_DOUBLE_EQ(snap.worker[1].last_seen_s, 0.5);
+  EXPECT_EQ(snap.worker[1].samples, 100u);
+  EXPECT_TRUE(snap.worker[0].alive);
+  EXPECT_FALSE(snap.worker[2].alive);
+
+  d.finished(1);
+  EXPECT_EQ(d.core.tick(at(3.0)).epoch, 2u) << "a finished worker holds no one back";
+}
+
 // ---- epochs --------------------------------------------------------------------
 
 TEST(CoordinatorCore, AnEpochIsNotCompleteUntilTheStragglerReportsEvenWhenOthersAreAhead) {
