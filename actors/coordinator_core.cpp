@@ -6,39 +6,10 @@
 
 #include <algorithm>
 #include <cctype>
-#include <cmath>
 
 namespace asgd {
 
 namespace act = coordinator_action;
-
-void merge_histogram(std::vector<std::uint64_t>& into, const std::vector<std::uint64_t>& h) {
-  if (into.size() < h.size()) into.resize(h.size(), 0);
-  for (std::size_t i = 0; i < h.size(); ++i) into[i] += h[i];
-}
-
-StalenessSummary summarize_staleness(const std::vector<std::uint64_t>& merged) {
-  StalenessSummary out;
-  double sum = 0.0;
-  for (std::size_t i = 0; i < merged.size(); ++i) {
-    out.count += merged[i];
-    sum += static_cast<double>(i) * static_cast<double>(merged[i]);
-    if (merged[i] > 0) out.max = static_cast<double>(i);
-  }
-  if (out.count == 0) return out;
-  out.mean = sum / static_cast<double>(out.count);
-  // p99: the smallest s with at least 99% of applications at or below it.
-  const auto needed = static_cast<std::uint64_t>(std::ceil(0.99 * static_cast<double>(out.count)));
-  std::uint64_t seen = 0;
-  for (std::size_t i = 0; i < merged.size(); ++i) {
-    seen += merged[i];
-    if (seen >= needed) {
-      out.p99 = static_cast<double>(i);
-      break;
-    }
-  }
-  return out;
-}
 
 CoordinatorCore::CoordinatorCore(JobConfig config, JobPlan plan, std::string dataset)
     : config_(std::move(config)),

@@ -1,12 +1,41 @@
 // EpochTracker and EvalSchedule: epoch reports, when an epoch is complete,
-// its metrics, and when to evaluate (coordinator_core.hpp).
+// its metrics, and when to evaluate (coordinator_epochs.hpp).
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <cmath>
 
-#include "actors/coordinator_core.hpp"
+#include "actors/coordinator_epochs.hpp"
 
 namespace asgd {
+
+void merge_histogram(std::vector<std::uint64_t>& into, const std::vector<std::uint64_t>& h) {
+  if (into.size() < h.size()) into.resize(h.size(), 0);
+  for (std::size_t i = 0; i < h.size(); ++i) into[i] += h[i];
+}
+
+StalenessSummary summarize_staleness(const std::vector<std::uint64_t>& merged) {
+  StalenessSummary out;
+  double sum = 0.0;
+  for (std::size_t i = 0; i < merged.size(); ++i) {
+    out.count += merged[i];
+    sum += static_cast<double>(i) * static_cast<double>(merged[i]);
+    if (merged[i] > 0) out.max = static_cast<double>(i);
+  }
+  if (out.count == 0) return out;
+  out.mean = sum / static_cast<double>(out.count);
+  // p99: the smallest s with at least 99% of applications at or below it.
+  const auto needed = static_cast<std::uint64_t>(std::ceil(0.99 * static_cast<double>(out.count)));
+  std::uint64_t seen = 0;
+  for (std::size_t i = 0; i < merged.size(); ++i) {
+    seen += merged[i];
+    if (seen >= needed) {
+      out.p99 = static_cast<double>(i);
+      break;
+    }
+  }
+  return out;
+}
 
 void EpochTracker::report(const EpochReport& r, double at_s) {
   if (r.worker >= totals_.size()) return;

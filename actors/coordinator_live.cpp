@@ -1,16 +1,11 @@
 // LiveView: Progress and the live status from the workers' latest progress
-// (coordinator_core.hpp).
+// (coordinator_live.hpp).
 #include <algorithm>
 #include <cmath>
 
-#include "actors/coordinator_core.hpp"
+#include "actors/coordinator_live.hpp"
 
 namespace asgd {
-
-double loss_between(const ProgressTotals& from, const ProgressTotals& to) {
-  if (to.loss_samples <= from.loss_samples) return std::nan("");
-  return (to.loss_sum - from.loss_sum) / static_cast<double>(to.loss_samples - from.loss_samples);
-}
 
 Progress LiveView::tick(const Membership& members, const ProgressTotals& now, std::uint32_t epochs,
                         std::optional<double> val_accuracy) {

@@ -1,7 +1,8 @@
-// Membership: which workers are live, lost or finished (coordinator_core.hpp).
+// Membership: which workers are live, lost or finished (coordinator_membership.hpp).
 #include <algorithm>
+#include <cmath>
 
-#include "actors/coordinator_core.hpp"
+#include "actors/coordinator_membership.hpp"
 
 namespace asgd {
 
@@ -56,6 +57,11 @@ ProgressTotals Membership::totals(double at_s) const {
   }
   t.at_s = at_s;
   return t;
+}
+
+double loss_between(const ProgressTotals& from, const ProgressTotals& to) {
+  if (to.loss_samples <= from.loss_samples) return std::nan("");
+  return (to.loss_sum - from.loss_sum) / static_cast<double>(to.loss_samples - from.loss_samples);
 }
 
 }  // namespace asgd

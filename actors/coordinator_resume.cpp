@@ -1,12 +1,12 @@
 // Checkpoints as the coordinator sees them: where a --resume'd job starts,
 // and the metrics file's records of a resume and of a shard's restart
-// (coordinator_core.hpp).
+// (coordinator_resume.hpp).
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
 #include <limits>
 
-#include "actors/coordinator_core.hpp"
+#include "actors/coordinator_resume.hpp"
 #include "actors/parameter_shard.hpp"
 
 namespace asgd {
