@@ -22,17 +22,20 @@
 // worker, one at a time, how many samples per second it computes, and sizes
 // batches and data partitions from the answers. The final evaluation waits
 // until every worker has stopped, so it sees every last push.
+//
+// The actor is a shell: what to do about each message is CoordinatorCore's
+// to decide (actors/coordinator_core.hpp); the actor performs its actions.
 
 #include <caf/all.hpp>
 
 #include <chrono>
-#include <deque>
 #include <functional>
 #include <future>
 #include <map>
 #include <memory>
 #include <optional>
 
+#include "actors/coordinator_core.hpp"
 #include "actors/job_plan.hpp"
 #include "actors/key_range.hpp"
 #include "messaging/protocol.hpp"
@@ -74,19 +77,6 @@ struct CoordinatorSetup {
   std::shared_ptr<Model> model;
 };
 
-/// Where a resumed job starts (JobConfig::resume): read from the shards'
-/// checkpoints, for the job's shares.
-struct ResumePlan {
-  std::uint32_t first_epoch = 0;        ///< 0-based: the first epoch not every worker had finished
-  std::vector<Clock> restart;           ///< per worker: the clock of its first step (first_epoch x its steps per epoch)
-  std::uint64_t updates = 0;            ///< updates the restored parameters hold
-  double written_unix_s = 0.0;          ///< when the oldest of the shard checkpoints was written
-};
-/// Errors: not_found for a missing shard checkpoint, corruption, and
-/// invalid_argument when the checkpoints are not this job's or it had
-/// already trained every epoch.
-Result<ResumePlan> plan_resume(const JobConfig& config, const JobPlan& plan);
-
 /// How often the coordinator refreshes Progress and the live status (and
 /// asks the shards how they stand, when there is a status server).
 inline constexpr std::chrono::milliseconds kLiveEvery{500};
@@ -113,82 +103,21 @@ class RemotePlacement {
   virtual void dismiss_worker(std::uint32_t w, const std::string& why) = 0;
 };
 
+// The actor's state: the core, which decides, and what it needs to act on
+// its decisions (the actors it started, the model it evaluates on).
 struct CoordinatorState {
   CoordinatorSetup setup;
-  JobPlan plan;                               // setup's, taken over: shares change with --worker-weights auto
+  std::optional<CoordinatorCore> core;        // from setup's config and plan
   std::optional<Model> model;                 // for initialisation and evaluation
   std::vector<caf::actor> shards;
   std::vector<caf::actor> workers;
   std::vector<caf::actor> feeders;
-  std::optional<ResumePlan> resumed;
   std::shared_ptr<SharedParameters> shared;   // hogwild only
-  std::uint32_t workers_stopped = 0;          // finished or lost
-  std::uint32_t workers_lost = 0;
-  std::uint32_t shard_restarts = 0;
-  std::uint32_t workers_rejoined = 0;
-  bool last_epoch_evaluated = false;
-  bool finishing = false;
   std::map<caf::actor_addr, std::string> names;  // for diagnostics: "worker 1", "shard 0"
-
-  struct EpochAgg {
-    std::uint32_t reports = 0;
-    std::vector<bool> reported;  // per worker
-    bool complete = false;       // every live worker reported: queued for evaluation
-    EpochReport sum;          // samples and updates summed over workers
-    std::vector<double> loss_by_worker;  // summed in worker order: reproducible
-    double last_report_s = 0.0;  // when the latest report arrived, since train_start
-    double end_s = 0.0;       // when the epoch ended: its last live worker's report, since train_start
-    double duration_s = 0.0;  // since the previous epoch ended
-  };
-  std::map<std::uint64_t, EpochAgg> epochs;   // epoch (0-based) -> reports so far
-  std::deque<std::uint64_t> to_evaluate;      // completed epochs, in order
-  bool evaluating = false;
-  std::uint64_t updates = 0;                  // cumulative over completed epochs
-  std::chrono::steady_clock::time_point train_start;
-  double last_epoch_end_s = 0.0;              // since train_start
-  double train_s = 0.0;
-  std::optional<double> time_to_target_s;
-  std::vector<EpochReport> worker_totals;     // per worker, for the closing log and the summary
-  bool done = false;
-
-  // What the workers last said of their progress, for Progress, the live
-  // status and the eval points' loss.
-  struct WorkerSeen {
-    WorkerProgress latest;
-    std::chrono::steady_clock::time_point at;
-    bool finished = false;  // stopped normally, its share done
-    bool lost = false;      // stopped abnormally
-    std::uint64_t first_epoch = 0;  // its epochs before this one are not awaited (a rejoined worker's)
-  };
-  std::vector<WorkerSeen> seen;
-  struct Totals {  // summed over the workers' latest progress
-    std::uint64_t samples = 0;
-    std::uint64_t updates = 0;
-    double loss_sum = 0.0;
-    std::uint64_t loss_samples = 0;
-    double at_s = 0.0;  // training seconds when taken
-  };
-  Totals last_tick;   // at the previous Progress
-  Totals last_point;  // at the previous epoch or eval point
-  std::uint64_t total_samples = 0;            // the whole job's
-  std::optional<double> last_val_accuracy;
-  std::uint64_t evaluations = 0;
-  std::vector<LiveShard> live_shards;
+  std::vector<LiveShard> live_shards;         // what the shards last said, for the live status
   static inline const char* name = "coordinator";
 };
 
 caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self, CoordinatorSetup setup);
-
-/// Merges shard staleness histograms into (mean, p99, max).
-struct StalenessSummary {
-  double mean = 0.0;
-  double p99 = 0.0;
-  double max = 0.0;
-  std::uint64_t count = 0;
-};
-StalenessSummary summarize_staleness(const std::vector<std::uint64_t>& histogram);
-
-/// Adds histogram `h` into `into`, growing it as needed.
-void merge_histogram(std::vector<std::uint64_t>& into, const std::vector<std::uint64_t>& h);
 
 }  // namespace asgd

@@ -1,0 +1,97 @@
+// Checkpoints as the coordinator sees them: where a --resume'd job starts,
+// and the metrics file's records of a resume and of a shard's restart
+// (coordinator_resume.hpp).
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <limits>
+
+#include "actors/coordinator_resume.hpp"
+#include "actors/parameter_shard.hpp"
+
+namespace asgd {
+
+Status resume_refused(const JobConfig& cfg, const Status& why) {
+  if (why.code() == StatusCode::invalid_argument || why.code() == StatusCode::not_found) return why;
+  return Status::InvalidArgument("--resume " + cfg.resume + ": " + why.message());
+}
+
+Result<ResumePlan> plan_resume(const JobConfig& cfg, const JobPlan& job) {
+  const std::vector<WorkerPlan>& workers = job.workers;
+  ResumePlan plan;
+  std::vector<Clock> done(workers.size(), std::numeric_limits<Clock>::max());  // per worker: steps every shard has
+  plan.updates = std::numeric_limits<std::uint64_t>::max();
+  plan.written_unix_s = std::numeric_limits<double>::max();
+  for (std::uint32_t i = 0; i < cfg.shards; ++i) {
+    const std::string path = shard_checkpoint_path(cfg.resume, i);
+    auto saved = ShardCore::saved(path);
+    if (!saved) {
+      if (saved.status().code() == StatusCode::not_found)
+        return Status::NotFound("--resume " + cfg.resume + ": no checkpoint of shard " + std::to_string(i) + " (" +
+                                path + "); was the job run with --checkpoint-dir and --checkpoint-every?");
+      return resume_refused(cfg, saved.status());
+    }
+    const auto& clocks = saved->stats.worker_clock;
+    if (clocks.size() != workers.size())
+      return Status::InvalidArgument("--resume " + cfg.resume + ": " + path + " is of a job with " +
+                                     std::to_string(clocks.size()) + " workers, not " + std::to_string(workers.size()));
+    for (std::size_t w = 0; w < clocks.size(); ++w) done[w] = std::min(done[w], clocks[w]);
+    plan.updates = std::min(plan.updates, saved->stats.updates_applied);
+    plan.written_unix_s = std::min(plan.written_unix_s, saved->written_unix_s);
+  }
+  std::uint64_t epochs_done = cfg.epochs;
+  for (std::size_t w = 0; w < workers.size(); ++w)
+    epochs_done = std::min<std::uint64_t>(epochs_done, done[w] / std::max<std::uint64_t>(workers[w].steps_per_epoch, 1));
+  if (epochs_done >= cfg.epochs)
+    return Status::InvalidArgument("--resume " + cfg.resume + ": the checkpointed job had trained all " +
+                                   std::to_string(cfg.epochs) + " epochs; raise --epochs to train further");
+  plan.first_epoch = static_cast<std::uint32_t>(epochs_done);
+  for (const auto& w : workers) plan.restart.push_back(plan.first_epoch * w.steps_per_epoch);
+  return plan;
+}
+
+nlohmann::json resume_record(const JobConfig& cfg, const ResumePlan& resumed, double now_unix) {
+  spdlog::info("resuming {} at epoch {} of {}: {} updates restored from checkpoints written {:.0f} s ago", cfg.resume,
+               resumed.first_epoch + 1, cfg.epochs, resumed.updates, now_unix - resumed.written_unix_s);
+  return {{"event", "resume"},
+          {"from", cfg.resume},
+          {"epoch", resumed.first_epoch + 1},
+          {"updates", resumed.updates},
+          {"checkpoint_age_s", now_unix - resumed.written_unix_s},
+          // Updates after the last checkpoint were lost with the stopped job: at most one interval.
+          {"lost_at_most_s", cfg.checkpoint_every_s}};
+}
+
+// What was lost is what the restarted process did not reload: it says
+// which checkpoint it reloaded, if any (checkpoint writes may have been
+// failing for a while, or never have succeeded).
+nlohmann::json shard_restart_record(std::uint32_t shard, double at_s, const ShardStats* reloaded,
+                                    const std::string& why, double now_unix) {
+  if (!reloaded) {
+    spdlog::warn("shard {} was restarted at {:.1f} s; it did not say which checkpoint it reloaded: {}", shard, at_s,
+                 why);
+    return {{"event", "shard_restarted"}, {"shard", shard}, {"train_s", at_s}, {"checkpoint_age_s", nullptr},
+            {"restored_updates", nullptr}, {"lost_at_most_s", nullptr}};
+  }
+  nlohmann::json record = {{"event", "shard_restarted"}, {"shard", shard}, {"train_s", at_s}};
+  if (reloaded->restored_unix_s > 0) {
+    const double age_s = std::max(0.0, now_unix - reloaded->restored_unix_s);
+    spdlog::warn("shard {} was restarted at {:.1f} s from its checkpoint of {:.1f} s before, "
+                 "holding {} updates: the updates it applied after that checkpoint are lost",
+                 shard, at_s, age_s, reloaded->restored_updates);
+    record["checkpoint_age_s"] = age_s;
+    record["restored_updates"] = reloaded->restored_updates;
+    record["lost_at_most_s"] = age_s;
+  } else {
+    spdlog::warn("shard {} was restarted at {:.1f} s without a checkpoint to reload (none had "
+                 "been written): it starts again from the initial parameters, and every update "
+                 "it had applied is lost",
+                 shard, at_s);
+    record["checkpoint_age_s"] = nullptr;
+    record["restored_updates"] = 0;
+    record["lost_at_most_s"] = at_s;
+  }
+  return record;
+}
+
+}  // namespace asgd
