@@ -8,6 +8,33 @@
 
 namespace asgd {
 
+namespace {
+
+// How long a thread polls before it sleeps on a futex: a layer's products
+// come one after another, microseconds apart, and waking a sleeping thread
+// costs tens of microseconds on a VM (measured: with sleeping helpers one
+// 2-thread mlp worker ran at 70k samples/s, with OpenBLAS's spinning
+// threads at 117k). Bounded, so idle threads give their core back.
+constexpr int kSpinRounds = 16384;
+
+inline void pause() {
+#if defined(__x86_64__)
+  _mm_pause();
+#endif
+}
+
+// Waits until `value` differs from `old`: polls first, then sleeps.
+template <class T>
+void wait_for_change(const std::atomic<T>& value, T old) {
+  for (int i = 0; i < kSpinRounds; ++i) {
+    if (value.load(std::memory_order_acquire) != old) return;
+    pause();
+  }
+  value.wait(old, std::memory_order_acquire);
+}
+
+}  // namespace
+
 ThreadPool::~ThreadPool() {
   stop_.store(true);
   generation_.fetch_add(1, std::memory_order_release);
@@ -46,7 +73,7 @@ void ThreadPool::run(std::size_t chunks, Call call, void* fn) {
   generation_.fetch_add(1, std::memory_order_release);
   generation_.notify_all();
   work(0);
-  for (std::uint32_t left; (left = pending_.load(std::memory_order_acquire)) != 0;) pending_.wait(left);
+  for (std::uint32_t left; (left = pending_.load(std::memory_order_acquire)) != 0;) wait_for_change(pending_, left);
 }
 
 // Own run first, then the others' in turn.
@@ -59,7 +86,7 @@ void ThreadPool::work(std::size_t thread) {
 
 void ThreadPool::helper_loop(std::size_t thread, std::uint32_t seen) {
   for (;;) {
-    generation_.wait(seen, std::memory_order_acquire);
+    wait_for_change(generation_, seen);
     seen = generation_.load(std::memory_order_acquire);
     if (stop_.load()) return;
     if (thread < threads_) {
