@@ -170,9 +170,15 @@ Result<DatasetSplits> load_dataset(const std::string& name, const std::filesyste
     return Status::NotFound("data directory " + dir.string() + " is not a directory");
   }
 
-  auto train = read_images_and_labels(dir, "train-images-idx3-ubyte", "train-labels-idx1-ubyte");
+  // The datasets' parent folder (../shared/data) is taken when it holds
+  // the dataset's own folder and no IDX files of its own.
+  std::filesystem::path from = dir;
+  if (!find_idx_file(dir, "train-images-idx3-ubyte").ok() &&
+      find_idx_file(dir / name, "train-images-idx3-ubyte").ok())
+    from = dir / name;
+  auto train = read_images_and_labels(from, "train-images-idx3-ubyte", "train-labels-idx1-ubyte");
   if (!train) return train.status();
-  auto test = read_images_and_labels(dir, "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte");
+  auto test = read_images_and_labels(from, "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte");
   if (!test) return test.status();
   const IdxImages& train_images = train->images;
   const IdxImages& test_images = test->images;

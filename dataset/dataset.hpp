@@ -50,7 +50,8 @@ bool is_known_dataset(const std::string& name);
 /// Loads `name` from `dir`, which holds the four IDX files under their
 /// official names (train-images-idx3-ubyte, train-labels-idx1-ubyte,
 /// t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte), each with or without
-/// ".gz". `validation_size` images are held out of the training set, chosen
+/// ".gz"; or the folder above it, holding `name`/ with them (the datasets'
+/// parent folder, as $ASGD_DATA_DIR). `validation_size` images are held out of the training set, chosen
 /// by a permutation seeded with `seed`, so the split is reproducible.
 /// Errors: invalid_argument (unknown name, validation_size >= train count),
 /// not_found (missing directory or file, the message names it), corruption.

@@ -132,6 +132,17 @@ TEST(LoadDataset, RealMnistSplitsInto55000Train5000ValidationAnd10000Test) {
   EXPECT_EQ(train_counts, kMnistTrainClassCounts);
 }
 
+TEST(LoadDataset, TheDatasetsParentFolderIsTakenWhenItHoldsTheDatasetsFolder) {
+  ASGD_REQUIRE_DATASET(dir, "mnist");
+  const auto parent = dir.parent_path();  // ../shared/data, as --data-dir users give it
+  auto from_parent = load_dataset("mnist", parent, 5000, 1);
+  ASSERT_TRUE(from_parent.ok()) << from_parent.status().to_string();
+  auto direct = load_dataset("mnist", dir, 5000, 1);
+  ASSERT_TRUE(direct.ok());
+  EXPECT_EQ(from_parent->train.count, direct->train.count);
+  EXPECT_EQ(from_parent->test.labels, direct->test.labels);
+}
+
 TEST(LoadDataset, RealMnistTrainingPixelsAreNormalisedToMeanZeroAndStddevOne) {
   ASGD_REQUIRE_DATASET(dir, "mnist");
   auto d = load_dataset("mnist", dir, 5000, 7);
