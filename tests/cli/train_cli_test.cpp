@@ -120,6 +120,15 @@ TEST(TrainCli, RejectsAnUnknownFlagWithExitCode2) {
   expect_one_line_error(asgd("train --wrokers 2"), 2, "wrokers");
 }
 
+TEST(Cli, AsgdAlonePrintsItsHelpAndHowToTrainTheDefaultJob) {
+  const CliRun r = asgd("");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("Usage:"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("train"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("Train the embedded default job: asgd train"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("final_test_accuracy"), std::string::npos) << "it must not train";
+}
+
 TEST(TrainCli, AnUnknownFlagGetsTheNearestKnownOneAndWhereTheListIs) {
   expect_one_line_error(asgd("train --worker 2"), 2,
                         "unknown flag --worker; did you mean --workers? (asgd train --help lists them)");

@@ -117,9 +117,13 @@ int main(int argc, char** argv) {
 #ifdef ASGD_WITH_BENCH
   bench = add_bench_command(app);
 #endif
-  // With no arguments at all, `asgd` behaves as `asgd train`: the embedded default.
+  // With no arguments at all, `asgd` says what it can do (`asgd train` runs
+  // the embedded default job).
   std::vector<std::string> args(argv + 1, argv + argc);
-  if (args.empty()) args.push_back("train");
+  if (args.empty()) {
+    std::cout << app.help() << "\nTrain the embedded default job: asgd train\n";
+    return kExitOk;
+  }
   std::reverse(args.begin(), args.end());  // CLI11 takes them last-first
   const std::vector<std::string> given = args;  // parse() consumes args
   try {
