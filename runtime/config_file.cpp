@@ -244,10 +244,34 @@ Status apply_toml_value(const toml::value& root, const std::string& origin, JobC
   return {};
 }
 
-// toml11's messages span several lines; keep the first, which says what.
-std::string first_line(const std::exception& e) {
-  std::string what = e.what();
-  return what.substr(0, what.find('\n'));
+// toml11's message in one line of plain words: where (line and column, read
+// from its source excerpt and caret) and what, with the offending line.
+//   [error] bad format: unknown value appeared
+//    --> job.toml
+//      |
+//    2 | epochs = = 3
+//      |          ^--- here
+std::string describe_toml_error(const std::exception& e) {
+  std::istringstream in(e.what());
+  std::string line, what, source, number;
+  std::size_t column = 0;
+  std::getline(in, what);
+  if (what.rfind("[error] ", 0) == 0) what = what.substr(8);
+  // toml11 names its parser function first ("toml::parse_key: ..."): not for users.
+  if (what.rfind("toml::", 0) == 0 && what.find(": ") != std::string::npos) what = what.substr(what.find(": ") + 2);
+  while (std::getline(in, line)) {
+    const std::size_t bar = line.find(" | ");
+    const std::size_t caret = line.find('^');
+    if (caret != std::string::npos && line.find('|') != std::string::npos) {
+      column = caret - line.find('|') - 1;
+    } else if (bar != std::string::npos && line.find_first_not_of(' ') < bar) {
+      number = line.substr(line.find_first_not_of(' '), bar - line.find_first_not_of(' '));
+      source = line.substr(bar + 3);
+    }
+  }
+  if (number.empty()) return what;
+  return "line " + number + (column > 0 ? ", column " + std::to_string(column) : "") + ": " + what + " (`" + source +
+         "`)";
 }
 
 }  // namespace
@@ -258,7 +282,7 @@ Status apply_toml_file(const std::string& path, JobConfig& config) {
   try {
     root = toml::parse(path);
   } catch (const std::exception& e) {
-    return Status::InvalidArgument("config file " + path + ": " + first_line(e));
+    return Status::InvalidArgument("config file " + path + ", " + describe_toml_error(e));
   }
   return apply_toml_value(root, path, config);
 }
@@ -269,7 +293,7 @@ Status apply_toml_text(const std::string& text, const std::string& origin, JobCo
     std::istringstream in(text);
     root = toml::parse(in, origin);
   } catch (const std::exception& e) {
-    return Status::InvalidArgument("config " + origin + ": " + first_line(e));
+    return Status::InvalidArgument("config " + origin + ", " + describe_toml_error(e));
   }
   return apply_toml_value(root, origin, config);
 }

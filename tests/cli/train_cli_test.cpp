@@ -168,6 +168,16 @@ TEST(TrainCli, ReportsABadConfigFileWithExitCode2) {
   expect_one_line_error(asgd("train --config " + cfg.string()), 2, "epochs");
 }
 
+TEST(TrainCli, ATomlSyntaxErrorNamesTheFileLineAndColumnInOneLine) {
+  const asgd_test::TempDir scratch;
+  const fs::path cfg = scratch / "broken.toml";
+  std::ofstream(cfg) << "workers = 2\nepochs = = 3\n";
+  const CliRun r = asgd("train --config " + cfg.string());
+  expect_one_line_error(r, 2, "config file " + cfg.string() + ", line 2, column 10: ");
+  EXPECT_NE(r.err.find("(`epochs = = 3`)"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("toml::"), std::string::npos) << "no parser internals: " << r.err;
+}
+
 TEST(TrainCli, TrainsAndWritesTheSummaryAsTheLastMetricsLine) {
   ASGD_REQUIRE_DATASET(mnist, "mnist");
   const asgd_test::TempDir scratch;
