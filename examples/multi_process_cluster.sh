@@ -41,7 +41,14 @@ done
 
 status=0
 wait "$coordinator_pid" || status=$?
+# A coordinator that failed (at start, say: its port taken) tells nobody:
+# the others would wait out their --join-timeout for it. Stop them now.
+if ((status != 0)); then cleanup; fi
 for p in "${pids[@]:1}"; do wait "$p" || true; done
 grep -E "^done|test accuracy" "$out/coordinator.log" || cat "$out/coordinator.log"
-echo "metrics: $out/run.jsonl (logs beside it)"
+if [[ -s $out/run.jsonl ]]; then
+  echo "metrics: $out/run.jsonl (logs beside it)"
+else
+  echo "no metrics were written (the coordinator exited with status $status); logs: $out" >&2
+fi
 exit "$status"
