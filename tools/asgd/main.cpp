@@ -44,6 +44,26 @@ std::size_t edit_distance(const std::string& a, const std::string& b) {
   return row[b.size()];
 }
 
+// Of `names`, the nearest to `given` within two edits; empty when none is.
+std::string nearest(const std::string& given, const std::vector<std::string>& names) {
+  std::string best;
+  std::size_t best_distance = 3;  // farther than this is no suggestion
+  for (const std::string& name : names)
+    if (const std::size_t d = edit_distance(given, name); d < best_distance) {
+      best_distance = d;
+      best = name;
+    }
+  return best;
+}
+
+// The long flags `scope` takes, as typed ("--workers").
+std::vector<std::string> flags_of(const CLI::App& scope) {
+  std::vector<std::string> flags;
+  for (const CLI::Option* o : scope.get_options())
+    for (const std::string& name : o->get_lnames()) flags.push_back("--" + name);
+  return flags;
+}
+
 // The parser's complaint in words that say what to do: an unknown flag
 // with the nearest one the command has and where the list is; a missing
 // command with the list of commands.
@@ -53,47 +73,30 @@ std::string explain_parse_error(CLI::App& app, const std::vector<std::string>& r
   for (auto* sub : app.get_subcommands()) command = sub;
   const std::string where = command ? "asgd " + command->get_name() : std::string("asgd");
   if (dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr) {
+    const std::vector<std::string> flags = flags_of(command ? *command : app);
     // The first argument the command did not take that looks like a flag.
-    std::string unknown;
-    for (auto it = reversed_args.rbegin(); it != reversed_args.rend() && unknown.empty(); ++it) {
+    for (auto it = reversed_args.rbegin(); it != reversed_args.rend(); ++it) {
       if (!it->starts_with("--")) continue;
       const std::string flag = it->substr(0, it->find('='));
-      const CLI::App* scope = command ? command : &app;
-      bool known = false;
-      for (const CLI::Option* o : scope->get_options())
-        for (const std::string& name : o->get_lnames()) known = known || "--" + name == flag;
-      if (!known) unknown = flag;
-    }
-    if (!unknown.empty()) {
-      std::string best;
-      std::size_t best_distance = 3;  // farther than this is no suggestion
-      const CLI::App* scope = command ? command : &app;
-      for (const CLI::Option* o : scope->get_options())
-        for (const std::string& name : o->get_lnames())
-          if (const std::size_t d = edit_distance(unknown, "--" + name); d < best_distance) {
-            best_distance = d;
-            best = "--" + name;
-          }
-      return "unknown flag " + unknown + (best.empty() ? "" : "; did you mean " + best + "?") + " (" + where +
+      if (std::find(flags.begin(), flags.end(), flag) != flags.end()) continue;
+      const std::string best = nearest(flag, flags);
+      return "unknown flag " + flag + (best.empty() ? "" : "; did you mean " + best + "?") + " (" + where +
              " --help lists them)";
     }
     return std::string(e.what()) + " (" + where + " --help lists what it takes)";
   }
   if (command == nullptr && std::string(e.what()).find("subcommand is required") != std::string::npos) {
-    std::string names, best;
-    std::size_t best_distance = 3;
+    std::vector<std::string> commands;
+    std::string names;
     for (const CLI::App* sub : app.get_subcommands({})) {
+      commands.push_back(sub->get_name());
       names += (names.empty() ? "" : ", ") + sub->get_name();
-      if (!reversed_args.empty())
-        if (const std::size_t d = edit_distance(reversed_args.back(), sub->get_name()); d < best_distance) {
-          best_distance = d;
-          best = sub->get_name();
-        }
     }
-    const std::string given =
-        reversed_args.empty() ? ""
-        : (reversed_args.back().starts_with("-") ? "unknown flag " : "unknown command ") + reversed_args.back() + "; ";
-    return given + (best.empty() ? "" : "did you mean " + best + "? ") + "the commands: " + names +
+    if (reversed_args.empty()) return "the commands: " + names + " (asgd --help says what each does)";
+    const std::string& given = reversed_args.back();
+    const std::string best = nearest(given, commands);
+    return (given.starts_with("-") ? "unknown flag " : "unknown command ") + given + "; " +
+           (best.empty() ? "" : "did you mean " + best + "? ") + "the commands: " + names +
            " (asgd --help says what each does)";
   }
   return e.what();
