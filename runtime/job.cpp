@@ -245,8 +245,7 @@ Result<std::shared_ptr<const data::DatasetSplits>> job_data(const JobConfig& con
 
 // Runs the coordinator in an actor system of the job's own until it reports
 // the job's outcome, cancelling it when `stop` is requested.
-Result<JobSummary> run_coordinator(CoordinatorSetup setup, const JobPlan& plan, const ClusterHooks& hooks,
-                                   std::stop_token stop) {
+Result<JobSummary> run_coordinator(CoordinatorSetup setup, const ClusterHooks& hooks, std::stop_token stop) {
   caf::actor_system_config cfg;
   cfg.add_message_types<caf::id_block::asgd>();
   // Workers compute inside their handlers: one scheduler thread per worker,
@@ -256,7 +255,7 @@ Result<JobSummary> run_coordinator(CoordinatorSetup setup, const JobPlan& plan, 
   // only spins while idle and steals cores from the BLAS threads: measured
   // on 2 cores, bench runtime (b)/(a) went from 0.88-0.91 to 0.97-1.01, and
   // 2-worker training from ~135k to ~165k samples/s.
-  cfg.set("scheduler.max-threads", plan.actor_threads);
+  cfg.set("scheduler.max-threads", setup.plan.actor_threads);
   auto outcome = std::make_shared<std::promise<Result<JobSummary>>>();
   auto future = outcome->get_future().share();
   setup.outcome = outcome;
@@ -329,7 +328,7 @@ Result<JobSummary> run_job_with(const JobConfig& requested, const JobCallbacks& 
     if (hooks.before_shutdown) hooks.before_shutdown(planned.status());
     return planned.status();
   }
-  const JobPlan plan = planned->plan;
+  const JobPlan& plan = planned->plan;  // until it moves into the coordinator's setup
 
   // Each worker's share of the cores, in a budget of this job's own.
   const auto compute = std::make_shared<ComputeContext>(plan.compute_threads);
@@ -354,7 +353,7 @@ Result<JobSummary> run_job_with(const JobConfig& requested, const JobCallbacks& 
   CoordinatorSetup setup{config,   *data,   on_epoch,  on_eval, callbacks.on_progress, callbacks.on_final_params,
                          nullptr,  nullptr, live,      on_record, compute,             std::move(planned->plan),
                          std::make_shared<Model>(std::move(planned->model))};
-  auto result = run_coordinator(std::move(setup), plan, hooks, stop);
+  auto result = run_coordinator(std::move(setup), hooks, stop);
   if (!result) return result;
   JobSummary summary = std::move(result).value();
   summary.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - job_start).count();
