@@ -199,7 +199,7 @@ Result<JobPlan> plan_job(const JobConfig& c, const JobFacts& f) {
   // A share smaller than its batch trains one short step an epoch: a job
   // that looks fine and learns nothing useful.
   for (std::uint32_t w = 0; w < c.workers; ++w) {
-    const std::size_t share = shares[w].partition.end - shares[w].partition.begin;
+    const std::size_t share = shares[w].partition.size();
     if (share < shares[w].batch)
       return Status::InvalidArgument(
           "--workers " + std::to_string(c.workers) + " with --batch " + std::to_string(c.batch) + ": worker " +
