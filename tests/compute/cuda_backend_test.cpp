@@ -616,25 +616,41 @@ Layers small_convnet() {
              std::make_unique<Dense>(4 * 4 * 4, 5));
 }
 
+// A model on the CPU and the same model on a GPU, from the same parameters.
+struct Mirrored {
+  Mirrored(const MakeLayers& make, const Shape& sample, std::uint64_t seed, int device = 0)
+      : cpu(make(), sample), host(make(), sample), made([&] {
+          cpu.init(seed);
+          std::copy(cpu.params().begin(), cpu.params().end(), host.params().begin());
+          return make_cuda_model(host.layer_ptrs(), sample, host.params().size(), device);
+        }()),
+        grads(cpu.params().size()) {}
+
+  DeviceModel& gpu() { return **made; }
+
+  // One training step on both sides: the losses and every gradient agree
+  // (the GPU's gradients pre-filled with NaN, so an unwritten one fails).
+  void expect_step(std::span<const float> x, std::span<const std::int32_t> y, const std::string& what) {
+    std::fill(grads.begin(), grads.end(), std::numeric_limits<float>::quiet_NaN());
+    const float gpu_loss = gpu().compute_gradients(cpu.params(), grads, x, y);
+    EXPECT_NEAR(gpu_loss, cpu.train_step(x, y), kLayerTol) << what;
+    expect_close(grads, cpu.grads(), kLayerTol, what);
+  }
+
+  CpuNet cpu;
+  CpuNet host;  // the GPU model reads these layers
+  Result<std::unique_ptr<DeviceModel>> made;
+  std::vector<float> grads;
+};
+
 TEST(CudaBackend, PrefetchedBatchesGiveTheSameGradients) {
   SKIP_WITHOUT_GPU();
-  CpuNet cpu(small_convnet(), {1, 6, 6});
-  CpuNet host(small_convnet(), {1, 6, 6});
-  cpu.init(2);
-  std::copy(cpu.params().begin(), cpu.params().end(), host.params().begin());
-  auto made = make_cuda_model(host.layer_ptrs(), {1, 6, 6}, host.params().size(), 0);
-  ASSERT_TRUE(made.ok()) << made.status().to_string();
-  DeviceModel& gpu = **made;
+  Mirrored m(small_convnet, {1, 6, 6}, 2);
+  ASSERT_TRUE(m.made.ok()) << m.made.status().to_string();
+  DeviceModel& gpu = m.gpu();
 
   Rng rng(9);
   constexpr std::size_t batch = 6;
-  std::vector<float> grads(cpu.params().size());
-  const auto check = [&](std::span<const float> x, std::span<const std::int32_t> y, const std::string& what) {
-    const float gpu_loss = gpu.compute_gradients(cpu.params(), grads, x, y);
-    const float cpu_loss = cpu.train_step(x, y);
-    EXPECT_NEAR(gpu_loss, cpu_loss, kLayerTol) << what;
-    expect_close(grads, cpu.grads(), kLayerTol, what);
-  };
   const auto batch_of = [&] { return std::make_pair(random_inputs(rng, batch * 36), random_labels(rng, batch, 5)); };
 
   // Two batches in flight at once, used in order.
@@ -642,26 +658,26 @@ TEST(CudaBackend, PrefetchedBatchesGiveTheSameGradients) {
   const auto [x2, y2] = batch_of();
   gpu.prefetch(x1, y1);
   gpu.prefetch(x2, y2);
-  check(x1, y1, "first prefetched batch");
-  check(x2, y2, "second prefetched batch");
+  m.expect_step(x1, y1, "first prefetched batch");
+  m.expect_step(x2, y2, "second prefetched batch");
 
   // The usual loop: prefetch the next batch, then compute the current one.
   auto [x3, y3] = batch_of();
   gpu.prefetch(x3, y3);
-  check(x2, y2, "a batch computed while the next one uploads");
-  check(x3, y3, "that next batch");
+  m.expect_step(x2, y2, "a batch computed while the next one uploads");
+  m.expect_step(x3, y3, "that next batch");
 
   // A caller that refills one buffer after prefetching it gets its new data.
   auto [x4, y4] = batch_of();
   gpu.prefetch(x4, y4);
   const auto refill = random_inputs(rng, batch * 36);
   std::copy(refill.begin(), refill.end(), x4.begin());
-  check(x4, y4, "a refilled buffer");
+  m.expect_step(x4, y4, "a refilled buffer");
 
   // A prefetched batch that is never used does no harm.
   const auto [x5, y5] = batch_of();
   gpu.prefetch(x5, y5);
-  check(x3, y3, "a batch other than the prefetched one");
+  m.expect_step(x3, y3, "a batch other than the prefetched one");
 }
 
 // ---- Paths a first GPU run must see (issue: GPU tests that can fail) -------------
@@ -670,29 +686,19 @@ TEST(CudaBackend, PrefetchedBatchesGiveTheSameGradients) {
 // ("train", batch) or ("infer", batch).
 void expect_steps_match(const MakeLayers& make, const Shape& sample, int device,
                         const std::vector<std::pair<std::string, std::size_t>>& steps, std::uint64_t seed) {
-  CpuNet cpu(make(), sample);
-  CpuNet host(make(), sample);
-  cpu.init(seed);
-  std::copy(cpu.params().begin(), cpu.params().end(), host.params().begin());
-  auto made = make_cuda_model(host.layer_ptrs(), sample, host.params().size(), device);
-  ASSERT_TRUE(made.ok()) << made.status().to_string();
-  DeviceModel& gpu = **made;
+  Mirrored m(make, sample, seed, device);
+  ASSERT_TRUE(m.made.ok()) << m.made.status().to_string();
   Rng rng(seed + 1);
-  std::vector<float> grads(cpu.params().size());
   for (const auto& [what, batch] : steps) {
     SCOPED_TRACE(what + " at batch " + std::to_string(batch));
-    const auto x = random_inputs(rng, batch * cpu.sample_size());
+    const auto x = random_inputs(rng, batch * m.cpu.sample_size());
     if (what == "infer") {
-      std::vector<float> logits(batch * cpu.classes(), std::numeric_limits<float>::quiet_NaN());
-      gpu.infer(cpu.params(), x, batch, logits);
-      expect_close(logits, cpu.infer(x, batch), kLayerTol, "logits");
+      std::vector<float> logits(batch * m.cpu.classes(), std::numeric_limits<float>::quiet_NaN());
+      m.gpu().infer(m.cpu.params(), x, batch, logits);
+      expect_close(logits, m.cpu.infer(x, batch), kLayerTol, "logits");
       continue;
     }
-    const auto y = random_labels(rng, batch, cpu.classes());
-    std::fill(grads.begin(), grads.end(), std::numeric_limits<float>::quiet_NaN());
-    const float gpu_loss = gpu.compute_gradients(cpu.params(), grads, x, y);
-    EXPECT_NEAR(gpu_loss, cpu.train_step(x, y), kLayerTol);
-    expect_close(grads, cpu.grads(), kLayerTol, "gradients");
+    m.expect_step(x, random_labels(rng, batch, m.cpu.classes()), "gradients");
   }
 }
 
@@ -719,28 +725,16 @@ TEST(CudaBackend, TwoModelsOnOneGpuFromTwoThreadsEachMatchTheCpu) {
 
 TEST(CudaBackend, APrefetchFollowedByAnotherBatchSizeGivesTheSameGradients) {
   SKIP_WITHOUT_GPU();
-  CpuNet cpu(small_convnet(), {1, 6, 6});
-  CpuNet host(small_convnet(), {1, 6, 6});
-  cpu.init(8);
-  std::copy(cpu.params().begin(), cpu.params().end(), host.params().begin());
-  auto made = make_cuda_model(host.layer_ptrs(), {1, 6, 6}, host.params().size(), 0);
-  ASSERT_TRUE(made.ok()) << made.status().to_string();
-  DeviceModel& gpu = **made;
+  Mirrored m(small_convnet, {1, 6, 6}, 8);
+  ASSERT_TRUE(m.made.ok()) << m.made.status().to_string();
   Rng rng(12);
-  std::vector<float> grads(cpu.params().size());
-  const auto check = [&](std::span<const float> x, std::span<const std::int32_t> y, const std::string& what) {
-    std::fill(grads.begin(), grads.end(), std::numeric_limits<float>::quiet_NaN());
-    const float gpu_loss = gpu.compute_gradients(cpu.params(), grads, x, y);
-    EXPECT_NEAR(gpu_loss, cpu.train_step(x, y), kLayerTol) << what;
-    expect_close(grads, cpu.grads(), kLayerTol, what);
-  };
   const auto big_x = random_inputs(rng, 9 * 36);
   const auto big_y = random_labels(rng, 9, 5);
   const auto small_x = random_inputs(rng, 3 * 36);
   const auto small_y = random_labels(rng, 3, 5);
-  gpu.prefetch(big_x, big_y);  // a batch of 9 on its way ...
-  check(small_x, small_y, "a batch of 3 computed first");
-  check(big_x, big_y, "then the prefetched batch of 9");
+  m.gpu().prefetch(big_x, big_y);  // a batch of 9 on its way ...
+  m.expect_step(small_x, small_y, "a batch of 3 computed first");
+  m.expect_step(big_x, big_y, "then the prefetched batch of 9");
 }
 
 // Parameter counts that are not multiples of four: the second convolution's
