@@ -1,7 +1,8 @@
 #pragma once
 // worker: trains a replica of the model on the batches its data feeder
-// serves. Each step it computes a gradient and then does what the
-// consistency policy's plan says: update its own parameters, push the
+// serves. The decisions are WorkerCore's (actors/worker_core.hpp); this
+// actor only carries messages to and from it. Each step it computes a
+// gradient and then does what the consistency policy's plan says: update its own parameters, push the
 // payload (gradients or parameters) to the shards that own each key range,
 // and refresh its parameters from their replies. Event-based: it never
 // blocks a scheduler thread waiting for a reply, and a simulated straggler
@@ -9,6 +10,8 @@
 //
 // Accepts:
 //   (start_atom)   from the coordinator: pull the parameters, then train
+//   (start_atom, feeder)  the same, with the feeder to ask for batches
+//   (calibrate_atom, Batch)  -> double: samples/s on this worker's device
 //   (step_atom)    self-message between steps, so other messages interleave
 //   (resume_atom)  self-message: a straggler's delayed step goes on
 //   (tick_atom)    self-message: the watchdog that enforces rpc_timeout
@@ -30,11 +33,12 @@
 #include <vector>
 
 #include "actors/key_range.hpp"
-#include "messaging/protocol.hpp"
 #include "actors/shared_parameters.hpp"
+#include "actors/worker_core.hpp"
 #include "compute/model.hpp"
 #include "compute/optimizer.hpp"
 #include "compute/schedule.hpp"
+#include "messaging/protocol.hpp"
 #include "policies/policy.hpp"
 
 namespace asgd {
@@ -60,50 +64,10 @@ struct WorkerSetup {
   std::shared_ptr<ComputeContext> compute;  ///< the job's compute threads; null: the model's default
 };
 
-/// How often a worker tells the coordinator how far it got (WorkerProgress).
-inline constexpr std::chrono::milliseconds kProgressEvery{250};
-
-/// Consecutive NaN/Inf losses after which a worker declares the job diverged.
-inline constexpr std::uint32_t kMaxNonFiniteSteps = 10;
-
+/// The actor's state: the handles it sends to, and the core that decides.
 struct WorkerState {
   WorkerSetup setup;
-  std::optional<Model> model;
-  std::unique_ptr<ConsistencyPolicy> policy;
-  std::unique_ptr<Optimizer> local_optimizer;   // when the plan updates locally
-  std::uint64_t step = 0;                       // steps completed: the worker's clock
-  std::vector<Clock> base_clock;                // per shard: complete clock of our copy
-  std::vector<std::uint64_t> base_version;      // per shard: its version of our copy
-  std::vector<std::vector<float>> buffers;      // per shard: recycled message buffers
-  std::vector<float> accumulated;               // (num_params,) gradients summed between pushes
-  std::size_t unpushed_steps = 0;               // steps whose work no push has carried yet
-  std::uint32_t unpushed_samples = 0;
-  bool sum_in_model = false;                    // the unpushed gradients are exactly the model's grads()
-
-  // The step in flight.
-  std::size_t outstanding = 0;                  // shard replies still expected
-  std::vector<bool> awaiting;                   // per shard: reply still expected
-  std::size_t applied_in_step = 0;
-  double held_in_step = 0.0;                    // longest a shard held this step's read
-  bool step_ends_epoch = false;
-  std::uint64_t step_epoch = 0;
-  bool step_dropped = false;                    // the step's loss was NaN/Inf
-  std::uint32_t step_samples = 0;
-  std::chrono::steady_clock::time_point comm_start;
-
-  // The batch the next step trains on.
-  std::optional<data::Batch> next_batch;
-  bool batch_requested = false;
-  std::chrono::steady_clock::time_point batch_requested_at;
-  std::optional<std::chrono::steady_clock::time_point> idle_since;  // ready, but no batch yet
-
-  EpochReport report;                           // the epoch being trained
-  WorkerProgress finished_epochs;               // cumulative counts of the epochs already reported
-  std::chrono::steady_clock::time_point last_progress;  // when the coordinator last heard how far we got
-  std::uint32_t nonfinite_streak = 0;           // consecutive steps with a NaN/Inf loss
-  bool straggling = false;                      // a delayed step is waiting for resume_atom
-  bool finishing = false;                       // out of data: the last push is in flight
-  bool finished = false;
+  std::optional<WorkerCore> core;  // empty once construction failed
   static inline const char* name = "worker";
 };
 

@@ -1,0 +1,453 @@
+#include "actors/worker_core.hpp"
+
+#include <spdlog/fmt/fmt.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "actors/worker.hpp"
+
+namespace asgd {
+
+namespace act = worker_action;
+
+Result<WorkerCore> WorkerCore::make(const WorkerSetup& setup, TimeSource now) {
+  auto model = Model::build(setup.model, setup.model_spec.get(), setup.sample_shape, setup.classes);
+  if (!model) return model.status();
+  auto policy = make_policy(setup.policy);
+  if (!policy) return policy.status();
+  WorkerCore core;
+  core.now_ = std::move(now);
+  core.id_ = setup.id;
+  core.ranges_ = setup.ranges;
+  core.rpc_timeout_ = setup.rpc_timeout;
+  core.straggler_factor_ = setup.straggler_factor;
+  core.schedule_ = setup.schedule;
+  core.shared_ = setup.shared;
+  core.model_ = std::make_unique<Model>(std::move(model).value());
+  core.policy_ = std::move(policy).value();
+  if (setup.compute) core.model_->use_compute(setup.compute);
+  auto device = Device::parse(setup.device);
+  const Status placed = device ? core.model_->set_device(*device) : device.status();
+  if (!placed.ok()) {
+    std::string what = "cannot compute on " + setup.device + ": " + placed.message();
+    return placed.code() == StatusCode::invalid_argument ? Status::InvalidArgument(std::move(what))
+                                                         : Status::Internal(std::move(what));
+  }
+  if (core.policy_->shares_parameters() && !core.shared_) {
+    return Status::InvalidArgument("policy " + core.policy_->name() +
+                                   " needs the parameter buffer every worker of this process shares; "
+                                   "it cannot run across processes or devices");
+  }
+  if (core.shared_) {
+    if (core.shared_->values.size() != core.model_->num_params() || core.id_ >= core.shared_->clocks.size())
+      return Status::InvalidArgument("the shared parameter buffer does not fit the model or the worker");
+    core.model_->use_params(core.shared_->values);
+  }
+  if (core.policy_->plan(0).local_update) {  // a policy that updates locally does so on every step
+    auto opt = make_optimizer(setup.optimizer, core.model_->num_params());
+    if (!opt) return opt.status();
+    core.local_optimizer_ = std::move(opt).value();
+  }
+  core.step_ = setup.first_clock;
+  core.base_clock_.assign(core.ranges_.size(), setup.first_clock);
+  core.base_version_.assign(core.ranges_.size(), 0);
+  core.buffers_.resize(core.ranges_.size());
+  core.last_progress_ = core.now_();
+  return core;
+}
+
+double WorkerCore::seconds_since(Instant t) const { return std::chrono::duration<double>(now_() - t).count(); }
+
+void WorkerCore::fail(StatusCode code, const std::string& what, Actions& out) {
+  if (finished_) return;
+  finished_ = true;
+  out.emplace_back(act::Fail{code, "worker " + std::to_string(id_) + ": " + what});
+}
+
+void WorkerCore::start(Actions& out) {
+  // The first step trains on the shards' parameters, not our own (with a
+  // shared buffer there is nothing to fetch).
+  if (!shared_) send_pulls(out);
+  request_batch(out);
+  check_overdue(out);
+}
+
+// Out of data: every shard stops waiting for us.
+void WorkerCore::leave(Actions& out) {
+  if (shared_) shared_->live[id_].store(false, std::memory_order_release);
+  finished_ = true;
+  out.emplace_back(act::Leave{});
+}
+
+// Copies the parameters shard `shard` sent into our replica and keeps the
+// buffer for reuse. `shard` is the index we sent the request to; the reply's
+// own shard field is checked against it, never used to index.
+void WorkerCore::accept_params(std::size_t shard, ShardReply& reply, Actions& out) {
+  const std::size_t begin = ranges_[shard].begin;
+  const std::size_t size = ranges_[shard].size();
+  if (reply.shard != shard) {
+    fail(StatusCode::internal,
+         fmt::format("a reply from shard {} claims to come from shard {}", shard, reply.shard), out);
+    return;
+  }
+  if (reply.params.size() != size) {
+    fail(StatusCode::internal,
+         fmt::format("shard {} sent {} parameters for a range of {}", shard, reply.params.size(), size), out);
+    return;
+  }
+  if (size == model_->num_params()) {
+    model_->swap_params(reply.params);  // one shard owns everything: trade buffers, copy nothing
+  } else {
+    std::copy(reply.params.begin(), reply.params.end(),
+              model_->params().begin() + static_cast<std::ptrdiff_t>(begin));
+  }
+  base_clock_[shard] = reply.clock;
+  base_version_[shard] = reply.version;
+  buffers_[shard] = std::move(reply.params);
+}
+
+WorkerProgress WorkerCore::progress() const {
+  WorkerProgress p = finished_epochs_;
+  const EpochReport& r = report_;
+  p.worker = id_;
+  p.clock = step_;
+  p.epoch = step_epoch_;
+  p.samples += r.samples;
+  p.updates += r.updates;
+  p.loss_sum += r.loss_sum;
+  p.loss_samples += r.samples - r.dropped_samples;
+  p.policy_wait_s += r.policy_wait_s;
+  Clock base = step_;
+  if (shared_) {
+    base = std::min(base, shared_->min_live_clock());
+  } else {
+    for (Clock c : base_clock_) base = std::min(base, c);
+  }
+  p.staleness = static_cast<double>(step_ - base);
+  p.batches_ready = next_batch_ ? 1 : 0;
+  return p;
+}
+
+void WorkerCore::send_progress(Actions& out) {
+  last_progress_ = now_();
+  out.emplace_back(act::Progress{progress()});
+}
+
+void WorkerCore::finish_step(Actions& out) {
+  report_.comm_s += seconds_since(comm_start_);
+  report_.policy_wait_s += held_in_step_;
+  if (applied_in_step_ == ranges_.size()) ++report_.updates;
+  if (step_ends_epoch_) {
+    report_.worker = id_;
+    report_.epoch = step_epoch_;
+    out.emplace_back(act::Report{report_});
+    finished_epochs_ = progress();
+    report_ = EpochReport{};
+    send_progress(out);
+  } else if (now_() - last_progress_ >= kProgressEvery) {
+    send_progress(out);
+  }
+  if (finishing_) {
+    leave(out);
+    return;
+  }
+  out.emplace_back(act::NextStep{});
+}
+
+void WorkerCore::request_failed(const char* what, std::size_t shard, const std::string& error, Actions& out) {
+  fail(StatusCode::timeout, fmt::format("no {} reply from shard {} at step {}: {}", what, shard, step_, error), out);
+}
+
+void WorkerCore::feeder_failed(const std::string& error, Actions& out) {
+  fail(StatusCode::timeout, "no batch from the data feeder: " + error, out);
+}
+
+void WorkerCore::reply(std::size_t shard, ShardReply& reply, Actions& out) {
+  if (finished_) return;
+  if (shard >= awaiting_.size() || !awaiting_[shard]) {
+    fail(StatusCode::internal, fmt::format("an unexpected reply from shard {} at step {}", shard, step_), out);
+    return;
+  }
+  const auto outcome = static_cast<PushOutcome>(reply.outcome);
+  if (outcome == PushOutcome::rejected) {
+    fail(StatusCode::internal,
+         fmt::format("shard {} rejected our {} at step {} (malformed, or we are not one of its workers)", shard,
+                     in_flight_, step_),
+         out);
+    return;
+  }
+  if (outcome == PushOutcome::applied || outcome == PushOutcome::aggregated) ++applied_in_step_;
+  held_in_step_ = std::max(held_in_step_, reply.held_s);
+  if (!reply.params.empty()) {
+    accept_params(shard, reply, out);
+    if (finished_) return;
+  }
+  awaiting_[shard] = false;
+  if (--outstanding_ == 0) finish_step(out);
+}
+
+void WorkerCore::begin_round_trip() {
+  outstanding_ = ranges_.size();
+  awaiting_.assign(ranges_.size(), true);
+  applied_in_step_ = 0;
+  held_in_step_ = 0.0;
+  comm_start_ = now_();
+}
+
+void WorkerCore::send_pulls(Actions& out) {
+  begin_round_trip();
+  in_flight_ = "pull";
+  for (std::size_t i = 0; i < ranges_.size(); ++i) out.emplace_back(act::Pull{i, PullRequest{id_, step_}});
+}
+
+// Pushes what accumulated since the last push, tagged with clock `clock`.
+// With no samples behind it (every step since was dropped) the push is an
+// empty clock tick, so synchronous policies do not wait for us.
+void WorkerCore::send_pushes(Clock clock, bool want_params, Actions& out) {
+  const bool params_payload = policy_->payload() == Payload::parameters;
+  const bool tick = unpushed_samples_ == 0;
+  std::span<const float> source = params_payload ? std::span<const float>(model_->params())
+                                  : sum_in_model_ ? model_->grads()
+                                                  : std::span<const float>(accumulated_);
+  begin_round_trip();
+  in_flight_ = "push";
+  for (std::size_t i = 0; i < ranges_.size(); ++i) {
+    const std::size_t begin = ranges_[i].begin;
+    const std::size_t size = ranges_[i].size();
+    PushRequest req{id_, clock, base_clock_[i], unpushed_samples_, want_params, std::move(buffers_[i])};
+    req.base_version = base_version_[i];
+    if (tick) {
+      req.payload.clear();
+    } else if (!params_payload && size == model_->num_params() && source.data() == model_->grads().data()) {
+      // One shard owns everything: hand over the gradient buffer itself.
+      req.payload.resize(size);
+      model_->swap_grads(req.payload);
+    } else {
+      const auto first = source.begin() + static_cast<std::ptrdiff_t>(begin);
+      req.payload.assign(first, first + static_cast<std::ptrdiff_t>(size));
+    }
+    out.emplace_back(act::Push{i, std::move(req)});
+  }
+  unpushed_steps_ = 0;
+  unpushed_samples_ = 0;
+  sum_in_model_ = false;
+}
+
+void WorkerCore::request_batch(Actions& out) {
+  batch_requested_ = true;
+  batch_requested_at_ = now_();
+  out.emplace_back(act::RequestBatch{});
+}
+
+void WorkerCore::batch(data::Batch&& batch, Actions& out) {
+  if (finished_) return;
+  batch_requested_ = false;
+  next_batch_ = std::move(batch);
+  try {
+    model_->prefetch(next_batch_->x, next_batch_->y);  // a GPU uploads it while we wait for shards
+  } catch (const std::exception& e) {  // a bad batch, no memory for a larger one, a CUDA error
+    fail(StatusCode::internal, "on " + model_->device().str() + ": preparing a batch: " + e.what(), out);
+    return;
+  }
+  try_step(out);
+}
+
+// Hogwild: the optimizer writes straight into the buffer that every worker
+// of the process shares (the model's parameters are a view of it), without
+// locks: that race is the policy's design (actors/shared_parameters.hpp).
+// Every write to the buffer happens here, in a frame of its own, so that
+// tests/tsan.supp can name this one intended race and no other.
+[[gnu::noinline]] void WorkerCore::hogwild_step() {
+  const Clock base = shared_->min_live_clock();
+  local_optimizer_->step(model_->params(), model_->grads(), schedule_.scale(step_));
+  // How far behind the slowest live worker's clock our view was.
+  const Clock staleness = step_ > base ? step_ - base : 0;
+  auto& h = report_.staleness_histogram;
+  if (h.size() <= staleness) h.resize(staleness + 1, 0);
+  ++h[staleness];
+  shared_->clocks[id_].store(step_ + 1, std::memory_order_release);
+}
+
+// Downpour's n_push > 1: sums the gradients until the push. A step that
+// pushes its own gradients alone sends them straight from the model.
+void WorkerCore::accumulate(bool push_now) {
+  auto g = model_->grads();
+  sum_in_model_ = unpushed_steps_ == 0 && push_now;
+  if (unpushed_steps_ == 0) {
+    if (!push_now) accumulated_.assign(g.begin(), g.end());
+  } else {
+    for (std::size_t i = 0; i < g.size(); ++i) accumulated_[i] += g[i];
+  }
+}
+
+// Everything a step does after its gradient is computed (and, for a
+// simulated straggler, after its delay).
+void WorkerCore::continue_step(Actions& out) {
+  const StepPlan plan = policy_->plan(step_);
+  const bool carried_by_push = !plan.local_update || policy_->payload() == Payload::parameters;
+  if (!step_dropped_ && plan.local_update && !all_finite(model_->grads())) {
+    // A finite loss can still overflow into a gradient (hogwild and
+    // averaging apply it here, where no shard checks it): drop it.
+    step_dropped_ = true;
+    ++report_.dropped_batches;
+  }
+  if (!step_dropped_) {
+    if (plan.local_update) {
+      if (shared_) {
+        hogwild_step();
+        ++report_.updates;
+      } else {
+        local_optimizer_->step(model_->params(), model_->grads(), schedule_.scale(step_));
+      }
+      ++report_.local_updates;
+    }
+    if (carried_by_push) {
+      if (policy_->payload() == Payload::gradients) accumulate(plan.push);
+      ++unpushed_steps_;
+      unpushed_samples_ += step_samples_;
+    }
+  }
+  if (plan.push) {
+    send_pushes(step_, plan.pull, out);
+  } else if (plan.pull) {
+    send_pulls(out);
+  }
+  ++step_;
+  if (outstanding_ == 0) {
+    comm_start_ = now_();
+    held_in_step_ = 0.0;
+    applied_in_step_ = 0;
+    finish_step(out);
+  }
+}
+
+// Every epoch is done: pushes what the plan had not pushed yet, else
+// leaves.
+void WorkerCore::out_of_data(Actions& out) {
+  if (unpushed_samples_ == 0) {
+    leave(out);
+    return;
+  }
+  // The plan had not pushed our last steps yet (averaging's last partial
+  // round, Downpour's n_push): carry them before leaving. Tagged with the
+  // clock at which the plan would have pushed next, so under averaging a
+  // worker with fewer steps joins the others' next average instead of
+  // committing alone.
+  finishing_ = true;
+  step_ends_epoch_ = false;
+  Clock clock = step_ - 1;
+  for (Clock s = step_ - 1; s < step_ + 1'000'000; ++s) {
+    if (policy_->plan(s).push) {
+      clock = s;
+      break;
+    }
+  }
+  send_pushes(clock, false, out);
+}
+
+void WorkerCore::try_step(Actions& out) {
+  if (finished_ || finishing_ || straggling_ || outstanding_ > 0) return;
+  if (!next_batch_) {
+    if (!idle_since_) idle_since_ = now_();
+    if (!batch_requested_) request_batch(out);
+    return;
+  }
+  if (idle_since_) {
+    report_.data_wait_s += seconds_since(*idle_since_);
+    idle_since_.reset();
+  }
+  data::Batch batch = std::move(*next_batch_);
+  next_batch_.reset();
+  if (batch.size == 0) {  // every epoch done
+    out_of_data(out);
+    return;
+  }
+  request_batch(out);  // the feeder prepares the next one while we compute
+
+  const auto t0 = now_();
+  float loss = 0.0f;
+  try {
+    loss = model_->compute_gradients(batch.x, batch.y);
+  } catch (const std::exception& e) {  // a device failure (CUDA errors surface as exceptions)
+    fail(StatusCode::internal, "on " + model_->device().str() + ": " + e.what(), out);
+    return;
+  }
+  const double compute_s = seconds_since(t0);
+  report_.compute_s += compute_s;
+  report_.samples += batch.size;
+  ++report_.batches;
+  // A NaN or infinite loss means a gradient that would poison the
+  // parameters: drop it, count it, and stop the job once it is clearly
+  // diverging rather than a single bad batch.
+  step_dropped_ = !std::isfinite(loss);
+  if (step_dropped_) {
+    ++report_.dropped_batches;
+    report_.dropped_samples += batch.size;
+    if (++nonfinite_streak_ >= kMaxNonFiniteSteps) {
+      fail(StatusCode::diverged,
+           fmt::format("the loss was {} for {} steps in a row (up to step {})", loss, kMaxNonFiniteSteps, step_), out);
+      return;
+    }
+  } else {
+    nonfinite_streak_ = 0;
+    report_.loss_sum += static_cast<double>(loss) * static_cast<double>(batch.size);
+  }
+  step_samples_ = static_cast<std::uint32_t>(batch.size);
+  step_ends_epoch_ = batch.last_in_epoch;
+  step_epoch_ = batch.epoch;
+  if (straggler_factor_ > 1.0) {
+    // A slower device: the step takes factor x its compute time, spent on a
+    // timer so the core stays free for the other workers.
+    straggling_ = true;
+    const auto delay = std::chrono::duration<double>(compute_s * (straggler_factor_ - 1.0));
+    out.emplace_back(act::Delay{std::chrono::duration_cast<std::chrono::steady_clock::duration>(delay)});
+    return;
+  }
+  continue_step(out);
+}
+
+void WorkerCore::resume(Actions& out) {
+  if (finished_ || !straggling_) return;
+  straggling_ = false;
+  continue_step(out);
+}
+
+void WorkerCore::check_overdue(Actions& out) {
+  if (finished_) return;
+  const double limit = std::chrono::duration<double>(rpc_timeout_).count();
+  if (outstanding_ > 0 && seconds_since(comm_start_) > limit) {
+    std::string who;
+    for (std::size_t i = 0; i < awaiting_.size(); ++i)
+      if (awaiting_[i]) who += (who.empty() ? "" : ", ") + std::to_string(i);
+    // Only a policy with a staleness bound holds reads back on purpose;
+    // under async a missing reply means the shard itself is not answering.
+    const char* why = policy_->staleness_bound()
+                          ? "a synchronous policy holds a read until the slowest worker catches up (the shard's log "
+                            "names it), or the shard's process died or stopped"
+                          : "the shard's process died, stopped or hung (the coordinator's log says whether it still "
+                            "sends heartbeats)";
+    fail(StatusCode::timeout,
+         fmt::format("no reply from shard(s) {} within {:g} s (--rpc-timeout) at step {} under policy {}: {}", who,
+                     limit, step_, policy_->name(), why),
+         out);
+    return;
+  }
+  if (batch_requested_ && seconds_since(batch_requested_at_) > limit) {
+    fail(StatusCode::timeout,
+         fmt::format("no batch from the data feeder within {:g} s (--rpc-timeout) at step {}", limit, step_), out);
+    return;
+  }
+  out.emplace_back(act::Watch{std::min<std::chrono::steady_clock::duration>(rpc_timeout_ / 4, std::chrono::seconds(1))});
+}
+
+double WorkerCore::calibrate(const data::Batch& probe) {
+  constexpr int kSteps = 5;
+  model_->compute_gradients(probe.x, probe.y);
+  const auto t0 = now_();
+  for (int i = 0; i < kSteps; ++i) model_->compute_gradients(probe.x, probe.y);
+  const double seconds = seconds_since(t0) * straggler_factor_;
+  return seconds > 0 ? static_cast<double>(probe.size * kSteps) / seconds : 0.0;
+}
+
+}  // namespace asgd
