@@ -452,9 +452,27 @@ void shard_restarted(Self self, std::uint32_t shard) {
             });
 }
 
-// The job's start: its model taken over, its shards and workers started,
-// training started (after calibration with --worker-weights auto). False
-// once the job has failed.
+// Every shard serves: the workers start (after calibration with
+// --worker-weights auto).
+void shards_serve(Self self) {
+  auto& st = self->state;
+  if (st.core->done()) return;
+  if (st.core->resumed()) {  // every shard restored: only now does the metrics file hear of it
+    const nlohmann::json record = resume_record(st.setup.config, *st.core->resumed(), unix_seconds_now());
+    if (st.setup.on_record) st.setup.on_record(record);
+  }
+  if (!start_workers(self)) return;
+  for (auto* group : {&st.shards, &st.workers})
+    for (auto& a : *group) self->monitor(a);
+  self->set_down_handler([self](caf::down_msg& dm) { on_down(self, dm); });
+  if (st.core->plan().calibrate_weights)
+    calibrate(self, 0, std::make_shared<std::vector<double>>());
+  else
+    start_training(self);
+}
+
+// The job's start: its model taken over, its shards started; the rest
+// once they serve (shards_serve). False once the job has failed.
 bool start_job(Self self) {
   auto& st = self->state;
   if (!st.setup.model) {
@@ -470,18 +488,12 @@ bool start_job(Self self) {
   }
   if (!st.setup.config.resume.empty() && !resume(self)) return false;
   if (!start_shards(self)) return false;
-  if (st.core->resumed()) {  // every shard restored: only now does the metrics file hear of it
-    const nlohmann::json record = resume_record(st.setup.config, *st.core->resumed(), unix_seconds_now());
-    if (st.setup.on_record) st.setup.on_record(record);
-  }
-  if (!start_workers(self)) return false;
-  for (auto* group : {&st.shards, &st.workers})
-    for (auto& a : *group) self->monitor(a);
-  self->set_down_handler([self](caf::down_msg& dm) { on_down(self, dm); });
-  if (st.core->plan().calibrate_weights)
-    calibrate(self, 0, std::make_shared<std::vector<double>>());
+  // Shards in other processes say when they serve (ready_atom); the
+  // coordinator goes on answering meanwhile.
+  if (st.setup.remote)
+    st.setup.remote->await_shards(caf::actor_cast<caf::actor>(self));
   else
-    start_training(self);
+    shards_serve(self);
   return true;
 }
 
@@ -513,6 +525,15 @@ caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self, Coordinat
         drive(self, [&](CoordinatorCore& core, CoordinatorActions& out) { core.worker_gone(w, why, out); });
       },
       [self](restarted_atom, std::uint32_t shard) { shard_restarted(self, shard); },
+      [self](ready_atom, std::int32_t code, const std::string& what) {
+        if (code != 0) {
+          drive(self, [&](CoordinatorCore& core, CoordinatorActions& out) {
+            core.failed(static_cast<StatusCode>(code), what, out);
+          });
+          return;
+        }
+        shards_serve(self);
+      },
       [self](eval_atom) {
         drive(self, [](CoordinatorCore& core, CoordinatorActions& out) { core.eval_tick(SteadyClock::now(), out); });
       },

@@ -84,14 +84,19 @@ inline constexpr std::chrono::milliseconds kLiveEvery{500};
 /// The job's --rpc-timeout as a CAF duration.
 caf::timespan rpc_timeout(const JobConfig& config);
 
-/// Shards and workers in other processes (runtime/cluster.cpp). The
-/// coordinator calls it from its own thread only.
+/// Shards and workers in other processes (runtime/cluster_coordinator.cpp).
+/// The coordinator calls it from its own thread only.
 class RemotePlacement {
  public:
   virtual ~RemotePlacement() = default;
   /// Hands shard setup.index its setup (range, initial parameters, ...) and
-  /// returns the local actor that stands for it.
+  /// returns the local actor that stands for it, without waiting for the
+  /// process to take it (await_shards does).
   virtual Result<caf::actor> place_shard(caf::local_actor* coordinator, const ShardSetup& setup) = 0;
+  /// Once every placed shard's process serves, or one did not take its
+  /// assignment in time, sends `coordinator` (ready_atom, int32 StatusCode,
+  /// std::string what); code 0: every shard serves. Never blocks.
+  virtual void await_shards(caf::actor coordinator) = 0;
   /// The local actor that stands for worker `w`: it stops normally once the
   /// worker has finished, abnormally when its process went silent.
   virtual Result<caf::actor> place_worker(caf::local_actor* coordinator, std::uint32_t w) = 0;

@@ -266,6 +266,7 @@ using join_atom = caf::atom_constant<caf::atom("join")>;
 using rejoin_atom = caf::atom_constant<caf::atom("rejoin")>;
 using watch_atom = caf::atom_constant<caf::atom("watch")>;
 using lost_atom = caf::atom_constant<caf::atom("lost")>;
+using ready_atom = caf::atom_constant<caf::atom("ready")>;
 
 }  // namespace asgd
 

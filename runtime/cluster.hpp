@@ -47,16 +47,26 @@ class Supervision {
  public:
   /// Supervisor side: a process ended.
   void exited(ProcessExit e) {
-    std::lock_guard lock(mu_);
-    exits_.push_back(std::move(e));
+    std::unique_lock lock(mu_);
+    if (!listener_) {
+      exits_.push_back(std::move(e));
+      return;
+    }
+    auto listener = listener_;
+    lock.unlock();
+    listener(std::move(e));
   }
-  /// Coordinator side: the next exit not yet taken; never blocks.
-  std::optional<ProcessExit> next() {
-    std::lock_guard lock(mu_);
-    if (exits_.empty()) return std::nullopt;
-    ProcessExit e = std::move(exits_.front());
-    exits_.pop_front();
-    return e;
+  /// Coordinator side: `listener` hears every exit from now on (and at
+  /// once those that came before); null stops it. It is called on the
+  /// supervisor's thread and must not block.
+  void listen(std::function<void(ProcessExit)> listener) {
+    std::deque<ProcessExit> earlier;
+    {
+      std::lock_guard lock(mu_);
+      listener_ = listener;
+      if (listener) earlier.swap(exits_);
+    }
+    for (auto& e : earlier) listener(std::move(e));
   }
   /// Set by the supervisor's side before the job starts; the coordinator
   /// calls it (from one of its threads) when shard `index`'s process `pid`
@@ -66,6 +76,7 @@ class Supervision {
  private:
   std::mutex mu_;
   std::deque<ProcessExit> exits_;
+  std::function<void(ProcessExit)> listener_;
 };
 
 struct ProcessOptions {

@@ -5,6 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <future>
+#include <optional>
+#include <stop_token>
 #include <cstring>
 #include <thread>
 
@@ -140,6 +143,77 @@ TEST(ClusterProcesses, ACoordinatorThatNobodyJoinsGivesUpNamingWhoIsMissing) {
   EXPECT_NE(r.status().message().find("0 of 1 shard and 0 of 2 worker processes"), std::string::npos)
       << r.status().message();
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+}
+
+TEST(ClusterProcesses, ACancelBeforeAnyoneJoinsEndsTheWaitAtOnce) {
+  JobConfig c;
+  c.data_dir = "/nonexistent";  // never read: the job does not start
+  ProcessOptions o;
+  o.shards = c.shards;
+  o.workers = c.workers;
+  o.join_timeout_s = 30;
+  std::stop_source stop;
+  stop.request_stop();  // before the wait even starts
+  const auto t0 = std::chrono::steady_clock::now();
+  auto r = run_coordinator_process(c, o, {}, stop.get_token(), {});
+  ASSERT_FALSE(r.ok());
+  EXPECT_EQ(r.status().code(), StatusCode::cancelled) << r.status().to_string();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
+}
+
+// Placement does not block: a shard process that registers but never
+// takes its assignment (never sends a heartbeat) fails the job at
+// --join-timeout, naming it, and the worker process that registered is
+// told to stop.
+TEST(ClusterProcesses, AShardThatNeverTakesItsAssignmentFailsTheJobAtTheJoinTimeoutNamingIt) {
+  ASGD_REQUIRE_DATASET(dir, "mnist");
+  JobConfig c;
+  c.data_dir = dir.string();
+  c.shards = 1;
+  c.workers = 1;
+  ProcessOptions o;
+  o.shards = 1;
+  o.workers = 1;
+  o.join_timeout_s = 1.0;
+  std::promise<std::string> endpoint;
+  auto endpoint_future = endpoint.get_future();
+  std::optional<Result<JobSummary>> outcome;
+  std::thread coordinator([&] {
+    outcome = run_coordinator_process(c, o, {}, {}, [&](const std::string& e) { endpoint.set_value(e); });
+  });
+  const std::string at = endpoint_future.get();
+  // Two silent processes: they register, and answer nothing.
+  std::atomic<bool> worker_told_to_stop = false;
+  auto silent = [&](Role role, std::uint32_t pid, bool listen) {
+    BridgeOptions bo;
+    bo.listen = listen ? "tcp://127.0.0.1:0" : "";
+    auto b = Bridge::start(bo, [&, role](Inbound&& in) {
+      if (role == Role::worker && std::holds_alternative<Shutdown>(in.body)) worker_told_to_stop = true;
+    });
+    EXPECT_TRUE(b.ok()) << b.status().to_string();
+    auto peer = (*b)->connect(at);
+    EXPECT_TRUE(peer.ok());
+    (*b)->send(*peer, encode(Registration{role, 0, listen ? (*b)->endpoint() : "", "silent-host", pid}, 1));
+    return *b;
+  };
+  auto shard = silent(Role::shard, 4242, true);
+  auto worker = silent(Role::worker, 4343, false);
+  const auto t0 = std::chrono::steady_clock::now();
+  coordinator.join();
+  ASSERT_TRUE(outcome.has_value());
+  ASSERT_FALSE(outcome->ok());
+  EXPECT_EQ(outcome->status().code(), StatusCode::timeout) << outcome->status().to_string();
+  EXPECT_NE(outcome->status().message().find(
+                "shard process 0 (pid 4242 on silent-host) did not take its assignment within 1 s"),
+            std::string::npos)
+      << outcome->status().message();
+  EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(20));
+  const auto told_by = std::chrono::steady_clock::now() + std::chrono::seconds(5);
+  while (!worker_told_to_stop && std::chrono::steady_clock::now() < told_by)
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_TRUE(worker_told_to_stop);
+  shard->stop(std::chrono::seconds(1));
+  worker->stop(std::chrono::seconds(1));
 }
 
 TEST(ClusterProcesses, AWorkerWithoutACoordinatorGivesUpAfterItsJoinTimeout) {

@@ -1,0 +1,460 @@
+#include "runtime/cluster_registry.hpp"
+
+#include <spdlog/fmt/fmt.h>
+#include <spdlog/spdlog.h>
+
+#include <algorithm>
+#include <map>
+#include <optional>
+#include <set>
+
+#include "messaging/protocol.hpp"
+#include "runtime/cluster_internal.hpp"
+
+namespace asgd::cluster_detail {
+
+namespace {
+
+using namespace messaging;
+using deadline_atom = caf::atom_constant<caf::atom("deadline")>;
+
+// How often the registry looks at the time: shard silence, shards that
+// have not taken their assignment, newcomers waiting for a slot.
+constexpr auto kCheckEvery = std::chrono::milliseconds(200);
+
+struct Member {
+  PeerId peer;
+  Registration reg;
+};
+
+// A process that registered during the job for a slot whose process may
+// still be alive; refused once refuse_at passes with the old one alive.
+struct Newcomer {
+  Member member;
+  SteadyClock::time_point refuse_at;
+};
+
+// A shard process that was sent its assignment and has not served yet.
+struct Unready {
+  std::uint32_t index = 0;
+  bool restart = false;  // takes the place of a dead process mid-job
+  SteadyClock::time_point deadline;
+  Member member;
+};
+
+using Slots = std::vector<std::optional<Member>>;
+
+struct RegistryState {
+  RegistrySetup setup;
+  std::shared_ptr<Bridge> bridge;
+  Slots shards, workers;  // by index: the process that holds each slot
+  bool registering = true;
+  std::optional<Status> registration;               // how registration ended
+  std::optional<caf::response_promise> awaiting;  // the main thread's await
+  std::map<PeerId, SteadyClock::time_point> heard;  // each process's last heartbeat
+  std::set<std::uint32_t> ended;                      // pids the supervisor saw end
+  std::vector<Newcomer> newcomers;
+  std::map<PeerId, Unready> unready;
+  std::vector<std::optional<ShardPlaced>> placed;  // by shard index
+  caf::actor coordinator;
+  caf::actor ready_waiter;                          // told once every placed shard serves
+  std::optional<Status> placement;                  // set once a placed shard failed to take its assignment
+  bool ready_told = false;
+  std::map<PeerId, caf::actor> proxies;             // worker process -> the actor that stands for it
+  std::vector<bool> said_silent;                    // silence reported for the shard's current process
+  bool stopped = false;
+  static inline const char* name = "registry";
+};
+
+using Self = caf::stateful_actor<RegistryState>*;
+
+std::size_t filled(const Slots& slots) {
+  return static_cast<std::size_t>(std::count_if(slots.begin(), slots.end(), [](const auto& m) { return m.has_value(); }));
+}
+
+void refuse(Self self, const PeerId& peer, const std::string& why) {
+  auto& b = *self->state.bridge;
+  b.send(peer, encode(Shutdown{why}, b.next_id()));
+}
+
+template <class... Ts>
+void tell_coordinator(Self self, Ts&&... xs) {
+  if (self->state.coordinator) caf::anon_send(self->state.coordinator, std::forward<Ts>(xs)...);
+}
+
+std::string role_name(const Registration& reg) { return reg.role == Role::shard ? "shard" : "worker"; }
+
+// The main thread's await, once registration has ended: (code, what,
+// shard endpoints).
+void answer_await(Self self) {
+  auto& st = self->state;
+  if (!st.awaiting || !st.registration) return;
+  const Status& s = *st.registration;
+  std::vector<std::string> endpoints;
+  if (s.ok())
+    for (const auto& m : st.shards) endpoints.push_back(m->reg.endpoint);
+  st.awaiting->deliver(static_cast<std::int32_t>(s.code()), s.message(), std::move(endpoints));
+  st.awaiting.reset();
+}
+
+// Registration ends, once: every slot filled (ok), --join-timeout, cancel.
+void end_registration(Self self, Status s) {
+  auto& st = self->state;
+  if (!st.registering) return;
+  st.registering = false;
+  st.registration = std::move(s);
+  answer_await(self);
+}
+
+// Before the job: a process asks for a slot (a given --index, else the
+// first free one).
+void registered(Self self, const PeerId& peer, const Registration& reg) {
+  auto& st = self->state;
+  if (reg.role == Role::coordinator) return refuse(self, peer, "a coordinator cannot join a job");
+  Slots& slots = reg.role == Role::shard ? st.shards : st.workers;
+  std::size_t slot = reg.index < slots.size() && !slots[reg.index] ? reg.index : slots.size();
+  for (std::size_t i = 0; slot == slots.size() && i < slots.size(); ++i)
+    if (!slots[i]) slot = i;
+  if (slot == slots.size()) return refuse(self, peer, "the job needs no more of these");
+  if (reg.role == Role::shard && reg.endpoint.empty()) return refuse(self, peer, "a shard must give its endpoint");
+  spdlog::info("{} {} registered: pid {} on {}{}", role_name(reg), slot, reg.pid, reg.host,
+               reg.endpoint.empty() ? "" : ", at " + reg.endpoint);
+  slots[slot] = Member{peer, reg};
+  if (filled(st.shards) == st.shards.size() && filled(st.workers) == st.workers.size()) end_registration(self, {});
+}
+
+void settle_newcomers(Self self);
+
+// During the job: a process registers for a slot, to take a dead one's place.
+void registered_during_job(Self self, const PeerId& peer, const Registration& reg) {
+  auto& st = self->state;
+  const bool shard = reg.role == Role::shard && reg.index < st.shards.size() && !reg.endpoint.empty();
+  const bool worker = reg.role == Role::worker && reg.index < st.workers.size();
+  if (!shard && !worker) return refuse(self, peer, "the job has started and needs no more of these");
+  if (!st.registration || !st.registration->ok() || !st.ready_waiter || (shard && (reg.index >= st.placed.size() || !st.placed[reg.index])))
+    return refuse(self, peer, "the job is not placed yet; try again");
+  const auto& cfg = st.setup.config;
+  if (shard && (cfg.checkpoint_dir.empty() || cfg.checkpoint_every_s <= 0))
+    return refuse(self, peer,
+                  "shard " + std::to_string(reg.index) +
+                      " cannot be restarted: the job writes no checkpoints (--checkpoint-dir, --checkpoint-every)");
+  st.newcomers.push_back({Member{peer, reg}, SteadyClock::now() + millis(cfg.heartbeat_timeout_s)});
+  settle_newcomers(self);
+}
+
+// A newcomer's old process is dead: the supervisor saw it end, or it
+// missed kPresumedDead of heartbeats.
+bool dead(const RegistryState& st, const Member& old) {
+  if (st.ended.count(old.reg.pid) > 0) return true;
+  const auto h = st.heard.find(old.peer);
+  return h == st.heard.end() || SteadyClock::now() - h->second > kPresumedDead;
+}
+
+// The newcomer takes the slot: a worker rejoins at once (the coordinator
+// places it); a shard first reloads its checkpoint (shard_served).
+void take_place(Self self, const Member& fresh, const Member& old) {
+  auto& st = self->state;
+  const Registration& reg = fresh.reg;
+  if (reg.role == Role::worker) {
+    spdlog::warn("worker {} registered again: pid {} on {}; it takes the place of pid {}", reg.index, reg.pid,
+                 reg.host, old.reg.pid);
+    st.workers[reg.index] = fresh;
+    tell_coordinator(self, rejoin_atom::value, reg.index);
+    return;
+  }
+  spdlog::warn("shard {} registered again: pid {} on {}, at {}; it takes the place of pid {} and reloads its "
+               "checkpoint", reg.index, reg.pid, reg.host, reg.endpoint, old.reg.pid);
+  st.heard.erase(old.peer);
+  Assignment a = *st.placed[reg.index]->assignment;
+  a.restore = true;
+  st.unready[fresh.peer] =
+      Unready{reg.index, true, SteadyClock::now() + millis(st.setup.join_timeout_s), fresh};
+  st.bridge->send(fresh.peer, encode(a, st.bridge->next_id(), *st.placed[reg.index]->initial, st.bridge->coding()));
+}
+
+void settle_newcomers(Self self) {
+  auto& st = self->state;
+  std::vector<Newcomer> waiting;
+  for (Newcomer& n : st.newcomers) {
+    const Registration& reg = n.member.reg;
+    const Member& old = *(reg.role == Role::shard ? st.shards : st.workers)[reg.index];
+    if (dead(st, old)) {
+      take_place(self, n.member, old);
+    } else if (SteadyClock::now() > n.refuse_at) {
+      const std::string what = role_name(reg) + " " + std::to_string(reg.index);
+      spdlog::warn("{} registered again (pid {} on {}), but its process pid {} still sends heartbeats: refused", what,
+                   reg.pid, reg.host, old.reg.pid);
+      refuse(self, n.member.peer,
+             what + " is alive (pid " + std::to_string(old.reg.pid) + " on " + old.reg.host +
+                 "); a second process for it is refused");
+    } else {
+      waiting.push_back(std::move(n));
+    }
+  }
+  st.newcomers = std::move(waiting);
+}
+
+bool every_shard_serves(const RegistryState& st) {
+  for (const auto& [peer, u] : st.unready)
+    if (!u.restart) return false;
+  return st.placed.size() == st.shards.size() &&
+         std::all_of(st.placed.begin(), st.placed.end(), [](const auto& p) { return p.has_value(); });
+}
+
+// Tells the coordinator, once, that every shard serves or that one did not
+// take its assignment.
+void tell_ready_waiter(Self self) {
+  auto& st = self->state;
+  if (!st.ready_waiter || st.ready_told) return;
+  if (!st.placement && !every_shard_serves(st)) return;
+  const Status s = st.placement.value_or(Status{});
+  st.ready_told = true;
+  caf::anon_send(st.ready_waiter, ready_atom::value, static_cast<std::int32_t>(s.code()), s.message());
+}
+
+// Shard process `peer` sent its first heartbeat after its assignment: it
+// serves. A restarted one takes its slot now, and everyone is told.
+void shard_served(Self self, const PeerId& peer) {
+  auto& st = self->state;
+  auto it = st.unready.find(peer);
+  if (it == st.unready.end()) return;
+  const Unready u = std::move(it->second);
+  st.unready.erase(it);
+  if (!u.restart) {
+    tell_ready_waiter(self);
+    return;
+  }
+  auto resent = st.bridge->reconnect(st.placed[u.index]->link, u.member.reg.endpoint);
+  if (!resent) {
+    tell_coordinator(self, failed_atom::value, static_cast<std::int32_t>(resent.status().code()),
+                     "restarting shard " + std::to_string(u.index) + ": " + resent.status().message());
+    return;
+  }
+  if (*resent > 0) spdlog::info("coordinator: sent {} unanswered request(s) to shard {} again", *resent, u.index);
+  st.shards[u.index] = u.member;
+  st.said_silent[u.index] = false;
+  for (const auto& w : st.workers)
+    if (w)
+      st.bridge->send(w->peer, encode(Restarted{Role::shard, u.index, u.member.reg.endpoint}, st.bridge->next_id()));
+  tell_coordinator(self, restarted_atom::value, u.index);
+}
+
+// Shards that did not take their assignment in time.
+void check_unready(Self self) {
+  auto& st = self->state;
+  const auto now = SteadyClock::now();
+  for (auto it = st.unready.begin(); it != st.unready.end();) {
+    const Unready& u = it->second;
+    if (now <= u.deadline) {
+      ++it;
+      continue;
+    }
+    const Status late = Status::Timeout(fmt::format(
+        "shard process {} (pid {} on {}) did not take its assignment within {:g} s", u.index, u.member.reg.pid,
+        u.member.reg.host, st.setup.join_timeout_s));
+    if (u.restart) {
+      tell_coordinator(self, failed_atom::value, static_cast<std::int32_t>(late.code()),
+                       "restarting shard " + std::to_string(u.index) + ": " + late.message());
+    } else if (!st.placement) {
+      st.placement = late;
+      tell_ready_waiter(self);
+    }
+    it = st.unready.erase(it);
+  }
+}
+
+// Shard processes that went silent: the supervisor ends them, or the job
+// waits for a restart (with checkpoints), or fails.
+void check_silence(Self self) {
+  auto& st = self->state;
+  const auto& cfg = st.setup.config;
+  const auto now = SteadyClock::now();
+  for (std::uint32_t i = 0; i < st.shards.size(); ++i) {
+    const Member& m = *st.shards[i];
+    const auto h = st.heard.find(m.peer);
+    if (h == st.heard.end() || now - h->second <= millis(cfg.heartbeat_timeout_s)) {
+      st.said_silent[i] = false;
+      continue;
+    }
+    if (st.said_silent[i]) continue;
+    st.said_silent[i] = true;
+    const std::string what = fmt::format("shard {}'s process (pid {} on {}) sent no heartbeat for {:g} s "
+                                         "(--heartbeat-timeout)",
+                                         i, m.reg.pid, m.reg.host, cfg.heartbeat_timeout_s);
+    // A stopped or hung process never exits: its supervisor ends it, then
+    // restarts it or says it will not (exited).
+    if (st.setup.supervision && st.setup.supervision->on_silent_shard) {
+      spdlog::warn("{}: asking the supervisor to end it", what);
+      st.setup.supervision->on_silent_shard(i, m.reg.pid);
+    } else if (!cfg.checkpoint_dir.empty() && cfg.checkpoint_every_s > 0) {
+      spdlog::warn("{}: waiting for it to be restarted; workers wait for it up to --rpc-timeout ({:g} s)", what,
+                   cfg.rpc_timeout_s);
+    } else {
+      tell_coordinator(self, failed_atom::value, static_cast<std::int32_t>(StatusCode::timeout),
+                       what + "; without --checkpoint-dir and --checkpoint-every it cannot be restarted, so the job "
+                              "stops");
+    }
+  }
+}
+
+// The supervisor saw a process end: its slot is free at once.
+void exited(Self self, const ProcessExit& e) {
+  auto& st = self->state;
+  st.ended.insert(e.pid);
+  if (!e.shard) {
+    // Lost now, restarted or not (a new process rejoins as usual); unless
+    // a new process has already taken its place.
+    const auto& slot = e.index < st.workers.size() ? st.workers[e.index] : std::nullopt;
+    if (slot && slot->reg.pid == e.pid) tell_coordinator(self, lost_atom::value, e.index, e.what);
+  } else if (!e.restarting) {
+    tell_coordinator(self, failed_atom::value, static_cast<std::int32_t>(StatusCode::internal),
+                     e.what + "; the job stops");
+  } else {
+    spdlog::warn("{}; its supervisor starts it again", e.what);
+  }
+  settle_newcomers(self);
+}
+
+// What the bridge received.
+void route(Self self, Inbound& in) {
+  auto& st = self->state;
+  std::visit(
+      [&](auto& m) {
+        using T = std::decay_t<decltype(m)>;
+        if constexpr (std::is_same_v<T, Registration>) {
+          if (st.stopped) return refuse(self, in.peer, "the job is over");
+          if (st.registering) return registered(self, in.peer, m);
+          registered_during_job(self, in.peer, m);
+        } else if constexpr (std::is_same_v<T, EpochReport> || std::is_same_v<T, WorkerProgress>) {
+          tell_coordinator(self, std::move(m));
+        } else if constexpr (std::is_same_v<T, Failure>) {
+          if (auto w = st.proxies.find(in.peer); w != st.proxies.end())
+            caf::anon_send(w->second, failed_atom::value, m.code, m.what);
+          else
+            tell_coordinator(self, failed_atom::value, m.code, m.what);
+        } else if constexpr (std::is_same_v<T, Heartbeat>) {
+          if (auto w = st.proxies.find(in.peer); w != st.proxies.end()) caf::anon_send(w->second, alive_atom::value);
+          st.heard[in.peer] = SteadyClock::now();
+          shard_served(self, in.peer);
+          // Echo it: the process learns the coordinator is alive.
+          st.bridge->send(in.peer, encode(Heartbeat{Role::coordinator, 0, m.sequence}, in.request_id));
+        } else if constexpr (std::is_same_v<T, ClockNotice>) {
+          if (auto w = st.proxies.find(in.peer); w != st.proxies.end() && m.leaving)
+            caf::anon_send(w->second, done_atom::value);
+        }
+      },
+      in.body);
+}
+
+// Tells every process to stop and forgets the job's actors.
+void stop_all(Self self, const std::string& why) {
+  auto& st = self->state;
+  for (const Slots* group : {&st.shards, &st.workers})
+    for (const auto& m : *group)
+      if (m) refuse(self, m->peer, why);
+  for (const Newcomer& n : st.newcomers) refuse(self, n.member.peer, why);
+  st.newcomers.clear();
+  st.coordinator = nullptr;
+  st.ready_waiter = nullptr;
+  st.proxies.clear();
+  st.stopped = true;
+  end_registration(self, Status::Cancelled("the job stopped while processes registered: " + why));
+}
+
+caf::behavior running(Self self) {
+  return {
+      [self](Post& p) { route(self, *p.in); },
+      [self](await_atom) {
+        auto& s = self->state;
+        auto rp = self->make_response_promise();
+        s.awaiting.emplace(rp);
+        answer_await(self);
+        return rp;
+      },
+      [self](deadline_atom) {
+        auto& s = self->state;
+        end_registration(self, Status::Timeout(fmt::format(
+                               "{} of {} shard and {} of {} worker processes registered within {:g} s "
+                               "(--join-timeout)",
+                               filled(s.shards), s.shards.size(), filled(s.workers), s.workers.size(),
+                               s.setup.join_timeout_s)));
+      },
+      [self](cancel_atom) {
+        end_registration(self, Status::Cancelled("the job was cancelled while processes registered"));
+      },
+      [self](coordinator_atom, caf::actor c) { self->state.coordinator = std::move(c); },
+      [self](ShardPlaced& p) {
+        auto& s = self->state;
+        const std::uint32_t index = p.assignment->index;
+        s.placed.resize(s.shards.size());
+        if (index >= s.shards.size()) return;
+        const Member& m = *s.shards[index];
+        s.unready[m.peer] = Unready{index, false, SteadyClock::now() + millis(s.setup.join_timeout_s), m};
+        s.bridge->send(m.peer, encode(*p.assignment, s.bridge->next_id(), *p.initial, s.bridge->coding()));
+        s.placed[index] = std::move(p);
+      },
+      [self](ready_atom, caf::actor waiter) {
+        auto& s = self->state;
+        s.ready_waiter = std::move(waiter);
+        tell_ready_waiter(self);
+      },
+      [self](proxy_atom, std::uint32_t w, caf::actor proxy) {
+        auto& s = self->state;
+        if (w < s.workers.size() && s.workers[w]) s.proxies[s.workers[w]->peer] = std::move(proxy);
+      },
+      [self](WorkerStart& start) {
+        auto& s = self->state;
+        Assignment a = *start.assignment;
+        for (const auto& m : s.shards) a.shard_endpoints.push_back(m->reg.endpoint);
+        const PeerId peer = s.workers.at(a.index)->peer;
+        s.bridge->send(peer, encode(a, s.bridge->next_id()));
+        s.bridge->send(peer, encode(StartTraining{}, s.bridge->next_id()));
+      },
+      [self](dismiss_atom, std::uint32_t w, const std::string& why) {
+        auto& s = self->state;
+        if (w < s.workers.size() && s.workers[w]) refuse(self, s.workers[w]->peer, why);
+      },
+      [self](Exited& e) { exited(self, e.exit); },
+      [self](tick_atom) {
+        auto& s = self->state;
+        if (s.stopped) return;
+        if (s.registration && s.registration->ok()) {
+          check_silence(self);
+          check_unready(self);
+          settle_newcomers(self);
+        }
+        self->delayed_send(self, kCheckEvery, tick_atom::value);
+      },
+      [self](stop_atom, const std::string& why) {
+        stop_all(self, why);
+        self->quit();
+        return true;
+      },
+  };
+}
+
+}  // namespace
+
+caf::actor spawn_registry(caf::actor_system& system, RegistrySetup setup) {
+  return system.spawn([setup = std::move(setup)](Self self) mutable -> caf::behavior {
+    auto& st = self->state;
+    st.setup = std::move(setup);
+    st.shards.resize(st.setup.config.shards);
+    st.workers.resize(st.setup.config.workers);
+    st.said_silent.assign(st.setup.config.shards, false);
+    // Until the bridge comes, everything else waits in the mailbox.
+    self->set_default_handler(caf::skip);
+    return {
+        [self](std::shared_ptr<Bridge>& bridge) {
+          auto& s = self->state;
+          s.bridge = std::move(bridge);
+          self->set_default_handler(caf::print_and_drop);
+          self->delayed_send(self, millis(s.setup.join_timeout_s), deadline_atom::value);
+          self->delayed_send(self, kCheckEvery, tick_atom::value);
+          self->become(running(self));
+        },
+    };
+  });
+}
+
+}  // namespace asgd::cluster_detail
