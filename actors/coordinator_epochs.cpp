@@ -59,6 +59,7 @@ void EpochTracker::report(const EpochReport& r, double at_s) {
   e.sum.dropped_batches += r.dropped_batches;
   e.sum.dropped_samples += r.dropped_samples;
   e.sum.updates += r.updates;
+  e.busiest_s = std::max(e.busiest_s, r.compute_s + r.comm_s + r.data_wait_s);
 }
 
 std::vector<std::uint64_t> EpochTracker::complete(const Membership& members) {
@@ -97,7 +98,10 @@ EpochMetrics EpochTracker::evaluated(std::uint64_t e, double val_accuracy) {
   if (agg.sum.dropped_batches > 0)
     spdlog::warn("epoch {}: dropped {} batch gradients whose loss was NaN or infinite", e + 1, agg.sum.dropped_batches);
   m.val_accuracy = val_accuracy;
-  m.samples_per_s = agg.duration_s > 0 ? static_cast<double>(agg.sum.samples) / agg.duration_s : 0.0;
+  // Never faster than its busiest worker trained: with a step or two per
+  // epoch, reports of several epochs arrive within microseconds.
+  const double took_s = std::max(agg.duration_s, agg.busiest_s);
+  m.samples_per_s = took_s > 0 ? static_cast<double>(agg.sum.samples) / took_s : 0.0;
   updates_ += agg.sum.updates;
   m.updates = updates_;
   epochs_seen_.erase(e);

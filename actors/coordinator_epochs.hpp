@@ -39,6 +39,10 @@ class EpochTracker {
     double last_report_s = 0.0;          // when the latest report arrived, since training started
     double end_s = 0.0;                  // its last awaited worker's report, since training started
     double duration_s = 0.0;             // since the previous epoch ended
+    /// The longest any one worker spent on it (computing, waiting for shards
+    /// and for data): the epoch cannot have taken less, even when its
+    /// reports arrived together with the previous epoch's.
+    double busiest_s = 0.0;
   };
 
   EpochTracker(std::uint32_t workers, std::uint32_t epochs) : workers_(workers), epochs_(epochs), totals_(workers) {}

@@ -224,6 +224,27 @@ TEST(CoordinatorCore, AnEpochIsNotCompleteUntilTheStragglerReportsEvenWhenOthers
   EXPECT_EQ(second.updates, 60u) << "cumulative";
 }
 
+TEST(CoordinatorCore, AnEpochsRateNeverExceedsWhatItsBusiestWorkerTrained) {
+  // One step per epoch: epoch 2's report comes a microsecond after epoch
+  // 1's, but its worker spent 10 ms on it.
+  Driver d(config(1, 2));
+  auto report = [&](std::uint64_t epoch, double t) {
+    EpochReport r;
+    r.epoch = epoch;
+    r.samples = 100;
+    r.batches = 1;
+    r.compute_s = 0.008;
+    r.comm_s = 0.001;
+    r.data_wait_s = 0.001;
+    return d.call([&](CoordinatorActions& o) { d.core.report(r, at(t), o); });
+  };
+  report(0, 1.0);
+  report(1, 1.000001);
+  EXPECT_DOUBLE_EQ(only<act::EpochDone>(d.evaluated(0.5, 1.1)).metrics.samples_per_s, 100.0 / 1.0);
+  EXPECT_NEAR(only<act::EpochDone>(d.evaluated(0.6, 1.2)).metrics.samples_per_s, 100.0 / 0.010, 1e-6)
+      << "not 100 samples in a microsecond";
+}
+
 // ---- evaluation timing -----------------------------------------------------------
 
 TEST(CoordinatorCore, AnEvalPointIsDueExactlyWhenThePeriodHasPassedNotBefore) {
