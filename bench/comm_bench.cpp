@@ -436,11 +436,16 @@ int run_comm(const CommOptions& o) {
 CommBench add_comm_bench(CLI::App* bench) {
   auto o = std::make_shared<CommOptions>();
   auto* comm = bench->add_subcommand("comm", "push+pull round trips to a shard process vs raw ZeroMQ, over tcp loopback");
-  comm->add_option("--sizes", o->sizes, "parameter counts, comma-separated (default 1M,4M,16M)")->delimiter(',');
-  comm->add_option("--repeats", o->repeats, "alternating measurements per size (default 5)")->check(CLI::PositiveNumber);
-  comm->add_option("--compress", o->compress, "none | fp16 (default none)");
-  comm->add_option("--shards", o->shards, "shard processes the parameters are split over (default 2)")
-      ->check(CLI::Range(1, 16));
+  comm->add_option("--sizes", o->sizes, "parameter counts, comma-separated (default 1M,4M,16M)")
+      ->type_name("LIST")
+      ->delimiter(',');
+  comm->add_option("--repeats", o->repeats, "alternating measurements per size, at least 1 (default 5)")
+      ->type_name("N")
+      ->check(positive());
+  comm->add_option("--compress", o->compress, "none | fp16 (default none)")->type_name("NAME");
+  comm->add_option("--shards", o->shards, "shard processes the parameters are split over, 1 to 16 (default 2)")
+      ->type_name("N")
+      ->check(quietly(CLI::Range(1, 16)));
   comm->add_flag("--json", o->json, "print one JSON object instead of a table");
   comm->add_flag("--auth", o->auth, "both over CurveZMQ, as with --auth-keys (authenticated and encrypted)");
   auto* server = bench->add_subcommand("comm-server", "")->group("");  // hidden: started by bench comm

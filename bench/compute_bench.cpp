@@ -206,18 +206,24 @@ int run_bench_compute(const ComputeOptions& o) {
 ComputeBench add_compute_bench(CLI::App* bench) {
   auto o = std::make_shared<ComputeOptions>();
   auto* cmd = bench->add_subcommand("compute", "forward+backward samples/s per model and batch on one device");
-  cmd->add_option("--models", o->models, "models, comma-separated (default mlp,lenet,resnet-mini)")->delimiter(',');
-  cmd->add_option("--batches", o->batches, "batch sizes, comma-separated (default 64,128)")
+  cmd->add_option("--models", o->models, "models, comma-separated (default mlp,lenet,resnet-mini)")
+      ->type_name("LIST")
+      ->delimiter(',');
+  cmd->add_option("--batches", o->batches, "batch sizes, comma-separated, each 1 to 1048576 (default 64,128)")
+      ->type_name("LIST")
       ->delimiter(',')
-      ->check(CLI::Range(1u, 1u << 20));
-  cmd->add_option("--device", o->device, "cpu, cuda or cuda:K (default cpu)");
-  cmd->add_option("--threads", o->threads, "BLAS threads (default 2)")->check(CLI::Range(1u, 1024u));
-  cmd->add_option("--seconds", o->seconds, "timed seconds per model and batch (default 2)");
+      ->check(quietly(CLI::Range(1u, 1u << 20)));
+  cmd->add_option("--device", o->device, "cpu, cuda or cuda:K (default cpu)")->type_name("DEV");
+  cmd->add_option("--threads", o->threads, "BLAS threads, 1 to 1024 (default 2)")
+      ->type_name("N")
+      ->check(quietly(CLI::Range(1u, 1024u)));
+  cmd->add_option("--seconds", o->seconds, "timed seconds per model and batch (default 2)")->type_name("S");
   cmd->add_option("--windows", o->windows, "timed windows the seconds are split into; the median is reported "
-                                           "(default 5)")
-      ->check(CLI::Range(1u, 1000u));
-  cmd->add_option("--warmup", o->warmup, "untimed seconds first, at least 5 steps (default 0.5)");
-  cmd->add_option("--seed", o->seed, "seed for the parameters and inputs (default 1)");
+                                           "(1 to 1000; default 5)")
+      ->type_name("N")
+      ->check(quietly(CLI::Range(1u, 1000u)));
+  cmd->add_option("--warmup", o->warmup, "untimed seconds first, at least 5 steps (default 0.5)")->type_name("S");
+  cmd->add_option("--seed", o->seed, "seed for the parameters and inputs (default 1)")->type_name("N");
   cmd->add_flag("--json", o->json, "one JSON object per model and batch instead of a table");
   return {[cmd] { return cmd->parsed(); }, [o] { return run_bench_compute(*o); }};
 }

@@ -684,23 +684,34 @@ LoadBench add_load_bench(CLI::App* bench) {
   auto o = std::make_shared<LoadOptions>();
   auto* load = bench->add_subcommand(
       "load", "simulated workers push to real shard processes as fast as they can: RSS stays flat, counters agree");
-  load->add_option("--workers", o->workers, "simulated workers, each a thread with a connection per shard (default 32)")
-      ->check(CLI::Range(1, 1024));
-  load->add_option("--shards", o->shards, "shard processes (default 2)")->check(CLI::Range(1, 16));
-  load->add_option("--seconds", o->seconds, "how long the workers push (default 300)")->check(CLI::PositiveNumber);
-  load->add_option("--keys", o->keys, "floats in the model, split over the shards (default 100000)")
-      ->check(CLI::Range(std::uint64_t{1}, std::uint64_t{64} << 20));
+  load->add_option("--workers", o->workers, "simulated workers, each a thread with a connection per shard, 1 to 1024 (default 32)")
+      ->type_name("N")
+      ->check(quietly(CLI::Range(1, 1024)));
+  load->add_option("--shards", o->shards, "shard processes, 1 to 16 (default 2)")
+      ->type_name("N")
+      ->check(quietly(CLI::Range(1, 16)));
+  load->add_option("--seconds", o->seconds, "how long the workers push, above 0 (default 300)")
+      ->type_name("S")
+      ->check(positive());
+  load->add_option("--keys", o->keys, "floats in the model, split over the shards, 1 to 67108864 (default 100000)")
+      ->type_name("N")
+      ->check(quietly(CLI::Range(std::uint64_t{1}, std::uint64_t{64} << 20)));
   load->add_option("--window", o->window,
-                   "pushes each worker keeps in flight per shard (default 16); 0: as many as ZeroMQ takes");
-  load->add_option("--optimizer", o->optimizer, "the shards' optimizer (default sgd)");
-  load->add_option("--policy", o->policy, "the shards' consistency policy (default async; bsp and ssp:S hold reads)");
+                   "pushes each worker keeps in flight per shard (default 16); 0: as many as ZeroMQ takes")
+      ->type_name("N");
+  load->add_option("--optimizer", o->optimizer, "the shards' optimizer (default sgd)")->type_name("NAME");
+  load->add_option("--policy", o->policy, "the shards' consistency policy (default async; bsp and ssp:S hold reads)")
+      ->type_name("NAME");
   load->add_option("--rss-tolerance", o->rss_tolerance,
-                   "percent a shard's RSS may move from its value at --settle (default 10)")
-      ->check(CLI::NonNegativeNumber);
+                   "percent a shard's RSS may move from its value at --settle, 0 or more (default 10)")
+      ->type_name("PCT")
+      ->check(positive(false));
   load->add_option("--settle", o->settle, "seconds before the RSS reference is taken (default 60, or a third of "
-                                          "--seconds when that is shorter)");
-  load->add_option("--rss-abort", o->rss_abort_mib, "end the run when a shard's RSS passes this many MiB (default 4096)")
-      ->check(CLI::PositiveNumber);
+                                          "--seconds when that is shorter)")
+      ->type_name("S");
+  load->add_option("--rss-abort", o->rss_abort_mib, "end the run when a shard's RSS passes this many MiB, above 0 (default 4096)")
+      ->type_name("MIB")
+      ->check(positive());
   load->add_option("--json", o->json, "also write the figures and every RSS sample to FILE")->type_name("FILE");
   return {[load] { return load->parsed(); }, [o] { return run_load(*o); }};
 }

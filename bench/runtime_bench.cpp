@@ -190,12 +190,17 @@ std::function<int()> add_bench_command(CLI::App& app) {
   bench->require_subcommand(1);
   auto* rt = bench->add_subcommand("runtime", "samples/s of a plain loop vs one worker and one shard in-process");
   auto o = std::make_shared<BenchOptions>();
-  rt->add_option("--data-dir", o->data_dir, "MNIST folder (default $ASGD_DATA_DIR/mnist, else ./data/mnist)");
-  rt->add_option("--model", o->model, "model (default mlp)");
-  rt->add_option("--batch", o->batch, "batch size (default 64)")->check(CLI::PositiveNumber);
-  rt->add_option("--threads", o->threads, "BLAS threads (default: all cores)");
-  rt->add_option("--repeats", o->repeats, "alternating runs of (a) and (b) (default 3)")->check(CLI::PositiveNumber);
-  rt->add_option("--seed", o->seed, "seed (default 1)");
+  rt->add_option("--data-dir", o->data_dir, "MNIST folder (default $ASGD_DATA_DIR/mnist, else ./data/mnist)")
+      ->type_name("DIR");
+  rt->add_option("--model", o->model, "model (default mlp)")->type_name("NAME");
+  rt->add_option("--batch", o->batch, "batch size, at least 1 (default 64)")
+      ->type_name("B")
+      ->check(positive());
+  rt->add_option("--threads", o->threads, "BLAS threads (default: all cores)")->type_name("N");
+  rt->add_option("--repeats", o->repeats, "alternating runs of (a) and (b), at least 1 (default 3)")
+      ->type_name("N")
+      ->check(positive());
+  rt->add_option("--seed", o->seed, "seed (default 1)")->type_name("N");
   rt->add_flag("--json", o->json, "print one JSON object instead of text");
   auto comm = add_comm_bench(bench);
   auto compute = add_compute_bench(bench);

@@ -26,6 +26,9 @@ struct ConfigField {
   std::string help;
   std::string value_name;  ///< "N", "X", "DIR", ...
   FieldAccess access;
+  /// Matters only when shards and workers are processes (asgd cluster,
+  /// coordinator); one-process commands list it apart in --help.
+  bool across_processes = false;
   Status set(JobConfig& c, const std::string& text) const { return access.set(c, text); }
 };
 

@@ -205,6 +205,31 @@ TEST(TrainCli, HeartbeatTimeoutMustBeBelowTheRpcTimeout) {
   expect_one_line_error(asgd("train --heartbeat-timeout 60 --rpc-timeout 30"), 2, "--heartbeat-timeout 60");
 }
 
+// Every page names its values the same way (FILE, DIR, N, S, NAME, ...),
+// never with the parser's type names or its validators' descriptions.
+TEST(HelpPages, NameValuesInWordsNotInTheParsersTypes) {
+  for (const char* page : {"", "train", "compare", "cluster", "coordinator", "shard", "worker", "export", "keys",
+                           "keys generate", "bench", "bench runtime", "bench comm", "bench compute", "bench load"}) {
+    CliRun r = asgd(std::string(page) + " --help");
+    EXPECT_EQ(r.exit_code, 0) << page;
+    for (const char* parser_word : {" TEXT", " UINT", " INT", " FLOAT", " BOOLEAN", ":POSITIVE", ":NONNEGATIVE",
+                                    " in ["})
+      EXPECT_EQ(r.out.find(parser_word), std::string::npos) << "asgd " << page << " --help shows '" << parser_word
+                                                            << "':\n" << r.out;
+  }
+}
+
+// One-process commands list the flags that matter only across processes
+// under a heading of their own.
+TEST(HelpPages, TrainListsTheAcrossProcessFlagsApart) {
+  CliRun r = asgd("train --help");
+  const auto heading = r.out.find("Across processes");
+  ASSERT_NE(heading, std::string::npos) << r.out;
+  EXPECT_GT(r.out.find("--heartbeat-timeout"), heading);
+  EXPECT_GT(r.out.find("--compress"), heading);
+  EXPECT_LT(r.out.find("--rpc-timeout"), heading);
+}
+
 TEST(TrainCli, PrintsHelpAndExitsZero) {
   CliRun r = asgd("train --help");
   EXPECT_EQ(r.exit_code, 0);

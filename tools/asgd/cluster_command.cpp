@@ -203,7 +203,7 @@ std::function<int(const std::string&)> add_cluster_commands(CLI::App& app) {
   };
   auto all = std::make_shared<All>();
   auto* cluster = app.add_subcommand("cluster", "run the job as separate processes on this machine");
-  add_job_flags(cluster, all->cluster_job);
+  add_job_flags(cluster, all->cluster_job, false);
   cluster->add_option("--join-timeout", all->cluster.join_timeout_s,
                       "seconds to wait for the processes to start and register (default 60)")
       ->type_name("S");
@@ -214,7 +214,7 @@ std::function<int(const std::string&)> add_cluster_commands(CLI::App& app) {
       ->type_name("N");
   add_auth_flags(cluster, all->cluster, false);
   auto* coord = app.add_subcommand("coordinator", "run the coordinator of a job whose shards and workers connect to it");
-  add_job_flags(coord, all->coord_job);
+  add_job_flags(coord, all->coord_job, false);
   add_process_flags(coord, all->coord, true, false);
   add_auth_flags(coord, all->coord, false);
   // asgd cluster's own: it tells the coordinator which processes ended.

@@ -5,6 +5,7 @@
 
 #include <CLI/CLI.hpp>
 
+#include <cstdlib>
 #include <functional>
 #include <map>
 #include <optional>
@@ -20,6 +21,28 @@ namespace asgd::cli {
 inline constexpr int kExitOk = 0;
 inline constexpr int kExitFailure = 1;
 inline constexpr int kExitUsage = 2;
+
+/// `v` without its description, which CLI11 would otherwise append to the
+/// option's placeholder in --help ("N:POSITIVE", "N:INT in [1 - 16]"):
+/// the help text says the allowed values in words.
+inline CLI::Validator quietly(CLI::Validator v) {
+  v.description("");
+  return v;
+}
+
+/// A number above 0 (`strictly`) or at least 0, refused in plain words (CLI11's
+/// own say "not in range 0.000000 to 1.797e308").
+inline CLI::Validator positive(bool strictly = true) {
+  return CLI::Validator(
+      [strictly](std::string& text) -> std::string {
+        char* end = nullptr;
+        const double v = std::strtod(text.c_str(), &end);
+        const bool number = end != text.c_str() && *end == '\0';
+        if (number && (strictly ? v > 0 : v >= 0)) return {};
+        return std::string("expected a number ") + (strictly ? "above 0" : "of 0 or more") + ", got " + text;
+      },
+      "");
+}
 
 /// Adds `train` to `app`; the returned function runs it after parsing.
 std::function<int()> add_train_command(CLI::App& app);
@@ -72,7 +95,9 @@ struct JobOptions {
   std::map<std::string, CLI::Option*> options;
   LogOptions log;
 };
-void add_job_flags(CLI::App* cmd, JobOptions& opts);
+/// The job's flags (and --config, the log flags). `one_process`: the
+/// flags that matter only across processes go in a group of their own.
+void add_job_flags(CLI::App* cmd, JobOptions& opts, bool one_process);
 void add_log_flags(CLI::App* cmd, LogOptions& log);
 /// The flags as given, to hand to another asgd process.
 std::vector<std::string> given_job_flags(const JobOptions& o);

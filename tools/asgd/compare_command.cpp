@@ -370,7 +370,7 @@ std::function<int()> add_compare_command(CLI::App& app) {
       ->type_name("R");
   cmd->add_option("--out", opts->out, "folder for results.csv, curves.csv, report.html and runs/ (created)")
       ->type_name("DIR");
-  add_job_flags(cmd, opts->job);
+  add_job_flags(cmd, opts->job, true);
   // What differs from train's flags.
   opts->job.options.at("workers")->description("worker actors, >= 1; here also a list such as 1,2,4 (every count runs)");
   opts->job.options.at("eval-every")->description(

@@ -16,8 +16,10 @@ std::function<int()> add_export_command(CLI::App& app) {
   };
   auto o = std::make_shared<Options>();
   auto* cmd = app.add_subcommand("export", "write a trained model as safetensors (names match torch.nn)");
-  cmd->add_option("--checkpoint", o->checkpoint, "the job's --checkpoint-dir (or its model.ckpt)")->required();
-  cmd->add_option("--out", o->out, "the .safetensors file to write")->required();
+  cmd->add_option("--checkpoint", o->checkpoint, "the job's --checkpoint-dir (or its model.ckpt)")
+      ->type_name("PATH")
+      ->required();
+  cmd->add_option("--out", o->out, "the .safetensors file to write")->type_name("FILE")->required();
   return [o] {
     auto ckpt = read_checkpoint(o->checkpoint);
     if (!ckpt) {

@@ -307,10 +307,13 @@ void add_log_flags(CLI::App* cmd, LogOptions& log) {
       ->type_name("LEVEL");
 }
 
-void add_job_flags(CLI::App* cmd, JobOptions& opts) {
+void add_job_flags(CLI::App* cmd, JobOptions& opts, bool one_process) {
   cmd->add_option("--config", opts.config_file, "TOML file with job settings (flags override it)")->type_name("FILE");
   for (const ConfigField& f : job_config_fields()) {
-    opts.options[f.key] = cmd->add_option("--" + f.key, opts.flags[f.key], f.help)->type_name(f.value_name);
+    auto* o = cmd->add_option("--" + f.key, opts.flags[f.key], f.help)->type_name(f.value_name);
+    if (one_process && f.across_processes)
+      o->group("Across processes (asgd cluster; accepted here so one config file serves both)");
+    opts.options[f.key] = o;
   }
   add_log_flags(cmd, opts.log);
 }
@@ -327,7 +330,7 @@ std::vector<std::string> given_job_flags(const JobOptions& o) {
 std::function<int()> add_train_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("train", "run one training job in this process (no flags: the embedded default)");
   auto opts = std::make_shared<JobOptions>();
-  add_job_flags(cmd, *opts);
+  add_job_flags(cmd, *opts, true);
   return [opts] { return run_train(*opts); };
 }
 
