@@ -12,6 +12,8 @@
 
 #include <chrono>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <optional>
@@ -182,6 +184,21 @@ TEST(ExampleService, TrainsOnRequestAndClassifiesMnistDigits) {
   EXPECT_GT(status["last_epoch"].value("samples_per_s", 0.0), 0.0);
   EXPECT_GT(status.value("final_test_accuracy", 0.0), 0.85);
   EXPECT_EQ(status.value("model_version", 0), 1);
+  // docs/user-guide.md names every field /status sends.
+  std::ifstream guide_file(std::string(ASGD_SOURCE_DIR) + "/docs/user-guide.md");
+  const std::string guide((std::istreambuf_iterator<char>(guide_file)), std::istreambuf_iterator<char>());
+  const auto from = guide.find("`GET /status` reports");
+  ASSERT_NE(from, std::string::npos) << "docs/user-guide.md no longer describes GET /status";
+  const std::string described = guide.substr(from, guide.find("/predict`", from) - from);
+  std::vector<std::string> keys;
+  for (const auto& [key, value] : status.items()) {
+    keys.push_back(key);
+    if (value.is_object())
+      for (const auto& [inner, unused] : value.items()) keys.push_back(inner);
+  }
+  for (const auto& key : keys)
+    EXPECT_NE(described.find("`" + key + "`"), std::string::npos) << "/status sends '" << key
+                                                                  << "', which the user guide does not name";
 
   constexpr std::size_t kImages = 20, kPixels = 28 * 28;
   json pixels = json::array();
