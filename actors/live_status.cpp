@@ -60,6 +60,30 @@ std::string label(const char* key, std::uint32_t value) { return label(key, std:
 
 }  // namespace
 
+void LiveStatus::remember() {
+  const bool running = snap_.state == "training" || snap_.state == "finishing" || snap_.state == "done";
+  if (!running || (!history_.empty() && snap_.wall_s <= history_.back().wall_s)) return;
+  history_.push_back({snap_.wall_s, snap_.samples_per_s, snap_.train_loss, snap_.val_accuracy, snap_.epoch});
+  if (history_.size() <= kMaxHistory) return;
+  std::vector<LivePoint> thinned;
+  thinned.reserve(history_.size() / 2 + 1);
+  for (std::size_t i = 0; i + 1 < history_.size(); i += 2) thinned.push_back(history_[i]);
+  thinned.push_back(history_.back());
+  history_ = std::move(thinned);
+}
+
+nlohmann::json to_json(const std::vector<LivePoint>& history) {
+  auto optional = [](const std::optional<double>& v) { return v ? nlohmann::json(*v) : nlohmann::json(nullptr); };
+  nlohmann::json points = nlohmann::json::array();
+  for (const LivePoint& p : history)
+    points.push_back({{"t", p.wall_s},
+                      {"rate", p.samples_per_s},
+                      {"loss", optional(p.train_loss)},
+                      {"acc", optional(p.val_accuracy)},
+                      {"epoch", p.epoch}});
+  return {{"points", std::move(points)}};
+}
+
 nlohmann::json to_json(const LiveSnapshot& s) {
   nlohmann::json workers = nlohmann::json::array();
   for (const auto& w : s.worker) {

@@ -66,27 +66,52 @@ struct LiveSnapshot {
   std::string message;              ///< why it failed, when it did
 };
 
+/// One moment of the run, as the live page's charts draw it.
+struct LivePoint {
+  double wall_s = 0.0;
+  double samples_per_s = 0.0;
+  std::optional<double> train_loss;
+  std::optional<double> val_accuracy;
+  std::uint32_t epoch = 1;
+};
+
 /// The /status document (docs/user-guide.md, "Watching a job").
 nlohmann::json to_json(const LiveSnapshot& s);
+/// The /history document: {"points": [{"t", "rate", "loss", "acc", "epoch"}, ...]}.
+nlohmann::json to_json(const std::vector<LivePoint>& history);
 /// The /metrics document: Prometheus text exposition format 0.0.4.
 std::string to_prometheus(const LiveSnapshot& s);
 
-/// One snapshot behind a mutex. Thread-safe.
+/// One snapshot behind a mutex, and the run's history: a point each time
+/// an update moves the training clock on, so that a page opened mid-run
+/// draws the whole run. Thread-safe.
 class LiveStatus {
  public:
+  /// Points kept at most: when full, every other one is dropped (the
+  /// newest stays), so a long run keeps its whole span at half the detail.
+  static constexpr std::size_t kMaxHistory = 4096;
+
   LiveSnapshot get() const {
     std::lock_guard lock(mu_);
     return snap_;
+  }
+  std::vector<LivePoint> history() const {
+    std::lock_guard lock(mu_);
+    return history_;
   }
   template <class F>
   void update(F&& f) {
     std::lock_guard lock(mu_);
     f(snap_);
+    remember();
   }
 
  private:
+  void remember();  // under mu_
+
   mutable std::mutex mu_;
   LiveSnapshot snap_;
+  std::vector<LivePoint> history_;
 };
 
 }  // namespace asgd

@@ -62,14 +62,14 @@ constexpr std::string_view kBody = R"HTML(
   </section>
 </div>
 </main>
-<footer>Polls <code>status</code> every second; the charts hold what this page has seen since it opened.</footer>
+<footer>Polls <code>status</code> every second; the charts start from the run's <code>history</code>, so they show the whole run however late the page opened.</footer>
 <pre id="asgd-render-status" hidden></pre>
 )HTML";
 
 constexpr std::string_view kLiveJs = R"JS(
 (function () {
   'use strict';
-  var MAX_POINTS = 3600;
+  var MAX_POINTS = 4096;  // LiveStatus::kMaxHistory
   var history = [];      // {t, rate, loss, acc}: one per poll that moved wall_s
   var polls = 0, reachable = false, lastOk = null;
   var palette = ['#2563eb', '#ea580c', '#16a34a'];
@@ -88,7 +88,7 @@ constexpr std::string_view kLiveJs = R"JS(
     if (s < 3600) return Math.floor(s / 60) + ' min ' + (s % 60) + ' s';
     return Math.floor(s / 3600) + ' h ' + Math.floor((s % 3600) / 60) + ' min';
   }
-  function lineChart(id, yTitle, color, digits) {
+  function lineChart(id, yTitle, color, digits, yMax) {
     return new Chart($(id), {
       type: 'line',
       data: {datasets: [{label: yTitle, data: [], borderColor: color, backgroundColor: color, borderWidth: 1.8,
@@ -99,7 +99,7 @@ constexpr std::string_view kLiveJs = R"JS(
                 plugins: {legend: {display: false},
                           tooltip: {callbacks: {label: function (c) { return Number(c.parsed.y).toFixed(digits) + ' at ' + c.parsed.x.toFixed(1) + ' s'; }}}},
                 scales: {x: {type: 'linear', min: 0, title: {display: true, text: 'training time (s)', font: {weight: '600'}}, grid: {color: '#f1f5f9'}},
-                         y: {title: {display: true, text: yTitle, font: {weight: '600'}}, grid: {color: '#f1f5f9'}}}}
+                         y: {max: yMax, title: {display: true, text: yTitle, font: {weight: '600'}}, grid: {color: '#f1f5f9'}}}}
     });
   }
   function barChart(id, xTitle, yTitle, color) {
@@ -114,7 +114,7 @@ constexpr std::string_view kLiveJs = R"JS(
   var charts = {
     rate: lineChart('rate', 'samples per second', palette[0], 0),
     loss: lineChart('loss', 'training loss (cross-entropy)', palette[1], 4),
-    acc: lineChart('acc', 'validation accuracy', palette[2], 4),
+    acc: lineChart('acc', 'validation accuracy', palette[2], 4, 1),
     clock: barChart('clock', 'worker', 'clock (steps pushed)', 'rgba(37,99,235,0.75)'),
     'shard-updates': barChart('shard-updates', 'shard', 'updates applied', 'rgba(234,88,12,0.75)')
   };
@@ -225,8 +225,18 @@ constexpr std::string_view kLiveJs = R"JS(
         setTimeout(poll, 1000);
       });
   }
+  // The run so far (a page opened mid-run), then the polls.
+  function start() {
+    fetch('history', {cache: 'no-store'})
+      .then(function (r) { return r.ok ? r.json() : {points: []}; })
+      .then(function (h) {
+        var points = Array.isArray(h.points) ? h.points : [];
+        history = points.filter(function (p) { return has(p.t); }).slice(-MAX_POINTS);
+      }, function () {})
+      .then(poll);
+  }
   writeStatus();
-  poll();
+  start();
 })();
 )JS";
 

@@ -41,7 +41,9 @@ function asgdChartSummary(id, chart) {
     if (n > 0) datasets += 1;
     points += n;
   });
-  return {id: id, datasets: datasets, points: points, painted: asgdPainted(chart.canvas)};
+  var y = chart.scales && chart.scales.y;
+  return {id: id, datasets: datasets, points: points, painted: asgdPainted(chart.canvas),
+          y_max: y && typeof y.max === 'number' ? y.max : null};
 }
 function asgdWriteStatus(summaries) {
   var el = document.getElementById('asgd-render-status');

@@ -47,11 +47,14 @@ http::response<http::string_body> respond(const Content& content, const http::re
   } else if (path == "/status") {
     res.set(http::field::content_type, "application/json");
     res.body() = to_json(content.status->get()).dump();
+  } else if (path == "/history") {
+    res.set(http::field::content_type, "application/json");
+    res.body() = to_json(content.status->history()).dump();
   } else if (path == "/" || path == "/index.html") {
     res.set(http::field::content_type, "text/html; charset=utf-8");
     res.body() = content.page;
   } else {
-    plain(http::status::not_found, "not found: " + path + " (try /, /status or /metrics)");
+    plain(http::status::not_found, "not found: " + path + " (try /, /status, /history or /metrics)");
   }
   res.prepare_payload();
   if (req.method() == http::verb::head) res.body().clear();

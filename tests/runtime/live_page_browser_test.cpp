@@ -176,6 +176,41 @@ TEST(LivePageInBrowser, DrawsEveryChartFromItsPollsOfStatus) {
   EXPECT_EQ(dom.find("id=\"unreachable\" class=\"shown\""), std::string::npos);
 }
 
+// Opened after the second epoch, the page draws the run from its start:
+// the status server's /history, then its own polls.
+TEST(LivePageInBrowser, OpenedLateItDrawsTheWholeRunFromTheHistory) {
+  const std::string chromium = find_chromium();
+  if (chromium.empty()) GTEST_SKIP() << "chromium is not installed (apt-get install chromium)";
+  nlohmann::json history = {{"points", nlohmann::json::array()}};
+  for (int i = 0; i < 40; ++i)  // two epochs of 20 s, a point a second; evaluated after the first
+    history["points"].push_back({{"t", 0.5 + i}, {"rate", 9000 + 10 * i}, {"loss", 1.0 - 0.02 * i},
+                                 {"acc", i < 20 ? nlohmann::json(nullptr) : nlohmann::json(0.97)},
+                                 {"epoch", i < 20 ? 1 : 2}});
+  std::atomic<int> polls{0};
+  TinyHttpServer server([&](const std::string& path) {
+    if (path == "/") return Reply{200, "text/html; charset=utf-8", asgd::pages::live_status_page_html()};
+    if (path == "/history") return Reply{200, "application/json", history.dump()};
+    if (path == "/status") {
+      auto s = status_at(41.0 + polls++);
+      s["val_accuracy"] = 0.99;
+      return Reply{200, "application/json", s.dump()};
+    }
+    return Reply{404, "text/plain", "not found"};
+  });
+  const std::string dom = dump_dom(chromium, "http://127.0.0.1:" + std::to_string(server.port()) + "/", 2500);
+  const nlohmann::json s = render_status(dom);
+  EXPECT_EQ(s["errors"], nlohmann::json::array()) << s.dump(2);
+  for (const auto& chart : s["charts"]) {
+    if (chart["id"] == "rate" || chart["id"] == "loss") {
+      EXPECT_GE(chart["points"].get<int>(), 41) << "both epochs, then the polls: " << chart.dump();
+    }
+    if (chart["id"] == "acc") {
+      EXPECT_GE(chart["points"].get<int>(), 21) << chart.dump();
+      EXPECT_EQ(chart["y_max"], 1) << "accuracy never reads above 1: " << chart.dump();
+    }
+  }
+}
+
 TEST(LivePageInBrowser, SaysJobNotReachableWhenStatusFailsAndKeepsPolling) {
   const std::string chromium = find_chromium();
   if (chromium.empty()) GTEST_SKIP() << "chromium is not installed (apt-get install chromium)";

@@ -5,6 +5,7 @@
 #include <chrono>
 #include <future>
 #include <regex>
+#include <set>
 #include <string>
 #include <thread>
 
@@ -90,6 +91,39 @@ TEST(StatusServer, ServesMetricsStatusAndThePageAndRefusesTheRest) {
   EXPECT_EQ(sample_value(http(port, "GET", "/metrics").body, "asgd_samples_total"), 100);
 }
 
+TEST(StatusServer, HistoryKeepsAPointEachTimeTrainingMovesOnAndThinsALongRun) {
+  auto live = std::make_shared<LiveStatus>();
+  live->update([](LiveSnapshot& s) { s.state = "starting"; });  // before training: nothing to draw
+  for (double t : {0.5, 1.0, 1.0, 1.5}) {
+    live->update([t](LiveSnapshot& s) {
+      s.state = "training";
+      s.wall_s = t;
+      s.samples_per_s = 1000 * t;
+      s.epoch = t < 1.2 ? 1 : 2;
+      if (t > 1.2) s.val_accuracy = 0.9;
+    });
+  }
+  auto server = StatusServer::start("127.0.0.1", 0, live, "");
+  ASSERT_TRUE(server.ok()) << server.status().to_string();
+  const auto reply = http((*server)->port(), "GET", "/history");
+  ASSERT_EQ(reply.status, 200);
+  const auto points = reply.body_json()["points"];
+  ASSERT_EQ(points.size(), 3u) << "one point per moment the clock moved: " << points.dump();
+  EXPECT_EQ(points[0]["t"], 0.5);
+  EXPECT_EQ(points[0]["acc"], nullptr);
+  EXPECT_EQ(points[2]["epoch"], 2);
+  EXPECT_EQ(points[2]["acc"], 0.9);
+  EXPECT_EQ(points[2]["rate"], 1500);
+
+  for (std::size_t i = 0; i < LiveStatus::kMaxHistory; ++i)
+    live->update([i](LiveSnapshot& s) { s.wall_s = 2.0 + static_cast<double>(i); });
+  const auto kept = live->history();
+  EXPECT_LE(kept.size(), LiveStatus::kMaxHistory);
+  EXPECT_GE(kept.size(), LiveStatus::kMaxHistory / 2);
+  EXPECT_EQ(kept.front().wall_s, 0.5) << "the run's start stays";
+  EXPECT_EQ(kept.back().wall_s, 2.0 + static_cast<double>(LiveStatus::kMaxHistory - 1)) << "and its newest point";
+}
+
 TEST(StatusServer, LabelValuesAreEscaped) {
   LiveSnapshot s = two_workers();
   s.model = "a\"b\\c\nd";
@@ -151,6 +185,19 @@ TEST(StatusServer, DuringATrainingRunTheCountersGrowAndStatusListsEveryWorker) {
   EXPECT_EQ(status["state"], "training");
   EXPECT_EQ(status["workers"], 3);
   EXPECT_EQ(status["total_samples"], 3 * 55000);
+
+  // Opened after the second epoch, the page gets both epochs from /history.
+  const auto third_by = Clock::now() + std::chrono::seconds(60);
+  while (Clock::now() < third_by && http(port, "GET", "/status").body_json().value("epoch", 0) < 3)
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const auto history = http(port, "GET", "/history");
+  ASSERT_EQ(history.status, 200) << "the job ended before its third epoch was seen";
+  const nlohmann::json points = history.body_json()["points"];
+  std::set<int> epochs;
+  for (const auto& p : points) epochs.insert(p["epoch"].get<int>());
+  EXPECT_TRUE(epochs.count(1) && epochs.count(2)) << history.body;
+  ASSERT_FALSE(points.empty());
+  EXPECT_LT(points[0]["t"].get<double>(), 1.0) << "from the start of training";
 
   const auto done = run.get();
   EXPECT_EQ(done.exit_code, 0) << done.err;
