@@ -8,6 +8,8 @@
 #include <spdlog/spdlog.h>
 
 #include <algorithm>
+#include <limits>
+#include <optional>
 
 #include "actors/checkpoint.hpp"
 #include "actors/data_feeder.hpp"
@@ -51,14 +53,17 @@ void shut_down(Self self) {
 }
 
 // Asks every shard for its parameters, copies them into the coordinator's
-// model, then calls `then`.
-void snapshot(Self self, std::function<void()> then) {
+// model, then calls `then` with the worker pushes those parameters hold
+// (the fewest any shard had applied; none when the workers share one
+// buffer, which no shard updates).
+void snapshot(Self self, std::function<void(std::optional<std::uint64_t>)> then) {
   auto& st = self->state;
   auto remaining = std::make_shared<std::size_t>(st.shards.size());
+  auto applied = std::make_shared<std::uint64_t>(std::numeric_limits<std::uint64_t>::max());
   for (std::size_t i = 0; i < st.shards.size(); ++i) {
     self->request(st.shards[i], rpc_timeout(st.setup.config), snapshot_atom::value)
         .then(
-            [self, remaining, then, i](ShardReply& reply) {
+            [self, remaining, applied, then, i](ShardReply& reply) {
               auto& s = self->state;
               const KeyRange& r = s.core->plan().ranges[i];
               if (reply.shard != i || reply.params.size() != r.size()) {
@@ -67,7 +72,9 @@ void snapshot(Self self, std::function<void()> then) {
               }
               std::copy(reply.params.begin(), reply.params.end(),
                         s.model->params().begin() + static_cast<std::ptrdiff_t>(r.begin));
-              if (--*remaining == 0) then();
+              *applied = std::min(*applied, reply.applied);
+              if (--*remaining == 0)
+                then(s.shared ? std::nullopt : std::optional<std::uint64_t>(*applied));
             },
             [self, i](caf::error& err) {
               fail(self, Status::Timeout("coordinator: no snapshot from shard " + std::to_string(i) + ": " +
@@ -115,7 +122,7 @@ Status save_checkpoint(CoordinatorState& st, const EvalResult& test) {
 // statistics, the outcome; then stop.
 void finish(Self self) {
   set_live_state(self->state, "finishing");
-  snapshot(self, [self] {
+  snapshot(self, [self](std::optional<std::uint64_t>) {
     auto& c = self->state;
     if (c.setup.on_final_params) c.setup.on_final_params(c.model->params());
     const EvalResult result = evaluate_on(c, c.setup.data->test);
@@ -198,11 +205,11 @@ struct Perform {
     self->send_exit(s.workers[a.worker], caf::exit_reason::kill);
   }
   void operator()(act::Evaluate&) {
-    snapshot(self, [self = self] {
+    snapshot(self, [self = self](std::optional<std::uint64_t> applied) {
       auto& c = self->state;
       const EvalResult r = evaluate_on(c, c.setup.data->validation);
       drive(self, [&](CoordinatorCore& core, CoordinatorActions& out) {
-        core.evaluated(r.accuracy, SteadyClock::now(), out);
+        core.evaluated(r.accuracy, applied, SteadyClock::now(), out);
       });
     });
   }

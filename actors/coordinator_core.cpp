@@ -80,11 +80,12 @@ void CoordinatorCore::eval_tick(Instant now, Actions& out) {
   if (evals_.begin_point(members_.totals(training_seconds(now)))) out.push_back(act::Evaluate{});
 }
 
-void CoordinatorCore::evaluated(double accuracy, Instant now, Actions& out) {
+void CoordinatorCore::evaluated(double accuracy, std::optional<std::uint64_t> applied, Instant now, Actions& out) {
   if (done_) return;
   if (const auto at = evals_.point()) {
     note_accuracy(accuracy, at->at_s);
-    const EvalPoint point{at->at_s, accuracy, at->updates, at->samples, loss_between(last_point_, *at)};
+    const EvalPoint point{at->at_s, accuracy, applied.value_or(at->updates), at->samples,
+                          loss_between(last_point_, *at)};
     last_point_ = *at;
     out.push_back(act::PointDone{point});
     evals_.end();
@@ -93,7 +94,8 @@ void CoordinatorCore::evaluated(double accuracy, Instant now, Actions& out) {
   }
   const auto e = evals_.epoch();
   if (!e) return;
-  const EpochMetrics m = epochs_.evaluated(*e, accuracy);
+  EpochMetrics m = epochs_.evaluated(*e, accuracy);
+  if (applied) m.updates = *applied;  // what the evaluated parameters hold
   note_accuracy(accuracy, m.wall_s);
   last_point_ = members_.totals(training_seconds(now));
   out.push_back(act::EpochDone{m});

@@ -113,8 +113,10 @@ class CoordinatorCore {
   void fail(Status status, Actions& out);
   /// An --eval-every tick at `now`.
   void eval_tick(Instant now, Actions& out);
-  /// The evaluation Evaluate asked for gave `accuracy`; done at `now`.
-  void evaluated(double accuracy, Instant now, Actions& out);
+  /// The evaluation Evaluate asked for gave `accuracy` on parameters that
+  /// hold `applied` worker pushes (none: unknown, the workers' reports
+  /// count); done at `now`.
+  void evaluated(double accuracy, std::optional<std::uint64_t> applied, Instant now, Actions& out);
   /// Shard stats and the test accuracy after Finish: the summary (logged);
   /// the job is done.
   JobSummary finished(double test_accuracy, const std::vector<ShardStats>& stats);

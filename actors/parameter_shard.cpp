@@ -80,6 +80,7 @@ ShardReply ShardCore::reply(PushOutcome outcome, std::vector<float> buffer, bool
   r.outcome = static_cast<std::uint8_t>(outcome);
   r.clock = complete_clock();
   r.version = version_;
+  r.applied = stats_.updates_applied;
   if (with_params) {
     buffer.assign(params_.begin(), params_.end());
     r.params = std::move(buffer);

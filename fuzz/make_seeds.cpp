@@ -46,7 +46,7 @@ int main(int argc, char** argv) {
   write(dir, "push_fp16", m::encode(asgd::PushRequest{0, 1, 0, 64, true, {}}, 3, {0.5f, 0.25f, -1.0f},
                                     m::TensorCoding::float16));
   write(dir, "pull", m::encode(asgd::PullRequest{1, 2}, 4));
-  write(dir, "parameters", m::encode(asgd::ShardReply{0, 1, 2, 3, 0.0, {}}, 5, {1.0f}));
+  write(dir, "parameters", m::encode(asgd::ShardReply{0, 1, 2, 3, 0.0, 4, {}}, 5, {1.0f}));
   write(dir, "clock", m::encode(m::ClockNotice{1, 2, true}, 6));
   write(dir, "heartbeat", m::encode(m::Heartbeat{m::Role::worker, 1, 9}, 7));
   write(dir, "evaluation", m::encode(m::EvaluationRequest{}, 8));

@@ -122,6 +122,9 @@ struct ShardReply {
   Clock clock = 0;                  ///< complete clock of `params`: every update of clocks below is in
   std::uint64_t version = 0;        ///< updates (or aggregates) the shard has applied
   double held_s = 0.0;              ///< how long the policy held the read back
+  /// Worker pushes the shard had applied when it answered (alone or in a
+  /// committed aggregate): what `params` hold.
+  std::uint64_t applied = 0;
   std::vector<float> params;        ///< (range size,) or empty
   /// A reply to a push from another process may carry its parameters here
   /// instead of in `params`: written over the push's gradient in the
@@ -204,7 +207,7 @@ decltype(auto) fields(F&& f, PullRequest& x) {
 }
 template <class F>
 decltype(auto) fields(F&& f, ShardReply& x) {
-  return f(x.shard, x.outcome, x.clock, x.version, x.held_s, tensor(x.params));
+  return f(x.shard, x.outcome, x.clock, x.version, x.held_s, x.applied, tensor(x.params));
 }
 template <class F>
 decltype(auto) fields(F&& f, EpochReport& x) {

@@ -155,7 +155,7 @@ struct EpochMetrics {
   double train_loss = 0.0;        ///< mean training loss over the epoch's batches
   double val_accuracy = 0.0;      ///< on the held-out validation split
   double samples_per_s = 0.0;     ///< training samples this epoch / its duration
-  std::uint64_t updates = 0;      ///< gradient updates applied so far (cumulative)
+  std::uint64_t updates = 0;      ///< worker pushes in the evaluated parameters (the fewest any shard had applied), cumulative
 };
 
 /// A validation evaluation between epochs (--eval-every); the metrics

@@ -67,8 +67,8 @@ struct Driver {
     core.progress(p, at(t));
     return out;
   }
-  CoordinatorActions& evaluated(double accuracy, double t) {
-    return call([&](CoordinatorActions& o) { core.evaluated(accuracy, at(t), o); });
+  CoordinatorActions& evaluated(double accuracy, double t, std::optional<std::uint64_t> applied = std::nullopt) {
+    return call([&](CoordinatorActions& o) { core.evaluated(accuracy, applied, at(t), o); });
   }
   CoordinatorActions& tick(double t) {
     return call([&](CoordinatorActions& o) { core.eval_tick(at(t), o); });
@@ -243,6 +243,22 @@ TEST(CoordinatorCore, AnEpochsRateNeverExceedsWhatItsBusiestWorkerTrained) {
   EXPECT_DOUBLE_EQ(only<act::EpochDone>(d.evaluated(0.5, 1.1)).metrics.samples_per_s, 100.0 / 1.0);
   EXPECT_NEAR(only<act::EpochDone>(d.evaluated(0.6, 1.2)).metrics.samples_per_s, 100.0 / 0.010, 1e-6)
       << "not 100 samples in a microsecond";
+}
+
+TEST(CoordinatorCore, CurvesCountTheUpdatesInTheEvaluatedParameters) {
+  // Workers report 20 updates an epoch; the shards' snapshot held 35 when
+  // it was read (pushes applied after the workers' last report).
+  JobConfig c = config(1, 2);
+  c.eval_every_s = 1.0;
+  Driver d(c);
+  d.progress(0, 0, 40, 0.9);
+  d.tick(1.0);
+  EXPECT_EQ(only<act::PointDone>(d.evaluated(0.7, 1.1, 17)).point.updates, 17u);
+  d.report(0, 0, 2.0);
+  EXPECT_EQ(only<act::EpochDone>(d.evaluated(0.8, 2.1, 35)).metrics.updates, 35u);
+  d.report(0, 1, 3.0);
+  EXPECT_EQ(only<act::EpochDone>(d.evaluated(0.9, 3.1)).metrics.updates, 20u)
+      << "without a count from the shards (hogwild's shared buffer): the workers' reports, cumulative";
 }
 
 // ---- evaluation timing -----------------------------------------------------------

@@ -189,7 +189,7 @@ TEST(WireMessages, EveryMessageTypeRoundTrips) {
   EXPECT_EQ(pull.worker, 7u);
   EXPECT_EQ(pull.clock, 9u);
 
-  ShardReply reply{1, static_cast<std::uint8_t>(PushOutcome::aggregated), 12, 99, 0.25, {}};
+  ShardReply reply{1, static_cast<std::uint8_t>(PushOutcome::aggregated), 12, 99, 0.25, 4321, {}};
   std::vector<float> params;
   auto rr = round_trip(reply, {4.0f}, &params);
   EXPECT_EQ(rr.shard, 1u);
@@ -197,6 +197,7 @@ TEST(WireMessages, EveryMessageTypeRoundTrips) {
   EXPECT_EQ(rr.clock, 12u);
   EXPECT_EQ(rr.version, 99u);
   EXPECT_EQ(rr.held_s, 0.25);
+  EXPECT_EQ(rr.applied, 4321u);
   EXPECT_EQ(params, (std::vector<float>{4.0f}));
 
   auto c = round_trip(ClockNotice{3, 17, true});
