@@ -150,8 +150,16 @@ int run_role(const ProcessFlags& pf, bool shard) {
   return kExitOk;
 }
 
-// asgd cluster: the job as processes on this machine (runtime/local_cluster.hpp).
-int run_cluster(const JobOptions& jo, const ProcessFlags& pf) {
+// asgd cluster: under a launcher, this rank's part (launched_rank.cpp);
+// else the job as processes on this machine (runtime/local_cluster.hpp).
+int run_cluster(const JobOptions& jo, const ProcessFlags& pf, LaunchFlags lf) {
+  lf.join_timeout_s = pf.join_timeout_s;
+  auto launch = detect_launch(process_environment(), lf.launcher, lf.port);
+  if (!launch) {
+    print_error(launch.status().message());
+    return kExitUsage;
+  }
+  if (launch->kind != LauncherKind::local) return run_launched_rank(jo, lf, *launch);
   JobConfig config;
   if (auto code = load_job(jo, config)) return *code;
   if (Status s = validate_for_cluster(config); !s.ok()) {
@@ -169,6 +177,11 @@ int run_cluster(const JobOptions& jo, const ProcessFlags& pf) {
       auth_args.push_back("--key");
       auth_args.push_back(std::filesystem::absolute(pf.key_file).string());
     }
+  }
+  if (lf.print_layout) {
+    std::printf("launcher local: asgd cluster starts 1 coordinator, %u shard and %u worker processes on this "
+                "machine\n", config.shards, config.workers);
+    return kExitOk;
   }
   print_adjustments(training_settings(config, Placement::processes));
   std::printf("asgd cluster: 1 coordinator, %u shard and %u worker processes on this machine%s\n", config.shards,
@@ -200,6 +213,7 @@ std::function<int(const std::string&)> add_cluster_commands(CLI::App& app) {
   struct All {
     JobOptions cluster_job, coord_job;
     ProcessFlags cluster, coord, shard, worker;
+    LaunchFlags launch;
   };
   auto all = std::make_shared<All>();
   auto* cluster = app.add_subcommand("cluster", "run the job as separate processes on this machine");
@@ -213,6 +227,29 @@ std::function<int(const std::string&)> add_cluster_commands(CLI::App& app) {
                       "(default 3; 0: never)")
       ->type_name("N");
   add_auth_flags(cluster, all->cluster, false);
+  const std::string launched = "Under a launcher (each rank runs this same command)";
+  cluster->add_option("--launcher", all->launch.launcher,
+                      "who started this process: auto | local | env | slurm | mpi | kubernetes | torchrun "
+                      "(default auto: read from the environment; local: start the processes here)")
+      ->type_name("NAME")
+      ->group(launched);
+  cluster->add_option("--port", all->launch.port,
+                      "the coordinator's port when the launcher gives none (default: derived from Slurm's job id)")
+      ->type_name("P")
+      ->group(launched);
+  cluster->add_option("--rendezvous", all->launch.rendezvous,
+                      "a file on a filesystem every rank shares: rank 0 writes its endpoint there, the others wait "
+                      "for it (MPI without ASGD_COORDINATOR)")
+      ->type_name("FILE")
+      ->group(launched);
+  cluster->add_option("--address", all->launch.address,
+                      "this rank's address to listen on and announce (default $ASGD_ADDRESS, else the one that "
+                      "routes to the coordinator)")
+      ->type_name("ADDR")
+      ->group(launched);
+  cluster->add_flag("--print-layout", all->launch.print_layout,
+                    "print what this rank detected (launcher, rank, role, coordinator, address) and exit")
+      ->group(launched);
   auto* coord = app.add_subcommand("coordinator", "run the coordinator of a job whose shards and workers connect to it");
   add_job_flags(coord, all->coord_job, false);
   add_process_flags(coord, all->coord, true, false);
@@ -230,7 +267,7 @@ std::function<int(const std::string&)> add_cluster_commands(CLI::App& app) {
       ->type_name("DIR");
   add_log_flags(worker, all->worker.log);
   return [all](const std::string& name) {
-    if (name == "cluster") return run_cluster(all->cluster_job, all->cluster);
+    if (name == "cluster") return run_cluster(all->cluster_job, all->cluster, all->launch);
     if (name == "coordinator") return run_coordinator(all->coord_job, all->coord);
     if (name == "shard") return run_role(all->shard, true);
     return run_role(all->worker, false);

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "asgd/job.hpp"
+#include "runtime/launcher.hpp"
 
 namespace asgd::cli {
 
@@ -118,6 +119,20 @@ void print_adjustments(const TrainingSettings& training);
 JobCallbacks progress_callbacks(const JobConfig& config);
 /// Prints the summary or the error; the exit code.
 int report_outcome(const Result<JobSummary>& result, const JobConfig& config, const LogOptions& log);
+
+/// `asgd cluster`'s flags for running under a launcher (runtime/launcher.hpp).
+struct LaunchFlags {
+  std::string launcher = "auto";   ///< auto | local | env | slurm | mpi | kubernetes | torchrun
+  std::uint16_t port = 0;          ///< the coordinator's port when the launcher gives none (0: Slurm's job id's)
+  std::string rendezvous;          ///< a shared file where rank 0 writes its endpoint (MPI)
+  std::string address;             ///< this rank's address to listen on and announce (default: towards the coordinator)
+  double join_timeout_s = 60.0;
+  bool print_layout = false;
+};
+
+/// One rank of a launched job: the coordinator, a shard or a worker by its
+/// rank; the process's exit status.
+int run_launched_rank(const JobOptions& jo, const LaunchFlags& lf, const Launch& launch);
 
 /// Turns SIGINT and SIGTERM into a stop request while it lives.
 class Interrupts {

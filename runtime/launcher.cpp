@@ -1,0 +1,305 @@
+#include "runtime/launcher.hpp"
+
+#include <arpa/inet.h>
+#include <netdb.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cerrno>
+#include <charconv>
+#include <cstring>
+#include <optional>
+
+extern char** environ;
+
+namespace asgd {
+
+namespace {
+
+std::optional<std::string> get(const Environment& env, const std::string& name) {
+  auto it = env.find(name);
+  if (it == env.end() || it->second.empty()) return std::nullopt;
+  return it->second;
+}
+
+Result<std::uint32_t> number(const Environment& env, const std::string& name) {
+  const auto text = get(env, name);
+  if (!text) return Status::InvalidArgument(name + " is not set");
+  std::uint32_t v = 0;
+  const auto [end, ec] = std::from_chars(text->data(), text->data() + text->size(), v);
+  if (ec != std::errc() || end != text->data() + text->size())
+    return Status::InvalidArgument(name + "=" + *text + ": expected a whole number");
+  return v;
+}
+
+// The first of `names` that is set, as a number; 0 when none is.
+Result<std::uint32_t> optional_number(const Environment& env, std::initializer_list<const char*> names) {
+  for (const char* n : names)
+    if (get(env, n)) return number(env, n);
+  return 0u;
+}
+
+// Fills rank, world size and local rank from the named variables.
+Status read_ranks(const Environment& env, Launch& l, const char* rank, const char* size,
+                  std::initializer_list<const char*> local) {
+  auto r = number(env, rank);
+  if (!r) return r.status();
+  auto w = number(env, size);
+  if (!w) return w.status();
+  auto lr = optional_number(env, local);
+  if (!lr) return lr.status();
+  if (*w == 0 || *r >= *w)
+    return Status::InvalidArgument(std::string(rank) + "=" + std::to_string(*r) + " is not below " + size + "=" +
+                                   std::to_string(*w));
+  l.rank = *r;
+  l.world_size = *w;
+  l.local_rank = *lr;
+  l.from = std::string(rank) + ", " + size;
+  return {};
+}
+
+std::string tcp(const std::string& host, std::uint32_t port) { return "tcp://" + host + ":" + std::to_string(port); }
+
+Status read_slurm(const Environment& env, Launch& l, std::uint16_t port) {
+  if (Status s = read_ranks(env, l, "SLURM_PROCID", "SLURM_NTASKS", {"SLURM_LOCALID"}); !s.ok()) return s;
+  const auto nodes = get(env, "SLURM_JOB_NODELIST") ? get(env, "SLURM_JOB_NODELIST") : get(env, "SLURM_NODELIST");
+  if (!nodes) return Status::InvalidArgument("SLURM_JOB_NODELIST is not set");
+  auto hosts = expand_hostlist(*nodes);
+  if (!hosts) return hosts.status();
+  if (hosts->empty()) return Status::InvalidArgument("SLURM_JOB_NODELIST=" + *nodes + " names no host");
+  l.hosts = std::move(hosts).value();
+  l.job_id = get(env, "SLURM_JOB_ID").value_or("");
+  if (port == 0) {
+    if (l.job_id.empty()) return Status::InvalidArgument("SLURM_JOB_ID is not set (or give --port)");
+    port = port_for_job(l.job_id);
+  }
+  l.coordinator = tcp(l.hosts.front(), port);
+  l.from += ", SLURM_LOCALID, SLURM_JOB_NODELIST, SLURM_JOB_ID";
+  return {};
+}
+
+Status read_mpi(const Environment& env, Launch& l) {
+  if (get(env, "OMPI_COMM_WORLD_RANK"))
+    return read_ranks(env, l, "OMPI_COMM_WORLD_RANK", "OMPI_COMM_WORLD_SIZE", {"OMPI_COMM_WORLD_LOCAL_RANK"});
+  if (get(env, "PMIX_RANK")) {
+    // PMIx gives the rank; the size comes from Open MPI's variable or PMI's.
+    const char* size = get(env, "OMPI_COMM_WORLD_SIZE") ? "OMPI_COMM_WORLD_SIZE" : "PMI_SIZE";
+    return read_ranks(env, l, "PMIX_RANK", size, {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"});
+  }
+  return read_ranks(env, l, "PMI_RANK", "PMI_SIZE", {"MPI_LOCALRANKID", "PMI_LOCAL_RANK"});
+}
+
+Status read_torchrun(const Environment& env, Launch& l) {
+  if (Status s = read_ranks(env, l, "RANK", "WORLD_SIZE", {"LOCAL_RANK"}); !s.ok()) return s;
+  const auto addr = get(env, "MASTER_ADDR");
+  if (!addr) return Status::InvalidArgument("MASTER_ADDR is not set");
+  auto port = number(env, "MASTER_PORT");
+  if (!port) return port.status();
+  l.coordinator = tcp(*addr, *port);
+  l.from += ", LOCAL_RANK, MASTER_ADDR, MASTER_PORT";
+  return {};
+}
+
+LauncherKind detect_kind(const Environment& env) {
+  if (get(env, "ASGD_RANK")) return LauncherKind::env;
+  if (get(env, "SLURM_PROCID")) return LauncherKind::slurm;
+  if (get(env, "OMPI_COMM_WORLD_RANK") || get(env, "PMIX_RANK") || get(env, "PMI_RANK")) return LauncherKind::mpi;
+  if (get(env, "JOB_COMPLETION_INDEX")) return LauncherKind::kubernetes;
+  if (get(env, "RANK") && get(env, "WORLD_SIZE")) return LauncherKind::torchrun;
+  return LauncherKind::local;
+}
+
+// "01-04" or "7" inside brackets, appended to `out` with `prefix`.
+Status expand_range(const std::string& list, const std::string& prefix, const std::string& item,
+                    std::vector<std::string>& out) {
+  const auto dash = item.find('-');
+  const std::string lo = item.substr(0, dash), hi = dash == std::string::npos ? lo : item.substr(dash + 1);
+  std::uint64_t a = 0, b = 0;
+  const auto bad = [&] { return Status::InvalidArgument("host list " + list + ": '" + item + "' is not N or N-M"); };
+  if (lo.empty() || hi.empty()) return bad();
+  if (std::from_chars(lo.data(), lo.data() + lo.size(), a).ptr != lo.data() + lo.size()) return bad();
+  if (std::from_chars(hi.data(), hi.data() + hi.size(), b).ptr != hi.data() + hi.size()) return bad();
+  if (b < a) return Status::InvalidArgument("host list " + list + ": the range " + item + " runs backwards");
+  if (b - a > 100000) return Status::InvalidArgument("host list " + list + ": the range " + item + " is too long");
+  for (std::uint64_t v = a; v <= b; ++v) {
+    std::string n = std::to_string(v);
+    if (n.size() < lo.size()) n.insert(0, lo.size() - n.size(), '0');  // "01-10": zero-padded to 2
+    out.push_back(prefix + n);
+  }
+  return {};
+}
+
+// One host expression (no top-level comma): brackets expand left to right.
+Status expand_one(const std::string& list, const std::string& expr, std::vector<std::string>& out) {
+  const auto open = expr.find('[');
+  if (open == std::string::npos) {
+    if (expr.find(']') != std::string::npos)
+      return Status::InvalidArgument("host list " + list + ": ']' without '['");
+    out.push_back(expr);
+    return {};
+  }
+  const auto close = expr.find(']', open);
+  if (close == std::string::npos) return Status::InvalidArgument("host list " + list + ": '[' is not closed");
+  const std::string prefix = expr.substr(0, open), inside = expr.substr(open + 1, close - open - 1);
+  const std::string rest = expr.substr(close + 1);
+  if (inside.empty()) return Status::InvalidArgument("host list " + list + ": empty brackets");
+  std::vector<std::string> heads;
+  for (std::size_t start = 0; start <= inside.size();) {
+    const auto comma = inside.find(',', start);
+    const std::string item = inside.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    if (Status s = expand_range(list, prefix, item, heads); !s.ok()) return s;
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  for (const std::string& head : heads) {
+    std::vector<std::string> tails;
+    if (Status s = expand_one(list, rest, tails); !s.ok()) return s;
+    for (const std::string& t : tails) out.push_back(head + t);
+  }
+  return {};
+}
+
+}  // namespace
+
+std::string to_string(LauncherKind kind) {
+  switch (kind) {
+    case LauncherKind::local: return "local";
+    case LauncherKind::env: return "env";
+    case LauncherKind::slurm: return "slurm";
+    case LauncherKind::mpi: return "mpi";
+    case LauncherKind::kubernetes: return "kubernetes";
+    case LauncherKind::torchrun: return "torchrun";
+  }
+  return "local";
+}
+
+Environment process_environment() {
+  Environment env;
+  for (char** e = environ; e && *e; ++e) {
+    const char* eq = std::strchr(*e, '=');
+    if (eq) env.emplace(std::string(*e, static_cast<std::size_t>(eq - *e)), std::string(eq + 1));
+  }
+  return env;
+}
+
+Result<std::vector<std::string>> expand_hostlist(const std::string& list) {
+  std::vector<std::string> out;
+  int depth = 0;
+  std::size_t start = 0;
+  for (std::size_t i = 0; i <= list.size(); ++i) {
+    const char c = i < list.size() ? list[i] : ',';
+    if (c == '[') ++depth;
+    if (c == ']') --depth;
+    if (depth < 0) return Status::InvalidArgument("host list " + list + ": ']' without '['");
+    if (c != ',' || depth > 0) continue;
+    const std::string expr = list.substr(start, i - start);
+    start = i + 1;
+    if (expr.empty()) {
+      if (i < list.size()) return Status::InvalidArgument("host list " + list + ": an empty name");
+      continue;
+    }
+    if (Status s = expand_one(list, expr, out); !s.ok()) return s;
+  }
+  if (depth != 0) return Status::InvalidArgument("host list " + list + ": '[' is not closed");
+  return out;
+}
+
+std::uint16_t port_for_job(const std::string& id) {
+  std::uint32_t h = 2166136261u;  // FNV-1a: the same on every host and build
+  for (unsigned char c : id) h = (h ^ c) * 16777619u;
+  return static_cast<std::uint16_t>(20000 + h % 20000);
+}
+
+Result<Launch> detect_launch(const Environment& env, const std::string& wanted, std::uint16_t port) {
+  Launch l;
+  if (wanted == "auto") {
+    l.kind = detect_kind(env);
+  } else if (wanted == "local") {
+    return l;
+  } else {
+    bool known = false;
+    for (LauncherKind k : {LauncherKind::env, LauncherKind::slurm, LauncherKind::mpi, LauncherKind::kubernetes,
+                           LauncherKind::torchrun})
+      if (to_string(k) == wanted) {
+        l.kind = k;
+        known = true;
+      }
+    if (!known)
+      return Status::InvalidArgument("--launcher " + wanted +
+                                     ": expected auto, local, env, slurm, mpi, kubernetes or torchrun");
+  }
+  Status s;
+  switch (l.kind) {
+    case LauncherKind::local: return l;
+    case LauncherKind::env: s = read_ranks(env, l, "ASGD_RANK", "ASGD_WORLD_SIZE", {"ASGD_LOCAL_RANK"}); break;
+    case LauncherKind::slurm: s = read_slurm(env, l, port); break;
+    case LauncherKind::mpi: s = read_mpi(env, l); break;
+    case LauncherKind::kubernetes:
+      s = read_ranks(env, l, "JOB_COMPLETION_INDEX", "ASGD_WORLD_SIZE", {"ASGD_LOCAL_RANK"});
+      break;
+    case LauncherKind::torchrun: s = read_torchrun(env, l); break;
+  }
+  if (!s.ok()) return Status::InvalidArgument("launcher " + to_string(l.kind) + ": " + s.message());
+  if (const auto c = get(env, "ASGD_COORDINATOR")) {
+    l.coordinator = *c;
+    l.from += ", ASGD_COORDINATOR";
+  }
+  if (l.coordinator.empty() && (l.kind == LauncherKind::env || l.kind == LauncherKind::kubernetes))
+    return Status::InvalidArgument("launcher " + to_string(l.kind) +
+                                   ": ASGD_COORDINATOR is not set (tcp://HOST:PORT of rank 0)");
+  return l;
+}
+
+Result<RoleOfRank> role_of_rank(const Launch& l, std::uint32_t shards, std::uint32_t workers) {
+  const std::uint64_t needed = 1ull + shards + workers;
+  if (l.world_size != needed) {
+    const std::string could = l.world_size > 1ull + shards
+                                  ? "--workers " + std::to_string(l.world_size - 1 - shards)
+                                  : "at least " + std::to_string(shards + 2) + " ranks";
+    return Status::InvalidArgument("launcher " + to_string(l.kind) + ": " + std::to_string(l.world_size) +
+                                   " ranks, but 1 coordinator, " + std::to_string(shards) + " shards and " +
+                                   std::to_string(workers) + " workers take " + std::to_string(needed) +
+                                   "; with these ranks give " + could);
+  }
+  if (l.rank == 0) return RoleOfRank{RankRole::coordinator, 0};
+  if (l.rank <= shards) return RoleOfRank{RankRole::shard, l.rank - 1};
+  return RoleOfRank{RankRole::worker, l.rank - 1 - shards};
+}
+
+Result<std::string> address_towards(const std::string& host) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  hints.ai_socktype = SOCK_DGRAM;
+  addrinfo* found = nullptr;
+  if (const int rc = ::getaddrinfo(host.c_str(), "9", &hints, &found); rc != 0 || !found)
+    return Status::Unavailable("cannot resolve " + host + ": " + ::gai_strerror(rc));
+  const int fd = ::socket(AF_INET, SOCK_DGRAM, 0);
+  Status failed;
+  sockaddr_in local{};
+  socklen_t len = sizeof local;
+  if (fd < 0 || ::connect(fd, found->ai_addr, found->ai_addrlen) != 0 ||
+      ::getsockname(fd, reinterpret_cast<sockaddr*>(&local), &len) != 0)
+    failed = Status::Unavailable("no route to " + host + ": " + std::strerror(errno));
+  if (fd >= 0) ::close(fd);
+  ::freeaddrinfo(found);
+  if (!failed.ok()) return failed;
+  char text[INET_ADDRSTRLEN] = {};
+  ::inet_ntop(AF_INET, &local.sin_addr, text, sizeof text);
+  return std::string(text);
+}
+
+Result<std::pair<std::string, std::uint16_t>> split_tcp_endpoint(const std::string& endpoint) {
+  const std::string scheme = "tcp://";
+  const auto colon = endpoint.rfind(':');
+  std::uint32_t port = 0;
+  if (endpoint.rfind(scheme, 0) != 0 || colon == std::string::npos || colon < scheme.size() + 1)
+    return Status::InvalidArgument(endpoint + ": expected tcp://HOST:PORT");
+  const std::string digits = endpoint.substr(colon + 1);
+  const auto [end, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), port);
+  if (ec != std::errc() || end != digits.data() + digits.size() || port == 0 || port > 65535)
+    return Status::InvalidArgument(endpoint + ": expected tcp://HOST:PORT with a port from 1 to 65535");
+  return std::pair<std::string, std::uint16_t>{endpoint.substr(scheme.size(), colon - scheme.size()),
+                                               static_cast<std::uint16_t>(port)};
+}
+
+}  // namespace asgd

@@ -1,0 +1,192 @@
+// Launcher detection, roles by rank and Slurm host lists, from environments
+// the tests write (runtime/launcher.hpp).
+
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "runtime/launcher.hpp"
+
+namespace asgd {
+namespace {
+
+using Hosts = std::vector<std::string>;
+
+// The patterns and what Slurm makes of them.
+const std::vector<std::pair<std::string, Hosts>>& host_lists() {
+  static const std::vector<std::pair<std::string, Hosts>> lists = {
+      {"node01", {"node01"}},
+      {"a,b,c", {"a", "b", "c"}},
+      {"node[1-3]", {"node1", "node2", "node3"}},
+      {"node[01-03]", {"node01", "node02", "node03"}},
+      {"node[08-11]", {"node08", "node09", "node10", "node11"}},
+      {"node[001-002]", {"node001", "node002"}},
+      {"node[1,3,5]", {"node1", "node3", "node5"}},
+      {"node[1-2,7]", {"node1", "node2", "node7"}},
+      {"node[01-04,07],gpu-a[1-2]", {"node01", "node02", "node03", "node04", "node07", "gpu-a1", "gpu-a2"}},
+      {"gpu-a[1-2],login", {"gpu-a1", "gpu-a2", "login"}},
+      {"rack[1-2]-n[1-2]", {"rack1-n1", "rack1-n2", "rack2-n1", "rack2-n2"}},
+      {"n[9-10]", {"n9", "n10"}},
+      {"n[09-10]", {"n09", "n10"}},
+      {"n[98-101]", {"n98", "n99", "n100", "n101"}},
+      {"n[5]", {"n5"}},
+      {"n[0-1]x", {"n0x", "n1x"}},
+      {"a[1-2],b[3-4]", {"a1", "a2", "b3", "b4"}},
+      {"c1-[1-2]", {"c1-1", "c1-2"}},
+      {"host.example.org", {"host.example.org"}},
+      {"x[1-2],y,z[07-08]", {"x1", "x2", "y", "z07", "z08"}},
+      {"node[1-1]", {"node1"}},
+      {"n[0001-0003]", {"n0001", "n0002", "n0003"}},
+  };
+  return lists;
+}
+
+TEST(Launcher, HostListsExpandAsSlurmDoes) {
+  ASSERT_GE(host_lists().size(), 20u);
+  for (const auto& [list, hosts] : host_lists()) {
+    auto got = expand_hostlist(list);
+    ASSERT_TRUE(got.ok()) << list << ": " << got.status().to_string();
+    EXPECT_EQ(*got, hosts) << list;
+  }
+}
+
+// Where Slurm is installed, its own expansion is the reference.
+TEST(Launcher, HostListsAgreeWithScontrolWhereSlurmIsInstalled) {
+  if (std::system("command -v scontrol >/dev/null 2>&1") != 0) GTEST_SKIP() << "scontrol is not installed";
+  for (const auto& [list, hosts] : host_lists()) {
+    const std::string cmd = "scontrol show hostnames '" + list + "' 2>&1";
+    FILE* p = ::popen(cmd.c_str(), "r");
+    ASSERT_NE(p, nullptr);
+    Hosts slurm;
+    char line[512];
+    while (std::fgets(line, sizeof line, p)) {
+      std::string h(line);
+      while (!h.empty() && (h.back() == '\n' || h.back() == '\r')) h.pop_back();
+      if (!h.empty()) slurm.push_back(h);
+    }
+    ::pclose(p);
+    EXPECT_EQ(*expand_hostlist(list), slurm) << list;
+  }
+}
+
+TEST(Launcher, MalformedHostListsAreRefusedNamingTheList) {
+  for (const char* bad : {"node[1-3", "node1-3]", "node[3-1]", "node[]", "node[a-b]", "a,,b", "node[1-]"}) {
+    auto got = expand_hostlist(bad);
+    ASSERT_FALSE(got.ok()) << bad;
+    EXPECT_NE(got.status().message().find(bad), std::string::npos) << got.status().message();
+  }
+}
+
+TEST(Launcher, EachLauncherIsReadFromItsOwnVariables) {
+  auto slurm = detect_launch({{"SLURM_PROCID", "3"}, {"SLURM_NTASKS", "5"}, {"SLURM_LOCALID", "1"},
+                              {"SLURM_JOB_NODELIST", "node[07-08]"}, {"SLURM_JOB_ID", "4242"}},
+                             "auto");
+  ASSERT_TRUE(slurm.ok()) << slurm.status().to_string();
+  EXPECT_EQ(slurm->kind, LauncherKind::slurm);
+  EXPECT_EQ(slurm->rank, 3u);
+  EXPECT_EQ(slurm->world_size, 5u);
+  EXPECT_EQ(slurm->local_rank, 1u);
+  EXPECT_EQ(slurm->hosts, (Hosts{"node07", "node08"}));
+  EXPECT_EQ(slurm->coordinator, "tcp://node07:" + std::to_string(port_for_job("4242")));
+  EXPECT_EQ(detect_launch({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "5"}, {"SLURM_JOB_NODELIST", "n1"},
+                           {"SLURM_JOB_ID", "1"}},
+                          "auto", 31000)
+                ->coordinator,
+            "tcp://n1:31000")
+      << "--port wins over the job id's";
+
+  auto mpi = detect_launch({{"OMPI_COMM_WORLD_RANK", "2"}, {"OMPI_COMM_WORLD_SIZE", "5"},
+                            {"OMPI_COMM_WORLD_LOCAL_RANK", "2"}},
+                           "auto");
+  ASSERT_TRUE(mpi.ok()) << mpi.status().to_string();
+  EXPECT_EQ(mpi->kind, LauncherKind::mpi);
+  EXPECT_EQ(mpi->rank, 2u);
+  EXPECT_EQ(mpi->coordinator, "") << "MPI does not say where rank 0 is: a rendezvous file or ASGD_COORDINATOR does";
+  EXPECT_EQ(detect_launch({{"PMI_RANK", "1"}, {"PMI_SIZE", "3"}}, "auto")->world_size, 3u);
+  EXPECT_EQ(detect_launch({{"PMIX_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "4"}}, "auto")->world_size, 4u);
+
+  auto k8s = detect_launch({{"JOB_COMPLETION_INDEX", "4"}, {"ASGD_WORLD_SIZE", "5"},
+                            {"ASGD_COORDINATOR", "tcp://train-0.train:29500"}},
+                           "auto");
+  ASSERT_TRUE(k8s.ok()) << k8s.status().to_string();
+  EXPECT_EQ(k8s->kind, LauncherKind::kubernetes);
+  EXPECT_EQ(k8s->rank, 4u);
+  EXPECT_EQ(k8s->coordinator, "tcp://train-0.train:29500");
+
+  auto torch = detect_launch({{"RANK", "1"}, {"WORLD_SIZE", "2"}, {"LOCAL_RANK", "1"}, {"MASTER_ADDR", "10.0.0.5"},
+                              {"MASTER_PORT", "29500"}},
+                             "auto");
+  ASSERT_TRUE(torch.ok()) << torch.status().to_string();
+  EXPECT_EQ(torch->kind, LauncherKind::torchrun);
+  EXPECT_EQ(torch->coordinator, "tcp://10.0.0.5:29500");
+
+  auto own = detect_launch({{"ASGD_RANK", "0"}, {"ASGD_WORLD_SIZE", "5"}, {"ASGD_COORDINATOR", "tcp://h:1"},
+                            {"SLURM_PROCID", "3"}},
+                           "auto");
+  ASSERT_TRUE(own.ok());
+  EXPECT_EQ(own->kind, LauncherKind::env) << "ASGD_* come first";
+  EXPECT_EQ(detect_launch({}, "auto")->kind, LauncherKind::local);
+  EXPECT_EQ(detect_launch({{"SLURM_PROCID", "3"}}, "local")->kind, LauncherKind::local) << "--launcher local wins";
+}
+
+TEST(Launcher, MissingOrBadVariablesAreOneLineErrorsNamingThem) {
+  auto expect_error = [](const Environment& env, const std::string& wanted, const std::string& names) {
+    auto got = detect_launch(env, wanted);
+    ASSERT_FALSE(got.ok()) << names;
+    EXPECT_EQ(got.status().code(), StatusCode::invalid_argument);
+    EXPECT_NE(got.status().message().find(names), std::string::npos) << got.status().message();
+  };
+  expect_error({{"SLURM_PROCID", "1"}}, "auto", "SLURM_NTASKS is not set");
+  expect_error({{"SLURM_PROCID", "x"}, {"SLURM_NTASKS", "2"}}, "auto", "SLURM_PROCID=x: expected a whole number");
+  expect_error({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "5"}}, "auto", "SLURM_PROCID=5 is not below SLURM_NTASKS=5");
+  expect_error({{"ASGD_RANK", "0"}, {"ASGD_WORLD_SIZE", "2"}}, "auto", "ASGD_COORDINATOR is not set");
+  expect_error({}, "slurm", "launcher slurm: SLURM_PROCID is not set");
+  expect_error({}, "pbs", "--launcher pbs: expected auto, local, env, slurm, mpi, kubernetes or torchrun");
+}
+
+TEST(Launcher, RanksTakeRolesAndAWrongWorldSizeSaysWhatWouldFit) {
+  Launch l;
+  l.kind = LauncherKind::slurm;
+  l.world_size = 5;
+  const std::vector<std::pair<RankRole, std::uint32_t>> expected = {
+      {RankRole::coordinator, 0}, {RankRole::shard, 0}, {RankRole::shard, 1}, {RankRole::worker, 0},
+      {RankRole::worker, 1}};
+  for (std::uint32_t r = 0; r < 5; ++r) {
+    l.rank = r;
+    auto role = role_of_rank(l, 2, 2);
+    ASSERT_TRUE(role.ok()) << role.status().to_string();
+    EXPECT_EQ(role->role, expected[r].first) << "rank " << r;
+    EXPECT_EQ(role->index, expected[r].second) << "rank " << r;
+  }
+  auto wrong = role_of_rank(l, 2, 3);
+  ASSERT_FALSE(wrong.ok());
+  EXPECT_NE(wrong.status().message().find("5 ranks, but 1 coordinator, 2 shards and 3 workers take 6; with these "
+                                          "ranks give --workers 2"),
+            std::string::npos)
+      << wrong.status().message();
+}
+
+TEST(Launcher, PortsAndAddressesEveryRankDerivesAlike) {
+  EXPECT_EQ(port_for_job("123456"), port_for_job("123456"));
+  EXPECT_NE(port_for_job("123456"), port_for_job("123457"));
+  for (const char* id : {"1", "99", "123456", "abc"}) {
+    EXPECT_GE(port_for_job(id), 20000);
+    EXPECT_LT(port_for_job(id), 40000);
+  }
+  auto local = address_towards("127.0.0.1");
+  ASSERT_TRUE(local.ok()) << local.status().to_string();
+  EXPECT_EQ(*local, "127.0.0.1");
+  EXPECT_FALSE(address_towards("no-such-host.invalid").ok());
+  auto split = split_tcp_endpoint("tcp://node07:31000");
+  ASSERT_TRUE(split.ok());
+  EXPECT_EQ(split->first, "node07");
+  EXPECT_EQ(split->second, 31000);
+  EXPECT_FALSE(split_tcp_endpoint("node07:31000").ok());
+  EXPECT_FALSE(split_tcp_endpoint("tcp://node07:0").ok());
+}
+
+}  // namespace
+}  // namespace asgd

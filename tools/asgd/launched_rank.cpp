@@ -1,0 +1,185 @@
+// `asgd cluster` under a launcher (Slurm, MPI, Kubernetes, torchrun, ASGD_*):
+// every rank runs the same command and plays the part its rank gives it
+// (runtime/launcher.hpp), instead of starting local processes.
+
+#include <spdlog/spdlog.h>
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include <unistd.h>
+
+#include "runtime/cluster.hpp"
+#include "runtime/launcher.hpp"
+#include "tools/asgd/commands.hpp"
+
+namespace asgd::cli {
+
+namespace {
+
+const char* role_name(RankRole r) {
+  return r == RankRole::coordinator ? "coordinator" : r == RankRole::shard ? "shard" : "worker";
+}
+
+// Writes `endpoint` to `path` whole or not at all (a temporary, then rename).
+Status write_rendezvous(const std::string& path, const std::string& endpoint) {
+  const std::string tmp = path + ".tmp" + std::to_string(::getpid());
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << endpoint << "\n";
+    if (!out.flush()) return Status::IOError("--rendezvous " + path + ": cannot write " + tmp);
+  }
+  std::error_code ec;
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) return Status::IOError("--rendezvous " + path + ": " + ec.message());
+  return {};
+}
+
+// Rank 0's endpoint from the rendezvous file, waiting for it up to
+// `timeout_s`.
+Result<std::string> await_rendezvous(const std::string& path, double timeout_s, std::uint32_t rank) {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  while (std::chrono::steady_clock::now() < deadline) {
+    std::ifstream in(path);
+    std::string endpoint;
+    if (in && std::getline(in, endpoint) && !endpoint.empty()) return endpoint;
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  return Status::Timeout("rank " + std::to_string(rank) + ": rank 0 wrote no endpoint to --rendezvous " + path +
+                         " within " + std::to_string(static_cast<int>(timeout_s)) +
+                         " s (--join-timeout); is it on a filesystem every rank shares, and did rank 0 start?");
+}
+
+// What this rank will do, in lines for --print-layout.
+void print_layout(const Launch& l, const RoleOfRank& role, const std::string& coordinator, const std::string& listen,
+                  const JobConfig& config) {
+  std::printf("launcher %s (from %s)\n", to_string(l.kind).c_str(), l.from.c_str());
+  std::printf("rank %u of %u, local rank %u\n", l.rank, l.world_size, l.local_rank);
+  std::printf("role: %s", role_name(role.role));
+  if (role.role != RankRole::coordinator) std::printf(" %u", role.index);
+  std::printf("\ncoordinator: %s\n", coordinator.empty() ? "(from --rendezvous, once rank 0 writes it)"
+                                                         : coordinator.c_str());
+  std::printf("listens on: %s\n", listen.empty() ? "(nothing: a worker only connects)" : listen.c_str());
+  if (role.role == RankRole::worker) std::printf("device: %s\n", config.device.c_str());
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+int run_launched_rank(const JobOptions& jo, const LaunchFlags& lf, const Launch& launch) {
+  JobConfig config;
+  if (auto code = load_job(jo, config)) return *code;
+  if (Status s = validate_for_cluster(config); !s.ok()) {
+    print_error(s.message());
+    return kExitUsage;
+  }
+  auto role = role_of_rank(launch, config.shards, config.workers);
+  if (!role) {
+    print_error(role.status().message());
+    return kExitUsage;
+  }
+  std::string address = lf.address;
+  if (address.empty()) {
+    const auto env = process_environment();
+    if (auto it = env.find("ASGD_ADDRESS"); it != env.end()) address = it->second;
+  }
+  std::string coordinator = launch.coordinator;
+  if (coordinator.empty() && lf.rendezvous.empty()) {
+    print_error("launcher " + to_string(launch.kind) +
+                ": where rank 0 listens is not known: give --rendezvous PATH (a file on a filesystem every rank "
+                "shares) or set ASGD_COORDINATOR=tcp://HOST:PORT");
+    return kExitUsage;
+  }
+  std::string listen;
+  ProcessOptions po;
+  po.join_timeout_s = lf.join_timeout_s;
+  po.index = role->index;
+  if (role->role == RankRole::coordinator) {
+    std::uint16_t port = lf.port;
+    if (!coordinator.empty()) {
+      auto split = split_tcp_endpoint(coordinator);
+      if (!split) {
+        print_error("ASGD_COORDINATOR: " + split.status().message());
+        return kExitUsage;
+      }
+      port = split->second;
+    }
+    // Bound where it announces: never 0.0.0.0 in a rendezvous file.
+    if (address.empty() && !lf.rendezvous.empty()) {
+      char name[256] = {};
+      ::gethostname(name, sizeof name - 1);
+      auto own = address_towards(name);
+      address = own.ok() ? *own : "127.0.0.1";
+    }
+    listen = "tcp://" + (address.empty() ? std::string("*") : address) + ":" + std::to_string(port);
+  }
+  // A shard listens on the address that routes to the coordinator (once
+  // known: a rendezvous file may say it later).
+  auto shard_listen = [&]() -> Result<std::string> {
+    if (address.empty()) {
+      auto split = split_tcp_endpoint(coordinator);
+      auto own = split ? address_towards(split->first) : Result<std::string>(split.status());
+      if (!own)
+        return Status::Unavailable("rank " + std::to_string(launch.rank) + ": " + own.status().message() +
+                                   " (give --address, or set ASGD_ADDRESS)");
+      address = *own;
+    }
+    return "tcp://" + address + ":0";
+  };
+  if (lf.print_layout) {
+    if (role->role == RankRole::shard)
+    {
+      auto at = coordinator.empty() && address.empty() ? Result<std::string>("(the address that routes to rank 0)")
+                                                       : shard_listen();
+      listen = at.ok() ? *at : at.status().message();
+    }
+    print_layout(launch, *role, coordinator, listen, config);
+    return kExitOk;
+  }
+  Interrupts interrupts;
+  if (role->role == RankRole::coordinator) {
+    po.listen = listen;
+    po.shards = config.shards;
+    po.workers = config.workers;
+    auto result = run_coordinator_process(config, po, progress_callbacks(config), interrupts.token(),
+                                          [&](const std::string& endpoint) {
+                                            std::printf("coordinator listening on %s\n", endpoint.c_str());
+                                            std::fflush(stdout);
+                                            if (lf.rendezvous.empty()) return;
+                                            if (Status s = write_rendezvous(lf.rendezvous, endpoint); !s.ok())
+                                              spdlog::error("{}", s.message());
+                                          });
+    if (!lf.rendezvous.empty()) std::filesystem::remove(lf.rendezvous);
+    return report_outcome(result, config, jo.log);
+  }
+  if (coordinator.empty()) {
+    auto found = await_rendezvous(lf.rendezvous, lf.join_timeout_s, launch.rank);
+    if (!found) {
+      print_error(found.status().message());
+      return kExitFailure;
+    }
+    coordinator = *found;
+  }
+  po.coordinator = coordinator;
+  if (role->role == RankRole::shard) {
+    auto at = shard_listen();
+    if (!at) {
+      print_error(at.status().message());
+      return kExitFailure;
+    }
+    po.listen = *at;
+  }
+  po.data_dir = config.data_dir;
+  const Status s = role->role == RankRole::shard ? run_shard_process(po, interrupts.token())
+                                                 : run_worker_process(po, interrupts.token());
+  if (!s.ok()) {
+    print_error(s.to_string());
+    return exit_code_for(s);
+  }
+  return kExitOk;
+}
+
+}  // namespace asgd::cli
