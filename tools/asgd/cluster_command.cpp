@@ -159,7 +159,14 @@ int run_cluster(const JobOptions& jo, const ProcessFlags& pf, LaunchFlags lf) {
     print_error(launch.status().message());
     return kExitUsage;
   }
-  if (launch->kind != LauncherKind::local) return run_launched_rank(jo, lf, *launch);
+  if (launch->kind != LauncherKind::local) {
+    if (!pf.auth_keys.empty()) {
+      print_error("--auth-keys: not yet under a launcher (" + to_string(launch->kind) +
+                  "); run asgd coordinator, shard and worker with their keys instead (docs/cluster.md)");
+      return kExitUsage;
+    }
+    return run_launched_rank(jo, lf, *launch);
+  }
   JobConfig config;
   if (auto code = load_job(jo, config)) return *code;
   if (Status s = validate_for_cluster(config); !s.ok()) {
