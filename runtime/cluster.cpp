@@ -219,7 +219,9 @@ Result<Joined> join(const ProcessOptions& o, Role role, const std::string& name,
 // second. `on_message` sees everything else that arrives.
 Status serve_until_shutdown(Joined& j, const std::string& name, std::stop_token stop,
                             const std::function<Status(Inbound&)>& on_message) {
-  const auto silence = millis(std::max(j.config.rpc_timeout_s, 3.0));
+  // The coordinator's registry echoes every heartbeat whatever its job is
+  // doing, so its silence means its process is gone.
+  const auto silence = millis(std::max(j.config.heartbeat_timeout_s, 3.0));
   auto last_heard = SteadyClock::now();
   auto next_beat = SteadyClock::now();
   std::uint64_t beat = 0;
@@ -230,8 +232,9 @@ Status serve_until_shutdown(Joined& j, const std::string& name, std::stop_token 
       next_beat = now + kHeartbeatEvery;
     }
     if (now - last_heard > silence)
-      return Status::Timeout(fmt::format("{}: the coordinator sent nothing for {:g} s; giving up", name,
-                                         std::chrono::duration<double>(silence).count()));
+      return Status::Timeout(fmt::format("{}: the coordinator sent nothing for {:g} s (--heartbeat-timeout): its "
+                                         "process died or cannot be reached; giving up",
+                                         name, std::chrono::duration<double>(silence).count()));
     auto in = j.inbox->pop(std::chrono::milliseconds(100));
     if (!in) continue;
     last_heard = SteadyClock::now();

@@ -125,6 +125,19 @@ void registered(Self self, const PeerId& peer, const Registration& reg) {
 
 void settle_newcomers(Self self);
 
+// "shard 1, worker 0 (rank 3 under a launcher)": the slots nobody took.
+std::string missing_slots(const RegistryState& st) {
+  std::string out;
+  auto add = [&](const char* role, std::size_t i, std::size_t rank) {
+    out += (out.empty() ? "" : ", ") + fmt::format("{} {} (rank {} under a launcher)", role, i, rank);
+  };
+  for (std::size_t i = 0; i < st.shards.size(); ++i)
+    if (!st.shards[i]) add("shard", i, 1 + i);
+  for (std::size_t i = 0; i < st.workers.size(); ++i)
+    if (!st.workers[i]) add("worker", i, 1 + st.shards.size() + i);
+  return out;
+}
+
 // During the job: a process registers for a slot, to take a dead one's place.
 void registered_during_job(Self self, const PeerId& peer, const Registration& reg) {
   auto& st = self->state;
@@ -375,9 +388,9 @@ caf::behavior running(Self self) {
         auto& s = self->state;
         end_registration(self, Status::Timeout(fmt::format(
                                "{} of {} shard and {} of {} worker processes registered within {:g} s "
-                               "(--join-timeout)",
+                               "(--join-timeout); missing: {}",
                                filled(s.shards), s.shards.size(), filled(s.workers), s.workers.size(),
-                               s.setup.join_timeout_s)));
+                               s.setup.join_timeout_s, missing_slots(s))));
       },
       [self](cancel_atom) {
         end_registration(self, Status::Cancelled("the job was cancelled while processes registered"));

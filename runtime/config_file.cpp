@@ -201,7 +201,7 @@ const std::vector<ConfigField>& job_config_fields() {
        true},
       {"rpc-timeout", "seconds to wait for any reply before failing (default 60)", "S",
        double_field(&JobConfig::rpc_timeout_s)},
-      {"heartbeat-timeout", "declare a worker process dead after S silent seconds (default 10)", "S",
+      {"heartbeat-timeout", "declare a process dead after S silent seconds: a worker (the job goes on), a shard, or the coordinator (the others stop) (default 10)", "S",
        double_field(&JobConfig::heartbeat_timeout_s), true},
       {"status-port", "serve /metrics, /status and a live page over HTTP on port P (default 0: off)", "P",
        uint_field(&JobConfig::status_port)},

@@ -138,6 +138,11 @@ Status expand_one(const std::string& list, const std::string& expr, std::vector<
     out.push_back(expr);
     return {};
   }
+  // As Slurm: after a bracket, only another bracketed part may follow.
+  if (const auto last = expr.rfind(']'); last != std::string::npos && last + 1 < expr.size() &&
+                                         expr.find('[', last) == std::string::npos)
+    return Status::InvalidArgument("host list " + list + ": '" + expr.substr(last + 1) +
+                                   "' after ']' (Slurm allows only another [...] there)");
   const auto close = expr.find(']', open);
   if (close == std::string::npos) return Status::InvalidArgument("host list " + list + ": '[' is not closed");
   const std::string prefix = expr.substr(0, open), inside = expr.substr(open + 1, close - open - 1);
@@ -194,10 +199,7 @@ Result<std::vector<std::string>> expand_hostlist(const std::string& list) {
     if (c != ',' || depth > 0) continue;
     const std::string expr = list.substr(start, i - start);
     start = i + 1;
-    if (expr.empty()) {
-      if (i < list.size()) return Status::InvalidArgument("host list " + list + ": an empty name");
-      continue;
-    }
+    if (expr.empty()) continue;  // "a,,b": as Slurm, nothing between the commas
     if (Status s = expand_one(list, expr, out); !s.ok()) return s;
   }
   if (depth != 0) return Status::InvalidArgument("host list " + list + ": '[' is not closed");
