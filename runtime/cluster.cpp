@@ -211,6 +211,7 @@ Result<Joined> join(const ProcessOptions& o, Role role, const std::string& name,
   }
   if (Status s = apply_toml_text(j.assignment.config, "from the coordinator", j.config); !s.ok()) return s;
   if (!o.data_dir.empty()) j.config.data_dir = o.data_dir;
+  if (!o.device.empty()) j.config.device = o.device;
   j.bridge->set_coding(coding_of(j.config));
   return j;
 }

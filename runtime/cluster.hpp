@@ -86,6 +86,7 @@ struct ProcessOptions {
   std::uint32_t shards = 0;            ///< coordinator: shard processes to wait for
   std::uint32_t workers = 0;           ///< coordinator: worker processes to wait for
   std::string data_dir;                ///< worker: the dataset's folder here, if not the coordinator's
+  std::string device;                  ///< worker: where it computes here, if not the job's --device
   std::uint32_t index = UINT32_MAX;    ///< shard, worker: the index to ask for (default: any free one)
   /// Every process: authentication and encryption (docs/security.md); unset:
   /// plain tcp. With it a shard's endpoint carries its public key, and

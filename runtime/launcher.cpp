@@ -1,6 +1,7 @@
 #include "runtime/launcher.hpp"
 
 #include <arpa/inet.h>
+#include <ifaddrs.h>
 #include <netdb.h>
 #include <sys/socket.h>
 #include <unistd.h>
@@ -288,6 +289,26 @@ Result<std::string> address_towards(const std::string& host) {
   char text[INET_ADDRSTRLEN] = {};
   ::inet_ntop(AF_INET, &local.sin_addr, text, sizeof text);
   return std::string(text);
+}
+
+Result<std::string> interface_address(const std::string& name) {
+  ifaddrs* all = nullptr;
+  if (::getifaddrs(&all) != 0) return Status::Unavailable(std::string("cannot list the interfaces: ") + std::strerror(errno));
+  std::string found, names;
+  for (ifaddrs* i = all; i; i = i->ifa_next) {
+    if (!i->ifa_addr || i->ifa_addr->sa_family != AF_INET) continue;
+    if (names.find(std::string(" ") + i->ifa_name + ",") == std::string::npos) names += std::string(" ") + i->ifa_name + ",";
+    if (name != i->ifa_name || !found.empty()) continue;
+    char text[INET_ADDRSTRLEN] = {};
+    ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr, text, sizeof text);
+    found = text;
+  }
+  ::freeifaddrs(all);
+  if (found.empty()) {
+    if (!names.empty()) names.pop_back();
+    return Status::NotFound("--interface " + name + ": no such interface with an IPv4 address (there are:" + names + ")");
+  }
+  return found;
 }
 
 Result<std::pair<std::string, std::uint16_t>> split_tcp_endpoint(const std::string& endpoint) {

@@ -76,6 +76,10 @@ Result<RoleOfRank> role_of_rank(const Launch& launch, std::uint32_t shards, std:
 /// `host` does not resolve or nothing routes to it.
 Result<std::string> address_towards(const std::string& host);
 
+/// The IPv4 address of network interface `name` ("eth0", "ib0"). Errors:
+/// not_found naming the interfaces there are.
+Result<std::string> interface_address(const std::string& name);
+
 /// "tcp://HOST:PORT" split into HOST and PORT. Errors: invalid_argument.
 Result<std::pair<std::string, std::uint16_t>> split_tcp_endpoint(const std::string& endpoint);
 

@@ -196,6 +196,13 @@ TEST(Launcher, PortsAndAddressesEveryRankDerivesAlike) {
   EXPECT_EQ(split->second, 31000);
   EXPECT_FALSE(split_tcp_endpoint("node07:31000").ok());
   EXPECT_FALSE(split_tcp_endpoint("tcp://node07:0").ok());
+  auto lo = interface_address("lo");
+  ASSERT_TRUE(lo.ok()) << lo.status().to_string();
+  EXPECT_EQ(*lo, "127.0.0.1");
+  auto none = interface_address("nosuch0");
+  ASSERT_FALSE(none.ok());
+  EXPECT_NE(none.status().message().find(" lo"), std::string::npos) << "names the interfaces there are: "
+                                                                  << none.status().message();
 }
 
 }  // namespace

@@ -254,6 +254,10 @@ std::function<int(const std::string&)> add_cluster_commands(CLI::App& app) {
                       "routes to the coordinator)")
       ->type_name("ADDR")
       ->group(launched);
+  cluster->add_option("--interface", all->launch.interface,
+                      "listen on and announce the address of this network interface (eth0, ib0, ...)")
+      ->type_name("NAME")
+      ->group(launched);
   cluster->add_flag("--print-layout", all->launch.print_layout,
                     "print what this rank detected (launcher, rank, role, coordinator, address) and exit")
       ->group(launched);

@@ -126,6 +126,7 @@ struct LaunchFlags {
   std::uint16_t port = 0;          ///< the coordinator's port when the launcher gives none (0: Slurm's job id's)
   std::string rendezvous;          ///< a shared file where rank 0 writes its endpoint (MPI)
   std::string address;             ///< this rank's address to listen on and announce (default: towards the coordinator)
+  std::string interface;           ///< or that of this network interface
   double join_timeout_s = 60.0;
   bool print_layout = false;
 };

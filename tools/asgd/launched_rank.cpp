@@ -12,6 +12,7 @@
 
 #include <unistd.h>
 
+#include "compute/device.hpp"
 #include "runtime/cluster.hpp"
 #include "runtime/launcher.hpp"
 #include "tools/asgd/commands.hpp"
@@ -53,6 +54,15 @@ Result<std::string> await_rendezvous(const std::string& path, double timeout_s, 
                          " s (--join-timeout); is it on a filesystem every rank shares, and did rank 0 start?");
 }
 
+// A worker's device: with --device cuda, the GPU its local rank picks
+// (cuda:LOCAL_RANK mod the host's GPUs), so the workers of one host spread
+// over its GPUs; otherwise the job's.
+std::string worker_device(const Launch& l, const JobConfig& config) {
+  if (config.device != "cuda") return config.device;
+  const int gpus = cuda_device_count();
+  return gpus > 0 ? "cuda:" + std::to_string(l.local_rank % static_cast<std::uint32_t>(gpus)) : config.device;
+}
+
 // What this rank will do, in lines for --print-layout.
 void print_layout(const Launch& l, const RoleOfRank& role, const std::string& coordinator, const std::string& listen,
                   const JobConfig& config) {
@@ -63,7 +73,7 @@ void print_layout(const Launch& l, const RoleOfRank& role, const std::string& co
   std::printf("\ncoordinator: %s\n", coordinator.empty() ? "(from --rendezvous, once rank 0 writes it)"
                                                          : coordinator.c_str());
   std::printf("listens on: %s\n", listen.empty() ? "(nothing: a worker only connects)" : listen.c_str());
-  if (role.role == RankRole::worker) std::printf("device: %s\n", config.device.c_str());
+  if (role.role == RankRole::worker) std::printf("device: %s\n", worker_device(l, config).c_str());
   std::fflush(stdout);
 }
 
@@ -82,6 +92,14 @@ int run_launched_rank(const JobOptions& jo, const LaunchFlags& lf, const Launch&
     return kExitUsage;
   }
   std::string address = lf.address;
+  if (address.empty() && !lf.interface.empty()) {
+    auto at = interface_address(lf.interface);
+    if (!at) {
+      print_error(at.status().message());
+      return kExitUsage;
+    }
+    address = *at;
+  }
   if (address.empty()) {
     const auto env = process_environment();
     if (auto it = env.find("ASGD_ADDRESS"); it != env.end()) address = it->second;
@@ -173,6 +191,7 @@ int run_launched_rank(const JobOptions& jo, const LaunchFlags& lf, const Launch&
     po.listen = *at;
   }
   po.data_dir = config.data_dir;
+  if (role->role == RankRole::worker) po.device = worker_device(launch, config);
   const Status s = role->role == RankRole::shard ? run_shard_process(po, interrupts.token())
                                                  : run_worker_process(po, interrupts.token());
   if (!s.ok()) {
