@@ -225,7 +225,9 @@ Result<JobSummary> run_coordinator_process(const JobConfig& config, const Proces
             [&](caf::error& err) { registration = Status::Internal("the registry failed: " + to_string(err)); });
   }
   if (!registration.ok()) {
-    say_stop(registration.code() == StatusCode::cancelled ? "cancelled" : "the job did not start");
+    // The processes that did come hear why (which ones are missing).
+    say_stop(registration.code() == StatusCode::cancelled ? "cancelled"
+                                                          : "the job did not start: " + registration.message());
     return registration;
   }
 

@@ -113,7 +113,9 @@ int run_launched_rank(const JobOptions& jo, const LaunchFlags& lf, const Launch&
   }
   std::string listen;
   ProcessOptions po;
-  po.join_timeout_s = lf.join_timeout_s;
+  // The others wait a little longer than rank 0, so that when a rank never
+  // comes they hear rank 0's verdict (which names it) before giving up.
+  po.join_timeout_s = lf.join_timeout_s + (role->role == RankRole::coordinator ? 0.0 : 2.0);
   po.index = role->index;
   if (role->role == RankRole::coordinator) {
     std::uint16_t port = lf.port;
