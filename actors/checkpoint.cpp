@@ -9,6 +9,7 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "base/json_text.hpp"
 #include "compute/model.hpp"
 #include "messaging/wire.hpp"
 
@@ -87,7 +88,7 @@ Checkpoint Checkpoint::of(Model& model) {
 
 Status write_framed(const std::string& path, const char (&magic)[8], std::uint32_t version,
                     const nlohmann::json& header, const std::vector<std::span<const float>>& blocks) {
-  const std::string text = header.dump();
+  const std::string text = json_text(header);
   std::string bytes(magic, sizeof magic);
   put(bytes, version);
   put(bytes, static_cast<std::uint32_t>(text.size()));
@@ -217,7 +218,7 @@ Status write_safetensors(const std::string& path, const Checkpoint& ckpt) {
                             {"input_mean", std::to_string(ckpt.input_mean)},
                             {"input_stddev", std::to_string(ckpt.input_stddev)}};
   if (!ckpt.model_spec.empty()) header["__metadata__"]["model_spec"] = ckpt.model_spec;  // JSON text: values are strings
-  std::string text = header.dump();
+  std::string text = json_text(header);
   text.append((8 - text.size() % 8) % 8, ' ');  // tensors start 8-byte aligned
   std::string bytes;
   put(bytes, static_cast<std::uint64_t>(text.size()));

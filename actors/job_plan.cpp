@@ -200,13 +200,20 @@ Result<JobPlan> plan_job(const JobConfig& c, const JobFacts& f) {
   // that looks fine and learns nothing useful.
   for (std::uint32_t w = 0; w < c.workers; ++w) {
     const std::size_t share = shares[w].partition.size();
-    if (share < shares[w].batch)
-      return Status::InvalidArgument(
-          "--workers " + std::to_string(c.workers) + " with --batch " + std::to_string(c.batch) + ": worker " +
-          std::to_string(w) + "'s share of the " + std::to_string(f.train_count) + " training samples is " +
-          std::to_string(share) + ", less than its batch of " + std::to_string(shares[w].batch) +
-          ", so it would take one short step an epoch; use fewer workers or a --batch of at most " +
-          std::to_string(f.train_count / c.workers));
+    if (share >= shares[w].batch) continue;
+    const bool weighted = !c.worker_weights.empty() && !p.calibrate_weights;
+    const std::string what = weighted ? "--worker-weights " + c.worker_weights
+                                      : "--workers " + std::to_string(c.workers) + " with --batch " +
+                                            std::to_string(c.batch);
+    const std::string advice = weighted ? "give each worker a weight within a factor of about " +
+                                              std::to_string(std::max<std::size_t>(f.train_count / c.workers / c.batch, 1)) +
+                                              " of the others'"
+                                        : "use fewer workers or a --batch of at most " +
+                                              std::to_string(f.train_count / c.workers);
+    return Status::InvalidArgument(what + ": worker " + std::to_string(w) + "'s share of the " +
+                                   std::to_string(f.train_count) + " training samples is " + std::to_string(share) +
+                                   ", less than its batch of " + std::to_string(shares[w].batch) +
+                                   ", so it would take one short step an epoch (or none); " + advice);
   }
   for (std::uint32_t w = 0; w < c.workers; ++w) p.workers.push_back(plan_worker(w, shares[w], (*stragglers)[w]));
   // By clock: equal shares give the length; weights aim at the same number

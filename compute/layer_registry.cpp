@@ -11,6 +11,7 @@
 #include <cmath>
 #include <stdexcept>
 
+#include "base/json_text.hpp"
 #include "compute/layers/batch_norm2d.hpp"
 #include "compute/layers/conv2d.hpp"
 #include "compute/layers/dense.hpp"
@@ -208,7 +209,7 @@ std::vector<SpecLayer> layers_from_json(const json& list) {
   return out;
 }
 
-std::string ModelSpec::to_json() const { return json{{"name", name_}, {"layers", layers_to_json(layers_)}}.dump(); }
+std::string ModelSpec::to_json() const { return json_text(json{{"name", name_}, {"layers", layers_to_json(layers_)}}); }
 
 Result<ModelSpec> ModelSpec::from_json(const std::string& text) {
   try {

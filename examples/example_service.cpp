@@ -48,7 +48,9 @@ constexpr std::size_t kMaxBody = 8u << 20;  // 8 MiB: ~1,000 images as JSON
 Response reply(http::status status, const json& body) {
   Response r{status, 11};
   r.set(http::field::content_type, "application/json");
-  r.body() = body.dump() + "\n";
+  // Paths and names come from clients: bytes that are not UTF-8 become U+FFFD
+  // instead of an exception on the event loop.
+  r.body() = body.dump(-1, ' ', false, json::error_handler_t::replace) + "\n";
   r.prepare_payload();
   return r;
 }

@@ -4,6 +4,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "base/json_text.hpp"
+
 namespace asgd {
 
 nlohmann::json to_json(const EpochMetrics& m) {
@@ -63,7 +65,7 @@ Result<MetricsWriter> MetricsWriter::open(const std::string& path, bool append) 
 }
 
 Status MetricsWriter::write(const nlohmann::json& record) {
-  out_ << record.dump() << '\n';
+  out_ << json_text(record) << '\n';
   out_.flush();
   if (!out_) return Status::IOError("writing metrics file " + path_ + " failed");
   return {};

@@ -9,6 +9,8 @@
 #include <chrono>
 #include <thread>
 
+#include "base/json_text.hpp"
+
 namespace asgd {
 
 namespace asio = boost::asio;
@@ -46,10 +48,10 @@ http::response<http::string_body> respond(const Content& content, const http::re
     res.body() = to_prometheus(content.status->get());
   } else if (path == "/status") {
     res.set(http::field::content_type, "application/json");
-    res.body() = to_json(content.status->get()).dump();
+    res.body() = json_text(to_json(content.status->get()));
   } else if (path == "/history") {
     res.set(http::field::content_type, "application/json");
-    res.body() = to_json(content.status->history()).dump();
+    res.body() = json_text(to_json(content.status->history()));
   } else if (path == "/" || path == "/index.html") {
     res.set(http::field::content_type, "text/html; charset=utf-8");
     res.body() = content.page;

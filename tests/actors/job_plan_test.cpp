@@ -121,6 +121,18 @@ TEST(JobPlan, BadSettingsAreRefusedNamingTheFlag) {
   EXPECT_EQ(refusal(c), "--resume: not available with --worker-weights auto (give the weights)");
 }
 
+// Weights that starve a worker (issue 27: the job idled past its rpc
+// timeout forever) are refused, naming the weights.
+TEST(JobPlan, WeightsThatLeaveAWorkerLessThanABatchAreRefusedNamingThem) {
+  JobConfig c;
+  for (const char* weights : {"1,1000000", "1e-300,1"}) {
+    c.worker_weights = weights;
+    const std::string why = refusal(c, facts(1000, 55000));
+    EXPECT_EQ(why.rfind("--worker-weights " + std::string(weights) + ": worker 0's share", 0), 0u) << why;
+    EXPECT_NE(why.find("give each worker a weight within a factor of about"), std::string::npos) << why;
+  }
+}
+
 TEST(JobPlan, StragglersAreEachWorkersSlowDown) {
   JobConfig c;
   c.workers = 3;

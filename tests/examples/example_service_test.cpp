@@ -145,6 +145,8 @@ TEST(ExampleService, AnswersBadRequestsWithJsonErrors) {
         << method << " " << path << " -> " << r.body;
   };
   check("GET", "/nowhere", "", 404, "no such path");
+  // A byte that is not UTF-8 in the path: a 404 like any other, not an abort.
+  check("GET", "/\xff", "", 404, "no such path");
   check("GET", "/train", "", 405, "use POST");
   check("POST", "/status", "", 405, "use GET");
   check("POST", "/predict", R"({"pixels": [[0.5]]})", 503, "no trained model yet");

@@ -13,6 +13,7 @@
 #include "asgd/asgd.hpp"
 #include "dataset/dataset.hpp"
 #include "actors/checkpoint.hpp"
+#include "cli/cli_run.hpp"
 #include "runtime/cluster.hpp"
 #include "temp_dir.hpp"
 #include "test_data.hpp"
@@ -64,6 +65,26 @@ TEST(UserData, AJobTrainsOnVectorSamplesTheUserHandsIn) {
   EXPECT_EQ(result->dataset, "blobs");
   EXPECT_EQ(result->model, "mlp");
   EXPECT_EQ(seen.size(), 4u);
+}
+
+// A name that is not UTF-8 (a host's bytes, a file name) ends neither the
+// job nor the host: the metrics file, the checkpoint and the spec's JSON
+// write U+FFFD for it (issue 27, items 4 and 6).
+TEST(UserData, NamesThatAreNotUtf8AreWrittenWithReplacementCharactersNotThrown) {
+  const asgd_test::TempDir dir;
+  auto data = blob_dataset();
+  data->name = "blobs\xff\xfe";
+  JobConfig c = small_job();
+  c.epochs = 1;
+  c.metrics_out = (dir / "m.jsonl").string();
+  c.checkpoint_dir = (dir / "ckpt").string();
+  c.model_spec = std::make_shared<const ModelSpec>(ModelSpec("spec\xc3").dense(16).relu().dense(2));
+  auto result = run_job(c, data, {});
+  ASSERT_TRUE(result.ok()) << result.status().to_string();
+  const std::string metrics = asgd_test::slurp(dir / "m.jsonl");
+  EXPECT_NE(metrics.find("blobs\xef\xbf\xbd"), std::string::npos) << metrics;
+  EXPECT_NO_THROW((void)ModelSpec("\xff").dense(2).to_json());
+  EXPECT_NE(ModelSpec("\xff").dense(2).to_json().find("\xef\xbf\xbd"), std::string::npos);
 }
 
 TEST(UserData, ARuntimeRunsAJobOnUserDataAndTheCallerMayDropItsCopyAtOnce) {
