@@ -137,6 +137,21 @@ class ClusterPlacement final : public RemotePlacement {
   double join_timeout_s_;
 };
 
+// The coordinator process's endpoint: everything it receives goes to the
+// registry.
+Result<std::shared_ptr<Bridge>> start_bridge(const JobConfig& config, const ProcessOptions& o, caf::actor registry) {
+  BridgeOptions bo;
+  bo.listen = o.listen;
+  bo.coding = coding_of(config);
+  bo.name = "coordinator";
+  bo.curve = o.curve;
+  bo.limits.bound_max_part_bytes = largest_part(0);  // its endpoint is sent no tensors
+  bo.limits.bound_max_connections = max_connections(std::size_t{config.workers} + config.shards);
+  return Bridge::start(bo, [registry](Inbound&& in) {
+    caf::anon_send(registry, Post{std::make_shared<Inbound>(std::move(in))});
+  });
+}
+
 // The registry's answer to the registration's await, as a Status.
 Status registration_status(StatusCode code, const std::string& what) {
   switch (code) {
@@ -176,16 +191,7 @@ Result<JobSummary> run_coordinator_process(const JobConfig& config, const Proces
   cfg.set("scheduler.max-threads", 1);
   caf::actor_system system{cfg};
   caf::actor registry = spawn_registry(system, RegistrySetup{config, o.join_timeout_s, o.supervision});
-  BridgeOptions bo;
-  bo.listen = o.listen;
-  bo.coding = coding_of(config);
-  bo.name = "coordinator";
-  bo.curve = o.curve;
-  bo.limits.bound_max_part_bytes = largest_part(0);  // its endpoint is sent no tensors
-  bo.limits.bound_max_connections = max_connections(std::size_t{config.workers} + config.shards);
-  auto started = Bridge::start(bo, [registry](Inbound&& in) {
-    caf::anon_send(registry, Post{std::make_shared<Inbound>(std::move(in))});
-  });
+  auto started = start_bridge(config, o, registry);
   if (!started) {
     caf::anon_send_exit(registry, caf::exit_reason::user_shutdown);
     return started.status();

@@ -77,6 +77,94 @@ void print_layout(const Launch& l, const RoleOfRank& role, const std::string& co
   std::fflush(stdout);
 }
 
+// This rank's own address when the flags or the environment give one:
+// --address, else --interface's, else $ASGD_ADDRESS; empty when none does.
+Result<std::string> given_address(const LaunchFlags& lf) {
+  if (!lf.address.empty()) return lf.address;
+  if (!lf.interface.empty()) return interface_address(lf.interface);
+  const auto env = process_environment();
+  auto it = env.find("ASGD_ADDRESS");
+  return it == env.end() ? std::string() : it->second;
+}
+
+// Where rank 0 listens: the launcher's port (or --port, or any), on its own
+// address; bound where it announces, never 0.0.0.0 in a rendezvous file.
+Result<std::string> coordinator_listen(const LaunchFlags& lf, const std::string& coordinator, std::string address) {
+  std::uint16_t port = lf.port;
+  if (!coordinator.empty()) {
+    auto split = split_tcp_endpoint(coordinator);
+    if (!split) return Status::InvalidArgument("ASGD_COORDINATOR: " + split.status().message());
+    port = split->second;
+  }
+  if (address.empty() && !lf.rendezvous.empty()) {
+    char name[256] = {};
+    ::gethostname(name, sizeof name - 1);
+    auto own = address_towards(name);
+    address = own.ok() ? *own : "127.0.0.1";
+  }
+  return "tcp://" + (address.empty() ? std::string("*") : address) + ":" + std::to_string(port);
+}
+
+// Where a shard listens: its given address, else the one that routes to
+// the coordinator.
+Result<std::string> shard_listen(const Launch& launch, const std::string& coordinator, const std::string& address) {
+  if (!address.empty()) return "tcp://" + address + ":0";
+  auto split = split_tcp_endpoint(coordinator);
+  auto own = split ? address_towards(split->first) : Result<std::string>(split.status());
+  if (!own)
+    return Status::Unavailable("rank " + std::to_string(launch.rank) + ": " + own.status().message() +
+                               " (give --address, or set ASGD_ADDRESS)");
+  return "tcp://" + *own + ":0";
+}
+
+int run_rank_coordinator(const JobOptions& jo, const LaunchFlags& lf, const JobConfig& config, ProcessOptions po) {
+  Interrupts interrupts;
+  po.shards = config.shards;
+  po.workers = config.workers;
+  auto result = run_coordinator_process(config, po, progress_callbacks(config), interrupts.token(),
+                                        [&](const std::string& endpoint) {
+                                          std::printf("coordinator listening on %s\n", endpoint.c_str());
+                                          std::fflush(stdout);
+                                          if (lf.rendezvous.empty()) return;
+                                          if (Status s = write_rendezvous(lf.rendezvous, endpoint); !s.ok())
+                                            spdlog::error("{}", s.message());
+                                        });
+  if (!lf.rendezvous.empty()) std::filesystem::remove(lf.rendezvous);
+  return report_outcome(result, config, jo.log);
+}
+
+// A shard or worker rank: finds rank 0 (from the rendezvous file if need
+// be), then serves or trains.
+int run_rank_role(const LaunchFlags& lf, const Launch& launch, const RoleOfRank& role, const JobConfig& config,
+                  const std::string& address, ProcessOptions po) {
+  if (po.coordinator.empty()) {
+    auto found = await_rendezvous(lf.rendezvous, lf.join_timeout_s, launch.rank);
+    if (!found) {
+      print_error(found.status().message());
+      return kExitFailure;
+    }
+    po.coordinator = *found;
+  }
+  if (role.role == RankRole::shard) {
+    auto at = shard_listen(launch, po.coordinator, address);
+    if (!at) {
+      print_error(at.status().message());
+      return kExitFailure;
+    }
+    po.listen = *at;
+  }
+  po.data_dir = config.data_dir;
+  if (role.role == RankRole::worker) po.device = worker_device(launch, config);
+  Interrupts interrupts;
+  const Status s = role.role == RankRole::shard ? run_shard_process(po, interrupts.token())
+                                                : run_worker_process(po, interrupts.token());
+  if (!s.ok()) {
+    print_error(s.to_string());
+    return exit_code_for(s);
+  }
+  return kExitOk;
+}
+
 }  // namespace
 
 int run_launched_rank(const JobOptions& jo, const LaunchFlags& lf, const Launch& launch) {
@@ -87,120 +175,39 @@ int run_launched_rank(const JobOptions& jo, const LaunchFlags& lf, const Launch&
     return kExitUsage;
   }
   auto role = role_of_rank(launch, config.shards, config.workers);
-  if (!role) {
-    print_error(role.status().message());
+  auto address = given_address(lf);
+  if (!role || !address) {
+    print_error((!role ? role.status() : address.status()).message());
     return kExitUsage;
   }
-  std::string address = lf.address;
-  if (address.empty() && !lf.interface.empty()) {
-    auto at = interface_address(lf.interface);
-    if (!at) {
-      print_error(at.status().message());
-      return kExitUsage;
-    }
-    address = *at;
-  }
-  if (address.empty()) {
-    const auto env = process_environment();
-    if (auto it = env.find("ASGD_ADDRESS"); it != env.end()) address = it->second;
-  }
-  std::string coordinator = launch.coordinator;
-  if (coordinator.empty() && lf.rendezvous.empty()) {
+  if (launch.coordinator.empty() && lf.rendezvous.empty()) {
     print_error("launcher " + to_string(launch.kind) +
                 ": where rank 0 listens is not known: give --rendezvous PATH (a file on a filesystem every rank "
                 "shares) or set ASGD_COORDINATOR=tcp://HOST:PORT");
     return kExitUsage;
   }
-  std::string listen;
   ProcessOptions po;
+  po.coordinator = launch.coordinator;
+  po.index = role->index;
   // The others wait a little longer than rank 0, so that when a rank never
   // comes they hear rank 0's verdict (which names it) before giving up.
   po.join_timeout_s = lf.join_timeout_s + (role->role == RankRole::coordinator ? 0.0 : 2.0);
-  po.index = role->index;
-  if (role->role == RankRole::coordinator) {
-    std::uint16_t port = lf.port;
-    if (!coordinator.empty()) {
-      auto split = split_tcp_endpoint(coordinator);
-      if (!split) {
-        print_error("ASGD_COORDINATOR: " + split.status().message());
-        return kExitUsage;
-      }
-      port = split->second;
-    }
-    // Bound where it announces: never 0.0.0.0 in a rendezvous file.
-    if (address.empty() && !lf.rendezvous.empty()) {
-      char name[256] = {};
-      ::gethostname(name, sizeof name - 1);
-      auto own = address_towards(name);
-      address = own.ok() ? *own : "127.0.0.1";
-    }
-    listen = "tcp://" + (address.empty() ? std::string("*") : address) + ":" + std::to_string(port);
-  }
-  // A shard listens on the address that routes to the coordinator (once
-  // known: a rendezvous file may say it later).
-  auto shard_listen = [&]() -> Result<std::string> {
-    if (address.empty()) {
-      auto split = split_tcp_endpoint(coordinator);
-      auto own = split ? address_towards(split->first) : Result<std::string>(split.status());
-      if (!own)
-        return Status::Unavailable("rank " + std::to_string(launch.rank) + ": " + own.status().message() +
-                                   " (give --address, or set ASGD_ADDRESS)");
-      address = *own;
-    }
-    return "tcp://" + address + ":0";
-  };
+  auto listen = role->role == RankRole::coordinator ? coordinator_listen(lf, launch.coordinator, *address)
+                : role->role == RankRole::worker    ? Result<std::string>(std::string())
+                : launch.coordinator.empty() && address->empty()
+                    ? Result<std::string>(std::string("(the address that routes to rank 0)"))
+                    : shard_listen(launch, launch.coordinator, *address);
   if (lf.print_layout) {
-    if (role->role == RankRole::shard)
-    {
-      auto at = coordinator.empty() && address.empty() ? Result<std::string>("(the address that routes to rank 0)")
-                                                       : shard_listen();
-      listen = at.ok() ? *at : at.status().message();
-    }
-    print_layout(launch, *role, coordinator, listen, config);
+    print_layout(launch, *role, launch.coordinator, listen.ok() ? *listen : listen.status().message(), config);
     return kExitOk;
   }
-  Interrupts interrupts;
-  if (role->role == RankRole::coordinator) {
-    po.listen = listen;
-    po.shards = config.shards;
-    po.workers = config.workers;
-    auto result = run_coordinator_process(config, po, progress_callbacks(config), interrupts.token(),
-                                          [&](const std::string& endpoint) {
-                                            std::printf("coordinator listening on %s\n", endpoint.c_str());
-                                            std::fflush(stdout);
-                                            if (lf.rendezvous.empty()) return;
-                                            if (Status s = write_rendezvous(lf.rendezvous, endpoint); !s.ok())
-                                              spdlog::error("{}", s.message());
-                                          });
-    if (!lf.rendezvous.empty()) std::filesystem::remove(lf.rendezvous);
-    return report_outcome(result, config, jo.log);
+  if (role->role != RankRole::coordinator) return run_rank_role(lf, launch, *role, config, *address, po);
+  if (!listen) {
+    print_error(listen.status().message());
+    return kExitUsage;
   }
-  if (coordinator.empty()) {
-    auto found = await_rendezvous(lf.rendezvous, lf.join_timeout_s, launch.rank);
-    if (!found) {
-      print_error(found.status().message());
-      return kExitFailure;
-    }
-    coordinator = *found;
-  }
-  po.coordinator = coordinator;
-  if (role->role == RankRole::shard) {
-    auto at = shard_listen();
-    if (!at) {
-      print_error(at.status().message());
-      return kExitFailure;
-    }
-    po.listen = *at;
-  }
-  po.data_dir = config.data_dir;
-  if (role->role == RankRole::worker) po.device = worker_device(launch, config);
-  const Status s = role->role == RankRole::shard ? run_shard_process(po, interrupts.token())
-                                                 : run_worker_process(po, interrupts.token());
-  if (!s.ok()) {
-    print_error(s.to_string());
-    return exit_code_for(s);
-  }
-  return kExitOk;
+  po.listen = *listen;
+  return run_rank_coordinator(jo, lf, config, po);
 }
 
 }  // namespace asgd::cli
