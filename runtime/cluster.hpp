@@ -23,6 +23,7 @@
 #include <optional>
 #include <stop_token>
 #include <string>
+#include <vector>
 
 #include "asgd/job.hpp"
 #include "messaging/transport.hpp"
@@ -87,6 +88,9 @@ struct ProcessOptions {
   std::uint32_t workers = 0;           ///< coordinator: worker processes to wait for
   std::string data_dir;                ///< worker: the dataset's folder here, if not the coordinator's
   std::string device;                  ///< worker: where it computes here, if not the job's --device
+  /// Coordinator under a launcher: the host each rank was put on (rank 0
+  /// first), for naming the hosts of ranks that never registered; may be empty.
+  std::vector<std::string> rank_hosts;
   std::uint32_t index = UINT32_MAX;    ///< shard, worker: the index to ask for (default: any free one)
   /// Every process: authentication and encryption (docs/security.md); unset:
   /// plain tcp. With it a shard's endpoint carries its public key, and

@@ -190,7 +190,7 @@ Result<JobSummary> run_coordinator_process(const JobConfig& config, const Proces
   cfg.add_message_types<caf::id_block::asgd>();
   cfg.set("scheduler.max-threads", 1);
   caf::actor_system system{cfg};
-  caf::actor registry = spawn_registry(system, RegistrySetup{config, o.join_timeout_s, o.supervision});
+  caf::actor registry = spawn_registry(system, RegistrySetup{config, o.join_timeout_s, o.supervision, o.rank_hosts});
   auto started = start_bridge(config, o, registry);
   if (!started) {
     caf::anon_send_exit(registry, caf::exit_reason::user_shutdown);

@@ -128,8 +128,10 @@ void settle_newcomers(Self self);
 // "shard 1, worker 0 (rank 3 under a launcher)": the slots nobody took.
 std::string missing_slots(const RegistryState& st) {
   std::string out;
+  const auto& hosts = st.setup.rank_hosts;
   auto add = [&](const char* role, std::size_t i, std::size_t rank) {
-    out += (out.empty() ? "" : ", ") + fmt::format("{} {} (rank {} under a launcher)", role, i, rank);
+    const std::string on = rank < hosts.size() ? ", on " + hosts[rank] : "";
+    out += (out.empty() ? "" : ", ") + fmt::format("{} {} (rank {} under a launcher{})", role, i, rank, on);
   };
   for (std::size_t i = 0; i < st.shards.size(); ++i)
     if (!st.shards[i]) add("shard", i, 1 + i);

@@ -81,6 +81,7 @@ struct RegistrySetup {
   JobConfig config;
   double join_timeout_s = 60.0;
   std::shared_ptr<Supervision> supervision;  ///< may be null
+  std::vector<std::string> rank_hosts;       ///< ProcessOptions::rank_hosts
 };
 
 /// Spawns the registry in `system`. Until it is sent the bridge (a

@@ -76,6 +76,19 @@ Status read_slurm(const Environment& env, Launch& l, std::uint16_t port) {
   }
   l.coordinator = tcp(l.hosts.front(), port);
   l.from += ", SLURM_LOCALID, SLURM_JOB_NODELIST, SLURM_JOB_ID";
+  // Which host each rank is on, for messages about ranks that never came:
+  // known for the block distribution only (Slurm's default).
+  const auto per_node = get(env, "SLURM_STEP_TASKS_PER_NODE") ? get(env, "SLURM_STEP_TASKS_PER_NODE")
+                                                              : get(env, "SLURM_TASKS_PER_NODE");
+  const auto distribution = get(env, "SLURM_DISTRIBUTION").value_or("block");
+  if (per_node && distribution.rfind("block", 0) == 0) {
+    auto counts = parse_tasks_per_node(*per_node);
+    if (counts && counts->size() <= l.hosts.size()) {
+      for (std::size_t n = 0; n < counts->size(); ++n)
+        for (std::uint32_t t = 0; t < (*counts)[n]; ++t) l.rank_hosts.push_back(l.hosts[n]);
+      if (l.rank_hosts.size() != l.world_size) l.rank_hosts.clear();
+    }
+  }
   return {};
 }
 
@@ -204,6 +217,28 @@ Result<std::vector<std::string>> expand_hostlist(const std::string& list) {
     if (Status s = expand_one(list, expr, out); !s.ok()) return s;
   }
   if (depth != 0) return Status::InvalidArgument("host list " + list + ": '[' is not closed");
+  return out;
+}
+
+Result<std::vector<std::uint32_t>> parse_tasks_per_node(const std::string& text) {
+  std::vector<std::uint32_t> out;
+  const auto bad = [&] { return Status::InvalidArgument("SLURM_TASKS_PER_NODE=" + text + ": expected N or N(xM), comma-separated"); };
+  std::size_t at = 0;
+  while (at < text.size()) {
+    std::uint32_t tasks = 0, times = 1;
+    auto [end, ec] = std::from_chars(text.data() + at, text.data() + text.size(), tasks);
+    if (ec != std::errc()) return bad();
+    at = static_cast<std::size_t>(end - text.data());
+    if (text.compare(at, 2, "(x") == 0) {
+      auto [e2, ec2] = std::from_chars(text.data() + at + 2, text.data() + text.size(), times);
+      at = static_cast<std::size_t>(e2 - text.data());
+      if (ec2 != std::errc() || at >= text.size() || text[at] != ')' || times > 100000) return bad();
+      ++at;
+    }
+    out.insert(out.end(), times, tasks);
+    if (at < text.size() && text[at++] != ',') return bad();
+  }
+  if (out.empty()) return bad();
   return out;
 }
 

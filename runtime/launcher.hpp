@@ -36,6 +36,9 @@ struct Launch {
   /// say (MPI without ASGD_COORDINATOR: a --rendezvous file tells).
   std::string coordinator;
   std::vector<std::string> hosts;  ///< Slurm: the job's nodes, in order
+  /// Per rank, the host the launcher put it on, where it says (Slurm's
+  /// block distribution: SLURM_TASKS_PER_NODE over the node list); else empty.
+  std::vector<std::string> rank_hosts;
   std::string job_id;              ///< Slurm's
   std::string from;                ///< the variables it was read from, for --print-layout
 };
@@ -55,6 +58,10 @@ Result<Launch> detect_launch(const Environment& env, const std::string& wanted, 
 /// order, keeping each range's zero padding. Errors: invalid_argument
 /// naming the list (an unclosed bracket, a range that runs backwards, ...).
 Result<std::vector<std::string>> expand_hostlist(const std::string& list);
+
+/// Slurm's SLURM_TASKS_PER_NODE ("2(x3),1": 2 tasks on each of 3 nodes, then
+/// 1) as tasks per node, in order. Errors: invalid_argument naming it.
+Result<std::vector<std::uint32_t>> parse_tasks_per_node(const std::string& text);
 
 /// A port in [20000, 40000) that every rank of job `id` derives alike.
 std::uint16_t port_for_job(const std::string& id);

@@ -136,11 +136,16 @@ TEST(ClusterProcesses, ACoordinatorThatNobodyJoinsGivesUpNamingWhoIsMissing) {
   o.shards = 1;
   o.workers = 2;
   o.join_timeout_s = 0.3;
+  o.rank_hosts = {"node1", "node1", "node2", "node2"};  // as a launcher says where each rank is
   const auto t0 = std::chrono::steady_clock::now();
   auto r = run_coordinator_process(c, o, {}, {}, {});
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::timeout);
   EXPECT_NE(r.status().message().find("0 of 1 shard and 0 of 2 worker processes"), std::string::npos)
+      << r.status().message();
+  EXPECT_NE(r.status().message().find("missing: shard 0 (rank 1 under a launcher, on node1), worker 0 (rank 2 under "
+                                      "a launcher, on node2), worker 1 (rank 3 under a launcher, on node2)"),
+            std::string::npos)
       << r.status().message();
   EXPECT_LT(std::chrono::steady_clock::now() - t0, std::chrono::seconds(5));
 }

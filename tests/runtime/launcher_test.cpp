@@ -101,6 +101,15 @@ TEST(Launcher, EachLauncherIsReadFromItsOwnVariables) {
   EXPECT_EQ(slurm->local_rank, 1u);
   EXPECT_EQ(slurm->hosts, (Hosts{"node07", "node08"}));
   EXPECT_EQ(slurm->coordinator, "tcp://node07:" + std::to_string(port_for_job("4242")));
+  EXPECT_TRUE(slurm->rank_hosts.empty()) << "without SLURM_TASKS_PER_NODE, where the ranks are is unknown";
+  auto placed = detect_launch({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "5"}, {"SLURM_JOB_NODELIST", "n[1-3]"},
+                               {"SLURM_JOB_ID", "7"}, {"SLURM_TASKS_PER_NODE", "2(x2),1"}},
+                              "auto");
+  ASSERT_TRUE(placed.ok()) << placed.status().to_string();
+  EXPECT_EQ(placed->rank_hosts, (Hosts{"n1", "n1", "n2", "n2", "n3"})) << "block distribution";
+  EXPECT_EQ(*parse_tasks_per_node("3"), (std::vector<std::uint32_t>{3}));
+  EXPECT_FALSE(parse_tasks_per_node("2(x").ok());
+  EXPECT_FALSE(parse_tasks_per_node("").ok());
   EXPECT_EQ(detect_launch({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "5"}, {"SLURM_JOB_NODELIST", "n1"},
                            {"SLURM_JOB_ID", "1"}},
                           "auto", 31000)

@@ -207,6 +207,7 @@ int run_launched_rank(const JobOptions& jo, const LaunchFlags& lf, const Launch&
     return kExitUsage;
   }
   po.listen = *listen;
+  po.rank_hosts = launch.rank_hosts;
   return run_rank_coordinator(jo, lf, config, po);
 }
 
