@@ -61,11 +61,19 @@ Runtime::Runtime() : impl_(std::make_unique<Impl>()) {}
 Runtime::~Runtime() { stop(); }
 
 Result<JobHandle> Runtime::submit(const JobConfig& config, JobCallbacks callbacks) {
-  return submit(config, nullptr, std::move(callbacks));
+  return start(config, nullptr, std::move(callbacks));
 }
 
 Result<JobHandle> Runtime::submit(const JobConfig& config, std::shared_ptr<const UserDataset> data,
                                   JobCallbacks callbacks) {
+  // A null dataset is a caller's mistake, not a request for config.dataset.
+  if (!data) return Status::InvalidArgument("Runtime::submit: no user data (a null UserDataset)");
+  return start(config, std::move(data), std::move(callbacks));
+}
+
+// Validates, then runs the job on a thread of its own (on `data` when set).
+Result<JobHandle> Runtime::start(const JobConfig& config, std::shared_ptr<const UserDataset> data,
+                                 JobCallbacks callbacks) {
   if (Status s = data ? validate(config, *data) : validate(config); !s.ok()) return s;
   auto state = std::make_shared<JobHandle::State>();
   std::lock_guard lock(impl_->mu);

@@ -9,22 +9,36 @@
 
 namespace asgd {
 
+namespace {
+
+// Values in one sample at most (2^31, 8 GiB of floats): a larger shape is a
+// mistake, not data.
+constexpr std::size_t kMaxSampleValues = std::size_t{1} << 31;
+
+}  // namespace
+
 Status validate(const UserDataset& data) {
   const std::string who = "user data '" + data.name + "': ";
   const auto& shape = data.sample_shape;
   if (shape.size() != 1 && shape.size() != 3)
     return Status::InvalidArgument(who + "sample_shape " + shape_string(shape) +
                                    " must be (C, H, W) for images or (N) for vectors");
-  if (numel(shape) == 0) return Status::InvalidArgument(who + "sample_shape " + shape_string(shape) + " has a zero dimension");
+  // Checked before anything is multiplied out: {2^61 + 1, 8, 1} wraps to 8.
+  std::size_t per_sample = 1;
+  for (std::size_t d : shape)
+    if (__builtin_mul_overflow(per_sample, d, &per_sample) || per_sample > kMaxSampleValues)
+      return Status::InvalidArgument(who + "sample_shape " + shape_string(shape) + " has more than " +
+                                     std::to_string(kMaxSampleValues) + " values per sample");
+  if (per_sample == 0) return Status::InvalidArgument(who + "sample_shape " + shape_string(shape) + " has a zero dimension");
   if (data.classes < 2) return Status::InvalidArgument(who + "classes must be >= 2, got " + std::to_string(data.classes));
-  const std::size_t per_sample = numel(shape);
   const std::pair<const char*, const LabeledSamples*> splits[] = {
       {"train", &data.train}, {"validation", &data.validation}, {"test", &data.test}};
   for (const auto& [split, s] : splits) {
     const std::string where = who + split + ": ";
     if (s->labels.empty() && std::string(split) != "test")
       return Status::InvalidArgument(where + "no samples (train and validation need at least one)");
-    if (s->values.size() != s->labels.size() * per_sample)
+    std::size_t expected = 0;
+    if (__builtin_mul_overflow(s->labels.size(), per_sample, &expected) || s->values.size() != expected)
       return Status::InvalidArgument(where + std::to_string(s->values.size()) + " values for " +
                                      std::to_string(s->labels.size()) + " labels of samples " + shape_string(shape) +
                                      " (expected " + std::to_string(s->labels.size() * per_sample) + ")");

@@ -51,8 +51,8 @@ class Runtime {
 
   /// As above, training on `data` instead of config.dataset (see
   /// run_job(config, data, ...)); `data` is checked before submit returns
-  /// (invalid_argument: nothing starts) and shared with the job, which
-  /// copies it once as it starts.
+  /// (invalid_argument: nothing starts, also for a null `data`) and shared
+  /// with the job, which copies it once as it starts.
   Result<JobHandle> submit(const JobConfig& config, std::shared_ptr<const UserDataset> data,
                            JobCallbacks callbacks = {});
 
@@ -68,6 +68,7 @@ class Runtime {
 
  private:
   struct Impl;
+  Result<JobHandle> start(const JobConfig& config, std::shared_ptr<const UserDataset> data, JobCallbacks callbacks);
   std::unique_ptr<Impl> impl_;
 };
 

@@ -118,6 +118,8 @@ TEST(UserData, BadDataIsRefusedWithAMessageNamingTheProblem) {
        "test: value 0 of sample 0 is not finite"},
       {"no training samples", [](UserDataset& d) { d.train = {}; }, "train: no samples"},
       {"no validation samples", [](UserDataset& d) { d.validation = {}; }, "validation: no samples"},
+      {"a shape whose size overflows", [](UserDataset& d) { d.sample_shape = {(std::size_t{1} << 61) + 1, 8, 1}; },
+       "has more than 2147483648 values per sample"},
   };
   for (const Case& c : cases) {
     auto data = blob_dataset();
@@ -133,6 +135,9 @@ TEST(UserData, BadDataIsRefusedWithAMessageNamingTheProblem) {
     EXPECT_EQ(runtime.submit(small_job(), data).status().code(), StatusCode::invalid_argument) << c.what;
   }
   EXPECT_EQ(run_job(small_job(), std::shared_ptr<const UserDataset>()).status().code(),
+            StatusCode::invalid_argument);
+  Runtime runtime;  // a null dataset is refused, not taken for config.dataset (issue 27)
+  EXPECT_EQ(runtime.submit(small_job(), std::shared_ptr<const UserDataset>()).status().code(),
             StatusCode::invalid_argument);
   auto empty_test = blob_dataset();
   empty_test->test = {};
