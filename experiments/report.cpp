@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <numeric>
 
+#include "base/json_text.hpp"
 #include "experiments/report_script.hpp"
 #include "runtime/chartjs.hpp"
 #include "runtime/page_common.hpp"
@@ -263,8 +264,7 @@ std::string html_escape(std::string_view text) {
 }
 
 std::string script_json(const nlohmann::json& value) {
-  // Invalid UTF-8 in a job's text becomes U+FFFD instead of an exception.
-  const std::string text = value.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+  const std::string text = json_text(value);  // invalid UTF-8 becomes U+FFFD
   std::string out;
   out.reserve(text.size());
   for (char c : text) {
