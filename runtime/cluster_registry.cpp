@@ -72,7 +72,8 @@ std::size_t filled(const Slots& slots) {
   return static_cast<std::size_t>(std::count_if(slots.begin(), slots.end(), [](const auto& m) { return m.has_value(); }));
 }
 
-void refuse(Self self, const PeerId& peer, const std::string& why) {
+// Tells process `peer` to stop, saying why: a refused registration, or the job's end.
+void tell_to_stop(Self self, const PeerId& peer, const std::string& why) {
   auto& b = *self->state.bridge;
   b.send(peer, encode(Shutdown{why}, b.next_id()));
 }
@@ -110,13 +111,13 @@ void end_registration(Self self, Status s) {
 // first free one).
 void registered(Self self, const PeerId& peer, const Registration& reg) {
   auto& st = self->state;
-  if (reg.role == Role::coordinator) return refuse(self, peer, "a coordinator cannot join a job");
+  if (reg.role == Role::coordinator) return tell_to_stop(self, peer, "a coordinator cannot join a job");
   Slots& slots = reg.role == Role::shard ? st.shards : st.workers;
   std::size_t slot = reg.index < slots.size() && !slots[reg.index] ? reg.index : slots.size();
   for (std::size_t i = 0; slot == slots.size() && i < slots.size(); ++i)
     if (!slots[i]) slot = i;
-  if (slot == slots.size()) return refuse(self, peer, "the job needs no more of these");
-  if (reg.role == Role::shard && reg.endpoint.empty()) return refuse(self, peer, "a shard must give its endpoint");
+  if (slot == slots.size()) return tell_to_stop(self, peer, "the job needs no more of these");
+  if (reg.role == Role::shard && reg.endpoint.empty()) return tell_to_stop(self, peer, "a shard must give its endpoint");
   spdlog::info("{} {} registered: pid {} on {}{}", role_name(reg), slot, reg.pid, reg.host,
                reg.endpoint.empty() ? "" : ", at " + reg.endpoint);
   slots[slot] = Member{peer, reg};
@@ -145,12 +146,12 @@ void registered_during_job(Self self, const PeerId& peer, const Registration& re
   auto& st = self->state;
   const bool shard = reg.role == Role::shard && reg.index < st.shards.size() && !reg.endpoint.empty();
   const bool worker = reg.role == Role::worker && reg.index < st.workers.size();
-  if (!shard && !worker) return refuse(self, peer, "the job has started and needs no more of these");
+  if (!shard && !worker) return tell_to_stop(self, peer, "the job has started and needs no more of these");
   if (!st.registration || !st.registration->ok() || !st.ready_waiter || (shard && (reg.index >= st.placed.size() || !st.placed[reg.index])))
-    return refuse(self, peer, "the job is not placed yet; try again");
+    return tell_to_stop(self, peer, "the job is not placed yet; try again");
   const auto& cfg = st.setup.config;
   if (shard && (cfg.checkpoint_dir.empty() || cfg.checkpoint_every_s <= 0))
-    return refuse(self, peer,
+    return tell_to_stop(self, peer,
                   "shard " + std::to_string(reg.index) +
                       " cannot be restarted: the job writes no checkpoints (--checkpoint-dir, --checkpoint-every)");
   st.newcomers.push_back({Member{peer, reg}, SteadyClock::now() + millis(cfg.heartbeat_timeout_s)});
@@ -199,7 +200,7 @@ void settle_newcomers(Self self) {
       const std::string what = role_name(reg) + " " + std::to_string(reg.index);
       spdlog::warn("{} registered again (pid {} on {}), but its process pid {} still sends heartbeats: refused", what,
                    reg.pid, reg.host, old.reg.pid);
-      refuse(self, n.member.peer,
+      tell_to_stop(self, n.member.peer,
              what + " is alive (pid " + std::to_string(old.reg.pid) + " on " + old.reg.host +
                  "); a second process for it is refused");
     } else {
@@ -337,7 +338,7 @@ void route(Self self, Inbound& in) {
       [&](auto& m) {
         using T = std::decay_t<decltype(m)>;
         if constexpr (std::is_same_v<T, Registration>) {
-          if (st.stopped) return refuse(self, in.peer, "the job is over");
+          if (st.stopped) return tell_to_stop(self, in.peer, "the job is over");
           if (st.registering) return registered(self, in.peer, m);
           registered_during_job(self, in.peer, m);
         } else if constexpr (std::is_same_v<T, EpochReport> || std::is_same_v<T, WorkerProgress>) {
@@ -366,8 +367,8 @@ void stop_all(Self self, const std::string& why) {
   auto& st = self->state;
   for (const Slots* group : {&st.shards, &st.workers})
     for (const auto& m : *group)
-      if (m) refuse(self, m->peer, why);
-  for (const Newcomer& n : st.newcomers) refuse(self, n.member.peer, why);
+      if (m) tell_to_stop(self, m->peer, why);
+  for (const Newcomer& n : st.newcomers) tell_to_stop(self, n.member.peer, why);
   st.newcomers.clear();
   st.coordinator = nullptr;
   st.ready_waiter = nullptr;
@@ -427,7 +428,7 @@ caf::behavior running(Self self) {
       },
       [self](dismiss_atom, std::uint32_t w, const std::string& why) {
         auto& s = self->state;
-        if (w < s.workers.size() && s.workers[w]) refuse(self, s.workers[w]->peer, why);
+        if (w < s.workers.size() && s.workers[w]) tell_to_stop(self, s.workers[w]->peer, why);
       },
       [self](Exited& e) { exited(self, e.exit); },
       [self](tick_atom) {

@@ -12,7 +12,8 @@ mnist=$2
 [[ -d "$mnist" ]] || exit 77
 work=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null; rm -rf "$work"' EXIT
-port=$((30000 + RANDOM % 20000))
+source "$(dirname "$0")/common.sh"
+port=$(free_port 127.0.0.2)
 pids=()
 for i in 0 1 2 3 4; do
   JOB_COMPLETION_INDEX=$i ASGD_WORLD_SIZE=5 ASGD_COORDINATOR="tcp://127.0.0.2:$port" ASGD_ADDRESS="127.0.0.$((2 + i))" \

@@ -12,7 +12,7 @@ mnist=$2
 [[ -d "$mnist" ]] || exit 77
 work=$(mktemp -d)
 trap 'kill -9 $(jobs -p) 2>/dev/null; rm -rf "$work"' EXIT
-free_port() { python3 -c "import socket; s=socket.socket(); s.bind(('127.0.0.1',0)); print(s.getsockname()[1])"; }
+source "$(dirname "$0")/common.sh"
 status=0
 
 # start RANK PORT EXTRA...: one rank in the background; its pid in $pid.

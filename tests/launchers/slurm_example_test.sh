@@ -29,7 +29,7 @@ fail() {
   for log in munged slurmctld slurmd; do [[ -f "$work/$log.log" ]] && { echo "--- $log.log"; tail -15 "$work/$log.log"; }; done
   exit 1
 }
-free_port() { python3 -c "import socket; s=socket.socket(); s.bind(('127.0.0.1',0)); print(s.getsockname()[1])"; }
+source "$(dirname "$0")/common.sh"
 
 host=$(hostname -s)
 mkdir -p "$work/state" "$work/spool" "$work/munge" "$work/key"

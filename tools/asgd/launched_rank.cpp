@@ -117,6 +117,18 @@ Result<std::string> shard_listen(const Launch& launch, const std::string& coordi
   return "tcp://" + *own + ":0";
 }
 
+// Where this rank will listen, as --print-layout says it (a shard reading a
+// rendezvous file knows only once rank 0 has written it).
+std::string layout_listen(const LaunchFlags& lf, const Launch& launch, const RoleOfRank& role,
+                          const std::string& address) {
+  if (role.role == RankRole::worker) return "";
+  if (role.role == RankRole::shard && launch.coordinator.empty() && address.empty())
+    return "(the address that routes to rank 0)";
+  auto at = role.role == RankRole::coordinator ? coordinator_listen(lf, launch.coordinator, address)
+                                               : shard_listen(launch, launch.coordinator, address);
+  return at.ok() ? *at : at.status().message();
+}
+
 int run_rank_coordinator(const JobOptions& jo, const LaunchFlags& lf, const JobConfig& config, ProcessOptions po) {
   Interrupts interrupts;
   po.shards = config.shards;
@@ -192,16 +204,12 @@ int run_launched_rank(const JobOptions& jo, const LaunchFlags& lf, const Launch&
   // The others wait a little longer than rank 0, so that when a rank never
   // comes they hear rank 0's verdict (which names it) before giving up.
   po.join_timeout_s = lf.join_timeout_s + (role->role == RankRole::coordinator ? 0.0 : 2.0);
-  auto listen = role->role == RankRole::coordinator ? coordinator_listen(lf, launch.coordinator, *address)
-                : role->role == RankRole::worker    ? Result<std::string>(std::string())
-                : launch.coordinator.empty() && address->empty()
-                    ? Result<std::string>(std::string("(the address that routes to rank 0)"))
-                    : shard_listen(launch, launch.coordinator, *address);
   if (lf.print_layout) {
-    print_layout(launch, *role, launch.coordinator, listen.ok() ? *listen : listen.status().message(), config);
+    print_layout(launch, *role, launch.coordinator, layout_listen(lf, launch, *role, *address), config);
     return kExitOk;
   }
   if (role->role != RankRole::coordinator) return run_rank_role(lf, launch, *role, config, *address, po);
+  auto listen = coordinator_listen(lf, launch.coordinator, *address);
   if (!listen) {
     print_error(listen.status().message());
     return kExitUsage;
