@@ -7,7 +7,6 @@ namespace asgd {
 namespace {
 
 using Self = caf::stateful_actor<WorkerState>*;
-namespace act = worker_action;
 
 void perform(Self self, WorkerActions& actions);
 
@@ -18,8 +17,8 @@ void perform_one(Self self, WorkerAction& action) {
   std::visit(
       [self, &st](auto& a) {
         using A = std::decay_t<decltype(a)>;
-        if constexpr (std::is_same_v<A, act::Pull> || std::is_same_v<A, act::Push>) {
-          constexpr bool is_pull = std::is_same_v<A, act::Pull>;
+        if constexpr (std::is_same_v<A, worker_action::Pull> || std::is_same_v<A, worker_action::Push>) {
+          constexpr bool is_pull = std::is_same_v<A, worker_action::Pull>;
           const std::size_t shard = a.shard;
           auto on_reply = [self, shard](ShardReply& reply) {
             WorkerActions out;
@@ -39,7 +38,7 @@ void perform_one(Self self, WorkerAction& action) {
             self->request(st.setup.shards[shard], caf::infinite, push_atom::value, std::move(a.request))
                 .then(on_reply, on_error);
           }
-        } else if constexpr (std::is_same_v<A, act::RequestBatch>) {
+        } else if constexpr (std::is_same_v<A, worker_action::RequestBatch>) {
           self->request(st.setup.feeder, caf::infinite, next_atom::value)
               .then(
                   [self](data::Batch& batch) {
@@ -52,20 +51,20 @@ void perform_one(Self self, WorkerAction& action) {
                     self->state.core->feeder_failed(self->system().render(err), out);
                     perform(self, out);
                   });
-        } else if constexpr (std::is_same_v<A, act::Report>) {
+        } else if constexpr (std::is_same_v<A, worker_action::Report>) {
           self->send(st.setup.coordinator, std::move(a.report));
-        } else if constexpr (std::is_same_v<A, act::Progress>) {
+        } else if constexpr (std::is_same_v<A, worker_action::Progress>) {
           self->send(st.setup.coordinator, a.progress);
-        } else if constexpr (std::is_same_v<A, act::NextStep>) {
+        } else if constexpr (std::is_same_v<A, worker_action::NextStep>) {
           self->send(self, step_atom::value);
-        } else if constexpr (std::is_same_v<A, act::Delay>) {
+        } else if constexpr (std::is_same_v<A, worker_action::Delay>) {
           self->delayed_send(self, std::chrono::duration_cast<caf::timespan>(a.after), resume_atom::value);
-        } else if constexpr (std::is_same_v<A, act::Watch>) {
+        } else if constexpr (std::is_same_v<A, worker_action::Watch>) {
           self->delayed_send(self, std::chrono::duration_cast<caf::timespan>(a.after), tick_atom::value);
-        } else if constexpr (std::is_same_v<A, act::Leave>) {
+        } else if constexpr (std::is_same_v<A, worker_action::Leave>) {
           for (auto& shard : st.setup.shards) self->send(shard, leave_atom::value, st.setup.id);
           self->quit();
-        } else if constexpr (std::is_same_v<A, act::Fail>) {
+        } else if constexpr (std::is_same_v<A, worker_action::Fail>) {
           self->send(st.setup.coordinator, failed_atom::value, static_cast<std::int32_t>(a.code), a.message);
           // Not a normal exit: whoever watches this actor (a worker
           // process's watcher reports a normal one as "finished") must not

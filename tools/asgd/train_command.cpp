@@ -24,27 +24,6 @@
 
 namespace asgd::cli {
 
-namespace {
-
-// Written by the signal handler, read by Interrupts' watcher thread: a
-// volatile sig_atomic_t is safe only within one thread, so a lock-free
-// atomic (which a signal handler may also use).
-std::atomic<bool> g_interrupted{false};
-static_assert(std::atomic<bool>::is_always_lock_free);
-extern "C" void on_sigint(int) { g_interrupted.store(true, std::memory_order_relaxed); }
-
-}  // namespace
-
-int exit_code_for(const Status& s) {
-  switch (s.code()) {
-    case StatusCode::invalid_argument:
-    case StatusCode::not_found:
-      return kExitUsage;
-    default:
-      return kExitFailure;
-  }
-}
-
 Status setup_logging(const LogOptions& o) {
   std::vector<spdlog::sink_ptr> sinks{std::make_shared<spdlog::sinks::stderr_color_sink_mt>()};
   if (!o.log_file.empty()) {
@@ -116,20 +95,6 @@ std::optional<int> load_job(const JobOptions& o, JobConfig& config) {
 
 std::string logs_at(const LogOptions& o) {
   return o.log_file.empty() ? "the log on stderr" : "the log in " + o.log_file;
-}
-
-Interrupts::Interrupts() {
-  std::signal(SIGINT, on_sigint);
-  std::signal(SIGTERM, on_sigint);
-  watcher_ = std::jthread([this](std::stop_token done) {
-    while (!done.stop_requested()) {
-      if (g_interrupted.load(std::memory_order_relaxed)) {
-        stop_.request_stop();
-        return;
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    }
-  });
 }
 
 namespace {
@@ -294,12 +259,6 @@ int run_train(const JobOptions& o) {
 }
 
 }  // namespace
-
-void print_error(const std::string& message) {
-  std::string line = message;
-  std::replace(line.begin(), line.end(), '\n', ' ');
-  std::fprintf(stderr, "asgd: error: %s\n", line.c_str());
-}
 
 void add_log_flags(CLI::App* cmd, LogOptions& log) {
   cmd->add_option("--log-file", log.log_file, "also write the log to FILE")->type_name("FILE");

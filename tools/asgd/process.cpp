@@ -1,0 +1,82 @@
+// What every asgd program (asgd, asgd-bench) does with its process: its
+// errors on stderr, its exit codes, Ctrl-C, the BLAS kernels it runs on, and
+// where its sibling programs are.
+
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <system_error>
+#include <thread>
+
+#include "compute/blas.hpp"
+#include "tools/asgd/commands.hpp"
+
+namespace asgd::cli {
+
+namespace {
+
+// Written by the signal handler, read by Interrupts' watcher thread: a
+// volatile sig_atomic_t is safe only within one thread, so a lock-free
+// atomic (which a signal handler may also use).
+std::atomic<bool> g_interrupted{false};
+static_assert(std::atomic<bool>::is_always_lock_free);
+extern "C" void on_sigint(int) { g_interrupted.store(true, std::memory_order_relaxed); }
+
+}  // namespace
+
+Interrupts::Interrupts() {
+  std::signal(SIGINT, on_sigint);
+  std::signal(SIGTERM, on_sigint);
+  watcher_ = std::jthread([this](std::stop_token done) {
+    while (!done.stop_requested()) {
+      if (g_interrupted.load(std::memory_order_relaxed)) {
+        stop_.request_stop();
+        return;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+  });
+}
+
+void print_error(const std::string& message) {
+  std::string line = message;
+  std::replace(line.begin(), line.end(), '\n', ' ');
+  std::fprintf(stderr, "asgd: error: %s\n", line.c_str());
+}
+
+int exit_code_for(const Status& s) {
+  switch (s.code()) {
+    case StatusCode::invalid_argument:
+    case StatusCode::not_found:
+      return kExitUsage;
+    default:
+      return kExitFailure;
+  }
+}
+
+// OpenBLAS picks its kernels when it loads, before main(); where it picked
+// its slow generic ones on a CPU it does not know, start again once with
+// OPENBLAS_CORETYPE set. A value the user set is always left alone.
+void reexec_with_better_blas_kernels(char** argv) {
+  if (std::getenv("OPENBLAS_CORETYPE")) return;
+  const std::string core = blas::suggested_coretype();
+  if (core.empty()) return;
+  ::setenv("OPENBLAS_CORETYPE", core.c_str(), 1);
+  ::execv("/proc/self/exe", argv);
+  // execv only returns on failure: carry on with the kernels we have.
+}
+
+std::string sibling_program(const std::string& name) {
+  std::error_code ec;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  if (ec) return name;  // let the search path find it
+  return (self.parent_path() / name).string();
+}
+
+}  // namespace asgd::cli
