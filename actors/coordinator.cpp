@@ -14,6 +14,7 @@
 #include "actors/checkpoint.hpp"
 #include "actors/data_feeder.hpp"
 #include "actors/parameter_shard.hpp"
+#include "actors/thrown.hpp"
 #include "actors/worker.hpp"
 
 namespace asgd {
@@ -23,6 +24,9 @@ namespace {
 using Self = caf::stateful_actor<CoordinatorState>*;
 using SteadyClock = std::chrono::steady_clock;
 namespace act = coordinator_action;
+
+// The most data feeders of one job that run on threads of their own.
+constexpr std::uint32_t kFeederThreads = 64;
 
 void perform(Self self, CoordinatorActions& out);
 
@@ -46,9 +50,21 @@ void set_live_state(CoordinatorState& s, const char* state, const std::string& m
   });
 }
 
-void shut_down(Self self) {
+// The job's outcome, reported once: later reports (a failure after the
+// summary, an exception after a failure) are dropped.
+void settle(CoordinatorState& s, Result<JobSummary> outcome) {
+  if (!s.setup.outcome) return;
+  s.setup.outcome->set_value(std::move(outcome));
+  s.setup.outcome.reset();
+}
+
+void stop_children(Self self) {
   for (auto* group : {&self->state.workers, &self->state.feeders, &self->state.shards})
     for (auto& a : *group) self->send_exit(a, caf::exit_reason::user_shutdown);
+}
+
+void shut_down(Self self) {
+  stop_children(self);
   self->quit();
 }
 
@@ -140,7 +156,7 @@ void finish(Self self) {
                 if (stats->size() < c2.shards.size() || c2.core->done()) return;
                 JobSummary summary = c2.core->finished(result.accuracy, *stats);
                 set_live_state(c2, "done");
-                c2.setup.outcome->set_value(std::move(summary));
+                settle(c2, std::move(summary));
                 shut_down(self);
               },
               [self, i](caf::error& err) {
@@ -216,7 +232,7 @@ struct Perform {
   void operator()(act::Finish&) { finish(self); }
   void operator()(act::Fail& a) {
     set_live_state(s, "failed", a.status.message());
-    s.setup.outcome->set_value(std::move(a.status));
+    settle(s, std::move(a.status));
     shut_down(self);
   }
   void operator()(act::Dismiss& a) {
@@ -286,9 +302,16 @@ void start_training(Self self) {
   st.live_shards.assign(st.shards.size(), {});
   if (!st.setup.remote) {
     const std::uint32_t first_epoch = st.core->resumed() ? st.core->resumed()->first_epoch : 0u;
+    // A feeder on a thread of its own makes batches while its worker
+    // computes. Past kFeederThreads workers the feeders share the
+    // scheduler's threads: a job of a thousand workers must not ask the
+    // host for a thousand threads (one that cannot start would leave an
+    // actor the actor system waits for forever).
+    const bool own_threads = cfg.workers <= kFeederThreads;
     for (std::uint32_t w = 0; w < cfg.workers; ++w) {
-      auto feeder =
-          self->spawn<caf::detached>(data_feeder, feeder_setup(plan, plan.workers[w], st.setup.data, first_epoch));
+      FeederSetup setup = feeder_setup(plan, plan.workers[w], st.setup.data, first_epoch);
+      auto feeder = own_threads ? self->spawn<caf::detached>(data_feeder, std::move(setup))
+                                : self->spawn(data_feeder, std::move(setup));
       st.names[feeder.address()] = "data feeder " + std::to_string(w);
       st.feeders.push_back(feeder);
       self->monitor(feeder);
@@ -508,6 +531,17 @@ bool start_job(Self self) {
 
 caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self, CoordinatorSetup setup) {
   auto& st = self->state;
+  // An exception from any handler (a thread that cannot start, memory that
+  // is not there) fails the job and stops every actor it started: the job's
+  // actor system, which waits for all of them, then closes.
+  self->set_exception_handler([self](caf::scheduled_actor*, std::exception_ptr& thrown) -> caf::error {
+    Status failed = thrown_status(thrown, "the coordinator");
+    spdlog::error("{}", failed.message());
+    set_live_state(self->state, "failed", failed.message());
+    settle(self->state, std::move(failed));
+    stop_children(self);
+    return caf::exit_reason::unhandled_exception;
+  });
   st.setup = std::move(setup);
   st.core.emplace(st.setup.config, std::move(st.setup.plan), st.setup.data ? st.setup.data->name : std::string());
   if (!start_job(self)) return {};

@@ -217,12 +217,7 @@ void CoordinatorCore::fail(Status status, Actions& out) {
 // A worker, or the cluster's watch on a shard's process, says the job cannot
 // go on: it fails with that status.
 void CoordinatorCore::failed(StatusCode code, const std::string& what, Actions& out) {
-  switch (code) {
-    case StatusCode::diverged: fail(Status::Diverged(what + divergence_hint()), out); break;
-    case StatusCode::timeout: fail(Status::Timeout(what), out); break;
-    case StatusCode::invalid_argument: fail(Status::InvalidArgument(what), out); break;
-    default: fail(Status::Internal(what), out); break;
-  }
+  fail(Status::WithCode(code, code == StatusCode::diverged ? what + divergence_hint() : what), out);
 }
 
 // What to change when training diverged: the step it ran with, where it

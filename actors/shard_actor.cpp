@@ -8,6 +8,7 @@
 
 #include "actors/checkpoint.hpp"
 #include "actors/parameter_shard.hpp"
+#include "actors/thrown.hpp"
 
 namespace asgd {
 
@@ -72,6 +73,11 @@ void start_timers(caf::stateful_actor<ShardState>* self) {
 }  // namespace
 
 caf::behavior parameter_shard(caf::stateful_actor<ShardState>* self, std::shared_ptr<ShardCore> core) {
+  // The exit reason says what was thrown; the coordinator, which watches
+  // the shard, fails the job with it.
+  self->set_exception_handler([self](caf::scheduled_actor*, std::exception_ptr& thrown) {
+    return thrown_error(thrown, "shard " + std::to_string(self->state.core ? self->state.core->index() : 0));
+  });
   self->state.core = std::make_unique<ShardCore>(std::move(*core));
   start_timers(self);
   auto watch = [self] {

@@ -2,6 +2,8 @@
 
 #include <type_traits>
 
+#include "actors/thrown.hpp"
+
 namespace asgd {
 
 namespace {
@@ -93,6 +95,15 @@ void with_core(Self self, F&& call) {
 caf::behavior worker(caf::stateful_actor<WorkerState>* self, WorkerSetup setup) {
   auto& st = self->state;
   st.setup = std::move(setup);
+  // Out of memory in a step fails the job with that said, rather than
+  // leaving it to run on without this worker.
+  self->set_exception_handler([self](caf::scheduled_actor*, std::exception_ptr& thrown) -> caf::error {
+    const std::string who = "worker " + std::to_string(self->state.setup.id);
+    const Status failed = thrown_status(thrown, who);
+    self->send(self->state.setup.coordinator, failed_atom::value, static_cast<std::int32_t>(failed.code()),
+               failed.message());
+    return thrown_error(thrown, who);
+  });
   auto core = st.setup.shards.size() == st.setup.ranges.size()
                   ? WorkerCore::make(st.setup)
                   : Result<WorkerCore>(Status::InvalidArgument("one key range per shard is needed"));

@@ -152,14 +152,6 @@ Result<std::shared_ptr<Bridge>> start_bridge(const JobConfig& config, const Proc
   });
 }
 
-// The registry's answer to the registration's await, as a Status.
-Status registration_status(StatusCode code, const std::string& what) {
-  switch (code) {
-    case StatusCode::timeout: return Status::Timeout(what);
-    case StatusCode::cancelled: return Status::Cancelled(what);
-    default: return Status::Internal(what);
-  }
-}
 
 }  // namespace
 
@@ -225,7 +217,7 @@ Result<JobSummary> run_coordinator_process(const JobConfig& config, const Proces
     main->request(registry, caf::infinite, await_atom::value)
         .receive(
             [&](std::int32_t code, std::string& what, std::vector<std::string>& endpoints) {
-              registration = code == 0 ? Status{} : registration_status(static_cast<StatusCode>(code), what);
+              registration = code == 0 ? Status{} : Status::WithCode(static_cast<StatusCode>(code), what);
               shard_endpoints = std::move(endpoints);
             },
             [&](caf::error& err) { registration = Status::Internal("the registry failed: " + to_string(err)); });

@@ -60,7 +60,8 @@ Status validate_config(const JobConfig& c, bool named_dataset) {
   } else if (!contains(known_models(), c.model)) return bad("model", c.model, "unknown model (known: " + join(known_models()) + ")");
   auto policy = make_policy(policy_config(c));
   if (!policy) return bad("policy", c.policy, policy.status().message());
-  if (c.workers < 1) return bad("workers", std::to_string(c.workers), "must be >= 1");
+  if (c.workers < 1 || c.workers > kMaxWorkers)
+    return bad("workers", std::to_string(c.workers), "must be 1 to " + std::to_string(kMaxWorkers));
   if (auto b = c.policy_options.find("backup-workers"); b != c.policy_options.end() && b->second >= c.workers)
     return bad("backup-workers", fmt::format("{:g}", b->second),
                "must be less than --workers " + std::to_string(c.workers) + " (at least one gradient per clock)");
@@ -68,7 +69,8 @@ Status validate_config(const JobConfig& c, bool named_dataset) {
     if (auto w = parse_worker_weights(c.worker_weights, c.workers); !w) return w.status();
   }
   if (auto f = parse_stragglers(c.straggler, c.workers); !f) return f.status();
-  if (c.shards < 1) return bad("shards", std::to_string(c.shards), "must be >= 1");
+  if (c.shards < 1 || c.shards > kMaxShards)
+    return bad("shards", std::to_string(c.shards), "must be 1 to " + std::to_string(kMaxShards));
   auto device = Device::parse(c.device);
   if (!device) return bad("device", c.device, device.status().message());
   if (device->kind == Device::Kind::cuda) {

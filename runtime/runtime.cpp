@@ -1,6 +1,9 @@
 #include "asgd/runtime.hpp"
 
+#include <malloc.h>
+
 #include <condition_variable>
+#include <cstdlib>
 #include <mutex>
 #include <optional>
 #include <thread>
@@ -39,6 +42,9 @@ struct Runtime::Impl {
     std::thread thread;
   };
   mutable std::mutex mu;
+  // Held by stop() until every job has ended: a second caller waits for
+  // them too instead of returning while the first is still joining.
+  std::mutex stopping;
   bool stopped = false;
   std::vector<Job> jobs;  // submitted, not yet reaped
 
@@ -56,7 +62,29 @@ struct Runtime::Impl {
   }
 };
 
-Runtime::Runtime() : impl_(std::make_unique<Impl>()) {}
+namespace {
+
+// glibc raises its trim threshold as a program frees large blocks (up to
+// 64 MiB) and never gives back the free top of a thread's arena below it:
+// each job's new threads left tens of MB in arenas nothing used again (RSS
+// grew about 25 MB a job, 831 MB after 24). Fixed thresholds give it back;
+// large buffers (up to 32 MiB) still come from the arenas, so training
+// loses no speed (measured: asgd train, 110k samples/s either way). The
+// allocator is the process's: a host that chose its own settings (the
+// MALLOC_* variables or GLIBC_TUNABLES) keeps them.
+void give_freed_memory_back() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    for (const char* chosen : {"MALLOC_TRIM_THRESHOLD_", "MALLOC_MMAP_THRESHOLD_", "GLIBC_TUNABLES"})
+      if (std::getenv(chosen)) return;
+    mallopt(M_MMAP_THRESHOLD, 32 << 20);
+    mallopt(M_TRIM_THRESHOLD, 1 << 20);
+  });
+}
+
+}  // namespace
+
+Runtime::Runtime() : impl_(std::make_unique<Impl>()) { give_freed_memory_back(); }
 
 Runtime::~Runtime() { stop(); }
 
@@ -82,6 +110,7 @@ Result<JobHandle> Runtime::start(const JobConfig& config, std::shared_ptr<const 
   impl_->jobs.push_back({state, std::thread([state, config, data = std::move(data), callbacks = std::move(callbacks)]() mutable {
     Result<JobSummary> r = data ? run_job(config, std::move(data), callbacks, state->stop.get_token())
                                 : run_job(config, callbacks, state->stop.get_token());
+    malloc_trim(0);  // what the job freed in the main arena and in free lists goes back now
     {
       std::lock_guard job_lock(state->mu);
       state->result.emplace(std::move(r));
@@ -108,6 +137,7 @@ std::size_t Runtime::running() const {
 }
 
 void Runtime::stop() {
+  std::lock_guard stopping(impl_->stopping);
   std::vector<Impl::Job> jobs;
   {
     std::lock_guard lock(impl_->mu);

@@ -18,6 +18,13 @@
 
 namespace asgd {
 
+/// The most workers and shards one job may have. In one process each worker
+/// is an actor with a data-feeder thread of its own; across processes each
+/// is a process with connections to the others: past about a thousand, a
+/// job spends its time and memory on bookkeeping, not training.
+inline constexpr std::uint32_t kMaxWorkers = 1024;
+inline constexpr std::uint32_t kMaxShards = 1024;
+
 /// Everything that defines one job. Each field is also a TOML key and a
 /// command-line flag of `asgd train` (the flag is the field name with '_'
 /// written as '-'). Plain data: copy it freely.
@@ -49,8 +56,8 @@ struct JobConfig {
   /// Simulated slow workers for experiments: "W:FACTOR[,W:FACTOR...]" makes
   /// each step of worker W take FACTOR times its compute time.
   std::string straggler;
-  std::uint32_t workers = 2;        ///< worker actors, >= 1
-  std::uint32_t shards = 1;         ///< parameter shards, >= 1
+  std::uint32_t workers = 2;        ///< worker actors, 1 to kMaxWorkers
+  std::uint32_t shards = 1;         ///< parameter shards, 1 to kMaxShards
   std::string device = "cpu";       ///< where workers compute
   std::uint32_t epochs = 3;         ///< passes over the training split, >= 1
   std::uint32_t batch = 64;         ///< samples per worker step, >= 1

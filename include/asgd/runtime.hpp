@@ -63,7 +63,8 @@ class Runtime {
   std::size_t running() const;
 
   /// Cancels every running job, waits until all have ended and refuses
-  /// new ones. Idempotent.
+  /// new ones. Idempotent; a call made while another is under way returns
+  /// when that one does, once every job has ended.
   void stop();
 
  private:

@@ -41,6 +41,11 @@ class Status {
   static Status Diverged(std::string msg) { return {StatusCode::diverged, std::move(msg)}; }
   static Status Internal(std::string msg) { return {StatusCode::internal, std::move(msg)}; }
   static Status Unavailable(std::string msg) { return {StatusCode::unavailable, std::move(msg)}; }
+  /// A status of any code, such as one that crossed a message or a process
+  /// as a number; `ok` (which carries no message) is taken as internal.
+  static Status WithCode(StatusCode code, std::string msg) {
+    return {code == StatusCode::ok ? StatusCode::internal : code, std::move(msg)};
+  }
 
   bool ok() const { return code_ == StatusCode::ok; }
   StatusCode code() const { return code_; }

@@ -1,0 +1,179 @@
+// What a service that embeds asgd relies on (issue 27): a runtime never takes
+// its host down, never leaves a job it cannot stop, and gives back what it
+// took. Only the public headers are used. The tests that limit the address
+// space or measure resident memory run in a child process of their own
+// (a gtest death test), so the limit and the measurement are theirs alone.
+
+#include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <string>
+#include <thread>
+
+#include "asgd/runtime.hpp"
+#include "test_data.hpp"
+
+namespace asgd {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+JobConfig small_job(const std::string& dir, std::uint32_t epochs, std::uint64_t seed) {
+  JobConfig c;
+  c.data_dir = dir;
+  c.workers = 2;
+  c.epochs = epochs;
+  c.seed = seed;
+  return c;
+}
+
+// Resident memory of this process in MiB.
+double rss_mib() {
+  std::ifstream in("/proc/self/status");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("VmRSS:", 0) == 0) return std::stod(line.substr(6)) / 1024.0;
+  return 0;
+}
+
+// The address-space tests mean nothing under a sanitizer, whose shadow
+// memory alone needs terabytes of it.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kSanitized = true;
+#else
+constexpr bool kSanitized = false;
+#endif
+
+void limit_address_space(std::uint64_t bytes) {
+  const rlimit limit{bytes, bytes};
+  if (setrlimit(RLIMIT_AS, &limit) != 0) _exit(90);
+}
+
+TEST(Embedding, ASecondStopCalledWhileTheFirstIsWaitingAlsoWaitsForTheJob) {
+  ASGD_REQUIRE_DATASET(dir, "mnist");
+  Runtime rt;
+  std::atomic<bool> running = false;
+  JobCallbacks slow;
+  // Each progress report holds the job up: it takes a while to notice it
+  // was cancelled, long enough to see which stop() waited for it.
+  slow.on_progress = [&](const Progress&) {
+    running = true;
+    std::this_thread::sleep_for(150ms);
+  };
+  auto job = rt.submit(small_job(dir.string(), 200, 1), slow);
+  ASSERT_TRUE(job.ok()) << job.status().to_string();
+  const auto deadline = Clock::now() + 60s;
+  while (!running && Clock::now() < deadline) std::this_thread::sleep_for(5ms);
+  ASSERT_TRUE(running) << "the job never reported progress";
+  std::thread first([&] { rt.stop(); });
+  std::this_thread::sleep_for(20ms);  // the first stop() has taken the job list
+  rt.stop();
+  EXPECT_TRUE(job->done()) << "the second stop() returned while the job was still running";
+  first.join();
+  EXPECT_EQ(job->wait().status().code(), StatusCode::cancelled);
+}
+
+TEST(Embedding, WorkersAndShardsPastTheirBoundsAreRefusedBeforeAnythingStarts) {
+  JobConfig c;
+  c.workers = kMaxWorkers + 1;
+  Status s = validate(c);
+  EXPECT_EQ(s.code(), StatusCode::invalid_argument);
+  EXPECT_NE(s.message().find("--workers 1025: must be 1 to 1024"), std::string::npos) << s.message();
+  c.workers = 2;
+  c.shards = kMaxShards + 1;
+  s = validate(c);
+  EXPECT_EQ(s.code(), StatusCode::invalid_argument);
+  EXPECT_NE(s.message().find("--shards 1025: must be 1 to 1024"), std::string::npos) << s.message();
+}
+
+// A job of 20000 workers under a 4 GiB address-space limit: refused, or
+// ended with an error, within 10 s, and its runtime destroyed. The child's
+// exit status says which step failed.
+int twenty_thousand_workers_in_4_gib(const std::string& dir) {
+  limit_address_space(4ull << 30);
+  const auto t0 = Clock::now();
+  auto* rt = new Runtime;
+  JobConfig c = small_job(dir, 1, 1);
+  c.workers = 20000;
+  c.batch = 2;
+  auto job = rt->submit(c);
+  if (job.ok()) {
+    if (!job->wait_for(10s)) return 3;  // never ended
+    if (job->wait().ok()) return 4;     // ended "well" with 20000 workers in 4 GiB?
+  } else if (job.status().code() != StatusCode::invalid_argument) {
+    return 5;
+  }
+  std::fprintf(stderr, "%s\n", (job.ok() ? job->wait().status() : job.status()).to_string().c_str());
+  delete rt;
+  return Clock::now() - t0 < 10s ? 0 : 6;
+}
+
+// 1000 workers are allowed, but their threads and buffers do not fit in
+// 3 GiB of address space: a thread that cannot start, or memory that is not
+// there, must end the job with an error, not leave it unstoppable.
+int too_big_for_its_address_space(const std::string& dir) {
+  limit_address_space(3ull << 30);
+  const auto t0 = Clock::now();
+  auto* rt = new Runtime;
+  JobConfig c = small_job(dir, 1, 1);
+  c.workers = 1000;
+  c.batch = 16;
+  auto job = rt->submit(c);
+  if (!job.ok()) return 2;
+  if (!job->wait_for(20s)) return 3;
+  const Status s = job->wait().status();
+  std::fprintf(stderr, "%s\n", s.to_string().c_str());
+  if (s.ok()) return 4;
+  delete rt;
+  return Clock::now() - t0 < 30s ? 0 : 6;
+}
+
+// 24 jobs on two runtimes, some cancelled; then both runtimes destroyed.
+int twenty_four_jobs(const std::string& dir) {
+  const double before = rss_mib();
+  {
+    Runtime a;
+    Runtime b;
+    for (int round = 0; round < 12; ++round) {
+      const JobConfig c = small_job(dir, 1, round + 1);
+      auto ja = a.submit(c);
+      auto jb = b.submit(c);
+      if (!ja.ok() || !jb.ok()) return 2;
+      if (round % 3 == 2) jb->cancel();  // some end cancelled
+      ja->wait();
+      jb->wait();
+    }
+  }
+  const double after = rss_mib();
+  std::fprintf(stderr, "RSS before %.1f MiB, after 24 jobs %.1f MiB\n", before, after);
+  return after <= before * 1.2 ? 0 : 1;
+}
+
+TEST(EmbeddingDeathTest, UnderA4GiBAddressSpaceAJobOf20000WorkersEndsWithAnErrorWithin10s) {
+  if (kSanitized) GTEST_SKIP() << "a sanitizer's shadow memory does not fit in 4 GiB";
+  ASGD_REQUIRE_DATASET(dir, "mnist");
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(_exit(twenty_thousand_workers_in_4_gib(dir.string())), ::testing::ExitedWithCode(0), "");
+}
+
+TEST(EmbeddingDeathTest, AJobTooBigForItsAddressSpaceFailsAndItsRuntimeCloses) {
+  if (kSanitized) GTEST_SKIP() << "a sanitizer's shadow memory does not fit in the limit";
+  ASGD_REQUIRE_DATASET(dir, "mnist");
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(_exit(too_big_for_its_address_space(dir.string())), ::testing::ExitedWithCode(0), "");
+}
+
+TEST(EmbeddingDeathTest, TwentyFourJobsOnTwoRuntimesGiveTheirMemoryBack) {
+  if (kSanitized) GTEST_SKIP() << "resident memory says nothing under a sanitizer";
+  ASGD_REQUIRE_DATASET(dir, "mnist");
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(_exit(twenty_four_jobs(dir.string())), ::testing::ExitedWithCode(0), "");
+}
+
+}  // namespace
+}  // namespace asgd
