@@ -5,7 +5,7 @@
 // checkpointing the model, the job's outcome.
 #include "actors/coordinator.hpp"
 
-#include <spdlog/spdlog.h>
+#include "base/log.hpp"
 
 #include <algorithm>
 #include <limits>
@@ -130,7 +130,7 @@ Status save_checkpoint(CoordinatorState& st, const EvalResult& test) {
   ckpt.updates = st.core->epochs().updates();
   ckpt.test_accuracy = test.accuracy;
   const Status s = write_checkpoint(cfg.checkpoint_dir, ckpt);
-  if (s.ok()) spdlog::info("checkpoint: {}/{}", cfg.checkpoint_dir, kCheckpointFile);
+  if (s.ok()) logger().info("checkpoint: {}/{}", cfg.checkpoint_dir, kCheckpointFile);
   return s;
 }
 
@@ -289,7 +289,7 @@ void live_tick(Self self) {
               auto& c = self->state;
               if (i < c.live_shards.size()) c.live_shards[i] = live_shard(s, unix_seconds_now());
             },
-            [i](caf::error&) { spdlog::debug("live status: no statistics from shard {} this time", i); });
+            [i](caf::error&) { logger().debug("live status: no statistics from shard {} this time", i); });
   }
 }
 
@@ -536,7 +536,7 @@ caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self, Coordinat
   // actor system, which waits for all of them, then closes.
   self->set_exception_handler([self](caf::scheduled_actor*, std::exception_ptr& thrown) -> caf::error {
     Status failed = thrown_status(thrown, "the coordinator");
-    spdlog::error("{}", failed.message());
+    logger().error("{}", failed.message());
     set_live_state(self->state, "failed", failed.message());
     settle(self->state, std::move(failed));
     stop_children(self);

@@ -2,7 +2,7 @@
 // ends (coordinator_core.hpp).
 #include "actors/coordinator_core.hpp"
 
-#include <spdlog/spdlog.h>
+#include "base/log.hpp"
 
 #include <algorithm>
 #include <cctype>
@@ -29,7 +29,7 @@ void CoordinatorCore::resume(ResumePlan r) {
 }
 
 void CoordinatorCore::calibrated(const std::vector<double>& rates) {
-  for (std::size_t w = 0; w < rates.size(); ++w) spdlog::info("worker {}: {:.0f} samples/s in calibration", w, rates[w]);
+  for (std::size_t w = 0; w < rates.size(); ++w) logger().info("worker {}: {:.0f} samples/s in calibration", w, rates[w]);
   replan_shares(plan_, rates);
 }
 
@@ -142,7 +142,7 @@ void CoordinatorCore::lose(std::uint32_t w, const std::string& why, Actions& out
     fail(Status::Internal("every worker was lost; the last, worker " + std::to_string(w) + ": " + why), out);
     return;
   }
-  spdlog::warn("worker {} is lost ({}): the job goes on with {} live worker(s) under policy {}; its data share "
+  logger().warn("worker {} is lost ({}): the job goes on with {} live worker(s) under policy {}; its data share "
                "is not trained further",
                w, why, live, config_.policy);
   // The shards stop counting it: a barrier re-forms over the live workers.
@@ -173,7 +173,7 @@ void CoordinatorCore::rejoin(std::uint32_t w, bool placeable, Actions& out) {
 }
 
 void CoordinatorCore::refuse_rejoin(std::uint32_t w, const std::string& why, Actions& out) {
-  spdlog::warn("a new process for worker {} is not taken: {}", w, why);
+  logger().warn("a new process for worker {} is not taken: {}", w, why);
   out.push_back(act::Dismiss{w, why});
 }
 
@@ -187,7 +187,7 @@ void CoordinatorCore::rejoin_confirmed(std::uint32_t w, std::uint64_t first, Ins
   if (done_) return;
   out.push_back(act::StartWorker{w, static_cast<std::uint32_t>(first)});
   const double at_s = training_seconds(now);
-  spdlog::warn("worker {} rejoined at {:.1f} s: a new process trains its share from epoch {} of {} on", w, at_s,
+  logger().warn("worker {} rejoined at {:.1f} s: a new process trains its share from epoch {} of {} on", w, at_s,
                first + 1, config_.epochs);
   out.push_back(act::Record{{{"event", "worker_rejoined"}, {"worker", w}, {"epoch", first + 1}, {"train_s", at_s}}});
 }
@@ -210,7 +210,7 @@ void CoordinatorCore::maybe_finish(Actions& out) {
 void CoordinatorCore::fail(Status status, Actions& out) {
   if (done_) return;
   done_ = true;
-  spdlog::error("job failed: {}", status.message());
+  logger().error("job failed: {}", status.message());
   out.push_back(act::Fail{std::move(status)});
 }
 
@@ -240,7 +240,7 @@ JobSummary CoordinatorCore::finished(double test_accuracy, const std::vector<Sha
   for (const auto& s : stats) merge_histogram(histogram, s.staleness_histogram);
   for (const auto& w : epochs_.worker_totals()) {
     merge_histogram(histogram, w.staleness_histogram);
-    spdlog::info("worker {}: {} samples, compute {:.2f} s, shard round trips {:.2f} s (held by the "
+    logger().info("worker {}: {} samples, compute {:.2f} s, shard round trips {:.2f} s (held by the "
                  "policy {:.2f} s), waiting for data {:.2f} s, {} batches dropped (NaN/Inf loss)",
                  w.worker, w.samples, w.compute_s, w.comm_s, w.policy_wait_s, w.data_wait_s, w.dropped_batches);
   }
@@ -248,16 +248,16 @@ JobSummary CoordinatorCore::finished(double test_accuracy, const std::vector<Sha
   for (const auto& s : stats) {
     summary.malformed_frames += s.malformed_frames;
     summary.checkpoint_failures += s.checkpoint_failures;
-    if (s.malformed_frames > 0) spdlog::warn("shard {}'s process dropped {} malformed frames", s.shard, s.malformed_frames);
-    if (s.rejected > 0) spdlog::warn("shard {} rejected {} malformed pushes or pulls", s.shard, s.rejected);
+    if (s.malformed_frames > 0) logger().warn("shard {}'s process dropped {} malformed frames", s.shard, s.malformed_frames);
+    if (s.rejected > 0) logger().warn("shard {} rejected {} malformed pushes or pulls", s.shard, s.rejected);
     if (s.refused_departed > 0)
-      spdlog::info("shard {} refused {} pushes or pulls of workers that had left (finished, or lost "
+      logger().info("shard {} refused {} pushes or pulls of workers that had left (finished, or lost "
                    "while only stalled)",
                    s.shard, s.refused_departed);
-    if (s.checkpoint_failures > 0) spdlog::warn("shard {}: {} checkpoint writes failed", s.shard, s.checkpoint_failures);
-    if (s.nonfinite > 0) spdlog::warn("shard {} refused {} pushes holding NaN or infinity", s.shard, s.nonfinite);
+    if (s.checkpoint_failures > 0) logger().warn("shard {}: {} checkpoint writes failed", s.shard, s.checkpoint_failures);
+    if (s.nonfinite > 0) logger().warn("shard {} refused {} pushes holding NaN or infinity", s.shard, s.nonfinite);
     summary.nonfinite_rejected += s.nonfinite;
-    if (s.updates_discarded > 0) spdlog::info("shard {} discarded {} late pushes", s.shard, s.updates_discarded);
+    if (s.updates_discarded > 0) logger().info("shard {} discarded {} late pushes", s.shard, s.updates_discarded);
   }
   done_ = true;
   return summary;

@@ -1,6 +1,6 @@
 // EpochTracker and EvalSchedule: epoch reports, when an epoch is complete,
 // its metrics, and when to evaluate (coordinator_epochs.hpp).
-#include <spdlog/spdlog.h>
+#include "base/log.hpp"
 
 #include <algorithm>
 #include <cmath>
@@ -96,7 +96,7 @@ EpochMetrics EpochTracker::evaluated(std::uint64_t e, double val_accuracy) {
   for (double l : agg.loss_by_worker) loss_sum += l;
   m.train_loss = loss_samples ? loss_sum / static_cast<double>(loss_samples) : 0.0;
   if (agg.sum.dropped_batches > 0)
-    spdlog::warn("epoch {}: dropped {} batch gradients whose loss was NaN or infinite", e + 1, agg.sum.dropped_batches);
+    logger().warn("epoch {}: dropped {} batch gradients whose loss was NaN or infinite", e + 1, agg.sum.dropped_batches);
   m.val_accuracy = val_accuracy;
   // Never faster than its busiest worker trained: with a step or two per
   // epoch, reports of several epochs arrive within microseconds.

@@ -1,7 +1,7 @@
 // Checkpoints as the coordinator sees them: where a --resume'd job starts,
 // and the metrics file's records of a resume and of a shard's restart
 // (coordinator_resume.hpp).
-#include <spdlog/spdlog.h>
+#include "base/log.hpp"
 
 #include <algorithm>
 #include <limits>
@@ -51,7 +51,7 @@ Result<ResumePlan> plan_resume(const JobConfig& cfg, const JobPlan& job) {
 }
 
 nlohmann::json resume_record(const JobConfig& cfg, const ResumePlan& resumed, double now_unix) {
-  spdlog::info("resuming {} at epoch {} of {}: {} updates restored from checkpoints written {:.0f} s ago", cfg.resume,
+  logger().info("resuming {} at epoch {} of {}: {} updates restored from checkpoints written {:.0f} s ago", cfg.resume,
                resumed.first_epoch + 1, cfg.epochs, resumed.updates, now_unix - resumed.written_unix_s);
   return {{"event", "resume"},
           {"from", cfg.resume},
@@ -68,7 +68,7 @@ nlohmann::json resume_record(const JobConfig& cfg, const ResumePlan& resumed, do
 nlohmann::json shard_restart_record(std::uint32_t shard, double at_s, const ShardStats* reloaded,
                                     const std::string& why, double now_unix) {
   if (!reloaded) {
-    spdlog::warn("shard {} was restarted at {:.1f} s; it did not say which checkpoint it reloaded: {}", shard, at_s,
+    logger().warn("shard {} was restarted at {:.1f} s; it did not say which checkpoint it reloaded: {}", shard, at_s,
                  why);
     return {{"event", "shard_restarted"}, {"shard", shard}, {"train_s", at_s}, {"checkpoint_age_s", nullptr},
             {"restored_updates", nullptr}, {"lost_at_most_s", nullptr}};
@@ -76,14 +76,14 @@ nlohmann::json shard_restart_record(std::uint32_t shard, double at_s, const Shar
   nlohmann::json record = {{"event", "shard_restarted"}, {"shard", shard}, {"train_s", at_s}};
   if (reloaded->restored_unix_s > 0) {
     const double age_s = std::max(0.0, now_unix - reloaded->restored_unix_s);
-    spdlog::warn("shard {} was restarted at {:.1f} s from its checkpoint of {:.1f} s before, "
+    logger().warn("shard {} was restarted at {:.1f} s from its checkpoint of {:.1f} s before, "
                  "holding {} updates: the updates it applied after that checkpoint are lost",
                  shard, at_s, age_s, reloaded->restored_updates);
     record["checkpoint_age_s"] = age_s;
     record["restored_updates"] = reloaded->restored_updates;
     record["lost_at_most_s"] = age_s;
   } else {
-    spdlog::warn("shard {} was restarted at {:.1f} s without a checkpoint to reload (none had "
+    logger().warn("shard {} was restarted at {:.1f} s without a checkpoint to reload (none had "
                  "been written): it starts again from the initial parameters, and every update "
                  "it had applied is lost",
                  shard, at_s);

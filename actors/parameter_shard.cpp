@@ -1,10 +1,9 @@
 #include "actors/parameter_shard.hpp"
 
+#include <spdlog/fmt/fmt.h>
+
 #include <algorithm>
 #include <limits>
-
-#include <spdlog/spdlog.h>
-
 #include <chrono>
 #include <filesystem>
 

@@ -1,7 +1,7 @@
 // The shard actor: a thin shell around ShardCore (parameter_shard.cpp) that
 // serialises its calls, delivers the replies it held, and writes its
 // checkpoints.
-#include <spdlog/spdlog.h>
+#include "base/log.hpp"
 
 #include <chrono>
 #include <optional>
@@ -30,17 +30,17 @@ void checkpoint_now(ShardState& st, const char* when) {
       const std::string since =
           st.checkpoint_unix_s > 0 ? fmt::format("its last checkpoint, {:.0f} s ago", unix_seconds_now() - st.checkpoint_unix_s)
                                    : std::string("the start of training (none was written yet)");
-      spdlog::warn("shard {}: {} checkpoint failed ({} in a row): {}; until one is written, a restart of this shard "
+      logger().warn("shard {}: {} checkpoint failed ({} in a row): {}; until one is written, a restart of this shard "
                    "loses every update since {}",
                    index, when, st.failures_in_a_row, s.message(), since);
     }
     return;
   }
   if (st.failures_in_a_row > 0)
-    spdlog::info("shard {}: checkpoint written again after {} failed", index, st.failures_in_a_row);
+    logger().info("shard {}: checkpoint written again after {} failed", index, st.failures_in_a_row);
   st.failures_in_a_row = 0;
   st.checkpoint_unix_s = unix_seconds_now();
-  spdlog::debug("shard {}: {} checkpoint {} in {:.1f} ms", index, when, st.checkpoint_path,
+  logger().debug("shard {}: {} checkpoint {} in {:.1f} ms", index, when, st.checkpoint_path,
                 std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
 }
 
@@ -126,7 +126,7 @@ caf::behavior parameter_shard(caf::stateful_actor<ShardState>* self, std::shared
         auto& st = self->state;
         st.watching = false;
         if (auto line = st.core->describe_overdue_reads(std::chrono::steady_clock::now(), st.hold_warning))
-          spdlog::warn("{}", *line);
+          logger().warn("{}", *line);
         watch();
       },
       [self, flush](leave_atom, WorkerId worker) {

@@ -12,7 +12,7 @@
 
 #include <signal.h>
 #include <spawn.h>
-#include <spdlog/spdlog.h>
+#include "base/log.hpp"
 #include <sys/wait.h>
 #include <unistd.h>
 #include <zmq.hpp>
@@ -284,7 +284,7 @@ double ours_round_trip(caf::actor_system& system, const std::vector<caf::actor>&
 }
 
 int run_comm(const CommOptions& o) {
-  spdlog::set_level(spdlog::level::warn);
+  logger().set_level(spdlog::level::warn);
   std::vector<std::uint64_t> sizes;
   for (const auto& s : o.sizes) {
     auto n = parse_size(s);

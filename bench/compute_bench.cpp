@@ -9,7 +9,7 @@
 // seconds/windows each and report the median window's samples/s with the
 // fastest and slowest window as the spread.
 
-#include <spdlog/spdlog.h>
+#include "base/log.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -141,7 +141,7 @@ std::string json_escape(const std::string& s) {
 }
 
 int run_bench_compute(const ComputeOptions& o) {
-  spdlog::set_level(spdlog::level::warn);
+  logger().set_level(spdlog::level::warn);
   auto device = Device::parse(o.device);
   if (!device) {
     print_error("--device: " + device.status().message());

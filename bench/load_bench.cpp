@@ -20,7 +20,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
-#include <spdlog/spdlog.h>
+#include "base/log.hpp"
 #include <sys/wait.h>
 #include <unistd.h>
 #include <zmq.hpp>
@@ -394,7 +394,7 @@ struct ShardSummary {
 };
 
 int run_load(const LoadOptions& o) {
-  spdlog::set_level(spdlog::level::warn);
+  logger().set_level(spdlog::level::warn);
   if (o.keys < o.shards) {
     print_error("--keys " + std::to_string(o.keys) + ": fewer keys than shards");
     return kExitUsage;

@@ -7,7 +7,7 @@
 // It also times, on one push of the model's size, the shard's NaN/Inf check
 // against its optimizer step (part of (b)'s cost, absent from (a)).
 
-#include <spdlog/spdlog.h>
+#include "base/log.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -117,7 +117,7 @@ Result<PushCosts> push_costs(const JobConfig& c, const std::shared_ptr<const dat
 }
 
 int run_bench_runtime(const BenchOptions& o) {
-  spdlog::set_level(spdlog::level::warn);
+  logger().set_level(spdlog::level::warn);
   JobConfig c;
   c.data_dir = o.data_dir;
   c.model = o.model;

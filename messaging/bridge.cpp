@@ -1,6 +1,6 @@
 #include "messaging/bridge.hpp"
 
-#include <spdlog/spdlog.h>
+#include "base/log.hpp"
 
 #include <algorithm>
 #include <deque>
@@ -182,7 +182,7 @@ void Bridge::reject(const PeerId& peer, FrameError why) {
     logged_[peer] = true;
   }
   // Once per sender: a peer sending garbage must not flood the log.
-  if (first) spdlog::warn("{}: dropped a malformed frame from {} ({}); further ones from it are counted, not logged",
+  if (first) logger().warn("{}: dropped a malformed frame from {} ({}); further ones from it are counted, not logged",
                           options_.name, peer, to_string(why));
 }
 
@@ -245,7 +245,7 @@ void Bridge::send_what_fits(std::deque<Outgoing>& backlog) {
       } else {
         if (!sent) {
           // While stopping, peers that left first are expected.
-          spdlog::log(stopping_ ? spdlog::level::debug : spdlog::level::warn, "{}: a frame to {} was not sent: {}",
+          logger().log(stopping_ ? spdlog::level::debug : spdlog::level::warn, "{}: a frame to {} was not sent: {}",
                       options_.name, out.peer, sent.status().message());
         }
         backlog.pop_front();
@@ -293,7 +293,7 @@ void Bridge::run() {
       stats_.auth_rejected = ts.auth_rejected;
     }
     if (!in) {
-      spdlog::error("{}: receiving failed: {}", options_.name, in.status().message());
+      logger().error("{}: receiving failed: {}", options_.name, in.status().message());
       continue;
     }
     if (*in) handle(std::move(**in));
@@ -486,7 +486,7 @@ caf::behavior shard_server(caf::event_based_actor* self, std::shared_ptr<Bridge>
   auto fresh = [seen, bridge](const PeerId& peer, std::uint64_t id) {
     if (seen->first(peer, id)) return true;
     if (++seen->duplicates == 1)
-      spdlog::warn("{}: ignored a request {} delivered twice; further duplicates are counted", bridge->name(), peer);
+      logger().warn("{}: ignored a request {} delivered twice; further duplicates are counted", bridge->name(), peer);
     return false;
   };
   // Each request's slot travels with it into the reply's frame (the

@@ -1,7 +1,7 @@
 #include "messaging/curve_auth.hpp"
 
 #include <fcntl.h>
-#include <spdlog/spdlog.h>
+#include "base/log.hpp"
 #include <sys/stat.h>
 #include <unistd.h>
 #include <zmq.h>
@@ -154,7 +154,7 @@ Result<CurveKeypair> read_secret_key_file(const fs::path& file) {
   if (!secret) return secret.status();
   struct stat st {};
   if (::stat(file.c_str(), &st) == 0 && (st.st_mode & 077) != 0)
-    spdlog::warn("{}: the secret key is readable by other users (mode {:04o}); run chmod 600 {}", file.string(),
+    logger().warn("{}: the secret key is readable by other users (mode {:04o}); run chmod 600 {}", file.string(),
                  st.st_mode & 07777, file.string());
   auto pub = curve_public_key(*secret);
   if (!pub) return pub.status();

@@ -4,7 +4,7 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
-#include <spdlog/spdlog.h>
+#include "base/log.hpp"
 #include <sys/socket.h>
 #include <unistd.h>
 #include <zmq.hpp>
@@ -124,7 +124,7 @@ class Watch final : public Gatekeeper {
     thread_.join();
     forget_connections();
     if (budget_.held_back() > 0)
-      spdlog::warn("{}: {} further refused connections were counted, not logged", name_, budget_.held_back());
+      logger().warn("{}: {} further refused connections were counted, not logged", name_, budget_.held_back());
   }
 
   Watch(const Watch&) = delete;
@@ -175,7 +175,7 @@ class Watch final : public Gatekeeper {
         if (items[2].revents & ZMQ_POLLIN) answer_zap();
       } catch (const zmq::error_t& e) {
         if (e.num() == ETERM) return;
-        if (e.num() != EINTR) spdlog::error("{}: the gatekeeper of its endpoint: {}", name_, e.what());
+        if (e.num() != EINTR) logger().error("{}: the gatekeeper of its endpoint: {}", name_, e.what());
       }
     }
   }
@@ -384,7 +384,7 @@ class Watch final : public Gatekeeper {
     if (kind == Refusal::handshake && curve_) auth_rejected_.fetch_add(1, std::memory_order_relaxed);
     std::uint64_t left_out = 0;
     if (!budget_.allow(LogBudget::Clock::now(), left_out)) return;
-    spdlog::warn("{}: refused a connection from {}{}: {}{}", name_, from,
+    logger().warn("{}: refused a connection from {}{}: {}{}", name_, from,
                  key ? " with key " + key_fingerprint(*key) : std::string(), why,
                  left_out ? " (" + std::to_string(left_out) + " more refused since the last line, counted, not logged)"
                           : std::string());

@@ -2,7 +2,7 @@
 
 #include <spdlog/fmt/fmt.h>
 #include <malloc.h>
-#include <spdlog/spdlog.h>
+#include "base/log.hpp"
 #include <unistd.h>
 
 #include <algorithm>
@@ -38,7 +38,7 @@ std::size_t max_connections(std::size_t peers) { return 2 * peers + 16; }
 
 void log_refused(const std::string& name, const messaging::BridgeStats& st) {
   if (st.refused == 0) return;
-  spdlog::warn("{}: refused {} connections to its endpoint ({} over its limit of connections at once, {} in the "
+  logger().warn("{}: refused {} connections to its endpoint ({} over its limit of connections at once, {} in the "
                "--auth-keys handshake)",
                name, st.refused, st.refused_over_limit, st.auth_rejected);
 }
@@ -137,7 +137,7 @@ caf::behavior remote_coordinator(caf::event_based_actor* self, std::shared_ptr<B
   return {
       [bridge, peer](EpochReport& r) {
         const std::uint64_t kept = r.samples - r.dropped_samples;
-        spdlog::info("worker {}: finished epoch {}: {} samples, {} updates, loss {:.4f}", r.worker, r.epoch + 1,
+        logger().info("worker {}: finished epoch {}: {} samples, {} updates, loss {:.4f}", r.worker, r.epoch + 1,
                      r.samples, r.updates, kept ? r.loss_sum / static_cast<double>(kept) : 0.0);
         bridge->send(peer, encode(r, bridge->next_id()));
       },
@@ -243,7 +243,7 @@ Status serve_until_shutdown(Joined& j, const std::string& name, std::stop_token 
     if (Status s = on_message(*in); !s.ok()) return s;
   }
   // Told to stop (SIGINT, SIGTERM): a clean end for a shard or worker.
-  spdlog::info("{}: stopped", name);
+  logger().info("{}: stopped", name);
   return {};
 }
 
@@ -272,14 +272,14 @@ Result<ShardCore> assigned_shard(Joined& j, const std::string& name) {
   if (checkpoint.empty())
     return Status::InvalidArgument("restarted, but the job writes no checkpoints (--checkpoint-dir, --checkpoint-every)");
   if (!std::filesystem::exists(checkpoint, ec)) {
-    spdlog::warn("{}: restarted before its first checkpoint ({}): starting again from the initial parameters", name,
+    logger().warn("{}: restarted before its first checkpoint ({}): starting again from the initial parameters", name,
                  checkpoint);
     return core;
   }
   auto saved = ShardCore::saved(checkpoint);
   if (!saved) return saved.status();
   if (Status s = core->restore(checkpoint, {}); !s.ok()) return s;
-  spdlog::warn("{}: restarted; reloaded {} (written {:.1f} s ago, {} updates applied by then)", name, checkpoint,
+  logger().warn("{}: restarted; reloaded {} (written {:.1f} s ago, {} updates applied by then)", name, checkpoint,
                unix_seconds_now() - saved->written_unix_s, saved->stats.updates_applied);
   return core;
 }
@@ -328,15 +328,15 @@ Status run_shard_process(const ProcessOptions& o, std::stop_token stop) {
   auto shard = system.spawn(parameter_shard, std::make_shared<ShardCore>(std::move(core).value()));
   *server_handle = system.spawn(shard_server, j.bridge, shard);
   server->store(server_handle.get());
-  spdlog::info("{}: keys [{}, {}) for {} workers, serving at {}", name, a.range_begin, a.range_end, a.workers,
+  logger().info("{}: keys [{}, {}) for {} workers, serving at {}", name, a.range_begin, a.range_end, a.workers,
                j.bridge->endpoint());
   Status s = serve_until_shutdown(j, name, stop, [](Inbound&) { return Status{}; });
   server->store(nullptr);
   j.bridge->stop();
   const auto st = j.bridge->stats();
-  if (st.rejected > 0) spdlog::warn("{}: dropped {} malformed frames", name, st.rejected);
+  if (st.rejected > 0) logger().warn("{}: dropped {} malformed frames", name, st.rejected);
   log_refused(name, st);
-  spdlog::info("{}: at most {} requests were unanswered at once (limit {}); reading stopped at the limit {} times",
+  logger().info("{}: at most {} requests were unanswered at once (limit {}); reading stopped at the limit {} times",
                name, st.unanswered_peak, shard_max_unanswered(a.workers), st.read_pauses);
   caf::anon_send_exit(*server_handle, caf::exit_reason::user_shutdown);
   caf::anon_send_exit(shard, caf::exit_reason::user_shutdown);
@@ -363,10 +363,10 @@ caf::behavior finish_watcher(caf::event_based_actor* self, std::shared_ptr<Bridg
 void reconnect_shard(Bridge& bridge, const std::string& name, const PeerId& peer, const Restarted& r) {
   auto resent = bridge.reconnect(peer, r.endpoint);
   if (resent) {
-    spdlog::info("{}: shard {} was restarted, now at {}; sent {} unanswered request(s) again", name, r.index,
+    logger().info("{}: shard {} was restarted, now at {}; sent {} unanswered request(s) again", name, r.index,
                  r.endpoint, *resent);
   } else {
-    spdlog::error("{}: reconnecting to shard {} at {}: {}", name, r.index, r.endpoint, resent.status().message());
+    logger().error("{}: reconnecting to shard {} at {}: {}", name, r.index, r.endpoint, resent.status().message());
   }
 }
 
@@ -430,7 +430,7 @@ Status run_worker_process(const ProcessOptions& o, std::stop_token stop) {
   auto worker_actor = system.spawn(worker, std::move(ws));
   // Held here: CAF ends an actor nobody refers to.
   caf::actor watcher = system.spawn(finish_watcher, j.bridge, j.coordinator, a.index, worker_actor);
-  spdlog::info("{}: samples [{}, {}) in batches of {}, {} shard(s){}", name, a.partition_begin, a.partition_end,
+  logger().info("{}: samples [{}, {}) in batches of {}, {} shard(s){}", name, a.partition_begin, a.partition_end,
                a.batch, shards.size(),
                a.first_epoch > 0 ? fmt::format(", from epoch {} (in place of a lost process)", a.first_epoch + 1) : "");
   Status s = serve_until_shutdown(j, name, stop, [&](Inbound& in) {

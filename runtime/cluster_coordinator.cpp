@@ -4,7 +4,7 @@
 // places its shards and workers on them through ClusterPlacement.
 
 #include <spdlog/fmt/fmt.h>
-#include <spdlog/spdlog.h>
+#include "base/log.hpp"
 
 #include <utility>
 
@@ -193,7 +193,7 @@ Result<JobSummary> run_coordinator_process(const JobConfig& config, const Proces
   if (o.supervision)
     o.supervision->listen([registry](ProcessExit e) { caf::anon_send(registry, Exited{std::move(e)}); });
   if (on_listening) on_listening(bridge->endpoint());
-  spdlog::info("coordinator listening on {}: waiting for {} shard and {} worker processes", bridge->endpoint(),
+  logger().info("coordinator listening on {}: waiting for {} shard and {} worker processes", bridge->endpoint(),
                config.shards, config.workers);
 
   // Tells every process to stop, once, and waits for the registry to go.
@@ -204,7 +204,7 @@ Result<JobSummary> run_coordinator_process(const JobConfig& config, const Proces
     if (o.supervision) o.supervision->listen(nullptr);
     main->request(registry, std::chrono::seconds(10), stop_atom::value, why)
         .receive([](bool) {},
-                 [](caf::error& err) { spdlog::warn("coordinator: the registry did not stop: {}", to_string(err)); });
+                 [](caf::error& err) { logger().warn("coordinator: the registry did not stop: {}", to_string(err)); });
     bridge->stop(std::chrono::seconds(2));
   };
 

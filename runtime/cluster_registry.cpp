@@ -1,7 +1,7 @@
 #include "runtime/cluster_registry.hpp"
 
 #include <spdlog/fmt/fmt.h>
-#include <spdlog/spdlog.h>
+#include "base/log.hpp"
 
 #include <algorithm>
 #include <map>
@@ -118,7 +118,7 @@ void registered(Self self, const PeerId& peer, const Registration& reg) {
     if (!slots[i]) slot = i;
   if (slot == slots.size()) return tell_to_stop(self, peer, "the job needs no more of these");
   if (reg.role == Role::shard && reg.endpoint.empty()) return tell_to_stop(self, peer, "a shard must give its endpoint");
-  spdlog::info("{} {} registered: pid {} on {}{}", role_name(reg), slot, reg.pid, reg.host,
+  logger().info("{} {} registered: pid {} on {}{}", role_name(reg), slot, reg.pid, reg.host,
                reg.endpoint.empty() ? "" : ", at " + reg.endpoint);
   slots[slot] = Member{peer, reg};
   if (filled(st.shards) == st.shards.size() && filled(st.workers) == st.workers.size()) end_registration(self, {});
@@ -172,13 +172,13 @@ void take_place(Self self, const Member& fresh, const Member& old) {
   auto& st = self->state;
   const Registration& reg = fresh.reg;
   if (reg.role == Role::worker) {
-    spdlog::warn("worker {} registered again: pid {} on {}; it takes the place of pid {}", reg.index, reg.pid,
+    logger().warn("worker {} registered again: pid {} on {}; it takes the place of pid {}", reg.index, reg.pid,
                  reg.host, old.reg.pid);
     st.workers[reg.index] = fresh;
     tell_coordinator(self, rejoin_atom::value, reg.index);
     return;
   }
-  spdlog::warn("shard {} registered again: pid {} on {}, at {}; it takes the place of pid {} and reloads its "
+  logger().warn("shard {} registered again: pid {} on {}, at {}; it takes the place of pid {} and reloads its "
                "checkpoint", reg.index, reg.pid, reg.host, reg.endpoint, old.reg.pid);
   st.heard.erase(old.peer);
   Assignment a = *st.placed[reg.index]->assignment;
@@ -198,7 +198,7 @@ void settle_newcomers(Self self) {
       take_place(self, n.member, old);
     } else if (SteadyClock::now() > n.refuse_at) {
       const std::string what = role_name(reg) + " " + std::to_string(reg.index);
-      spdlog::warn("{} registered again (pid {} on {}), but its process pid {} still sends heartbeats: refused", what,
+      logger().warn("{} registered again (pid {} on {}), but its process pid {} still sends heartbeats: refused", what,
                    reg.pid, reg.host, old.reg.pid);
       tell_to_stop(self, n.member.peer,
              what + " is alive (pid " + std::to_string(old.reg.pid) + " on " + old.reg.host +
@@ -246,7 +246,7 @@ void shard_served(Self self, const PeerId& peer) {
                      "restarting shard " + std::to_string(u.index) + ": " + resent.status().message());
     return;
   }
-  if (*resent > 0) spdlog::info("coordinator: sent {} unanswered request(s) to shard {} again", *resent, u.index);
+  if (*resent > 0) logger().info("coordinator: sent {} unanswered request(s) to shard {} again", *resent, u.index);
   st.shards[u.index] = u.member;
   st.said_silent[u.index] = false;
   for (const auto& w : st.workers)
@@ -300,10 +300,10 @@ void check_silence(Self self) {
     // A stopped or hung process never exits: its supervisor ends it, then
     // restarts it or says it will not (exited).
     if (st.setup.supervision && st.setup.supervision->on_silent_shard) {
-      spdlog::warn("{}: asking the supervisor to end it", what);
+      logger().warn("{}: asking the supervisor to end it", what);
       st.setup.supervision->on_silent_shard(i, m.reg.pid);
     } else if (!cfg.checkpoint_dir.empty() && cfg.checkpoint_every_s > 0) {
-      spdlog::warn("{}: waiting for it to be restarted; workers wait for it up to --rpc-timeout ({:g} s)", what,
+      logger().warn("{}: waiting for it to be restarted; workers wait for it up to --rpc-timeout ({:g} s)", what,
                    cfg.rpc_timeout_s);
     } else {
       tell_coordinator(self, failed_atom::value, static_cast<std::int32_t>(StatusCode::timeout),
@@ -326,7 +326,7 @@ void exited(Self self, const ProcessExit& e) {
     tell_coordinator(self, failed_atom::value, static_cast<std::int32_t>(StatusCode::internal),
                      e.what + "; the job stops");
   } else {
-    spdlog::warn("{}; its supervisor starts it again", e.what);
+    logger().warn("{}; its supervisor starts it again", e.what);
   }
   settle_newcomers(self);
 }

@@ -2,7 +2,7 @@
 // system, lets the coordinator run the job, and waits for its outcome.
 
 #include <spdlog/fmt/fmt.h>
-#include <spdlog/spdlog.h>
+#include "base/log.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -232,7 +232,7 @@ Result<std::shared_ptr<const data::DatasetSplits>> job_data(const JobConfig& con
   if (user_data) {
     auto data = std::make_shared<const data::DatasetSplits>(data::from_user_dataset(*user_data));
     user_data.reset();
-    spdlog::info("user data {}: {} train, {} validation, {} test samples", data->name, data->train.count,
+    logger().info("user data {}: {} train, {} validation, {} test samples", data->name, data->train.count,
                  data->validation.count, data->test.count);
     return data;
   }
@@ -240,7 +240,7 @@ Result<std::shared_ptr<const data::DatasetSplits>> job_data(const JobConfig& con
   auto loaded = data::load_dataset(config.dataset, dir, config.validation_size, config.seed);
   if (!loaded) return loaded.status();
   auto data = std::make_shared<const data::DatasetSplits>(std::move(loaded).value());
-  spdlog::info("loaded {} from {}: {} train, {} validation, {} test images", config.dataset, dir, data->train.count,
+  logger().info("loaded {} from {}: {} train, {} validation, {} test images", config.dataset, dir, data->train.count,
                data->validation.count, data->test.count);
   return data;
 }
@@ -338,10 +338,10 @@ Result<JobSummary> run_job_with(const JobConfig& requested, const JobCallbacks& 
   planned->model.use_compute(compute);
   planned->model.init_params(config.seed);
   if (const std::string better = blas::suggested_coretype(); !better.empty()) {
-    spdlog::warn("OpenBLAS runs its generic {} kernels on this CPU; set OPENBLAS_CORETYPE={} for faster matrix products",
+    logger().warn("OpenBLAS runs its generic {} kernels on this CPU; set OPENBLAS_CORETYPE={} for faster matrix products",
                  blas::core_name(), better);
   }
-  spdlog::info("OpenBLAS {} kernels, {} thread(s) per worker", blas::core_name(), plan.compute_threads);
+  logger().info("OpenBLAS {} kernels, {} thread(s) per worker", blas::core_name(), plan.compute_threads);
 
   auto on_epoch = [&](const EpochMetrics& m) {
     metrics.write(to_json(m));

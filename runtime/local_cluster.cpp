@@ -3,7 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <spawn.h>
-#include <spdlog/spdlog.h>
+#include "base/log.hpp"
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -153,10 +153,10 @@ Result<int> LocalCluster::run(std::stop_token stop) {
   int failed = 0;
   for (std::size_t i = 1; i < children_.size(); ++i)
     if (children_[i]->exit_status() != 0 && !children_[i]->replaced) ++failed;
-  if (failed > 0) spdlog::warn("{} of the shard and worker processes did not exit cleanly", failed);
+  if (failed > 0) logger().warn("{} of the shard and worker processes did not exit cleanly", failed);
   for (const auto& [role, counts] : {std::pair{"shard", &shard_restarts_}, std::pair{"worker", &worker_restarts_}})
     for (std::uint32_t i = 0; i < counts->size(); ++i)
-      if ((*counts)[i] > 0) spdlog::info("{} {}'s process was restarted {} time(s)", role, i, (*counts)[i]);
+      if ((*counts)[i] > 0) logger().info("{} {}'s process was restarted {} time(s)", role, i, (*counts)[i]);
   return children_[0]->exit_status();
 }
 
@@ -178,7 +178,7 @@ void LocalCluster::supervise(std::stop_token stop) {
       if (!start_roles(endpoint)) stop_all(SIGTERM);
     }
     if (!started && (coordinator.exited || SteadyClock::now() > deadline)) {
-      if (!coordinator.exited) spdlog::error("the coordinator did not say where it listens");
+      if (!coordinator.exited) logger().error("the coordinator did not say where it listens");
       stop_all(SIGTERM);
       return;
     }
@@ -227,7 +227,7 @@ void LocalCluster::end_silent_shards(const std::vector<std::string>& silent) {
     if (std::sscanf(text.c_str(), "%u pid %u", &index, &pid) != 2) continue;
     for (auto& c : children_)
       if (c->shard && c->index == index && c->pid == static_cast<pid_t>(pid) && !c->reap(false)) {
-        spdlog::warn("{} (pid {}) is silent but has not exited: ending it (SIGKILL)", c->name, c->pid);
+        logger().warn("{} (pid {}) is silent but has not exited: ending it (SIGKILL)", c->name, c->pid);
         kill(c->pid, SIGKILL);
       }
   }
@@ -243,7 +243,7 @@ bool LocalCluster::start_roles(const std::string& endpoint) {
       args.insert(args.end(), options_.role_args.begin(), options_.role_args.end());
       auto c = spawn(options_.program, role + " " + std::to_string(i), args);
       if (!c) {
-        spdlog::error("{}", c.status().message());
+        logger().error("{}", c.status().message());
         return false;
       }
       (*c)->shard = role == "shard";
@@ -269,7 +269,7 @@ void LocalCluster::restart_dead(std::stop_token stop) {
     std::string what = c->name + " (pid " + std::to_string(c->pid) + ") " + c->how_it_ended();
     if (c->shard && !options_.shards_restartable) {
       what += "; the job writes no checkpoints (--checkpoint-dir), so it cannot be restarted";
-      spdlog::error("{}", what);
+      logger().error("{}", what);
       tell_coordinator(*c, false, what);
       continue;
     }
@@ -277,16 +277,16 @@ void LocalCluster::restart_dead(std::stop_token stop) {
     if (count >= options_.max_restarts) {
       what += fmt::format("; it was restarted {} time(s) already and --max-restarts is {}", count,
                           options_.max_restarts);
-      spdlog::error("{}", what);
+      logger().error("{}", what);
       tell_coordinator(*c, false, what);
       continue;
     }
     ++count;
-    spdlog::warn("{}; starting it again ({} of at most {})", what, count, options_.max_restarts);
+    logger().warn("{}; starting it again ({} of at most {})", what, count, options_.max_restarts);
     tell_coordinator(*c, true, what);
     auto again = spawn(options_.program, c->name, c->args);
     if (!again) {
-      spdlog::error("restarting {}: {}", c->name, again.status().message());
+      logger().error("restarting {}: {}", c->name, again.status().message());
       continue;
     }
     (*again)->shard = c->shard;
@@ -302,7 +302,7 @@ void LocalCluster::tell_coordinator(const Child& c, bool restarting, std::string
   const std::string line = std::string("exited ") + (c.shard ? "shard " : "worker ") + std::to_string(c.index) + " " +
                            std::to_string(c.pid) + (restarting ? " restarting " : " final ") + what + "\n";
   if (write(to_coordinator_, line.data(), line.size()) < 0 && errno != EPIPE)
-    spdlog::warn("telling the coordinator that {} ended: {}", c.name, std::strerror(errno));
+    logger().warn("telling the coordinator that {} ended: {}", c.name, std::strerror(errno));
 }
 
 void LocalCluster::stop_all(int signal) {
@@ -354,7 +354,7 @@ void read_supervision(std::stop_token stop, const std::shared_ptr<Supervision>& 
       ProcessExit e;
       if (!(line >> word >> role >> e.index >> e.pid >> how) || word != "exited" ||
           (role != "shard" && role != "worker") || (how != "restarting" && how != "final")) {
-        spdlog::warn("coordinator: ignored a line from the supervisor that it does not understand");
+        logger().warn("coordinator: ignored a line from the supervisor that it does not understand");
         continue;
       }
       e.shard = role == "shard";

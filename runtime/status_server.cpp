@@ -1,6 +1,6 @@
 #include "runtime/status_server.hpp"
 
-#include <spdlog/spdlog.h>
+#include "base/log.hpp"
 
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
@@ -143,7 +143,7 @@ Result<std::unique_ptr<StatusServer>> StatusServer::start(const std::string& add
   Impl* raw = impl.get();
   impl->thread = std::thread([raw] { raw->io.run(); });
   std::unique_ptr<StatusServer> server(new StatusServer(std::move(impl)));
-  spdlog::info("status: http://{}:{}/ (also /status and /metrics)", address, server->port());
+  logger().info("status: http://{}:{}/ (also /status and /metrics)", address, server->port());
   return server;
 }
 

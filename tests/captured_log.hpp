@@ -1,27 +1,32 @@
 #pragma once
-// Warnings logged while it lives (the default logger's), for tests about
+// Warnings asgd logs while it lives (base/log.hpp's logger), for tests about
 // what is logged. Declare it before anything whose threads log (a
-// transport, a job): they log through the logger this replaces, so they must
-// be gone before it is put back.
+// transport, a job): they log through the sinks this replaces, so they must
+// be gone before those are put back.
 
 #include <spdlog/sinks/ringbuffer_sink.h>
-#include <spdlog/spdlog.h>
 
 #include <cstddef>
 #include <memory>
 #include <string>
+#include <vector>
+
+#include "base/log.hpp"
 
 namespace asgd_test {
 
 class CapturedLog {
  public:
   CapturedLog()
-      : sink_(std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(4096)), previous_(spdlog::default_logger()) {
-    auto logger = std::make_shared<spdlog::logger>("captured", sink_);
-    logger->set_level(spdlog::level::warn);
-    spdlog::set_default_logger(logger);
+      : sink_(std::make_shared<spdlog::sinks::ringbuffer_sink_mt>(4096)),
+        previous_(asgd::replace_log_sinks({sink_})),
+        previous_level_(asgd::logger().level()) {
+    asgd::logger().set_level(spdlog::level::warn);
   }
-  ~CapturedLog() { spdlog::set_default_logger(previous_); }
+  ~CapturedLog() {
+    asgd::replace_log_sinks(std::move(previous_));
+    asgd::logger().set_level(previous_level_);
+  }
   CapturedLog(const CapturedLog&) = delete;
   CapturedLog& operator=(const CapturedLog&) = delete;
 
@@ -40,7 +45,8 @@ class CapturedLog {
 
  private:
   std::shared_ptr<spdlog::sinks::ringbuffer_sink_mt> sink_;
-  std::shared_ptr<spdlog::logger> previous_;
+  std::vector<spdlog::sink_ptr> previous_;
+  spdlog::level::level_enum previous_level_;
 };
 
 }  // namespace asgd_test

@@ -25,7 +25,7 @@
 // Errors: make_cuda_model returns a Status; the per-step calls throw
 // asgd::cuda::Error (a std::runtime_error; see check.hpp).
 
-#include <spdlog/spdlog.h>
+#include "base/log.hpp"
 
 #include <algorithm>
 #include <filesystem>
@@ -100,7 +100,7 @@ Algo pick_algo(const std::vector<Perf>& measured, int count, std::size_t& worksp
   if (fastest == nullptr) throw Error(what + ": cuDNN offers no GEMM-based or direct fp32 algorithm for this shape");
   const Perf* chosen =
       deterministic != nullptr && deterministic->time <= fastest->time * kDeterminismSlack ? deterministic : fastest;
-  spdlog::debug("cuDNN {}: algorithm {} ({:.3f} ms{}, {} bytes of workspace); the fastest took {:.3f} ms", what,
+  logger().debug("cuDNN {}: algorithm {} ({:.3f} ms{}, {} bytes of workspace); the fastest took {:.3f} ms", what,
                 static_cast<int>(chosen->algo), chosen->time,
                 chosen->determinism == CUDNN_DETERMINISTIC ? ", deterministic" : "", chosen->memory, fastest->time);
   workspace = std::max(workspace, chosen->memory);

@@ -6,6 +6,7 @@
 
 #include "asgd/dataset.hpp"    // IWYU pragma: export
 #include "asgd/job.hpp"        // IWYU pragma: export
+#include "asgd/log.hpp"        // IWYU pragma: export
 #include "asgd/model_spec.hpp" // IWYU pragma: export
 #include "asgd/predictor.hpp" // IWYU pragma: export
 #include "asgd/runtime.hpp"   // IWYU pragma: export

@@ -14,7 +14,10 @@
 #include <fstream>
 #include <string>
 #include <thread>
+#include <utility>
+#include <vector>
 
+#include "asgd/log.hpp"
 #include "asgd/runtime.hpp"
 #include "test_data.hpp"
 
@@ -152,6 +155,50 @@ int twenty_four_jobs(const std::string& dir) {
   const double after = rss_mib();
   std::fprintf(stderr, "RSS before %.1f MiB, after 24 jobs %.1f MiB\n", before, after);
   return after <= before * 1.2 ? 0 : 1;
+}
+
+// Bytes in the file behind `fd` so far.
+long written_to(int fd) { return ::lseek(fd, 0, SEEK_END); }
+
+// Where a job's log lines go: stderr by default, never stdout; the host's
+// sink once it gives one; nowhere at LogLevel::off.
+int log_lines_go_where_the_host_says(const std::string& dir) {
+  char out_name[] = "/tmp/asgd_stdout_XXXXXX";
+  char err_name[] = "/tmp/asgd_stderr_XXXXXX";
+  const int out = mkstemp(out_name);
+  const int err = mkstemp(err_name);
+  if (out < 0 || err < 0) return 90;
+  std::fflush(stdout);
+  std::fflush(stderr);
+  dup2(out, STDOUT_FILENO);
+  dup2(err, STDERR_FILENO);
+  unlink(out_name);
+  unlink(err_name);
+  Runtime rt;
+  if (!rt.run(small_job(dir, 1, 1)).ok()) return 2;
+  std::fflush(stdout);
+  if (written_to(out) != 0) return 3;  // the library wrote to the host's stdout
+  if (written_to(err) == 0) return 4;  // ... and nothing to stderr?
+  std::vector<std::pair<LogLevel, std::string>> lines;
+  set_log_sink([&](LogLevel level, std::string_view text) { lines.emplace_back(level, std::string(text)); });
+  const long err_before = written_to(err);
+  if (!rt.run(small_job(dir, 1, 1)).ok()) return 5;
+  if (written_to(err) != err_before) return 6;  // the sink was passed by
+  bool loaded = false;
+  for (const auto& [level, text] : lines) loaded |= level == LogLevel::info && text.find("loaded mnist") == 0;
+  if (!loaded) return 7;
+  const std::size_t seen = lines.size();
+  set_log_sink(nullptr, LogLevel::off);
+  if (!rt.run(small_job(dir, 1, 1)).ok()) return 8;
+  if (written_to(err) != err_before || lines.size() != seen) return 9;  // off is off
+  set_log_sink(nullptr);
+  return written_to(out) == 0 ? 0 : 10;
+}
+
+TEST(EmbeddingDeathTest, LogLinesGoToStderrOrTheHostsSinkAndNeverToStdout) {
+  ASGD_REQUIRE_DATASET(dir, "mnist");
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(_exit(log_lines_go_where_the_host_says(dir.string())), ::testing::ExitedWithCode(0), "");
 }
 
 TEST(EmbeddingDeathTest, UnderA4GiBAddressSpaceAJobOf20000WorkersEndsWithAnErrorWithin10s) {

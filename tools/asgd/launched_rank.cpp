@@ -2,7 +2,7 @@
 // every rank runs the same command and plays the part its rank gives it
 // (runtime/launcher.hpp), instead of starting local processes.
 
-#include <spdlog/spdlog.h>
+#include "base/log.hpp"
 
 #include <chrono>
 #include <cstdio>
@@ -139,7 +139,7 @@ int run_rank_coordinator(const JobOptions& jo, const LaunchFlags& lf, const JobC
                                           std::fflush(stdout);
                                           if (lf.rendezvous.empty()) return;
                                           if (Status s = write_rendezvous(lf.rendezvous, endpoint); !s.ok())
-                                            spdlog::error("{}", s.message());
+                                            logger().error("{}", s.message());
                                         });
   if (!lf.rendezvous.empty()) std::filesystem::remove(lf.rendezvous);
   return report_outcome(result, config, jo.log);

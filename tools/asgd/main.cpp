@@ -1,7 +1,6 @@
 // asgd: the command-line front end. Parses the command, dispatches to one
 // subcommand, and maps failures to exit codes (0 ok, 1 runtime, 2 usage).
 
-#include <spdlog/spdlog.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -12,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "base/log.hpp"
 #include "tools/asgd/commands.hpp"
 
 namespace {
@@ -148,7 +148,7 @@ int main(int argc, char** argv) {
     print_error(explain_parse_error(app, given, e));
     return kExitUsage;
   }
-  spdlog::set_pattern("[%H:%M:%S.%e] %^%l%$ %v");
+  asgd::logger().set_pattern("[%H:%M:%S.%e] %^%l%$ %v");
   for (auto* sub : app.get_subcommands()) {
     if (sub->get_name() == "train") return train();
     if (sub->get_name() == "compare") return compare();

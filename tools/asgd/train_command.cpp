@@ -2,7 +2,6 @@
 
 #include <spdlog/sinks/basic_file_sink.h>
 #include <spdlog/sinks/stdout_color_sinks.h>
-#include <spdlog/spdlog.h>
 
 #include <spdlog/fmt/fmt.h>
 #include <unistd.h>
@@ -19,6 +18,7 @@
 #include <thread>
 
 #include "asgd/job.hpp"
+#include "base/log.hpp"
 #include "runtime/config_file.hpp"
 #include "tools/asgd/commands.hpp"
 
@@ -33,13 +33,12 @@ Status setup_logging(const LogOptions& o) {
       return Status::InvalidArgument("--log-file " + o.log_file + ": " + e.what());
     }
   }
-  auto logger = std::make_shared<spdlog::logger>("asgd", sinks.begin(), sinks.end());
   const auto level = spdlog::level::from_str(o.log_level);
   if (level == spdlog::level::off && o.log_level != "off")
     return Status::InvalidArgument("--log-level " + o.log_level + ": expected trace, debug, info, warn, error or off");
-  logger->set_level(level);
-  logger->set_pattern("[%H:%M:%S.%e] %^%l%$ %v");
-  spdlog::set_default_logger(logger);
+  replace_log_sinks(std::move(sinks));
+  logger().set_level(level);
+  logger().set_pattern("[%H:%M:%S.%e] %^%l%$ %v");
   return {};
 }
 
