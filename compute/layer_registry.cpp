@@ -39,6 +39,17 @@ Status bad(const std::string& where, const SpecLayer& l, const std::string& why)
 
 bool image(const Shape& in) { return in.size() == 3; }
 
+// A size from a spec's JSON: a whole number of 0 or more, or `fallback`
+// when absent. nlohmann would turn -1 into 2^64 - 1 and 2.5 into 2.
+std::size_t read_size(const json& j, const char* key, std::size_t fallback) {
+  const auto it = j.find(key);
+  if (it == j.end()) return fallback;
+  if (!it->is_number_unsigned())
+    throw std::invalid_argument(std::string("\"") + key + "\" must be a whole number of 0 or more, not " +
+                                (it->is_number() ? it->dump() : std::string("a ") + it->type_name()));
+  return it->get<std::size_t>();
+}
+
 Status needs_image(const std::string& where, const SpecLayer& l, const Shape& in) {
   return bad(where, l, "needs (C, H, W) input, got " + shape_string(in) + " (after a flatten or dense?)");
 }
@@ -78,7 +89,7 @@ const std::array kKinds = {
                 return make<Dense>(numel(in), l.units);
               },
               [](const SpecLayer& l, json& j) { j["units"] = l.units; },
-              [](const json& j, SpecLayer& l) { l.units = j.value("units", l.units); }},
+              [](const json& j, SpecLayer& l) { l.units = read_size(j, "units", l.units); }},
     LayerKind{K::conv2d, "conv2d",
               [](const SpecLayer& l, const Shape& in, const std::string& where) -> Built {
                 if (!image(in)) return needs_image(where, l, in);
@@ -95,10 +106,10 @@ const std::array kKinds = {
                           {"bias", l.bias}});
               },
               [](const json& j, SpecLayer& l) {
-                l.units = j.value("units", l.units);
-                l.kernel = j.value("kernel", l.kernel);
-                l.stride = j.value("stride", l.stride);
-                l.pad = j.value("pad", l.pad);
+                l.units = read_size(j, "units", l.units);
+                l.kernel = read_size(j, "kernel", l.kernel);
+                l.stride = read_size(j, "stride", l.stride);
+                l.pad = read_size(j, "pad", l.pad);
                 l.bias = j.value("bias", l.bias);
               }},
     LayerKind{K::relu, "relu", plain<ReLU>, no_fields, no_fields_read},
@@ -113,8 +124,8 @@ const std::array kKinds = {
               },
               [](const SpecLayer& l, json& j) { j.update({{"kernel", l.kernel}, {"stride", l.stride}}); },
               [](const json& j, SpecLayer& l) {
-                l.kernel = j.value("kernel", l.kernel);
-                l.stride = j.value("stride", l.stride);
+                l.kernel = read_size(j, "kernel", l.kernel);
+                l.stride = read_size(j, "stride", l.stride);
               }},
     LayerKind{K::batch_norm, "batch_norm",
               [](const SpecLayer& l, const Shape& in, const std::string& where) -> Built {
@@ -179,7 +190,11 @@ Result<Layers> build_layers(const std::vector<SpecLayer>& specs, Shape& shape, c
     auto layer = layer_kind(specs[i].kind).build(specs[i], shape, where);
     if (!layer) return layer.status();
     shape = (*layer)->output_shape(shape);
-    if (numel(shape) == 0) return bad(where, specs[i], "gives an empty output " + shape_string(shape));
+    const auto values = numel_within(shape, kMaxValuesPerSample);
+    if (!values)
+      return bad(where, specs[i], "gives an output of too many values a sample " + shape_string(shape) + " (at most " +
+                                      std::to_string(kMaxValuesPerSample) + ")");
+    if (*values == 0) return bad(where, specs[i], "gives an empty output " + shape_string(shape));
     out.push_back(std::move(layer).value());
   }
   return out;
@@ -197,6 +212,7 @@ json layers_to_json(const std::vector<SpecLayer>& layers) {
 }
 
 std::vector<SpecLayer> layers_from_json(const json& list) {
+  if (!list.is_array()) throw std::invalid_argument(std::string("\"layers\" must be a list, not a ") + list.type_name());
   std::vector<SpecLayer> out;
   for (const json& j : list) {
     const LayerKind* kind = find_layer_kind(j.at("kind").get<std::string>());

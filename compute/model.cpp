@@ -57,6 +57,18 @@ Result<Model> Model::build(const std::string& name, const ModelSpec* spec, const
 }
 
 Result<Model> Model::build(const ModelSpec& spec, const Shape& sample_shape, std::size_t classes) {
+  auto m = assemble(spec, sample_shape, classes);
+  if (m) m->finalize();
+  return m;
+}
+
+Result<std::size_t> Model::count_params(const ModelSpec& spec, const Shape& sample_shape, std::size_t classes) {
+  auto m = assemble(spec, sample_shape, classes);
+  if (!m) return m.status();
+  return m->num_params();
+}
+
+Result<Model> Model::assemble(const ModelSpec& spec, const Shape& sample_shape, std::size_t classes) {
   auto bad = [&](const std::string& why) { return Status::InvalidArgument("model '" + spec.name() + "': " + why); };
   if (spec.layers().empty()) return bad("the spec has no layers");
   if (sample_shape.empty() || numel(sample_shape) == 0)
@@ -73,8 +85,8 @@ Result<Model> Model::build(const ModelSpec& spec, const Shape& sample_shape, std
   m.weight_init_ = WeightInit::torch_default;
   Shape running = sample_shape;
   for (auto& layer : *layers) m.add(std::move(layer), running);
+  if (Status s = m.size_status(); !s.ok()) return s;
   m.classes_ = classes;
-  m.finalize();
   return m;
 }
 
@@ -132,6 +144,7 @@ Result<Model> Model::build(const std::string& name, const Shape& sample_shape, s
     for (const auto& k : known_models()) known += (known.empty() ? "" : ", ") + k;
     return Status::InvalidArgument("unknown model '" + name + "' (known: " + known + ")");
   }
+  if (Status s = m.size_status(); !s.ok()) return s;
   m.classes_ = classes;
   m.finalize();
   return m;
@@ -139,20 +152,34 @@ Result<Model> Model::build(const std::string& name, const Shape& sample_shape, s
 
 void Model::add(std::unique_ptr<Layer> layer, Shape& shape) {
   const std::size_t index = layers_.size();
-  layer_offset_.push_back(params_.size());
+  layer_offset_.push_back(num_params_);
   std::size_t count = 0;
   for (const ParamSpec& spec : layer->param_specs()) {
-    const std::size_t n = numel(spec.shape);
-    layout_.push_back({std::to_string(index) + "." + spec.name, spec.shape, params_.size() + count, n});
-    count += n;
+    const auto n = numel_within(spec.shape, kMaxParams);
+    const std::size_t offset = num_params_ + count;
+    if (!n || __builtin_add_overflow(count, *n, &count) || count > kMaxParams) {
+      if (oversized_.empty()) oversized_ = "layer " + std::to_string(index) + " alone";
+      count = 0;
+      break;
+    }
+    layout_.push_back({std::to_string(index) + "." + spec.name, spec.shape, offset, *n});
   }
-  params_.resize(params_.size() + count);
+  if (oversized_.empty() && (__builtin_add_overflow(num_params_, count, &num_params_) || num_params_ > kMaxParams))
+    oversized_ = "layers 0 to " + std::to_string(index);
   layer_size_.push_back(count);
   shape = layer->output_shape(shape);
   layers_.push_back(std::move(layer));
 }
 
+Status Model::size_status() const {
+  if (oversized_.empty()) return {};
+  return Status::InvalidArgument("model '" + name_ + "': " + oversized_ + " would have too many parameters (more than " +
+                                 std::to_string(kMaxParams) + ", " + std::to_string(kMaxParams / (1 << 28)) +
+                                 " GiB of floats)");
+}
+
 void Model::finalize() {
+  params_.resize(num_params_);
   use_compute(std::make_shared<ComputeContext>(std::max(1u, std::thread::hardware_concurrency())));
   for (const auto& layer : layers_) collect_batchnorms(*layer, batchnorms_);
   grads_.assign(params_.size(), 0.0f);

@@ -68,6 +68,10 @@ class Model {
   /// `sample_shape` or `classes` (see asgd::validate(const ModelSpec&, ...)).
   static Result<Model> build(const ModelSpec& spec, const Shape& sample_shape, std::size_t classes);
 
+  /// What build(spec, ...) would check, and the parameter count it would
+  /// allocate, without allocating it.
+  static Result<std::size_t> count_params(const ModelSpec& spec, const Shape& sample_shape, std::size_t classes);
+
   /// build(*spec, ...) when `spec` is set, else build(name, ...): what every
   /// place that builds a job's model calls.
   static Result<Model> build(const std::string& name, const ModelSpec* spec, const Shape& sample_shape,
@@ -80,7 +84,7 @@ class Model {
   const std::string& name() const { return name_; }
   const Shape& sample_shape() const { return sample_shape_; }
   std::size_t classes() const { return classes_; }
-  std::size_t num_params() const { return params_.size(); }
+  std::size_t num_params() const { return num_params_; }
   const std::vector<ParamEntry>& layout() const { return layout_; }
 
   const Device& device() const { return device_; }
@@ -158,6 +162,10 @@ class Model {
  private:
   Model() = default;
   void add(std::unique_ptr<Layer> layer, Shape& shape);
+  // What add() found too big to hold, as the build's error; ok otherwise.
+  Status size_status() const;
+  // build(spec, ...) up to the allocation: layers added, sizes planned.
+  static Result<Model> assemble(const ModelSpec& spec, const Shape& sample_shape, std::size_t classes);
   void finalize();
   void bind_layers();
   void set_training(bool training);
@@ -174,6 +182,8 @@ class Model {
   std::vector<ParamEntry> layout_;
   std::vector<std::size_t> layer_offset_;  // per layer: first parameter index
   std::vector<std::size_t> layer_size_;    // per layer: parameter count
+  std::size_t num_params_ = 0;             // planned by add(), allocated by finalize()
+  std::string oversized_;                  // the first layer add() found too big
   std::vector<float> params_;
   std::span<float> view_;                  // params_, or external storage (use_params)
   bool external_params_ = false;

@@ -7,6 +7,7 @@
 #include <functional>
 #include <initializer_list>
 #include <numeric>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -17,6 +18,21 @@ using Shape = std::vector<std::size_t>;
 
 inline std::size_t numel(const Shape& shape) {
   return std::accumulate(shape.begin(), shape.end(), std::size_t{1}, std::multiplies<>());
+}
+
+/// The most parameters a model may have (8 GiB of floats), and the most
+/// values one sample may become in any layer: checked before anything of
+/// that size is allocated.
+inline constexpr std::size_t kMaxParams = std::size_t{1} << 31;
+inline constexpr std::size_t kMaxValuesPerSample = std::size_t{1} << 31;
+
+/// numel(shape) when it is at most `limit`; nullopt when it is larger (or
+/// would overflow on the way).
+inline std::optional<std::size_t> numel_within(const Shape& shape, std::size_t limit) {
+  std::size_t n = 1;
+  for (const std::size_t d : shape)
+    if (__builtin_mul_overflow(n, d, &n) || n > limit) return std::nullopt;
+  return n;
 }
 
 std::string shape_string(const Shape& shape);  // "(64, 784)"

@@ -2,7 +2,6 @@
 // system, lets the coordinator run the job, and waits for its outcome.
 
 #include <spdlog/fmt/fmt.h>
-#include "base/log.hpp"
 
 #include <algorithm>
 #include <chrono>
@@ -16,6 +15,8 @@
 #include <unistd.h>
 
 #include "actors/coordinator.hpp"
+#include "actors/thrown.hpp"
+#include "base/log.hpp"
 #include "compute/device.hpp"
 #include "asgd/job.hpp"
 #include "compute/blas.hpp"
@@ -298,8 +299,10 @@ Result<JobSummary> run_coordinator(CoordinatorSetup setup, const ClusterHooks& h
 
 }  // namespace
 
-Result<JobSummary> run_job_with(const JobConfig& requested, const JobCallbacks& callbacks, std::stop_token stop,
-                                const ClusterHooks& hooks, std::shared_ptr<const UserDataset> user_data) {
+namespace {
+
+Result<JobSummary> run_job_unguarded(const JobConfig& requested, const JobCallbacks& callbacks, std::stop_token stop,
+                                     const ClusterHooks& hooks, std::shared_ptr<const UserDataset> user_data) {
   const auto job_start = std::chrono::steady_clock::now();
   if (Status s = user_data ? validate(requested, *user_data) : validate(requested); !s.ok()) return s;
   JobConfig config = requested;
@@ -362,6 +365,21 @@ Result<JobSummary> run_job_with(const JobConfig& requested, const JobCallbacks& 
   metrics.write(to_json(summary));
   if (!metrics.error.ok()) return metrics.error;
   return summary;
+}
+
+}  // namespace
+
+// Whatever is thrown on the job's thread (memory that is not there, a
+// callback of the host's that throws) ends the job as its Status.
+Result<JobSummary> run_job_with(const JobConfig& requested, const JobCallbacks& callbacks, std::stop_token stop,
+                                const ClusterHooks& hooks, std::shared_ptr<const UserDataset> user_data) {
+  try {
+    return run_job_unguarded(requested, callbacks, stop, hooks, std::move(user_data));
+  } catch (...) {
+    Status failed = thrown_status(std::current_exception(), "the job");
+    logger().error("{}", failed.message());
+    return failed;
+  }
 }
 
 }  // namespace asgd

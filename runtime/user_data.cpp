@@ -60,9 +60,7 @@ Result<std::size_t> validate(const ModelSpec& spec, const std::vector<std::size_
                              std::size_t classes) {
   // Vectors (N) reach models as (1, 1, N), as user data does.
   const Shape shape = sample_shape.size() == 1 ? Shape{1, 1, sample_shape[0]} : sample_shape;
-  auto model = Model::build(spec, shape, classes);
-  if (!model) return model.status();
-  return model->num_params();
+  return Model::count_params(spec, shape, classes);
 }
 
 }  // namespace asgd

@@ -18,6 +18,8 @@
 #include <vector>
 
 #include "asgd/log.hpp"
+#include "asgd/model_spec.hpp"
+#include "asgd/predictor.hpp"
 #include "asgd/runtime.hpp"
 #include "test_data.hpp"
 
@@ -92,6 +94,57 @@ TEST(Embedding, WorkersAndShardsPastTheirBoundsAreRefusedBeforeAnythingStarts) {
   s = validate(c);
   EXPECT_EQ(s.code(), StatusCode::invalid_argument);
   EXPECT_NE(s.message().find("--shards 1025: must be 1 to 1024"), std::string::npos) << s.message();
+}
+
+// A model too big to hold, whichever door it comes through: refused as
+// invalid_argument, never a throw (bad_alloc, length_error) at the host.
+TEST(Embedding, ModelsTooBigToHoldAreRefusedNotThrown) {
+  const std::vector<std::size_t> mnist = {1, 28, 28};
+  for (const std::size_t width : {std::size_t{1} << 40, std::size_t{1} << 62, (std::size_t{1} << 63) + 5}) {
+    ModelSpec wide("wide");
+    wide.flatten().dense(width).relu().dense(10);
+    Result<std::size_t> counted(0);
+    ASSERT_NO_THROW(counted = validate(wide, mnist, 10));
+    EXPECT_EQ(counted.status().code(), StatusCode::invalid_argument) << width;
+    EXPECT_NE(counted.status().message().find("too many"), std::string::npos) << counted.status().message();
+    JobConfig c;
+    c.model_spec = std::make_shared<ModelSpec>(wide);
+    Runtime rt;
+    Result<JobHandle> job = Status::Internal("not run");
+    ASSERT_NO_THROW(job = rt.submit(c));
+    if (job.ok()) {  // refused once the data's shape is known: the job ends with it
+      EXPECT_EQ(job->wait().status().code(), StatusCode::invalid_argument) << job->wait().status().to_string();
+    } else {
+      EXPECT_EQ(job.status().code(), StatusCode::invalid_argument) << job.status().to_string();
+    }
+    const std::vector<float> params(10);
+    Result<Predictor> predictor = Status::Internal("not built");
+    ASSERT_NO_THROW(predictor = Predictor::from_params(wide, mnist, 10, params));
+    EXPECT_EQ(predictor.status().code(), StatusCode::invalid_argument);
+  }
+  ModelSpec deep("deep");
+  deep.conv2d(std::size_t{1} << 40, 3).flatten().dense(10);
+  EXPECT_EQ(validate(deep, mnist, 10).status().code(), StatusCode::invalid_argument);
+  ModelSpec huge_output("huge-output");  // few parameters, an output of 2^40 values a sample
+  huge_output.conv2d(std::size_t{1} << 32, 1).flatten().dense(10);
+  EXPECT_EQ(validate(huge_output, mnist, 10).status().code(), StatusCode::invalid_argument);
+}
+
+TEST(Embedding, ASpecFromJsonWithNegativeOrMissingSizesIsRefused) {
+  EXPECT_EQ(ModelSpec::from_json(R"({"name": "x", "layers": [{"kind": "dense", "units": -1}]})").status().code(),
+            StatusCode::invalid_argument);
+  EXPECT_EQ(ModelSpec::from_json(R"({"name": "x", "layers": {}})").status().code(), StatusCode::invalid_argument);
+  EXPECT_EQ(ModelSpec::from_json(R"({"name": "x", "layers": [{"kind": "dense", "units": 2.5}]})").status().code(),
+            StatusCode::invalid_argument);
+  EXPECT_EQ(ModelSpec::from_json(R"({"name": "x", "layers": [{"kind": "conv2d", "units": 4, "kernel": "3"}]})")
+                .status()
+                .code(),
+            StatusCode::invalid_argument);
+  EXPECT_TRUE(ModelSpec::from_json(R"({"name": "x", "layers": [{"kind": "dense", "units": 10}]})").ok());
+  ModelSpec odd(std::string("na\xffme"));
+  std::string text;
+  ASSERT_NO_THROW(text = odd.to_json());
+  EXPECT_TRUE(ModelSpec::from_json(text).ok()) << text;
 }
 
 // A job of 20000 workers under a 4 GiB address-space limit: refused, or
