@@ -3,7 +3,10 @@
 // One thread runs Boost.Asio's event loop and owns all the service's state;
 // training runs on the runtime's threads, whose callbacks post back to it.
 //
-// Usage: example_service PORT [WORK_DIR]   (PORT 0: the system picks one)
+// Usage: example_service PORT [WORK_DIR] [--idle-timeout SECONDS]
+//   PORT 0: the system picks one. A connection that sends nothing for
+//   SECONDS (default 30), or takes longer than that over one request, is
+//   closed: idle and slow clients cannot hold the service's sockets.
 //
 //   POST /train    {"model": "mlp", "epochs": 1, "data_dir": "...", ...}
 //                  starts a job (409 while one runs, 400 for bad settings)
@@ -19,6 +22,9 @@
 #include <boost/asio.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -30,6 +36,7 @@
 #include <optional>
 #include <string>
 #include <unistd.h>
+#include <vector>
 
 #include "asgd/asgd.hpp"
 
@@ -253,15 +260,18 @@ class Service {
 };
 
 // One connection: read a request, answer it, repeat while the client keeps
-// the connection alive.
+// the connection alive. Each request, and the wait for it, has `idle` to
+// arrive; each answer as long to leave.
 class Session : public std::enable_shared_from_this<Session> {
  public:
-  Session(tcp::socket socket, Service& service) : socket_(std::move(socket)), service_(service) {}
+  Session(tcp::socket socket, Service& service, std::chrono::seconds idle)
+      : stream_(std::move(socket)), service_(service), idle_(idle) {}
 
   void read() {
     parser_.emplace();
     parser_->body_limit(kMaxBody);
-    http::async_read(socket_, buffer_, *parser_,
+    stream_.expires_after(idle_);
+    http::async_read(stream_, buffer_, *parser_,
                      [self = shared_from_this()](beast::error_code ec, std::size_t) { self->on_read(ec); });
   }
 
@@ -271,52 +281,93 @@ class Session : public std::enable_shared_from_this<Session> {
       response_ = error(http::status::payload_too_large, "the body is larger than 8 MiB");
       response_.keep_alive(false);
     } else if (ec) {
-      return close();  // end of stream or a broken request: nothing to answer
+      return close();  // end of stream, a broken request or the idle timeout: nothing to answer
     } else {
       const Request req = parser_->release();
       response_ = service_.handle(req);
       response_.keep_alive(req.keep_alive());
     }
-    http::async_write(socket_, response_, [self = shared_from_this()](beast::error_code wec, std::size_t) {
+    stream_.expires_after(idle_);
+    http::async_write(stream_, response_, [self = shared_from_this()](beast::error_code wec, std::size_t) {
       if (wec || !self->response_.keep_alive()) return self->close();
       self->read();
     });
   }
 
+  // Closing frees the descriptor now (a client that never reads or closes
+  // cannot hold it).
   void close() {
     beast::error_code ignored;
-    socket_.shutdown(tcp::socket::shutdown_send, ignored);
+    stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
+    stream_.close();
   }
 
-  tcp::socket socket_;
+  beast::tcp_stream stream_;
   Service& service_;
+  std::chrono::seconds idle_;
   beast::flat_buffer buffer_;
   std::optional<http::request_parser<http::string_body>> parser_;
   Response response_;
 };
 
-void accept(tcp::acceptor& acceptor, Service& service) {
-  acceptor.async_accept([&acceptor, &service](beast::error_code ec, tcp::socket socket) {
-    if (ec) return;  // the acceptor was closed: shutting down
-    std::make_shared<Session>(std::move(socket), service)->read();
-    accept(acceptor, service);
-  });
-}
+// Accepts connections until the acceptor is closed. Out of descriptors
+// (EMFILE, ENFILE) or memory, it says so once and tries again every 100 ms,
+// as sessions time out and give theirs back; other failures of one
+// connection (ECONNABORTED) do not stop it either.
+struct Acceptor {
+  tcp::acceptor& acceptor;
+  Service& service;
+  std::chrono::seconds idle;
+  asio::steady_timer retry{acceptor.get_executor()};
+  bool starved = false;
+
+  void accept() {
+    acceptor.async_accept([this](beast::error_code ec, tcp::socket socket) {
+      if (ec == asio::error::operation_aborted || !acceptor.is_open()) return;  // shutting down
+      if (ec == asio::error::no_descriptors || ec == asio::error::no_memory || ec == asio::error::no_buffer_space ||
+          ec.value() == ENFILE) {
+        if (!starved) std::fprintf(stderr, "example_service: cannot accept (%s); trying again\n", ec.message().c_str());
+        starved = true;
+        retry.expires_after(std::chrono::milliseconds(100));
+        retry.async_wait([this](beast::error_code wec) {
+          if (!wec) accept();
+        });
+        return;
+      }
+      if (!ec) {
+        starved = false;
+        std::make_shared<Session>(std::move(socket), service, idle)->read();
+      }
+      accept();
+    });
+  }
+};
 
 }  // namespace
 
 int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  long idle_s = 30;
+  for (auto it = args.begin(); it != args.end(); ++it) {
+    if (*it != "--idle-timeout") continue;
+    char* idle_end = nullptr;
+    idle_s = it + 1 != args.end() ? std::strtol((it + 1)->c_str(), &idle_end, 10) : 0;
+    if (idle_end == nullptr || *idle_end != '\0' || idle_s < 1) idle_s = 0;
+    args.erase(it, std::min(it + 2, args.end()));
+    break;
+  }
   char* end = nullptr;
-  const unsigned long port = argc >= 2 ? std::strtoul(argv[1], &end, 10) : 0;
-  if (argc < 2 || argc > 3 || *end != '\0' || port > 65535) {
-    std::fprintf(stderr, "usage: %s PORT [WORK_DIR]   (PORT 0: pick a free one)\n", argv[0]);
+  const unsigned long port = !args.empty() ? std::strtoul(args[0].c_str(), &end, 10) : 0;
+  if (args.empty() || args.size() > 2 || *end != '\0' || port > 65535 || idle_s == 0) {
+    std::fprintf(stderr, "usage: %s PORT [WORK_DIR] [--idle-timeout SECONDS]   (PORT 0: pick a free one; "
+                         "SECONDS >= 1, default 30)\n", argv[0]);
     return 2;
   }
   // Checkpoints go to WORK_DIR, or to a fresh temporary folder removed at exit.
   std::filesystem::path work_dir;
   bool temporary = false;
-  if (argc == 3) {
-    work_dir = argv[2];
+  if (args.size() == 2) {
+    work_dir = args[1];
   } else {
     std::string pattern = (std::filesystem::temp_directory_path() / "asgd-service-XXXXXX").string();
     if (::mkdtemp(pattern.data()) == nullptr) {
@@ -339,15 +390,17 @@ int main(int argc, char** argv) {
   std::printf("listening on 127.0.0.1:%u\n", acceptor.local_endpoint().port());
   std::fflush(stdout);
 
+  Acceptor accepting{acceptor, service, std::chrono::seconds(idle_s)};
   asio::signal_set signals(io, SIGINT, SIGTERM);
   signals.async_wait([&](beast::error_code ec, int) {
     if (ec) return;
     beast::error_code ignored;
     acceptor.close(ignored);
+    accepting.retry.cancel();
     service.stop();
     io.stop();  // open connections are dropped, not drained
   });
-  accept(acceptor, service);
+  accepting.accept();
   io.run();
 
   if (temporary) {

@@ -6,6 +6,7 @@
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
+#include <sys/resource.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -40,17 +41,27 @@ constexpr const char* kServicePath = nullptr;  // built without Boost
 
 // The service as a child process: its stdout is read on a thread of ours
 // (the first line gives the port; the rest is kept for failure messages).
+// `idle_timeout_s` > 0 passes --idle-timeout; `max_files` > 0 limits the
+// descriptors the service may open (RLIMIT_NOFILE).
 class ServiceProcess {
  public:
-  ServiceProcess() {
+  explicit ServiceProcess(int idle_timeout_s = 0, rlim_t max_files = 0) {
     int out[2];
     if (::pipe(out) != 0) return;
+    const std::string idle = std::to_string(idle_timeout_s);
     pid_ = ::fork();
     if (pid_ == 0) {
       ::dup2(out[1], STDOUT_FILENO);
       ::close(out[0]);
       ::close(out[1]);
-      ::execl(kServicePath, kServicePath, "0", static_cast<char*>(nullptr));
+      if (max_files > 0) {
+        const rlimit limit{max_files, max_files};
+        ::setrlimit(RLIMIT_NOFILE, &limit);
+      }
+      if (idle_timeout_s > 0)
+        ::execl(kServicePath, kServicePath, "0", "--idle-timeout", idle.c_str(), static_cast<char*>(nullptr));
+      else
+        ::execl(kServicePath, kServicePath, "0", static_cast<char*>(nullptr));
       ::_exit(127);
     }
     ::close(out[1]);
@@ -125,6 +136,64 @@ json wait_for_job(int port, std::chrono::seconds timeout) {
     std::this_thread::sleep_for(std::chrono::milliseconds(200));
   }
   return status;
+}
+
+// A connected socket to the service that sends nothing; -1 on failure.
+int idle_connection(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<std::uint16_t>(port));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Whether the service closed `fd` (a read sees the end) within `timeout`.
+bool closed_by_peer(int fd, std::chrono::milliseconds timeout) {
+  pollfd p{fd, POLLIN, 0};
+  if (::poll(&p, 1, static_cast<int>(timeout.count())) != 1) return false;
+  char c;
+  return ::recv(fd, &c, 1, 0) <= 0;
+}
+
+TEST(ExampleService, ClosesAConnectionThatStaysIdlePastTheIdleTimeout) {
+  if (!kServicePath) GTEST_SKIP() << "example_service was not built (no Boost)";
+  ServiceProcess service(/*idle_timeout_s=*/1);
+  const int port = service.port();
+  ASSERT_GT(port, 0) << service.output();
+  const int fd = idle_connection(port);
+  ASSERT_GE(fd, 0);
+  EXPECT_TRUE(closed_by_peer(fd, std::chrono::milliseconds(5000))) << "an idle connection was kept past 1 s";
+  ::close(fd);
+  EXPECT_EQ(http(port, "GET", "/status").status, 200);
+}
+
+TEST(ExampleService, RunningOutOfDescriptorsDoesNotMakeItDeaf) {
+  if (!kServicePath) GTEST_SKIP() << "example_service was not built (no Boost)";
+  ServiceProcess service(/*idle_timeout_s=*/1, /*max_files=*/64);
+  const int port = service.port();
+  ASSERT_GT(port, 0) << service.output();
+  // Twice as many idle connections as it has descriptors: it runs out.
+  std::vector<int> idle;
+  for (int i = 0; i < 128; ++i)
+    if (const int fd = idle_connection(port); fd >= 0) idle.push_back(fd);
+  EXPECT_GT(idle.size(), 64u);
+  // The idle ones time out and give their descriptors back, while this
+  // side still holds them open: the service answers again.
+  std::this_thread::sleep_for(std::chrono::milliseconds(1500));
+  bool answered = false;
+  const auto deadline = Clock::now() + std::chrono::seconds(15);
+  while (!answered && Clock::now() < deadline) {
+    answered = http(port, "GET", "/status").status == 200;
+    if (!answered) std::this_thread::sleep_for(std::chrono::milliseconds(200));
+  }
+  EXPECT_TRUE(answered) << "no answer after the descriptors ran out: " << service.output();
+  for (const int fd : idle) ::close(fd);
+  EXPECT_EQ(http(port, "GET", "/status").status, 200);
 }
 
 TEST(ExampleService, AnswersBadRequestsWithJsonErrors) {
