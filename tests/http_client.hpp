@@ -19,8 +19,9 @@ struct HttpReply {
   nlohmann::json body_json() const { return nlohmann::json::parse(body, nullptr, false); }
 };
 
-inline HttpReply http(int port, const std::string& method, const std::string& path, const std::string& body = "") {
-  HttpReply reply;
+/// A TCP connection to 127.0.0.1:`port` whose reads give up after 30 s;
+/// -1 when it cannot connect.
+inline int connect_loopback(int port) {
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   timeval tv{30, 0};
   ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
@@ -30,8 +31,15 @@ inline HttpReply http(int port, const std::string& method, const std::string& pa
   addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
   if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
     ::close(fd);
-    return reply;
+    return -1;
   }
+  return fd;
+}
+
+inline HttpReply http(int port, const std::string& method, const std::string& path, const std::string& body = "") {
+  HttpReply reply;
+  const int fd = connect_loopback(port);
+  if (fd < 0) return reply;
   const std::string request = method + " " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n" +
                               "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
                               "\r\n\r\n" + body;

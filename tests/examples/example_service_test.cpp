@@ -138,20 +138,6 @@ json wait_for_job(int port, std::chrono::seconds timeout) {
   return status;
 }
 
-// A connected socket to the service that sends nothing; -1 on failure.
-int idle_connection(int port) {
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<std::uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0) {
-    ::close(fd);
-    return -1;
-  }
-  return fd;
-}
-
 // Whether the service closed `fd` (a read sees the end) within `timeout`.
 bool closed_by_peer(int fd, std::chrono::milliseconds timeout) {
   pollfd p{fd, POLLIN, 0};
@@ -165,7 +151,7 @@ TEST(ExampleService, ClosesAConnectionThatStaysIdlePastTheIdleTimeout) {
   ServiceProcess service(/*idle_timeout_s=*/1);
   const int port = service.port();
   ASSERT_GT(port, 0) << service.output();
-  const int fd = idle_connection(port);
+  const int fd = asgd_test::connect_loopback(port);
   ASSERT_GE(fd, 0);
   EXPECT_TRUE(closed_by_peer(fd, std::chrono::milliseconds(5000))) << "an idle connection was kept past 1 s";
   ::close(fd);
@@ -180,7 +166,7 @@ TEST(ExampleService, RunningOutOfDescriptorsDoesNotMakeItDeaf) {
   // Twice as many idle connections as it has descriptors: it runs out.
   std::vector<int> idle;
   for (int i = 0; i < 128; ++i)
-    if (const int fd = idle_connection(port); fd >= 0) idle.push_back(fd);
+    if (const int fd = asgd_test::connect_loopback(port); fd >= 0) idle.push_back(fd);
   EXPECT_GT(idle.size(), 64u);
   // The idle ones time out and give their descriptors back, while this
   // side still holds them open: the service answers again.

@@ -248,31 +248,34 @@ int log_lines_go_where_the_host_says(const std::string& dir) {
   return written_to(out) == 0 ? 0 : 10;
 }
 
+// Runs `body` on the MNIST folder in a child process of its own; its exit
+// status must be 0.
+void expect_child_succeeds(int (*body)(const std::string&), const std::string& dir) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(_exit(body(dir)), ::testing::ExitedWithCode(0), "");
+}
+
 TEST(EmbeddingDeathTest, LogLinesGoToStderrOrTheHostsSinkAndNeverToStdout) {
   ASGD_REQUIRE_DATASET(dir, "mnist");
-  GTEST_FLAG_SET(death_test_style, "threadsafe");
-  EXPECT_EXIT(_exit(log_lines_go_where_the_host_says(dir.string())), ::testing::ExitedWithCode(0), "");
+  expect_child_succeeds(log_lines_go_where_the_host_says, dir.string());
 }
 
 TEST(EmbeddingDeathTest, UnderA4GiBAddressSpaceAJobOf20000WorkersEndsWithAnErrorWithin10s) {
   if (kSanitized) GTEST_SKIP() << "a sanitizer's shadow memory does not fit in 4 GiB";
   ASGD_REQUIRE_DATASET(dir, "mnist");
-  GTEST_FLAG_SET(death_test_style, "threadsafe");
-  EXPECT_EXIT(_exit(twenty_thousand_workers_in_4_gib(dir.string())), ::testing::ExitedWithCode(0), "");
+  expect_child_succeeds(twenty_thousand_workers_in_4_gib, dir.string());
 }
 
 TEST(EmbeddingDeathTest, AJobTooBigForItsAddressSpaceFailsAndItsRuntimeCloses) {
   if (kSanitized) GTEST_SKIP() << "a sanitizer's shadow memory does not fit in the limit";
   ASGD_REQUIRE_DATASET(dir, "mnist");
-  GTEST_FLAG_SET(death_test_style, "threadsafe");
-  EXPECT_EXIT(_exit(too_big_for_its_address_space(dir.string())), ::testing::ExitedWithCode(0), "");
+  expect_child_succeeds(too_big_for_its_address_space, dir.string());
 }
 
 TEST(EmbeddingDeathTest, TwentyFourJobsOnTwoRuntimesGiveTheirMemoryBack) {
   if (kSanitized) GTEST_SKIP() << "resident memory says nothing under a sanitizer";
   ASGD_REQUIRE_DATASET(dir, "mnist");
-  GTEST_FLAG_SET(death_test_style, "threadsafe");
-  EXPECT_EXIT(_exit(twenty_four_jobs(dir.string())), ::testing::ExitedWithCode(0), "");
+  expect_child_succeeds(twenty_four_jobs, dir.string());
 }
 
 }  // namespace
