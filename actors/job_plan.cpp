@@ -77,27 +77,6 @@ Result<std::vector<double>> parse_worker_weights(const std::string& text, std::u
   return weights;
 }
 
-Result<std::vector<double>> parse_stragglers(const std::string& text, std::uint32_t workers) {
-  std::vector<double> factors(workers, 1.0);
-  if (text.empty()) return factors;
-  for (const auto& item : split(text, ',')) {
-    const auto colon = item.find(':');
-    std::uint32_t w = 0;
-    double f = 0;
-    const std::string index = item.substr(0, colon == std::string::npos ? 0 : colon);
-    auto [ptr, ec] = std::from_chars(index.data(), index.data() + index.size(), w);
-    if (colon == std::string::npos || index.empty() || ec != std::errc() || ptr != index.data() + index.size() ||
-        !parse_number(item.substr(colon + 1), f))
-      return Status::InvalidArgument("--straggler " + text + ": '" + item + "' is not WORKER:FACTOR");
-    if (w >= workers)
-      return Status::InvalidArgument("--straggler " + text + ": there is no worker " + std::to_string(w) + " of " +
-                                     std::to_string(workers) + " (workers count from 0)");
-    if (!(f >= 1.0)) return Status::InvalidArgument("--straggler " + text + ": the factor must be >= 1");
-    factors[w] = f;
-  }
-  return factors;
-}
-
 std::vector<WorkerShare> assign_shares(std::size_t n, std::uint32_t batch, const std::vector<double>& weights) {
   const std::size_t count = weights.size();
   std::vector<WorkerShare> shares(count);
@@ -182,7 +161,7 @@ Result<JobPlan> plan_job(const JobConfig& c, const JobFacts& f) {
   JobPlan p = std::move(settings).value();
   auto weights = parse_worker_weights(p.calibrate_weights ? "" : c.worker_weights, c.workers);
   if (!weights) return weights.status();
-  auto stragglers = parse_stragglers(c.straggler, c.workers);
+  auto stragglers = parse_stragglers(c.straggler, c.workers, c.seed);
   if (!stragglers) return stragglers.status();
   if (!c.resume.empty() && (f.placement == Placement::processes || p.calibrate_weights))
     return Status::InvalidArgument(std::string("--resume: not available ") +
@@ -236,7 +215,8 @@ ShardPlan plan_shard(const JobPlan& p, std::uint32_t index, KeyRange range) {
   return s;
 }
 
-WorkerPlan plan_worker(std::uint32_t id, const WorkerShare& share, double straggler, std::uint32_t first_epoch) {
+WorkerPlan plan_worker(std::uint32_t id, const WorkerShare& share, const Straggler& straggler,
+                       std::uint32_t first_epoch) {
   WorkerPlan w;
   w.id = id;
   w.share = share;
@@ -285,7 +265,7 @@ WorkerSetup worker_setup(const JobPlan& p, const WorkerPlan& worker) {
   s.rpc_timeout = std::chrono::duration_cast<caf::timespan>(std::chrono::duration<double>(p.rpc_timeout_s));
   s.optimizer = p.optimizer;
   s.schedule = p.schedule;
-  s.straggler_factor = worker.straggler;
+  s.straggler = worker.straggler;
   s.first_clock = worker.first_clock;
   return s;
 }

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "actors/key_range.hpp"
+#include "actors/straggler.hpp"
 #include "asgd/job.hpp"
 #include "compute/optimizer.hpp"
 #include "compute/schedule.hpp"
@@ -62,7 +63,7 @@ struct WorkerPlan {
   std::uint32_t id = 0;
   WorkerShare share;
   std::uint64_t steps_per_epoch = 0;  ///< steps_per_epoch(share)
-  double straggler = 1.0;             ///< > 1: each step takes this many times its compute time (--straggler)
+  Straggler straggler;                ///< how --straggler slows its steps (none by default)
   Clock first_clock = 0;              ///< the clock of its first step: > 0 when a job resumes or a worker rejoins
 };
 
@@ -138,7 +139,8 @@ ShardPlan plan_shard(const JobPlan& plan, std::uint32_t index, KeyRange range);
 
 /// Worker `id`'s plan for `share`, slowed by `straggler`, starting at epoch
 /// `first_epoch` (0-based).
-WorkerPlan plan_worker(std::uint32_t id, const WorkerShare& share, double straggler, std::uint32_t first_epoch = 0);
+WorkerPlan plan_worker(std::uint32_t id, const WorkerShare& share, const Straggler& straggler,
+                       std::uint32_t first_epoch = 0);
 
 /// --worker-weights auto: each worker's share planned again in proportion
 /// to `weights` (its measured samples per second). The schedule keeps its
@@ -183,10 +185,6 @@ LrSchedule lr_schedule(const JobConfig& config, std::uint64_t total_steps);
 /// Per-worker weights from --worker-weights "W0,W1,..." (empty: all 1).
 /// Errors: invalid_argument unless there is one positive number per worker.
 Result<std::vector<double>> parse_worker_weights(const std::string& text, std::uint32_t workers);
-
-/// Per-worker slow-down factors from --straggler "W:F[,W:F...]" (1 for the
-/// rest). Errors: invalid_argument for a bad worker index or a factor < 1.
-Result<std::vector<double>> parse_stragglers(const std::string& text, std::uint32_t workers);
 
 /// Splits `train_count` samples and the global batch (batch x workers) in
 /// proportion to `weights`, so every worker takes about as many steps per

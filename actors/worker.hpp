@@ -34,6 +34,7 @@
 
 #include "actors/key_range.hpp"
 #include "actors/shared_parameters.hpp"
+#include "actors/straggler.hpp"
 #include "actors/worker_core.hpp"
 #include "compute/model.hpp"
 #include "compute/optimizer.hpp"
@@ -58,7 +59,7 @@ struct WorkerSetup {
   caf::timespan rpc_timeout = std::chrono::seconds(60);
   OptimizerConfig optimizer;          ///< for local updates (hogwild, averaging)
   LrSchedule schedule;                ///< for local updates, by the worker's own clock
-  double straggler_factor = 1.0;      ///< > 1: each step takes this many times its compute time
+  Straggler straggler;                ///< how its steps are slowed (--straggler); none by default
   std::shared_ptr<SharedParameters> shared;  ///< hogwild: the buffer every worker updates
   Clock first_clock = 0;              ///< the clock of its first step (> 0 when a job resumes)
   std::shared_ptr<ComputeContext> compute;  ///< the job's compute threads; null: the model's default

@@ -20,7 +20,7 @@ Result<WorkerCore> WorkerCore::make(const WorkerSetup& setup, TimeSource now) {
   core.id_ = setup.id;
   core.ranges_ = setup.ranges;
   core.rpc_timeout_ = setup.rpc_timeout;
-  core.straggler_factor_ = setup.straggler_factor;
+  core.straggler_ = setup.straggler;
   core.schedule_ = setup.schedule;
   core.shared_ = setup.shared;
   core.model_ = std::make_unique<Model>(std::move(model).value());
@@ -395,11 +395,11 @@ void WorkerCore::try_step(Actions& out) {
   step_samples_ = static_cast<std::uint32_t>(batch.size);
   step_ends_epoch_ = batch.last_in_epoch;
   step_epoch_ = batch.epoch;
-  if (straggler_factor_ > 1.0) {
-    // A slower device: the step takes factor x its compute time, spent on a
-    // timer so the core stays free for the other workers.
+  if (const double delay_s = straggler_.delay_s(step_ + 1, compute_s); delay_s > 0) {
+    // A simulated straggler: the step's extra time is spent on a timer, so
+    // the core stays free for the other workers.
     straggling_ = true;
-    const auto delay = std::chrono::duration<double>(compute_s * (straggler_factor_ - 1.0));
+    const auto delay = std::chrono::duration<double>(delay_s);
     out.emplace_back(worker_action::Delay{std::chrono::duration_cast<std::chrono::steady_clock::duration>(delay)});
     return;
   }
@@ -445,7 +445,7 @@ double WorkerCore::calibrate(const data::Batch& probe) {
   model_->compute_gradients(probe.x, probe.y);
   const auto t0 = now_();
   for (int i = 0; i < kSteps; ++i) model_->compute_gradients(probe.x, probe.y);
-  const double seconds = seconds_since(t0) * straggler_factor_;
+  const double seconds = seconds_since(t0) * straggler_.mean_factor();
   return seconds > 0 ? static_cast<double>(probe.size * kSteps) / seconds : 0.0;
 }
 

@@ -28,6 +28,7 @@
 
 #include "actors/key_range.hpp"
 #include "actors/shared_parameters.hpp"
+#include "actors/straggler.hpp"
 #include "asgd/status.hpp"
 #include "compute/model.hpp"
 #include "compute/optimizer.hpp"
@@ -139,7 +140,7 @@ class WorkerCore {
   WorkerId id_ = 0;
   std::vector<KeyRange> ranges_;                 // ranges_[i]: what shard i owns
   std::chrono::steady_clock::duration rpc_timeout_{};
-  double straggler_factor_ = 1.0;
+  Straggler straggler_;
   LrSchedule schedule_;
   std::shared_ptr<SharedParameters> shared_;
   std::unique_ptr<Model> model_;

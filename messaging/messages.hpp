@@ -79,7 +79,6 @@ struct Assignment {
   std::uint64_t partition_begin = 0;           ///< worker: its training samples
   std::uint64_t partition_end = 0;
   std::uint32_t batch = 0;                     ///< worker: its batch size
-  double straggler = 1.0;                      ///< worker: slow-down factor
   std::uint64_t schedule_steps = 0;            ///< the learning-rate schedule's length
   std::vector<std::string> shard_endpoints;    ///< worker: shard i listens at [i]
   std::vector<std::uint64_t> range_bounds;     ///< worker: shard i owns [bounds[i], bounds[i+1])
@@ -94,7 +93,7 @@ struct Assignment {
 template <class F>
 decltype(auto) fields(F&& f, Assignment& x) {
   return f(x.role, x.index, bounded(x.config, kMaxConfig), x.workers, x.range_begin, x.range_end, x.partition_begin,
-           x.partition_end, x.batch, x.straggler, x.schedule_steps, bounded(x.shard_endpoints, 1024),
+           x.partition_end, x.batch, x.schedule_steps, bounded(x.shard_endpoints, 1024),
            bounded(x.range_bounds, 1025), x.restore, x.first_epoch);
 }
 

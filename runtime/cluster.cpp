@@ -394,17 +394,20 @@ Status run_worker_process(const ProcessOptions& o, std::stop_token stop) {
   if (a.partition_end > data->train.count || a.partition_begin > a.partition_end || a.batch == 0)
     return fail_early(Status::Internal("the assigned partition does not fit the training data here"));
   if (a.first_epoch >= cfg.epochs) return fail_early(Status::Internal("assigned to start after the last epoch"));
-  // The coordinator's plan as assigned: this worker's share, straggler
-  // factor and the schedule's length; the rest planned from the same
-  // settings by the same rules, its threads from this host's cores.
+  // The coordinator's plan as assigned: this worker's share and the
+  // schedule's length; the rest planned from the same settings by the same
+  // rules (its --straggler model too), its threads from this host's cores.
   auto plan = plan_settings(cfg, Placement::processes, std::thread::hardware_concurrency());
   if (!plan) return fail_early(plan.status());
   plan_clocks(*plan, a.schedule_steps);
   const auto& train = data->train;
   plan->sample_shape = {train.channels, train.rows, train.cols};
   plan->classes = data->num_classes;
+  auto stragglers = parse_stragglers(cfg.straggler, cfg.workers, cfg.seed);
+  if (!stragglers || a.index >= stragglers->size())
+    return fail_early(stragglers ? Status::Internal("assigned a worker index past the job's workers") : stragglers.status());
   const WorkerPlan worker_plan =
-      plan_worker(a.index, {{a.partition_begin, a.partition_end}, a.batch}, a.straggler, a.first_epoch);
+      plan_worker(a.index, {{a.partition_begin, a.partition_end}, a.batch}, (*stragglers)[a.index], a.first_epoch);
   const auto compute = std::make_shared<ComputeContext>(plan->compute_threads);
 
   auto actor_cfg = actor_config(1);

@@ -120,7 +120,6 @@ class ClusterPlacement final : public RemotePlacement {
     a->partition_begin = worker.share.partition.begin;
     a->partition_end = worker.share.partition.end;
     a->batch = worker.share.batch;
-    a->straggler = worker.straggler;
     a->schedule_steps = plan.planned_clocks;
     a->first_epoch = first_epoch;
     a->range_bounds = bounds_;

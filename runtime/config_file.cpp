@@ -158,7 +158,11 @@ const std::vector<ConfigField>& job_config_fields() {
        "BOOL", staleness_aware_field()},
       {"worker-weights", "per-worker batch weights: W0,W1,... or auto (default equal)", "LIST",
        string_field(&JobConfig::worker_weights)},
-      {"straggler", "slow worker W by FACTOR, for experiments: W:FACTOR[,W:FACTOR...]", "W:F",
+      {"straggler",
+       "slow workers, for experiments: W:FACTOR (every step of worker W), random:P:FACTOR (each step of every "
+       "worker with chance P), pause:W:EVERY:SECONDS (worker W stalls after every EVERY-th step); "
+       "combine with ','; seeded by --seed",
+       "SPEC",
        string_field(&JobConfig::straggler)},
       {"workers", "worker actors (default 2)", "N", uint_field(&JobConfig::workers)},
       {"shards", "parameter shards (default 1)", "M", uint_field(&JobConfig::shards)},

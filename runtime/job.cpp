@@ -69,7 +69,7 @@ Status validate_config(const JobConfig& c, bool named_dataset) {
   if (c.worker_weights != "auto") {
     if (auto w = parse_worker_weights(c.worker_weights, c.workers); !w) return w.status();
   }
-  if (auto f = parse_stragglers(c.straggler, c.workers); !f) return f.status();
+  if (auto f = parse_stragglers(c.straggler, c.workers, c.seed); !f) return f.status();
   if (c.shards < 1 || c.shards > kMaxShards)
     return bad("shards", std::to_string(c.shards), "must be 1 to " + std::to_string(kMaxShards));
   auto device = Device::parse(c.device);

@@ -53,8 +53,11 @@ struct JobConfig {
   /// number per worker; batch and data partition scale with the weight), or
   /// "auto" (measured from each worker's throughput before training).
   std::string worker_weights;
-  /// Simulated slow workers for experiments: "W:FACTOR[,W:FACTOR...]" makes
-  /// each step of worker W take FACTOR times its compute time.
+  /// Simulated slow workers for experiments, items joined by ',':
+  /// "W:FACTOR" makes each step of worker W take FACTOR times its compute
+  /// time; "random:P:FACTOR" slows each step of every worker so with
+  /// probability P; "pause:W:EVERY:SECONDS" stalls worker W for SECONDS after
+  /// every EVERY-th step. Which steps are slowed follows from `seed`.
   std::string straggler;
   std::uint32_t workers = 2;        ///< worker actors, 1 to kMaxWorkers
   std::uint32_t shards = 1;         ///< parameter shards, 1 to kMaxShards

@@ -107,9 +107,9 @@ TEST(JobPlan, BadSettingsAreRefusedNamingTheFlag) {
   EXPECT_NE(refusal(c).find("expected 2 comma-separated weights"), std::string::npos);
   c = {};
   c.straggler = "5:2";
-  EXPECT_EQ(refusal(c), "--straggler 5:2: there is no worker 5 of 2 (workers count from 0)");
+  EXPECT_EQ(refusal(c), "--straggler 5:2: '5:2' names worker 5 of 2 (workers count from 0)");
   c.straggler = "0:0.5";
-  EXPECT_EQ(refusal(c), "--straggler 0:0.5: the factor must be >= 1");
+  EXPECT_EQ(refusal(c), "--straggler 0:0.5: '0:0.5' needs a factor of at least 1");
   c = {};
   c.policy = "no-such-policy";
   EXPECT_FALSE(refusal(c).empty());
@@ -138,10 +138,11 @@ TEST(JobPlan, StragglersAreEachWorkersSlowDown) {
   c.workers = 3;
   c.straggler = "2:4,0:1.5";
   const JobPlan plan = planned(c);
-  EXPECT_DOUBLE_EQ(plan.workers[0].straggler, 1.5);
-  EXPECT_DOUBLE_EQ(plan.workers[1].straggler, 1.0);
-  EXPECT_DOUBLE_EQ(plan.workers[2].straggler, 4.0);
-  EXPECT_DOUBLE_EQ(worker_setup(plan, plan.workers[2]).straggler_factor, 4.0);
+  EXPECT_DOUBLE_EQ(plan.workers[0].straggler.factor, 1.5);
+  EXPECT_DOUBLE_EQ(plan.workers[1].straggler.factor, 1.0);
+  EXPECT_FALSE(plan.workers[1].straggler.slows());
+  EXPECT_DOUBLE_EQ(plan.workers[2].straggler.factor, 4.0);
+  EXPECT_DOUBLE_EQ(worker_setup(plan, plan.workers[2]).straggler.factor, 4.0);
 }
 
 TEST(JobPlan, ThePolicysOptionsAreResolvedOnce) {
@@ -262,7 +263,7 @@ TEST(JobPlan, WorkerAndFeederSetupsCarryThePlan) {
 }
 
 TEST(JobPlan, AWorkerStartingLaterStartsAtItsEpochsFirstStep) {
-  const WorkerPlan w = plan_worker(1, {{0, 95}, 10}, 1.0, 3);
+  const WorkerPlan w = plan_worker(1, {{0, 95}, 10}, Straggler{}, 3);
   EXPECT_EQ(w.steps_per_epoch, 10u);
   EXPECT_EQ(w.first_clock, 30u);
 }
@@ -346,14 +347,65 @@ TEST(WorkerWeights, ParseOnePositiveNumberPerWorker) {
   EXPECT_FALSE(parse_worker_weights("1,x", 2).ok());
 }
 
+std::vector<double> factors(const std::string& text, std::uint32_t workers) {
+  std::vector<double> out;
+  const auto parsed = parse_stragglers(text, workers, 1);
+  for (const Straggler& s : parsed.value()) out.push_back(s.factor);
+  return out;
+}
+
 TEST(Stragglers, ParseWorkerColonFactor) {
-  EXPECT_EQ(*parse_stragglers("", 2), (std::vector<double>{1, 1}));
-  EXPECT_EQ(*parse_stragglers("0:4", 2), (std::vector<double>{4, 1}));
-  EXPECT_EQ(*parse_stragglers("1:2,0:3", 2), (std::vector<double>{3, 2}));
-  EXPECT_FALSE(parse_stragglers("2:4", 2).ok());
-  EXPECT_FALSE(parse_stragglers("0:0.5", 2).ok());
-  EXPECT_FALSE(parse_stragglers("0", 2).ok());
-  EXPECT_FALSE(parse_stragglers("a:2", 2).ok());
+  EXPECT_EQ(factors("", 2), (std::vector<double>{1, 1}));
+  EXPECT_EQ(factors("0:4", 2), (std::vector<double>{4, 1}));
+  EXPECT_EQ(factors("1:2,0:3", 2), (std::vector<double>{3, 2}));
+  EXPECT_FALSE(parse_stragglers("2:4", 2, 1).ok());
+  EXPECT_FALSE(parse_stragglers("0:0.5", 2, 1).ok());
+  EXPECT_FALSE(parse_stragglers("0", 2, 1).ok());
+  EXPECT_FALSE(parse_stragglers("a:2", 2, 1).ok());
+}
+
+TEST(Stragglers, ParseTheTransientModels) {
+  const std::vector<Straggler> s = parse_stragglers("random:0.1:4,pause:1:50:0.2,0:2", 3, 7).value();
+  for (const Straggler& w : s) {
+    EXPECT_DOUBLE_EQ(w.chance, 0.1);
+    EXPECT_DOUBLE_EQ(w.chance_factor, 4.0);
+  }
+  EXPECT_DOUBLE_EQ(s[0].factor, 2.0);
+  EXPECT_EQ(s[1].pause_every, 50u);
+  EXPECT_DOUBLE_EQ(s[1].pause_s, 0.2);
+  EXPECT_EQ(s[2].pause_every, 0u);
+  EXPECT_DOUBLE_EQ(s[0].mean_factor(), 2.0 + 0.1 * 3.0);
+  for (const char* bad : {"random:0:4", "random:1.5:4", "random:0.1:0.5", "random:0.1", "pause:3:50:0.2",
+                          "pause:0:0:0.2", "pause:0:50:0", "pause:0:x:1", "random:nan:2"}) {
+    const auto r = parse_stragglers(bad, 3, 7);
+    EXPECT_EQ(r.status().code(), StatusCode::invalid_argument) << bad;
+    EXPECT_NE(r.status().message().find(std::string("'") + bad + "'"), std::string::npos) << r.status().message();
+  }
+}
+
+// Issue 24: the same seed slows the same steps of the same workers, in any
+// run; another seed, or another worker, other steps; about P of them.
+TEST(Stragglers, TheSameSeedSlowsTheSameStepsOfTheSameWorkers) {
+  auto hits = [](std::uint64_t seed, std::uint32_t worker) {
+    const Straggler s = parse_stragglers("random:0.1:4", 4, seed).value()[worker];
+    std::vector<std::uint64_t> out;
+    for (std::uint64_t step = 1; step <= 5000; ++step)
+      if (s.random_hit(step)) out.push_back(step);
+    return out;
+  };
+  EXPECT_EQ(hits(5, 0), hits(5, 0));
+  EXPECT_EQ(hits(5, 3), hits(5, 3));
+  EXPECT_NE(hits(5, 0), hits(5, 1));
+  EXPECT_NE(hits(5, 0), hits(6, 0));
+  for (std::uint32_t w = 0; w < 4; ++w) {
+    const double share = static_cast<double>(hits(5, w).size()) / 5000.0;
+    EXPECT_NEAR(share, 0.1, 0.02) << "worker " << w;
+  }
+  const Straggler s = parse_stragglers("random:0.1:4,pause:0:10:0.5", 1, 5).value()[0];
+  for (std::uint64_t step = 1; step <= 100; ++step) {
+    const double expected = (s.random_hit(step) ? 0.3 : 0.0) + (step % 10 == 0 ? 0.5 : 0.0);
+    EXPECT_DOUBLE_EQ(s.delay_s(step, 0.1), expected) << "step " << step;
+  }
 }
 
 }  // namespace

@@ -304,7 +304,7 @@ TEST(WorkerCore, AnOverdueBatchFailsTheJobNamingTheFeeder) {
 
 TEST(WorkerCore, AStragglerWaitsOnATimerBetweenComputingAndPushing) {
   WorkerSetup s = setup("async", 1);
-  s.straggler_factor = 3.0;
+  s.straggler.factor = 3.0;
   Driver d(s);
   *d.tick = 1ms;
   d.ready();
@@ -315,6 +315,31 @@ TEST(WorkerCore, AStragglerWaitsOnATimerBetweenComputingAndPushing) {
   EXPECT_EQ(delay->after, std::chrono::duration_cast<Instant::duration>(2ms));  // (3 - 1) x one tick of compute
   EXPECT_TRUE(d.step().empty());  // still straggling: no second step
   EXPECT_EQ(count<act::Push>(d.call([](WorkerCore& c, WorkerActions& o) { c.resume(o); })), 1u);
+}
+
+// A transient straggler (random:P:F) waits exactly at the steps its seed
+// picks, F - 1 ticks of compute each time.
+TEST(WorkerCore, ARandomStragglerWaitsAtTheStepsItsSeedPicks) {
+  WorkerSetup s = setup("async", 1);
+  s.straggler = parse_stragglers("random:0.3:3", 2, 11).value()[1];
+  Driver d(s);
+  *d.tick = 1ms;
+  d.ready();
+  std::size_t waited = 0;
+  for (std::uint64_t step = 1; step <= 40; ++step) {
+    auto& out = d.feed(batch(0, false));
+    const auto* delay = first<act::Delay>(out);
+    ASSERT_EQ(delay != nullptr, s.straggler.random_hit(step)) << "step " << step;
+    if (delay) {
+      ++waited;
+      EXPECT_EQ(delay->after, std::chrono::duration_cast<Instant::duration>(2ms));
+      d.call([](WorkerCore& c, WorkerActions& o) { c.resume(o); });
+    }
+    d.answer(0);
+    d.step();
+  }
+  EXPECT_GT(waited, 0u);
+  EXPECT_LT(waited, 40u);
 }
 
 TEST(WorkerCore, OutOfDataUnderAveragingPushesTheLastPartialRoundThenLeaves) {

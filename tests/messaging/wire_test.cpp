@@ -159,7 +159,6 @@ TEST(WireMessages, EveryMessageTypeRoundTrips) {
   a.partition_begin = 100;
   a.partition_end = 200;
   a.batch = 32;
-  a.straggler = 2.5;
   a.schedule_steps = 860;
   a.shard_endpoints = {"tcp://h:1", "tcp://h:2"};
   a.range_bounds = {0, 5, 9};
@@ -168,7 +167,7 @@ TEST(WireMessages, EveryMessageTypeRoundTrips) {
   std::vector<float> initial;
   auto a2 = round_trip(a, {1.0f, 2.0f}, &initial);
   EXPECT_EQ(a2.config, a.config);
-  EXPECT_EQ(a2.straggler, 2.5);
+  EXPECT_EQ(a2.schedule_steps, 860u);
   EXPECT_EQ(a2.shard_endpoints, a.shard_endpoints);
   EXPECT_EQ(a2.range_bounds, a.range_bounds);
   EXPECT_EQ(a2.partition_end, 200u);

@@ -1,0 +1,96 @@
+#include "actors/straggler.hpp"
+
+#include <charconv>
+#include <cmath>
+
+#include "compute/random.hpp"
+
+namespace asgd {
+
+namespace {
+
+std::vector<std::string> split(const std::string& text, char sep) {
+  std::vector<std::string> out;
+  std::size_t start = 0;
+  while (true) {
+    const auto end = text.find(sep, start);
+    out.push_back(text.substr(start, end == std::string::npos ? std::string::npos : end - start));
+    if (end == std::string::npos) return out;
+    start = end + 1;
+  }
+}
+
+template <class T>
+bool parse(const std::string& text, T& out) {
+  const char* end = text.data() + text.size();
+  auto [ptr, ec] = std::from_chars(text.data(), end, out);
+  if constexpr (std::is_floating_point_v<T>)
+    if (!std::isfinite(out)) return false;
+  return !text.empty() && ec == std::errc() && ptr == end;
+}
+
+}  // namespace
+
+bool Straggler::random_hit(std::uint64_t step) const {
+  if (chance <= 0.0) return false;
+  std::uint64_t s = mix_seed(stream, step);
+  const double uniform = static_cast<double>(splitmix64(s) >> 11) * 0x1.0p-53;  // [0, 1)
+  return uniform < chance;
+}
+
+double Straggler::delay_s(std::uint64_t step, double compute_s) const {
+  double delay = compute_s * (factor - 1.0);
+  if (random_hit(step)) delay += compute_s * (chance_factor - 1.0);
+  if (pause_every > 0 && step > 0 && step % pause_every == 0) delay += pause_s;
+  return delay;
+}
+
+Result<std::vector<Straggler>> parse_stragglers(const std::string& text, std::uint32_t workers, std::uint64_t seed) {
+  std::vector<Straggler> out(workers);
+  for (std::uint32_t w = 0; w < workers; ++w) out[w].stream = mix_seed(seed, w, 0x5354524147474c52ULL);
+  if (text.empty()) return out;
+  for (const std::string& item : split(text, ',')) {
+    auto bad = [&](const std::string& why) {
+      return Status::InvalidArgument("--straggler " + text + ": '" + item + "' " + why);
+    };
+    const std::vector<std::string> f = split(item, ':');
+    auto worker = [&](const std::string& index, std::uint32_t& w) -> Status {
+      if (!parse(index, w)) return bad("does not start with a worker's number");
+      if (w >= workers)
+        return bad("names worker " + std::to_string(w) + " of " + std::to_string(workers) + " (workers count from 0)");
+      return {};
+    };
+    if (f[0] == "random") {
+      double p = 0, factor = 0;
+      if (f.size() != 3 || !parse(f[1], p) || !parse(f[2], factor)) return bad("is not random:P:FACTOR");
+      if (!(p > 0 && p <= 1)) return bad("needs a chance P in (0, 1]");
+      if (!(factor >= 1)) return bad("needs a factor of at least 1");
+      for (Straggler& s : out) {
+        s.chance = p;
+        s.chance_factor = factor;
+      }
+    } else if (f[0] == "pause") {
+      std::uint32_t w = 0;
+      std::uint64_t every = 0;
+      double seconds = 0;
+      if (f.size() != 4 || !parse(f[2], every) || !parse(f[3], seconds))
+        return bad("is not pause:WORKER:EVERY:SECONDS");
+      if (Status s = worker(f[1], w); !s.ok()) return s;
+      if (every < 1) return bad("needs a pause every 1 step or more");
+      if (!(seconds > 0)) return bad("needs a pause of more than 0 s");
+      out[w].pause_every = every;
+      out[w].pause_s = seconds;
+    } else {
+      std::uint32_t w = 0;
+      double factor = 0;
+      if (f.size() != 2 || !parse(f[1], factor))
+        return bad("is not WORKER:FACTOR, random:P:FACTOR or pause:WORKER:EVERY:SECONDS");
+      if (Status s = worker(f[0], w); !s.ok()) return s;
+      if (!(factor >= 1)) return bad("needs a factor of at least 1");
+      out[w].factor = factor;
+    }
+  }
+  return out;
+}
+
+}  // namespace asgd
