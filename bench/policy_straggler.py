@@ -1,20 +1,33 @@
 #!/usr/bin/python3
-"""Time to accuracy under bsp, ssp:3 and async with one slow worker.
+"""Time to accuracy under bsp, ssp:1, ssp:3 and async, with and without stragglers.
 
-One run of this script trains the same job (MNIST, mlp, 4 workers, worker 0
-slowed 4x with `--straggler 0:4`) under each policy R times and compares the
-training seconds until validation accuracy first reaches the target
-(`time_to_target_s` in asgd's metrics summary):
+One run of this script trains the same job (MNIST, mlp, 4 workers) under each
+policy and each straggler scenario R times and compares the training seconds
+until validation accuracy first reaches the target (`time_to_target_s` in
+asgd's metrics summary). The scenarios (--scenarios) are asgd --straggler
+values, "none" for no straggler; by default none, a persistent one (0:4,
+worker 0 always 4x slow) and a transient one (random:0.1:4, each step of
+every worker 4x slow with chance 0.1, seeded):
 
-  * runs are interleaved (bsp, ssp:3, async, bsp, ssp:3, async, ...) so that
-    machine noise falls on every policy alike;
+  * runs are interleaved (for each repeat, each scenario: bsp, ssp:1, ssp:3,
+    async) so that machine noise falls on every policy alike;
   * repeat r (0-based) uses --seed r+1 under every policy, so the policies see
     the same initialisation, validation split and data order;
   * per policy it prints the median, min and max time to target, the epoch of
     each run in which the target was crossed, final test accuracy, samples/s,
     staleness (in clocks) and the seconds each worker's reads were held back
-    by the policy; then median(ssp:3)/median(bsp) and median(async)/median(bsp)
-    with PASS/FAIL against the acceptance threshold (<= 0.6).
+    by the policy; then for pairs of policies the ratio of medians and a
+    verdict: "faster" or "slower" when their min-max spreads do not overlap,
+    "not distinguishable" when they do.
+
+Footing (--footing). "per-sample" (the default) gives every policy the same
+learning rate per sample: each applies momentum SGD at --lr to every
+worker's gradient, except bsp, which averages the N workers' gradients into
+one update and so takes N x --lr (the summed gradient at --lr); staleness-
+aware steps and warm-up are off for all. "defaults" runs each policy with the
+product's defaults (which scale lr with the workers and damp stale steps:
+docs/policies.md), which answers "which default should I use", not "which
+consistency model is faster".
 
 A run that never reaches the target is reported as such; a policy with such a
 run has no median time, and a ratio involving it is "not measurable". No
@@ -41,8 +54,9 @@ Why these defaults (measured on the 2-core development VM, 2026-11-21):
     worker's gradient as its own update (4 per clock against bsp's 1) and
     from the slack at the start, not from escaping the straggler.
 
-Usage: /usr/bin/python3 bench/policy_straggler.py [--repeats 3] [--epochs 8]
-           [--workers 4] [--straggler 0:4] [--target 0.97] [--lr-schedule constant]
+Usage: /usr/bin/python3 bench/policy_straggler.py [--repeats 5] [--epochs 8]
+           [--workers 4] [--scenarios none,0:4,random:0.1:4] [--footing per-sample|defaults]
+           [--lr 0.01] [--target 0.97] [--lr-schedule constant]
            [--asgd build/bin/asgd] [--data-dir DIR] [--out DIR] [--json]
 Exit status: 0 every run completed (whatever the verdict), 1 a run failed,
 2 bad options, or the binary or the data is missing.
@@ -59,9 +73,9 @@ import tempfile
 import time
 
 REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-POLICIES = ["bsp", "ssp:3", "async"]
-BASELINE = "bsp"
-THRESHOLD = 0.6  # acceptance: median(policy) / median(bsp) <= 0.6
+POLICIES = ["bsp", "ssp:1", "ssp:3", "async"]
+# (policy, compared with): the verdicts printed for each scenario.
+PAIRS = [("ssp:1", "bsp"), ("ssp:3", "bsp"), ("async", "bsp"), ("ssp:3", "ssp:1"), ("async", "ssp:3")]
 RUN_TIMEOUT_S = 600
 
 
@@ -100,13 +114,23 @@ def read_metrics(path):
     return epochs, summary
 
 
-def run_one(a, policy, seed, metrics_path):
+def footing_flags(a, policy):
+    """The optimizer flags that put `policy` on the chosen footing."""
+    if a.footing == "defaults":
+        return []
+    lr = a.lr * a.workers if policy == "bsp" else a.lr
+    return ["--lr", repr(lr), "--momentum", repr(a.momentum), "--staleness-aware-lr", "false", "--lr-warmup", "0"]
+
+
+def run_one(a, policy, scenario, seed, metrics_path):
     """Trains once; returns a dict describing the run (with "error" if it failed)."""
     cmd = [a.asgd, "train", "--data-dir", a.data_dir, "--policy", policy, "--workers", str(a.workers),
-           "--straggler", a.straggler, "--epochs", str(a.epochs), "--lr-schedule", a.lr_schedule,
+           "--epochs", str(a.epochs), "--lr-schedule", a.lr_schedule,
            "--seed", str(seed), "--target-accuracy", repr(a.target), "--metrics-out", metrics_path,
-           "--eval-every", repr(a.eval_every), "--log-level", "warn"]
-    run = {"policy": policy, "seed": seed, "command": " ".join(cmd)}
+           "--eval-every", repr(a.eval_every), "--log-level", "warn"] + footing_flags(a, policy)
+    if scenario != "none":
+        cmd += ["--straggler", scenario]
+    run = {"policy": policy, "scenario": scenario, "seed": seed, "command": " ".join(cmd)}
     start = time.monotonic()
     try:
         proc = subprocess.run(cmd, capture_output=True, text=True, timeout=RUN_TIMEOUT_S)
@@ -197,29 +221,64 @@ def fmt_ttt(s, target):
     return "not measurable: " + "; ".join(parts)
 
 
-def ratio(summaries, policy, target):
-    """(value or None, verdict text) for median(policy) / median(bsp)."""
-    num, den = summaries[policy]["ttt_median_s"], summaries[BASELINE]["ttt_median_s"]
-    if num is None or den is None:
-        who = " and ".join(p for p, v in ((policy, num), (BASELINE, den)) if v is None)
-        return None, f"not measurable ({who}: no median time to {target}, see above)"
-    value = num / den
-    verdict = "PASS" if value <= THRESHOLD else "FAIL"
-    return value, f"{value:.3f}  {verdict} (threshold <= {THRESHOLD})"
+def compare(summaries, policy, other, target):
+    """(ratio of medians or None, verdict, text) for `policy` against `other`."""
+    a, b = summaries[policy], summaries[other]
+    if a["ttt_median_s"] is None or b["ttt_median_s"] is None:
+        who = " and ".join(p for p, s in ((policy, a), (other, b)) if s["ttt_median_s"] is None)
+        return None, "not measurable", f"not measurable ({who}: no median time to {target}, see above)"
+    value = a["ttt_median_s"] / b["ttt_median_s"]
+    if a["ttt_max_s"] < b["ttt_min_s"]:
+        verdict = "faster"
+    elif a["ttt_min_s"] > b["ttt_max_s"]:
+        verdict = "slower"
+    else:
+        verdict = "not distinguishable"
+    spreads = (f"{a['ttt_min_s']:.2f}-{a['ttt_max_s']:.2f} s against {b['ttt_min_s']:.2f}-{b['ttt_max_s']:.2f} s")
+    return value, verdict, f"{value:.3f}  {verdict} ({spreads})"
+
+
+def print_policy(s, a):
+    print(f"\n  {s['policy']}")
+    print(f"    time to target     {fmt_ttt(s, a.target)}")
+    print(f"    crossed in epoch   " + ", ".join("-" if e is None else str(e) for e in s["target_epoch"]))
+    if s.get("first_eval_s_median") is not None:
+        print(f"    epoch 1 ended at   {s['first_eval_s_median']:.2f} s (median; the first evaluation)")
+    if a.eval_every == 0 and s["reached_runs"] and all(e in (None, 1) for e in s["target_epoch"]):
+        print(f"    note               past the target at the first evaluation: its time is when the slowest "
+              f"worker finished epoch 1, an upper bound")
+    if "samples_per_s_median" not in s:
+        return
+    print(f"    final test acc.    {s['final_test_accuracy_median']:.4f} "
+          f"(min {s['final_test_accuracy_min']:.4f}, max {s['final_test_accuracy_max']:.4f})")
+    print(f"    samples/s          {s['samples_per_s_median']:.0f}  (train_s {s['train_s_median']:.1f} s, medians)")
+    print(f"    staleness          mean {s['staleness_mean_median']:.2f} (median of runs), "
+          f"max {s['staleness_max']:.0f} (over runs), in clocks")
+    print(f"    worker wait (s)    " + "  ".join(f"w{w} {v:.2f}" for w, v in enumerate(s["worker_wait_s_median"]))
+          + "  (medians: seconds the policy held each worker's reads back)")
 
 
 def main():
     p = argparse.ArgumentParser(
-        description="Time to validation accuracy under bsp, ssp:3 and async with a straggler (MNIST mlp).")
+        description="Time to validation accuracy under bsp, ssp:1, ssp:3 and async, with and without stragglers "
+                    "(MNIST mlp).")
     p.add_argument("--asgd", default=os.path.join(REPO_ROOT, "build", "bin", "asgd"),
                    help="the asgd binary (default <repo>/build/bin/asgd)")
     p.add_argument("--data-dir", default=None,
                    help="the MNIST folder (default $ASGD_DATA_DIR/mnist, else <repo>/../shared/data/mnist)")
-    p.add_argument("--repeats", type=int, default=3, help="runs per policy, interleaved (default 3)")
+    p.add_argument("--repeats", type=int, default=5, help="runs per policy and scenario, interleaved (default 5)")
     p.add_argument("--epochs", type=int, default=8,
                    help="epochs per run; long enough for bsp to reach the target (default 8)")
     p.add_argument("--workers", type=int, default=4, help="worker actors (default 4)")
-    p.add_argument("--straggler", default="0:4", help="asgd's --straggler W:FACTOR (default 0:4)")
+    p.add_argument("--scenarios", default="none,0:4,random:0.1:4",
+                   help="comma-separated asgd --straggler values, 'none' for none (default none,0:4,random:0.1:4; "
+                        "a value with commas of its own goes in quotes: 'random:0.1:4+0:2' joins items with +)")
+    p.add_argument("--footing", default="per-sample", choices=["per-sample", "defaults"],
+                   help="per-sample: the same lr per sample for every policy (default); defaults: each policy's own")
+    p.add_argument("--lr", type=float, default=0.01,
+                   help="per-sample footing: the rate of each worker's gradient (bsp takes workers x this; "
+                        "default 0.01)")
+    p.add_argument("--momentum", type=float, default=0.9, help="per-sample footing: momentum of all (default 0.9)")
     p.add_argument("--target", type=float, default=0.97, help="validation accuracy to reach (default 0.97)")
     p.add_argument("--eval-every", type=float, default=0.1,
                    help="asgd's --eval-every: also evaluate every S training seconds (default 0.1; 0: per epoch)")
@@ -234,6 +293,11 @@ def main():
         fail(2, "--repeats, --epochs and --workers must be >= 1")
     if not 0.0 < a.target <= 1.0:
         fail(2, f"--target {a.target}: must be in (0, 1]")
+    if not a.lr > 0 or not 0 <= a.momentum < 1:
+        fail(2, "--lr must be > 0 and --momentum in [0, 1)")
+    scenarios = [x.strip().replace("+", ",") for x in a.scenarios.split(",") if x.strip()]
+    if not scenarios:
+        fail(2, "--scenarios: name at least one (none, or an asgd --straggler value)")
     a.asgd = os.path.abspath(a.asgd)
     if not (os.path.isfile(a.asgd) and os.access(a.asgd, os.X_OK)):
         fail(2, f"no asgd binary at {a.asgd} (build it with scripts/build, or pass --asgd)")
@@ -244,80 +308,74 @@ def main():
     out_dir = a.out or tempfile.mkdtemp(prefix="policy_straggler.")
     os.makedirs(out_dir, exist_ok=True)
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-    print(f"MNIST mlp, {a.workers} workers, straggler {a.straggler}, {a.epochs} epochs, "
+    footing = (f"per-sample footing: momentum {a.momentum:g}, lr {a.lr:g} per worker gradient "
+               f"(bsp {a.lr * a.workers:g} on the average of {a.workers}), no staleness-aware steps, no warm-up"
+               if a.footing == "per-sample" else "each policy's own defaults (not the same lr per sample)")
+    print(f"MNIST mlp, {a.workers} workers, scenarios {', '.join(scenarios)}, {a.epochs} epochs, "
           f"lr schedule {a.lr_schedule}, target val accuracy {a.target}, {a.repeats} repeats "
           f"(seeds 1..{a.repeats}), {cores} cores; data {a.data_dir}", flush=True)
-    print(f"command: {a.asgd} train --data-dir DIR --policy P --workers {a.workers} --straggler {a.straggler} "
+    print(f"footing: {footing}", flush=True)
+    print(f"command: {a.asgd} train --data-dir DIR --policy P --workers {a.workers} [--straggler S] "
           f"--epochs {a.epochs} --lr-schedule {a.lr_schedule} --seed R --target-accuracy {a.target} "
-          f"--eval-every {a.eval_every} --metrics-out FILE", flush=True)
+          f"--eval-every {a.eval_every} --metrics-out FILE {' '.join(footing_flags(a, 'async'))}", flush=True)
 
-    runs = {pol: [] for pol in POLICIES}
+    runs = {sc: {pol: [] for pol in POLICIES} for sc in scenarios}
     in_order = []
     started = time.monotonic()
-    total = a.repeats * len(POLICIES)
+    total = a.repeats * len(POLICIES) * len(scenarios)
     n = 0
     try:
         for r in range(a.repeats):
-            for pol in POLICIES:
-                n += 1
-                seed = r + 1
-                path = os.path.join(out_dir, f"{pol.replace(':', '')}_seed{seed}.jsonl")
-                run = run_one(a, pol, seed, path)
-                runs[pol].append(run)
-                in_order.append(run)
-                print(f"[{n}/{total}] {pol:6s} seed {seed}: {describe(run, a.target)}", flush=True)
+            for sc in scenarios:
+                for pol in POLICIES:
+                    n += 1
+                    seed = r + 1
+                    name = f"{sc}_{pol}_seed{seed}".replace(":", "").replace(",", "_")
+                    run = run_one(a, pol, sc, seed, os.path.join(out_dir, name + ".jsonl"))
+                    runs[sc][pol].append(run)
+                    in_order.append(run)
+                    print(f"[{n}/{total}] {sc:14s} {pol:6s} seed {seed}: {describe(run, a.target)}", flush=True)
     finally:
         if a.out is None:
             shutil.rmtree(out_dir, ignore_errors=True)
     elapsed = time.monotonic() - started
 
-    summaries = {pol: summarize(pol, runs[pol]) for pol in POLICIES}
-    print()
     cadence = f"every {a.eval_every:g} s and after each epoch" if a.eval_every > 0 else "once per epoch"
-    print(f"Time to validation accuracy {a.target} (training seconds; validation checked {cadence}; an epoch "
-          f"ends when the slowest worker finishes it)")
-    for pol in POLICIES:
-        s = summaries[pol]
-        print(f"\n  {pol}")
-        print(f"    time to target     {fmt_ttt(s, a.target)}")
-        print(f"    crossed in epoch   " + ", ".join("-" if e is None else str(e) for e in s["target_epoch"]))
-        if s.get("first_eval_s_median") is not None:
-            print(f"    epoch 1 ended at   {s['first_eval_s_median']:.2f} s (median; the first evaluation)")
-        if a.eval_every == 0 and s["reached_runs"] and all(e in (None, 1) for e in s["target_epoch"]):
-            print(f"    note               past the target at the first evaluation: its time is when the slowest "
-                  f"worker finished epoch 1, an upper bound")
-        if "samples_per_s_median" not in s:
-            continue
-        print(f"    final test acc.    {s['final_test_accuracy_median']:.4f} "
-              f"(min {s['final_test_accuracy_min']:.4f}, max {s['final_test_accuracy_max']:.4f})")
-        print(f"    samples/s          {s['samples_per_s_median']:.0f}  (train_s {s['train_s_median']:.1f} s, medians)")
-        print(f"    staleness          mean {s['staleness_mean_median']:.2f} (median of runs), "
-              f"max {s['staleness_max']:.0f} (over runs), in clocks")
-        print(f"    worker wait (s)    " + "  ".join(f"w{w} {v:.2f}" for w, v in enumerate(s["worker_wait_s_median"]))
-              + "  (medians: seconds the policy held each worker's reads back)")
+    results = {}
+    for sc in scenarios:
+        summaries = {pol: summarize(pol, runs[sc][pol]) for pol in POLICIES}
+        print(f"\n=== straggler {sc}: time to validation accuracy {a.target} (training seconds; validation "
+              f"checked {cadence}; an epoch ends when the slowest worker finishes it)")
+        for pol in POLICIES:
+            print_policy(summaries[pol], a)
+        print()
+        verdicts = {}
+        for pol, other in PAIRS:
+            value, verdict, text = compare(summaries, pol, other, a.target)
+            verdicts[f"{pol}/{other}"] = {"ratio": value, "verdict": verdict}
+            print(f"  median({pol}) / median({other}) = {text}")
+        results[sc] = {"summaries": summaries, "verdicts": verdicts}
 
-    print()
-    ratios = {}
-    for pol in POLICIES:
-        if pol == BASELINE:
-            continue
-        value, text = ratio(summaries, pol, a.target)
-        ratios[pol] = value
-        print(f"  median({pol}) / median({BASELINE}) = {text}")
+    print(f"\nverdicts ({a.footing} footing; faster/slower: the min-max spreads of {a.repeats} runs do not overlap)")
+    print("  " + "pair".ljust(14) + "".join(sc.ljust(27) for sc in scenarios))
+    for pol, other in PAIRS:
+        key = f"{pol}/{other}"
+        cells = []
+        for sc in scenarios:
+            v = results[sc]["verdicts"][key]
+            cells.append((v["verdict"] if v["ratio"] is None else f"{v['ratio']:.2f} {v['verdict']}").ljust(27))
+        print("  " + key.ljust(14) + "".join(cells))
     print(f"\n{total} runs in {elapsed:.0f} s" + (f"; metrics files in {out_dir}" if a.out else ""), flush=True)
 
-    failed = sum(s["failed_runs"] for s in summaries.values())
+    failed = sum(s["failed_runs"] for sc in scenarios for s in results[sc]["summaries"].values())
     if failed:
         print(f"policy_straggler: {failed} run(s) failed; see above", file=sys.stderr)
     if a.json:
         print(json.dumps({
-            "workers": a.workers, "straggler": a.straggler, "epochs": a.epochs, "lr_schedule": a.lr_schedule,
-            "eval_every_s": a.eval_every,
-            "target": a.target, "repeats": a.repeats, "threshold": THRESHOLD, "elapsed_s": round(elapsed, 1),
-            "summaries": summaries,
-            "ratios": {f"{pol}/{BASELINE}": v for pol, v in ratios.items()},
-            "verdicts": {f"{pol}/{BASELINE}": (None if v is None else v <= THRESHOLD) for pol, v in ratios.items()},
-            "runs": in_order,
+            "workers": a.workers, "scenarios": scenarios, "footing": a.footing, "lr": a.lr, "momentum": a.momentum,
+            "epochs": a.epochs, "lr_schedule": a.lr_schedule, "eval_every_s": a.eval_every,
+            "target": a.target, "repeats": a.repeats, "elapsed_s": round(elapsed, 1),
+            "results": results, "runs": in_order,
         }), flush=True)
     return 1 if failed else 0
 
