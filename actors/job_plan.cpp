@@ -7,21 +7,11 @@
 #include "actors/data_feeder.hpp"
 #include "actors/parameter_shard.hpp"
 #include "actors/worker.hpp"
+#include "base/split.hpp"
 
 namespace asgd {
 
 namespace {
-
-std::vector<std::string> split(const std::string& text, char sep) {
-  std::vector<std::string> out;
-  std::size_t start = 0;
-  while (true) {
-    const auto end = text.find(sep, start);
-    out.push_back(text.substr(start, end == std::string::npos ? std::string::npos : end - start));
-    if (end == std::string::npos) return out;
-    start = end + 1;
-  }
-}
 
 bool parse_number(const std::string& text, double& out) {
   const char* end = text.data() + text.size();

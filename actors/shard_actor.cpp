@@ -70,14 +70,18 @@ void start_timers(caf::stateful_actor<ShardState>* self) {
         std::chrono::duration_cast<caf::timespan>(std::chrono::duration<double>(setup.hold_warning_s));
 }
 
-}  // namespace
-
-caf::behavior parameter_shard(caf::stateful_actor<ShardState>* self, std::shared_ptr<ShardCore> core) {
-  // The exit reason says what was thrown; the coordinator, which watches
-  // the shard, fails the job with it.
+// The exit reason says what was thrown; the coordinator, which watches the
+// shard, fails the job with it.
+void report_what_is_thrown(caf::stateful_actor<ShardState>* self) {
   self->set_exception_handler([self](caf::scheduled_actor*, std::exception_ptr& thrown) {
     return thrown_error(thrown, "shard " + std::to_string(self->state.core ? self->state.core->index() : 0));
   });
+}
+
+}  // namespace
+
+caf::behavior parameter_shard(caf::stateful_actor<ShardState>* self, std::shared_ptr<ShardCore> core) {
+  report_what_is_thrown(self);
   self->state.core = std::make_unique<ShardCore>(std::move(*core));
   start_timers(self);
   auto watch = [self] {

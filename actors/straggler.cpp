@@ -3,22 +3,12 @@
 #include <charconv>
 #include <cmath>
 
+#include "base/split.hpp"
 #include "compute/random.hpp"
 
 namespace asgd {
 
 namespace {
-
-std::vector<std::string> split(const std::string& text, char sep) {
-  std::vector<std::string> out;
-  std::size_t start = 0;
-  while (true) {
-    const auto end = text.find(sep, start);
-    out.push_back(text.substr(start, end == std::string::npos ? std::string::npos : end - start));
-    if (end == std::string::npos) return out;
-    start = end + 1;
-  }
-}
 
 template <class T>
 bool parse(const std::string& text, T& out) {

@@ -12,6 +12,7 @@
 #include <numeric>
 #include <set>
 
+#include "base/split.hpp"
 #include "policies/registry.hpp"
 
 namespace asgd::experiments {
@@ -32,17 +33,6 @@ std::string optional_number(const std::optional<T>& v) {
   if (!v) return "";
   if constexpr (std::is_integral_v<T>) return std::to_string(*v);
   else return number(*v);
-}
-
-std::vector<std::string> split(const std::string& text, char sep) {
-  std::vector<std::string> parts;
-  std::size_t start = 0;
-  while (true) {
-    const std::size_t end = text.find(sep, start);
-    parts.push_back(text.substr(start, end == std::string::npos ? std::string::npos : end - start));
-    if (end == std::string::npos) return parts;
-    start = end + 1;
-  }
 }
 
 std::string trim(const std::string& s) {
