@@ -470,7 +470,7 @@ int run_load(const LoadOptions& o) {
   job.optimizer = o.optimizer;
   job.lr = 1e-4;  // with gradients of 1e-3: parameters move 1e-7 a push, and stay finite for the whole run
   job.lr_schedule = "constant";
-  if (Status s = validate_for_cluster(job); !s.ok()) {
+  if (Status s = validate_for_cluster(job, WorkersOn::this_host); !s.ok()) {
     print_error(s.message());
     return kExitUsage;
   }

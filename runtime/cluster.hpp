@@ -118,7 +118,13 @@ Status run_shard_process(const ProcessOptions& options, std::stop_token stop);
 /// stop (or `stop`). Errors as run_shard_process.
 Status run_worker_process(const ProcessOptions& options, std::stop_token stop);
 
-/// Checks a job for running across processes.
-Status validate_for_cluster(const JobConfig& config);
+/// Where a job's workers compute: on this machine (asgd cluster), or on
+/// hosts of their own (asgd coordinator, a launched job's coordinator
+/// rank), where each worker checks its device as it starts.
+enum class WorkersOn { this_host, their_hosts };
+
+/// Checks a job for running across processes; the device only on this
+/// host when the workers run here.
+Status validate_for_cluster(const JobConfig& config, WorkersOn workers);
 
 }  // namespace asgd

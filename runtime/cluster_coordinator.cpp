@@ -154,8 +154,8 @@ Result<std::shared_ptr<Bridge>> start_bridge(const JobConfig& config, const Proc
 
 }  // namespace
 
-Status validate_for_cluster(const JobConfig& c) {
-  if (Status s = validate(c); !s.ok()) return s;
+Status validate_for_cluster(const JobConfig& c, WorkersOn workers) {
+  if (Status s = validate_settings(c, workers == WorkersOn::this_host); !s.ok()) return s;
   auto settings = plan_settings(c, Placement::processes, 1);
   if (settings && settings->shares_parameters)
     return Status::InvalidArgument("--policy " + c.policy +
@@ -173,7 +173,7 @@ Status validate_for_cluster(const JobConfig& c) {
 Result<JobSummary> run_coordinator_process(const JobConfig& config, const ProcessOptions& o,
                                            const JobCallbacks& callbacks, std::stop_token stop,
                                            const std::function<void(const std::string&)>& on_listening) {
-  if (Status s = validate_for_cluster(config); !s.ok()) return s;
+  if (Status s = validate_for_cluster(config, WorkersOn::their_hosts); !s.ok()) return s;
   if (o.shards != config.shards || o.workers != config.workers)
     return Status::InvalidArgument("the coordinator expects --shards and --workers processes as the job says");
   // The registry's actor system outlives the job's.

@@ -49,8 +49,9 @@ std::string join(const std::vector<std::string>& names) {
 
 namespace {
 
-// validate(), with the dataset-name check only for jobs that load one.
-Status validate_config(const JobConfig& c, bool named_dataset) {
+// validate(), with the dataset-name check only for jobs that load one, and
+// the device checked on this machine only when the workers run here.
+Status validate_config(const JobConfig& c, bool named_dataset, bool devices_here = true) {
   auto bad = [](const std::string& flag, const std::string& value, const std::string& why) {
     return Status::InvalidArgument("--" + flag + " " + value + ": " + why);
   };
@@ -72,15 +73,9 @@ Status validate_config(const JobConfig& c, bool named_dataset) {
   if (auto f = parse_stragglers(c.straggler, c.workers, c.seed); !f) return f.status();
   if (c.shards < 1 || c.shards > kMaxShards)
     return bad("shards", std::to_string(c.shards), "must be 1 to " + std::to_string(kMaxShards));
-  auto device = Device::parse(c.device);
-  if (!device) return bad("device", c.device, device.status().message());
-  if (device->kind == Device::Kind::cuda) {
-    std::string why;
-    const int count = cuda_device_count(&why);
-    if (count == 0) return bad("device", c.device, "no usable CUDA device: " + why);
-    if (device->index >= count)
-      return bad("device", c.device, "this machine has " + std::to_string(count) + " CUDA device(s)");
-  }
+  if (auto device = Device::parse(c.device); !device) return bad("device", c.device, device.status().message());
+  if (devices_here)
+    if (Status s = device_usable_here(c.device); !s.ok()) return s;
   // Hogwild's lock-free shared buffer needs every worker in this process
   // with the parameters in host memory: true of every job run_job runs
   // today (CPU workers, one process). Multi-process roles must refuse it.
@@ -125,6 +120,21 @@ Status validate_config(const JobConfig& c, bool named_dataset) {
 }  // namespace
 
 Status validate(const JobConfig& c) { return validate_config(c, true); }
+
+Status validate_settings(const JobConfig& c, bool devices_here) { return validate_config(c, true, devices_here); }
+
+Status device_usable_here(const std::string& text) {
+  auto device = Device::parse(text);
+  if (!device) return device.status();
+  if (device->kind != Device::Kind::cuda) return {};
+  std::string why;
+  const int count = cuda_device_count(&why);
+  if (count == 0) return Status::InvalidArgument("--device " + text + ": no usable CUDA device: " + why);
+  if (device->index >= count)
+    return Status::InvalidArgument("--device " + text + ": this machine has " + std::to_string(count) +
+                                   " CUDA device(s)");
+  return {};
+}
 
 Status validate(const JobConfig& c, const UserDataset& data) {
   if (Status s = validate_config(c, false); !s.ok()) return s;
@@ -304,7 +314,10 @@ namespace {
 Result<JobSummary> run_job_unguarded(const JobConfig& requested, const JobCallbacks& callbacks, std::stop_token stop,
                                      const ClusterHooks& hooks, std::shared_ptr<const UserDataset> user_data) {
   const auto job_start = std::chrono::steady_clock::now();
-  if (Status s = user_data ? validate(requested, *user_data) : validate(requested); !s.ok()) return s;
+  // Workers placed in processes check their device where they run.
+  const bool devices_here = !hooks.make_placement;
+  if (Status s = user_data ? validate(requested, *user_data) : validate_settings(requested, devices_here); !s.ok())
+    return s;
   JobConfig config = requested;
   // A resumed job goes on checkpointing where it was resumed from.
   if (!config.resume.empty() && config.checkpoint_dir.empty()) config.checkpoint_dir = config.resume;

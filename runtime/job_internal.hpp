@@ -27,6 +27,14 @@ struct ClusterHooks {
   std::function<void(std::shared_ptr<const ComputeContext>)> on_compute_context;
 };
 
+/// validate(config), checking the device on this machine only when
+/// `devices_here` (a coordinator whose workers run on other hosts does not).
+Status validate_settings(const JobConfig& config, bool devices_here);
+
+/// Whether `device` ("cpu", "cuda", "cuda:1") can compute on this machine.
+/// Errors: invalid_argument naming --device and why (no GPU, no such GPU).
+Status device_usable_here(const std::string& device);
+
 /// run_job, with shards and workers placed by `hooks` when set, on
 /// `user_data` when set (else config.dataset from disk).
 Result<JobSummary> run_job_with(const JobConfig& config, const JobCallbacks& callbacks, std::stop_token stop,

@@ -5,6 +5,7 @@
 #include <sys/wait.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -29,10 +30,12 @@ inline std::string slurp(const std::filesystem::path& p) {
   return s.str();
 }
 
-/// `asgd ARGS` with stdin closed; stdout and stderr go to a scratch folder.
-/// With `cwd`, it runs in that folder (relative paths in ARGS are its).
+/// `asgd ARGS` with stdin closed; stdout and stderr go to a scratch folder
+/// of the call's own (so calls from several threads do not mix). With
+/// `cwd`, it runs in that folder (relative paths in ARGS are its).
 inline CliRun asgd(const std::string& args, const std::filesystem::path& cwd = {}) {
-  const TempDir dir_holder("_stdio");
+  static std::atomic<int> calls{0};
+  const TempDir dir_holder("_stdio" + std::to_string(calls++));
   const std::filesystem::path& dir = dir_holder.path();
   const std::string cd = cwd.empty() ? "" : "cd '" + cwd.string() + "' && ";
   const std::string cmd = cd + std::string(asgd_cli_path()) + " " + args + " >" + (dir / "out").string() + " 2>" +

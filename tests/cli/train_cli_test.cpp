@@ -8,12 +8,15 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <sstream>
+#include <thread>
 
 #include <nlohmann/json.hpp>
 
 #include "compute/device.hpp"
 #include "cli/cli_run.hpp"
+#include "http_client.hpp"
 #include "temp_dir.hpp"
 #include "test_data.hpp"
 
@@ -57,6 +60,30 @@ TEST(TrainCli, RefusesCudaWithoutAUsableGpuSayingWhy) {
   std::error_code ec;
   if (!std::filesystem::exists("/dev/nvidiactl", ec))  // no driver here: say so in plain words
     expect_one_line_error(asgd("train --device cuda"), 2, "no NVIDIA GPU found");
+}
+
+// Issue 20: the coordinator's host need not have the workers' GPU. A
+// coordinator for --device cuda starts here without one; the worker that
+// lacks the GPU refuses, naming its host, and the job ends with that.
+TEST(ClusterCli, TheDeviceIsCheckedWhereTheWorkerRunsNotOnTheCoordinatorsHost) {
+  if (asgd::cuda_device_count() > 0) GTEST_SKIP() << "this machine has a GPU";
+  const std::string mnist = asgd_test::dataset_dir("mnist").string();
+  const int port = asgd_test::free_port();
+  ASSERT_GT(port, 0);
+  const std::string at = "tcp://127.0.0.1:" + std::to_string(port);
+  auto coordinator = std::async(std::launch::async, [&] {
+    return asgd("coordinator --device cuda --workers 1 --shards 1 --join-timeout 30 --listen " + at +
+                " --data-dir " + mnist);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  auto shard = std::async(std::launch::async, [&] { return asgd("shard --coordinator " + at); });
+  const CliRun worker = asgd("worker --coordinator " + at + " --data-dir " + mnist);
+  const CliRun coord = coordinator.get();
+  shard.get();
+  EXPECT_EQ(worker.exit_code, 2) << worker.err;
+  EXPECT_EQ(coord.exit_code, 2) << coord.err;
+  EXPECT_NE(coord.err.find("worker 0: --device cuda: no usable CUDA device"), std::string::npos) << coord.err;
+  EXPECT_NE(coord.err.find("(on "), std::string::npos) << "the worker's host is not named: " << coord.err;
 }
 
 TEST(TrainCli, RefusesAJobWhoseWorkersGetLessThanABatchEachWithAdvice) {

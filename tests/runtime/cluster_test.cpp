@@ -233,10 +233,23 @@ TEST(ClusterProcesses, AWorkerWithoutACoordinatorGivesUpAfterItsJoinTimeout) {
 TEST(ClusterProcesses, HogwildAndAutomaticWeightsAreRefusedAcrossProcesses) {
   JobConfig c;
   c.policy = "hogwild";
-  EXPECT_NE(validate_for_cluster(c).message().find("cannot share one parameter buffer"), std::string::npos);
+  EXPECT_NE(validate_for_cluster(c, WorkersOn::their_hosts).message().find("cannot share one parameter buffer"), std::string::npos);
   c.policy = "async";
   c.worker_weights = "auto";
-  EXPECT_NE(validate_for_cluster(c).message().find("--worker-weights auto"), std::string::npos);
+  EXPECT_NE(validate_for_cluster(c, WorkersOn::their_hosts).message().find("--worker-weights auto"), std::string::npos);
+}
+
+// Issue 20: a coordinator's host need not have the workers' GPU; a worker
+// checks its device where it runs.
+TEST(ClusterProcesses, TheDeviceIsCheckedWhereTheWorkersRun) {
+  JobConfig c;
+  c.device = "cuda";
+  EXPECT_TRUE(validate_for_cluster(c, WorkersOn::their_hosts).ok());
+  c.device = "tpu";
+  EXPECT_EQ(validate_for_cluster(c, WorkersOn::their_hosts).code(), StatusCode::invalid_argument);  // not a device
+  c.device = "cuda:64";
+  EXPECT_EQ(validate_for_cluster(c, WorkersOn::this_host).code(), StatusCode::invalid_argument)
+      << "64 GPUs on this machine?";
 }
 
 }  // namespace

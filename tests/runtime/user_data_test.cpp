@@ -277,7 +277,7 @@ TEST(ModelSpec, ACheckpointRecordsTheSpecSoAPredictorRebuildsIt) {
 TEST(ModelSpec, AClusterJobRefusesASpecBecauseItIsNotCarriedAcrossProcesses) {
   JobConfig c;
   c.model_spec = std::make_shared<const ModelSpec>(ModelSpec().dense(10));
-  const Status s = validate_for_cluster(c);
+  const Status s = validate_for_cluster(c, WorkersOn::their_hosts);
   EXPECT_EQ(s.code(), StatusCode::invalid_argument);
   EXPECT_NE(s.message().find("not carried across processes"), std::string::npos) << s.message();
 }

@@ -106,8 +106,8 @@ ProcessOptions process_options(const ProcessFlags& pf) {
 
 int run_coordinator(const JobOptions& jo, const ProcessFlags& pf) {
   JobConfig config;
-  if (auto code = load_job(jo, config)) return *code;
-  if (Status s = validate_for_cluster(config); !s.ok()) {
+  if (auto code = load_job(jo, config, /*devices_here=*/false)) return *code;
+  if (Status s = validate_for_cluster(config, WorkersOn::their_hosts); !s.ok()) {
     print_error(s.message());
     return kExitUsage;
   }
@@ -169,7 +169,7 @@ int run_cluster(const JobOptions& jo, const ProcessFlags& pf, LaunchFlags lf) {
   }
   JobConfig config;
   if (auto code = load_job(jo, config)) return *code;
-  if (Status s = validate_for_cluster(config); !s.ok()) {
+  if (Status s = validate_for_cluster(config, WorkersOn::this_host); !s.ok()) {
     print_error(s.message());
     return kExitUsage;
   }

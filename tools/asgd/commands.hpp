@@ -114,8 +114,9 @@ std::vector<std::string> given_job_flags(const JobOptions& o);
 
 /// Sets up logging and builds the job's configuration from defaults, the
 /// config file and the flags; an exit code when that fails (the error is
-/// printed).
-std::optional<int> load_job(const JobOptions& o, JobConfig& config);
+/// printed). The device is checked on this machine only when
+/// `devices_here` (not for a coordinator whose workers run elsewhere).
+std::optional<int> load_job(const JobOptions& o, JobConfig& config, bool devices_here = true);
 Status setup_logging(const LogOptions& o);
 int exit_code_for(const Status& s);
 std::string logs_at(const LogOptions& o);

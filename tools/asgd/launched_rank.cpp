@@ -181,8 +181,8 @@ int run_rank_role(const LaunchFlags& lf, const Launch& launch, const RoleOfRank&
 
 int run_launched_rank(const JobOptions& jo, const LaunchFlags& lf, const Launch& launch) {
   JobConfig config;
-  if (auto code = load_job(jo, config)) return *code;
-  if (Status s = validate_for_cluster(config); !s.ok()) {
+  if (auto code = load_job(jo, config, /*devices_here=*/false)) return *code;
+  if (Status s = validate_for_cluster(config, WorkersOn::their_hosts); !s.ok()) {
     print_error(s.message());
     return kExitUsage;
   }

@@ -20,6 +20,7 @@
 #include "asgd/job.hpp"
 #include "base/log.hpp"
 #include "runtime/config_file.hpp"
+#include "runtime/job_internal.hpp"
 #include "tools/asgd/commands.hpp"
 
 namespace asgd::cli {
@@ -42,7 +43,7 @@ Status setup_logging(const LogOptions& o) {
   return {};
 }
 
-std::optional<int> load_job(const JobOptions& o, JobConfig& config) {
+std::optional<int> load_job(const JobOptions& o, JobConfig& config, bool devices_here) {
   if (Status s = setup_logging(o.log); !s.ok()) {
     print_error(s.message());
     return kExitUsage;
@@ -79,7 +80,7 @@ std::optional<int> load_job(const JobOptions& o, JobConfig& config) {
       return kExitUsage;
     }
   }
-  if (Status s = validate(config); !s.ok()) {
+  if (Status s = validate_settings(config, devices_here); !s.ok()) {
     print_error(s.message());
     return kExitUsage;
   }
