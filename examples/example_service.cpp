@@ -265,14 +265,16 @@ class Service {
 class Session : public std::enable_shared_from_this<Session> {
  public:
   Session(tcp::socket socket, Service& service, std::chrono::seconds idle)
-      : stream_(std::move(socket)), service_(service), idle_(idle) {}
+      : socket_(std::move(socket)), deadline_(socket_.get_executor()), service_(service), idle_(idle) {}
 
   void read() {
     parser_.emplace();
     parser_->body_limit(kMaxBody);
-    stream_.expires_after(idle_);
-    http::async_read(stream_, buffer_, *parser_,
-                     [self = shared_from_this()](beast::error_code ec, std::size_t) { self->on_read(ec); });
+    arm();
+    http::async_read(socket_, buffer_, *parser_, [self = shared_from_this()](beast::error_code ec, std::size_t) {
+      self->deadline_.cancel();
+      self->on_read(ec);
+    });
   }
 
  private:
@@ -287,10 +289,22 @@ class Session : public std::enable_shared_from_this<Session> {
       response_ = service_.handle(req);
       response_.keep_alive(req.keep_alive());
     }
-    stream_.expires_after(idle_);
-    http::async_write(stream_, response_, [self = shared_from_this()](beast::error_code wec, std::size_t) {
+    arm();
+    http::async_write(socket_, response_, [self = shared_from_this()](beast::error_code wec, std::size_t) {
+      self->deadline_.cancel();
       if (wec || !self->response_.keep_alive()) return self->close();
       self->read();
+    });
+  }
+
+  // The next read or write has `idle_` to finish; past it the connection is
+  // closed, which ends the operation (a timer of our own: Beast's
+  // tcp_stream timeouts report through an error category UBSan rejects).
+  void arm() {
+    deadline_.expires_after(idle_);
+    deadline_.async_wait([weak = weak_from_this()](beast::error_code ec) {
+      if (ec) return;  // cancelled: the operation finished in time
+      if (auto self = weak.lock()) self->close();
     });
   }
 
@@ -298,11 +312,13 @@ class Session : public std::enable_shared_from_this<Session> {
   // cannot hold it).
   void close() {
     beast::error_code ignored;
-    stream_.socket().shutdown(tcp::socket::shutdown_both, ignored);
-    stream_.close();
+    socket_.shutdown(tcp::socket::shutdown_both, ignored);
+    socket_.close(ignored);
+    deadline_.cancel();
   }
 
-  beast::tcp_stream stream_;
+  tcp::socket socket_;
+  asio::steady_timer deadline_;
   Service& service_;
   std::chrono::seconds idle_;
   beast::flat_buffer buffer_;
