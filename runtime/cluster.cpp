@@ -387,8 +387,7 @@ Status run_worker_process(const ProcessOptions& o, std::stop_token stop) {
   };
   if (a.range_bounds.size() != a.shard_endpoints.size() + 1 || a.shard_endpoints.empty())
     return fail_early(Status::Internal("the assignment's shard ranges do not match its shards"));
-  // The coordinator's host may have no GPU: the device is checked here,
-  // where this worker computes.
+  // The device is checked here, where this worker computes (not on the coordinator's host).
   if (Status s = device_usable_here(cfg.device); !s.ok())
     return fail_early(Status::InvalidArgument(s.message() + " (on " + host_name() + ")"));
 
