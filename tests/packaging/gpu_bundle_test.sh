@@ -22,7 +22,7 @@ mv "$work/made" "$work/bundle"  # the run path must not name where it was made
 bundle="$work/bundle"
 [[ -x $bundle/gpu-check && -f $bundle/bench/torch_compute.py && -f $bundle/data/mnist/train-images-idx3-ubyte.gz ]]
 
-for b in asgd asgd_tests; do
+for b in asgd asgd-bench asgd_tests; do
   outside=$(env -i ldd "$bundle/bin/$b" | awk '/=>/ {print $1, $3}' | grep -vF -e " $bundle/lib/" -e " $bundle/bin/../lib/" |
     grep -vE '^(libc|libm|libdl|libpthread|librt|libresolv|libutil)\.so|^(libcudart|libcublas|libcublasLt|libcudnn)\.so' || true)
   if [[ -n $outside ]]; then
@@ -36,4 +36,6 @@ env -i "$bundle/bin/asgd" train --data-dir "$bundle/data/mnist" --device cpu --e
   --metrics-out "$work/run.jsonl" >"$work/train.log" 2>&1 || { cat "$work/train.log" >&2; exit 1; }
 grep -q '"final_test_accuracy":0.9[0-9]' "$work/run.jsonl" || { cat "$work/run.jsonl" >&2; exit 1; }
 env -i "$bundle/bin/asgd_tests" --gtest_filter='Device.*' >"$work/tests.log" 2>&1 || { cat "$work/tests.log" >&2; exit 1; }
+# `asgd bench` runs the asgd-bench beside it (gpu-check's compute benchmark).
+env -i "$bundle/bin/asgd" bench compute --help >"$work/bench.log" 2>&1 || { cat "$work/bench.log" >&2; exit 1; }
 echo "gpu_bundle_test: the bundle trained in an empty environment"
