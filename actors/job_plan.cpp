@@ -1,23 +1,16 @@
 #include "actors/job_plan.hpp"
 
 #include <algorithm>
-#include <charconv>
 #include <cmath>
 
 #include "actors/data_feeder.hpp"
 #include "actors/parameter_shard.hpp"
 #include "actors/worker.hpp"
-#include "base/split.hpp"
+#include "base/flag_text.hpp"
 
 namespace asgd {
 
 namespace {
-
-bool parse_number(const std::string& text, double& out) {
-  const char* end = text.data() + text.size();
-  auto [ptr, ec] = std::from_chars(text.data(), end, out);
-  return !text.empty() && ec == std::errc() && ptr == end && std::isfinite(out);
-}
 
 // The schedule runs by clock, `total_steps` of them over the job: the
 // warm-up's epochs are a share of it each.

@@ -1,25 +1,11 @@
 #include "actors/straggler.hpp"
 
-#include <charconv>
 #include <cmath>
 
-#include "base/split.hpp"
+#include "base/flag_text.hpp"
 #include "compute/random.hpp"
 
 namespace asgd {
-
-namespace {
-
-template <class T>
-bool parse(const std::string& text, T& out) {
-  const char* end = text.data() + text.size();
-  auto [ptr, ec] = std::from_chars(text.data(), end, out);
-  if constexpr (std::is_floating_point_v<T>)
-    if (!std::isfinite(out)) return false;
-  return !text.empty() && ec == std::errc() && ptr == end;
-}
-
-}  // namespace
 
 bool Straggler::random_hit(std::uint64_t step) const {
   if (chance <= 0.0) return false;
@@ -45,14 +31,14 @@ Result<std::vector<Straggler>> parse_stragglers(const std::string& text, std::ui
     };
     const std::vector<std::string> f = split(item, ':');
     auto worker = [&](const std::string& index, std::uint32_t& w) -> Status {
-      if (!parse(index, w)) return bad("does not start with a worker's number");
+      if (!parse_number(index, w)) return bad("does not start with a worker's number");
       if (w >= workers)
         return bad("names worker " + std::to_string(w) + " of " + std::to_string(workers) + " (workers count from 0)");
       return {};
     };
     if (f[0] == "random") {
       double p = 0, factor = 0;
-      if (f.size() != 3 || !parse(f[1], p) || !parse(f[2], factor)) return bad("is not random:P:FACTOR");
+      if (f.size() != 3 || !parse_number(f[1], p) || !parse_number(f[2], factor)) return bad("is not random:P:FACTOR");
       if (!(p > 0 && p <= 1)) return bad("needs a chance P in (0, 1]");
       if (!(factor >= 1)) return bad("needs a factor of at least 1");
       for (Straggler& s : out) {
@@ -63,7 +49,7 @@ Result<std::vector<Straggler>> parse_stragglers(const std::string& text, std::ui
       std::uint32_t w = 0;
       std::uint64_t every = 0;
       double seconds = 0;
-      if (f.size() != 4 || !parse(f[2], every) || !parse(f[3], seconds))
+      if (f.size() != 4 || !parse_number(f[2], every) || !parse_number(f[3], seconds))
         return bad("is not pause:WORKER:EVERY:SECONDS");
       if (Status s = worker(f[1], w); !s.ok()) return s;
       if (every < 1) return bad("needs a pause every 1 step or more");
@@ -73,7 +59,7 @@ Result<std::vector<Straggler>> parse_stragglers(const std::string& text, std::ui
     } else {
       std::uint32_t w = 0;
       double factor = 0;
-      if (f.size() != 2 || !parse(f[1], factor))
+      if (f.size() != 2 || !parse_number(f[1], factor))
         return bad("is not WORKER:FACTOR, random:P:FACTOR or pause:WORKER:EVERY:SECONDS");
       if (Status s = worker(f[0], w); !s.ok()) return s;
       if (!(factor >= 1)) return bad("needs a factor of at least 1");

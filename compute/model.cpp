@@ -174,7 +174,7 @@ void Model::add(std::unique_ptr<Layer> layer, Shape& shape) {
 Status Model::size_status() const {
   if (oversized_.empty()) return {};
   return Status::InvalidArgument("model '" + name_ + "': " + oversized_ + " would have too many parameters (more than " +
-                                 std::to_string(kMaxParams) + ", " + std::to_string(kMaxParams / (1 << 28)) +
+                                 std::to_string(kMaxParams) + ", " + std::to_string(kMaxParams * sizeof(float) >> 30) +
                                  " GiB of floats)");
 }
 

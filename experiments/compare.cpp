@@ -12,7 +12,7 @@
 #include <numeric>
 #include <set>
 
-#include "base/split.hpp"
+#include "base/flag_text.hpp"
 #include "policies/registry.hpp"
 
 namespace asgd::experiments {

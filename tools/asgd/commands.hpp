@@ -88,6 +88,14 @@ void print_error(const std::string& message);
 /// its slow generic kernels for a CPU it does not know (see blas.hpp).
 void reexec_with_better_blas_kernels(char** argv);
 
+/// Parses `args` (as typed) into `app`. nullopt when the chosen command is
+/// to run; otherwise the exit status: 0 after --help or --version (printed),
+/// kExitUsage after a parse error, printed as one line of what `explain`
+/// makes of it and the typed arguments.
+std::optional<int> parse_arguments(
+    CLI::App& app, std::vector<std::string> args,
+    const std::function<std::string(const std::vector<std::string>& typed, const CLI::ParseError&)>& explain);
+
 /// The path of the program `name` in the folder this program runs from
 /// (asgd and asgd-bench are built and installed side by side).
 std::string sibling_program(const std::string& name);

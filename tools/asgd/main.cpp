@@ -55,7 +55,7 @@ std::vector<std::string> flags_of(const CLI::App& scope) {
 // The parser's complaint in words that say what to do: an unknown flag
 // with the nearest one the command has and where the list is; a missing
 // command with the list of commands.
-std::string explain_parse_error(CLI::App& app, const std::vector<std::string>& reversed_args,
+std::string explain_parse_error(CLI::App& app, const std::vector<std::string>& typed,
                                 const CLI::ParseError& e) {
   CLI::App* command = nullptr;
   for (auto* sub : app.get_subcommands()) command = sub;
@@ -63,7 +63,7 @@ std::string explain_parse_error(CLI::App& app, const std::vector<std::string>& r
   if (dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr) {
     const std::vector<std::string> flags = flags_of(command ? *command : app);
     // The first argument the command did not take that looks like a flag.
-    for (auto it = reversed_args.rbegin(); it != reversed_args.rend(); ++it) {
+    for (auto it = typed.begin(); it != typed.end(); ++it) {
       if (!it->starts_with("--")) continue;
       const std::string flag = it->substr(0, it->find('='));
       if (std::find(flags.begin(), flags.end(), flag) != flags.end()) continue;
@@ -80,8 +80,8 @@ std::string explain_parse_error(CLI::App& app, const std::vector<std::string>& r
       commands.push_back(sub->get_name());
       names += (names.empty() ? "" : ", ") + sub->get_name();
     }
-    if (reversed_args.empty()) return "the commands: " + names + " (asgd --help says what each does)";
-    const std::string& given = reversed_args.back();
+    if (typed.empty()) return "the commands: " + names + " (asgd --help says what each does)";
+    const std::string& given = typed.front();
     const std::string best = nearest(given, commands);
     return (given.starts_with("-") ? "unknown flag " : "unknown command ") + given + "; " +
            (best.empty() ? "" : "did you mean " + best + "? ") + "the commands: " + names +
@@ -134,20 +134,10 @@ int main(int argc, char** argv) {
     std::cout << app.help() << "\nTrain the embedded default job: asgd train\n";
     return kExitOk;
   }
-  std::reverse(args.begin(), args.end());  // CLI11 takes them last-first
-  const std::vector<std::string> given = args;  // parse() consumes args
-  try {
-    app.parse(args);
-  } catch (const CLI::CallForHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForAllHelp& e) {
-    return app.exit(e);
-  } catch (const CLI::CallForVersion& e) {
-    return app.exit(e);
-  } catch (const CLI::ParseError& e) {
-    print_error(explain_parse_error(app, given, e));
-    return kExitUsage;
-  }
+  const auto explain = [&app](const std::vector<std::string>& typed, const CLI::ParseError& e) {
+    return explain_parse_error(app, typed, e);
+  };
+  if (const auto code = parse_arguments(app, std::move(args), explain)) return *code;
   asgd::logger().set_pattern("[%H:%M:%S.%e] %^%l%$ %v");
   for (auto* sub : app.get_subcommands()) {
     if (sub->get_name() == "train") return train();

@@ -72,6 +72,26 @@ void reexec_with_better_blas_kernels(char** argv) {
   // execv only returns on failure: carry on with the kernels we have.
 }
 
+std::optional<int> parse_arguments(
+    CLI::App& app, std::vector<std::string> args,
+    const std::function<std::string(const std::vector<std::string>& typed, const CLI::ParseError&)>& explain) {
+  const std::vector<std::string> typed = args;
+  std::reverse(args.begin(), args.end());  // CLI11 takes them last-first, and consumes them
+  try {
+    app.parse(args);
+  } catch (const CLI::CallForHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForAllHelp& e) {
+    return app.exit(e);
+  } catch (const CLI::CallForVersion& e) {
+    return app.exit(e);
+  } catch (const CLI::ParseError& e) {
+    print_error(explain(typed, e));
+    return kExitUsage;
+  }
+  return std::nullopt;
+}
+
 std::string sibling_program(const std::string& name) {
   std::error_code ec;
   const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
