@@ -55,6 +55,9 @@ std::function<int()> add_compare_command(CLI::App& app);
 /// Adds `export` (a checkpoint as safetensors) to `app`.
 std::function<int()> add_export_command(CLI::App& app);
 
+/// Adds `data fetch` (a dataset downloaded and checked) to `app`.
+std::function<int()> add_data_command(CLI::App& app);
+
 /// Adds `keys generate` (a CurveZMQ keypair for --auth-keys) to `app`.
 std::function<int()> add_keys_command(CLI::App& app);
 

@@ -126,6 +126,7 @@ int main(int argc, char** argv) {
   auto roles = add_cluster_commands(app);
   auto export_model = add_export_command(app);
   auto keys = add_keys_command(app);
+  auto data = add_data_command(app);
   auto bench = add_bench_passthrough(app);
   // With no arguments at all, `asgd` says what it can do (`asgd train` runs
   // the embedded default job).
@@ -148,6 +149,7 @@ int main(int argc, char** argv) {
     if (sub->get_name() == "bench") return bench();
     if (sub->get_name() == "export") return export_model();
     if (sub->get_name() == "keys") return keys();
+    if (sub->get_name() == "data") return data();
   }
   print_error("no command given; try --help");
   return kExitUsage;

@@ -1,0 +1,129 @@
+#include "dataset/archive.hpp"
+
+#include <zlib.h>
+
+#include <algorithm>
+#include <array>
+#include <cstdint>
+#include <cstdio>
+#include <cstring>
+#include <memory>
+#include <optional>
+#include <set>
+#include <system_error>
+
+namespace asgd::data {
+namespace {
+
+constexpr std::size_t kBlock = 512;
+
+// An octal field of a tar header (NUL- or space-terminated); nullopt when it
+// holds anything else.
+std::optional<std::uint64_t> octal(const char* field, std::size_t width) {
+  std::uint64_t v = 0;
+  std::size_t i = 0;
+  while (i < width && field[i] == ' ') ++i;
+  bool digits = false;
+  for (; i < width && field[i] >= '0' && field[i] <= '7'; ++i) {
+    v = v * 8 + static_cast<std::uint64_t>(field[i] - '0');
+    digits = true;
+  }
+  for (; i < width; ++i)
+    if (field[i] != ' ' && field[i] != '\0') return std::nullopt;
+  if (!digits) return std::nullopt;
+  return v;
+}
+
+std::string text(const char* field, std::size_t width) { return std::string(field, strnlen(field, width)); }
+
+// The header's checksum: its bytes summed with the checksum field as spaces.
+bool checksum_ok(const std::array<char, kBlock>& h) {
+  const auto stored = octal(h.data() + 148, 8);
+  std::uint64_t sum = 0;
+  for (std::size_t i = 0; i < kBlock; ++i)
+    sum += (i >= 148 && i < 156) ? ' ' : static_cast<unsigned char>(h[i]);
+  return stored && *stored == sum;
+}
+
+}  // namespace
+
+Status extract_tar_gz(const std::filesystem::path& archive, const std::filesystem::path& dir,
+                      const std::vector<std::string>& wanted) {
+  const std::string where = archive.string();
+  std::error_code ec;
+  if (!std::filesystem::exists(archive, ec)) return Status::NotFound(where + ": no such file");
+  std::unique_ptr<gzFile_s, int (*)(gzFile)> gz(gzopen(archive.c_str(), "rb"), &gzclose);
+  if (!gz) return Status::IOError(where + ": cannot open it");
+  gzbuffer(gz.get(), 1 << 18);
+  auto read_exactly = [&](char* to, std::size_t n) {
+    std::size_t got = 0;
+    while (got < n) {
+      const int r = gzread(gz.get(), to + got, static_cast<unsigned>(std::min<std::size_t>(n - got, 1 << 30)));
+      if (r <= 0) return false;
+      got += static_cast<std::size_t>(r);
+    }
+    return true;
+  };
+  auto stream_error = [&](const std::string& what) {
+    int code = 0;
+    const char* msg = gzerror(gz.get(), &code);
+    return Status::Corruption(where + ": " + what + (code != Z_OK && msg ? std::string(" (") + msg + ")" : ""));
+  };
+  std::set<std::string> missing(wanted.begin(), wanted.end());
+  std::string long_name;  // a GNU 'L' entry's name for the entry after it
+  std::array<char, kBlock> h{};
+  std::vector<char> buffer(1 << 20);
+  while (!missing.empty()) {
+    if (!read_exactly(h.data(), kBlock)) return stream_error("ends before its last member");
+    if (std::all_of(h.begin(), h.end(), [](char c) { return c == 0; })) break;  // the end-of-archive blocks
+    if (!checksum_ok(h)) return Status::Corruption(where + ": a member header fails its checksum");
+    const auto size = octal(h.data() + 124, 12);
+    if (!size) return Status::Corruption(where + ": a member header has a malformed size");
+    const char type = h[156];
+    std::string name = long_name.empty() ? text(h.data() + 345, 155) : std::string();
+    if (!name.empty()) name += '/';
+    name += long_name.empty() ? text(h.data(), 100) : long_name;
+    long_name.clear();
+    const std::uint64_t padded = (*size + kBlock - 1) / kBlock * kBlock;
+    const std::string base = std::filesystem::path(name).filename().string();
+    const bool regular = type == '0' || type == '\0';
+    if (type == 'L') {  // GNU long name: the next header's name is this entry's data
+      if (*size > 4096) return Status::Corruption(where + ": a long name of " + std::to_string(*size) + " bytes");
+      std::vector<char> n(padded);
+      if (!read_exactly(n.data(), padded)) return stream_error("ends inside a long name");
+      long_name = text(n.data(), *size);
+      continue;
+    }
+    const bool take = regular && missing.count(base) > 0;
+    std::unique_ptr<std::FILE, int (*)(std::FILE*)> out(nullptr, &std::fclose);
+    const std::filesystem::path target = dir / base, part = dir / (base + ".part");
+    if (take) {
+      out.reset(std::fopen(part.c_str(), "wb"));
+      if (!out) return Status::IOError("cannot write " + part.string());
+    }
+    for (std::uint64_t left = padded; left > 0;) {
+      const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(left, buffer.size()));
+      if (!read_exactly(buffer.data(), n)) {
+        if (out) std::filesystem::remove(part, ec);
+        return stream_error("member " + name + " is truncated");
+      }
+      const std::uint64_t offset = padded - left;
+      if (out && offset < *size) {
+        const std::size_t data = static_cast<std::size_t>(std::min<std::uint64_t>(n, *size - offset));
+        if (std::fwrite(buffer.data(), 1, data, out.get()) != data) return Status::IOError("cannot write " + part.string());
+      }
+      left -= n;
+    }
+    if (!out) continue;
+    if (std::fflush(out.get()) != 0) return Status::IOError("cannot write " + part.string());
+    out.reset();
+    std::filesystem::rename(part, target, ec);
+    if (ec) return Status::IOError("cannot rename " + part.string() + " to " + target.string() + ": " + ec.message());
+    missing.erase(base);
+  }
+  if (!missing.empty())
+    return Status::NotFound(where + ": has no member named " + *missing.begin() + " (is it the right archive?)");
+  return {};
+}
+
+}  // namespace asgd::data

@@ -1,0 +1,154 @@
+// asgd data fetch against a real HTTP server on 127.0.0.1 (file_server.py,
+// started by each test) serving the datasets in ASGD_DATA_DIR: checksums,
+// a corrupt copy, an interrupted download resumed, no server at all.
+
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "cli/cli_run.hpp"
+#include "test_data.hpp"
+
+namespace asgd_test {
+namespace {
+
+namespace fs = std::filesystem;
+
+const char* kMnistFiles[] = {"train-images-idx3-ubyte.gz", "train-labels-idx1-ubyte.gz", "t10k-images-idx3-ubyte.gz",
+                             "t10k-labels-idx1-ubyte.gz"};
+
+// tests/cli/file_server.py serving `root`, stopped when this goes.
+class FileServer {
+ public:
+  FileServer(const fs::path& root, const fs::path& log, long cut_first = 0) {
+    int out[2];
+    if (::pipe(out) != 0) return;
+    pid_ = ::fork();
+    if (pid_ == 0) {
+      ::dup2(out[1], STDOUT_FILENO);
+      ::close(out[0]);
+      const std::string script = std::string(ASGD_SOURCE_DIR) + "/tests/cli/file_server.py";
+      const std::string cut = std::to_string(cut_first);
+      ::execl("/usr/bin/python3", "python3", script.c_str(), root.c_str(), "--log", log.c_str(), "--cut-first",
+              cut.c_str(), static_cast<char*>(nullptr));
+      ::_exit(127);
+    }
+    ::close(out[1]);
+    pollfd p{out[0], POLLIN, 0};
+    char line[32] = "";
+    if (::poll(&p, 1, 10000) == 1) {
+      const ssize_t n = ::read(out[0], line, sizeof line - 1);
+      if (n > 0) port_ = std::atoi(line);
+    }
+    ::close(out[0]);
+  }
+  ~FileServer() {
+    if (pid_ > 0) {
+      ::kill(pid_, SIGTERM);
+      ::waitpid(pid_, nullptr, 0);
+    }
+  }
+  FileServer(const FileServer&) = delete;
+  FileServer& operator=(const FileServer&) = delete;
+  int port() const { return port_; }
+  std::string url(const std::string& folder) const {
+    return "http://127.0.0.1:" + std::to_string(port_) + "/" + folder + "/";
+  }
+
+ private:
+  pid_t pid_ = -1;
+  int port_ = 0;
+};
+
+bool same_bytes(const fs::path& a, const fs::path& b) { return slurp(a) == slurp(b); }
+
+TEST(DataFetch, GetsEveryMnistFileFromAMirrorAndThenFindsThemValid) {
+  ASGD_REQUIRE_DATASET(mnist, "mnist");
+  TempDir tmp;
+  FileServer server(mnist.parent_path(), tmp / "requests.log");
+  ASSERT_GT(server.port(), 0);
+  const fs::path dir = tmp / "data" / "mnist";
+  const CliRun r = asgd("data fetch mnist --mirror " + server.url("mnist") + " --data-dir " + dir.string());
+  ASSERT_EQ(r.exit_code, 0) << r.err << r.out;
+  for (const char* name : kMnistFiles) {
+    EXPECT_TRUE(same_bytes(dir / name, mnist / name)) << name;
+    EXPECT_FALSE(fs::exists(dir / (std::string(name) + ".part"))) << name;
+    EXPECT_NE(r.out.find(std::string(name) + ": "), std::string::npos) << r.out;
+  }
+  EXPECT_NE(r.out.find("sha256 ok"), std::string::npos) << r.out;
+  // A second run checks what is there and asks the server for nothing.
+  const std::string before = slurp(tmp / "requests.log");
+  const CliRun again = asgd("data fetch mnist --mirror " + server.url("mnist") + " --data-dir " + dir.string());
+  EXPECT_EQ(again.exit_code, 0) << again.err;
+  EXPECT_NE(again.out.find("already here"), std::string::npos) << again.out;
+  EXPECT_EQ(slurp(tmp / "requests.log"), before);
+  // What it fetched trains.
+  const CliRun train = asgd("train --data-dir " + dir.string() + " --epochs 1 --workers 1");
+  EXPECT_EQ(train.exit_code, 0) << train.err;
+}
+
+TEST(DataFetch, ACorruptCopyOnTheServerFailsNamingTheFileAndLeavesNothingUnderItsName) {
+  ASGD_REQUIRE_DATASET(mnist, "mnist");
+  TempDir tmp;
+  const fs::path served = tmp / "served" / "mnist";
+  fs::create_directories(served);
+  for (const char* name : kMnistFiles) fs::copy_file(mnist / name, served / name);
+  {  // one byte changed in the middle of the test labels
+    std::fstream f(served / "t10k-labels-idx1-ubyte.gz", std::ios::in | std::ios::out | std::ios::binary);
+    f.seekp(2000);
+    f.put('\x5a');
+  }
+  FileServer server(tmp / "served", tmp / "requests.log");
+  ASSERT_GT(server.port(), 0);
+  const fs::path dir = tmp / "mnist";
+  const CliRun r = asgd("data fetch mnist --mirror " + server.url("mnist") + " --data-dir " + dir.string());
+  expect_one_line_error(r, 1, "t10k-labels-idx1-ubyte.gz: no good copy");
+  EXPECT_NE(r.err.find("sha256"), std::string::npos) << r.err;
+  EXPECT_FALSE(fs::exists(dir / "t10k-labels-idx1-ubyte.gz"));
+  EXPECT_FALSE(fs::exists(dir / "t10k-labels-idx1-ubyte.gz.part"));
+  EXPECT_TRUE(same_bytes(dir / "train-images-idx3-ubyte.gz", mnist / "train-images-idx3-ubyte.gz"));
+}
+
+TEST(DataFetch, AnInterruptedDownloadResumesWhereItStopped) {
+  ASGD_REQUIRE_DATASET(mnist, "mnist");
+  TempDir tmp;
+  constexpr long kCut = 1000000;
+  FileServer server(mnist.parent_path(), tmp / "requests.log", kCut);
+  ASSERT_GT(server.port(), 0);
+  const fs::path dir = tmp / "mnist";
+  const std::string cmd = "data fetch mnist --mirror " + server.url("mnist") + " --data-dir " + dir.string();
+  const CliRun first = asgd(cmd);
+  expect_one_line_error(first, 1, "train-images-idx3-ubyte.gz: could not download it");
+  EXPECT_EQ(fs::file_size(dir / "train-images-idx3-ubyte.gz.part"), static_cast<std::uintmax_t>(kCut));
+  EXPECT_FALSE(fs::exists(dir / "train-images-idx3-ubyte.gz"));
+  const CliRun second = asgd(cmd);
+  ASSERT_EQ(second.exit_code, 0) << second.err;
+  EXPECT_NE(second.out.find("train-images-idx3-ubyte.gz: resumed after 1.0 MB"), std::string::npos) << second.out;
+  EXPECT_NE(slurp(tmp / "requests.log").find("GET /mnist/train-images-idx3-ubyte.gz bytes=1000000-"),
+            std::string::npos);
+  for (const char* name : kMnistFiles) EXPECT_TRUE(same_bytes(dir / name, mnist / name)) << name;
+}
+
+TEST(DataFetch, NoServerOrNoSuchFileFailsInOneLineThatSaysWhatToDo) {
+  TempDir tmp;
+  // Port 1 on loopback: nothing listens there.
+  const CliRun offline = asgd("data fetch fashion-mnist --mirror http://127.0.0.1:1/ --data-dir " + (tmp / "f").string());
+  expect_one_line_error(offline, 1, "train-images-idx3-ubyte.gz: could not download it: http://127.0.0.1:1/");
+  EXPECT_NE(offline.err.find("--mirror"), std::string::npos) << offline.err;
+  FileServer server(tmp.path(), tmp / "requests.log");
+  ASSERT_GT(server.port(), 0);
+  const CliRun missing = asgd("data fetch mnist --mirror " + server.url("nothing") + " --data-dir " + (tmp / "m").string());
+  expect_one_line_error(missing, 1, "(HTTP 404)");
+  EXPECT_FALSE(fs::exists(tmp / "m" / "train-images-idx3-ubyte.gz.part"));
+  const CliRun unknown = asgd("data fetch imagenet");
+  expect_one_line_error(unknown, 2, "no such dataset (known: mnist, fashion-mnist, cifar10)");
+}
+
+}  // namespace
+}  // namespace asgd_test
