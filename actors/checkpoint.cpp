@@ -140,10 +140,34 @@ Result<FramedFile> read_framed(const std::string& path, const char (&magic)[8], 
   return f;
 }
 
+namespace {
+
+// A normalisation in a header: a number when one value serves every channel
+// (what checkpoints before per-channel values hold), else a list.
+nlohmann::json per_channel(const std::vector<float>& v) {
+  return v.size() == 1 ? nlohmann::json(v.front()) : nlohmann::json(v);
+}
+std::vector<float> per_channel(const nlohmann::json& j) {
+  return j.is_array() ? j.get<std::vector<float>>() : std::vector<float>{j.get<float>()};
+}
+// In safetensors metadata, whose values are strings: "0.1307" or
+// "0.4914,0.4822,0.4465".
+std::string per_channel_text(const std::vector<float>& v) {
+  std::string out;
+  for (float x : v) {
+    if (!out.empty()) out += ',';
+    out += std::to_string(x);
+  }
+  return out;
+}
+
+}  // namespace
+
 Status write_checkpoint(const std::string& dir, const Checkpoint& ckpt) {
   nlohmann::json header = {
       {"model", ckpt.model},         {"sample_shape", ckpt.sample_shape}, {"classes", ckpt.classes},
-      {"dataset", ckpt.dataset},     {"input_mean", ckpt.input_mean},     {"input_stddev", ckpt.input_stddev},
+      {"dataset", ckpt.dataset},     {"input_mean", per_channel(ckpt.input_mean)},
+      {"input_stddev", per_channel(ckpt.input_stddev)},
       {"updates", ckpt.updates},     {"test_accuracy", ckpt.test_accuracy},
       {"params", tensor_list(ckpt.params)}, {"buffers", tensor_list(ckpt.buffers)}};
   if (!ckpt.model_spec.empty()) header["model_spec"] = nlohmann::json::parse(ckpt.model_spec);
@@ -171,8 +195,8 @@ Result<Checkpoint> read_checkpoint(const std::string& dir) {
     c.sample_shape = h.at("sample_shape").get<Shape>();
     c.classes = h.at("classes").get<std::size_t>();
     c.dataset = h.at("dataset").get<std::string>();
-    c.input_mean = h.at("input_mean").get<float>();
-    c.input_stddev = h.at("input_stddev").get<float>();
+    c.input_mean = per_channel(h.at("input_mean"));
+    c.input_stddev = per_channel(h.at("input_stddev"));
     c.updates = h.at("updates").get<std::uint64_t>();
     c.test_accuracy = h.at("test_accuracy").get<double>();
     for (const char* group : {"params", "buffers"}) {
@@ -215,8 +239,8 @@ Status write_safetensors(const std::string& path, const Checkpoint& ckpt) {
   header["__metadata__"] = {{"format", "pt"},
                             {"model", ckpt.model},
                             {"dataset", ckpt.dataset},
-                            {"input_mean", std::to_string(ckpt.input_mean)},
-                            {"input_stddev", std::to_string(ckpt.input_stddev)}};
+                            {"input_mean", per_channel_text(ckpt.input_mean)},
+                            {"input_stddev", per_channel_text(ckpt.input_stddev)}};
   if (!ckpt.model_spec.empty()) header["__metadata__"]["model_spec"] = ckpt.model_spec;  // JSON text: values are strings
   std::string text = json_text(header);
   text.append((8 - text.size() % 8) % 8, ' ');  // tensors start 8-byte aligned

@@ -38,8 +38,10 @@ struct Checkpoint {
   Shape sample_shape;                ///< (C, H, W)
   std::size_t classes = 0;
   std::string dataset;               ///< what it was trained on, for the record
-  float input_mean = 0.0f;           ///< inputs were (pixel / 255 - mean) / stddev
-  float input_stddev = 1.0f;
+  /// Inputs were (pixel / 255 - mean[c]) / stddev[c]: a value per channel,
+  /// or one for every channel.
+  std::vector<float> input_mean = {0.0f};
+  std::vector<float> input_stddev = {1.0f};
   std::uint64_t updates = 0;         ///< parameter updates applied in training
   double test_accuracy = -1.0;       ///< final test accuracy when known, else < 0
   std::vector<CheckpointTensor> params;   ///< in the model's flat layout order

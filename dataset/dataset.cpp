@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "compute/random.hpp"
+#include "dataset/cifar.hpp"
 #include "dataset/idx.hpp"
 
 namespace asgd::data {
@@ -38,21 +39,25 @@ Result<std::filesystem::path> find_idx_file(const std::filesystem::path& dir, co
 }
 
 // The pixels of `images` at `indices` (ascending), through the byte -> float
-// table `lut`.
+// table of each channel, `lut[c]`.
 LabeledImages select(const IdxImages& images, const std::vector<std::uint8_t>& labels,
-                     const std::vector<std::size_t>& indices, const std::array<float, 256>& lut) {
+                     const std::vector<std::size_t>& indices, const std::vector<std::array<float, 256>>& lut) {
   LabeledImages out;
   out.count = indices.size();
-  out.channels = 1;
+  out.channels = images.channels;
   out.rows = images.rows;
   out.cols = images.cols;
   const std::size_t ss = out.sample_size();
+  const std::size_t plane = out.rows * out.cols;
   out.pixels.resize(out.count * ss);
   out.labels.resize(out.count);
   float* dst = out.pixels.data();
   for (std::size_t k = 0; k < indices.size(); ++k) {
     const std::uint8_t* src = images.pixels.data() + indices[k] * ss;
-    for (std::size_t p = 0; p < ss; ++p) dst[p] = lut[src[p]];
+    for (std::size_t c = 0; c < out.channels; ++c) {
+      const std::array<float, 256>& table = lut[c];
+      for (std::size_t p = c * plane; p < (c + 1) * plane; ++p) dst[p] = table[src[p]];
+    }
     dst += ss;
     out.labels[k] = labels[indices[k]];
   }
@@ -90,21 +95,28 @@ Result<ImagesAndLabels> read_images_and_labels(const std::filesystem::path& dir,
   return ImagesAndLabels{*images_path, std::move(images).value(), std::move(labels).value()};
 }
 
-// The mean and standard deviation of the pixels (scaled to [0, 1]) of the
-// images `idx`. Pixels are bytes, so a histogram gives them exactly in one
-// cheap pass.
+// CIFAR-10's batch `files` in `dir`, as an image file and its labels.
+Result<ImagesAndLabels> read_cifar10(const std::filesystem::path& dir, const std::vector<std::string>& files) {
+  auto read = read_cifar10_batches(dir, files);
+  if (!read) return read.status();
+  return ImagesAndLabels{dir / files.front(), std::move(read->images), std::move(read->labels)};
+}
+
+// The mean and standard deviation of the pixels (scaled to [0, 1]) of
+// channel `channel` of the images `idx`. Pixels are bytes, so a histogram
+// gives them exactly in one cheap pass.
 struct PixelStatistics {
   double mean = 0.0;
   double stddev = 1.0;
 };
-PixelStatistics pixel_statistics(const IdxImages& images, const std::vector<std::size_t>& idx) {
-  const std::size_t ss = images.rows * images.cols;
+PixelStatistics pixel_statistics(const IdxImages& images, const std::vector<std::size_t>& idx, std::size_t channel) {
+  const std::size_t plane = images.rows * images.cols;
   std::array<std::uint64_t, 256> hist{};
   for (std::size_t i : idx) {
-    const std::uint8_t* src = images.pixels.data() + i * ss;
-    for (std::size_t p = 0; p < ss; ++p) ++hist[src[p]];
+    const std::uint8_t* src = images.pixels.data() + i * images.sample_size() + channel * plane;
+    for (std::size_t p = 0; p < plane; ++p) ++hist[src[p]];
   }
-  const double total = static_cast<double>(idx.size() * ss);
+  const double total = static_cast<double>(idx.size() * plane);
   double mean = 0.0;
   for (std::size_t v = 0; v < 256; ++v) mean += static_cast<double>(hist[v]) * (static_cast<double>(v) / 255.0);
   mean /= total;
@@ -122,7 +134,7 @@ PixelStatistics pixel_statistics(const IdxImages& images, const std::vector<std:
 }  // namespace
 
 const std::vector<std::string>& known_datasets() {
-  static const std::vector<std::string> names = {"mnist", "fashion-mnist"};
+  static const std::vector<std::string> names = {"mnist", "fashion-mnist", "cifar10"};
   return names;
 }
 
@@ -147,7 +159,7 @@ DatasetSplits from_user_dataset(const UserDataset& data) {
   DatasetSplits splits;
   splits.name = data.name;
   splits.num_classes = data.classes;
-  splits.normalization = {0.0f, 1.0f};
+  splits.normalization = {};
   splits.train = convert(data.train);
   splits.validation = convert(data.validation);
   splits.test = convert(data.test);
@@ -156,9 +168,6 @@ DatasetSplits from_user_dataset(const UserDataset& data) {
 
 Result<DatasetSplits> load_dataset(const std::string& name, const std::filesystem::path& dir,
                                    std::size_t validation_size, std::uint64_t seed) {
-  if (name == "cifar10" || name == "cifar-10") {
-    return Status::InvalidArgument("dataset \"" + name + "\" is not supported yet (known: " + known_names() + ")");
-  }
   if (!is_known_dataset(name)) {
     return Status::InvalidArgument("unknown dataset \"" + name + "\" (known: " + known_names() + ")");
   }
@@ -170,16 +179,27 @@ Result<DatasetSplits> load_dataset(const std::string& name, const std::filesyste
     return Status::NotFound("data directory " + dir.string() + " is not a directory");
   }
 
-  // The datasets' parent folder (../shared/data) is taken when it holds
-  // the dataset's own folder and no IDX files of its own.
-  std::filesystem::path from = dir;
-  if (!find_idx_file(dir, "train-images-idx3-ubyte").ok() &&
-      find_idx_file(dir / name, "train-images-idx3-ubyte").ok())
-    from = dir / name;
-  auto train = read_images_and_labels(from, "train-images-idx3-ubyte", "train-labels-idx1-ubyte");
-  if (!train) return train.status();
-  auto test = read_images_and_labels(from, "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte");
-  if (!test) return test.status();
+  auto train = Result<ImagesAndLabels>(Status::Internal("unread"));
+  auto test = train;
+  if (name == "cifar10") {
+    auto from = find_cifar10_folder(dir);
+    if (!from) return from.status();
+    train = read_cifar10(*from, cifar10_train_files());
+    if (!train) return train.status();
+    test = read_cifar10(*from, {cifar10_test_file()});
+    if (!test) return test.status();
+  } else {
+    // The datasets' parent folder (../shared/data) is taken when it holds
+    // the dataset's own folder and no IDX files of its own.
+    std::filesystem::path from = dir;
+    if (!find_idx_file(dir, "train-images-idx3-ubyte").ok() &&
+        find_idx_file(dir / name, "train-images-idx3-ubyte").ok())
+      from = dir / name;
+    train = read_images_and_labels(from, "train-images-idx3-ubyte", "train-labels-idx1-ubyte");
+    if (!train) return train.status();
+    test = read_images_and_labels(from, "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte");
+    if (!test) return test.status();
+  }
   const IdxImages& train_images = train->images;
   const IdxImages& test_images = test->images;
   if (test_images.rows != train_images.rows || test_images.cols != train_images.cols) {
@@ -209,17 +229,19 @@ Result<DatasetSplits> load_dataset(const std::string& name, const std::filesyste
   validation_idx.reserve(validation_size);
   for (std::size_t i = 0; i < n; ++i) (held_out[i] ? validation_idx : train_idx).push_back(i);
 
-  const PixelStatistics norm = pixel_statistics(train_images, train_idx);
-  std::array<float, 256> lut{};
-  for (std::size_t v = 0; v < 256; ++v) {
-    lut[v] = static_cast<float>((static_cast<double>(v) / 255.0 - norm.mean) / norm.stddev);
-  }
-
   DatasetSplits splits;
   splits.name = name;
   splits.num_classes = kNumClasses;
-  splits.normalization.mean = static_cast<float>(norm.mean);
-  splits.normalization.stddev = static_cast<float>(norm.stddev);
+  splits.normalization.mean.clear();
+  splits.normalization.stddev.clear();
+  std::vector<std::array<float, 256>> lut(train_images.channels);
+  for (std::size_t c = 0; c < train_images.channels; ++c) {
+    const PixelStatistics norm = pixel_statistics(train_images, train_idx, c);
+    for (std::size_t v = 0; v < 256; ++v)
+      lut[c][v] = static_cast<float>((static_cast<double>(v) / 255.0 - norm.mean) / norm.stddev);
+    splits.normalization.mean.push_back(static_cast<float>(norm.mean));
+    splits.normalization.stddev.push_back(static_cast<float>(norm.stddev));
+  }
   splits.train = select(train_images, train->labels, train_idx, lut);
   splits.validation = select(train_images, train->labels, validation_idx, lut);
   splits.test = select(test_images, test->labels, iota(test_images.count), lut);

@@ -26,16 +26,17 @@ struct LabeledImages {
   std::size_t sample_size() const { return channels * rows * cols; }
 };
 
-/// Per-channel normalisation x' = (x / 255 - mean) / stddev, with mean and
-/// stddev measured on the training split (never on validation or test).
+/// Per-channel normalisation x' = (x / 255 - mean[c]) / stddev[c], with mean
+/// and stddev measured on the training split (never on validation or test):
+/// one value per channel, or a single one for every channel.
 struct Normalization {
-  float mean = 0.0f;
-  float stddev = 1.0f;
+  std::vector<float> mean = {0.0f};
+  std::vector<float> stddev = {1.0f};
 };
 
 /// The three splits of one dataset.
 struct DatasetSplits {
-  std::string name;            // "mnist", "fashion-mnist"
+  std::string name;            // "mnist", "fashion-mnist", "cifar10"
   std::size_t num_classes = 10;
   Normalization normalization;
   LabeledImages train;         // official training set minus the validation split
@@ -51,8 +52,11 @@ bool is_known_dataset(const std::string& name);
 /// official names (train-images-idx3-ubyte, train-labels-idx1-ubyte,
 /// t10k-images-idx3-ubyte, t10k-labels-idx1-ubyte), each with or without
 /// ".gz"; or the folder above it, holding `name`/ with them (the datasets'
-/// parent folder, as $ASGD_DATA_DIR). `validation_size` images are held out of the training set, chosen
-/// by a permutation seeded with `seed`, so the split is reproducible.
+/// parent folder, as $ASGD_DATA_DIR). cifar10 instead reads CIFAR-10's binary
+/// batches (dataset/cifar.hpp has where it looks). `validation_size` images
+/// are held out of the training set, chosen by a permutation seeded with
+/// `seed`, so the split is reproducible. Each channel is normalised by its
+/// own mean and stddev, measured on the training split.
 /// Errors: invalid_argument (unknown name, validation_size >= train count),
 /// not_found (missing directory or file, the message names it), corruption.
 Result<DatasetSplits> load_dataset(const std::string& name, const std::filesystem::path& dir,

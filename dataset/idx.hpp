@@ -20,11 +20,16 @@
 namespace asgd::data {
 
 /// Pixels of an idx3 file: count images of rows x cols bytes, row-major.
+/// (The CIFAR-10 reader, dataset/cifar.hpp, gives its colour images in
+/// this form too, with 3 channels.)
 struct IdxImages {
   std::size_t count = 0;
+  std::size_t channels = 1;          // an IDX file's images have one
   std::size_t rows = 0;
   std::size_t cols = 0;
-  std::vector<std::uint8_t> pixels;  // (count, rows, cols)
+  std::vector<std::uint8_t> pixels;  // (count, channels, rows, cols)
+
+  std::size_t sample_size() const { return channels * rows * cols; }
 };
 
 /// Largest decompressed file the reader accepts (guards against a hostile

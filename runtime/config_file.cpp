@@ -147,7 +147,7 @@ FieldAccess target_accuracy_field() {
 
 const std::vector<ConfigField>& job_config_fields() {
   static const std::vector<ConfigField> fields = with_policy_knobs({
-      {"dataset", "dataset: mnist | fashion-mnist (default mnist)", "NAME", string_field(&JobConfig::dataset)},
+      {"dataset", "dataset: mnist | fashion-mnist | cifar10 (default mnist)", "NAME", string_field(&JobConfig::dataset)},
       {"data-dir", "the dataset's folder (default $ASGD_DATA_DIR/NAME, else ./data/NAME)", "DIR",
        string_field(&JobConfig::data_dir)},
       {"model", "model: mlp | lenet | resnet-mini (default mlp)", "NAME", string_field(&JobConfig::model)},

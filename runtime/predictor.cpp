@@ -13,8 +13,8 @@ namespace asgd {
 
 struct Predictor::Impl {
   Model model;
-  float mean = 0.0f;
-  float stddev = 1.0f;
+  std::vector<float> mean;         // per channel, or one for every channel
+  std::vector<float> stddev;
   std::vector<float> normalised;  // (1, C, H, W) scratch
 };
 
@@ -25,12 +25,19 @@ Predictor::~Predictor() = default;
 
 namespace {
 
-Status check_inputs(const Shape& sample_shape, std::size_t classes, float stddev) {
+Status check_inputs(const Shape& sample_shape, std::size_t classes, const std::vector<float>& mean,
+                    const std::vector<float>& stddev) {
   if (sample_shape.size() != 3 || numel(sample_shape) == 0)
     return Status::InvalidArgument("sample shape must be (C, H, W) with no zero dimension");
   if (classes < 2) return Status::InvalidArgument("a classifier needs at least 2 classes");
-  if (!(stddev > 0.0f) || !std::isfinite(stddev))
-    return Status::InvalidArgument("input stddev must be a positive number, got " + std::to_string(stddev));
+  for (const std::vector<float>* v : {&mean, &stddev})
+    if (v->size() != 1 && v->size() != sample_shape[0])
+      return Status::InvalidArgument("the input normalisation has " + std::to_string(v->size()) +
+                                     " values for samples of " + std::to_string(sample_shape[0]) +
+                                     " channels (one per channel, or one for all)");
+  for (const float s : stddev)
+    if (!(s > 0.0f) || !std::isfinite(s))
+      return Status::InvalidArgument("input stddev must be a positive number, got " + std::to_string(s));
   return {};
 }
 
@@ -54,14 +61,14 @@ Result<Predictor> Predictor::from_params_impl(const std::string& model, const Mo
   // Vectors (N) are (1, 1, N) inside, as a job on user data has them. Named
   // models keep their (C, H, W)-only contract.
   const Shape sample_shape = spec && given_shape.size() == 1 ? Shape{1, 1, given_shape[0]} : given_shape;
-  if (Status s = check_inputs(sample_shape, classes, input_stddev); !s.ok()) return s;
+  if (Status s = check_inputs(sample_shape, classes, {input_mean}, {input_stddev}); !s.ok()) return s;
   auto built = Model::build(model, spec, sample_shape, classes);
   if (!built) return built.status();
   if (params.size() != built->num_params())
     return Status::InvalidArgument(model + " has " + std::to_string(built->num_params()) + " parameters, got " +
                                    std::to_string(params.size()));
   std::copy(params.begin(), params.end(), built->params().begin());
-  return Predictor(std::unique_ptr<Impl>(new Impl{std::move(built).value(), input_mean, input_stddev, {}}));
+  return Predictor(std::unique_ptr<Impl>(new Impl{std::move(built).value(), {input_mean}, {input_stddev}, {}}));
 }
 
 Result<Predictor> Predictor::from_checkpoint(const std::string& dir) {
@@ -69,7 +76,8 @@ Result<Predictor> Predictor::from_checkpoint(const std::string& dir) {
   if (!ckpt) return ckpt.status();
   const Checkpoint& c = *ckpt;
   auto corrupt = [&](const std::string& why) { return Status::Corruption(dir + ": " + why); };
-  if (Status s = check_inputs(c.sample_shape, c.classes, c.input_stddev); !s.ok()) return corrupt(s.message());
+  if (Status s = check_inputs(c.sample_shape, c.classes, c.input_mean, c.input_stddev); !s.ok())
+    return corrupt(s.message());
   std::optional<ModelSpec> spec;
   if (!c.model_spec.empty()) {
     auto parsed = ModelSpec::from_json(c.model_spec);
@@ -114,7 +122,14 @@ Result<std::vector<int>> Predictor::predict(std::span<const float> samples) {
     if (!std::isfinite(v)) return Status::InvalidArgument("a sample value is not finite");
 
   s.normalised.resize(samples.size());
-  for (std::size_t j = 0; j < samples.size(); ++j) s.normalised[j] = (samples[j] - s.mean) / s.stddev;
+  // Channel c of a sample is its c-th block of H x W values.
+  const Shape& shape = s.model.sample_shape();
+  const std::size_t plane = shape[1] * shape[2];
+  for (std::size_t j = 0; j < samples.size(); ++j) {
+    const std::size_t c = (j / plane) % shape[0];
+    const float mean = s.mean[s.mean.size() == 1 ? 0 : c], stddev = s.stddev[s.stddev.size() == 1 ? 0 : c];
+    s.normalised[j] = (samples[j] - mean) / stddev;
+  }
   const std::vector<std::int32_t> best = s.model.classify(s.normalised);
   return std::vector<int>(best.begin(), best.end());
 }

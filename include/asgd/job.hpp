@@ -29,7 +29,7 @@ inline constexpr std::uint32_t kMaxShards = 1024;
 /// command-line flag of `asgd train` (the flag is the field name with '_'
 /// written as '-'). Plain data: copy it freely.
 struct JobConfig {
-  std::string dataset = "mnist";    ///< mnist | fashion-mnist
+  std::string dataset = "mnist";    ///< mnist | fashion-mnist | cifar10
   std::string data_dir;             ///< the dataset's own folder; empty: $ASGD_DATA_DIR/<dataset>, else ./data/<dataset>
   std::string model = "mlp";        ///< see known_models(); ignored when model_spec is set
   /// A model described from code (asgd/model_spec.hpp), used instead of

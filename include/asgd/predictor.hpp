@@ -41,9 +41,10 @@ class Predictor {
   /// Builds `model` ("mlp", "lenet" or "resnet-mini", as in
   /// JobConfig::model) for samples of `sample_shape`
   /// (C, H, W) and `classes` outputs, with `params` in the model's flat
-  /// layout (copied) and the normalisation training used (for MNIST and
-  /// Fashion-MNIST jobs it is measured on the training split; a checkpoint
-  /// records it). BatchNorm statistics keep their initial values (mean 0,
+  /// layout (copied) and the normalisation training used, one value for
+  /// every channel (for MNIST and Fashion-MNIST jobs it is measured on the
+  /// training split; a checkpoint records it, per channel for colour
+  /// images such as CIFAR-10's, which from_checkpoint applies). BatchNorm statistics keep their initial values (mean 0,
   /// variance 1), so for models with BatchNorm (resnet-mini) prefer
   /// from_checkpoint, which carries the trained statistics.
   /// Errors: invalid_argument for an unknown model, a bad shape, a

@@ -23,8 +23,8 @@ Checkpoint resnet_checkpoint() {
   c.sample_shape = {1, 28, 28};
   c.classes = 10;
   c.dataset = "fashion-mnist";
-  c.input_mean = 0.286f;
-  c.input_stddev = 0.353f;
+  c.input_mean = {0.286f};
+  c.input_stddev = {0.353f};
   c.updates = 860;
   c.test_accuracy = 0.85;
   c.buffers.front().values[0] = 0.25f;  // something a reader must not lose
@@ -49,8 +49,8 @@ TEST(Checkpoint, RoundTripsEveryTensorAndField) {
   EXPECT_EQ(back->sample_shape, c.sample_shape);
   EXPECT_EQ(back->classes, 10u);
   EXPECT_EQ(back->dataset, "fashion-mnist");
-  EXPECT_FLOAT_EQ(back->input_mean, 0.286f);
-  EXPECT_FLOAT_EQ(back->input_stddev, 0.353f);
+  EXPECT_FLOAT_EQ(back->input_mean.at(0), 0.286f);
+  EXPECT_FLOAT_EQ(back->input_stddev.at(0), 0.353f);
   EXPECT_EQ(back->updates, 860u);
   EXPECT_DOUBLE_EQ(back->test_accuracy, 0.85);
   ASSERT_EQ(back->params.size(), c.params.size());

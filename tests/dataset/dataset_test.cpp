@@ -81,7 +81,7 @@ void write_tiny_dataset(const fs::path& dir, std::uint32_t train, std::uint32_t 
 
 // Undoes the normalisation of one pixel back to its byte value.
 int raw_pixel(const DatasetSplits& d, float x) {
-  return static_cast<int>(std::lround((x * d.normalization.stddev + d.normalization.mean) * 255.0));
+  return static_cast<int>(std::lround((x * d.normalization.stddev.at(0) + d.normalization.mean.at(0)) * 255.0));
 }
 
 // The original training index of each sample in `split`, read back from its
@@ -158,8 +158,8 @@ TEST(LoadDataset, RealMnistTrainingPixelsAreNormalisedToMeanZeroAndStddevOne) {
   EXPECT_NEAR(mean, 0.0, 1e-4);
   EXPECT_NEAR(std::sqrt(sum_sq / n - mean * mean), 1.0, 1e-4);
   // The well-known MNIST statistics, measured here on the training split only.
-  EXPECT_NEAR(d->normalization.mean, 0.1307, 2e-3);
-  EXPECT_NEAR(d->normalization.stddev, 0.3081, 2e-3);
+  EXPECT_NEAR(d->normalization.mean.at(0), 0.1307, 2e-3);
+  EXPECT_NEAR(d->normalization.stddev.at(0), 0.3081, 2e-3);
 }
 
 TEST(LoadDataset, RealFashionMnistLoadsWithSixThousandImagesPerClass) {
@@ -236,8 +236,8 @@ TEST(LoadDataset, NormalisationIsMeasuredOnTheTrainingSplitOnly) {
   }
   const double mean = sum / static_cast<double>(n);
   const double stddev = std::sqrt(sum_sq / static_cast<double>(n) - mean * mean);
-  EXPECT_NEAR(d->normalization.mean, mean, 1e-6);
-  EXPECT_NEAR(d->normalization.stddev, stddev, 1e-6);
+  EXPECT_NEAR(d->normalization.mean.at(0), mean, 1e-6);
+  EXPECT_NEAR(d->normalization.stddev.at(0), stddev, 1e-6);
   // Validation and test are normalised with the same numbers.
   const std::size_t v0 = original_indices(*d, d->validation)[0];
   const float expected = static_cast<float>((file[16 + v0 * kSide * kSide + 5] / 255.0 - mean) / stddev);
@@ -330,11 +330,11 @@ TEST(LoadDataset, RejectsAnUnknownNameListingTheKnownOnes) {
   EXPECT_FALSE(is_known_dataset("imagenet"));
 }
 
-TEST(LoadDataset, SaysCifar10IsNotSupportedYet) {
+TEST(LoadDataset, KnowsCifar10AndSaysWhereItsMissingFolderShouldBe) {
   auto d = load_dataset("cifar10", "/nonexistent", 0, 1);
   ASSERT_FALSE(d.ok());
-  expect_error(d.status(), StatusCode::invalid_argument, "not supported yet");
-  EXPECT_FALSE(is_known_dataset("cifar10"));
+  expect_error(d.status(), StatusCode::not_found, "/nonexistent");
+  EXPECT_TRUE(is_known_dataset("cifar10"));
 }
 
 TEST(ShuffledOrder, IsAPermutation) {

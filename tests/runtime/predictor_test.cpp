@@ -89,8 +89,8 @@ TEST(Predictor, FromACheckpointAgreesWithTheModelThatWroteIt) {
   c.sample_shape = {1, 28, 28};
   c.classes = 10;
   c.dataset = "mnist";
-  c.input_mean = 0.1307f;
-  c.input_stddev = 0.3081f;
+  c.input_mean = {0.1307f};
+  c.input_stddev = {0.3081f};
   ASSERT_TRUE(write_checkpoint(dir.path().string(), c).ok());
 
   auto p = Predictor::from_checkpoint(dir.path().string());
@@ -105,7 +105,7 @@ TEST(Predictor, FromACheckpointAgreesWithTheModelThatWroteIt) {
   // The model itself, fed the same inputs normalised by hand, scores every
   // predicted class as its argmax.
   std::vector<float> normalised(x.size());
-  for (std::size_t i = 0; i < x.size(); ++i) normalised[i] = (x[i] - c.input_mean) / c.input_stddev;
+  for (std::size_t i = 0; i < x.size(); ++i) normalised[i] = (x[i] - c.input_mean[0]) / c.input_stddev[0];
   std::vector<std::int32_t> labels(classes->begin(), classes->end());
   EXPECT_DOUBLE_EQ(model->evaluate(normalised, labels).accuracy, 1.0);
 }

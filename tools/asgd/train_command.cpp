@@ -87,7 +87,7 @@ std::optional<int> load_job(const JobOptions& o, JobConfig& config, bool devices
   const std::string dir = resolve_data_dir(config);
   if (!std::filesystem::is_directory(dir)) {
     print_error("data directory " + dir + " does not exist (set --data-dir, or ASGD_DATA_DIR to the folder holding " +
-                config.dataset + "/)");
+                config.dataset + "/; asgd data fetch " + config.dataset + " downloads it there)");
     return kExitUsage;
   }
   return std::nullopt;

@@ -1,0 +1,67 @@
+#include "dataset/cifar.hpp"
+
+#include <cstdio>
+#include <memory>
+#include <system_error>
+
+namespace asgd::data {
+
+const std::vector<std::string>& cifar10_train_files() {
+  static const std::vector<std::string> files = {"data_batch_1.bin", "data_batch_2.bin", "data_batch_3.bin",
+                                                 "data_batch_4.bin", "data_batch_5.bin"};
+  return files;
+}
+
+const std::string& cifar10_test_file() {
+  static const std::string file = "test_batch.bin";
+  return file;
+}
+
+Result<std::filesystem::path> find_cifar10_folder(const std::filesystem::path& dir) {
+  std::error_code ec;
+  for (const std::filesystem::path& candidate :
+       {dir, dir / "cifar-10-batches-bin", dir / "cifar10", dir / "cifar10" / "cifar-10-batches-bin"})
+    if (std::filesystem::exists(candidate / cifar10_train_files().front(), ec)) return candidate;
+  return Status::NotFound((dir / cifar10_train_files().front()).string() +
+                          ": no such file (CIFAR-10's binary batches; asgd data fetch cifar10 downloads them)");
+}
+
+Result<CifarImages> read_cifar10_batches(const std::filesystem::path& dir, const std::vector<std::string>& files) {
+  CifarImages out;
+  IdxImages& im = out.images;
+  im.channels = kCifarChannels;
+  im.rows = im.cols = kCifarSide;
+  const std::size_t pixels = im.sample_size();
+  for (const std::string& name : files) {
+    const std::filesystem::path path = dir / name;
+    const std::string where = path.string();
+    std::error_code ec;
+    const std::uintmax_t bytes = std::filesystem::file_size(path, ec);
+    if (ec) return Status::NotFound(where + ": no such file (asgd data fetch cifar10 downloads it)");
+    if (bytes == 0) return Status::Corruption(where + ": the file is empty");
+    if (bytes % kCifarRecordBytes != 0)
+      return Status::Corruption(where + ": " + std::to_string(bytes) + " bytes is not a whole number of " +
+                                std::to_string(kCifarRecordBytes) + "-byte records (truncated?)");
+    const std::size_t records = static_cast<std::size_t>(bytes / kCifarRecordBytes);
+    std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
+    if (!f) return Status::IOError(where + ": cannot open it");
+    std::vector<std::uint8_t> raw(static_cast<std::size_t>(bytes));
+    if (std::fread(raw.data(), 1, raw.size(), f.get()) != raw.size())
+      return Status::IOError(where + ": read error (the file changed while it was read?)");
+    const std::size_t first = im.count;
+    im.count += records;
+    im.pixels.resize(im.count * pixels);
+    out.labels.resize(im.count);
+    for (std::size_t r = 0; r < records; ++r) {
+      const std::uint8_t* record = raw.data() + r * kCifarRecordBytes;
+      if (record[0] >= 10)
+        return Status::Corruption(where + ": record " + std::to_string(r) + " has label " + std::to_string(record[0]) +
+                                  ", outside 0..9");
+      out.labels[first + r] = record[0];
+      std::copy(record + 1, record + kCifarRecordBytes, im.pixels.begin() + static_cast<std::ptrdiff_t>((first + r) * pixels));
+    }
+  }
+  return out;
+}
+
+}  // namespace asgd::data

@@ -1,0 +1,48 @@
+// asgd train on CIFAR-10-format files the test writes: colour images through
+// the whole pipeline, per-channel normalisation in the exported weights.
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <filesystem>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/cli_run.hpp"
+#include "dataset/cifar_files.hpp"
+#include "temp_dir.hpp"
+
+namespace asgd_test {
+namespace {
+
+namespace fs = std::filesystem;
+
+TEST(CifarCli, TrainsResnetMiniOnColourImagesAndExportsPerChannelNormalisation) {
+  TempDir tmp;
+  write_cifar10(tmp / "cifar10", 200);
+  const CliRun r = asgd("train --dataset cifar10 --data-dir " + (tmp / "cifar10").string() +
+                        " --model resnet-mini --epochs 1 --validation-size 100 --metrics-out " +
+                        (tmp / "m.jsonl").string() + " --checkpoint-dir " + (tmp / "ck").string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string m = slurp(tmp / "m.jsonl");
+  const auto summary = nlohmann::json::parse(m.substr(m.rfind('\n', m.size() - 2) + 1));
+  EXPECT_EQ(summary.at("event"), "summary");
+  EXPECT_EQ(summary.at("dataset"), "cifar10");
+  // Ten classes: chance is 0.1; the generated classes are easy to tell apart.
+  EXPECT_GT(summary.at("final_test_accuracy").get<double>(), 0.3) << m;
+
+  const CliRun e = asgd("export --checkpoint " + (tmp / "ck").string() + " --out " + (tmp / "w.safetensors").string());
+  ASSERT_EQ(e.exit_code, 0) << e.err;
+  const std::string file = slurp(tmp / "w.safetensors");
+  ASSERT_GT(file.size(), 8u);
+  std::uint64_t header_bytes = 0;  // safetensors: a little-endian u64, then the JSON header
+  for (int i = 7; i >= 0; --i) header_bytes = header_bytes * 256 + static_cast<unsigned char>(file[i]);
+  const auto header = nlohmann::json::parse(file.substr(8, header_bytes));
+  const std::string mean = header.at("__metadata__").at("input_mean");
+  EXPECT_EQ(std::count(mean.begin(), mean.end(), ','), 2) << mean;
+}
+
+}  // namespace
+}  // namespace asgd_test
