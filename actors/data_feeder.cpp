@@ -2,6 +2,10 @@
 
 namespace asgd {
 
+namespace {
+constexpr std::uint64_t kAugmentStream = 0x6175670000000000;  // "aug"
+}  // namespace
+
 BatchSource::BatchSource(FeederSetup setup) : setup_(std::move(setup)), epoch_(setup_.first_epoch) {
   if (!exhausted()) start_epoch();
 }
@@ -24,6 +28,12 @@ data::Batch BatchSource::next() {
   data::gather_batch(setup_.data->train, std::span(order_).subspan(pos_, take), batch);
   batch.epoch = epoch_;
   batch.index = index_++;
+  if (setup_.augment.any()) {
+    // Its own stream, apart from the shuffles': a batch's augmentation
+    // depends only on (seed, worker, epoch, batch), whatever came before.
+    Rng rng(mix_seed(setup_.seed, setup_.stream ^ kAugmentStream, (batch.epoch << 32) | batch.index));
+    data::augment_batch(batch, setup_.data->train, setup_.data->normalization, setup_.augment, rng);
+  }
   pos_ += take;
   batch.last_in_epoch = pos_ == order_.size();
   if (batch.last_in_epoch && ++epoch_ < setup_.epochs) start_epoch();

@@ -13,6 +13,7 @@
 #include <memory>
 
 #include "messaging/protocol.hpp"
+#include "dataset/augment.hpp"
 #include "dataset/dataset.hpp"
 
 namespace asgd {
@@ -26,6 +27,7 @@ struct FeederSetup {
   std::uint64_t seed = 1;
   std::uint64_t stream = 0;         ///< per-worker shuffling stream
   std::uint32_t first_epoch = 0;    ///< where a resumed job starts (earlier epochs are skipped, not served)
+  data::Augment augment;            ///< applied to each batch, drawn from (seed, stream, epoch, batch index)
 };
 
 /// Batching logic without the actor: yields the batches of every epoch in

@@ -127,6 +127,9 @@ Result<JobPlan> plan_settings(const JobConfig& c, Placement where, unsigned core
   if (!c.checkpoint_dir.empty() && c.checkpoint_every_s > 0) p.checkpoint_every_s = c.checkpoint_every_s;
   p.checkpoint_dir = p.checkpoint_every_s > 0 ? c.checkpoint_dir : "";
   p.prefetch = c.prefetch;
+  auto augment = data::parse_augment(c.augment, c.dataset);
+  if (!augment) return augment.status();
+  p.augment = *augment;
   p.seed = c.seed;
   plan_clocks(p, 0);
   return p;
@@ -255,8 +258,8 @@ WorkerSetup worker_setup(const JobPlan& p, const WorkerPlan& worker) {
 
 FeederSetup feeder_setup(const JobPlan& p, const WorkerPlan& worker, std::shared_ptr<const data::DatasetSplits> data,
                          std::uint32_t first_epoch) {
-  return FeederSetup{std::move(data), worker.share.partition, p.epochs, worker.share.batch, p.prefetch, p.seed,
-                     worker.id + 1, first_epoch};
+  return FeederSetup{std::move(data),  worker.share.partition, p.epochs,  worker.share.batch, p.prefetch, p.seed,
+                     worker.id + 1,    first_epoch,            p.augment};
 }
 
 }  // namespace asgd

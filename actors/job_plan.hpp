@@ -24,6 +24,7 @@
 #include "compute/optimizer.hpp"
 #include "compute/schedule.hpp"
 #include "compute/tensor.hpp"
+#include "dataset/augment.hpp"
 #include "dataset/dataset.hpp"
 #include "policies/policy.hpp"
 
@@ -110,6 +111,7 @@ struct JobPlan {
   std::string checkpoint_dir;       ///< where shards checkpoint, every checkpoint_every_s; empty: they do not
   double checkpoint_every_s = 0.0;
   std::uint32_t prefetch = 4;       ///< batches each data feeder keeps ready
+  data::Augment augment;            ///< what the data feeders do to training images
   std::uint64_t seed = 1;
 };
 

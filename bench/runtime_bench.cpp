@@ -72,7 +72,7 @@ Result<double> plain_loop(const JobConfig& c, const std::shared_ptr<const data::
   auto made = planned_model(c, *data);
   if (!made) return made.status();
   auto& [model, opt, schedule] = *made;
-  BatchSource source({data, data::partition_for(train.count, 0, 1), 1, c.batch, 1, c.seed, 1});
+  BatchSource source({data, data::partition_for(train.count, 0, 1), 1, c.batch, 1, c.seed, 1, 0, {}});
   std::uint64_t step = 0;
   std::size_t samples = 0;
   const auto t0 = std::chrono::steady_clock::now();

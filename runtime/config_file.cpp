@@ -164,6 +164,10 @@ const std::vector<ConfigField>& job_config_fields() {
        "combine with ','; seeded by --seed",
        "SPEC",
        string_field(&JobConfig::straggler)},
+      {"augment",
+       "augment training images: crop (shift by up to 4 pixels), flip (mirror half of them), crop,flip or none "
+       "(default crop,flip for cifar10, none otherwise); seeded by --seed",
+       "LIST", string_field(&JobConfig::augment)},
       {"workers", "worker actors (default 2)", "N", uint_field(&JobConfig::workers)},
       {"shards", "parameter shards (default 1)", "M", uint_field(&JobConfig::shards)},
       {"device", "where workers compute: cpu | cuda | cuda:K (default cpu)", "DEV", string_field(&JobConfig::device)},

@@ -23,6 +23,7 @@
 #include "compute/model.hpp"
 #include "compute/optimizer.hpp"
 #include "compute/schedule.hpp"
+#include "dataset/augment.hpp"
 #include "dataset/dataset.hpp"
 #include "runtime/live_page.hpp"
 #include "runtime/config_file.hpp"
@@ -71,6 +72,7 @@ Status validate_config(const JobConfig& c, bool named_dataset, bool devices_here
     if (auto w = parse_worker_weights(c.worker_weights, c.workers); !w) return w.status();
   }
   if (auto f = parse_stragglers(c.straggler, c.workers, c.seed); !f) return f.status();
+  if (auto a = data::parse_augment(c.augment, c.dataset); !a) return a.status();
   if (c.shards < 1 || c.shards > kMaxShards)
     return bad("shards", std::to_string(c.shards), "must be 1 to " + std::to_string(kMaxShards));
   if (auto device = Device::parse(c.device); !device) return bad("device", c.device, device.status().message());
@@ -241,6 +243,11 @@ Status prepare_checkpoint_dir(const JobConfig& config, bool user_data) {
 Result<std::shared_ptr<const data::DatasetSplits>> job_data(const JobConfig& config,
                                                             std::shared_ptr<const UserDataset>& user_data) {
   if (user_data) {
+    if (auto a = data::parse_augment(config.augment, config.dataset);
+        a && a->any() && user_data->sample_shape.size() != 3)
+      return Status::InvalidArgument("--augment " + data::to_string(*a) +
+                                     " shifts and mirrors images; this job's own samples are vectors (" +
+                                     std::to_string(user_data->sample_shape.at(0)) + " values): use --augment none");
     auto data = std::make_shared<const data::DatasetSplits>(data::from_user_dataset(*user_data));
     user_data.reset();
     logger().info("user data {}: {} train, {} validation, {} test samples", data->name, data->train.count,

@@ -59,6 +59,11 @@ struct JobConfig {
   /// probability P; "pause:W:EVERY:SECONDS" stalls worker W for SECONDS after
   /// every EVERY-th step. Which steps are slowed follows from `seed`.
   std::string straggler;
+  /// Augmentation of training images by the data feeders: "crop" (shifted
+  /// by up to 4 pixels, the border black), "flip" (mirrored with chance
+  /// 1/2), "crop,flip" or "none"; empty: crop,flip for cifar10, none for the
+  /// grayscale sets and for a job's own data. Seeded by `seed`.
+  std::string augment;
   std::uint32_t workers = 2;        ///< worker actors, 1 to kMaxWorkers
   std::uint32_t shards = 1;         ///< parameter shards, 1 to kMaxShards
   std::string device = "cpu";       ///< where workers compute

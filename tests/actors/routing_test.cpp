@@ -60,7 +60,7 @@ TEST(WorkerAndShards, AGradientPushedByAWorkerReachesTheShardThatOwnsEachKey) {
     shards.push_back(sys.spawn(parameter_shard, std::make_shared<ShardCore>(std::move(core).value())));
   }
   // One epoch of exactly one batch: the worker takes one step, then stops.
-  auto feeder = sys.spawn<caf::detached>(data_feeder, FeederSetup{data, {0, kBatch}, 1, kBatch, 2, 1, 1});
+  auto feeder = sys.spawn<caf::detached>(data_feeder, FeederSetup{data, {0, kBatch}, 1, kBatch, 2, 1, 1, 0, {}});
   auto w = sys.spawn(worker, mlp_worker(0, shards, ranges, feeder, self, std::chrono::seconds(10)));
   self->send(w, start_atom::value);
 
@@ -98,7 +98,7 @@ TEST(WorkerAndShards, AGradientPushedByAWorkerReachesTheShardThatOwnsEachKey) {
 
 TEST(BatchSource, ServesEverySampleOfItsPartitionOncePerEpochThenEnds) {
   auto data = asgd_test::synthetic_splits(50);
-  BatchSource source({data, {10, 33}, 2, 5, 1, 3, 1});  // 23 samples -> 4 full batches and one of 3
+  BatchSource source({data, {10, 33}, 2, 5, 1, 3, 1, 0, {}});  // 23 samples -> 4 full batches and one of 3
   for (std::uint64_t epoch = 0; epoch < 2; ++epoch) {
     std::vector<int> seen(50, 0);
     std::size_t batches = 0;
@@ -172,7 +172,7 @@ TEST(Worker, FailsNamingTheShardThatDidNotAnswerWithinTheTimeout) {
   ASSERT_TRUE(core.ok());
   std::vector<caf::actor> shards = {sys.spawn(parameter_shard, std::make_shared<ShardCore>(std::move(core).value())),
                                     sys.spawn(silent_shard, 0)};
-  auto feeder = sys.spawn<caf::detached>(data_feeder, FeederSetup{data, {0, 8}, 1, 8, 2, 1, 1});
+  auto feeder = sys.spawn<caf::detached>(data_feeder, FeederSetup{data, {0, 8}, 1, 8, 2, 1, 1, 0, {}});
   auto w = sys.spawn(worker, mlp_worker(3, shards, ranges, feeder, self, std::chrono::milliseconds(300)));
   const auto t0 = std::chrono::steady_clock::now();
   self->send(w, start_atom::value);

@@ -6,7 +6,9 @@
 #include <algorithm>
 #include <cstdint>
 #include <filesystem>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -42,6 +44,31 @@ TEST(CifarCli, TrainsResnetMiniOnColourImagesAndExportsPerChannelNormalisation) 
   const auto header = nlohmann::json::parse(file.substr(8, header_bytes));
   const std::string mean = header.at("__metadata__").at("input_mean");
   EXPECT_EQ(std::count(mean.begin(), mean.end(), ','), 2) << mean;
+}
+
+// bsp's updates do not depend on timing: with the same seed, the same
+// augmented batches give the same losses, epoch by epoch.
+TEST(CifarCli, TwoRunsWithTheSameSeedAugmentTheSameWay) {
+  TempDir tmp;
+  write_cifar10(tmp / "cifar10", 100);
+  auto run = [&](const std::string& name, const std::string& seed) {
+    const CliRun r = asgd("train --dataset cifar10 --data-dir " + (tmp / "cifar10").string() +
+                          " --model lenet --policy bsp --epochs 2 --validation-size 50 --augment crop,flip --seed " +
+                          seed + " --metrics-out " + (tmp / name).string());
+    EXPECT_EQ(r.exit_code, 0) << r.err;
+    EXPECT_NE(r.out.find("augment crop,flip"), std::string::npos) << r.out;
+    std::vector<double> losses;
+    std::istringstream lines(slurp(tmp / name));
+    for (std::string line; std::getline(lines, line);) {
+      const auto j = nlohmann::json::parse(line);
+      if (j.at("event") == "epoch") losses.push_back(j.at("train_loss").get<double>());
+    }
+    EXPECT_EQ(losses.size(), 2u);
+    return losses;
+  };
+  const auto first = run("a.jsonl", "3");
+  EXPECT_EQ(first, run("b.jsonl", "3"));
+  EXPECT_NE(first, run("c.jsonl", "4"));
 }
 
 }  // namespace

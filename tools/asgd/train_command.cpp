@@ -21,6 +21,7 @@
 #include "base/log.hpp"
 #include "runtime/config_file.hpp"
 #include "runtime/job_internal.hpp"
+#include "dataset/augment.hpp"
 #include "tools/asgd/commands.hpp"
 
 namespace asgd::cli {
@@ -246,10 +247,12 @@ int run_train(const JobOptions& o) {
   const std::string dir = resolve_data_dir(config);
   auto plural = [](std::uint32_t n, const char* word) { return std::to_string(n) + " " + word + (n == 1 ? "" : "s"); };
   const TrainingSettings training = training_settings(config);
-  std::printf("asgd train: %s on %s, policy %s, %s, %s, %s, batch %u, lr %g (data: %s)\n", config.model.c_str(),
+  const auto augment = data::parse_augment(config.augment, config.dataset);  // validated by load_job
+  const std::string augmented = augment && augment->any() ? ", augment " + data::to_string(*augment) : "";
+  std::printf("asgd train: %s on %s, policy %s, %s, %s, %s, batch %u, lr %g%s (data: %s)\n", config.model.c_str(),
               config.dataset.c_str(), config.policy.c_str(), plural(config.workers, "worker").c_str(),
               plural(config.shards, "shard").c_str(), plural(config.epochs, "epoch").c_str(), config.batch, training.lr,
-              dir.c_str());
+              augmented.c_str(), dir.c_str());
   print_adjustments(training);
   std::fflush(stdout);
 
