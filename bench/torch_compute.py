@@ -88,7 +88,7 @@ def fail(code, message):
 # The PyTorch side (runs in a worker process).
 
 
-def build_model(torch, name):
+def build_model(torch, name, channels=1):
     nn = torch.nn
 
     class Residual(nn.Module):
@@ -106,6 +106,25 @@ def build_model(torch, name):
              nn.Conv2d(cout, cout, 3, 1, 1, bias=False), nn.BatchNorm2d(cout)],
             [nn.Conv2d(cin, cout, 1, stride, 0, bias=False), nn.BatchNorm2d(cout)])
 
+    def basic_block(cin, cout, stride):
+        # ResNet's basic block: the identity shortcut where the shape stays.
+        shortcut = [nn.Conv2d(cin, cout, 1, stride, 0, bias=False), nn.BatchNorm2d(cout)] \
+            if stride != 1 or cin != cout else []
+        return Residual(
+            [nn.Conv2d(cin, cout, 3, stride, 1, bias=False), nn.BatchNorm2d(cout), nn.ReLU(),
+             nn.Conv2d(cout, cout, 3, 1, 1, bias=False), nn.BatchNorm2d(cout)], shortcut)
+
+    if name == "resnet18":
+        # The CIFAR variant, as asgd's (compute/model.cpp): a 3x3 stem, four
+        # stages of two basic blocks, each followed by its own ReLU module.
+        layers = [nn.Conv2d(channels, 64, 3, 1, 1, bias=False), nn.BatchNorm2d(64), nn.ReLU()]
+        width = 64
+        for stage in (64, 128, 256, 512):
+            for b in range(2):
+                layers += [basic_block(width, stage, 2 if b == 0 and stage != 64 else 1), nn.ReLU()]
+                width = stage
+        layers += [nn.Sequential(nn.AdaptiveAvgPool2d(1), nn.Flatten()), nn.Linear(512, 10)]
+        return nn.Sequential(*layers)
     if name == "mlp":
         model = nn.Sequential(nn.Linear(784, 256), nn.ReLU(), nn.Linear(256, 128), nn.ReLU(), nn.Linear(128, 10))
     elif name == "lenet":

@@ -19,7 +19,7 @@
 namespace asgd {
 
 const std::vector<std::string>& known_models() {
-  static const std::vector<std::string> names = {"mlp", "lenet", "resnet-mini"};
+  static const std::vector<std::string> names = {"mlp", "lenet", "resnet-mini", "resnet18"};
   return names;
 }
 
@@ -39,6 +39,19 @@ std::unique_ptr<Layer> downsampling_block(std::size_t in, std::size_t out) {
                        std::make_unique<ReLU>(), std::make_unique<Conv2D>(out, out, 3, 1, 1, false),
                        std::make_unique<BatchNorm2D>(out));
   auto shortcut = sequence(std::make_unique<Conv2D>(in, out, 1, 2, 0, false), std::make_unique<BatchNorm2D>(out));
+  return std::make_unique<Residual>(std::move(main), std::move(shortcut));
+}
+
+// ResNet's basic block (He et al. 2016): two 3x3 convolutions with
+// BatchNorm; the shortcut is the identity where the shape stays, else a 1x1
+// projection with BatchNorm (option B).
+std::unique_ptr<Layer> basic_block(std::size_t in, std::size_t out, std::size_t stride) {
+  auto main = sequence(std::make_unique<Conv2D>(in, out, 3, stride, 1, false), std::make_unique<BatchNorm2D>(out),
+                       std::make_unique<ReLU>(), std::make_unique<Conv2D>(out, out, 3, 1, 1, false),
+                       std::make_unique<BatchNorm2D>(out));
+  Layers shortcut;
+  if (stride != 1 || in != out)
+    shortcut = sequence(std::make_unique<Conv2D>(in, out, 1, stride, 0, false), std::make_unique<BatchNorm2D>(out));
   return std::make_unique<Residual>(std::move(main), std::move(shortcut));
 }
 
@@ -139,6 +152,26 @@ Result<Model> Model::build(const std::string& name, const Shape& sample_shape, s
     m.add(std::make_unique<ReLU>(), shape);
     m.add(std::make_unique<GlobalAvgPool>(), shape);
     m.add(std::make_unique<Dense>(64, classes), shape);
+  } else if (name == "resnet18") {
+    // The CIFAR variant (a 3x3 stem, no max-pool): four stages of two basic
+    // blocks, 64 to 512 channels, the last three halving H and W; 11.2M
+    // parameters for 10 classes.
+    if (side < 8) return too_small(8);
+    m.weight_init_ = WeightInit::torch_default;
+    Shape shape = sample_shape;
+    m.add(std::make_unique<Conv2D>(channels, 64, 3, 1, 1, false), shape);
+    m.add(std::make_unique<BatchNorm2D>(64), shape);
+    m.add(std::make_unique<ReLU>(), shape);
+    std::size_t width = 64;
+    for (const std::size_t stage : {64, 128, 256, 512}) {
+      for (int b = 0; b < 2; ++b) {
+        m.add(basic_block(width, stage, b == 0 && stage != 64 ? 2 : 1), shape);
+        m.add(std::make_unique<ReLU>(), shape);
+        width = stage;
+      }
+    }
+    m.add(std::make_unique<GlobalAvgPool>(), shape);
+    m.add(std::make_unique<Dense>(512, classes), shape);
   } else {
     std::string known;
     for (const auto& k : known_models()) known += (known.empty() ? "" : ", ") + k;
@@ -266,6 +299,13 @@ std::vector<LayerBuffer> Model::buffers() {
   for (std::size_t i = 0; i < layers_.size(); ++i)
     for (LayerBuffer& b : layers_[i]->buffers()) out.push_back({std::to_string(i) + "." + b.name, b.values});
   return out;
+}
+
+std::vector<float> Model::scores(std::span<const float> x) {
+  const FlushDenormals flush;
+  set_training(false);
+  const Tensor& out = logits(x, x.size() / sample_size());
+  return std::vector<float>(out.span().begin(), out.span().end());
 }
 
 std::vector<std::int32_t> Model::classify(std::span<const float> x, std::size_t chunk) {

@@ -133,6 +133,10 @@ class Model {
   /// n samples stored back to back, in chunks of `chunk` (0 counts as 1).
   EvalResult evaluate(std::span<const float> x, std::span<const std::int32_t> y, std::size_t chunk = 1000);
 
+  /// The scores (logits) of the samples stored back to back in `x`, in
+  /// inference mode: (n, classes), row-major.
+  std::vector<float> scores(std::span<const float> x);
+
   /// The class with the largest score for each of the samples stored back
   /// to back in `x`, in inference mode, in chunks of `chunk`.
   std::vector<std::int32_t> classify(std::span<const float> x, std::size_t chunk = 1000);

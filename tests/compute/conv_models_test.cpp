@@ -36,15 +36,15 @@ struct Batch {
 };
 
 // Pixel-like inputs, normalised roughly as the datasets are.
-Batch random_batch(Rng& rng, std::size_t batch) {
-  Batch b{std::vector<float>(batch * 784), std::vector<std::int32_t>(batch)};
+Batch random_batch(Rng& rng, std::size_t batch, const Shape& sample = kMnist) {
+  Batch b{std::vector<float>(batch * numel(sample)), std::vector<std::int32_t>(batch)};
   for (float& v : b.x) v = rng.uniform(-0.5f, 2.5f);
   for (auto& l : b.y) l = static_cast<std::int32_t>(rng.below(kClasses));
   return b;
 }
 
-Model build(const std::string& name) {
-  auto built = Model::build(name, kMnist, kClasses);
+Model build(const std::string& name, const Shape& sample = kMnist) {
+  auto built = Model::build(name, sample, kClasses);
   EXPECT_TRUE(built.ok()) << built.status().to_string();
   Model model = std::move(built).value();
   model.init_params(11);
@@ -116,6 +116,37 @@ TEST(ConvModels, ResnetMiniHasTheDocumentedParameterCountTorchLayoutAndBuffers) 
   EXPECT_EQ(buffers.back().name, "5.shortcut.1.running_var");
 }
 
+TEST(ConvModels, Resnet18IsTheCifarVariantWithItsParameterCountAndTorchLayout) {
+  Model model = build("resnet18", {3, 32, 32});
+  EXPECT_EQ(model.num_params(), 11173962u);  // torchvision-style CIFAR ResNet-18, 10 classes
+  std::vector<Expected> expected = {{"0.weight", {64, 3, 3, 3}}, {"1.weight", {64}}, {"1.bias", {64}}};
+  auto block = [&](std::size_t at, std::size_t in, std::size_t out, std::size_t stride) {
+    const std::string p = std::to_string(at);
+    expected.push_back({p + ".main.0.weight", {out, in, 3, 3}});
+    expected.push_back({p + ".main.1.weight", {out}});
+    expected.push_back({p + ".main.1.bias", {out}});
+    expected.push_back({p + ".main.3.weight", {out, out, 3, 3}});
+    expected.push_back({p + ".main.4.weight", {out}});
+    expected.push_back({p + ".main.4.bias", {out}});
+    if (stride == 1 && in == out) return;  // the identity shortcut has no parameters
+    expected.push_back({p + ".shortcut.0.weight", {out, in, 1, 1}});
+    expected.push_back({p + ".shortcut.1.weight", {out}});
+    expected.push_back({p + ".shortcut.1.bias", {out}});
+  };
+  block(3, 64, 64, 1);
+  block(5, 64, 64, 1);
+  block(7, 64, 128, 2);
+  block(9, 128, 128, 1);
+  block(11, 128, 256, 2);
+  block(13, 256, 256, 1);
+  block(15, 256, 512, 2);
+  block(17, 512, 512, 1);
+  expected.push_back({"20.weight", {10, 512}});
+  expected.push_back({"20.bias", {10}});
+  expect_layout(model, expected);
+  EXPECT_FALSE(Model::build("resnet18", {3, 4, 4}, kClasses).ok());
+}
+
 TEST(ConvModels, InitGivesBatchNormScalesOfOneAndShiftsOfZero) {
   Model model = build("resnet-mini");
   for (const ParamEntry& e : model.layout()) {
@@ -139,11 +170,11 @@ TEST(ConvModels, TooSmallOrFlatInputsAreRefusedWithTheShape) {
 // d over all parameters: this checks the whole model's wiring (which slice
 // each layer reads and writes); each layer's exact gradient is checked on
 // its own in conv_layers_test.cpp.
-void check_directional_derivatives(const std::string& name) {
+void check_directional_derivatives(const std::string& name, const Shape& sample = kMnist, double h = 2e-3) {
   SCOPED_TRACE(name);
-  Model model = build(name);
+  Model model = build(name, sample);
   Rng rng(5);
-  const Batch batch = random_batch(rng, 8);
+  const Batch batch = random_batch(rng, 8, sample);
   model.compute_gradients(batch.x, batch.y);
   const std::vector<float> grad(model.grads().begin(), model.grads().end());
   const std::vector<float> saved(model.params().begin(), model.params().end());
@@ -159,7 +190,6 @@ void check_directional_derivatives(const std::string& name) {
       d[i] /= std::sqrt(norm);
       analytic += d[i] * grad[i];
     }
-    constexpr double h = 2e-3;
     auto loss_at = [&](double t) {
       for (std::size_t i = 0; i < d.size(); ++i) model.params()[i] = static_cast<float>(saved[i] + t * d[i]);
       return static_cast<double>(model.compute_gradients(batch.x, batch.y));
@@ -174,6 +204,11 @@ void check_directional_derivatives(const std::string& name) {
 
 TEST(ConvModels, LenetGradientsMatchDirectionalDerivatives) { check_directional_derivatives("lenet"); }
 TEST(ConvModels, ResnetMiniGradientsMatchDirectionalDerivatives) { check_directional_derivatives("resnet-mini"); }
+// A small input (3x8x8: 8, 4, 2 and 1 pixels through the stages) keeps
+// resnet18's check to a second.
+TEST(ConvModels, Resnet18GradientsMatchDirectionalDerivatives) {
+  check_directional_derivatives("resnet18", {3, 16, 16}, 2e-3);
+}
 
 TEST(ConvModels, EachModelFitsOneBatchWithMomentumSgd) {
   for (const std::string name : {"lenet", "resnet-mini"}) {

@@ -29,7 +29,7 @@ def main():
     x = torch.from_numpy(load("x.f32", np.float32).reshape(case["x_shape"]))
     y = torch.from_numpy(load("y.i32", np.int32).astype(np.int64))
 
-    model = torch_compute.build_model(torch, case["model"])
+    model = torch_compute.build_model(torch, case["model"], channels=case["x_shape"][1])
     named = dict(model.named_parameters())
     unmatched = sorted(set(named) - {e["name"] for e in case["layout"]})
     if unmatched:
@@ -42,15 +42,36 @@ def main():
             if list(p.shape) != e["shape"]:
                 raise SystemExit(f"{e['name']}: torch shape {list(p.shape)}, asgd {e['shape']}")
             p.copy_(torch.from_numpy(params[e["offset"]:e["offset"] + e["size"]].copy()).view_as(p))
-    model.train()
     inp = x.view(x.shape[0], -1) if case["model"] == "mlp" else x
+    # Inference with our running statistics (those after our training step):
+    # the logits an exported model gives in PyTorch. The fresh statistics
+    # are put back for the training step below, which starts from them as
+    # ours did.
+    logits_rel = None
+    if os.path.exists(os.path.join(folder, "logits.f32")):
+        torch_buffers = dict(model.named_buffers())
+        fresh = {k: v.clone() for k, v in torch_buffers.items()}
+        offset = 0
+        with torch.no_grad():
+            for b in case["buffers"]:
+                torch_buffers[b["name"]].copy_(
+                    torch.from_numpy(buffers[offset:offset + b["size"]].copy()).view_as(torch_buffers[b["name"]]))
+                offset += b["size"]
+            model.eval()
+            ours = load("logits.f32", np.float32)
+            theirs = model(inp).numpy().ravel()
+            logits_rel = float(np.abs(ours - theirs).max() / max(1e-6, float(np.abs(theirs).max())))
+            for k, v in fresh.items():
+                torch_buffers[k].copy_(v)
+    model.train()
     loss = F.cross_entropy(model(inp), y)
     loss.backward()
 
     def rel(ours, ref):
         return float(np.abs(ours - ref).max() / max(1e-6, float(np.abs(ref).max())))
 
-    out = {"loss_ours": case["loss"], "loss_torch": loss.item(), "grad_rel": {}, "buffer_rel": {}}
+    out = {"loss_ours": case["loss"], "loss_torch": loss.item(), "grad_rel": {}, "buffer_rel": {},
+           "logits_rel": logits_rel}
     for e in case["layout"]:
         ref = named[e["name"]].grad.numpy().ravel()
         out["grad_rel"][e["name"]] = rel(grads[e["offset"]:e["offset"] + e["size"]], ref)
