@@ -7,6 +7,7 @@
 #include "actors/parameter_shard.hpp"
 #include "actors/worker.hpp"
 #include "base/flag_text.hpp"
+#include "compute/device.hpp"
 
 namespace asgd {
 
@@ -41,6 +42,19 @@ LrSchedule lr_schedule(const JobConfig& c, std::uint64_t total_steps) {
   s.total_steps = total_steps;
   s.warmup_steps = warmup_steps(training_settings(c).lr_warmup_epochs, total_steps, c.epochs);
   return s;
+}
+
+Result<std::vector<std::string>> parse_worker_devices(const std::string& text, std::uint32_t workers) {
+  const std::vector<std::string> items = split(text, ',');
+  if (items.size() != 1 && items.size() != workers)
+    return Status::InvalidArgument("--device " + text + ": " + std::to_string(items.size()) + " devices for " +
+                                   std::to_string(workers) + " workers: give one for all of them, or one per worker");
+  for (std::size_t w = 0; w < items.size(); ++w)
+    if (auto d = Device::parse(items[w]); !d)
+      return Status::InvalidArgument("--device " + text + ": " +
+                                     (items.size() == 1 ? std::string() : "worker " + std::to_string(w) + "'s ") +
+                                     d.status().message());
+  return items.size() == 1 ? std::vector<std::string>(workers, items.front()) : items;
 }
 
 Result<std::vector<double>> parse_worker_weights(const std::string& text, std::uint32_t workers) {
@@ -180,7 +194,12 @@ Result<JobPlan> plan_job(const JobConfig& c, const JobFacts& f) {
                                    ", less than its batch of " + std::to_string(shares[w].batch) +
                                    ", so it would take one short step an epoch (or none); " + advice);
   }
-  for (std::uint32_t w = 0; w < c.workers; ++w) p.workers.push_back(plan_worker(w, shares[w], (*stragglers)[w]));
+  auto devices = parse_worker_devices(c.device, c.workers);
+  if (!devices) return devices.status();
+  for (std::uint32_t w = 0; w < c.workers; ++w) {
+    p.workers.push_back(plan_worker(w, shares[w], (*stragglers)[w]));
+    p.workers.back().device = (*devices)[w];
+  }
   // By clock: equal shares give the length; weights aim at the same number
   // of steps per epoch, so auto weights leave it (within a step) unchanged.
   plan_clocks(p, planned_clocks(shares, c.epochs));
@@ -243,7 +262,7 @@ WorkerSetup worker_setup(const JobPlan& p, const WorkerPlan& worker) {
   s.id = worker.id;
   s.model = p.model;
   s.model_spec = p.model_spec;
-  s.device = p.device;
+  s.device = worker.device;
   s.sample_shape = p.sample_shape;
   s.classes = p.classes;
   s.ranges = p.ranges;

@@ -65,6 +65,7 @@ struct WorkerPlan {
   WorkerShare share;
   std::uint64_t steps_per_epoch = 0;  ///< steps_per_epoch(share)
   Straggler straggler;                ///< how --straggler slows its steps (none by default)
+  std::string device = "cpu";         ///< where it computes (its item of --device)
   Clock first_clock = 0;              ///< the clock of its first step: > 0 when a job resumes or a worker rejoins
 };
 
@@ -72,7 +73,7 @@ struct JobPlan {
   // What the workers build, and where.
   std::string model;
   std::shared_ptr<const ModelSpec> model_spec;  ///< when set, built instead of `model`
-  std::string device;
+  std::string device;  ///< --device as given: one for all workers, or a list (WorkerPlan::device)
   Shape sample_shape;  ///< (C, H, W)
   std::size_t classes = 0;
   Placement placement = Placement::one_process;
@@ -183,6 +184,12 @@ OptimizerConfig optimizer_config(const JobConfig& config, Placement where = Plac
 /// The job's learning-rate schedule over `total_steps` clocks (the kind
 /// was validated by validate()).
 LrSchedule lr_schedule(const JobConfig& config, std::uint64_t total_steps);
+
+/// Each worker's device from --device: one ("cpu", "cuda", "cuda:K") for
+/// every worker, or a comma-separated list with one per worker
+/// ("cuda:0,cuda:0,cpu"). Errors: invalid_argument naming the bad item and
+/// its worker, or a list of the wrong length.
+Result<std::vector<std::string>> parse_worker_devices(const std::string& text, std::uint32_t workers);
 
 /// Per-worker weights from --worker-weights "W0,W1,..." (empty: all 1).
 /// Errors: invalid_argument unless there is one positive number per worker.

@@ -41,14 +41,15 @@ void augment_batch(Batch& batch, const LabeledImages& like, const Normalization&
     const float mean = norm.mean[norm.mean.size() == 1 ? 0 : c], stddev = norm.stddev[norm.stddev.size() == 1 ? 0 : c];
     black[c] = -mean / stddev;
   }
-  const long pad = static_cast<long>(a.pad);
+  const std::size_t shift = a.pad > 0 ? a.pad : std::max<std::size_t>(1, std::min(rows, cols) / 8);
+  const long pad = static_cast<long>(shift);
   std::vector<float> copy(sample);
   for (std::size_t k = 0; k < batch.size; ++k) {
     float* x = batch.x.data() + k * sample;
     // Every draw is made whether or not it is used, so "crop" and
     // "crop,flip" shift the same samples the same way.
-    const long dy = static_cast<long>(rng.below(2 * a.pad + 1)) - pad;
-    const long dx = static_cast<long>(rng.below(2 * a.pad + 1)) - pad;
+    const long dy = static_cast<long>(rng.below(2 * shift + 1)) - pad;
+    const long dx = static_cast<long>(rng.below(2 * shift + 1)) - pad;
     const bool mirror = rng.below(2) == 1;
     if (!a.crop && !(a.flip && mirror)) continue;
     std::copy(x, x + sample, copy.begin());

@@ -1,7 +1,7 @@
 #pragma once
 // Data augmentation for image batches, done by the data feeder as it makes
-// each batch: a random crop with padding (the image shifted by up to `pad`
-// pixels each way, the uncovered border black) and a horizontal flip with
+// each batch: a random crop with padding (the image shifted by up to an
+// eighth of its side each way, the uncovered border black) and a horizontal flip with
 // chance 1/2, as torchvision's RandomCrop(32, padding=4) and
 // RandomHorizontalFlip. Seeded: the same generator state gives the same
 // batch, so a run is reproducible.
@@ -17,7 +17,9 @@ namespace asgd::data {
 struct Augment {
   bool crop = false;
   bool flip = false;
-  std::size_t pad = 4;  ///< the largest shift of a crop, in pixels
+  /// The largest shift of a crop, in pixels; 0: an eighth of the image's
+  /// smaller side (4 on CIFAR-10's 32x32, 3 on 28x28), at least 1.
+  std::size_t pad = 0;
   bool any() const { return crop || flip; }
 };
 

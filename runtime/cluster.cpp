@@ -387,8 +387,13 @@ Status run_worker_process(const ProcessOptions& o, std::stop_token stop) {
   };
   if (a.range_bounds.size() != a.shard_endpoints.size() + 1 || a.shard_endpoints.empty())
     return fail_early(Status::Internal("the assignment's shard ranges do not match its shards"));
-  // The device is checked here, where this worker computes (not on the coordinator's host).
-  if (Status s = device_usable_here(cfg.device); !s.ok())
+  // This worker's device (its item of a --device list), checked here, where
+  // it computes (not on the coordinator's host).
+  auto devices = parse_worker_devices(cfg.device, cfg.workers);
+  if (!devices || a.index >= devices->size())
+    return fail_early(devices ? Status::Internal("assigned a worker index past the job's workers") : devices.status());
+  const std::string device = (*devices)[a.index];
+  if (Status s = device_usable_here(device); !s.ok())
     return fail_early(Status::InvalidArgument(s.message() + " (on " + host_name() + ")"));
 
   auto loaded = data::load_dataset(cfg.dataset, resolve_data_dir(cfg), cfg.validation_size, cfg.seed);
@@ -409,8 +414,9 @@ Status run_worker_process(const ProcessOptions& o, std::stop_token stop) {
   auto stragglers = parse_stragglers(cfg.straggler, cfg.workers, cfg.seed);
   if (!stragglers || a.index >= stragglers->size())
     return fail_early(stragglers ? Status::Internal("assigned a worker index past the job's workers") : stragglers.status());
-  const WorkerPlan worker_plan =
+  WorkerPlan worker_plan =
       plan_worker(a.index, {{a.partition_begin, a.partition_end}, a.batch}, (*stragglers)[a.index], a.first_epoch);
+  worker_plan.device = device;
   const auto compute = std::make_shared<ComputeContext>(plan->compute_threads);
 
   auto actor_cfg = actor_config(1);

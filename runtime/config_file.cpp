@@ -150,7 +150,7 @@ const std::vector<ConfigField>& job_config_fields() {
       {"dataset", "dataset: mnist | fashion-mnist | cifar10 (default mnist)", "NAME", string_field(&JobConfig::dataset)},
       {"data-dir", "the dataset's folder (default $ASGD_DATA_DIR/NAME, else ./data/NAME)", "DIR",
        string_field(&JobConfig::data_dir)},
-      {"model", "model: mlp | lenet | resnet-mini (default mlp)", "NAME", string_field(&JobConfig::model)},
+      {"model", "model: mlp | lenet | resnet-mini | resnet18 (default mlp)", "NAME", string_field(&JobConfig::model)},
       {"policy", "consistency policy: " + policy_spellings(" | ") + " (default async)", "NAME", string_field(&JobConfig::policy)},
       {"staleness-aware-lr",
        "async, ssp: take a step staler than usual with a rate divided by its staleness and momentum 0.5: "
@@ -165,7 +165,7 @@ const std::vector<ConfigField>& job_config_fields() {
        "SPEC",
        string_field(&JobConfig::straggler)},
       {"augment",
-       "augment training images: crop (shift by up to 4 pixels), flip (mirror half of them), crop,flip or none "
+       "augment training images: crop (shift by up to 1/8 of the side), flip (mirror half of them), crop,flip or none "
        "(default crop,flip for cifar10, none otherwise); seeded by --seed",
        "LIST", string_field(&JobConfig::augment)},
       {"workers", "worker actors (default 2)", "N", uint_field(&JobConfig::workers)},

@@ -75,9 +75,15 @@ Status validate_config(const JobConfig& c, bool named_dataset, bool devices_here
   if (auto a = data::parse_augment(c.augment, c.dataset); !a) return a.status();
   if (c.shards < 1 || c.shards > kMaxShards)
     return bad("shards", std::to_string(c.shards), "must be 1 to " + std::to_string(kMaxShards));
-  if (auto device = Device::parse(c.device); !device) return bad("device", c.device, device.status().message());
+  auto devices = parse_worker_devices(c.device, c.workers);
+  if (!devices) return devices.status();
   if (devices_here)
-    if (Status s = device_usable_here(c.device); !s.ok()) return s;
+    for (std::uint32_t w = 0; w < c.workers; ++w)
+      if (Status s = device_usable_here((*devices)[w]); !s.ok())
+        return c.device.find(',') == std::string::npos
+                   ? s
+                   : Status::InvalidArgument("--device " + c.device + ": worker " + std::to_string(w) + "'s " +
+                                             s.message().substr(std::string("--device ").size()));
   // Hogwild's lock-free shared buffer needs every worker in this process
   // with the parameters in host memory: true of every job run_job runs
   // today (CPU workers, one process). Multi-process roles must refuse it.

@@ -60,7 +60,7 @@ struct JobConfig {
   /// every EVERY-th step. Which steps are slowed follows from `seed`.
   std::string straggler;
   /// Augmentation of training images by the data feeders: "crop" (shifted
-  /// by up to 4 pixels, the border black), "flip" (mirrored with chance
+  /// by up to an eighth of the side, the border black), "flip" (mirrored with chance
   /// 1/2), "crop,flip" or "none"; empty: crop,flip for cifar10, none for the
   /// grayscale sets and for a job's own data. Seeded by `seed`.
   std::string augment;

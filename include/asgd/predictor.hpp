@@ -38,14 +38,14 @@ class Predictor {
   /// invalid_argument (a model name this build does not know).
   static Result<Predictor> from_checkpoint(const std::string& dir);
 
-  /// Builds `model` ("mlp", "lenet" or "resnet-mini", as in
+  /// Builds `model` ("mlp", "lenet", "resnet-mini" or "resnet18", as in
   /// JobConfig::model) for samples of `sample_shape`
   /// (C, H, W) and `classes` outputs, with `params` in the model's flat
   /// layout (copied) and the normalisation training used, one value for
   /// every channel (for MNIST and Fashion-MNIST jobs it is measured on the
   /// training split; a checkpoint records it, per channel for colour
   /// images such as CIFAR-10's, which from_checkpoint applies). BatchNorm statistics keep their initial values (mean 0,
-  /// variance 1), so for models with BatchNorm (resnet-mini) prefer
+  /// variance 1), so for models with BatchNorm (resnet-mini, resnet18) prefer
   /// from_checkpoint, which carries the trained statistics.
   /// Errors: invalid_argument for an unknown model, a bad shape, a
   /// parameter count that does not match, or input_stddev <= 0.

@@ -237,6 +237,19 @@ TEST(JobPlan, ShardSetupsCarryThePlan) {
   EXPECT_TRUE(shard_setup(unsaved, unsaved.shards[0], {}).checkpoint_path.empty());
 }
 
+TEST(JobPlan, EachWorkerGetsItsItemOfADeviceListOrTheOneDeviceForAll) {
+  JobConfig c;
+  c.workers = 3;
+  c.device = "cuda:1,cpu,cuda";
+  const JobPlan plan = planned(c);
+  EXPECT_EQ(worker_setup(plan, plan.workers[0]).device, "cuda:1");
+  EXPECT_EQ(worker_setup(plan, plan.workers[1]).device, "cpu");
+  EXPECT_EQ(worker_setup(plan, plan.workers[2]).device, "cuda");
+  EXPECT_EQ(*parse_worker_devices("cuda:2", 3), (std::vector<std::string>{"cuda:2", "cuda:2", "cuda:2"}));
+  EXPECT_FALSE(parse_worker_devices("cpu,cpu", 3).ok());
+  EXPECT_FALSE(parse_worker_devices("cpu,,cpu", 3).ok());
+}
+
 TEST(JobPlan, WorkerAndFeederSetupsCarryThePlan) {
   JobConfig c;
   c.workers = 2;

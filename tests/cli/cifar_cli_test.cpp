@@ -46,6 +46,23 @@ TEST(CifarCli, TrainsResnetMiniOnColourImagesAndExportsPerChannelNormalisation) 
   EXPECT_EQ(std::count(mean.begin(), mean.end(), ','), 2) << mean;
 }
 
+// The command on a small generated set: resnet18 with augmentation,
+// on the CPU, end to end, in the usual metrics format.
+TEST(CifarCli, Resnet18WithAugmentationRunsAnEpochEndToEnd) {
+  TempDir tmp;
+  write_cifar10(tmp / "cifar10", 16);
+  const CliRun r = asgd("train --dataset cifar10 --data-dir " + (tmp / "cifar10").string() +
+                        " --model resnet18 --augment crop,flip --epochs 1 --validation-size 16 --batch 16 "
+                        "--metrics-out " + (tmp / "m.jsonl").string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const std::string m = slurp(tmp / "m.jsonl");
+  std::istringstream lines(m);
+  std::vector<std::string> events;
+  for (std::string line; std::getline(lines, line);) events.push_back(nlohmann::json::parse(line).at("event"));
+  EXPECT_EQ(events, (std::vector<std::string>{"epoch", "summary"})) << m;
+  EXPECT_NE(m.find("\"model\":\"resnet18\""), std::string::npos) << m;
+}
+
 // bsp's updates do not depend on timing: with the same seed, the same
 // augmented batches give the same losses, epoch by epoch.
 TEST(CifarCli, TwoRunsWithTheSameSeedAugmentTheSameWay) {

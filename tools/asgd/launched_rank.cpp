@@ -56,9 +56,10 @@ Result<std::string> await_rendezvous(const std::string& path, double timeout_s, 
 
 // A worker's device: with --device cuda, the GPU its local rank picks
 // (cuda:LOCAL_RANK mod the host's GPUs), so the workers of one host spread
-// over its GPUs; otherwise the job's.
+// over its GPUs; otherwise the job's (a list's item is picked by the worker
+// index the coordinator assigns).
 std::string worker_device(const Launch& l, const JobConfig& config) {
-  if (config.device != "cuda") return config.device;
+  if (config.device != "cuda") return "";
   const int gpus = cuda_device_count();
   return gpus > 0 ? "cuda:" + std::to_string(l.local_rank % static_cast<std::uint32_t>(gpus)) : config.device;
 }
@@ -73,7 +74,10 @@ void print_layout(const Launch& l, const RoleOfRank& role, const std::string& co
   std::printf("\ncoordinator: %s\n", coordinator.empty() ? "(from --rendezvous, once rank 0 writes it)"
                                                          : coordinator.c_str());
   std::printf("listens on: %s\n", listen.empty() ? "(nothing: a worker only connects)" : listen.c_str());
-  if (role.role == RankRole::worker) std::printf("device: %s\n", worker_device(l, config).c_str());
+  if (role.role == RankRole::worker) {
+    const std::string device = worker_device(l, config);
+    std::printf("device: %s\n", device.empty() ? config.device.c_str() : device.c_str());
+  }
   std::fflush(stdout);
 }
 

@@ -1,0 +1,53 @@
+// --device with one device per worker (issue 20): mixed lists train, and a
+// device a worker cannot use stops the job naming the worker.
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <sstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/cli_run.hpp"
+#include "compute/device.hpp"
+#include "temp_dir.hpp"
+#include "test_data.hpp"
+
+namespace asgd_test {
+namespace {
+
+double final_accuracy(const std::string& metrics) {
+  const auto summary = nlohmann::json::parse(metrics.substr(metrics.rfind('\n', metrics.size() - 2) + 1));
+  return summary.at("final_test_accuracy").get<double>();
+}
+
+TEST(DevicesCli, AListNeedsOneDevicePerWorkerEachOneKnown) {
+  expect_one_line_error(asgd("train --workers 2 --device cpu,cpu,cpu"), 2,
+                        "--device cpu,cpu,cpu: 3 devices for 2 workers: give one for all of them, or one per worker");
+  expect_one_line_error(asgd("train --workers 2 --device cpu,tpu"), 2, "--device cpu,tpu: worker 1's unknown device 'tpu'");
+}
+
+TEST(DevicesCli, AGpuMissingHereStopsTheJobNamingTheWorker) {
+  if (asgd::cuda_device_count() > 0) GTEST_SKIP() << "this machine has a GPU";
+  expect_one_line_error(asgd("train --workers 2 --device cuda,cpu"), 2,
+                        "--device cuda,cpu: worker 0's cuda: no usable CUDA device");
+  expect_one_line_error(asgd("cluster --workers 2 --device cpu,cuda:1"), 2,
+                        "--device cpu,cuda:1: worker 1's cuda:1: no usable CUDA device");
+}
+
+TEST(DevicesCli, OneDevicePerWorkerWithMeasuredWeightsTrainsInOneProcessAndAsProcesses) {
+  ASGD_REQUIRE_DATASET(mnist, "mnist");
+  TempDir tmp;
+  const CliRun one = asgd("train --workers 2 --device cpu,cpu --worker-weights auto --data-dir " + mnist.string() +
+                          " --metrics-out " + (tmp / "one.jsonl").string());
+  ASSERT_EQ(one.exit_code, 0) << one.err;
+  EXPECT_GE(final_accuracy(slurp(tmp / "one.jsonl")), 0.97);
+  const CliRun procs = asgd("cluster --workers 2 --device cpu,cpu --data-dir " + mnist.string() + " --metrics-out " +
+                            (tmp / "procs.jsonl").string());
+  ASSERT_EQ(procs.exit_code, 0) << procs.err;
+  EXPECT_GE(final_accuracy(slurp(tmp / "procs.jsonl")), 0.97);
+}
+
+}  // namespace
+}  // namespace asgd_test
