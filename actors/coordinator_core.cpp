@@ -279,6 +279,7 @@ JobSummary CoordinatorCore::summary(double test_accuracy, const std::vector<std:
   for (const auto& w : epochs_.worker_totals()) {
     samples += w.samples;
     sum.worker_wait_s.push_back(w.policy_wait_s);
+    sum.worker_phases.push_back(phases_of(w));
   }
   for (const auto& w : plan_.workers) sum.worker_batch.push_back(w.share.batch);
   sum.samples_per_s = sum.train_s > 0 ? static_cast<double>(samples) / sum.train_s : 0.0;

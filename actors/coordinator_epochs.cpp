@@ -37,6 +37,20 @@ StalenessSummary summarize_staleness(const std::vector<std::uint64_t>& merged) {
   return out;
 }
 
+WorkerPhases phases_of(const EpochReport& r) {
+  WorkerPhases p;
+  p.wall_s = r.wall_s;
+  p.data_wait_s = r.data_wait_s;
+  p.forward_s = r.forward_s;
+  p.backward_s = r.backward_s;
+  p.device_s = r.device_s;
+  p.delay_s = r.delay_s;
+  p.push_pull_s = r.comm_s;
+  p.policy_wait_s = r.policy_wait_s;
+  p.other_s = r.other_s;
+  return p;
+}
+
 void EpochTracker::report(const EpochReport& r, double at_s) {
   if (r.worker >= totals_.size()) return;
   auto& total = totals_[r.worker];
@@ -46,6 +60,12 @@ void EpochTracker::report(const EpochReport& r, double at_s) {
   total.comm_s += r.comm_s;
   total.data_wait_s += r.data_wait_s;
   total.policy_wait_s += r.policy_wait_s;
+  total.forward_s += r.forward_s;
+  total.backward_s += r.backward_s;
+  total.device_s += r.device_s;
+  total.delay_s += r.delay_s;
+  total.other_s += r.other_s;
+  total.wall_s += r.wall_s;
   total.dropped_batches += r.dropped_batches;
   merge_histogram(total.staleness_histogram, r.staleness_histogram);
   auto& e = epochs_seen_[r.epoch];
@@ -60,6 +80,8 @@ void EpochTracker::report(const EpochReport& r, double at_s) {
   e.sum.dropped_samples += r.dropped_samples;
   e.sum.updates += r.updates;
   e.busiest_s = std::max(e.busiest_s, r.compute_s + r.comm_s + r.data_wait_s);
+  e.phases.resize(workers_);
+  e.phases[r.worker] = phases_of(r);
 }
 
 std::vector<std::uint64_t> EpochTracker::complete(const Membership& members) {
@@ -104,6 +126,7 @@ EpochMetrics EpochTracker::evaluated(std::uint64_t e, double val_accuracy) {
   m.samples_per_s = took_s > 0 ? static_cast<double>(agg.sum.samples) / took_s : 0.0;
   updates_ += agg.sum.updates;
   m.updates = updates_;
+  m.worker_phases = agg.phases;
   epochs_seen_.erase(e);
   return m;
 }

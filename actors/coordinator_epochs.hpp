@@ -24,6 +24,9 @@ struct StalenessSummary {
 };
 StalenessSummary summarize_staleness(const std::vector<std::uint64_t>& histogram);
 
+/// A worker's epoch report (or a sum of them) as its phases.
+WorkerPhases phases_of(const EpochReport& r);
+
 /// Adds histogram `h` into `into`, growing it as needed.
 void merge_histogram(std::vector<std::uint64_t>& into, const std::vector<std::uint64_t>& h);
 
@@ -43,6 +46,7 @@ class EpochTracker {
     /// and for data): the epoch cannot have taken less, even when its
     /// reports arrived together with the previous epoch's.
     double busiest_s = 0.0;
+    std::vector<WorkerPhases> phases;    // per worker, as reported (wall 0: not reported)
   };
 
   EpochTracker(std::uint32_t workers, std::uint32_t epochs) : workers_(workers), epochs_(epochs), totals_(workers) {}

@@ -64,7 +64,13 @@ void WorkerCore::fail(StatusCode code, const std::string& what, Actions& out) {
   out.emplace_back(worker_action::Fail{code, "worker " + std::to_string(id_) + ": " + what});
 }
 
+void WorkerCore::lap(Instant t, double& phase) {
+  if (t > lap_) phase += std::chrono::duration<double>(t - lap_).count();
+  lap_ = std::max(lap_, t);
+}
+
 void WorkerCore::start(Actions& out) {
+  lap_ = epoch_start_ = now_();
   // The first step trains on the shards' parameters, not our own (with a
   // shared buffer there is nothing to fetch).
   if (!shared_) send_pulls(out);
@@ -134,12 +140,16 @@ void WorkerCore::send_progress(Actions& out) {
 }
 
 void WorkerCore::finish_step(Actions& out) {
-  report_.comm_s += seconds_since(comm_start_);
+  const Instant now = now_();
+  lap(comm_start_, report_.other_s);
+  lap(now, report_.comm_s);  // the round trip (includes taking in the parameters)
   report_.policy_wait_s += held_in_step_;
   if (applied_in_step_ == ranges_.size()) ++report_.updates;
   if (step_ends_epoch_) {
     report_.worker = id_;
     report_.epoch = step_epoch_;
+    report_.wall_s = std::chrono::duration<double>(now - epoch_start_).count();
+    epoch_start_ = now;
     out.emplace_back(worker_action::Report{report_});
     finished_epochs_ = progress();
     report_ = EpochReport{};
@@ -192,6 +202,7 @@ void WorkerCore::begin_round_trip() {
   applied_in_step_ = 0;
   held_in_step_ = 0.0;
   comm_start_ = now_();
+  lap(comm_start_, report_.other_s);  // preparing the pushes (or nothing, for pulls)
 }
 
 void WorkerCore::send_pulls(Actions& out) {
@@ -315,6 +326,7 @@ void WorkerCore::continue_step(Actions& out) {
   ++step_;
   if (outstanding_ == 0) {
     comm_start_ = now_();
+    lap(comm_start_, report_.other_s);  // a local step: its update
     held_in_step_ = 0.0;
     applied_in_step_ = 0;
     finish_step(out);
@@ -353,8 +365,11 @@ void WorkerCore::try_step(Actions& out) {
     return;
   }
   if (idle_since_) {
-    report_.data_wait_s += seconds_since(*idle_since_);
+    lap(*idle_since_, report_.other_s);
     idle_since_.reset();
+    lap(now_(), report_.data_wait_s);
+  } else {
+    lap(now_(), report_.other_s);  // waiting for a thread since the last step
   }
   data::Batch batch = std::move(*next_batch_);
   next_batch_.reset();
@@ -374,6 +389,13 @@ void WorkerCore::try_step(Actions& out) {
   }
   const double compute_s = seconds_since(t0);
   report_.compute_s += compute_s;
+  const Model::StepTimes& took = model_->last_step_times();
+  report_.forward_s += took.forward_s;
+  report_.backward_s += took.backward_s;
+  report_.device_s += took.device_s;
+  double between = 0.0;  // the step's own overhead around the model's passes
+  lap(t0 + std::chrono::duration_cast<Instant::duration>(std::chrono::duration<double>(compute_s)), between);
+  report_.other_s += std::max(0.0, between - took.forward_s - took.backward_s - took.device_s);
   report_.samples += batch.size;
   ++report_.batches;
   // A NaN or infinite loss means a gradient that would poison the
@@ -409,6 +431,7 @@ void WorkerCore::try_step(Actions& out) {
 void WorkerCore::resume(Actions& out) {
   if (finished_ || !straggling_) return;
   straggling_ = false;
+  lap(now_(), report_.delay_s);
   continue_step(out);
 }
 

@@ -173,6 +173,12 @@ class WorkerCore {
   bool batch_requested_ = false;
   Instant batch_requested_at_{};
   std::optional<Instant> idle_since_;            // ready, but no batch yet
+  // Every moment of a worker's time goes to one phase of report_: lap_ is
+  // where the last phase ended, epoch_start_ where this epoch began.
+  Instant lap_{};
+  Instant epoch_start_{};
+  // Adds the time from lap_ to `t` to `phase` and moves lap_ there.
+  void lap(Instant t, double& phase);
 
   EpochReport report_;                           // the epoch being trained
   WorkerProgress finished_epochs_;               // cumulative counts of the epochs already reported

@@ -381,8 +381,18 @@ float Model::compute_gradients(std::span<const float> x, std::span<const std::in
     return 0.0f;
   }
   set_training(true);
-  if (device_model_) return device_model_->compute_gradients(view_, grads_, x, y);
+  using Clock = std::chrono::steady_clock;
+  const auto seconds = [](Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double>(b - a).count(); };
+  const auto t0 = Clock::now();
+  step_times_ = {};
+  if (device_model_) {
+    const float loss = device_model_->compute_gradients(view_, grads_, x, y);
+    step_times_.device_s = seconds(t0, Clock::now());
+    return loss;
+  }
   const float loss = forward(x, batch, y);
+  const auto t1 = Clock::now();
+  step_times_.forward_s = seconds(t0, t1);
   Tensor* dy = &grad_acts_[0];
   Tensor* dx = &grad_acts_[1];
   loss_.backward(y, *dy);
@@ -394,6 +404,7 @@ float Model::compute_gradients(std::span<const float> x, std::span<const std::in
     layers_[i]->backward(in, acts_[i], *dy, i == 0 ? nullptr : dx);
     std::swap(dy, dx);
   }
+  step_times_.backward_s = seconds(t1, Clock::now());
   return loss;
 }
 

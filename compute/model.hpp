@@ -133,6 +133,15 @@ class Model {
   /// n samples stored back to back, in chunks of `chunk` (0 counts as 1).
   EvalResult evaluate(std::span<const float> x, std::span<const std::int32_t> y, std::size_t chunk = 1000);
 
+  /// How long the last compute_gradients took, by phase: forward and
+  /// backward on the CPU; on a GPU the whole step is device_s.
+  struct StepTimes {
+    double forward_s = 0.0;
+    double backward_s = 0.0;
+    double device_s = 0.0;
+  };
+  const StepTimes& last_step_times() const { return step_times_; }
+
   /// The scores (logits) of the samples stored back to back in `x`, in
   /// inference mode: (n, classes), row-major.
   std::vector<float> scores(std::span<const float> x);
@@ -205,6 +214,7 @@ class Model {
   std::unique_ptr<DeviceModel> device_model_;  // null on the CPU
   std::size_t classes_ = 0;
   Tensor logits_;                              // (B, classes) from the device in evaluate
+  StepTimes step_times_;
 };
 
 }  // namespace asgd

@@ -8,11 +8,27 @@
 
 namespace asgd {
 
+nlohmann::json to_json(const WorkerPhases& p) {
+  return {{"wall_s", p.wall_s},         {"data_wait_s", p.data_wait_s}, {"forward_s", p.forward_s},
+          {"backward_s", p.backward_s}, {"device_s", p.device_s},       {"delay_s", p.delay_s},
+          {"push_pull_s", p.push_pull_s}, {"policy_wait_s", p.policy_wait_s}, {"other_s", p.other_s}};
+}
+
+namespace {
+
+nlohmann::json phases_json(const std::vector<WorkerPhases>& phases) {
+  nlohmann::json out = nlohmann::json::array();
+  for (const WorkerPhases& p : phases) out.push_back(to_json(p));
+  return out;
+}
+
+}  // namespace
+
 nlohmann::json to_json(const EpochMetrics& m) {
   return {{"event", "epoch"},           {"epoch", m.epoch},
           {"wall_s", m.wall_s},         {"train_loss", m.train_loss},
           {"val_accuracy", m.val_accuracy}, {"samples_per_s", m.samples_per_s},
-          {"updates", m.updates}};
+          {"updates", m.updates},       {"worker_phases", phases_json(m.worker_phases)}};
 }
 
 nlohmann::json to_json(const EvalPoint& e) {
@@ -44,6 +60,7 @@ nlohmann::json to_json(const JobSummary& s) {
                       {"staleness_histogram", s.staleness_histogram},
                       {"worker_batch", s.worker_batch},
                       {"worker_wait_s", s.worker_wait_s},
+                      {"worker_phases", phases_json(s.worker_phases)},
                       {"malformed_frames", s.malformed_frames},
                       {"nonfinite_rejected", s.nonfinite_rejected},
                       {"workers_lost", s.workers_lost},

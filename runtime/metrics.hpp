@@ -13,6 +13,7 @@
 
 namespace asgd {
 
+nlohmann::json to_json(const WorkerPhases& p);
 nlohmann::json to_json(const EpochMetrics& m);
 nlohmann::json to_json(const EvalPoint& e);
 nlohmann::json to_json(const JobSummary& s);

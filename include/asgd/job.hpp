@@ -164,6 +164,25 @@ TrainingSettings training_settings(const JobConfig& config, Placement where = Pl
 std::string resolve_data_dir(const JobConfig& config);
 
 /// One line of progress, reported when every worker has finished an epoch.
+/// Where one worker's time went, in seconds, over an epoch or the whole
+/// job. The phases do not overlap, and together they make its wall time:
+/// every moment from its first step to its last is in exactly one of them.
+struct WorkerPhases {
+  double wall_s = 0.0;         ///< from its first step (or the previous epoch's end) to its last
+  double data_wait_s = 0.0;    ///< waiting for a batch from its data feeder
+  double forward_s = 0.0;      ///< the model's forward pass and loss (CPU)
+  double backward_s = 0.0;     ///< the backward pass: gradients (CPU)
+  /// On a GPU, the whole training step: uploads, forward, backward,
+  /// downloads (not split yet; forward_s and backward_s stay 0).
+  double device_s = 0.0;
+  double delay_s = 0.0;        ///< a simulated straggler's extra time (--straggler)
+  double push_pull_s = 0.0;    ///< from sending its pushes or pulls to the last shard's reply
+  double policy_wait_s = 0.0;  ///< of push_pull_s: replies the policy held back
+  /// The rest: preparing pushes, taking in parameters, local updates, and
+  /// waiting for a thread between steps (on 2 cores, the other workers').
+  double other_s = 0.0;
+};
+
 struct EpochMetrics {
   std::uint32_t epoch = 0;        ///< 1-based
   double wall_s = 0.0;            ///< seconds since training started
@@ -171,6 +190,7 @@ struct EpochMetrics {
   double val_accuracy = 0.0;      ///< on the held-out validation split
   double samples_per_s = 0.0;     ///< training samples this epoch / its duration
   std::uint64_t updates = 0;      ///< worker pushes in the evaluated parameters (the fewest any shard had applied), cumulative
+  std::vector<WorkerPhases> worker_phases;  ///< per worker, this epoch (empty for a worker that did not report it)
 };
 
 /// A validation evaluation between epochs (--eval-every); the metrics
@@ -221,6 +241,7 @@ struct JobSummary {
   std::vector<std::uint64_t> staleness_histogram;
   std::vector<std::uint32_t> worker_batch;  ///< per worker: its batch size (after weights)
   std::vector<double> worker_wait_s;        ///< per worker: seconds the policy held its reads back
+  std::vector<WorkerPhases> worker_phases;  ///< per worker: where its time went, over the job
   std::uint64_t malformed_frames = 0;       ///< frames the shards' processes dropped unread (asgd cluster)
   std::uint64_t nonfinite_rejected = 0;     ///< pushes the shards refused for a NaN or infinity (nothing applied)
   std::uint32_t workers_lost = 0;           ///< workers declared dead; the job finished without them

@@ -1,0 +1,70 @@
+// Where each worker's time goes (issue 20): the metrics file's per-phase
+// times add up to each worker's wall time, epoch by epoch and over the job,
+// and the job's wall agrees with the coordinator's own clock.
+
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <sstream>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/cli_run.hpp"
+#include "temp_dir.hpp"
+#include "test_data.hpp"
+
+namespace asgd_test {
+namespace {
+
+double sum_of_phases(const nlohmann::json& p) {
+  double sum = 0.0;
+  for (const char* phase : {"data_wait_s", "forward_s", "backward_s", "device_s", "delay_s", "push_pull_s", "other_s"})
+    sum += p.at(phase).get<double>();
+  return sum;
+}
+
+TEST(PhasesCli, EachWorkersPhasesAddUpToItsWallTimeAndTheSlowedWorkerShowsItsDelay) {
+  ASGD_REQUIRE_DATASET(mnist, "mnist");
+  TempDir tmp;
+  const CliRun r = asgd("train --workers 2 --epochs 2 --straggler 0:2 --data-dir " + mnist.string() +
+                        " --metrics-out " + (tmp / "m.jsonl").string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::istringstream lines(slurp(tmp / "m.jsonl"));
+  int epochs = 0;
+  for (std::string line; std::getline(lines, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.at("event") == "eval") continue;
+    const auto& phases = j.at("worker_phases");
+    ASSERT_EQ(phases.size(), 2u) << line;
+    for (std::size_t w = 0; w < 2; ++w) {
+      const auto& p = phases[w];
+      const double wall = p.at("wall_s").get<double>();
+      ASSERT_GT(wall, 0.0) << line;
+      EXPECT_NEAR(sum_of_phases(p), wall, 0.05 * wall) << "worker " << w << ": " << line;
+      EXPECT_GT(p.at("forward_s").get<double>(), 0.0);
+      EXPECT_GT(p.at("backward_s").get<double>(), 0.0);
+      EXPECT_LE(p.at("policy_wait_s").get<double>(), p.at("push_pull_s").get<double>() + 1e-9);
+      // Worker 0 computes each step twice as long: half of its compute time again as delay.
+      const double compute = p.at("forward_s").get<double>() + p.at("backward_s").get<double>();
+      if (w == 0) {
+        EXPECT_GT(p.at("delay_s").get<double>(), 0.2 * compute) << line;
+      } else {
+        EXPECT_EQ(p.at("delay_s").get<double>(), 0.0) << line;
+      }
+    }
+    if (j.at("event") == "epoch") {
+      ++epochs;
+      continue;
+    }
+    // Over the job: the slowest worker's wall is the training time the
+    // coordinator measured on its own clock.
+    const double train_s = j.at("train_s").get<double>();
+    const double slowest = std::max(phases[0].at("wall_s").get<double>(), phases[1].at("wall_s").get<double>());
+    EXPECT_NEAR(slowest, train_s, 0.05 * train_s) << line;
+  }
+  EXPECT_EQ(epochs, 2);
+}
+
+}  // namespace
+}  // namespace asgd_test
