@@ -6,6 +6,7 @@
 #include "actors/coordinator.hpp"
 
 #include "base/log.hpp"
+#include "base/scoped_seconds.hpp"
 
 #include <algorithm>
 #include <limits>
@@ -106,6 +107,7 @@ void snapshot(Self self, std::function<void(std::optional<std::uint64_t>)> then)
 constexpr std::size_t kRecalibrationSamples = 2048;
 
 EvalResult evaluate_on(CoordinatorState& st, const data::LabeledImages& split) {
+  const ScopedSeconds timed(st.evaluation_s);
   if (st.model->has_batchnorm()) {
     const auto& train = st.setup.data->train;
     const std::size_t per_sample = train.pixels.size() / std::max<std::size_t>(train.labels.size(), 1);
@@ -155,6 +157,7 @@ void finish(Self self) {
                 auto& c2 = self->state;
                 if (stats->size() < c2.shards.size() || c2.core->done()) return;
                 JobSummary summary = c2.core->finished(result.accuracy, *stats);
+                summary.evaluation_s = c2.evaluation_s;
                 set_live_state(c2, "done");
                 settle(c2, std::move(summary));
                 shut_down(self);

@@ -112,6 +112,7 @@ class RemotePlacement {
 // its decisions (the actors it started, the model it evaluates on).
 struct CoordinatorState {
   CoordinatorSetup setup;
+  double evaluation_s = 0.0;                  // spent in evaluate_on
   std::optional<CoordinatorCore> core;        // from setup's config and plan
   std::optional<Model> model;                 // for initialisation and evaluation
   std::vector<caf::actor> shards;

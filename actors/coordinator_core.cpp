@@ -246,6 +246,7 @@ JobSummary CoordinatorCore::finished(double test_accuracy, const std::vector<Sha
   }
   JobSummary summary = this->summary(test_accuracy, histogram);
   for (const auto& s : stats) {
+    summary.shard_optimizer_s.push_back(s.optimizer_s);
     summary.malformed_frames += s.malformed_frames;
     summary.checkpoint_failures += s.checkpoint_failures;
     if (s.malformed_frames > 0) logger().warn("shard {}'s process dropped {} malformed frames", s.shard, s.malformed_frames);

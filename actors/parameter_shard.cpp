@@ -10,6 +10,7 @@
 #include "compute/tensor.hpp"
 #include "messaging/wire.hpp"  // crc32c: a remote push's reply is checksummed in the update's pass
 #include "actors/checkpoint.hpp"
+#include "base/scoped_seconds.hpp"
 
 namespace asgd {
 
@@ -115,6 +116,7 @@ float ShardCore::lr_scale(Clock clock, std::uint64_t staleness) {
 }
 
 void ShardCore::fold(std::span<const float> pushed, float scale, std::span<float> reply, const Written& written) {
+  const ScopedSeconds timed(stats_.optimizer_s);
   const Combine how = policy_->combine();
   switch (how.rule) {
     case Combine::Rule::optimizer_step:

@@ -200,6 +200,7 @@ struct ShardStats {
   double checkpoint_unix_s = 0.0;             ///< when the newest checkpoint it wrote or reloaded was written; 0: none (filled by the shard actor)
   double restored_unix_s = 0.0;               ///< a restarted shard: when the checkpoint it reloaded was written; 0: none
   std::uint64_t restored_updates = 0;         ///< the updates that checkpoint held
+  double optimizer_s = 0.0;                   ///< seconds spent folding updates into its parameters
 };
 
 // The descriptions. In-process views (PushRequest::received,
@@ -227,7 +228,7 @@ decltype(auto) fields(F&& f, ShardStats& x) {
   return f(x.shard, x.updates_applied, x.commits, x.updates_discarded, x.rejected, x.refused_departed,
            x.malformed_frames, x.duplicate_requests, bounded(x.staleness_histogram, kMaxList), x.nonfinite, x.keys,
            x.held, x.queued, bounded(x.worker_clock, kMaxList), x.checkpoint_failures, x.checkpoint_unix_s,
-           x.restored_unix_s, x.restored_updates);
+           x.restored_unix_s, x.restored_updates, x.optimizer_s);
 }
 template <class F>
 decltype(auto) fields(F&& f, WorkerProgress& x) {

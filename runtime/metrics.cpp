@@ -61,6 +61,8 @@ nlohmann::json to_json(const JobSummary& s) {
                       {"worker_batch", s.worker_batch},
                       {"worker_wait_s", s.worker_wait_s},
                       {"worker_phases", phases_json(s.worker_phases)},
+                      {"shard_optimizer_s", s.shard_optimizer_s},
+                      {"evaluation_s", s.evaluation_s},
                       {"malformed_frames", s.malformed_frames},
                       {"nonfinite_rejected", s.nonfinite_rejected},
                       {"workers_lost", s.workers_lost},

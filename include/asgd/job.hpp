@@ -242,6 +242,8 @@ struct JobSummary {
   std::vector<std::uint32_t> worker_batch;  ///< per worker: its batch size (after weights)
   std::vector<double> worker_wait_s;        ///< per worker: seconds the policy held its reads back
   std::vector<WorkerPhases> worker_phases;  ///< per worker: where its time went, over the job
+  std::vector<double> shard_optimizer_s;    ///< per shard: seconds spent folding updates into its parameters
+  double evaluation_s = 0.0;                ///< the coordinator's validation and test evaluations (BatchNorm recalibration included)
   std::uint64_t malformed_frames = 0;       ///< frames the shards' processes dropped unread (asgd cluster)
   std::uint64_t nonfinite_rejected = 0;     ///< pushes the shards refused for a NaN or infinity (nothing applied)
   std::uint32_t workers_lost = 0;           ///< workers declared dead; the job finished without them

@@ -27,7 +27,7 @@ double sum_of_phases(const nlohmann::json& p) {
 TEST(PhasesCli, EachWorkersPhasesAddUpToItsWallTimeAndTheSlowedWorkerShowsItsDelay) {
   ASGD_REQUIRE_DATASET(mnist, "mnist");
   TempDir tmp;
-  const CliRun r = asgd("train --workers 2 --epochs 2 --straggler 0:2 --data-dir " + mnist.string() +
+  const CliRun r = asgd("train --workers 2 --shards 2 --epochs 2 --straggler 0:2 --data-dir " + mnist.string() +
                         " --metrics-out " + (tmp / "m.jsonl").string());
   ASSERT_EQ(r.exit_code, 0) << r.err;
   std::istringstream lines(slurp(tmp / "m.jsonl"));
@@ -62,6 +62,10 @@ TEST(PhasesCli, EachWorkersPhasesAddUpToItsWallTimeAndTheSlowedWorkerShowsItsDel
     const double train_s = j.at("train_s").get<double>();
     const double slowest = std::max(phases[0].at("wall_s").get<double>(), phases[1].at("wall_s").get<double>());
     EXPECT_NEAR(slowest, train_s, 0.05 * train_s) << line;
+    // The shards' optimizer time and the coordinator's evaluations.
+    ASSERT_EQ(j.at("shard_optimizer_s").size(), 2u) << line;
+    for (const auto& s : j.at("shard_optimizer_s")) EXPECT_GT(s.get<double>(), 0.0) << line;
+    EXPECT_GT(j.at("evaluation_s").get<double>(), 0.0) << line;
   }
   EXPECT_EQ(epochs, 2);
 }
