@@ -8,6 +8,7 @@
 #include "base/json_text.hpp"
 #include "experiments/report_script.hpp"
 #include "runtime/chartjs.hpp"
+#include "runtime/metrics.hpp"
 #include "runtime/page_common.hpp"
 
 namespace asgd::experiments {
@@ -282,6 +283,8 @@ nlohmann::json report_data(const ReportInput& in) {
   const auto groups = group_stats(in.runs, in.policies, in.target);
   json runs = json::array();
   for (const RunRecord& r : in.runs) {
+    json phases = json::array();
+    for (const WorkerPhases& p : r.summary.worker_phases) phases.push_back(to_json(p));
     json curve = json::array();
     for (const CurvePoint& p : r.curve) curve.push_back(to_json(p));
     std::optional<double> ttt;
@@ -299,6 +302,7 @@ nlohmann::json report_data(const ReportInput& in) {
                     {"updates_applied", r.summary.updates_applied},
                     {"staleness_histogram", r.summary.staleness_histogram},
                     {"worker_wait_s", r.summary.worker_wait_s},
+                    {"worker_phases", phases},
                     {"energy_j", optional_json(r.energy_j)},
                     {"curve", std::move(curve)}});
   }
@@ -370,6 +374,10 @@ std::string report_html(const ReportInput& in) {
       {"wait", "Wait per worker",
        "Seconds the policy held each worker's reads back (mean over repeats): what synchronisation cost each "
        "worker."},
+      {"phases", "Where the time goes",
+       "One bar per policy and worker count: the mean worker's seconds (mean over repeats), phase by phase. The "
+       "phases do not overlap and add up to the worker's wall time; push/pull includes the time the policy held "
+       "reads back (the wait figure)."},
   };
   if (!scaling.empty())
     figures.push_back({"speedup", "Speedup over worker counts",

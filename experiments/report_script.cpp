@@ -257,6 +257,31 @@ constexpr std::string_view kDrawJs = R"JS(
     waitOptions.plugins.tooltip.callbacks = { label: function (c) { return c.dataset.label + ': ' + fmt(c.parsed.y, 3) + ' s'; } };
     make('wait', {type: 'bar', data: {labels: wLabels, datasets: waitSets}, options: waitOptions}, 'the runs recorded no wait times');
 
+    // Where the time goes: each group's mean worker, phase by phase, stacked.
+    var phases = [['data_wait_s', 'data wait', '#94a3b8'], ['forward_s', 'forward', '#2563eb'],
+                  ['backward_s', 'backward', '#7c3aed'], ['device_s', 'GPU step', '#0891b2'],
+                  ['delay_s', 'straggler delay', '#f59e0b'], ['push_pull_s', 'push/pull', '#16a34a'],
+                  ['other_s', 'other', '#cbd5e1']];
+    var phaseSets = phases.map(function (ph) {
+      return {label: ph[1], backgroundColor: ph[2], borderColor: ph[2], borderWidth: 1,
+              data: groups.map(function (g) {
+                var mine = data.runs.filter(function (r) {
+                  return r.policy === g.policy && r.workers === g.workers && r.worker_phases.length;
+                });
+                if (!mine.length) return null;
+                return sum(mine.map(function (r) {
+                  return sum(r.worker_phases.map(function (p) { return p[ph[0]]; })) / r.worker_phases.length;
+                })) / mine.length;
+              })};
+    }).filter(function (set) { return set.data.some(function (v) { return v > 0; }); });
+    var phOptions = options('', 'seconds of the mean worker');
+    phOptions.scales.x = {type: 'category', stacked: true, grid: {display: false}};
+    phOptions.scales.y.stacked = true;
+    phOptions.scales.y.beginAtZero = true;
+    phOptions.plugins.tooltip.callbacks = { label: function (c) { return c.dataset.label + ': ' + fmt(c.parsed.y, 3) + ' s'; } };
+    make('phases', {type: 'bar', data: {labels: groups.map(function (g) { return groupLabel(g.policy, g.workers); }),
+                                        datasets: phaseSets}, options: phOptions}, 'the runs recorded no phase times');
+
     // Speedup over worker counts, against the ideal line.
     if (data.scaling.length) {
       var policies = [];

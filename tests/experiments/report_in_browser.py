@@ -77,8 +77,8 @@ def main():
     if re.search(r"<(script|link|img|iframe|object|embed)\b[^>]*\b(src|href|data)\s*=", page, re.I):
         fail("report.html refers to an outside resource")
     expected = re.findall(r'<canvas id="([^"]+)"', page)
-    if len(expected) < 8:
-        fail("expected 8 charts (speedup included), found canvases %s" % expected)
+    if len(expected) < 9 or "phases" not in expected:
+        fail("expected 9 charts (speedup and phases included), found canvases %s" % expected)
 
     url = "file://" + report
     with tempfile.TemporaryDirectory() as profile:

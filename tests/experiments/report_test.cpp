@@ -114,7 +114,8 @@ TEST(Report, CollectsErrorsBeforeAnyOtherScriptRunsAndHasOneRenderStatus) {
 
 TEST(Report, HasACanvasForEveryChartAndTheDataForEveryRun) {
   const std::string html = report_html(sample_input());
-  for (const char* id : {"acc-vs-time", "acc-vs-updates", "loss", "time-to-target-chart", "throughput", "staleness", "wait"})
+  for (const char* id :
+       {"acc-vs-time", "acc-vs-updates", "loss", "time-to-target-chart", "throughput", "staleness", "wait", "phases"})
     EXPECT_NE(html.find(std::string("<canvas id=\"") + id + "\""), std::string::npos) << id;
   EXPECT_EQ(html.find("<canvas id=\"speedup\""), std::string::npos);  // one worker count: no speedup
   const nlohmann::json data = report_data(sample_input());
