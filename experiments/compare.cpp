@@ -175,7 +175,7 @@ std::vector<GroupStats> group_stats(const std::vector<RunRecord>& runs, const st
   for (const RunRecord& r : runs) worker_counts.insert(r.workers);
   for (const std::string& policy : policies) {
     for (std::uint32_t workers : worker_counts) {
-      std::vector<double> ttt, acc, train, rate, energy;
+      std::vector<double> ttt, acc, train, rate, energy, edp;
       std::size_t n = 0;
       for (const RunRecord& r : runs) {
         if (r.policy != policy || r.workers != workers) continue;
@@ -186,6 +186,7 @@ std::vector<GroupStats> group_stats(const std::vector<RunRecord>& runs, const st
         train.push_back(r.summary.train_s);
         rate.push_back(r.summary.samples_per_s);
         if (r.energy_j) energy.push_back(*r.energy_j);
+        if (r.edp_js) edp.push_back(*r.edp_js);
       }
       if (n == 0) continue;
       GroupStats g;
@@ -198,6 +199,7 @@ std::vector<GroupStats> group_stats(const std::vector<RunRecord>& runs, const st
       g.train_s = *spread(train);
       g.samples_per_s = *spread(rate);
       g.energy_j = spread(energy);
+      g.edp_js = spread(edp);
       out.push_back(std::move(g));
     }
   }
@@ -251,7 +253,7 @@ std::string results_csv(const std::vector<RunRecord>& runs, const std::optional<
   std::string out =
       "run,policy,staleness,workers,shards,device,model,dataset,epochs,seed,repeat,wall_s,train_s,samples_per_s,"
       "final_test_accuracy,target_accuracy,time_to_target_s,updates_applied,staleness_mean,staleness_p99,"
-      "staleness_max,worker_wait_mean_s,energy_j\n";
+      "staleness_max,worker_wait_mean_s,energy_j,edp_js\n";
   for (const RunRecord& r : runs) {
     const JobSummary& s = r.summary;
     std::optional<double> ttt;
@@ -280,6 +282,7 @@ std::string results_csv(const std::vector<RunRecord>& runs, const std::optional<
         number(s.staleness_max),
         s.worker_wait_s.empty() ? "" : number(mean_of(s.worker_wait_s)),
         optional_number(r.energy_j),
+        optional_number(r.edp_js),
     };
     for (std::size_t i = 0; i < fields.size(); ++i) out += (i ? "," : "") + fields[i];
     out += '\n';

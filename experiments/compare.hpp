@@ -43,9 +43,10 @@ struct RunRecord {
   std::uint64_t seed = 0;
   JobSummary summary;
   std::vector<CurvePoint> curve;  ///< in wall_s order
-  /// Joules the run's devices drew, where something measured it. The hook
-  /// for GPU energy: nothing sets it yet, and reports say "not measured".
+  /// Joules the run's machine drew (summary.energy, where RAPL or NVML
+  /// measured it), and its energy-delay product (joules x seconds).
   std::optional<double> energy_j;
+  std::optional<double> edp_js;
 };
 
 /// "<policy>-w<workers>-r<repeat>": the run's name in every output
@@ -115,6 +116,7 @@ struct GroupStats {
   Spread train_s;
   Spread samples_per_s;
   std::optional<Spread> energy_j;           ///< over the runs that measured it
+  std::optional<Spread> edp_js;
 };
 
 /// One group per (policy, workers) that has runs: policies in the order of

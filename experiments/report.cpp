@@ -77,9 +77,23 @@ json to_json(const CurvePoint& p) {
 
 json to_json(const Spread& s) { return {{"mean", s.mean}, {"min", s.min}, {"max", s.max}, {"n", s.n}}; }
 
-std::string energy_text(const ReportInput& in, const GroupStats& g) {
-  if (g.energy_j) return count(g.energy_j->mean) + " J";
-  return in.config.device == "cpu" ? "not measured (CPU run)" : "not measured";
+// Why no run measured energy: the first run's reason, or none known.
+std::string energy_reason(const ReportInput& in) {
+  for (const RunRecord& r : in.runs)
+    if (!r.summary.energy.reason.empty()) return r.summary.energy.reason;
+  return "no meter";
+}
+
+// Energy and EDP, the EDP also as a multiple of the first group's (the
+// baseline: the first policy at the fewest workers).
+std::string energy_text(const GroupStats& g, const std::optional<Spread>& baseline_edp) {
+  if (!g.energy_j) return "not measured";
+  std::string out = count(g.energy_j->mean) + " J";
+  if (g.edp_js) {
+    out += ", EDP " + count(g.edp_js->mean) + " J&middot;s";
+    if (baseline_edp && baseline_edp->mean > 0) out += " (" + printf_string("%.2f", g.edp_js->mean / baseline_edp->mean) + "&times;)";
+  }
+  return out;
 }
 
 // The header: what ran, where, when.
@@ -156,7 +170,8 @@ std::string stats_table_html(const ReportInput& in, const std::vector<GroupStats
     out += "<td>" + accuracy(g.final_test_accuracy.mean) + "</td><td>" + accuracy(g.final_test_accuracy.min) +
            "</td><td>" + accuracy(g.final_test_accuracy.max) + "</td><td>" + seconds(g.train_s.mean) + "</td><td>" +
            count(g.samples_per_s.mean) + "</td>";
-    out += std::string("<td") + (g.energy_j ? ">" : " class=\"note\">") + energy_text(in, g) + "</td></tr>\n";
+    out += std::string("<td") + (g.energy_j ? ">" : " class=\"note\">") + energy_text(g, groups.front().edp_js) +
+           "</td></tr>\n";
   }
   out += "</tbody></table></div>\n</section>\n";
   return out;
@@ -238,9 +253,14 @@ std::string notes_html(const ReportInput& in) {
   out += "<li>Staleness counts how many updates (clocks) a worker's parameters were behind when its gradient was "
          "applied: 0 for bsp, bounded by s for ssp:s, unbounded for async. Wait is the time the policy held a "
          "worker's reads back.</li>\n";
+  bool measured = false;
+  for (const RunRecord& r : in.runs) measured = measured || r.energy_j.has_value();
   out += "<li>Energy: " +
-         std::string(in.config.device == "cpu" ? "not measured on a CPU run." : "not measured in this run.") +
-         " results.csv has an energy_j column for runs where it is.</li>\n";
+         (measured ? std::string("what the machine drew while each run trained and evaluated (RAPL for the CPUs' "
+                                 "packages and DRAM, NVML for GPUs); EDP is energy times that time, and the "
+                                 "multiple is of the first row's EDP.")
+                   : "not measured: " + html_escape(energy_reason(in)) + ".") +
+         " results.csv has energy_j and edp_js columns.</li>\n";
   out += "</ul>\n</section>\n";
   return out;
 }

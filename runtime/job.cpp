@@ -25,6 +25,7 @@
 #include "compute/schedule.hpp"
 #include "dataset/augment.hpp"
 #include "dataset/dataset.hpp"
+#include "runtime/energy.hpp"
 #include "runtime/live_page.hpp"
 #include "runtime/config_file.hpp"
 #include "runtime/metrics.hpp"
@@ -384,9 +385,11 @@ Result<JobSummary> run_job_unguarded(const JobConfig& requested, const JobCallba
   CoordinatorSetup setup{config,   *data,   on_epoch,  on_eval, callbacks.on_progress, callbacks.on_final_params,
                          nullptr,  nullptr, live,      on_record, compute,             std::move(planned->plan),
                          std::make_shared<Model>(std::move(planned->model))};
+  EnergyMeter meter(EnergyMeter::from_environment());
   auto result = run_coordinator(std::move(setup), hooks, stop);
   if (!result) return result;
   JobSummary summary = std::move(result).value();
+  summary.energy = meter.stop();
   summary.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - job_start).count();
   metrics.write(to_json(summary));
   if (!metrics.error.ok()) return metrics.error;

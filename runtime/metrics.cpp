@@ -14,6 +14,19 @@ nlohmann::json to_json(const WorkerPhases& p) {
           {"push_pull_s", p.push_pull_s}, {"policy_wait_s", p.policy_wait_s}, {"other_s", p.other_s}};
 }
 
+nlohmann::json to_json(const EnergyUse& e) {
+  nlohmann::json j = {{"measured", e.measured}, {"reason", nullptr}, {"joules", nullptr}, {"seconds", e.seconds},
+                      {"mean_power_w", nullptr}, {"edp_js", nullptr}, {"devices", nlohmann::json::object()}};
+  if (!e.reason.empty()) j["reason"] = e.reason;
+  if (e.measured) {
+    j["joules"] = e.joules;
+    j["mean_power_w"] = e.mean_power_w();
+    j["edp_js"] = e.edp_js();
+    for (const DeviceEnergy& d : e.devices) j["devices"][d.device] = d.joules;
+  }
+  return j;
+}
+
 namespace {
 
 nlohmann::json phases_json(const std::vector<WorkerPhases>& phases) {
@@ -63,6 +76,7 @@ nlohmann::json to_json(const JobSummary& s) {
                       {"worker_phases", phases_json(s.worker_phases)},
                       {"shard_optimizer_s", s.shard_optimizer_s},
                       {"evaluation_s", s.evaluation_s},
+                      {"energy", to_json(s.energy)},
                       {"malformed_frames", s.malformed_frames},
                       {"nonfinite_rejected", s.nonfinite_rejected},
                       {"workers_lost", s.workers_lost},

@@ -14,6 +14,7 @@
 namespace asgd {
 
 nlohmann::json to_json(const WorkerPhases& p);
+nlohmann::json to_json(const EnergyUse& e);
 nlohmann::json to_json(const EpochMetrics& m);
 nlohmann::json to_json(const EvalPoint& e);
 nlohmann::json to_json(const JobSummary& s);

@@ -218,6 +218,26 @@ struct Progress {
   std::optional<double> eta_s;    ///< remaining training seconds at the recent rate, once known
 };
 
+/// Joules one device used: "cpu package 0", "dram 0" (RAPL), "gpu 0" (NVML).
+struct DeviceEnergy {
+  std::string device;
+  double joules = 0.0;
+};
+
+/// The energy this machine used while the job trained and evaluated
+/// (docs/user-guide.md, "Energy"). Not measured where neither RAPL nor NVML
+/// can be read; `reason` then says why (and, when only one of them could,
+/// why not the other).
+struct EnergyUse {
+  bool measured = false;
+  std::string reason;
+  std::vector<DeviceEnergy> devices;
+  double joules = 0.0;    ///< every device together
+  double seconds = 0.0;   ///< the window measured
+  double mean_power_w() const { return seconds > 0 ? joules / seconds : 0.0; }
+  double edp_js() const { return joules * seconds; }  ///< energy-delay product, joule-seconds
+};
+
 /// The job's outcome; the metrics file's "summary" record.
 struct JobSummary {
   std::string policy;
@@ -244,6 +264,7 @@ struct JobSummary {
   std::vector<WorkerPhases> worker_phases;  ///< per worker: where its time went, over the job
   std::vector<double> shard_optimizer_s;    ///< per shard: seconds spent folding updates into its parameters
   double evaluation_s = 0.0;                ///< the coordinator's validation and test evaluations (BatchNorm recalibration included)
+  EnergyUse energy;                         ///< while training and evaluating
   std::uint64_t malformed_frames = 0;       ///< frames the shards' processes dropped unread (asgd cluster)
   std::uint64_t nonfinite_rejected = 0;     ///< pushes the shards refused for a NaN or infinity (nothing applied)
   std::uint32_t workers_lost = 0;           ///< workers declared dead; the job finished without them

@@ -40,19 +40,21 @@ class FileServer {
       ::_exit(127);
     }
     ::close(out[1]);
-    pollfd p{out[0], POLLIN, 0};
-    char line[32] = "";
-    if (::poll(&p, 1, 10000) == 1) {
-      const ssize_t n = ::read(out[0], line, sizeof line - 1);
-      if (n > 0) port_ = std::atoi(line);
-    }
-    ::close(out[0]);
+    // The port, up to its newline; the pipe stays open while the server
+    // lives, so no write of its ever meets a closed pipe.
+    stdout_ = out[0];
+    std::string line;
+    pollfd p{stdout_, POLLIN, 0};
+    char c = 0;
+    while (line.find('\n') == std::string::npos && ::poll(&p, 1, 10000) == 1 && ::read(stdout_, &c, 1) == 1) line += c;
+    port_ = std::atoi(line.c_str());
   }
   ~FileServer() {
     if (pid_ > 0) {
       ::kill(pid_, SIGTERM);
       ::waitpid(pid_, nullptr, 0);
     }
+    if (stdout_ >= 0) ::close(stdout_);
   }
   FileServer(const FileServer&) = delete;
   FileServer& operator=(const FileServer&) = delete;
@@ -63,6 +65,7 @@ class FileServer {
 
  private:
   pid_t pid_ = -1;
+  int stdout_ = -1;
   int port_ = 0;
 };
 

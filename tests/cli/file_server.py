@@ -73,7 +73,8 @@ def main():
                 self.connection.shutdown(2)
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    print(server.server_address[1], flush=True)
+    sys.stdout.write("%d\n" % server.server_address[1])  # one write, whatever the buffering
+    sys.stdout.flush()
     server.serve_forever()
 
 

@@ -66,6 +66,14 @@ TEST(PhasesCli, EachWorkersPhasesAddUpToItsWallTimeAndTheSlowedWorkerShowsItsDel
     ASSERT_EQ(j.at("shard_optimizer_s").size(), 2u) << line;
     for (const auto& s : j.at("shard_optimizer_s")) EXPECT_GT(s.get<double>(), 0.0) << line;
     EXPECT_GT(j.at("evaluation_s").get<double>(), 0.0) << line;
+    // Energy: measured where this machine has a meter, else the reason.
+    const auto& energy = j.at("energy");
+    if (energy.at("measured").get<bool>()) {
+      EXPECT_GT(energy.at("joules").get<double>(), 0.0) << line;
+    } else {
+      EXPECT_NE(energy.at("reason").get<std::string>().find("CPU: "), std::string::npos) << line;
+      EXPECT_TRUE(energy.at("joules").is_null()) << line;
+    }
   }
   EXPECT_EQ(epochs, 2);
 }

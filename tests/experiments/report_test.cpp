@@ -133,12 +133,17 @@ TEST(Report, SaysHowTheTargetWasChosen) {
   EXPECT_NE(report_html(in).find("the --target-accuracy that was given"), std::string::npos);
 }
 
-TEST(Report, SaysEnergyWasNotMeasuredOnACpuRunAndShowsItWhereARunHasIt) {
+TEST(Report, SaysWhyEnergyWasNotMeasuredAndShowsEnergyAndEdpAgainstTheFirstRowWhereRunsHaveThem) {
   ReportInput in = sample_input();
-  EXPECT_NE(report_html(in).find("not measured (CPU run)"), std::string::npos);
-  for (auto& r : in.runs) r.energy_j = 1500.0;
+  for (auto& r : in.runs) r.summary.energy.reason = "CPU: no RAPL counters under /sys/class/powercap";
+  EXPECT_NE(report_html(in).find("not measured: CPU: no RAPL counters under /sys/class/powercap."), std::string::npos);
+  in.runs[0].energy_j = 1500.0;
+  in.runs[0].edp_js = 3000.0;
+  in.runs[1].energy_j = 1000.0;
+  in.runs[1].edp_js = 1500.0;
   const std::string html = report_html(in);
-  EXPECT_NE(html.find("1,500 J"), std::string::npos);
+  EXPECT_NE(html.find("1,500 J, EDP 3,000 J&middot;s (1.00&times;)"), std::string::npos);
+  EXPECT_NE(html.find("1,000 J, EDP 1,500 J&middot;s (0.50&times;)"), std::string::npos);
 }
 
 TEST(Report, ShowsSpeedupAndEfficiencyWithSeveralWorkerCountsNamingABaseThatIsNotOne) {

@@ -49,7 +49,7 @@ TEST(RunJob, TrainsMnistAcrossTwoWorkersAndTwoShardsAndWritesTheMetricsFile) {
   ASSERT_EQ(lines.size(), 3u);
   for (int i = 0; i < 2; ++i) {
     EXPECT_EQ(lines[i]["event"], "epoch");
-    for (const char* k : {"epoch", "wall_s", "train_loss", "val_accuracy", "samples_per_s", "updates"})
+    for (const char* k : {"epoch", "wall_s", "train_loss", "val_accuracy", "samples_per_s", "updates", "worker_phases"})
       EXPECT_TRUE(lines[i].contains(k)) << k;
   }
   const auto& s = lines.back();
@@ -61,7 +61,9 @@ TEST(RunJob, TrainsMnistAcrossTwoWorkersAndTwoShardsAndWritesTheMetricsFile) {
                                           // beyond DESIGN.md's list: the histogram and per-worker figures
                                           "staleness_histogram", "worker_batch", "worker_wait_s",
                                           "malformed_frames", "nonfinite_rejected", "workers_lost",
-                                          "shard_restarts", "workers_rejoined", "checkpoint_failures"};
+                                          "shard_restarts", "workers_rejoined", "checkpoint_failures",
+                                          // where the time and the energy went (issue 20)
+                                          "worker_phases", "shard_optimizer_s", "evaluation_s", "energy"};
   std::set<std::string> keys;
   for (const auto& [k, v] : s.items()) keys.insert(k);
   EXPECT_EQ(keys, expected);

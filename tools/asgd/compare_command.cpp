@@ -251,6 +251,10 @@ Result<RunRecord> run_one(const Comparison& c, const fs::path& dir, const std::s
   auto result = run_job(config, callbacks, stop);
   if (!result) return result.status();
   rec.summary = *result;
+  if (rec.summary.energy.measured) {
+    rec.energy_j = rec.summary.energy.joules;
+    rec.edp_js = rec.summary.energy.edp_js();
+  }
   std::stable_sort(rec.curve.begin(), rec.curve.end(), [](const auto& a, const auto& b) { return a.wall_s < b.wall_s; });
   // samples_per_s is training samples / train_s, so their product is the
   // run's training samples.
