@@ -102,6 +102,10 @@ def main():
         if c["datasets"] < 1 or c["points"] < 1 or not c["painted"]:
             fail("chart %s has no data: %s" % (chart_id, json.dumps(c)))
         print("chart %-22s %2d datasets, %4d points" % (chart_id, c["datasets"], c["points"]))
+    # The energy column: a number where a meter measured the runs, else
+    # "not measured" with the reason in the notes.
+    if ">Energy</th>" not in dom or not re.search(r"(not measured|[0-9] J)", dom):
+        fail("the time-to-target table has no energy column with values")
     if not os.path.exists(shot) or os.path.getsize(shot) < 20000:
         fail("no screenshot at " + shot)
     print("screenshot: " + shot)
