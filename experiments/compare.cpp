@@ -92,6 +92,13 @@ JobConfig config_for_run(const JobConfig& base, const std::string& policy, std::
   c.policy = policy;
   c.workers = workers;
   c.seed = base.seed + repeat;
+  // A device list longer than the run's workers: its first `workers` items,
+  // so --workers 1,2 --device cuda:0,cpu compares the GPU alone with the
+  // GPU and the CPU together (a shorter list is validate()'s to refuse).
+  if (const auto items = split(base.device, ','); items.size() > workers) {
+    c.device = items.front();
+    for (std::uint32_t w = 1; w < workers; ++w) c.device += "," + items[w];
+  }
   // Each run keeps the settings of its own policy only.
   const PolicyEntry* entry = find_policy(policy);
   std::erase_if(c.policy_options, [&](const auto& option) {

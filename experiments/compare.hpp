@@ -70,8 +70,10 @@ Result<std::vector<std::uint32_t>> parse_worker_list(const std::string& text);
 /// with `workers` workers and seed base.seed + repeat. A policy's settings
 /// (policy_options, by the registry's knobs; staleness_aware_lr: async and
 /// ssp) stay as given for the policies that take them and return to their
-/// defaults for the others, so one command line serves every entry.
-/// metrics_out and checkpoint_dir are left as they are.
+/// defaults for the others, so one command line serves every entry. A
+/// --device list with more items than `workers` gives the run its first
+/// `workers` items (one device per worker). metrics_out and checkpoint_dir
+/// are left as they are.
 JobConfig config_for_run(const JobConfig& base, const std::string& policy, std::uint32_t workers,
                          std::uint32_t repeat);
 

@@ -107,6 +107,25 @@ TEST(CompareCli, RunsEveryPolicyForEveryRepeatAndWritesTheCsvFilesTheReportAndOn
   for (const char* id : {"bsp-w2-r0", "ssp:2-w2-r1", "async-w2-r1"}) EXPECT_NE(report.find(id), std::string::npos) << id;
 }
 
+// A device list gives each worker count its first devices: the study's
+// "one device, then two" (here the CPU twice, for want of a GPU), with
+// speedup and efficiency against the first.
+TEST(CompareCli, ADeviceListGivesEachWorkerCountItsFirstDevices) {
+  ASGD_REQUIRE_DATASET(mnist, "mnist");
+  const asgd_test::TempDir dir;
+  const fs::path out = dir / "cmp";
+  const CliRun r = asgd("compare --policies async --workers 1,2 --device cpu,cpu --epochs 1 --data-dir " +
+                        mnist.string() + " --out " + out.string());
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const std::string csv = slurp(out / "results.csv");
+  EXPECT_NE(csv.find("async-w1-r0,async,,1,1,cpu,"), std::string::npos) << csv;
+  EXPECT_NE(csv.find("async-w2-r0,async,,2,1,\"cpu,cpu\","), std::string::npos) << csv;
+  EXPECT_NE(r.out.find("2 workers: speedup"), std::string::npos) << r.out;
+  const std::string data = " --data-dir " + mnist.string() + " --out " + (dir / "bad").string();
+  expect_one_line_error(asgd("compare --policies async --workers 1,3 --device cpu,cpu" + data), 2,
+                        "--device cpu,cpu: 2 devices for 3 workers");
+}
+
 TEST(CompareCli, RejectsABadListRepeatsOrFolderWithExitCode2NamingTheValue) {
   ASGD_REQUIRE_DATASET(mnist, "mnist");
   const asgd_test::TempDir dir;

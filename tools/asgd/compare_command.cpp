@@ -176,6 +176,13 @@ std::optional<int> plan_comparison(const CompareOptions& o, Comparison& c) {
   JobOptions job = o.job;
   if (job.options.at("workers")->count() > 0) c.workers_text = job.flags.at("workers");
   job.options.erase("workers");
+  // So may --device: each run takes the first of its items, one per worker
+  // (checked per run below).
+  std::string devices;
+  if (job.options.at("device")->count() > 0 && job.flags.at("device").find(',') != std::string::npos) {
+    devices = job.flags.at("device");
+    job.options.erase("device");
+  }
   // Settings of one policy (--staleness for ssp, ...) would fail the shared
   // job's check under the default policy: they are set after it, and each
   // run keeps those of its own policy (config_for_run).
@@ -187,6 +194,7 @@ std::optional<int> plan_comparison(const CompareOptions& o, Comparison& c) {
     job.options.erase(key);
   }
   if (auto code = load_job(job, c.base)) return *code;
+  if (!devices.empty()) c.base.device = devices;
   for (const std::string& key : per_policy) {
     if (Status s = set_job_field(c.base, key, o.job.flags.at(key)); !s.ok()) {
       print_error(s.message());
@@ -377,6 +385,9 @@ std::function<int()> add_compare_command(CLI::App& app) {
   add_job_flags(cmd, opts->job, true);
   // What differs from train's flags.
   opts->job.options.at("workers")->description("worker actors, >= 1; here also a list such as 1,2,4 (every count runs)");
+  opts->job.options.at("device")->description(
+      "where workers compute: one device for all, or a list, of which each run takes one per worker: with "
+      "--workers 1,2, --device cuda:0,cpu compares the GPU alone with the GPU and the CPU together");
   opts->job.options.at("eval-every")->description(
       "also evaluate every S seconds of training (compare's default 0.5, for finer curves; 0: per epoch only)");
   opts->job.options.at("policy")->description("not taken by compare: list the policies in --policies");
