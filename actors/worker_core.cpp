@@ -389,6 +389,10 @@ void WorkerCore::try_step(Actions& out) {
   }
   const double compute_s = seconds_since(t0);
   report_.compute_s += compute_s;
+  // The feeder's reply may sit in our mailbox behind a watchdog tick while
+  // we computed: its time runs from now, or a step longer than
+  // --rpc-timeout (resnet18 on a slow CPU) would time out a batch that came.
+  if (batch_requested_) batch_requested_at_ = now_();
   const Model::StepTimes& took = model_->last_step_times();
   report_.forward_s += took.forward_s;
   report_.backward_s += took.backward_s;
@@ -432,6 +436,7 @@ void WorkerCore::resume(Actions& out) {
   if (finished_ || !straggling_) return;
   straggling_ = false;
   lap(now_(), report_.delay_s);
+  if (batch_requested_) batch_requested_at_ = now_();  // as after computing
   continue_step(out);
 }
 

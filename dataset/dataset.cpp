@@ -102,6 +102,31 @@ Result<ImagesAndLabels> read_cifar10(const std::filesystem::path& dir, const std
   return ImagesAndLabels{dir / files.front(), std::move(read->images), std::move(read->labels)};
 }
 
+// The official training and test sets of `name` in `dir` (or in the
+// dataset's own folder under it).
+Result<std::pair<ImagesAndLabels, ImagesAndLabels>> read_train_and_test(const std::string& name,
+                                                                        const std::filesystem::path& dir) {
+  if (name == "cifar10") {
+    auto from = find_cifar10_folder(dir);
+    if (!from) return from.status();
+    auto train = read_cifar10(*from, cifar10_train_files());
+    if (!train) return train.status();
+    auto test = read_cifar10(*from, {cifar10_test_file()});
+    if (!test) return test.status();
+    return std::pair{std::move(train).value(), std::move(test).value()};
+  }
+  // The datasets' parent folder (../shared/data) is taken when it holds
+  // the dataset's own folder and no IDX files of its own.
+  std::filesystem::path from = dir;
+  if (!find_idx_file(dir, "train-images-idx3-ubyte").ok() && find_idx_file(dir / name, "train-images-idx3-ubyte").ok())
+    from = dir / name;
+  auto train = read_images_and_labels(from, "train-images-idx3-ubyte", "train-labels-idx1-ubyte");
+  if (!train) return train.status();
+  auto test = read_images_and_labels(from, "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte");
+  if (!test) return test.status();
+  return std::pair{std::move(train).value(), std::move(test).value()};
+}
+
 // The mean and standard deviation of the pixels (scaled to [0, 1]) of
 // channel `channel` of the images `idx`. Pixels are bytes, so a histogram
 // gives them exactly in one cheap pass.
@@ -179,27 +204,10 @@ Result<DatasetSplits> load_dataset(const std::string& name, const std::filesyste
     return Status::NotFound("data directory " + dir.string() + " is not a directory");
   }
 
-  auto train = Result<ImagesAndLabels>(Status::Internal("unread"));
-  auto test = train;
-  if (name == "cifar10") {
-    auto from = find_cifar10_folder(dir);
-    if (!from) return from.status();
-    train = read_cifar10(*from, cifar10_train_files());
-    if (!train) return train.status();
-    test = read_cifar10(*from, {cifar10_test_file()});
-    if (!test) return test.status();
-  } else {
-    // The datasets' parent folder (../shared/data) is taken when it holds
-    // the dataset's own folder and no IDX files of its own.
-    std::filesystem::path from = dir;
-    if (!find_idx_file(dir, "train-images-idx3-ubyte").ok() &&
-        find_idx_file(dir / name, "train-images-idx3-ubyte").ok())
-      from = dir / name;
-    train = read_images_and_labels(from, "train-images-idx3-ubyte", "train-labels-idx1-ubyte");
-    if (!train) return train.status();
-    test = read_images_and_labels(from, "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte");
-    if (!test) return test.status();
-  }
+  auto read = read_train_and_test(name, dir);
+  if (!read) return read.status();
+  const ImagesAndLabels* train = &read->first;
+  const ImagesAndLabels* test = &read->second;
   const IdxImages& train_images = train->images;
   const IdxImages& test_images = test->images;
   if (test_images.rows != train_images.rows || test_images.cols != train_images.cols) {

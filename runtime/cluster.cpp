@@ -372,6 +372,21 @@ void reconnect_shard(Bridge& bridge, const std::string& name, const PeerId& peer
 
 }  // namespace
 
+namespace {
+
+// Worker `index`'s device (its item of a --device list), checked here,
+// where it computes (not on the coordinator's host).
+Result<std::string> device_of_worker(const JobConfig& cfg, std::uint32_t index) {
+  auto devices = parse_worker_devices(cfg.device, cfg.workers);
+  if (!devices) return devices.status();
+  if (index >= devices->size()) return Status::Internal("assigned a worker index past the job's workers");
+  if (Status s = device_usable_here((*devices)[index]); !s.ok())
+    return Status::InvalidArgument(s.message() + " (on " + host_name() + ")");
+  return (*devices)[index];
+}
+
+}  // namespace
+
 Status run_worker_process(const ProcessOptions& o, std::stop_token stop) {
   auto joined = join(o, Role::worker, "worker", false, nullptr, stop);
   if (!joined) return joined.status();
@@ -387,14 +402,8 @@ Status run_worker_process(const ProcessOptions& o, std::stop_token stop) {
   };
   if (a.range_bounds.size() != a.shard_endpoints.size() + 1 || a.shard_endpoints.empty())
     return fail_early(Status::Internal("the assignment's shard ranges do not match its shards"));
-  // This worker's device (its item of a --device list), checked here, where
-  // it computes (not on the coordinator's host).
-  auto devices = parse_worker_devices(cfg.device, cfg.workers);
-  if (!devices || a.index >= devices->size())
-    return fail_early(devices ? Status::Internal("assigned a worker index past the job's workers") : devices.status());
-  const std::string device = (*devices)[a.index];
-  if (Status s = device_usable_here(device); !s.ok())
-    return fail_early(Status::InvalidArgument(s.message() + " (on " + host_name() + ")"));
+  auto device = device_of_worker(cfg, a.index);
+  if (!device) return fail_early(device.status());
 
   auto loaded = data::load_dataset(cfg.dataset, resolve_data_dir(cfg), cfg.validation_size, cfg.seed);
   if (!loaded) return fail_early(loaded.status());
@@ -416,7 +425,7 @@ Status run_worker_process(const ProcessOptions& o, std::stop_token stop) {
     return fail_early(stragglers ? Status::Internal("assigned a worker index past the job's workers") : stragglers.status());
   WorkerPlan worker_plan =
       plan_worker(a.index, {{a.partition_begin, a.partition_end}, a.batch}, (*stragglers)[a.index], a.first_epoch);
-  worker_plan.device = device;
+  worker_plan.device = *device;
   const auto compute = std::make_shared<ComputeContext>(plan->compute_threads);
 
   auto actor_cfg = actor_config(1);
