@@ -317,6 +317,27 @@ TEST(WorkerCore, AStragglerWaitsOnATimerBetweenComputingAndPushing) {
   EXPECT_EQ(count<act::Push>(d.call([](WorkerCore& c, WorkerActions& o) { c.resume(o); })), 1u);
 }
 
+// The batch asked for before a step is timed from the step's end: a step
+// (here a straggler's delay) longer than --rpc-timeout must not time out a
+// feeder whose reply waits in the mailbox. Found under ASan, where a
+// resnet18 step took longer than 60 s.
+TEST(WorkerCore, ABatchAskedForBeforeALongStepIsTimedFromTheStepsEnd) {
+  WorkerSetup s = setup("async", 1);
+  s.straggler.factor = 3.0;
+  Driver d(s);
+  *d.tick = 1ms;
+  d.ready();
+  ASSERT_NE(first<act::Delay>(d.feed(batch(0, false))), nullptr);  // asked for the next batch, then waits
+  *d.now += 10s;  // far past --rpc-timeout (2 s)
+  d.call([](WorkerCore& c, WorkerActions& o) { c.resume(o); });
+  d.answer_all();
+  EXPECT_EQ(first<act::Fail>(d.check()), nullptr);
+  *d.now += 3s;  // the feeder still silent: now it is overdue
+  const auto* fail = first<act::Fail>(d.check());
+  ASSERT_NE(fail, nullptr);
+  EXPECT_NE(fail->message.find("no batch from the data feeder"), std::string::npos) << fail->message;
+}
+
 // A transient straggler (random:P:F) waits exactly at the steps its seed
 // picks, F - 1 ticks of compute each time.
 TEST(WorkerCore, ARandomStragglerWaitsAtTheStepsItsSeedPicks) {
