@@ -340,6 +340,14 @@ void calibrate(Self self, std::size_t next, std::shared_ptr<std::vector<double>>
     start_training(self);
     return;
   }
+  if (st.setup.remote) {
+    // A worker process measures itself; its answer comes from the registry
+    // as (calibrate_atom, w, rate), and this timer's as rate -1.
+    st.rates = rates;
+    st.setup.remote->calibrate_worker(st.core->plan(), static_cast<std::uint32_t>(next));
+    self->delayed_send(self, rpc_timeout(st.setup.config), calibrate_atom::value, static_cast<std::uint32_t>(next), -1.0);
+    return;
+  }
   data::Batch probe;
   const std::size_t n = std::min<std::size_t>(st.setup.config.batch, st.setup.data->train.count);
   std::vector<std::size_t> first(n);
@@ -560,6 +568,18 @@ caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self, Coordinat
       [self](cancel_atom) { drive(self, [](CoordinatorCore& core, CoordinatorActions& out) { core.cancel(out); }); },
       [self](WorkerProgress& p) { self->state.core->progress(p, SteadyClock::now()); },
       [self](live_atom) { live_tick(self); },
+      [self](calibrate_atom, std::uint32_t w, double samples_per_s) {
+        auto& s = self->state;
+        if (!s.rates || w != s.rates->size()) return;  // late, or this worker's timer after its answer
+        if (samples_per_s < 0) {
+          fail(self, Status::Timeout("coordinator: no calibration from worker " + std::to_string(w) + " within " +
+                                     std::to_string(static_cast<int>(s.setup.config.rpc_timeout_s)) +
+                                     " s (--rpc-timeout)"));
+          return;
+        }
+        s.rates->push_back(std::max(samples_per_s, 1e-9));
+        calibrate(self, w + 1, s.rates);
+      },
       [self](rejoin_atom, std::uint32_t w) {
         const bool placeable = self->state.setup.remote && w < self->state.workers.size();
         drive(self, [&](CoordinatorCore& core, CoordinatorActions& out) { core.rejoin(w, placeable, out); });

@@ -103,6 +103,10 @@ class RemotePlacement {
   /// Starts worker `w` as `plan` says (its share, its straggler factor, the
   /// schedule's length), at epoch `first_epoch` (0-based).
   virtual void start_worker(const JobPlan& plan, std::uint32_t w, std::uint32_t first_epoch) = 0;
+  /// --worker-weights auto: asks worker `w`'s process for its samples/s
+  /// (an assignment that says calibrate); the answer reaches the
+  /// coordinator as (calibrate_atom, w, samples_per_s).
+  virtual void calibrate_worker(const JobPlan& plan, std::uint32_t w) = 0;
   /// Worker `w`'s new process (registered in place of a lost one) is not
   /// taken: tells it to stop, saying why.
   virtual void dismiss_worker(std::uint32_t w, const std::string& why) = 0;
@@ -113,6 +117,7 @@ class RemotePlacement {
 struct CoordinatorState {
   CoordinatorSetup setup;
   double evaluation_s = 0.0;                  // spent in evaluate_on
+  std::shared_ptr<std::vector<double>> rates; // --worker-weights auto across processes: those reported so far
   std::optional<CoordinatorCore> core;        // from setup's config and plan
   std::optional<Model> model;                 // for initialisation and evaluation
   std::vector<caf::actor> shards;

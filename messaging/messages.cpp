@@ -29,6 +29,7 @@ const char* to_string(MsgType t) {
     case MsgType::stats_reply: return "stats_reply";
     case MsgType::progress: return "progress";
     case MsgType::restarted: return "restarted";
+    case MsgType::calibration: return "calibration";
   }
   return "unknown";
 }

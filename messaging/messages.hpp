@@ -49,6 +49,7 @@ enum class MsgType : std::uint16_t {
   stats_reply = 15,  ///< shard to coordinator: ShardStats
   progress = 16,     ///< worker to coordinator: WorkerProgress
   restarted = 17,    ///< coordinator to worker: a shard's process was restarted, listening here
+  calibration = 18,  ///< worker to coordinator: its samples/s, asked for by an assignment (--worker-weights auto)
 };
 const char* to_string(MsgType t);
 bool is_known(std::uint16_t type);
@@ -89,12 +90,16 @@ struct Assignment {
   /// worker: the epoch (0-based) it starts at; > 0 for a worker process
   /// that rejoins a running job in place of a lost one.
   std::uint32_t first_epoch = 0;
+  /// worker (--worker-weights auto): measure your samples/s on a batch of
+  /// your data and answer with a Calibration; the assignment to train by
+  /// (its share sized from every worker's rate) follows.
+  bool calibrate = false;
 };
 template <class F>
 decltype(auto) fields(F&& f, Assignment& x) {
   return f(x.role, x.index, bounded(x.config, kMaxConfig), x.workers, x.range_begin, x.range_end, x.partition_begin,
            x.partition_end, x.batch, x.schedule_steps, bounded(x.shard_endpoints, 1024),
-           bounded(x.range_bounds, 1025), x.restore, x.first_epoch);
+           bounded(x.range_bounds, 1025), x.restore, x.first_epoch, x.calibrate);
 }
 
 /// Shard `index`'s process was restarted and listens at `endpoint` now:
@@ -160,6 +165,16 @@ decltype(auto) fields(F&& f, Failure& x) {
   return f(x.code, x.what);
 }
 
+/// A worker's answer to an assignment that asked it to calibrate.
+struct Calibration {
+  std::uint32_t index = 0;
+  double samples_per_s = 0.0;
+};
+template <class F>
+decltype(auto) fields(F&& f, Calibration& x) {
+  return f(x.index, x.samples_per_s);
+}
+
 struct StartTraining {};
 template <class F>
 decltype(auto) fields(F&& f, StartTraining&) {
@@ -189,7 +204,7 @@ using WireMessages =
                On<MsgType::shutdown, Shutdown>, On<MsgType::epoch_report, EpochReport>, On<MsgType::failure, Failure>,
                On<MsgType::stats, StatsRequest>, On<MsgType::start, StartTraining>,
                On<MsgType::stats_reply, ShardStats>, On<MsgType::progress, WorkerProgress>,
-               On<MsgType::restarted, Restarted>>;
+               On<MsgType::restarted, Restarted>, On<MsgType::calibration, Calibration>>;
 
 /// The wire type of message M.
 template <class M>

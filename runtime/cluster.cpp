@@ -385,6 +385,42 @@ Result<std::string> device_of_worker(const JobConfig& cfg, std::uint32_t index) 
   return (*devices)[index];
 }
 
+// --worker-weights auto: measures how many samples a second this worker
+// computes on its device (a batch of its data, as a worker of one process
+// does), tells the coordinator, and waits for the assignment to train by,
+// whose share follows from every worker's rate.
+Status calibrate_and_wait(Joined& j, const JobPlan& plan, const data::DatasetSplits& data, const std::string& device,
+                          std::stop_token stop) {
+  const std::uint32_t index = j.assignment.index;
+  WorkerPlan probe_plan = plan_worker(index, {{0, data.train.count}, plan.batch}, Straggler{}, 0);
+  probe_plan.device = device;
+  WorkerSetup ws = worker_setup(plan, probe_plan);
+  ws.compute = std::make_shared<ComputeContext>(plan.compute_threads);
+  auto core = WorkerCore::make(ws, [] { return std::chrono::steady_clock::now(); });
+  if (!core) return core.status();
+  data::Batch probe;
+  std::vector<std::size_t> first(std::min<std::size_t>(plan.batch, data.train.count));
+  for (std::size_t i = 0; i < first.size(); ++i) first[i] = i;
+  data::gather_batch(data.train, first, probe);
+  const double rate = core->calibrate(probe);
+  logger().info("worker {}: {:.0f} samples/s on {} in calibration", index, rate, device);
+  j.bridge->send(j.coordinator, encode(Calibration{index, rate}, j.bridge->next_id()));
+  const auto deadline = SteadyClock::now() + millis(j.config.rpc_timeout_s * (j.config.workers + 1));
+  while (SteadyClock::now() < deadline) {
+    if (stop.stop_requested()) return Status::Cancelled("worker " + std::to_string(index) + ": stopped while calibrating");
+    auto in = j.inbox->pop(std::chrono::milliseconds(100));
+    if (!in) continue;
+    if (auto* s = std::get_if<Shutdown>(&in->body))
+      return Status::Cancelled("worker " + std::to_string(index) + ": the coordinator said stop: " + s->reason);
+    if (auto* a = std::get_if<Assignment>(&in->body); a && a->role == Role::worker && !a->calibrate) {
+      j.assignment = std::move(*a);
+      return {};
+    }
+  }
+  return Status::Timeout("worker " + std::to_string(index) +
+                         ": no assignment from the coordinator after calibrating (it waits for every worker's rate)");
+}
+
 }  // namespace
 
 Status run_worker_process(const ProcessOptions& o, std::stop_token stop) {
@@ -408,18 +444,20 @@ Status run_worker_process(const ProcessOptions& o, std::stop_token stop) {
   auto loaded = data::load_dataset(cfg.dataset, resolve_data_dir(cfg), cfg.validation_size, cfg.seed);
   if (!loaded) return fail_early(loaded.status());
   auto data = std::make_shared<const data::DatasetSplits>(std::move(loaded).value());
-  if (a.partition_end > data->train.count || a.partition_begin > a.partition_end || a.batch == 0)
-    return fail_early(Status::Internal("the assigned partition does not fit the training data here"));
-  if (a.first_epoch >= cfg.epochs) return fail_early(Status::Internal("assigned to start after the last epoch"));
   // The coordinator's plan as assigned: this worker's share and the
   // schedule's length; the rest planned from the same settings by the same
   // rules (its --straggler model too), its threads from this host's cores.
   auto plan = plan_settings(cfg, Placement::processes, std::thread::hardware_concurrency());
   if (!plan) return fail_early(plan.status());
-  plan_clocks(*plan, a.schedule_steps);
   const auto& train = data->train;
   plan->sample_shape = {train.channels, train.rows, train.cols};
   plan->classes = data->num_classes;
+  if (a.calibrate)
+    if (Status s = calibrate_and_wait(j, *plan, *data, *device, stop); !s.ok()) return fail_early(s);
+  if (a.partition_end > train.count || a.partition_begin > a.partition_end || a.batch == 0)
+    return fail_early(Status::Internal("the assigned partition does not fit the training data here"));
+  if (a.first_epoch >= cfg.epochs) return fail_early(Status::Internal("assigned to start after the last epoch"));
+  plan_clocks(*plan, a.schedule_steps);
   auto stragglers = parse_stragglers(cfg.straggler, cfg.workers, cfg.seed);
   if (!stragglers || a.index >= stragglers->size())
     return fail_early(stragglers ? Status::Internal("assigned a worker index past the job's workers") : stragglers.status());

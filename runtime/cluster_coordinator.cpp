@@ -110,7 +110,14 @@ class ClusterPlacement final : public RemotePlacement {
     return proxy;
   }
 
+  void calibrate_worker(const JobPlan& plan, std::uint32_t w) override { send_assignment(plan, w, 0, true); }
+
   void start_worker(const JobPlan& plan, std::uint32_t w, std::uint32_t first_epoch) override {
+    send_assignment(plan, w, first_epoch, false);
+  }
+
+ private:
+  void send_assignment(const JobPlan& plan, std::uint32_t w, std::uint32_t first_epoch, bool calibrate) {
     const WorkerPlan& worker = plan.workers.at(w);
     auto a = std::make_shared<Assignment>();
     a->role = Role::worker;
@@ -123,10 +130,10 @@ class ClusterPlacement final : public RemotePlacement {
     a->schedule_steps = plan.planned_clocks;
     a->first_epoch = first_epoch;
     a->range_bounds = bounds_;
+    a->calibrate = calibrate;
     caf::anon_send(registry_, WorkerStart{std::move(a)});  // it adds where each shard listens now
   }
 
- private:
   std::shared_ptr<Bridge> bridge_;
   caf::actor registry_;
   JobConfig config_;
@@ -161,8 +168,6 @@ Status validate_for_cluster(const JobConfig& c, WorkersOn workers) {
     return Status::InvalidArgument("--policy " + c.policy +
                                    ": workers in separate processes cannot share one parameter buffer; use "
                                    "asgd train for hogwild");
-  if (c.worker_weights == "auto")
-    return Status::InvalidArgument("--worker-weights auto: calibration runs in one process only; give the weights");
   if (c.model_spec)
     return Status::InvalidArgument("model_spec '" + c.model_spec->name() +
                                    "': a model built from code is not carried across processes; use a model name "

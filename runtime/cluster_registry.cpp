@@ -343,6 +343,8 @@ void route(Self self, Inbound& in) {
           registered_during_job(self, in.peer, m);
         } else if constexpr (std::is_same_v<T, EpochReport> || std::is_same_v<T, WorkerProgress>) {
           tell_coordinator(self, std::move(m));
+        } else if constexpr (std::is_same_v<T, Calibration>) {
+          tell_coordinator(self, calibrate_atom::value, m.index, m.samples_per_s);
         } else if constexpr (std::is_same_v<T, Failure>) {
           if (auto w = st.proxies.find(in.peer); w != st.proxies.end())
             caf::anon_send(w->second, failed_atom::value, m.code, m.what);
@@ -424,7 +426,7 @@ caf::behavior running(Self self) {
         for (const auto& m : s.shards) a.shard_endpoints.push_back(m->reg.endpoint);
         const PeerId peer = s.workers.at(a.index)->peer;
         s.bridge->send(peer, encode(a, s.bridge->next_id()));
-        s.bridge->send(peer, encode(StartTraining{}, s.bridge->next_id()));
+        if (!a.calibrate) s.bridge->send(peer, encode(StartTraining{}, s.bridge->next_id()));
       },
       [self](dismiss_atom, std::uint32_t w, const std::string& why) {
         auto& s = self->state;

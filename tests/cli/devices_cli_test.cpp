@@ -43,10 +43,22 @@ TEST(DevicesCli, OneDevicePerWorkerWithMeasuredWeightsTrainsInOneProcessAndAsPro
                           " --metrics-out " + (tmp / "one.jsonl").string());
   ASSERT_EQ(one.exit_code, 0) << one.err;
   EXPECT_GE(final_accuracy(slurp(tmp / "one.jsonl")), 0.97);
-  const CliRun procs = asgd("cluster --workers 2 --device cpu,cpu --data-dir " + mnist.string() + " --metrics-out " +
-                            (tmp / "procs.jsonl").string());
+  // Across processes each worker process measures itself on its own device
+  // before the coordinator sizes the shares.
+  const CliRun procs = asgd("cluster --workers 2 --device cpu,cpu --worker-weights auto --data-dir " + mnist.string() +
+                            " --metrics-out " + (tmp / "procs.jsonl").string());
   ASSERT_EQ(procs.exit_code, 0) << procs.err;
   EXPECT_GE(final_accuracy(slurp(tmp / "procs.jsonl")), 0.97);
+  // asgd cluster prints every process's log on stdout, each line tagged.
+  for (const char* w : {"[worker 0]", "[worker 1]"})
+    EXPECT_NE(procs.out.find(std::string(w) + " "), std::string::npos) << procs.out;
+  for (const char* line : {"worker 0: ", "worker 1: "}) {
+    EXPECT_NE(procs.out.find(std::string("[coordinator] ")), std::string::npos) << procs.out;
+    const auto at = procs.out.find(std::string(line) + "samples [");
+    EXPECT_NE(at, std::string::npos) << procs.out;  // the share it was given after calibrating
+  }
+  EXPECT_NE(procs.out.find("samples/s on cpu in calibration"), std::string::npos) << procs.out;
+  EXPECT_NE(procs.out.find("samples/s in calibration"), std::string::npos) << procs.out;
 }
 
 }  // namespace
