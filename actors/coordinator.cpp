@@ -8,6 +8,7 @@
 #include "base/log.hpp"
 #include "base/scoped_seconds.hpp"
 
+#include <spdlog/fmt/fmt.h>
 #include <algorithm>
 #include <limits>
 #include <optional>
@@ -340,13 +341,10 @@ void calibrate(Self self, std::size_t next, std::shared_ptr<std::vector<double>>
     start_training(self);
     return;
   }
-  if (st.setup.remote) {
-    // A worker process measures itself; its answer comes from the registry
-    // as (calibrate_atom, w, rate), and this timer's as rate -1.
+  if (st.setup.remote) {  // the process measures itself: (calibrate_atom, w, rate) from the registry; -1: timed out
     st.rates = rates;
     st.setup.remote->calibrate_worker(st.core->plan(), static_cast<std::uint32_t>(next));
-    self->delayed_send(self, rpc_timeout(st.setup.config), calibrate_atom::value, static_cast<std::uint32_t>(next), -1.0);
-    return;
+    return self->delayed_send(self, rpc_timeout(st.setup.config), calibrate_atom::value, static_cast<std::uint32_t>(next), -1.0);
   }
   data::Batch probe;
   const std::size_t n = std::min<std::size_t>(st.setup.config.batch, st.setup.data->train.count);
@@ -568,17 +566,12 @@ caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self, Coordinat
       [self](cancel_atom) { drive(self, [](CoordinatorCore& core, CoordinatorActions& out) { core.cancel(out); }); },
       [self](WorkerProgress& p) { self->state.core->progress(p, SteadyClock::now()); },
       [self](live_atom) { live_tick(self); },
-      [self](calibrate_atom, std::uint32_t w, double samples_per_s) {
+      [self](calibrate_atom, std::uint32_t w, double rate) {
         auto& s = self->state;
         if (!s.rates || w != s.rates->size()) return;  // late, or this worker's timer after its answer
-        if (samples_per_s < 0) {
-          fail(self, Status::Timeout("coordinator: no calibration from worker " + std::to_string(w) + " within " +
-                                     std::to_string(static_cast<int>(s.setup.config.rpc_timeout_s)) +
-                                     " s (--rpc-timeout)"));
-          return;
-        }
-        s.rates->push_back(std::max(samples_per_s, 1e-9));
-        calibrate(self, w + 1, s.rates);
+        if (rate >= 0) return s.rates->push_back(std::max(rate, 1e-9)), calibrate(self, w + 1, s.rates);
+        fail(self, Status::Timeout(fmt::format("coordinator: no calibration from worker {} within {:g} s (--rpc-timeout)",
+                                               w, s.setup.config.rpc_timeout_s)));
       },
       [self](rejoin_atom, std::uint32_t w) {
         const bool placeable = self->state.setup.remote && w < self->state.workers.size();

@@ -421,6 +421,13 @@ Status calibrate_and_wait(Joined& j, const JobPlan& plan, const data::DatasetSpl
                          ": no assignment from the coordinator after calibrating (it waits for every worker's rate)");
 }
 
+Status assignment_fits(const Assignment& a, std::size_t train_count, std::uint32_t epochs) {
+  if (a.partition_end > train_count || a.partition_begin > a.partition_end || a.batch == 0)
+    return Status::Internal("the assigned partition does not fit the training data here");
+  if (a.first_epoch >= epochs) return Status::Internal("assigned to start after the last epoch");
+  return {};
+}
+
 }  // namespace
 
 Status run_worker_process(const ProcessOptions& o, std::stop_token stop) {
@@ -454,9 +461,7 @@ Status run_worker_process(const ProcessOptions& o, std::stop_token stop) {
   plan->classes = data->num_classes;
   if (a.calibrate)
     if (Status s = calibrate_and_wait(j, *plan, *data, *device, stop); !s.ok()) return fail_early(s);
-  if (a.partition_end > train.count || a.partition_begin > a.partition_end || a.batch == 0)
-    return fail_early(Status::Internal("the assigned partition does not fit the training data here"));
-  if (a.first_epoch >= cfg.epochs) return fail_early(Status::Internal("assigned to start after the last epoch"));
+  if (Status s = assignment_fits(a, train.count, cfg.epochs); !s.ok()) return fail_early(s);
   plan_clocks(*plan, a.schedule_steps);
   auto stragglers = parse_stragglers(cfg.straggler, cfg.workers, cfg.seed);
   if (!stragglers || a.index >= stragglers->size())
