@@ -346,11 +346,7 @@ void calibrate(Self self, std::size_t next, std::shared_ptr<std::vector<double>>
     st.setup.remote->calibrate_worker(st.core->plan(), static_cast<std::uint32_t>(next));
     return self->delayed_send(self, rpc_timeout(st.setup.config), calibrate_atom::value, static_cast<std::uint32_t>(next), -1.0);
   }
-  data::Batch probe;
-  const std::size_t n = std::min<std::size_t>(st.setup.config.batch, st.setup.data->train.count);
-  std::vector<std::size_t> first(n);
-  for (std::size_t i = 0; i < n; ++i) first[i] = i;
-  data::gather_batch(st.setup.data->train, first, probe);
+  data::Batch probe = data::leading_batch(st.setup.data->train, st.setup.config.batch);
   self->request(st.workers[next], rpc_timeout(st.setup.config), calibrate_atom::value, std::move(probe))
       .then(
           [self, next, rates](double samples_per_s) {

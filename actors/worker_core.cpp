@@ -387,18 +387,19 @@ void WorkerCore::try_step(Actions& out) {
     fail(StatusCode::internal, "on " + model_->device().str() + ": " + e.what(), out);
     return;
   }
-  const double compute_s = seconds_since(t0);
+  const Instant computed = now_();
+  const double compute_s = std::chrono::duration<double>(computed - t0).count();
   report_.compute_s += compute_s;
   // The feeder's reply may sit in our mailbox behind a watchdog tick while
   // we computed: its time runs from now, or a step longer than
   // --rpc-timeout (resnet18 on a slow CPU) would time out a batch that came.
-  if (batch_requested_) batch_requested_at_ = now_();
+  if (batch_requested_) batch_requested_at_ = computed;
   const Model::StepTimes& took = model_->last_step_times();
   report_.forward_s += took.forward_s;
   report_.backward_s += took.backward_s;
   report_.device_s += took.device_s;
   double between = 0.0;  // the step's own overhead around the model's passes
-  lap(t0 + std::chrono::duration_cast<Instant::duration>(std::chrono::duration<double>(compute_s)), between);
+  lap(computed, between);
   report_.other_s += std::max(0.0, between - took.forward_s - took.backward_s - took.device_s);
   report_.samples += batch.size;
   ++report_.batches;

@@ -38,8 +38,7 @@ void augment_batch(Batch& batch, const LabeledImages& like, const Normalization&
   // border a shift uncovers is filled with.
   std::vector<float> black(channels);
   for (std::size_t c = 0; c < channels; ++c) {
-    const float mean = norm.mean[norm.mean.size() == 1 ? 0 : c], stddev = norm.stddev[norm.stddev.size() == 1 ? 0 : c];
-    black[c] = -mean / stddev;
+    black[c] = -channel_value(norm.mean, c) / channel_value(norm.stddev, c);
   }
   const std::size_t shift = a.pad > 0 ? a.pad : std::max<std::size_t>(1, std::min(rows, cols) / 8);
   const long pad = static_cast<long>(shift);

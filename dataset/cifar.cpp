@@ -1,7 +1,5 @@
 #include "dataset/cifar.hpp"
 
-#include <cstdio>
-#include <memory>
 #include <system_error>
 
 namespace asgd::data {
@@ -35,19 +33,17 @@ Result<CifarImages> read_cifar10_batches(const std::filesystem::path& dir, const
   for (const std::string& name : files) {
     const std::filesystem::path path = dir / name;
     const std::string where = path.string();
-    std::error_code ec;
-    const std::uintmax_t bytes = std::filesystem::file_size(path, ec);
-    if (ec) return Status::NotFound(where + ": no such file (asgd data fetch cifar10 downloads it)");
-    if (bytes == 0) return Status::Corruption(where + ": the file is empty");
-    if (bytes % kCifarRecordBytes != 0)
-      return Status::Corruption(where + ": " + std::to_string(bytes) + " bytes is not a whole number of " +
+    auto read = read_gz_file(path);  // the IDX reader's: plain or gzip, bounded, errors named
+    if (!read) {
+      if (read.status().code() != StatusCode::not_found) return read.status();
+      return Status::NotFound(read.status().message() + " (asgd data fetch cifar10 downloads it)");
+    }
+    const std::vector<std::uint8_t>& raw = *read;
+    if (raw.empty()) return Status::Corruption(where + ": the file is empty");
+    if (raw.size() % kCifarRecordBytes != 0)
+      return Status::Corruption(where + ": " + std::to_string(raw.size()) + " bytes is not a whole number of " +
                                 std::to_string(kCifarRecordBytes) + "-byte records (truncated?)");
-    const std::size_t records = static_cast<std::size_t>(bytes / kCifarRecordBytes);
-    std::unique_ptr<std::FILE, int (*)(std::FILE*)> f(std::fopen(path.c_str(), "rb"), &std::fclose);
-    if (!f) return Status::IOError(where + ": cannot open it");
-    std::vector<std::uint8_t> raw(static_cast<std::size_t>(bytes));
-    if (std::fread(raw.data(), 1, raw.size(), f.get()) != raw.size())
-      return Status::IOError(where + ": read error (the file changed while it was read?)");
+    const std::size_t records = raw.size() / kCifarRecordBytes;
     const std::size_t first = im.count;
     im.count += records;
     im.pixels.resize(im.count * pixels);

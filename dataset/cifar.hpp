@@ -4,7 +4,8 @@
 // bytes, each plane 32x32 row-major. The training set is data_batch_1.bin to
 // data_batch_5.bin (10000 records each), the test set test_batch.bin.
 //
-// Validated like the IDX reader: a file that is not a whole number of
+// Files are read as the IDX reader reads them (read_gz_file: plain or gzip,
+// bounded). Validated like the IDX reader: a file that is not a whole number of
 // records (truncated), an empty one, or a label outside 0..9 gives
 // StatusCode::corruption with a message that starts with the file's path.
 

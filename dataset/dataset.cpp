@@ -278,6 +278,12 @@ Partition partition_for(std::size_t n, std::size_t index, std::size_t count) {
   return p;
 }
 
+Batch leading_batch(const LabeledImages& images, std::size_t n) {
+  Batch batch;
+  gather_batch(images, iota(std::min(n, images.count)), batch);
+  return batch;
+}
+
 void gather_batch(const LabeledImages& images, std::span<const std::size_t> indices, Batch& batch) {
   const std::size_t ss = images.sample_size();
   batch.size = indices.size();

@@ -34,6 +34,12 @@ struct Normalization {
   std::vector<float> stddev = {1.0f};
 };
 
+/// Channel c's value of a per-channel list (Normalization's mean or stddev,
+/// a checkpoint's): its item c, or its only item for every channel.
+inline float channel_value(const std::vector<float>& values, std::size_t c) {
+  return values[values.size() == 1 ? 0 : c];
+}
+
 /// The three splits of one dataset.
 struct DatasetSplits {
   std::string name;            // "mnist", "fashion-mnist", "cifar10"
@@ -95,5 +101,9 @@ struct Batch {
 /// Fills `batch` (x, y, size) with the samples of `images` at `indices`,
 /// reusing its storage.
 void gather_batch(const LabeledImages& images, std::span<const std::size_t> indices, Batch& batch);
+
+/// The first `n` samples of `images` (all of them, when fewer) as one
+/// batch: what a worker's speed is measured on (--worker-weights auto).
+Batch leading_batch(const LabeledImages& images, std::size_t n);
 
 }  // namespace asgd::data

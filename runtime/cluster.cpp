@@ -398,11 +398,7 @@ Status calibrate_and_wait(Joined& j, const JobPlan& plan, const data::DatasetSpl
   ws.compute = std::make_shared<ComputeContext>(plan.compute_threads);
   auto core = WorkerCore::make(ws, [] { return std::chrono::steady_clock::now(); });
   if (!core) return core.status();
-  data::Batch probe;
-  std::vector<std::size_t> first(std::min<std::size_t>(plan.batch, data.train.count));
-  for (std::size_t i = 0; i < first.size(); ++i) first[i] = i;
-  data::gather_batch(data.train, first, probe);
-  const double rate = core->calibrate(probe);
+  const double rate = core->calibrate(data::leading_batch(data.train, plan.batch));
   logger().info("worker {}: {:.0f} samples/s on {} in calibration", index, rate, device);
   j.bridge->send(j.coordinator, encode(Calibration{index, rate}, j.bridge->next_id()));
   const auto deadline = SteadyClock::now() + millis(j.config.rpc_timeout_s * (j.config.workers + 1));

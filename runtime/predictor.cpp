@@ -8,6 +8,7 @@
 
 #include "compute/model.hpp"
 #include "actors/checkpoint.hpp"
+#include "dataset/dataset.hpp"
 
 namespace asgd {
 
@@ -127,8 +128,7 @@ Result<std::vector<int>> Predictor::predict(std::span<const float> samples) {
   const std::size_t plane = shape[1] * shape[2];
   for (std::size_t j = 0; j < samples.size(); ++j) {
     const std::size_t c = (j / plane) % shape[0];
-    const float mean = s.mean[s.mean.size() == 1 ? 0 : c], stddev = s.stddev[s.stddev.size() == 1 ? 0 : c];
-    s.normalised[j] = (samples[j] - mean) / stddev;
+    s.normalised[j] = (samples[j] - data::channel_value(s.mean, c)) / data::channel_value(s.stddev, c);
   }
   const std::vector<std::int32_t> best = s.model.classify(s.normalised);
   return std::vector<int>(best.begin(), best.end());

@@ -34,7 +34,7 @@ std::function<int()> add_data_command(CLI::App& app) {
                     "give up on a server that sends nothing for this many seconds (default 60)")
       ->type_name("S")
       ->check(quietly(positive()));
-  return [o, names, fetch] {
+  return [o, names] {
     const RemoteDataset* d = find_remote_dataset(o->name);
     if (!d) {
       print_error("asgd data fetch " + o->name + ": no such dataset (known: " + names + ")");
@@ -60,7 +60,6 @@ std::function<int()> add_data_command(CLI::App& app) {
     }
     std::printf("%s is in %s (asgd train --dataset %s%s)\n", d->name.c_str(), fo.dir.c_str(), d->name.c_str(),
                 o->data_dir.empty() ? "" : (" --data-dir " + o->data_dir).c_str());
-    (void)fetch;
     return kExitOk;
   };
 }
