@@ -24,7 +24,11 @@ constexpr std::chrono::milliseconds kPausedPoll{1};
 
 Result<std::shared_ptr<Bridge>> Bridge::start(BridgeOptions options, Handler handler,
                                               std::unique_ptr<Transport> transport) {
-  if (!transport) transport = make_zmq_transport(options.limits, options.curve, options.name);
+  if (!transport) {
+    transport = make_zmq_transport(options.limits, options.curve, options.name);
+    if (options.shared_memory && !options.curve)
+      transport = make_shm_transport(std::move(transport), options.limits, {}, options.name);
+  }
   std::shared_ptr<Bridge> b(new Bridge(std::move(options), std::move(handler), std::move(transport)));
   if (!b->options_.listen.empty()) {
     auto bound = b->transport_->bind(b->options_.listen);

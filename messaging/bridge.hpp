@@ -90,6 +90,11 @@ struct BridgeOptions {
   /// ssp) keep their slots, so half the limit must exceed what every peer
   /// may have held at once, or reading never resumes; 0: no limit.
   std::size_t max_unanswered = kDefaultMaxUnanswered;
+  /// Large tensors to peers on this host through shared memory
+  /// (make_shm_transport), when start() makes the transport. Never with
+  /// `curve`: a peer could change a slot's bytes after they were checked,
+  /// and CURVE is for peers this process does not trust that far.
+  bool shared_memory = true;
 };
 
 struct BridgeStats {

@@ -107,6 +107,12 @@ struct TransportStats {
   // CURVE (zero without it): connection attempts to our bound endpoint.
   std::uint64_t auth_accepted = 0;  ///< handshakes completed with an allowed key
   std::uint64_t auth_rejected = 0;  ///< of `refused`: in the handshake: a key not allowed, no CURVE, a wrong server key, a bad handshake
+  // Shared memory (make_shm_transport; zero for other transports).
+  std::uint64_t shm_peers = 0;      ///< peers that accepted this transport's slots
+  std::uint64_t shm_sent = 0;       ///< parts sent through a slot
+  std::uint64_t shm_received = 0;   ///< parts received through a peer's slot
+  std::uint64_t shm_fallbacks = 0;  ///< large parts to such a peer sent on the wire (every slot held, or over max_bytes)
+  std::uint64_t shm_rejected = 0;   ///< descriptors dropped as malformed (a slot not offered, out of bounds, not written)
 };
 
 /// A CurveZMQ key: 32 raw bytes (messaging/curve_auth.hpp reads and writes
@@ -212,6 +218,48 @@ class Transport {
 std::unique_ptr<Transport> make_zmq_transport(TransportLimits limits = {},
                                               std::optional<CurveOptions> curve = std::nullopt,
                                               std::string log_name = "transport");
+
+/// Shared memory between processes on one host (make_shm_transport).
+struct SharedMemoryOptions {
+  /// Parts at least this large travel through shared memory; smaller ones,
+  /// and every part of a message that has none this large, stay on the wire.
+  std::size_t min_part_bytes = 64u << 10;
+  /// Slots per peer this process sends to: a part sent waits in its slot
+  /// until the receiver lets go of it (the shard has applied the gradient,
+  /// the worker has copied the parameters). With every slot held, a part
+  /// goes on the wire instead (TransportStats::shm_fallbacks).
+  std::size_t slots_per_peer = 4;
+  /// The most bytes of slots this transport keeps, over all its peers; a
+  /// part that would need more goes on the wire.
+  std::size_t max_bytes = std::size_t{1} << 30;
+  /// When false, offers are refused and none are made: every part stays on
+  /// the wire (what a process run with shared memory off does).
+  bool enabled = true;
+  /// Tests only: called while a part is being copied into its slot, after
+  /// half of it (to kill a sender mid-write). Never set in a job.
+  void (*mid_write_hook)() = nullptr;
+};
+
+/// Wraps `inner` so that large parts reach a peer on the same host through
+/// shared memory: the sender copies a part into one of its slots (POSIX
+/// shared memory objects, one per slot, mode 0600), and the wire carries a
+/// small descriptor; the receiver's part points into the slot (read, and
+/// written, in place) and frees the slot when dropped. Whether a peer
+/// shares this host is found out, not assumed: the first message to a peer
+/// is preceded by an offer naming the slots and a random token written in
+/// them, and only a peer that opened every slot and read the token back
+/// accepts; one on another host (or another /dev/shm, or another user)
+/// refuses, and everything to it stays on the wire. Once a peer accepts,
+/// the slots' names are unlinked, so nothing is left in /dev/shm when either
+/// process dies. What reaches the caller is the message that was sent, part
+/// for part: framing, checksums and bounds are checked above as for any
+/// transport, and the limits (`limits`, and set_bound_limits for the bound
+/// endpoint) hold for the message rebuilt. A sender that dies while writing
+/// a slot never sent its descriptor: the peer sees nothing of that message.
+/// Not thread-safe, like every transport; a received part's owner may be
+/// dropped on any thread.
+std::unique_ptr<Transport> make_shm_transport(std::unique_ptr<Transport> inner, TransportLimits limits = {},
+                                              SharedMemoryOptions options = {}, std::string log_name = "transport");
 
 /// What a FaultyTransport does to outgoing messages, each with its
 /// probability, decided by a seeded generator (a seed gives the same faults).

@@ -167,6 +167,7 @@ Result<Joined> join(const ProcessOptions& o, Role role, const std::string& name,
   bo.listen = listen ? o.listen : "";
   bo.name = name;
   bo.curve = o.curve;
+  bo.shared_memory = o.shared_memory;
   // Nobody sends a shard's endpoint a push before it has its keys (and
   // says so with its first heartbeat): until then it takes control
   // messages only (run_shard_process widens it).

@@ -96,6 +96,9 @@ struct ProcessOptions {
   /// plain tcp. With it a shard's endpoint carries its public key, and
   /// `coordinator` either carries the coordinator's or curve->server_key is it.
   std::optional<messaging::CurveOptions> curve;
+  /// Every process: large tensors to peers on the same host through shared
+  /// memory (BridgeOptions::shared_memory); never with `curve`.
+  bool shared_memory = true;
   /// Coordinator: the supervisor that started the job's processes, if any.
   std::shared_ptr<Supervision> supervision;
 };

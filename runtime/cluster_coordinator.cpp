@@ -151,6 +151,7 @@ Result<std::shared_ptr<Bridge>> start_bridge(const JobConfig& config, const Proc
   bo.coding = coding_of(config);
   bo.name = "coordinator";
   bo.curve = o.curve;
+  bo.shared_memory = o.shared_memory;
   bo.limits.bound_max_part_bytes = largest_part(0);  // its endpoint is sent no tensors
   bo.limits.bound_max_connections = max_connections(std::size_t{config.workers} + config.shards);
   return Bridge::start(bo, [registry](Inbound&& in) {

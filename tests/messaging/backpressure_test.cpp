@@ -23,6 +23,9 @@ struct BoundedShard {
     so.name = "test shard";
     so.max_unanswered = max_unanswered;
     so.limits = limits;
+    // The workers here are bare ZeroMQ transports that read replies only,
+    // not the offer of shared memory a bridge sends first.
+    so.shared_memory = false;
     auto s = asgd_test::ServedShard::start(sys, size, so, std::move(policy), workers);
     EXPECT_TRUE(s.ok()) << s.status().to_string();
     served = *s;

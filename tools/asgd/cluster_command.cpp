@@ -32,7 +32,16 @@ struct ProcessFlags {
   std::string coordinator_key;  // --coordinator-key FILE: the coordinator's public key
   std::uint32_t max_restarts = 3;  // asgd cluster: restarts of each shard process at most
   bool supervised = false;         // coordinator: started by asgd cluster (hidden flag)
+  std::string shared_memory = "on";  // --shared-memory on|off
 };
+
+void add_shared_memory_flag(CLI::App* cmd, std::string& value) {
+  cmd->add_option("--shared-memory", value,
+                  "large tensors between processes on the same host through shared memory: on | off "
+                  "(default on; always off with --auth-keys)")
+      ->type_name("on|off")
+      ->check(quietly(CLI::IsMember({"on", "off"})));
+}
 
 void add_auth_flags(CLI::App* cmd, ProcessFlags& f, bool needs_coordinator) {
   cmd->add_option("--auth-keys", f.auth_keys,
@@ -92,6 +101,7 @@ void add_process_flags(CLI::App* cmd, ProcessFlags& f, bool listens, bool needs_
       ->type_name("S");
   if (needs_coordinator)
     cmd->add_option("--index", f.index, "ask for this index (default: the first free one)")->type_name("K");
+  add_shared_memory_flag(cmd, f.shared_memory);
 }
 
 ProcessOptions process_options(const ProcessFlags& pf) {
@@ -101,6 +111,7 @@ ProcessOptions process_options(const ProcessFlags& pf) {
   po.join_timeout_s = pf.join_timeout_s;
   po.data_dir = pf.data_dir;
   if (pf.index >= 0) po.index = static_cast<std::uint32_t>(pf.index);
+  po.shared_memory = pf.shared_memory == "on";
   return po;
 }
 
@@ -165,7 +176,9 @@ int run_cluster(const JobOptions& jo, const ProcessFlags& pf, LaunchFlags lf) {
                   "); run asgd coordinator, shard and worker with their keys instead (docs/cluster.md)");
       return kExitUsage;
     }
-    return run_launched_rank(jo, lf, *launch);
+    LaunchFlags launched = lf;
+    launched.shared_memory = pf.shared_memory == "on";
+    return run_launched_rank(jo, launched, *launch);
   }
   JobConfig config;
   if (auto code = load_job(jo, config)) return *code;
@@ -198,7 +211,9 @@ int run_cluster(const JobOptions& jo, const ProcessFlags& pf, LaunchFlags lf) {
   o.coordinator_args = {"--listen", pf.listen, "--join-timeout", std::to_string(pf.join_timeout_s)};
   for (auto& a : given_job_flags(jo)) o.coordinator_args.push_back(a);
   o.coordinator_args.insert(o.coordinator_args.end(), auth_args.begin(), auth_args.end());
-  o.role_args = {"--join-timeout", std::to_string(pf.join_timeout_s), "--log-level", jo.log.log_level};
+  o.coordinator_args.insert(o.coordinator_args.end(), {"--shared-memory", pf.shared_memory});
+  o.role_args = {"--join-timeout", std::to_string(pf.join_timeout_s), "--log-level", jo.log.log_level,
+                 "--shared-memory", pf.shared_memory};
   o.role_args.insert(o.role_args.end(), auth_args.begin(), auth_args.end());
   o.shards = config.shards;
   o.workers = config.workers;
@@ -234,6 +249,7 @@ std::function<int(const std::string&)> add_cluster_commands(CLI::App& app) {
                       "(default 3; 0: never)")
       ->type_name("N");
   add_auth_flags(cluster, all->cluster, false);
+  add_shared_memory_flag(cluster, all->cluster.shared_memory);
   const std::string launched = "Under a launcher (each rank runs this same command)";
   cluster->add_option("--launcher", all->launch.launcher,
                       "who started this process: auto | local | env | slurm | mpi | kubernetes | torchrun "

@@ -150,6 +150,7 @@ struct LaunchFlags {
   std::string interface;           ///< or that of this network interface
   double join_timeout_s = 60.0;
   bool print_layout = false;
+  bool shared_memory = true;       ///< --shared-memory: large tensors to processes on this host through it
 };
 
 /// One rank of a launched job: the coordinator, a shard or a worker by its

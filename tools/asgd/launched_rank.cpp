@@ -204,6 +204,7 @@ int run_launched_rank(const JobOptions& jo, const LaunchFlags& lf, const Launch&
   }
   ProcessOptions po;
   po.coordinator = launch.coordinator;
+  po.shared_memory = lf.shared_memory;
   po.index = role->index;
   // The others wait a little longer than rank 0, so that when a rank never
   // comes they hear rank 0's verdict (which names it) before giving up.

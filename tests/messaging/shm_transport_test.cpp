@@ -1,0 +1,264 @@
+// Shared memory between processes on one host (make_shm_transport): large
+// parts go through slots and arrive whole, a peer that refuses gets
+// everything on the wire, held slots make parts fall back to the wire, a
+// forged descriptor is dropped, and a sender killed while writing a slot
+// delivers nothing of that message while its peer goes on serving.
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "messaging/transport.hpp"
+
+namespace asgd::messaging {
+namespace {
+
+using namespace std::chrono_literals;
+using Clock = std::chrono::steady_clock;
+
+constexpr auto kArrives = 10s;
+constexpr auto kNothingComes = 100ms;
+
+Part text(std::string_view s) { return Part::copy_of(std::as_bytes(std::span(s.data(), s.size()))); }
+std::string text_of(const Part& p) { return {reinterpret_cast<const char*>(p.bytes.data()), p.bytes.size()}; }
+
+// `n` bytes that differ from place to place, starting from `seed`.
+Part big(std::size_t n, unsigned seed) {
+  std::vector<std::byte> b(n);
+  for (std::size_t i = 0; i < n; ++i) b[i] = static_cast<std::byte>((i * 131 + seed) & 0xFF);
+  return Part::take(std::move(b));
+}
+
+bool same_bytes(const Part& a, const Part& b) {
+  return a.bytes.size() == b.bytes.size() && std::memcmp(a.bytes.data(), b.bytes.data(), a.bytes.size()) == 0;
+}
+
+std::optional<Incoming> next(Transport& t, std::chrono::milliseconds timeout = kArrives) {
+  auto r = t.receive(timeout);
+  EXPECT_TRUE(r.ok()) << r.status().to_string();
+  if (!r.ok()) return std::nullopt;
+  return std::move(r).value();
+}
+
+bool sent(Transport& t, const PeerId& to, Message m) {
+  auto r = t.send(to, std::move(m));
+  EXPECT_TRUE(r.ok()) << r.status().to_string();
+  return r.ok() && *r;
+}
+
+std::unique_ptr<Transport> shm(SharedMemoryOptions o = {}) { return make_shm_transport(make_zmq_transport(), {}, o); }
+
+// Names this process left in /dev/shm.
+std::vector<std::string> names_left_by(pid_t pid) {
+  std::vector<std::string> left;
+  const std::string prefix = "asgd-" + std::to_string(pid) + "-";
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm"))
+    if (e.path().filename().string().starts_with(prefix)) left.push_back(e.path().string());
+  return left;
+}
+
+struct Pair {
+  std::unique_ptr<Transport> server, client;
+  PeerId to_server, to_client;
+};
+
+// A bound server and a connected client that have said hello both ways, so
+// each has had the other's offer and answered it.
+Pair handshake(SharedMemoryOptions server_options = {}, SharedMemoryOptions client_options = {}) {
+  Pair p{shm(server_options), shm(client_options), {}, {}};
+  auto bound = p.server->bind("tcp://127.0.0.1:0");
+  EXPECT_TRUE(bound.ok()) << bound.status().to_string();
+  auto id = p.client->connect(*bound);
+  EXPECT_TRUE(id.ok()) << id.status().to_string();
+  p.to_server = *id;
+  EXPECT_TRUE(sent(*p.client, p.to_server, {text("hello")}));
+  auto hello = next(*p.server);
+  EXPECT_TRUE(hello && text_of(hello->message[0]) == "hello");
+  if (hello) p.to_client = hello->from;
+  EXPECT_TRUE(sent(*p.server, p.to_client, {text("hi")}));
+  auto hi = next(*p.client);
+  EXPECT_TRUE(hi && text_of(hi->message[0]) == "hi");
+  // The answers to the offers travel with the next calls: one more each way.
+  EXPECT_TRUE(sent(*p.client, p.to_server, {text("ping")}));
+  EXPECT_TRUE(next(*p.server));
+  EXPECT_TRUE(sent(*p.server, p.to_client, {text("pong")}));
+  EXPECT_TRUE(next(*p.client));
+  return p;
+}
+
+TEST(SharedMemory, ALargePartGoesThroughASlotAndArrivesWholeBesideTheSmallOnes) {
+  Pair p = handshake();
+  EXPECT_EQ(p.client->stats().shm_peers, 1u);
+  EXPECT_EQ(p.server->stats().shm_peers, 1u);
+  // Both sides hold the slots open, so their names are gone already.
+  EXPECT_TRUE(names_left_by(getpid()).empty());
+
+  const Part payload = big(1 << 20, 7);
+  ASSERT_TRUE(sent(*p.client, p.to_server, {text("header"), payload, text("")}));
+  auto in = next(*p.server);
+  ASSERT_TRUE(in);
+  ASSERT_EQ(in->message.size(), 3u);
+  EXPECT_EQ(text_of(in->message[0]), "header");
+  EXPECT_TRUE(same_bytes(in->message[1], payload));
+  EXPECT_TRUE(in->message[1].exclusive);  // the receiver may write it (a reply over a gradient)
+  EXPECT_EQ(text_of(in->message[2]), "");
+  EXPECT_EQ(p.client->stats().shm_sent, 1u);
+  EXPECT_EQ(p.server->stats().shm_received, 1u);
+
+  // And back, from the bound side, with a slot that has to grow.
+  const Part reply = big(3 << 20, 9);
+  ASSERT_TRUE(sent(*p.server, p.to_client, {text("reply"), reply}));
+  auto back = next(*p.client);
+  ASSERT_TRUE(back);
+  EXPECT_TRUE(same_bytes(back->message[1], reply));
+  EXPECT_EQ(p.client->stats().shm_received, 1u);
+}
+
+TEST(SharedMemory, WithEverySlotHeldAPartGoesOnTheWireAndASlotLetGoIsUsedAgain) {
+  SharedMemoryOptions two;
+  two.slots_per_peer = 2;
+  Pair p = handshake({}, two);
+  std::vector<Incoming> held;
+  for (unsigned k = 0; k < 3; ++k) {
+    ASSERT_TRUE(sent(*p.client, p.to_server, {text("push"), big(256 << 10, k)}));
+    auto in = next(*p.server);
+    ASSERT_TRUE(in);
+    EXPECT_TRUE(same_bytes(in->message[1], big(256 << 10, k))) << k;
+    held.push_back(std::move(*in));
+  }
+  EXPECT_EQ(p.client->stats().shm_sent, 2u);
+  EXPECT_EQ(p.client->stats().shm_fallbacks, 1u);
+  held.clear();  // the receiver lets go: both slots are free again
+  ASSERT_TRUE(sent(*p.client, p.to_server, {text("push"), big(256 << 10, 5)}));
+  auto in = next(*p.server);
+  ASSERT_TRUE(in);
+  EXPECT_TRUE(same_bytes(in->message[1], big(256 << 10, 5)));
+  EXPECT_EQ(p.client->stats().shm_sent, 3u);
+}
+
+TEST(SharedMemory, APeerThatRefusesGetsEverythingOnTheWireAndNoNameIsLeftBehind) {
+  SharedMemoryOptions off;
+  off.enabled = false;
+  Pair p = handshake(off, {});
+  EXPECT_EQ(p.client->stats().shm_peers, 0u);
+  const Part payload = big(1 << 20, 3);
+  ASSERT_TRUE(sent(*p.client, p.to_server, {text("push"), payload}));
+  auto in = next(*p.server);
+  ASSERT_TRUE(in);
+  EXPECT_TRUE(same_bytes(in->message[1], payload));
+  EXPECT_EQ(p.client->stats().shm_sent, 0u);
+  EXPECT_TRUE(names_left_by(getpid()).empty());
+}
+
+// What a forged data descriptor looks like: the control part of a slot
+// nobody offered this receiver.
+Message forged_descriptor() {
+  std::vector<std::byte> head(24), table(24);
+  const std::uint32_t magic = 0x4D485341, count = 1, slot = 0;
+  const std::uint16_t version = 1, kind = 4;
+  const std::uint64_t token = 42, length = 1 << 20, generation = 1;
+  std::memcpy(head.data(), &magic, 4);
+  std::memcpy(head.data() + 4, &version, 2);
+  std::memcpy(head.data() + 6, &kind, 2);
+  std::memcpy(head.data() + 8, &token, 8);
+  std::memcpy(head.data() + 16, &count, 4);
+  std::memcpy(table.data(), &slot, 4);
+  std::memcpy(table.data() + 8, &length, 8);
+  std::memcpy(table.data() + 16, &generation, 8);
+  return {Part::take(std::move(head)), Part::take(std::move(table))};
+}
+
+TEST(SharedMemory, ADescriptorOfASlotNeverOfferedIsDroppedAndCountedAndTheNextMessageArrives) {
+  auto server = shm();
+  auto bound = server->bind("tcp://127.0.0.1:0");
+  ASSERT_TRUE(bound.ok());
+  auto plain = make_zmq_transport();  // speaks the wire only: no offer precedes it
+  auto id = plain->connect(*bound);
+  ASSERT_TRUE(id.ok());
+  ASSERT_TRUE(sent(*plain, *id, forged_descriptor()));
+  ASSERT_TRUE(sent(*plain, *id, {text("after")}));
+  auto in = next(*server);
+  ASSERT_TRUE(in);
+  EXPECT_EQ(text_of(in->message[0]), "after");
+  EXPECT_EQ(server->stats().shm_rejected, 1u);
+}
+
+// The child: connects to `endpoint`, waits until the server has accepted
+// its slots, then sends a large part and is killed (SIGKILL) half way
+// through copying it into its slot, before any descriptor leaves.
+[[noreturn]] void send_and_die_mid_write(const std::string& endpoint) {
+  SharedMemoryOptions o;
+  o.mid_write_hook = [] { ::raise(SIGKILL); };
+  auto t = shm(o);
+  auto id = t->connect(endpoint);
+  if (!id.ok() || !t->send(*id, {text("hello")}).ok()) ::_exit(2);
+  const auto deadline = Clock::now() + kArrives;
+  while (t->stats().shm_peers == 0 && Clock::now() < deadline) (void)t->receive(10ms);
+  if (t->stats().shm_peers == 0) ::_exit(3);
+  (void)t->send(*id, {text("doomed"), big(4 << 20, 1)});
+  ::_exit(4);  // not reached: the hook kills the process
+}
+
+TEST(SharedMemory, ASenderKilledMidWriteDeliversNothingOfThatMessageAndItsPeerServesTheNext) {
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  // Forked before this process has any thread (no transport yet).
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::close(fds[1]);
+    char buf[256] = {};
+    const ssize_t n = ::read(fds[0], buf, sizeof buf - 1);
+    if (n <= 0) ::_exit(1);
+    send_and_die_mid_write(std::string(buf, static_cast<std::size_t>(n)));
+  }
+  ::close(fds[0]);
+  auto server = shm();
+  auto bound = server->bind("tcp://127.0.0.1:0");
+  ASSERT_TRUE(bound.ok());
+  ASSERT_EQ(::write(fds[1], bound->data(), bound->size()), static_cast<ssize_t>(bound->size()));
+  ::close(fds[1]);
+
+  std::vector<std::string> seen;
+  int status = 0;
+  const auto deadline = Clock::now() + kArrives;
+  while (::waitpid(child, &status, WNOHANG) == 0 && Clock::now() < deadline)
+    if (auto in = next(*server, 10ms)) seen.push_back(text_of(in->message[0]));
+  ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "the child ended otherwise: " << status;
+  while (auto in = next(*server, kNothingComes)) seen.push_back(text_of(in->message[0]));
+  EXPECT_EQ(seen, std::vector<std::string>{"hello"});  // nothing of the message it was writing
+  EXPECT_EQ(server->stats().shm_received, 0u);
+  EXPECT_EQ(server->stats().shm_rejected, 0u);
+  EXPECT_TRUE(names_left_by(child).empty());  // unlinked once accepted: the kill leaves no file
+
+  // The server goes on: another sender's large part arrives, once and whole.
+  auto other = shm();
+  auto id = other->connect(*bound);
+  ASSERT_TRUE(id.ok());
+  ASSERT_TRUE(sent(*other, *id, {text("hello")}));
+  ASSERT_TRUE(next(*server));
+  while (other->stats().shm_peers == 0) {
+    ASSERT_TRUE(sent(*other, *id, {text("ping")}));
+    ASSERT_TRUE(next(*server));
+    (void)next(*other, 10ms);
+  }
+  const Part payload = big(4 << 20, 2);
+  ASSERT_TRUE(sent(*other, *id, {text("lives"), payload}));
+  auto in = next(*server);
+  ASSERT_TRUE(in);
+  EXPECT_EQ(text_of(in->message[0]), "lives");
+  EXPECT_TRUE(same_bytes(in->message[1], payload));
+  EXPECT_FALSE(next(*server, kNothingComes));
+  EXPECT_EQ(server->stats().shm_received, 1u);
+}
+
+}  // namespace
+}  // namespace asgd::messaging
