@@ -24,6 +24,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <future>
 #include <optional>
@@ -83,6 +84,19 @@ Result<std::uint64_t> parse_size(const std::string& s) {
   if (ec != std::errc() || p != digits.data() + digits.size() || n == 0)
     return Status::InvalidArgument("size '" + s + "': expected a number of floats like 4M, 512K or 1000");
   return n * mult;
+}
+
+// Seconds to copy `bytes` once within this process: a round trip through
+// shared memory copies at least the push into a slot and the reply out of
+// one, so two of these bound it.
+double memcpy_once(std::vector<float>& from, std::vector<float>& to, std::size_t bytes, int trips) {
+  std::memcpy(to.data(), from.data(), bytes);  // warm up: both buffers resident
+  const auto t0 = Clock::now();
+  for (int i = 0; i < trips; ++i) {
+    std::memcpy(to.data(), from.data(), bytes);
+    std::swap(from, to);
+  }
+  return std::chrono::duration<double>(Clock::now() - t0).count() / trips;
 }
 
 double median(std::vector<double> v) {
@@ -342,26 +356,36 @@ int run_comm(const CommOptions& o) {
   cfg.add_message_types<caf::id_block::asgd>();
   cfg.set("scheduler.max-threads", std::size_t{1});
   caf::actor_system system{cfg};
+  // Ours twice: over tcp (this bridge refuses the servers' offers of shared
+  // memory, so both directions stay on the wire) and through shared memory
+  // (with --auth there is none: CURVE turns it off).
   BridgeOptions bo;
   bo.name = "bench worker";
   bo.coding = fp16 ? TensorCoding::float16 : TensorCoding::float32;
   bo.curve = curve;
+  bo.shared_memory = false;
   auto bridge = Bridge::start(bo, nullptr);
-  if (!bridge) {
-    print_error(bridge.status().to_string());
+  bo.name = "bench worker (shared memory)";
+  bo.shared_memory = true;
+  auto shm_bridge = Bridge::start(bo, nullptr);
+  if (!bridge || !shm_bridge) {
+    print_error((!bridge ? bridge.status() : shm_bridge.status()).to_string());
     return kExitFailure;
   }
+  const bool with_shm = !curve;
 
   nlohmann::json results = nlohmann::json::array();
   if (!o.json)
-    std::printf("%-6s %10s %12s %12s %8s %12s\n", "floats", "bytes/dir", "raw GB/s", "ours GB/s", "ratio",
-                "wire MB/dir");
+    std::printf("%-6s %10s %10s %10s %7s %10s %11s %7s %12s\n", "floats", "bytes/dir", "raw GB/s", "ours GB/s",
+                "ratio", "shm GB/s", "memcpy GB/s", "of it", "wire MB/dir");
   // Ours with `shards` shard processes, shard i owning a contiguous slice
   // of the n parameters; raw with one echo process moving all n.
-  auto measure_size = [&](std::uint64_t n, int trips,
-                          std::size_t shards) -> std::optional<std::pair<double, double>> {
+  struct Seconds {
+    double raw, ours, shm, copy;  // per round trip; shm 0 without it
+  };
+  auto measure_size = [&](std::uint64_t n, int trips, std::size_t shards) -> std::optional<Seconds> {
     std::vector<std::unique_ptr<Server>> servers;
-    std::vector<caf::actor> remote;
+    std::vector<caf::actor> remote, remote_shm;
     std::vector<std::size_t> slices;
     for (std::size_t i = 0; i < shards; ++i) {
       const std::size_t slice = n / shards + (i < n % shards ? 1 : 0);
@@ -377,43 +401,57 @@ int run_comm(const CommOptions& o) {
         return std::nullopt;
       }
       remote.push_back(system.spawn(remote_shard, *bridge, *peer, static_cast<std::uint32_t>(i)));
+      auto shm_peer = (*shm_bridge)->connect((*server)->endpoint);
+      if (!shm_peer) {
+        print_error(shm_peer.status().to_string());
+        return std::nullopt;
+      }
+      remote_shm.push_back(system.spawn(remote_shard, *shm_bridge, *shm_peer, static_cast<std::uint32_t>(i)));
       slices.push_back(slice);
       servers.push_back(std::move(server).value());
     }
-    std::vector<float> raw_buffer(n, 0.001f);
-    std::vector<double> raw_s, ours_s;
+    std::vector<float> raw_buffer(n, 0.001f), copy_buffer(n, 0.0f);
+    std::vector<double> raw_s, ours_s, shm_s, copy_s;
     for (int r = 0; r < o.repeats; ++r) {
       raw_s.push_back(raw_round_trip(dealer, raw_buffer, n * sizeof(float), trips));
       const double t = ours_round_trip(system, remote, slices, trips);
-      if (t < 0) {
+      const double t_shm = with_shm ? ours_round_trip(system, remote_shm, slices, trips) : 0.0;
+      if (t < 0 || t_shm < 0) {
         print_error("no reply from a bench shard");
         return std::nullopt;
       }
       ours_s.push_back(t);
+      shm_s.push_back(t_shm);
+      copy_s.push_back(2.0 * memcpy_once(raw_buffer, copy_buffer, n * sizeof(float), trips));
     }
     for (auto& shard : remote) caf::anon_send_exit(shard, caf::exit_reason::user_shutdown);
-    return std::make_pair(median(raw_s), median(ours_s));
+    for (auto& shard : remote_shm) caf::anon_send_exit(shard, caf::exit_reason::user_shutdown);
+    return Seconds{median(raw_s), median(ours_s), median(shm_s), median(copy_s)};
   };
   for (std::uint64_t n : sizes) {
     const std::size_t bytes = n * sizeof(float);
     const int trips = std::max<int>(o.round_trips, static_cast<int>((64u << 20) / bytes));  // at least 64 MiB per measurement
     auto m = measure_size(n, std::min(trips, 1000), std::min<std::size_t>(o.shards, n));
     if (!m) return kExitFailure;
-    const double raw_gbs = 2.0 * static_cast<double>(bytes) / m->first / 1e9;
-    const double ours_gbs = 2.0 * static_cast<double>(bytes) / m->second / 1e9;
+    const auto gbs = [&](double s) { return s > 0 ? 2.0 * static_cast<double>(bytes) / s / 1e9 : 0.0; };
+    const double raw_gbs = gbs(m->raw), ours_gbs = gbs(m->ours), shm_gbs = gbs(m->shm), copy_gbs = gbs(m->copy);
     const double wire_mb = static_cast<double>(fp16 ? bytes / 2 : bytes) / 1e6;
     results.push_back({{"floats", n}, {"bytes_per_direction", bytes}, {"raw_gb_per_s", raw_gbs},
                        {"ours_gb_per_s", ours_gbs}, {"ratio", ours_gbs / raw_gbs},
-                       {"wire_mb_per_direction", wire_mb}, {"raw_round_trip_s", m->first},
-                       {"ours_round_trip_s", m->second}});
+                       {"shm_gb_per_s", with_shm ? nlohmann::json(shm_gbs) : nlohmann::json()},
+                       {"memcpy_gb_per_s", copy_gbs},
+                       {"shm_to_memcpy", with_shm ? nlohmann::json(shm_gbs / copy_gbs) : nlohmann::json()},
+                       {"wire_mb_per_direction", wire_mb}, {"raw_round_trip_s", m->raw},
+                       {"ours_round_trip_s", m->ours}});
     if (!o.json)
-      std::printf("%-6s %10zu %12.2f %12.2f %8.2f %12.1f\n", std::to_string(n >> 20 ? n >> 20 : n).append(n >> 20 ? "M" : "").c_str(),
-                  bytes, raw_gbs, ours_gbs, ours_gbs / raw_gbs, wire_mb);
+      std::printf("%-6s %10zu %10.2f %10.2f %7.2f %10.2f %11.2f %7.2f %12.1f\n",
+                  std::to_string(n >> 20 ? n >> 20 : n).append(n >> 20 ? "M" : "").c_str(), bytes, raw_gbs, ours_gbs,
+                  ours_gbs / raw_gbs, shm_gbs, copy_gbs, shm_gbs / copy_gbs, wire_mb);
   }
   // Small messages: one float each way, many round trips.
   auto small = measure_size(1, 2000, 1);
   if (!small) return kExitFailure;
-  const double raw_us = small->first * 1e6, ours_us = small->second * 1e6;
+  const double raw_us = small->raw * 1e6, ours_us = small->ours * 1e6;
   if (o.json) {
     nlohmann::json j = {{"compress", o.compress}, {"auth", o.auth}, {"repeats", o.repeats}, {"shards", o.shards},
                         {"sizes", results},
@@ -426,8 +464,12 @@ int run_comm(const CommOptions& o) {
                 "process(es), each owning a slice of the parameters; raw through one echo process; %s\n",
                 o.compress.c_str(), o.shards,
                 o.auth ? "both authenticated and encrypted (CurveZMQ)" : "both plain tcp (no --auth)");
+    std::printf("shm = ours through shared memory (%s); memcpy = copying the bytes once each way in one process, "
+                "the least a round trip through shared memory costs; of it = shm/memcpy\n",
+                with_shm ? "--shared-memory on" : "none with --auth");
   }
   (*bridge)->stop();
+  (*shm_bridge)->stop();
   return kExitOk;
 }
 

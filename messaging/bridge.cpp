@@ -26,8 +26,11 @@ Result<std::shared_ptr<Bridge>> Bridge::start(BridgeOptions options, Handler han
                                               std::unique_ptr<Transport> transport) {
   if (!transport) {
     transport = make_zmq_transport(options.limits, options.curve, options.name);
-    if (options.shared_memory && !options.curve)
-      transport = make_shm_transport(std::move(transport), options.limits, {}, options.name);
+    // Off, it still answers offers (refusing them), so that processes with
+    // it on and off can share a job; under CURVE nobody makes any.
+    SharedMemoryOptions shm;
+    shm.enabled = options.shared_memory;
+    if (!options.curve) transport = make_shm_transport(std::move(transport), options.limits, shm, options.name);
   }
   std::shared_ptr<Bridge> b(new Bridge(std::move(options), std::move(handler), std::move(transport)));
   if (!b->options_.listen.empty()) {

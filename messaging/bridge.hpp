@@ -91,7 +91,8 @@ struct BridgeOptions {
   /// may have held at once, or reading never resumes; 0: no limit.
   std::size_t max_unanswered = kDefaultMaxUnanswered;
   /// Large tensors to peers on this host through shared memory
-  /// (make_shm_transport), when start() makes the transport. Never with
+  /// (make_shm_transport), when start() makes the transport; when false,
+  /// peers' offers of it are refused and none are made. Never with
   /// `curve`: a peer could change a slot's bytes after they were checked,
   /// and CURVE is for peers this process does not trust that far.
   bool shared_memory = true;
