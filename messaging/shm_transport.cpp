@@ -9,8 +9,11 @@
 //   accept   the offer's token: every slot opened, the token read back
 //   refuse   the offer's token: not here (another host, another /dev/shm)
 //   data     count parts; one more part: a descriptor per part (u32 slot or
-//            kInline, u32 0, u64 length, u64 generation), then the inline
-//            parts in order
+//            kInline, u32 offset, u64 length, u64 generation), then the
+//            inline parts in order. A slot with kYours set is one of the
+//            receiver's own, handed back: the part was received from it and
+//            written over in place (a shard's reply over the gradient), so
+//            it returns without a copy.
 // A slot is a POSIX shared memory object: a 64-byte SlotHeader, then the
 // bytes of the one part it holds at a time.
 
@@ -41,6 +44,7 @@ enum class Kind : std::uint16_t { offer = 1, accept = 2, refuse = 3, data = 4 };
 constexpr std::size_t kControlBytes = 24;
 constexpr std::size_t kDescriptorBytes = 24;
 constexpr std::uint32_t kInline = 0xFFFFFFFF;
+constexpr std::uint32_t kYours = 0x80000000;
 constexpr std::size_t kMaxSlotsOffered = 64;
 constexpr std::size_t kSlotHeaderBytes = 64;    // keeps a slot's bytes 64-byte aligned
 constexpr std::size_t kGrowBy = 64u << 10;      // slot files grow in steps of this
@@ -131,12 +135,17 @@ struct Fd {
 
 // What a received part's owner holds: the slot goes back to its sender
 // when the last copy of the part's owner is dropped, on whatever thread.
+// A slot handed back to its sender (kYours) stays held: the sender's lease
+// on it lets it go.
 struct Lease {
   explicit Lease(std::shared_ptr<Region> r) : region(std::move(r)) {}
   Lease(const Lease&) = delete;
   Lease& operator=(const Lease&) = delete;
-  ~Lease() { region->header()->held.store(0, std::memory_order_release); }
+  ~Lease() {
+    if (!handed_back.load(std::memory_order_acquire)) region->header()->held.store(0, std::memory_order_release);
+  }
   std::shared_ptr<Region> region;
+  std::atomic<bool> handed_back{false};
 };
 
 // A slot this process writes (one per slot file it offered a peer).
@@ -158,6 +167,7 @@ struct OutPeer {
 struct InSlot {
   std::unique_ptr<Fd> file;
   std::shared_ptr<Region> region;
+  std::weak_ptr<Lease> lease;  // of the part last received in it
 };
 
 struct InPeer {
@@ -347,10 +357,20 @@ class ShmTransport final : public Transport {
     std::byte* at = table.data();
     Message inline_parts;
     std::vector<std::size_t> used;
+    std::vector<std::shared_ptr<Lease>> returned;
     const auto give_back = [&] {
       for (std::size_t i : used) out.slots[i].region->header()->held.store(0, std::memory_order_relaxed);
+      for (auto& lease : returned) lease->handed_back.store(false, std::memory_order_release);
     };
     for (const Part& p : message) {
+      if (auto yours = hand_back(peer, p)) {
+        returned.push_back(std::move(yours->lease));
+        put(at, yours->slot | kYours);
+        put(at, yours->offset);
+        put(at, static_cast<std::uint64_t>(p.bytes.size()));
+        put(at, returned.back()->region->header()->generation.load(std::memory_order_relaxed));
+        continue;
+      }
       std::optional<std::size_t> slot;
       if (p.bytes.size() >= options_.min_part_bytes) {
         slot = take_slot(out, p.bytes.size());
@@ -380,9 +400,33 @@ class ShmTransport final : public Transport {
     if (!sent.ok() || !*sent) {
       give_back();  // not sent: nobody will read them
     } else {
-      counts_.shm_sent += used.size();
+      counts_.shm_sent += used.size() + returned.size();
     }
     return sent;
+  }
+
+  struct HandBack {
+    std::uint32_t slot;
+    std::uint32_t offset;
+    std::shared_ptr<Lease> lease;
+  };
+
+  // When `p` lies in a slot `peer` sent us and we still lease, that slot
+  // goes back to it with the part in it.
+  std::optional<HandBack> hand_back(const PeerId& peer, const Part& p) {
+    if (p.bytes.size() < options_.min_part_bytes) return std::nullopt;
+    auto it = in_.find(peer);
+    if (it == in_.end()) return std::nullopt;
+    for (std::size_t i = 0; i < it->second.slots.size(); ++i) {
+      InSlot& slot = it->second.slots[i];
+      const std::byte* begin = slot.region->bytes();
+      if (p.bytes.data() < begin || p.bytes.data() + p.bytes.size() > begin + slot.region->capacity()) continue;
+      auto lease = slot.lease.lock();
+      if (!lease || lease->region != slot.region || lease->handed_back.exchange(true)) return std::nullopt;
+      return HandBack{static_cast<std::uint32_t>(i), static_cast<std::uint32_t>(p.bytes.data() - begin),
+                      std::move(lease)};
+    }
+    return std::nullopt;
   }
 
   // Handles a control message; returns the message a data one carried.
@@ -434,7 +478,7 @@ class ShmTransport final : public Transport {
       if (!name.starts_with("/asgd-") || name.find('/', 1) != std::string::npos) return std::nullopt;
       const int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
       if (fd < 0) return std::nullopt;
-      InSlot slot{std::make_unique<Fd>(fd), nullptr};
+      InSlot slot{std::make_unique<Fd>(fd), nullptr, {}};
       struct stat st {};
       if (fstat(fd, &st) != 0 || static_cast<std::size_t>(st.st_size) < kSlotHeaderBytes) return std::nullopt;
       slot.region = map_region(fd, static_cast<std::size_t>(st.st_size));
@@ -483,13 +527,20 @@ class ShmTransport final : public Transport {
     Message out;
     for (std::uint32_t i = 0; i < c.count; ++i) {
       const auto slot = get<std::uint32_t>(at);
-      (void)get<std::uint32_t>(at);
+      const auto offset = get<std::uint32_t>(at);
       const auto length = get<std::uint64_t>(at);
       const auto generation = get<std::uint64_t>(at);
       if (length > max_part || (total += length) > limits_.max_message_bytes) return std::nullopt;
       if (slot == kInline) {
         if (next_inline >= in.message.size() || in.message[next_inline].bytes.size() != length) return std::nullopt;
         out.push_back(std::move(in.message[next_inline++]));
+        continue;
+      }
+      if (offset != 0 && !(slot & kYours)) return std::nullopt;
+      if (slot & kYours) {
+        auto part = returned_slot(in.from, slot & ~kYours, offset, length, generation);
+        if (!part) return std::nullopt;
+        out.push_back(std::move(*part));
         continue;
       }
       if (slot >= peer.slots.size() || taken[slot]) return std::nullopt;
@@ -515,9 +566,31 @@ class ShmTransport final : public Transport {
     if (h->held.load(std::memory_order_acquire) != 1 || h->generation.load(std::memory_order_relaxed) != generation)
       return std::nullopt;
     Part p;
-    p.owner = std::make_shared<Lease>(slot.region);
+    auto lease = std::make_shared<Lease>(slot.region);
+    slot.lease = lease;
+    p.owner = std::move(lease);
     p.bytes = std::span<const std::byte>(slot.region->bytes(), length);
     p.exclusive = true;  // the sender does not touch the slot until we let go
+    ++counts_.shm_received;
+    return p;
+  }
+
+  // One of our own slots that `from` hands back (kYours): held since we
+  // wrote it, now with the part it wrote over ours.
+  std::optional<Part> returned_slot(const PeerId& from, std::uint32_t index, std::uint32_t offset,
+                                    std::uint64_t length, std::uint64_t generation) {
+    auto it = out_.find(from);
+    if (it == out_.end() || it->second.state != OutPeer::State::accepted || index >= it->second.slots.size())
+      return std::nullopt;
+    const std::shared_ptr<Region>& region = it->second.slots[index].region;
+    SlotHeader* h = region->header();
+    if (std::uint64_t{offset} + length > region->capacity() || h->held.load(std::memory_order_acquire) != 1 ||
+        h->generation.load(std::memory_order_relaxed) != generation)
+      return std::nullopt;
+    Part p;
+    p.owner = std::make_shared<Lease>(region);
+    p.bytes = std::span<const std::byte>(region->bytes() + offset, length);
+    p.exclusive = true;
     ++counts_.shm_received;
     return p;
   }

@@ -122,6 +122,41 @@ TEST(SharedMemory, ALargePartGoesThroughASlotAndArrivesWholeBesideTheSmallOnes) 
   EXPECT_EQ(p.client->stats().shm_received, 1u);
 }
 
+// A shard writes its reply over the gradient it received; sending that
+// back hands the sender's own slot back instead of copying it into one of
+// its own. Here the server's slots cannot grow (max_bytes), so the reply
+// could not have gone through them: it went back in the client's.
+TEST(SharedMemory, APartWrittenOverInPlaceGoesBackInTheSendersOwnSlotWithoutACopy) {
+  SharedMemoryOptions small;
+  small.max_bytes = 4 * static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
+  Pair p = handshake(small, {});
+  ASSERT_TRUE(sent(*p.client, p.to_server, {text("push"), big(1 << 20, 4)}));
+  auto in = next(*p.server);
+  ASSERT_TRUE(in);
+  ASSERT_TRUE(in->message[1].exclusive);
+  auto* bytes = const_cast<std::byte*>(in->message[1].bytes.data());
+  for (std::size_t i = 0; i < in->message[1].bytes.size(); ++i) bytes[i] = ~bytes[i];  // the reply, in place
+  const Part expected = Part::copy_of(in->message[1].bytes);
+  ASSERT_TRUE(sent(*p.server, p.to_client, {text("reply"), in->message[1]}));
+  in.reset();  // the server lets go of its copy of the part: the slot stays the client's
+  auto back = next(*p.client);
+  ASSERT_TRUE(back);
+  EXPECT_TRUE(same_bytes(back->message[1], expected));
+  EXPECT_EQ(p.server->stats().shm_fallbacks, 0u);
+  EXPECT_EQ(p.server->stats().shm_sent, 1u);
+  EXPECT_EQ(p.client->stats().shm_received, 1u);
+  // While the client holds the reply its slot is taken; once it lets go,
+  // the next push may use it again.
+  back.reset();
+  for (unsigned k = 0; k < 8; ++k) {
+    ASSERT_TRUE(sent(*p.client, p.to_server, {text("push"), big(1 << 20, k)}));
+    auto again = next(*p.server);
+    ASSERT_TRUE(again);
+    EXPECT_TRUE(same_bytes(again->message[1], big(1 << 20, k)));
+  }
+  EXPECT_EQ(p.client->stats().shm_fallbacks, 0u);
+}
+
 TEST(SharedMemory, WithEverySlotHeldAPartGoesOnTheWireAndASlotLetGoIsUsedAgain) {
   SharedMemoryOptions two;
   two.slots_per_peer = 2;
