@@ -123,6 +123,7 @@ caf::actor_system_config actor_config(std::size_t threads) {
   caf::actor_system_config cfg;
   cfg.add_message_types<caf::id_block::asgd>();
   cfg.set("scheduler.max-threads", std::max<std::size_t>(1, threads));
+  sleep_when_idle(cfg);
   return cfg;
 }
 

@@ -186,6 +186,7 @@ Result<JobSummary> run_coordinator_process(const JobConfig& config, const Proces
   caf::actor_system_config cfg;
   cfg.add_message_types<caf::id_block::asgd>();
   cfg.set("scheduler.max-threads", 1);
+  sleep_when_idle(cfg);
   caf::actor_system system{cfg};
   caf::actor registry = spawn_registry(system, RegistrySetup{config, o.join_timeout_s, o.supervision, o.rank_hosts});
   auto started = start_bridge(config, o, registry);

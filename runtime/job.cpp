@@ -132,6 +132,10 @@ Status validate(const JobConfig& c) { return validate_config(c, true); }
 
 Status validate_settings(const JobConfig& c, bool devices_here) { return validate_config(c, true, devices_here); }
 
+void sleep_when_idle(caf::actor_system_config& cfg) {
+  cfg.set("work-stealing.moderate-poll-attempts", std::size_t{0});
+}
+
 Status device_usable_here(const std::string& text) {
   auto device = Device::parse(text);
   if (!device) return device.status();
@@ -283,6 +287,7 @@ Result<JobSummary> run_coordinator(CoordinatorSetup setup, const ClusterHooks& h
   // on 2 cores, bench runtime (b)/(a) went from 0.88-0.91 to 0.97-1.01, and
   // 2-worker training from ~135k to ~165k samples/s.
   cfg.set("scheduler.max-threads", setup.plan.actor_threads);
+  if (hooks.make_placement) sleep_when_idle(cfg);  // the coordinator process: its workers are elsewhere
   auto outcome = std::make_shared<std::promise<Result<JobSummary>>>();
   auto future = outcome->get_future().share();
   setup.outcome = outcome;
