@@ -36,6 +36,7 @@
 #include "actors/parameter_shard.hpp"
 #include "messaging/bridge.hpp"
 #include "messaging/curve_auth.hpp"
+#include "runtime/job_internal.hpp"
 #include "tools/asgd/commands.hpp"
 
 extern char** environ;
@@ -147,6 +148,7 @@ int serve_shard(const CommOptions& o) {
   caf::actor_system_config cfg;
   cfg.add_message_types<caf::id_block::asgd>();
   cfg.set("scheduler.max-threads", std::size_t{1});
+  sleep_when_idle(cfg);  // as a job's processes do
   caf::actor_system system{cfg};
   ShardSetup ss;
   ss.range = {0, o.size};
@@ -355,6 +357,7 @@ int run_comm(const CommOptions& o) {
   caf::actor_system_config cfg;
   cfg.add_message_types<caf::id_block::asgd>();
   cfg.set("scheduler.max-threads", std::size_t{1});
+  sleep_when_idle(cfg);  // as a job's processes do
   caf::actor_system system{cfg};
   // Ours twice: over tcp (this bridge refuses the servers' offers of shared
   // memory, so both directions stay on the wire) and through shared memory
