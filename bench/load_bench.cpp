@@ -139,7 +139,9 @@ Result<pid_t> spawn_shard(const std::string& coordinator, std::uint32_t index, c
   posix_spawn_file_actions_addopen(&fa, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
   const std::string asgd = sibling_program("asgd");
   std::vector<std::string> a = {asgd,        "shard",          "--coordinator", coordinator, "--index",
-                                std::to_string(index), "--join-timeout", "30",          "--log-level", "info"};
+                                std::to_string(index), "--join-timeout", "30",          "--log-level", "info",
+                                // The simulated workers are bare ZeroMQ sockets: no offers of shared memory.
+                                "--shared-memory", "off"};
   std::vector<char*> argv;
   for (auto& s : a) argv.push_back(s.data());
   argv.push_back(nullptr);
