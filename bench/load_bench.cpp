@@ -165,6 +165,20 @@ std::optional<double> rss_mib(pid_t pid) {
   return std::nullopt;
 }
 
+// User plus system CPU seconds `pid` has used so far; 0 when it is gone.
+double cpu_seconds(pid_t pid) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto after_name = stat.rfind(')');  // the name may hold spaces
+  if (after_name == std::string::npos) return 0.0;
+  std::istringstream fields(stat.substr(after_name + 2));
+  std::string field;
+  double ticks = 0;
+  for (int k = 3; k <= 15 && fields >> field; ++k)
+    if (k >= 14) ticks += std::stod(field);  // utime, stime
+  return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
+}
+
 std::string load_average() {
   std::ifstream in("/proc/loadavg");
   std::string a, b, c;
@@ -393,6 +407,7 @@ struct ShardSummary {
   std::uint64_t sent = 0, replies = 0, applied = 0, other = 0;
   std::optional<ShardStats> stats;
   bool agree = false;
+  double cpu_s = 0;  // the shard process's CPU time when the workers had stopped
 };
 
 int run_load(const LoadOptions& o) {
@@ -609,6 +624,7 @@ int run_load(const LoadOptions& o) {
     auto st = ask_stats(ctx, shards[i]->endpoint);
     if (!st) return fail("shard " + std::to_string(i) + ": " + st.status().message());
     s.stats = *st;
+    s.cpu_s = cpu_seconds(shards[i]->pid);
     s.agree = s.replies == s.sent && s.other == 0 && s.applied == st->updates_applied && st->duplicate_requests == 0;
     if (!s.agree) {
       counters_ok = false;
@@ -646,6 +662,9 @@ int run_load(const LoadOptions& o) {
   std::printf("(RSS in MiB over [%.0f s, %.0f s]; dev: the largest distance from RSS@%.0fs)\n", settle, wall, settle);
   std::printf("%.0f pushes/s over %.0f s; load average %s at the start, %s at the end\n",
               static_cast<double>(total_sent) / wall, wall, load_start.c_str(), load_end.c_str());
+  for (std::uint32_t i = 0; i < o.shards; ++i)
+    std::printf("shard %u: %.2f s of CPU, %.0f us per update applied (start-up included)\n", i, summary[i].cpu_s,
+                1e6 * summary[i].cpu_s / static_cast<double>(std::max<std::uint64_t>(1, summary[i].stats->updates_applied)));
   for (const auto& line : shard_lines) std::printf("  %s\n", line.c_str());
   const bool ok = rss_ok && counters_ok && problems.empty();
   std::printf("%s\n", ok ? "ok: RSS stayed within the tolerance and every applied push was counted once by its shard"
@@ -665,7 +684,7 @@ int run_load(const LoadOptions& o) {
                                 {"pushes_sent", s.sent}, {"replies", s.replies}, {"applied_replies", s.applied},
                                 {"other_replies", s.other}, {"updates_applied", s.stats->updates_applied},
                                 {"rejected", s.stats->rejected}, {"duplicate_requests", s.stats->duplicate_requests},
-                                {"agree", s.agree}});
+                                {"cpu_s", s.cpu_s}, {"agree", s.agree}});
     }
     j["shard_log"] = shard_lines;
     for (const auto& sm : samples) j["rss_samples"].push_back({{"t", sm.t}, {"rss_mib", sm.rss}});
