@@ -16,9 +16,16 @@ every worker 4x slow with chance 0.1, seeded):
   * per policy it prints the median, min and max time to target, the epoch of
     each run in which the target was crossed, final test accuracy, samples/s,
     staleness (in clocks) and the seconds each worker's reads were held back
-    by the policy; then for pairs of policies the ratio of medians and a
-    verdict: "faster" or "slower" when their min-max spreads do not overlap,
-    "not distinguishable" when they do.
+    by the policy; then for pairs of policies the ratio of medians, whether
+    their min-max spreads overlap, and a verdict: "faster" or "slower" when
+    an exact two-sided Mann-Whitney rank test on the two sets of times gives
+    p < 0.05, "not distinguishable" otherwise. With 5 runs each, spreads
+    that do not overlap give p = 0.008; the rank test also calls a pair
+    apart when one or two of the 25 pairs of runs are the other way round
+    (p = 0.016, 0.032), so that one run a little off on a drifting VM does
+    not turn a clear difference into "not distinguishable" in one run of
+    the script and not in the next (issue 24: two runs of the script, a
+    few minutes apart, must agree on every verdict).
 
 Footing (--footing). "per-sample" (the default) gives every policy the same
 learning rate per sample: each applies momentum SGD at --lr to every
@@ -63,6 +70,7 @@ Exit status: 0 every run completed (whatever the verdict), 1 a run failed,
 """
 
 import argparse
+import itertools
 import json
 import os
 import shutil
@@ -221,21 +229,39 @@ def fmt_ttt(s, target):
     return "not measurable: " + "; ".join(parts)
 
 
+def rank_test(a, b):
+    """Exact two-sided Mann-Whitney p-value for times `a` against `b`, and
+    whether `a` tends to be the smaller: counts the pairs in which a's time
+    is below b's (ties half), against every way of splitting the pooled
+    times into groups of those sizes."""
+    def wins(xs, ys):
+        return sum(1.0 if x < y else 0.5 if x == y else 0.0 for x in xs for y in ys)
+    observed = wins(a, b)
+    pooled = list(a) + list(b)
+    below = above = total = 0
+    for chosen in itertools.combinations(range(len(pooled)), len(a)):
+        picked = set(chosen)
+        w = wins([pooled[i] for i in chosen], [pooled[i] for i in range(len(pooled)) if i not in picked])
+        total += 1
+        below += w <= observed
+        above += w >= observed
+    p = min(1.0, 2.0 * min(below, above) / total)
+    return p, observed > len(a) * len(b) / 2.0
+
+
 def compare(summaries, policy, other, target):
     """(ratio of medians or None, verdict, text) for `policy` against `other`."""
     a, b = summaries[policy], summaries[other]
     if a["ttt_median_s"] is None or b["ttt_median_s"] is None:
         who = " and ".join(p for p, s in ((policy, a), (other, b)) if s["ttt_median_s"] is None)
-        return None, "not measurable", f"not measurable ({who}: no median time to {target}, see above)"
+        return None, "not measurable", f"not measurable ({who}: no median time to {target}, see above)", None, None
     value = a["ttt_median_s"] / b["ttt_median_s"]
-    if a["ttt_max_s"] < b["ttt_min_s"]:
-        verdict = "faster"
-    elif a["ttt_min_s"] > b["ttt_max_s"]:
-        verdict = "slower"
-    else:
-        verdict = "not distinguishable"
-    spreads = (f"{a['ttt_min_s']:.2f}-{a['ttt_max_s']:.2f} s against {b['ttt_min_s']:.2f}-{b['ttt_max_s']:.2f} s")
-    return value, verdict, f"{value:.3f}  {verdict} ({spreads})"
+    p, a_smaller = rank_test(a["time_to_target_s"], b["time_to_target_s"])
+    verdict = ("faster" if a_smaller else "slower") if p < 0.05 else "not distinguishable"
+    overlap = not (a["ttt_max_s"] < b["ttt_min_s"] or a["ttt_min_s"] > b["ttt_max_s"])
+    spreads = (f"{a['ttt_min_s']:.2f}-{a['ttt_max_s']:.2f} s against {b['ttt_min_s']:.2f}-{b['ttt_max_s']:.2f} s, "
+               f"{'overlapping' if overlap else 'apart'}; rank test p = {p:.3f}")
+    return value, verdict, f"{value:.3f}  {verdict} ({spreads})", p, overlap
 
 
 def print_policy(s, a):
@@ -351,19 +377,21 @@ def main():
         print()
         verdicts = {}
         for pol, other in PAIRS:
-            value, verdict, text = compare(summaries, pol, other, a.target)
-            verdicts[f"{pol}/{other}"] = {"ratio": value, "verdict": verdict}
+            value, verdict, text, p, overlap = compare(summaries, pol, other, a.target)
+            verdicts[f"{pol}/{other}"] = {"ratio": value, "verdict": verdict, "p": p, "spreads_overlap": overlap}
             print(f"  median({pol}) / median({other}) = {text}")
         results[sc] = {"summaries": summaries, "verdicts": verdicts}
 
-    print(f"\nverdicts ({a.footing} footing; faster/slower: the min-max spreads of {a.repeats} runs do not overlap)")
+    print(f"\nverdicts ({a.footing} footing; faster/slower: exact two-sided rank test on the {a.repeats} times of "
+          f"each, p < 0.05; * marks min-max spreads that do not overlap)")
     print("  " + "pair".ljust(14) + "".join(sc.ljust(27) for sc in scenarios))
     for pol, other in PAIRS:
         key = f"{pol}/{other}"
         cells = []
         for sc in scenarios:
             v = results[sc]["verdicts"][key]
-            cells.append((v["verdict"] if v["ratio"] is None else f"{v['ratio']:.2f} {v['verdict']}").ljust(27))
+            mark = "*" if v["spreads_overlap"] is False else ""
+            cells.append((v["verdict"] if v["ratio"] is None else f"{v['ratio']:.2f} {v['verdict']}{mark}").ljust(27))
         print("  " + key.ljust(14) + "".join(cells))
     print(f"\n{total} runs in {elapsed:.0f} s" + (f"; metrics files in {out_dir}" if a.out else ""), flush=True)
 
