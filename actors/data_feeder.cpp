@@ -1,4 +1,5 @@
 #include "actors/data_feeder.hpp"
+#include "actors/thrown.hpp"
 
 namespace asgd {
 
@@ -41,6 +42,15 @@ data::Batch BatchSource::next() {
 }
 
 caf::behavior data_feeder(caf::stateful_actor<FeederState>* self, FeederSetup setup) {
+  // A batch that cannot be made (out of memory) still answers the worker
+  // waiting for it, with the error: a promise dropped unanswered would
+  // leave that worker's request open for good.
+  self->set_exception_handler([self](caf::scheduled_actor*, std::exception_ptr& thrown) -> caf::error {
+    const caf::error failed = thrown_error(thrown, "a data feeder");
+    for (auto& p : self->state.waiting) p.deliver(failed);
+    self->state.waiting.clear();
+    return failed;
+  });
   auto& st = self->state;
   st.capacity = std::max<std::uint32_t>(1, setup.capacity);
   st.source = std::make_unique<BatchSource>(std::move(setup));
