@@ -1,21 +1,6 @@
 // Shared memory between processes on one host, as a wrapper around another
-// transport (make_shm_transport in transport.hpp says what it promises).
-//
-// Two such wrappers talk through control messages of their own, each
-// beginning with a 24-byte part
-//   u32 magic "ASHM" | u16 version | u16 kind | u64 token | u32 count | u32 0
-// (a wire frame begins with "ASGD", so neither is taken for the other):
-//   offer    count slots; one more part: their names, each ending in a NUL
-//   accept   the offer's token: every slot opened, the token read back
-//   refuse   the offer's token: not here (another host, another /dev/shm)
-//   data     count parts; one more part: a descriptor per part (u32 slot or
-//            kInline, u32 offset, u64 length, u64 generation), then the
-//            inline parts in order. A slot with kYours set is one of the
-//            receiver's own, handed back: the part was received from it and
-//            written over in place (a shard's reply over the gradient), so
-//            it returns without a copy.
-// A slot is a POSIX shared memory object: a 64-byte SlotHeader, then the
-// bytes of the one part it holds at a time.
+// transport (make_shm_transport in transport.hpp says what it promises;
+// messaging/shm_slots.hpp holds its control messages and slots).
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -31,151 +16,13 @@
 #include <utility>
 
 #include "base/log.hpp"
+#include "messaging/shm_slots.hpp"
 #include "messaging/transport.hpp"
 
-namespace asgd::messaging {
+namespace asgd::messaging::shm_detail {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-constexpr std::uint32_t kShmMagic = 0x4D485341;  // "ASHM" read as little-endian bytes
-constexpr std::uint16_t kShmVersion = 1;
-enum class Kind : std::uint16_t { offer = 1, accept = 2, refuse = 3, data = 4 };
-constexpr std::size_t kControlBytes = 24;
-constexpr std::size_t kDescriptorBytes = 24;
-constexpr std::uint32_t kInline = 0xFFFFFFFF;
-constexpr std::uint32_t kYours = 0x80000000;
-constexpr std::size_t kMaxSlotsOffered = 64;
-constexpr std::size_t kSlotHeaderBytes = 64;    // keeps a slot's bytes 64-byte aligned
-constexpr std::size_t kGrowBy = 64u << 10;      // slot files grow in steps of this
-
-// The start of every slot, in shared memory: both processes touch `held`
-// and read `generation`, so both are lock-free atomics (address-free).
-struct SlotHeader {
-  std::uint64_t token;                   // the offer's: names the slot set
-  std::atomic<std::uint32_t> held;       // 1 from the sender's write until the receiver lets go
-  std::uint32_t reserved;
-  std::atomic<std::uint64_t> generation; // of the message the slot holds
-};
-static_assert(std::atomic<std::uint32_t>::is_always_lock_free && std::atomic<std::uint64_t>::is_always_lock_free);
-static_assert(sizeof(SlotHeader) <= kSlotHeaderBytes);
-
-struct Control {
-  Kind kind;
-  std::uint64_t token;
-  std::uint32_t count;
-};
-
-template <class T>
-void put(std::byte*& at, T v) {
-  std::memcpy(at, &v, sizeof v);
-  at += sizeof v;
-}
-
-template <class T>
-T get(const std::byte*& at) {
-  T v;
-  std::memcpy(&v, at, sizeof v);
-  at += sizeof v;
-  return v;
-}
-
-Part control_part(Kind kind, std::uint64_t token, std::uint32_t count) {
-  std::vector<std::byte> bytes(kControlBytes);
-  std::byte* at = bytes.data();
-  put(at, kShmMagic);
-  put(at, kShmVersion);
-  put(at, static_cast<std::uint16_t>(kind));
-  put(at, token);
-  put(at, count);
-  put(at, std::uint32_t{0});
-  return Part::take(std::move(bytes));
-}
-
-std::optional<Control> read_control(const Message& m) {
-  if (m.empty() || m[0].bytes.size() != kControlBytes) return std::nullopt;
-  const std::byte* at = m[0].bytes.data();
-  if (get<std::uint32_t>(at) != kShmMagic || get<std::uint16_t>(at) != kShmVersion) return std::nullopt;
-  Control c;
-  c.kind = static_cast<Kind>(get<std::uint16_t>(at));
-  c.token = get<std::uint64_t>(at);
-  c.count = get<std::uint32_t>(at);
-  return c;
-}
-
-// A mapping of a slot file, unmapped when its last user lets go (a received
-// part keeps the mapping it points into).
-struct Region {
-  std::byte* base = nullptr;
-  std::size_t size = 0;
-  Region(std::byte* b, std::size_t s) : base(b), size(s) {}
-  Region(const Region&) = delete;
-  Region& operator=(const Region&) = delete;
-  ~Region() { munmap(base, size); }
-  SlotHeader* header() const { return reinterpret_cast<SlotHeader*>(base); }
-  std::byte* bytes() const { return base + kSlotHeaderBytes; }
-  std::size_t capacity() const { return size - kSlotHeaderBytes; }
-};
-
-std::shared_ptr<Region> map_region(int fd, std::size_t size) {
-  void* p = mmap(nullptr, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-  if (p == MAP_FAILED) return nullptr;
-  return std::make_shared<Region>(static_cast<std::byte*>(p), size);
-}
-
-struct Fd {
-  int fd = -1;
-  explicit Fd(int f) : fd(f) {}
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  ~Fd() {
-    if (fd >= 0) close(fd);
-  }
-};
-
-// What a received part's owner holds: the slot goes back to its sender
-// when the last copy of the part's owner is dropped, on whatever thread.
-// A slot handed back to its sender (kYours) stays held: the sender's lease
-// on it lets it go.
-struct Lease {
-  explicit Lease(std::shared_ptr<Region> r) : region(std::move(r)) {}
-  Lease(const Lease&) = delete;
-  Lease& operator=(const Lease&) = delete;
-  ~Lease() {
-    if (!handed_back.load(std::memory_order_acquire)) region->header()->held.store(0, std::memory_order_release);
-  }
-  std::shared_ptr<Region> region;
-  std::atomic<bool> handed_back{false};
-};
-
-// A slot this process writes (one per slot file it offered a peer).
-struct OutSlot {
-  std::string name;  // empty once unlinked
-  std::unique_ptr<Fd> file;
-  std::shared_ptr<Region> region;
-};
-
-struct OutPeer {
-  enum class State { offered, accepted, refused } state = State::offered;
-  std::uint64_t token = 0;
-  std::vector<OutSlot> slots;
-  std::uint64_t generation = 0;
-  std::size_t next = 0;  // where the search for a free slot starts
-};
-
-// A peer's slots as this process reads them.
-struct InSlot {
-  std::unique_ptr<Fd> file;
-  std::shared_ptr<Region> region;
-  std::weak_ptr<Lease> lease;  // of the part last received in it
-};
-
-struct InPeer {
-  std::uint64_t token = 0;
-  std::vector<InSlot> slots;
-};
-
-std::size_t round_up(std::size_t n, std::size_t step) { return (n + step - 1) / step * step; }
 
 class ShmTransport final : public Transport {
  public:
@@ -625,10 +472,13 @@ class ShmTransport final : public Transport {
 };
 
 }  // namespace
+}  // namespace asgd::messaging::shm_detail
+
+namespace asgd::messaging {
 
 std::unique_ptr<Transport> make_shm_transport(std::unique_ptr<Transport> inner, TransportLimits limits,
                                               SharedMemoryOptions options, std::string log_name) {
-  return std::make_unique<ShmTransport>(std::move(inner), limits, options, std::move(log_name));
+  return std::make_unique<shm_detail::ShmTransport>(std::move(inner), limits, options, std::move(log_name));
 }
 
 }  // namespace asgd::messaging

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "messaging/transport.hpp"
+#include "messaging/transport_helpers.hpp"
 
 namespace asgd::messaging {
 namespace {
@@ -24,11 +25,7 @@ namespace {
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
-constexpr auto kArrives = 10s;
-constexpr auto kNothingComes = 100ms;
-
-Part text(std::string_view s) { return Part::copy_of(std::as_bytes(std::span(s.data(), s.size()))); }
-std::string text_of(const Part& p) { return {reinterpret_cast<const char*>(p.bytes.data()), p.bytes.size()}; }
+using namespace asgd::messaging::testing;
 
 // `n` bytes that differ from place to place, starting from `seed`.
 Part big(std::size_t n, unsigned seed) {
@@ -41,17 +38,16 @@ bool same_bytes(const Part& a, const Part& b) {
   return a.bytes.size() == b.bytes.size() && std::memcmp(a.bytes.data(), b.bytes.data(), a.bytes.size()) == 0;
 }
 
-std::optional<Incoming> next(Transport& t, std::chrono::milliseconds timeout = kArrives) {
-  auto r = t.receive(timeout);
-  EXPECT_TRUE(r.ok()) << r.status().to_string();
-  if (!r.ok()) return std::nullopt;
-  return std::move(r).value();
-}
-
-bool sent(Transport& t, const PeerId& to, Message m) {
-  auto r = t.send(to, std::move(m));
-  EXPECT_TRUE(r.ok()) << r.status().to_string();
-  return r.ok() && *r;
+// Sends `label` and `payload` from `from` to `to` and returns what `at`
+// receives, after checking it arrived whole.
+std::optional<Incoming> delivered(Transport& from, const PeerId& to, Transport& at, std::string_view label,
+                                  const Part& payload) {
+  if (!sent(from, to, {text(label), payload})) return std::nullopt;
+  auto in = next(at);
+  EXPECT_TRUE(in && in->message.size() == 2 && text_of(in->message[0]) == label &&
+              same_bytes(in->message[1], payload))
+      << label;
+  return in;
 }
 
 std::unique_ptr<Transport> shm(SharedMemoryOptions o = {}) { return make_shm_transport(make_zmq_transport(), {}, o); }
@@ -114,11 +110,7 @@ TEST(SharedMemory, ALargePartGoesThroughASlotAndArrivesWholeBesideTheSmallOnes) 
   EXPECT_EQ(p.server->stats().shm_received, 1u);
 
   // And back, from the bound side, with a slot that has to grow.
-  const Part reply = big(3 << 20, 9);
-  ASSERT_TRUE(sent(*p.server, p.to_client, {text("reply"), reply}));
-  auto back = next(*p.client);
-  ASSERT_TRUE(back);
-  EXPECT_TRUE(same_bytes(back->message[1], reply));
+  ASSERT_TRUE(delivered(*p.server, p.to_client, *p.client, "reply", big(3 << 20, 9)));
   EXPECT_EQ(p.client->stats().shm_received, 1u);
 }
 
@@ -148,12 +140,7 @@ TEST(SharedMemory, APartWrittenOverInPlaceGoesBackInTheSendersOwnSlotWithoutACop
   // While the client holds the reply its slot is taken; once it lets go,
   // the next push may use it again.
   back.reset();
-  for (unsigned k = 0; k < 8; ++k) {
-    ASSERT_TRUE(sent(*p.client, p.to_server, {text("push"), big(1 << 20, k)}));
-    auto again = next(*p.server);
-    ASSERT_TRUE(again);
-    EXPECT_TRUE(same_bytes(again->message[1], big(1 << 20, k)));
-  }
+  for (unsigned k = 0; k < 8; ++k) ASSERT_TRUE(delivered(*p.client, p.to_server, *p.server, "push", big(1 << 20, k)));
   EXPECT_EQ(p.client->stats().shm_fallbacks, 0u);
 }
 
@@ -163,19 +150,14 @@ TEST(SharedMemory, WithEverySlotHeldAPartGoesOnTheWireAndASlotLetGoIsUsedAgain) 
   Pair p = handshake({}, two);
   std::vector<Incoming> held;
   for (unsigned k = 0; k < 3; ++k) {
-    ASSERT_TRUE(sent(*p.client, p.to_server, {text("push"), big(256 << 10, k)}));
-    auto in = next(*p.server);
+    auto in = delivered(*p.client, p.to_server, *p.server, "push", big(256 << 10, k));
     ASSERT_TRUE(in);
-    EXPECT_TRUE(same_bytes(in->message[1], big(256 << 10, k))) << k;
     held.push_back(std::move(*in));
   }
   EXPECT_EQ(p.client->stats().shm_sent, 2u);
   EXPECT_EQ(p.client->stats().shm_fallbacks, 1u);
   held.clear();  // the receiver lets go: both slots are free again
-  ASSERT_TRUE(sent(*p.client, p.to_server, {text("push"), big(256 << 10, 5)}));
-  auto in = next(*p.server);
-  ASSERT_TRUE(in);
-  EXPECT_TRUE(same_bytes(in->message[1], big(256 << 10, 5)));
+  ASSERT_TRUE(delivered(*p.client, p.to_server, *p.server, "push", big(256 << 10, 5)));
   EXPECT_EQ(p.client->stats().shm_sent, 3u);
 }
 
@@ -184,11 +166,7 @@ TEST(SharedMemory, APeerThatRefusesGetsEverythingOnTheWireAndNoNameIsLeftBehind)
   off.enabled = false;
   Pair p = handshake(off, {});
   EXPECT_EQ(p.client->stats().shm_peers, 0u);
-  const Part payload = big(1 << 20, 3);
-  ASSERT_TRUE(sent(*p.client, p.to_server, {text("push"), payload}));
-  auto in = next(*p.server);
-  ASSERT_TRUE(in);
-  EXPECT_TRUE(same_bytes(in->message[1], payload));
+  ASSERT_TRUE(delivered(*p.client, p.to_server, *p.server, "push", big(1 << 20, 3)));
   EXPECT_EQ(p.client->stats().shm_sent, 0u);
   EXPECT_TRUE(names_left_by(getpid()).empty());
 }

@@ -18,6 +18,7 @@
 
 #include "messaging/transport.hpp"
 #include "test_helpers.hpp"
+#include "messaging/transport_helpers.hpp"
 
 namespace asgd::messaging {
 namespace {
@@ -25,40 +26,7 @@ namespace {
 using namespace std::chrono_literals;
 using Clock = std::chrono::steady_clock;
 
-// Long enough for any message that was sent to arrive on a loaded machine.
-constexpr auto kArrives = 10s;
-// How long to listen before concluding that nothing is coming.
-constexpr auto kNothingComes = 100ms;
-
-Part text(std::string_view s) { return Part::copy_of(std::as_bytes(std::span(s.data(), s.size()))); }
-
-std::string text_of(const Part& p) { return {reinterpret_cast<const char*>(p.bytes.data()), p.bytes.size()}; }
-
-Message message_of(std::initializer_list<std::string_view> parts) {
-  Message m;
-  for (auto p : parts) m.push_back(text(p));
-  return m;
-}
-
-std::vector<std::string> texts_of(const Message& m) {
-  std::vector<std::string> out;
-  for (const Part& p : m) out.push_back(text_of(p));
-  return out;
-}
-
-// The next message, or nullopt after `timeout`; a receive error fails the test.
-std::optional<Incoming> next(Transport& t, std::chrono::milliseconds timeout = kArrives) {
-  auto r = t.receive(timeout);
-  EXPECT_TRUE(r.ok()) << r.status().to_string();
-  if (!r.ok()) return std::nullopt;
-  return std::move(r).value();
-}
-
-bool sent(Transport& t, const PeerId& to, Message m) {
-  auto r = t.send(to, std::move(m));
-  EXPECT_TRUE(r.ok()) << r.status().to_string();
-  return r.ok() && *r;
-}
+using namespace asgd::messaging::testing;
 
 // A bytes owner that tells when it is freed.
 struct TrackedFloats {
