@@ -1,6 +1,7 @@
 // asgd: the command-line front end. Parses the command, dispatches to one
 // subcommand, and maps failures to exit codes (0 ok, 1 runtime, 2 usage).
 
+#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -112,11 +113,25 @@ std::function<int()> add_bench_passthrough(CLI::App& app) {
   };
 }
 
+// A process of a job holds descriptors for ZeroMQ's sockets and, for every
+// peer on its host, for the shared-memory slots both sides write (8 per
+// pair): a coordinator of a few hundred worker processes would pass the
+// usual soft limit of 1024 open files. Like most servers, take the hard
+// limit (capped where the kernel caps it); where that fails, slots that
+// cannot be opened leave their tensors on the socket.
+void raise_open_file_limit() {
+  rlimit limit{};
+  if (getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur >= limit.rlim_max) return;
+  limit.rlim_cur = std::min<rlim_t>(limit.rlim_max, rlim_t{1} << 20);
+  (void)setrlimit(RLIMIT_NOFILE, &limit);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
   using namespace asgd::cli;
   reexec_with_better_blas_kernels(argv);
+  raise_open_file_limit();
   CLI::App app{"asgd: a runtime for data-parallel stochastic gradient descent"};
   app.name("asgd");
   app.require_subcommand(1);
