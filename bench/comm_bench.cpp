@@ -398,18 +398,14 @@ int run_comm(const CommOptions& o) {
         print_error(server.status().to_string());
         return std::nullopt;
       }
-      auto peer = (*bridge)->connect((*server)->endpoint);
-      if (!peer) {
-        print_error(peer.status().to_string());
-        return std::nullopt;
-      }
-      remote.push_back(system.spawn(remote_shard, *bridge, *peer, static_cast<std::uint32_t>(i)));
-      auto shm_peer = (*shm_bridge)->connect((*server)->endpoint);
-      if (!shm_peer) {
-        print_error(shm_peer.status().to_string());
-        return std::nullopt;
-      }
-      remote_shm.push_back(system.spawn(remote_shard, *shm_bridge, *shm_peer, static_cast<std::uint32_t>(i)));
+      // The server as shard i, seen through `through`: false when it cannot be reached.
+      const auto stand_in = [&](const std::shared_ptr<Bridge>& through, std::vector<caf::actor>& into) {
+        auto peer = through->connect((*server)->endpoint);
+        if (!peer) print_error(peer.status().to_string());
+        else into.push_back(system.spawn(remote_shard, through, *peer, static_cast<std::uint32_t>(i)));
+        return peer.ok();
+      };
+      if (!stand_in(*bridge, remote) || !stand_in(*shm_bridge, remote_shm)) return std::nullopt;
       slices.push_back(slice);
       servers.push_back(std::move(server).value());
     }

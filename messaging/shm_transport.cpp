@@ -100,8 +100,10 @@ class ShmTransport final : public Transport {
   }
 
   // The peer's sending state; on the first message to it, the slots are
-  // made and offered. Null when shared memory is off or could not be set up
-  // (then the message goes on the wire, and the next one tries again).
+  // made and offered. Slots that cannot be made here (no /dev/shm, a full
+  // one) leave the peer on the wire for good, as a refusal would, rather
+  // than being tried again at every message. Null when shared memory is off,
+  // or when the offer could not be sent now (the next message tries again).
   OutPeer* out_peer(const PeerId& peer) {
     if (auto it = out_.find(peer); it != out_.end()) return &it->second;
     if (!options_.enabled || options_.slots_per_peer == 0) return nullptr;
@@ -112,7 +114,8 @@ class ShmTransport final : public Transport {
       auto slot = make_slot(out.token, i);
       if (!slot) {
         release_slots(out);
-        return nullptr;
+        out.state = OutPeer::State::refused;
+        return &out_.emplace(peer, std::move(out)).first->second;
       }
       for (char c : slot->name) names.push_back(static_cast<std::byte>(c));
       names.push_back(std::byte{0});
@@ -409,17 +412,7 @@ class ShmTransport final : public Transport {
       if (!region) return std::nullopt;
       slot.region = std::move(region);
     }
-    SlotHeader* h = slot.region->header();
-    if (h->held.load(std::memory_order_acquire) != 1 || h->generation.load(std::memory_order_relaxed) != generation)
-      return std::nullopt;
-    Part p;
-    auto lease = std::make_shared<Lease>(slot.region);
-    slot.lease = lease;
-    p.owner = std::move(lease);
-    p.bytes = std::span<const std::byte>(slot.region->bytes(), length);
-    p.exclusive = true;  // the sender does not touch the slot until we let go
-    ++counts_.shm_received;
-    return p;
+    return leased_part(slot.region, 0, length, generation, &slot.lease);
   }
 
   // One of our own slots that `from` hands back (kYours): held since we
@@ -429,13 +422,23 @@ class ShmTransport final : public Transport {
     auto it = out_.find(from);
     if (it == out_.end() || it->second.state != OutPeer::State::accepted || index >= it->second.slots.size())
       return std::nullopt;
-    const std::shared_ptr<Region>& region = it->second.slots[index].region;
-    SlotHeader* h = region->header();
-    if (std::uint64_t{offset} + length > region->capacity() || h->held.load(std::memory_order_acquire) != 1 ||
+    return leased_part(it->second.slots[index].region, offset, length, generation, nullptr);
+  }
+
+  // The part at [offset, offset + length) of `region`, when the slot holds
+  // the message of `generation`; leased until its last owner lets go (and
+  // remembered in `*lease`, for handing the slot back). Either side's slot:
+  // the writer does not touch it until then, so the part is ours to write.
+  std::optional<Part> leased_part(const std::shared_ptr<Region>& region, std::uint64_t offset, std::uint64_t length,
+                                  std::uint64_t generation, std::weak_ptr<Lease>* lease) {
+    const SlotHeader* h = region->header();
+    if (offset + length > region->capacity() || h->held.load(std::memory_order_acquire) != 1 ||
         h->generation.load(std::memory_order_relaxed) != generation)
       return std::nullopt;
+    auto owner = std::make_shared<Lease>(region);
+    if (lease) *lease = owner;
     Part p;
-    p.owner = std::make_shared<Lease>(region);
+    p.owner = std::move(owner);
     p.bytes = std::span<const std::byte>(region->bytes() + offset, length);
     p.exclusive = true;
     ++counts_.shm_received;
