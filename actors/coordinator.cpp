@@ -434,6 +434,7 @@ bool start_workers(Self self) {
       ws.shards = st.shards;
       ws.coordinator = caf::actor_cast<caf::actor>(self);
       ws.shared = st.shared;
+      ws.collective = st.collective;
       ws.compute = st.setup.compute;
       wk = self->spawn(worker, std::move(ws));
     }
@@ -521,6 +522,8 @@ bool start_job(Self self) {
     st.shared = std::make_shared<SharedParameters>(std::vector<float>(params.begin(), params.end()),
                                                    st.setup.config.workers);
   }
+  if (st.core->plan().exchange != Exchange::none && !st.setup.remote)
+    st.collective = messaging::make_local_collective(st.setup.config.workers);
   if (!st.setup.config.resume.empty() && !resume(self)) return false;
   if (!start_shards(self)) return false;
   // Shards in other processes say when they serve (ready_atom); the

@@ -38,6 +38,7 @@
 #include "actors/coordinator_core.hpp"
 #include "actors/job_plan.hpp"
 #include "actors/key_range.hpp"
+#include "messaging/collective.hpp"
 #include "messaging/protocol.hpp"
 #include "actors/parameter_shard.hpp"
 #include "actors/shared_parameters.hpp"
@@ -124,6 +125,7 @@ struct CoordinatorState {
   std::vector<caf::actor> workers;
   std::vector<caf::actor> feeders;
   std::shared_ptr<SharedParameters> shared;   // hogwild only
+  std::shared_ptr<messaging::Collective> collective;  // allreduce, gossip in one process
   std::map<caf::actor_addr, std::string> names;  // for diagnostics: "worker 1", "shard 0"
   std::vector<LiveShard> live_shards;         // what the shards last said, for the live status
   static inline const char* name = "coordinator";

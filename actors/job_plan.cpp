@@ -125,6 +125,7 @@ Result<JobPlan> plan_settings(const JobConfig& c, Placement where, unsigned core
   p.policy_name = (*made)->name();
   p.staleness_bound = (*made)->staleness_bound();
   p.shares_parameters = (*made)->shares_parameters();
+  p.exchange = (*made)->exchange();
   p.training = training_settings(c, where);
   p.optimizer = optimizer_config(c, where);
   LrSchedule::parse(c.lr_schedule, p.schedule.kind);

@@ -84,6 +84,7 @@ struct JobPlan {
   std::string policy_name;                       ///< as the policy names itself
   std::optional<std::uint32_t> staleness_bound;  ///< the policy's; none: unbounded
   bool shares_parameters = false;                ///< hogwild: workers write one buffer in one process
+  Exchange exchange = Exchange::none;            ///< allreduce, gossip: workers exchange through a collective
 
   // How updates are applied.
   TrainingSettings training;   ///< for `placement`

@@ -293,7 +293,9 @@ bool ShardCore::apply(PushRequest& req, std::span<const float> payload, bool rem
   // since the worker read the parameters (Zhang et al. 2016): with N
   // workers pushing at once it is about N - 1, whatever the clocks say.
   const std::uint64_t behind = version_ > req.base_version ? version_ - req.base_version : 0;
-  record_staleness(req.clock, req.base_clock);
+  // A decentralized policy's workers count their staleness themselves; what
+  // they push here only publishes their parameters.
+  if (policy_->exchange() == Exchange::none) record_staleness(req.clock, req.base_clock);
   ++stats_.updates_applied;
   ++stats_.commits;
   ++version_;

@@ -95,6 +95,10 @@ void with_core(Self self, F&& call) {
 caf::behavior worker(caf::stateful_actor<WorkerState>* self, WorkerSetup setup) {
   auto& st = self->state;
   st.setup = std::move(setup);
+  // The collective calls this from whichever thread completed the exchange.
+  st.setup.exchanged = [addr = self->address()] {
+    if (auto me = caf::actor_cast<caf::actor>(addr)) caf::anon_send(me, exchanged_atom::value);
+  };
   // Out of memory in a step fails the job with that said, rather than
   // leaving it to run on without this worker.
   self->set_exception_handler([self](caf::scheduled_actor*, std::exception_ptr& thrown) -> caf::error {
@@ -124,6 +128,7 @@ caf::behavior worker(caf::stateful_actor<WorkerState>* self, WorkerSetup setup) 
       [self](step_atom) { with_core(self, [](WorkerCore& c, WorkerActions& out) { c.step(out); }); },
       [self](resume_atom) { with_core(self, [](WorkerCore& c, WorkerActions& out) { c.resume(out); }); },
       [self](tick_atom) { with_core(self, [](WorkerCore& c, WorkerActions& out) { c.check_overdue(out); }); },
+      [self](exchanged_atom) { with_core(self, [](WorkerCore& c, WorkerActions& out) { c.exchanged(out); }); },
   };
 }
 

@@ -15,6 +15,8 @@
 //   (step_atom)    self-message between steps, so other messages interleave
 //   (resume_atom)  self-message: a straggler's delayed step goes on
 //   (tick_atom)    self-message: the watchdog that enforces rpc_timeout
+//   (exchanged_atom)  from the collective: allreduce's mean or gossip's
+//                  copies are ready
 // Hot-path requests carry no CAF timeout (each one would wake CAF's timer
 // thread twice per step); one periodic watchdog tick checks them instead.
 // Sends to the coordinator: EpochReport after each epoch, WorkerProgress
@@ -39,6 +41,7 @@
 #include "compute/model.hpp"
 #include "compute/optimizer.hpp"
 #include "compute/schedule.hpp"
+#include "messaging/collective.hpp"
 #include "messaging/protocol.hpp"
 #include "policies/policy.hpp"
 
@@ -61,6 +64,11 @@ struct WorkerSetup {
   LrSchedule schedule;                ///< for local updates, by the worker's own clock
   Straggler straggler;                ///< how its steps are slowed (--straggler); none by default
   std::shared_ptr<SharedParameters> shared;  ///< hogwild: the buffer every worker updates
+  /// allreduce, gossip: what the workers exchange through (one rank each)
+  std::shared_ptr<messaging::Collective> collective;
+  /// Called (on any thread) when the worker's exchange through `collective`
+  /// is done: the actor sets it to send itself (exchanged_atom).
+  std::function<void()> exchanged;
   Clock first_clock = 0;              ///< the clock of its first step (> 0 when a job resumes)
   std::shared_ptr<ComputeContext> compute;  ///< the job's compute threads; null: the model's default
 };

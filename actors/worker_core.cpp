@@ -38,6 +38,14 @@ Result<WorkerCore> WorkerCore::make(const WorkerSetup& setup, TimeSource now) {
                                    " needs the parameter buffer every worker of this process shares; "
                                    "it cannot run across processes or devices");
   }
+  if (core.policy_->exchange() != Exchange::none) {
+    if (!setup.collective || !setup.exchanged || setup.collective->size() <= setup.id)
+      return Status::InvalidArgument("policy " + core.policy_->name() +
+                                     " needs the collective its workers exchange through, with a rank for worker " +
+                                     std::to_string(setup.id));
+    core.collective_ = setup.collective;
+    core.exchanged_ = setup.exchanged;
+  }
   if (core.shared_) {
     if (core.shared_->values.size() != core.model_->num_params() || core.id_ >= core.shared_->clocks.size())
       return Status::InvalidArgument("the shared parameter buffer does not fit the model or the worker");
@@ -61,6 +69,7 @@ double WorkerCore::seconds_since(Instant t) const { return std::chrono::duration
 void WorkerCore::fail(StatusCode code, const std::string& what, Actions& out) {
   if (finished_) return;
   finished_ = true;
+  if (collective_) collective_->leave(id_);  // the others must not wait for us
   out.emplace_back(worker_action::Fail{code, "worker " + std::to_string(id_) + ": " + what});
 }
 
@@ -81,6 +90,7 @@ void WorkerCore::start(Actions& out) {
 // Out of data: every shard stops waiting for us.
 void WorkerCore::leave(Actions& out) {
   if (shared_) shared_->live[id_].store(false, std::memory_order_release);
+  if (collective_) collective_->leave(id_);
   finished_ = true;
   out.emplace_back(worker_action::Leave{});
 }
@@ -144,7 +154,9 @@ void WorkerCore::finish_step(Actions& out) {
   lap(comm_start_, report_.other_s);
   lap(now, report_.comm_s);  // the round trip (includes taking in the parameters)
   report_.policy_wait_s += held_in_step_;
-  if (applied_in_step_ == ranges_.size()) ++report_.updates;
+  // A decentralized policy's pushes only publish: its updates are counted
+  // where they are made.
+  if (applied_in_step_ == ranges_.size() && !collective_) ++report_.updates;
   if (step_ends_epoch_) {
     report_.worker = id_;
     report_.epoch = step_epoch_;
@@ -272,11 +284,14 @@ void WorkerCore::batch(data::Batch&& batch, Actions& out) {
   const Clock base = shared_->min_live_clock();
   local_optimizer_->step(model_->params(), model_->grads(), schedule_.scale(step_));
   // How far behind the slowest live worker's clock our view was.
-  const Clock staleness = step_ > base ? step_ - base : 0;
+  record_staleness(step_ > base ? step_ - base : 0);
+  shared_->clocks[id_].store(step_ + 1, std::memory_order_release);
+}
+
+void WorkerCore::record_staleness(Clock staleness) {
   auto& h = report_.staleness_histogram;
   if (h.size() <= staleness) h.resize(staleness + 1, 0);
   ++h[staleness];
-  shared_->clocks[id_].store(step_ + 1, std::memory_order_release);
 }
 
 // Downpour's n_push > 1: sums the gradients until the push. A step that
@@ -294,6 +309,10 @@ void WorkerCore::accumulate(bool push_now) {
 // Everything a step does after its gradient is computed (and, for a
 // simulated straggler, after its delay).
 void WorkerCore::continue_step(Actions& out) {
+  if (collective_) {
+    begin_exchange(out);  // actors/worker_exchange.cpp
+    return;
+  }
   const StepPlan plan = policy_->plan(step_);
   const bool carried_by_push = !plan.local_update || policy_->payload() == Payload::parameters;
   if (!step_dropped_ && plan.local_update && !all_finite(model_->grads())) {
@@ -358,7 +377,7 @@ void WorkerCore::out_of_data(Actions& out) {
 }
 
 void WorkerCore::try_step(Actions& out) {
-  if (finished_ || finishing_ || straggling_ || outstanding_ > 0) return;
+  if (finished_ || finishing_ || straggling_ || exchanging_ || outstanding_ > 0) return;
   if (!next_batch_) {
     if (!idle_since_) idle_since_ = now_();
     if (!batch_requested_) request_batch(out);
@@ -458,6 +477,14 @@ void WorkerCore::check_overdue(Actions& out) {
     fail(StatusCode::timeout,
          fmt::format("no reply from shard(s) {} within {:g} s (--rpc-timeout) at step {} under policy {}: {}", who,
                      limit, step_, policy_->name(), why),
+         out);
+    return;
+  }
+  if (exchanging_ && seconds_since(exchange_start_) > limit) {
+    fail(StatusCode::timeout,
+         fmt::format("no exchange with the other workers within {:g} s (--rpc-timeout) at step {} under policy {}: "
+                     "waiting for {}",
+                     limit, step_, policy_->name(), collective_->waiting_for(id_)),
          out);
     return;
   }

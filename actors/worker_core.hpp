@@ -34,6 +34,7 @@
 #include "compute/optimizer.hpp"
 #include "compute/schedule.hpp"
 #include "dataset/dataset.hpp"
+#include "messaging/collective.hpp"
 #include "messaging/protocol.hpp"
 #include "policies/policy.hpp"
 
@@ -110,6 +111,9 @@ class WorkerCore {
   void step(Actions& out) { try_step(out); }
   /// A straggler's Delay is over.
   void resume(Actions& out);
+  /// allreduce, gossip: the exchange begun after computing is done (the
+  /// setup's `exchanged` was called): apply its result and go on.
+  void exchanged(Actions& out);
   /// Watch's turn: fails the job, naming who did not answer, once a reply or
   /// a batch is overdue (setup's rpc_timeout); otherwise Watch again.
   void check_overdue(Actions& out);
@@ -134,6 +138,11 @@ class WorkerCore {
   void request_batch(Actions& out);
   void accumulate(bool push_now);
   void hogwild_step();
+  void begin_exchange(Actions& out);
+  void take_mean();
+  void take_peer_copies();
+  void after_exchange(Actions& out);
+  void record_staleness(Clock staleness);
   void send_progress(Actions& out);
 
   TimeSource now_;
@@ -146,6 +155,8 @@ class WorkerCore {
   std::unique_ptr<Model> model_;
   std::unique_ptr<ConsistencyPolicy> policy_;
   std::unique_ptr<Optimizer> local_optimizer_;  // when the plan updates locally
+  std::shared_ptr<messaging::Collective> collective_;  // allreduce, gossip
+  std::function<void()> exchanged_;             // what the collective calls when our exchange is done
 
   Clock step_ = 0;                               // steps completed: the worker's clock
   std::vector<Clock> base_clock_;                // per shard: complete clock of our copy
@@ -185,6 +196,8 @@ class WorkerCore {
   Instant last_progress_{};                      // when the coordinator last heard how far we got
   std::uint32_t nonfinite_streak_ = 0;           // consecutive steps with a NaN/Inf loss
   bool straggling_ = false;                      // a delayed step is waiting for resume()
+  bool exchanging_ = false;                      // waiting for exchanged()
+  Instant exchange_start_{};
   bool finishing_ = false;                       // out of data: the last push is in flight
   bool finished_ = false;
 };

@@ -89,6 +89,21 @@ struct PolicyConfig {
   PolicyOptions options;
 };
 
+/// What workers exchange among themselves each step, beside the shards
+/// (the decentralized policies). Their shards only keep the parameters the
+/// workers publish, for evaluation and checkpoints.
+enum class Exchange {
+  none,       ///< parameter server: workers talk to shards only
+  /// every step, the samples-weighted mean of every live worker's gradient
+  /// (an all-reduce), which each worker applies with its own optimizer to
+  /// its own, identical, copy of the parameters
+  allreduce,
+  /// every step, after its own update, a worker averages its parameters
+  /// with its peers' latest published copies, each from a clock no more
+  /// than staleness_bound() behind its own (it waits otherwise)
+  gossip,
+};
+
 /// How a shard folds what it applies (a push, or a committed aggregate's
 /// weighted mean) into its parameters, and what the reply then carries.
 struct Combine {
@@ -128,6 +143,17 @@ class ConsistencyPolicy {
   /// Workers update one shared parameter buffer in place (hogwild): only
   /// possible when they share an address space and the parameters' memory.
   virtual bool shares_parameters() const { return false; }
+
+  /// What workers exchange with each other every step (none: they go
+  /// through the shards only).
+  virtual Exchange exchange() const { return Exchange::none; }
+
+  /// gossip: the workers whose copies worker `worker` of `workers` averages
+  /// with after step `step`.
+  virtual std::vector<WorkerId> peers(WorkerId worker, std::uint32_t workers, std::uint64_t step) const {
+    (void)worker, (void)workers, (void)step;
+    return {};
+  }
 
   /// Shard side: what to do with this push. Called after the push's clock
   /// entered the view.

@@ -8,6 +8,7 @@
 #include "policies/async.hpp"
 #include "policies/averaging.hpp"
 #include "policies/bsp.hpp"
+#include "policies/decentralized.hpp"
 #include "policies/easgd.hpp"
 #include "policies/hogwild.hpp"
 #include "policies/ssp.hpp"
@@ -17,7 +18,7 @@ namespace asgd {
 const std::vector<PolicyEntry>& policy_registry() {
   static const std::vector<PolicyEntry> entries = {
       bsp_policy_entry(), ssp_policy_entry(), async_policy_entry(), hogwild_policy_entry(), averaging_policy_entry(),
-      easgd_policy_entry(),
+      easgd_policy_entry(), allreduce_policy_entry(), gossip_policy_entry(),
   };
   return entries;
 }
@@ -75,6 +76,17 @@ Status check_knob(const PolicyKnob& k, double v) {
   return {};
 }
 
+// The policies that take a ":V": "ssp and gossip".
+std::string with_argument() {
+  std::vector<std::string> names;
+  for (const PolicyEntry& e : policy_registry())
+    if (!e.argument.empty()) names.push_back(e.name);
+  std::string out;
+  for (std::size_t i = 0; i < names.size(); ++i)
+    out += (i == 0 ? "" : i + 1 == names.size() ? " and " : ", ") + names[i];
+  return out;
+}
+
 // The ":V" of "NAME:V", for a policy that takes one.
 Result<double> argument_of(const PolicyEntry& e, const std::string& name, std::size_t colon) {
   const std::string arg = name.substr(colon + 1);
@@ -83,8 +95,11 @@ Result<double> argument_of(const PolicyEntry& e, const std::string& name, std::s
     if (k.name == e.argument) knob = &k;
   std::uint32_t v = 0;
   const auto [end, ec] = std::from_chars(arg.data(), arg.data() + arg.size(), v);
-  if (!knob || arg.empty() || ec != std::errc() || end != arg.data() + arg.size())
-    return Status::InvalidArgument("'" + name + "': only ssp takes a parameter, as ssp:S with S a whole number >= 0");
+  if (!knob)
+    return Status::InvalidArgument("'" + name + "': only " + with_argument() + " take a parameter (NAME:S)");
+  if (arg.empty() || ec != std::errc() || end != arg.data() + arg.size())
+    return Status::InvalidArgument("'" + name + "': write " + e.name + ":" + knob->metavar + " with " + knob->metavar +
+                                   " a whole number >= 0");
   return static_cast<double>(v);
 }
 

@@ -234,6 +234,12 @@ TEST(ClusterProcesses, HogwildIsRefusedAcrossProcessesAndAutomaticWeightsAreTake
   JobConfig c;
   c.policy = "hogwild";
   EXPECT_NE(validate_for_cluster(c, WorkersOn::their_hosts).message().find("cannot share one parameter buffer"), std::string::npos);
+  for (const char* decentralized : {"allreduce", "gossip:2"}) {
+    c.policy = decentralized;
+    EXPECT_NE(validate_for_cluster(c, WorkersOn::their_hosts).message().find("run in one process so far"),
+              std::string::npos)
+        << decentralized;
+  }
   c.policy = "async";
   c.worker_weights = "auto";  // each worker process calibrates itself (DevicesCli trains with it)
   EXPECT_TRUE(validate_for_cluster(c, WorkersOn::their_hosts).ok());

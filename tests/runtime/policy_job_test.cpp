@@ -39,7 +39,7 @@ Outcome run(const JobConfig& c) {
 
 TEST(Policies, EachTrainsMnistMlpWithTwoWorkersToAtLeast97PercentInThreeEpochs) {
   ASGD_REQUIRE_DATASET(dir, "mnist");
-  for (const std::string policy : {"bsp", "ssp:3", "async", "hogwild", "averaging", "easgd"}) {
+  for (const std::string policy : {"bsp", "ssp:3", "async", "hogwild", "averaging", "easgd", "allreduce", "gossip:2"}) {
     const Outcome r = run(mnist_job(dir.string(), policy));
     const JobSummary& s = r.summary;
     EXPECT_GE(s.final_test_accuracy, 0.97) << policy;
@@ -53,6 +53,10 @@ TEST(Policies, EachTrainsMnistMlpWithTwoWorkersToAtLeast97PercentInThreeEpochs) 
       EXPECT_EQ(s.staleness_max, 0.0) << "bsp updates are never stale";
     } else if (policy == "ssp:3") {
       EXPECT_LE(s.staleness_max, 3.0) << "ssp(3) bounds staleness by 3";
+    } else if (policy == "gossip:2") {
+      EXPECT_LE(s.staleness_max, 2.0) << "gossip:2 uses no copy more than 2 clocks behind";
+    } else if (policy == "allreduce") {
+      EXPECT_EQ(s.staleness_max, 0.0) << "an all-reduce is never stale";
     } else if (policy == "averaging") {
       EXPECT_LE(s.staleness_max, 7.0) << "8 local steps lag at most 7 clocks";
     }
@@ -75,6 +79,27 @@ TEST(Policies, TwoBspRunsWithTheSameSeedAreBitwiseIdentical) {
   ASSERT_EQ(a.params.size(), 235146u);
   EXPECT_TRUE(a.params == b.params) << "final parameters differ";
   EXPECT_EQ(a.summary.final_test_accuracy, b.summary.final_test_accuracy);
+}
+
+// The same update as bsp, without the shard in the way: each worker applies
+// the all-reduced mean to its own copy, so with the same seed the loss curve
+// and the parameters are bsp's, bit for bit (and so from run to run).
+TEST(Policies, AllreduceTrainsExactlyAsBspDoesAndTwoRunsAreBitwiseIdentical) {
+  ASGD_REQUIRE_DATASET(dir, "mnist");
+  JobConfig c = mnist_job(dir.string(), "bsp");
+  c.epochs = 2;
+  c.workers = 3;
+  const Outcome bsp = run(c);
+  c.policy = "allreduce";
+  const Outcome a = run(c);
+  const Outcome b = run(c);
+  ASSERT_EQ(a.losses.size(), 2u);
+  EXPECT_EQ(a.losses, b.losses);
+  EXPECT_TRUE(a.params == b.params) << "two allreduce runs ended with different parameters";
+  EXPECT_EQ(a.losses, bsp.losses) << "allreduce's loss curve is not bsp's";
+  EXPECT_TRUE(a.params == bsp.params) << "allreduce ended with other parameters than bsp";
+  EXPECT_EQ(a.summary.final_test_accuracy, bsp.summary.final_test_accuracy);
+  EXPECT_EQ(a.summary.updates_applied, bsp.summary.updates_applied);
 }
 
 TEST(Policies, UnderBspAStragglersPeerWaitsForItAndTheStragglerHardlyWaits) {
@@ -120,8 +145,8 @@ TEST(Policies, ValidateNamesTheBadPolicySetting) {
     return validate(c).message();
   };
   EXPECT_NE(error([](JobConfig& c) { c.policy = "ssp:x"; }).find("ssp:S"), std::string::npos);
-  EXPECT_NE(error([](JobConfig& c) { c.policy = "bsp:2"; }).find("only ssp takes a parameter"), std::string::npos);
-  EXPECT_NE(error([](JobConfig& c) { c.policy = "gossip"; }).find("unknown policy 'gossip'"), std::string::npos);
+  EXPECT_NE(error([](JobConfig& c) { c.policy = "bsp:2"; }).find("only ssp and gossip take a parameter"), std::string::npos);
+  EXPECT_NE(error([](JobConfig& c) { c.policy = "petuum"; }).find("unknown policy 'petuum'"), std::string::npos);
   EXPECT_NE(error([](JobConfig& c) { c.policy = "bsp"; c.policy_options["fetch-every"] = 4; }).find("--policy async only"),
             std::string::npos);
   EXPECT_NE(error([](JobConfig& c) { c.policy = "async"; c.policy_options["staleness"] = 2; }).find("--staleness"), std::string::npos);

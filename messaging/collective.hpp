@@ -1,0 +1,81 @@
+#pragma once
+// The collective layer of the decentralized policies (policies/decentralized.hpp):
+// what workers exchange with each other, behind one narrow interface.
+//
+//   allreduce_mean: every live rank contributes a vector and a weight for a
+//     round; once all have, each gets the weighted mean, summed in rank order
+//     (the same bits whatever order they arrived in).
+//   gossip: a rank publishes its parameters at a clock and asks for the
+//     latest copies of some peers, each from a clock >= min_clock; it is
+//     answered once every peer still in the job has published one.
+//
+// Calls never block: `ready` is called (on whichever thread completed the
+// call, possibly the caller's own, inside the call) once the result can be
+// read with mean() or peer_copies(). A rank has at most one call in flight.
+// make_local_collective is the in-process implementation: the ranks are
+// threads of one process and share the vectors, no copy goes through a queue.
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "asgd/status.hpp"
+
+namespace asgd::messaging {
+
+using Rank = std::uint32_t;
+using Round = std::uint64_t;
+
+/// A peer's parameters as it published them.
+struct PeerCopy {
+  Rank rank = 0;
+  Round clock = 0;  ///< the clock it published them at
+  std::shared_ptr<const std::vector<float>> params;
+};
+
+class Collective {
+ public:
+  using Ready = std::function<void()>;
+  virtual ~Collective() = default;
+
+  /// Ranks in the group, departed ones included.
+  virtual Rank size() const = 0;
+
+  /// Rank `rank`'s contribution to round `round`: `data` (unchanged until
+  /// `ready`) with weight `weight` (its samples; 0: nothing to add, a step
+  /// whose loss was not finite, and `data` is not read). Errors:
+  /// invalid_argument for a rank out of range or departed, a call already in
+  /// flight, a round other than the one the others are in, or a length that
+  /// differs from theirs.
+  virtual Status allreduce_mean(Rank rank, Round round, std::span<const float> data, double weight, Ready ready) = 0;
+  /// After allreduce_mean's `ready`: the mean, valid until `rank`'s next
+  /// call, and the weights summed (0: nobody added anything; the mean is
+  /// then empty).
+  virtual std::span<const float> mean(Rank rank) const = 0;
+  virtual double total_weight(Rank rank) const = 0;
+
+  /// Publishes `params` as rank `rank`'s copy at clock `clock`, then waits
+  /// for a copy at clock >= `min_clock` from each of `peers` that has not
+  /// left. Errors as allreduce_mean's.
+  virtual Status gossip(Rank rank, Round clock, std::span<const float> params, const std::vector<Rank>& peers,
+                        Round min_clock, Ready ready) = 0;
+  /// After gossip's `ready`: the copies of the peers it named that had not
+  /// left, in the order named.
+  virtual std::vector<PeerCopy> peer_copies(Rank rank) const = 0;
+
+  /// Rank `rank` is done (out of data): nobody waits for it any more.
+  virtual void leave(Rank rank) = 0;
+
+  /// For a timeout's message: what rank `rank`'s call in flight waits for
+  /// ("the all-reduce of round 12: ranks 1, 3 have not contributed"); empty
+  /// when none is in flight.
+  virtual std::string waiting_for(Rank rank) const = 0;
+};
+
+/// The in-process collective of `ranks` ranks.
+std::shared_ptr<Collective> make_local_collective(Rank ranks);
+
+}  // namespace asgd::messaging
