@@ -77,16 +77,18 @@ inline std::vector<WorkerId> GossipPolicy::peers(WorkerId worker, std::uint32_t 
   return {left, right};
 }
 
-inline PolicyKnob publish_steps_knob() {
-  return {"publish-steps", "K", 1, 1, 1e9, true,
-          "allreduce, gossip: steps between the parameters a worker publishes to the shards (what is evaluated)"};
+inline PolicyKnob publish_steps_knob(const std::string& policy) {
+  // 8: publishing copies the parameters, and every step cost allreduce a
+  // tenth of its speed on the mlp (docs/policies.md).
+  return {"publish-steps", "K", 8, 1, 1e9, true,
+          policy + ": steps between the parameters a worker publishes to the shards (what is evaluated)"};
 }
 
 inline PolicyEntry allreduce_policy_entry() {
   return {"allreduce",
           "decentralized and synchronous: the workers' gradients are averaged by an all-reduce, no shard on the way",
           "",
-          {publish_steps_knob()},
+          {publish_steps_knob("allreduce")},
           [](const PolicyOptions& o) {
             return std::make_unique<AllreducePolicy>(static_cast<std::uint32_t>(o.at("publish-steps")));
           }};
@@ -97,7 +99,7 @@ inline PolicyEntry gossip_policy_entry() {
           "decentralized, stale-synchronous: parameters averaged with peers at most S clocks behind (gossip:S)",
           "staleness",
           {{"staleness", "S", 3, 0, 1e9, true, "gossip: how many clocks behind its own a peer's copy may be"},
-           publish_steps_knob(),
+           publish_steps_knob("gossip"),
            {"random-peer", "0|1", 0, 0, 1, true, "gossip: average with one seeded random peer, not both ring neighbours"}},
           [](const PolicyOptions& o) {
             return std::make_unique<GossipPolicy>(static_cast<std::uint32_t>(o.at("staleness")),

@@ -30,7 +30,7 @@ inline PolicyEntry ssp_policy_entry() {
   return {"ssp",
           "stale-synchronous: a worker may run S clocks ahead of the slowest (ssp:S)",
           "staleness",
-          {{"staleness", "S", 3, 0, 1e9, true, "ssp: how many clocks a worker may run ahead of the slowest; gossip: how far behind a peer's copy may be"}},
+          {{"staleness", "S", 3, 0, 1e9, true, "ssp: how many clocks a worker may run ahead of the slowest"}},
           [](const PolicyOptions& o) { return std::make_unique<SspPolicy>(static_cast<std::uint32_t>(o.at("staleness"))); }};
 }
 

@@ -16,16 +16,23 @@ TrainingSettings training_settings(const JobConfig& c, Placement where) {
   const std::uint32_t twice_up_to = where == Placement::processes ? 16 : 8;
   const std::string policy = c.policy.substr(0, c.policy.find(':'));
   const std::uint32_t n = c.workers;
-  // The defaults were chosen on two workers. Beyond that (hogwild aside,
-  // whose in-process workers write one buffer) bsp and averaging take more
-  // samples per update: the rate grows with the workers (the linear
-  // scaling rule). async and ssp instead apply staler gradients: their
+  // The defaults were chosen on two workers under async. bsp, allreduce
+  // and gossip take one step per clock from every worker's gradient: their
+  // rate is async's per sample, 0.02 x N. Beyond two workers (hogwild
+  // aside, whose in-process workers write one buffer) averaging takes more
+  // samples per update: its rate grows with the workers (the linear
+  // scaling rule from two workers). async and ssp instead apply staler gradients: their
   // staleness-aware steps (on by default, unless the rate or momentum is
   // given) take a step staler than usual with less momentum and a rate
   // divided by its staleness. Every policy but hogwild ramps the rate up
-  // over the first epoch. (docs/policies.md has the measurements.)
+  // over the first epoch (bsp, allreduce and gossip over half of it).
+  // (docs/policies.md has the measurements.)
   const bool more = n > 2 && policy != "hogwild";
   const bool stale = policy == "async" || policy == "ssp";
+  // bsp and allreduce take one step per clock with the mean of every
+  // worker's gradient, and gossip moves the workers' mean by it: at 0.02 x
+  // N that is async's rate per sample (0.02 for each worker's gradient).
+  const bool one_mean = policy == "bsp" || policy == "allreduce" || policy == "gossip";
   auto say = [&](const std::string& what) { t.adjusted.push_back(what); };
   const bool stale_steps = c.staleness_aware_lr ? *c.staleness_aware_lr : stale && !c.lr && !c.momentum;
   if (c.lr) {
@@ -35,6 +42,11 @@ TrainingSettings training_settings(const JobConfig& c, Placement where) {
     // two workers ended 3 epochs at 0.970, at 0.04 at 0.974-0.976.
     t.lr = 0.04;
     say("lr 0.04 (easgd: twice the rate, against the elastic pull)");
+  } else if (one_mean) {
+    t.lr = 0.02 * n;
+    say(fmt::format("lr {:g} (0.02 x {} workers: one step per clock from every worker's gradient, async's rate per "
+                    "sample)",
+                    t.lr, n));
   } else if (more && !stale) {
     t.lr = 0.02 * n / 2;
     say(fmt::format("lr {:g} (0.02 x {} workers / 2, the linear scaling rule)", t.lr, n));
@@ -60,6 +72,9 @@ TrainingSettings training_settings(const JobConfig& c, Placement where) {
   }
   if (c.lr_warmup_epochs) {
     t.lr_warmup_epochs = *c.lr_warmup_epochs;
+  } else if (more && one_mean) {
+    t.lr_warmup_epochs = 0.5;
+    say("lr warm-up over the first half epoch");
   } else if (more) {
     t.lr_warmup_epochs = 1.0;
     say("lr warm-up over the first epoch");

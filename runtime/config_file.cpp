@@ -174,12 +174,12 @@ const std::vector<ConfigField>& job_config_fields() {
       {"epochs", "passes over the training data (default 3)", "E", uint_field(&JobConfig::epochs)},
       {"batch", "samples per worker step (default 64)", "B", uint_field(&JobConfig::batch)},
       {"lr",
-       "base learning rate (default 0.02; beyond 2 workers bsp and averaging 0.02 x workers / 2, async and ssp up "
-       "to 0.04; easgd 0.04: the start-up line says)",
+       "base learning rate (default 0.02; bsp, allreduce and gossip 0.02 x workers; beyond 2 workers averaging "
+       "0.02 x workers / 2, async and ssp up to 0.04; easgd 0.04: the start-up line says)",
        "X",
        optional_double_field(&JobConfig::lr)},
-      {"lr-warmup", "epochs over which the rate ramps up at the start (default 0; 1 with more than 2 workers, "
-                    "but for hogwild)",
+      {"lr-warmup", "epochs over which the rate ramps up at the start (default 0; with more than 2 workers 0.5 "
+                    "for bsp, allreduce and gossip, 1 for the others but hogwild)",
        "E", optional_double_field(&JobConfig::lr_warmup_epochs)},
       {"lr-schedule", "constant | cosine (decay to 0 over the job) | step (x0.1 at 50% and 75%) (default cosine)", "NAME",
        string_field(&JobConfig::lr_schedule)},

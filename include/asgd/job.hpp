@@ -37,7 +37,7 @@ struct JobConfig {
   /// key or flag, and not carried across processes (asgd cluster refuses
   /// it). Shared, never modified by the runtime. Null: `model` by name.
   std::shared_ptr<const ModelSpec> model_spec;
-  std::string policy = "async";     ///< bsp | ssp | ssp:S | async | hogwild | averaging | easgd (docs/policies.md)
+  std::string policy = "async";     ///< bsp | ssp | ssp:S | async | hogwild | averaging | easgd | allreduce | gossip | gossip:S (docs/policies.md)
   /// The policy's settings by name, as flags spell them ("staleness",
   /// "local-steps", "moving-rate"); each is also a flag and a TOML key
   /// (local_steps). Which policy takes which, and their defaults:

@@ -55,6 +55,7 @@ struct Group {
       s.model = "mlp";
       s.sample_shape = {1, 28, 28};
       s.policy.name = policy;
+      s.policy.options["publish-steps"] = 1;  // every step publishes: act() expects it
       s.optimizer = {"sgd", 0.05f, 0.0f, 0.0f};
       s.ranges = partition_keys(model->num_params(), 1);
       s.collective = collective;

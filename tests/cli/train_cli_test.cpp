@@ -43,7 +43,7 @@ fs::path copy_of_mnist(const fs::path& mnist, const asgd_test::TempDir& scratch)
 TEST(TrainCli, RejectsAnInvalidFlagValueWithExitCode2NamingIt) {
   expect_one_line_error(asgd("train --workers abc"), 2, "--workers");
   expect_one_line_error(asgd("train --workers 0"), 2, "--workers 0");
-  expect_one_line_error(asgd("train --policy gossip"), 2, "--policy gossip");
+  expect_one_line_error(asgd("train --policy petuum"), 2, "--policy petuum");
   expect_one_line_error(asgd("train --lr -3"), 2, "--lr");
   expect_one_line_error(asgd("train --dataset imagenet"), 2, "--dataset imagenet");
 }

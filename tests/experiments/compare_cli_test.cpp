@@ -131,7 +131,7 @@ TEST(CompareCli, RejectsABadListRepeatsOrFolderWithExitCode2NamingTheValue) {
   const asgd_test::TempDir dir;
   const std::string data = " --data-dir " + mnist.string();
   const std::string out = " --out " + (dir / "out").string();
-  expect_one_line_error(asgd("compare --policies bsp,gossip" + data + out), 2, "gossip");
+  expect_one_line_error(asgd("compare --policies bsp,petuum" + data + out), 2, "petuum");
   expect_one_line_error(asgd("compare --policies bsp,,async" + data + out), 2, "--policies bsp,,async");
   expect_one_line_error(asgd("compare --policies ssp:x" + data + out), 2, "ssp:x");
   expect_one_line_error(asgd("compare --policies bsp --repeats 0" + data + out), 2, "--repeats 0");

@@ -129,9 +129,9 @@ TEST(Validate, NamesTheFlagAndTheBadValue) {
   EXPECT_EQ(s.code(), StatusCode::invalid_argument);
   EXPECT_NE(s.message().find("--workers 0"), std::string::npos) << s.message();
   c = {};
-  c.policy = "gossip";
+  c.policy = "petuum";
   s = validate(c);
-  EXPECT_NE(s.message().find("--policy gossip"), std::string::npos) << s.message();
+  EXPECT_NE(s.message().find("--policy petuum"), std::string::npos) << s.message();
   c = {};
   c.lr = -1;
   EXPECT_FALSE(validate(c).ok());

@@ -67,18 +67,22 @@ TEST(Policies, EachTrainsMnistMlpWithTwoWorkersToAtLeast97PercentInThreeEpochs) 
   }
 }
 
+// Exact: no tolerance.
+void expect_bitwise_equal(const Outcome& a, const Outcome& b, const std::string& what) {
+  EXPECT_EQ(a.losses, b.losses) << what << ": the loss curves differ";
+  EXPECT_TRUE(a.params == b.params) << what << ": the final parameters differ";
+  EXPECT_EQ(a.summary.final_test_accuracy, b.summary.final_test_accuracy) << what;
+}
+
 TEST(Policies, TwoBspRunsWithTheSameSeedAreBitwiseIdentical) {
   ASGD_REQUIRE_DATASET(dir, "mnist");
   JobConfig c = mnist_job(dir.string(), "bsp");
   c.epochs = 2;
   c.shards = 2;
   const Outcome a = run(c);
-  const Outcome b = run(c);
   ASSERT_EQ(a.losses.size(), 2u);
-  EXPECT_EQ(a.losses, b.losses);  // exact: no tolerance
   ASSERT_EQ(a.params.size(), 235146u);
-  EXPECT_TRUE(a.params == b.params) << "final parameters differ";
-  EXPECT_EQ(a.summary.final_test_accuracy, b.summary.final_test_accuracy);
+  expect_bitwise_equal(a, run(c), "two bsp runs");
 }
 
 // The same update as bsp, without the shard in the way: each worker applies
@@ -92,13 +96,9 @@ TEST(Policies, AllreduceTrainsExactlyAsBspDoesAndTwoRunsAreBitwiseIdentical) {
   const Outcome bsp = run(c);
   c.policy = "allreduce";
   const Outcome a = run(c);
-  const Outcome b = run(c);
   ASSERT_EQ(a.losses.size(), 2u);
-  EXPECT_EQ(a.losses, b.losses);
-  EXPECT_TRUE(a.params == b.params) << "two allreduce runs ended with different parameters";
-  EXPECT_EQ(a.losses, bsp.losses) << "allreduce's loss curve is not bsp's";
-  EXPECT_TRUE(a.params == bsp.params) << "allreduce ended with other parameters than bsp";
-  EXPECT_EQ(a.summary.final_test_accuracy, bsp.summary.final_test_accuracy);
+  expect_bitwise_equal(a, run(c), "two allreduce runs");
+  expect_bitwise_equal(a, bsp, "allreduce against bsp");
   EXPECT_EQ(a.summary.updates_applied, bsp.summary.updates_applied);
 }
 

@@ -13,10 +13,10 @@
 namespace asgd {
 namespace {
 
-const char* const kPolicies[] = {"bsp", "ssp:3", "async", "averaging", "hogwild"};
+const char* const kPolicies[] = {"bsp", "ssp:3", "async", "averaging", "hogwild", "allreduce", "gossip:2"};
 
 TEST(TrainingSettings, TwoWorkersTrainWithTheTunedDefaultsUnderEveryPolicy) {
-  for (const char* policy : kPolicies) {
+  for (const char* policy : {"ssp:3", "async", "averaging", "hogwild"}) {
     JobConfig c;
     c.policy = policy;
     const TrainingSettings t = training_settings(c);
@@ -25,6 +25,17 @@ TEST(TrainingSettings, TwoWorkersTrainWithTheTunedDefaultsUnderEveryPolicy) {
     EXPECT_DOUBLE_EQ(t.lr_warmup_epochs, 0.0) << policy;
     EXPECT_TRUE(t.adjusted.empty()) << policy << ": " << t.adjusted.front();
   }
+  // One step per clock from every worker's gradient: async's rate per
+  // sample, from two workers on.
+  for (const char* policy : {"bsp", "allreduce", "gossip:2"}) {
+    JobConfig c;
+    c.policy = policy;
+    const TrainingSettings t = training_settings(c);
+    EXPECT_DOUBLE_EQ(t.lr, 0.04) << policy;
+    EXPECT_DOUBLE_EQ(t.lr_warmup_epochs, 0.0) << policy;
+    ASSERT_EQ(t.adjusted.size(), 1u) << policy;
+    EXPECT_NE(t.adjusted.front().find("lr 0.04 (0.02 x 2 workers"), std::string::npos) << t.adjusted.front();
+  }
 }
 
 TEST(TrainingSettings, MoreWorkersAdjustTheDefaultsAndSayWhich) {
@@ -32,11 +43,17 @@ TEST(TrainingSettings, MoreWorkersAdjustTheDefaultsAndSayWhich) {
   bsp.policy = "bsp";
   bsp.workers = 8;
   const TrainingSettings b = training_settings(bsp);
-  EXPECT_DOUBLE_EQ(b.lr, 0.08);  // the linear scaling rule
-  EXPECT_DOUBLE_EQ(b.lr_warmup_epochs, 1.0);
+  EXPECT_DOUBLE_EQ(b.lr, 0.16);  // 0.02 per worker's gradient
+  EXPECT_DOUBLE_EQ(b.lr_warmup_epochs, 0.5);
   EXPECT_DOUBLE_EQ(b.momentum, 0.9);
   ASSERT_FALSE(b.adjusted.empty());
-  EXPECT_NE(b.adjusted.front().find("lr 0.08"), std::string::npos) << b.adjusted.front();
+  EXPECT_NE(b.adjusted.front().find("lr 0.16"), std::string::npos) << b.adjusted.front();
+
+  JobConfig averaging4;
+  averaging4.policy = "averaging";
+  averaging4.workers = 4;
+  EXPECT_DOUBLE_EQ(training_settings(averaging4).lr, 0.04);  // the linear scaling rule from two workers
+  EXPECT_DOUBLE_EQ(training_settings(averaging4).lr_warmup_epochs, 1.0);
 
   JobConfig async;
   async.workers = 16;
@@ -128,7 +145,7 @@ TEST(TrainingSettings, TheStartUpLineNamesTheAdjustmentsAndAnExplicitLrIsPrinted
                           mnist.string();
   const asgd_test::CliRun adjusted = asgd_test::asgd("train" + job);
   ASSERT_EQ(adjusted.exit_code, 0) << adjusted.err;
-  EXPECT_NE(adjusted.out.find("lr 0.08 (data:"), std::string::npos) << adjusted.out;
+  EXPECT_NE(adjusted.out.find("lr 0.16 (data:"), std::string::npos) << adjusted.out;
   EXPECT_NE(adjusted.out.find("defaults adjusted for this policy and worker count"), std::string::npos)
       << adjusted.out;
   const asgd_test::CliRun set = asgd_test::asgd("train" + job + " --lr 0.05 --momentum 0.3 --lr-warmup 0");
