@@ -41,7 +41,13 @@ void WorkerCore::begin_exchange(Actions& out) {
     }
     const Clock clock = step_ + 1;
     const Clock bound = policy_->staleness_bound().value_or(0);
-    called = collective_->gossip(id_, clock, model_->params(), policy_->peers(id_, collective_->size(), step_),
+    const std::uint32_t n = collective_->size();
+    std::vector<messaging::Rank> audience;  // whoever averages with us after this step
+    for (WorkerId w = 0; w < n; ++w) {
+      const auto theirs = policy_->peers(w, n, step_);
+      if (std::find(theirs.begin(), theirs.end(), id_) != theirs.end()) audience.push_back(w);
+    }
+    called = collective_->gossip(id_, clock, model_->params(), audience, policy_->peers(id_, n, step_),
                                  clock > bound ? clock - bound : 0, exchanged_);
   }
   if (!called.ok()) {

@@ -57,11 +57,12 @@ class Collective {
   virtual std::span<const float> mean(Rank rank) const = 0;
   virtual double total_weight(Rank rank) const = 0;
 
-  /// Publishes `params` as rank `rank`'s copy at clock `clock`, then waits
-  /// for a copy at clock >= `min_clock` from each of `peers` that has not
-  /// left. Errors as allreduce_mean's.
-  virtual Status gossip(Rank rank, Round clock, std::span<const float> params, const std::vector<Rank>& peers,
-                        Round min_clock, Ready ready) = 0;
+  /// Publishes `params` as rank `rank`'s copy at clock `clock` to
+  /// `audience` (the ranks that will average with it), then waits for a copy
+  /// at clock >= `min_clock` from each of `peers` that has not left. Errors
+  /// as allreduce_mean's.
+  virtual Status gossip(Rank rank, Round clock, std::span<const float> params, const std::vector<Rank>& audience,
+                        const std::vector<Rank>& peers, Round min_clock, Ready ready) = 0;
   /// After gossip's `ready`: the copies of the peers it named that had not
   /// left, in the order named.
   virtual std::vector<PeerCopy> peer_copies(Rank rank) const = 0;
@@ -77,5 +78,26 @@ class Collective {
 
 /// The in-process collective of `ranks` ranks.
 std::shared_ptr<Collective> make_local_collective(Rank ranks);
+
+/// One rank of a collective across processes (messaging/zmq_collective.cpp):
+/// it listens first, so that its endpoint can be announced, and connects to
+/// the others once every endpoint is known. Plain tcp: no CURVE yet.
+class NetworkCollective : public Collective {
+ public:
+  /// Where it listens, as the others connect to it.
+  virtual const std::string& endpoint() const = 0;
+  /// Connects to every rank's endpoint (`endpoints[r]`: rank r's; its own is
+  /// skipped) and starts exchanging. Errors: invalid_argument (not one per
+  /// rank), io_error.
+  virtual Status connect(const std::vector<std::string>& endpoints) = 0;
+  /// Malformed messages dropped.
+  virtual std::uint64_t rejected() const = 0;
+};
+
+/// Rank `rank` of `ranks` (at most 64), listening at `listen`
+/// ("tcp://127.0.0.1:*"); a message carries at most `max_values` floats.
+/// Errors: invalid_argument, io_error when it cannot listen there.
+Result<std::shared_ptr<NetworkCollective>> make_zmq_collective(Rank rank, Rank ranks, const std::string& listen,
+                                                               std::size_t max_values = std::size_t{1} << 30);
 
 }  // namespace asgd::messaging

@@ -52,8 +52,9 @@ class LocalCollective final : public Collective {
     return total_;
   }
 
-  Status gossip(Rank rank, Round clock, std::span<const float> params, const std::vector<Rank>& peers, Round min_clock,
-                Ready ready) override {
+  // Every rank reads the board: the audience needs no sending.
+  Status gossip(Rank rank, Round clock, std::span<const float> params, const std::vector<Rank>& /*audience*/,
+                const std::vector<Rank>& peers, Round min_clock, Ready ready) override {
     std::shared_ptr<std::vector<float>> copy;
     {
       std::lock_guard lock(mu_);

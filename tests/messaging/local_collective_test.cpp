@@ -88,7 +88,7 @@ TEST(LocalCollective, CallsOutOfStepAreRefusedWithTheReason) {
       << other_round.to_string();
   const Status length = c->allreduce_mean(1, 4, h, 1, f.ready());
   EXPECT_NE(length.message().find("1 values to an all-reduce of 2"), std::string::npos) << length.to_string();
-  EXPECT_FALSE(c->gossip(1, 1, g, {1}, 0, f.ready()).ok()) << "a rank is not its own peer";
+  EXPECT_FALSE(c->gossip(1, 1, g, {}, {1}, 0, f.ready()).ok()) << "a rank is not its own peer";
   EXPECT_EQ(f.calls, 0);
 }
 
@@ -97,15 +97,15 @@ TEST(LocalCollective, AGossipWaitsForEveryPeersCopyFromTheClockAskedOrLater) {
   const std::vector<float> x0{0}, x1{10}, x2{20};
   Flag f0, f1, f2;
   // Rank 0 at clock 5 with bound 2 needs copies from clock 3 on.
-  ASSERT_TRUE(c->gossip(0, 5, x0, {1, 2}, 3, f0.ready()).ok());
+  ASSERT_TRUE(c->gossip(0, 5, x0, {1, 2}, {1, 2}, 3, f0.ready()).ok());
   EXPECT_EQ(f0.calls, 0);
-  ASSERT_TRUE(c->gossip(1, 3, x1, {0}, 1, f1.ready()).ok());
+  ASSERT_TRUE(c->gossip(1, 3, x1, {0}, {0}, 1, f1.ready()).ok());
   EXPECT_EQ(f1.calls, 1) << "rank 0's copy of clock 5 is recent enough for rank 1";
-  ASSERT_TRUE(c->gossip(2, 2, x2, {0}, 0, f2.ready()).ok());
+  ASSERT_TRUE(c->gossip(2, 2, x2, {0}, {0}, 0, f2.ready()).ok());
   EXPECT_EQ(f2.calls, 1);
   EXPECT_EQ(f0.calls, 0) << "rank 2's copy of clock 2 is too old for clock 5 - 2";
   EXPECT_NE(c->waiting_for(0).find("worker 2 (its copy is from clock 2)"), std::string::npos) << c->waiting_for(0);
-  ASSERT_TRUE(c->gossip(2, 3, x2, {0}, 1, f2.ready()).ok());
+  ASSERT_TRUE(c->gossip(2, 3, x2, {0}, {0}, 1, f2.ready()).ok());
   EXPECT_EQ(f0.calls, 1);
   const auto copies = c->peer_copies(0);
   ASSERT_EQ(copies.size(), 2u);
@@ -120,9 +120,9 @@ TEST(LocalCollective, AGossipPeerThatLeftIsSkippedUnlessItsLastCopyIsRecentEnoug
   auto c = make_local_collective(3);
   const std::vector<float> x{1};
   Flag f;
-  ASSERT_TRUE(c->gossip(1, 4, x, {0}, 0, f.ready()).ok());
+  ASSERT_TRUE(c->gossip(1, 4, x, {0}, {0}, 0, f.ready()).ok());
   c->leave(1);
-  ASSERT_TRUE(c->gossip(0, 6, x, {1, 2}, 4, f.ready()).ok());
+  ASSERT_TRUE(c->gossip(0, 6, x, {1, 2}, {1, 2}, 4, f.ready()).ok());
   EXPECT_EQ(f.calls, 1);
   c->leave(2);
   EXPECT_EQ(f.calls, 2) << "with both peers gone nothing is left to wait for";

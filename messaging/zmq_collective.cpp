@@ -1,0 +1,503 @@
+// The collective across processes over ZeroMQ (messaging/collective.hpp):
+// one object per rank, each in its own process (or, in tests, several in
+// one). A rank binds a PULL socket, connects a PUSH socket to every other
+// rank's, and runs the exchange on an I/O thread of its own, driven by the
+// messages that arrive, so a call never blocks its caller.
+//
+// All-reduce: a ring over the live ranks, reduce-scatter then all-gather.
+// The vector (weight x data, with the weight appended) is cut into one chunk
+// per rank; at ring step s < m - 1 a rank adds the chunk its left neighbour
+// sent and passes the sum on; after m - 1 steps each holds one chunk summed
+// over every rank, and m - 1 more steps pass those around. Each link carries
+// 2 (m - 1) / m of the vector, in both directions at once. The sum of each
+// chunk is taken in ring order, the same in every run.
+//
+// Membership: a rank that leaves tells every other; a round begun with it
+// starts again without it (nobody can have finished it: it never sent its
+// part), and messages carry the round and the set of ranks they were sent
+// for, so a late one is told apart from a current one. Messages that come
+// early (a neighbour a step ahead, or one that already knows of a departure)
+// wait in a stash.
+//
+// Gossip: a rank sends its copy to the ranks that will average with it and
+// keeps the latest copy each peer sent it.
+//
+// Every message is checked (parts, sizes, sender, CRC-32C of the values)
+// before use; a malformed one is dropped and counted.
+#include <spdlog/fmt/fmt.h>
+#include <zmq.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <bit>
+#include <cstring>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <tuple>
+
+#include "base/log.hpp"
+#include "messaging/collective.hpp"
+#include "messaging/wire.hpp"
+
+namespace asgd::messaging {
+
+namespace {
+
+static_assert(std::endian::native == std::endian::little, "the collective sends floats as this host lays them out");
+
+constexpr std::uint32_t kMagic = 0x4C4F4341;  // "ACOL"
+constexpr std::uint16_t kVersion = 1;
+enum class Kind : std::uint16_t { chunk = 1, gossip = 2, leave = 3 };
+
+struct Header {
+  std::uint32_t magic = kMagic;
+  std::uint16_t version = kVersion;
+  Kind kind = Kind::chunk;
+  std::uint32_t from = 0;
+  std::uint32_t step = 0;     ///< chunk: the ring step (0 .. 2(m-1)-1)
+  std::uint64_t round = 0;    ///< chunk: the all-reduce's round; gossip: the copy's clock; leave: the last round done
+  std::uint64_t mask = 0;     ///< chunk: the live ranks the round was begun with
+  std::uint64_t count = 0;    ///< floats in the second part
+  std::uint32_t chunk = 0;    ///< chunk: which chunk of the vector
+  std::uint32_t crc = 0;      ///< CRC-32C of the second part
+};
+
+std::uint64_t bit(Rank r) { return std::uint64_t{1} << r; }
+
+class ZmqCollective final : public NetworkCollective {
+ public:
+  ZmqCollective(Rank rank, Rank ranks, std::size_t max_values)
+      : rank_(rank), n_(ranks), max_values_(max_values), live_((ranks >= 64 ? ~0ULL : bit(ranks) - 1)),
+        latest_(ranks), delivered_() {}
+
+  ~ZmqCollective() override {
+    stop_ = true;
+    wake();
+    if (io_.joinable()) io_.join();
+  }
+
+  Status bind(const std::string& where) {
+    try {
+      pull_.set(zmq::sockopt::linger, 0);
+      pull_.bind(where);
+      endpoint_ = pull_.get(zmq::sockopt::last_endpoint);
+      const std::string wake_at = "inproc://asgd-collective-" + std::to_string(reinterpret_cast<std::uintptr_t>(this));
+      wake_rx_.bind(wake_at);
+      wake_tx_.connect(wake_at);
+    } catch (const zmq::error_t& e) {
+      return Status::IOError(fmt::format("collective rank {}: cannot listen at {}: {}", rank_, where, e.what()));
+    }
+    return {};
+  }
+
+  const std::string& endpoint() const override { return endpoint_; }
+
+  Status connect(const std::vector<std::string>& endpoints) override {
+    if (endpoints.size() != n_)
+      return Status::InvalidArgument(fmt::format("collective rank {}: {} endpoints for {} ranks", rank_, endpoints.size(), n_));
+    try {
+      for (Rank r = 0; r < n_; ++r) {
+        push_.emplace_back(context_, zmq::socket_type::push);
+        if (r == rank_) continue;
+        push_.back().set(zmq::sockopt::linger, 0);
+        push_.back().connect(endpoints[r]);
+      }
+    } catch (const zmq::error_t& e) {
+      return Status::IOError(fmt::format("collective rank {}: cannot connect to the others: {}", rank_, e.what()));
+    }
+    io_ = std::thread([this] { run(); });
+    return {};
+  }
+
+  Rank size() const override { return n_; }
+
+  Status allreduce_mean(Rank rank, Round round, std::span<const float> data, double weight, Ready ready) override {
+    {
+      std::lock_guard lock(mu_);
+      if (Status s = check_call(rank); !s.ok()) return s;
+      if (data.size() + 1 > max_values_)
+        return Status::InvalidArgument(fmt::format("rank {}: an all-reduce of {} values is over the limit", rank, data.size()));
+      Reduce& r = reduce_;
+      r = {};
+      r.active = true;
+      r.round = round;
+      r.data = data;
+      r.weight = weight;
+      r.ready = std::move(ready);
+      ops_.push_back(Op::reduce);
+    }
+    wake();
+    return {};
+  }
+
+  std::span<const float> mean(Rank) const override {
+    std::lock_guard lock(mu_);
+    return mean_;
+  }
+  double total_weight(Rank) const override {
+    std::lock_guard lock(mu_);
+    return total_;
+  }
+
+  Status gossip(Rank rank, Round clock, std::span<const float> params, const std::vector<Rank>& audience,
+                const std::vector<Rank>& peers, Round min_clock, Ready ready) override {
+    {
+      std::lock_guard lock(mu_);
+      if (Status s = check_call(rank); !s.ok()) return s;
+      for (Rank p : peers)
+        if (p >= n_ || p == rank_) return Status::InvalidArgument(fmt::format("rank {} named peer {} of {}", rank, p, n_));
+      for (Rank p : audience)
+        if (p >= n_ || p == rank_) return Status::InvalidArgument(fmt::format("rank {} sends to rank {} of {}", rank, p, n_));
+      if (params.size() > max_values_)
+        return Status::InvalidArgument(fmt::format("rank {}: a copy of {} values is over the limit", rank, params.size()));
+      gossip_ = {true, clock, params, audience, peers, min_clock, std::move(ready)};
+      delivered_.clear();
+      ops_.push_back(Op::gossip);
+    }
+    wake();
+    return {};
+  }
+
+  std::vector<PeerCopy> peer_copies(Rank) const override {
+    std::lock_guard lock(mu_);
+    return delivered_;
+  }
+
+  void leave(Rank rank) override {
+    {
+      std::lock_guard lock(mu_);
+      if (rank != rank_ || left_self_) return;
+      left_self_ = true;
+      ops_.push_back(Op::leave);
+    }
+    wake();
+  }
+
+  std::string waiting_for(Rank) const override {
+    std::lock_guard lock(mu_);
+    if (reduce_.active) {
+      if (reduce_.ring.empty()) return fmt::format("the all-reduce of step {}: not begun yet", reduce_.round);
+      const Rank left = reduce_.ring[(reduce_.pos + reduce_.ring.size() - 1) % reduce_.ring.size()];
+      return fmt::format("the all-reduce of step {}: ring step {} of {} from worker {}", reduce_.round,
+                         reduce_.expect + 1, 2 * (reduce_.ring.size() - 1), left);
+    }
+    if (gossip_.active) {
+      std::string who;
+      for (Rank p : gossip_.peers)
+        if (!usable(p, gossip_.min_clock) && (live_ & bit(p)))
+          who += fmt::format("{}worker {} (its copy is from clock {})", who.empty() ? "" : ", ", p,
+                             latest_[p].params ? std::to_string(latest_[p].clock) : std::string("none"));
+      return fmt::format("gossip: a copy from clock {} or later from {}", gossip_.min_clock, who);
+    }
+    return {};
+  }
+
+  std::uint64_t rejected() const override { return rejected_.load(); }
+
+ private:
+  enum class Op { reduce, gossip, leave };
+  struct Reduce {
+    bool active = false;
+    bool begun = false;
+    Round round = 0;
+    std::span<const float> data;
+    double weight = 0;
+    Ready ready;
+    std::uint64_t mask = 0;
+    std::vector<Rank> ring;
+    std::size_t pos = 0;
+    std::uint32_t expect = 0;  // the ring step whose chunk comes next
+    std::vector<float> buf;    // weight x data, and the weight
+  };
+  struct Gossip {
+    bool active = false;
+    Round clock = 0;
+    std::span<const float> params;
+    std::vector<Rank> audience, peers;
+    Round min_clock = 0;
+    Ready ready;
+  };
+  struct Latest {
+    Round clock = 0;
+    std::shared_ptr<const std::vector<float>> params;
+  };
+  using StashKey = std::tuple<Round, std::uint64_t, std::uint32_t>;  // round, mask, step
+  struct Stashed {
+    std::uint32_t chunk = 0;
+    std::vector<float> values;
+  };
+
+  Status check_call(Rank rank) const {
+    if (rank != rank_) return Status::InvalidArgument(fmt::format("rank {} called the collective of rank {}", rank, rank_));
+    if (left_self_) return Status::InvalidArgument(fmt::format("rank {} called the collective after it left", rank));
+    if (reduce_.active || gossip_.active)
+      return Status::InvalidArgument(fmt::format("rank {} called the collective with a call in flight", rank));
+    return {};
+  }
+
+  bool usable(Rank p, Round min_clock) const { return latest_[p].params && latest_[p].clock >= min_clock; }
+
+  void wake() {
+    std::lock_guard lock(wake_mu_);
+    try {
+      zmq::message_t ping(1);
+      (void)wake_tx_.send(ping, zmq::send_flags::dontwait);
+    } catch (const zmq::error_t&) {
+    }
+  }
+
+  // The I/O thread: local calls and arriving messages, until stopped.
+  void run() {
+    std::vector<zmq::pollitem_t> items{{static_cast<void*>(pull_), 0, ZMQ_POLLIN, 0},
+                                       {static_cast<void*>(wake_rx_), 0, ZMQ_POLLIN, 0}};
+    while (!stop_) {
+      try {
+        zmq::poll(items, std::chrono::milliseconds(200));
+        std::vector<Ready> wake_up;
+        if (items[1].revents & ZMQ_POLLIN) {
+          zmq::message_t ping;
+          while (wake_rx_.recv(ping, zmq::recv_flags::dontwait)) {
+          }
+        }
+        {
+          std::lock_guard lock(mu_);
+          for (Op op : ops_) start(op, wake_up);
+          ops_.clear();
+        }
+        if (items[0].revents & ZMQ_POLLIN) receive_all(wake_up);
+        for (auto& r : wake_up) r();
+      } catch (const zmq::error_t& e) {
+        if (stop_) return;
+        logger().warn("collective rank {}: {}", rank_, e.what());
+      }
+    }
+  }
+
+  void start(Op op, std::vector<Ready>& wake_up) {
+    switch (op) {
+      case Op::reduce:
+        begin_round(wake_up);
+        break;
+      case Op::gossip:
+        for (Rank p : gossip_.audience)
+          if (live_ & bit(p)) send(p, {.kind = Kind::gossip, .round = gossip_.clock}, gossip_.params);
+        release_gossip(wake_up);
+        break;
+      case Op::leave:
+        for (Rank p = 0; p < n_; ++p)
+          if (p != rank_ && (live_ & bit(p))) send(p, {.kind = Kind::leave, .round = last_round_}, {});
+        live_ &= ~bit(rank_);
+        break;
+    }
+  }
+
+  // Begins (or begins again, after a departure) the round in flight.
+  void begin_round(std::vector<Ready>& wake_up) {
+    Reduce& r = reduce_;
+    r.begun = true;
+    r.mask = live_;
+    r.ring.clear();
+    for (Rank p = 0; p < n_; ++p)
+      if (live_ & bit(p)) r.ring.push_back(p);
+    r.pos = static_cast<std::size_t>(std::find(r.ring.begin(), r.ring.end(), rank_) - r.ring.begin());
+    r.expect = 0;
+    const std::size_t len = r.data.size() + 1;
+    r.buf.assign(len, 0.0f);
+    if (r.weight > 0) {
+      const auto w = static_cast<float>(r.weight);
+      for (std::size_t i = 0; i < r.data.size(); ++i) r.buf[i] = w * r.data[i];
+      r.buf.back() = w;
+    }
+    const std::size_t m = r.ring.size();
+    if (m == 1) {
+      finish_round(wake_up);
+      return;
+    }
+    send_chunk(static_cast<std::uint32_t>(r.pos), 0);
+    take_stashed(wake_up);
+  }
+
+  std::pair<std::size_t, std::size_t> bounds(std::size_t chunk) const {
+    const std::size_t len = reduce_.buf.size(), m = reduce_.ring.size();
+    return {chunk * len / m, (chunk + 1) * len / m};
+  }
+
+  void send_chunk(std::uint32_t chunk, std::uint32_t step) {
+    const Reduce& r = reduce_;
+    const auto [b, e] = bounds(chunk);
+    const Rank right = r.ring[(r.pos + 1) % r.ring.size()];
+    send(right, {.kind = Kind::chunk, .step = step, .round = r.round, .mask = r.mask, .chunk = chunk},
+         std::span<const float>(r.buf).subspan(b, e - b));
+  }
+
+  // A chunk of the round in flight, at the step expected.
+  void take_chunk(std::uint32_t chunk, std::span<const float> values, std::vector<Ready>& wake_up) {
+    Reduce& r = reduce_;
+    const std::size_t m = r.ring.size();
+    const auto [b, e] = bounds(chunk);
+    if (chunk >= m || values.size() != e - b) {
+      ++rejected_;
+      return;
+    }
+    const std::uint32_t step = r.expect++;
+    float* dst = r.buf.data() + b;
+    if (step < m - 1) {
+      for (std::size_t i = 0; i < values.size(); ++i) dst[i] += values[i];
+    } else {
+      std::copy(values.begin(), values.end(), dst);
+    }
+    if (step + 1 < 2 * (m - 1)) {
+      send_chunk(chunk, step + 1);  // the sum goes on, or (after m - 1 steps) the finished chunk
+    } else {
+      finish_round(wake_up);
+    }
+  }
+
+  void finish_round(std::vector<Ready>& wake_up) {
+    Reduce& r = reduce_;
+    total_ = r.buf.back();
+    mean_.clear();
+    if (total_ > 0) {
+      mean_.assign(r.buf.begin(), r.buf.end() - 1);
+      const auto inv = static_cast<float>(1.0 / total_);
+      for (float& v : mean_) v *= inv;
+    }
+    last_round_ = r.round;
+    any_done_ = true;
+    wake_up.push_back(std::move(r.ready));
+    r = {};
+    // Chunks of rounds now past will never be wanted.
+    stash_.erase(stash_.begin(), stash_.lower_bound({last_round_ + 1, 0, 0}));
+  }
+
+  void take_stashed(std::vector<Ready>& wake_up) {
+    while (reduce_.active && reduce_.begun) {
+      auto it = stash_.find({reduce_.round, reduce_.mask, reduce_.expect});
+      if (it == stash_.end()) return;
+      Stashed s = std::move(it->second);
+      stash_.erase(it);
+      take_chunk(s.chunk, s.values, wake_up);
+    }
+  }
+
+  void release_gossip(std::vector<Ready>& wake_up) {
+    Gossip& g = gossip_;
+    if (!g.active) return;
+    for (Rank p : g.peers)
+      if (!usable(p, g.min_clock) && (live_ & bit(p))) return;
+    for (Rank p : g.peers)
+      if (usable(p, g.min_clock)) delivered_.push_back({p, latest_[p].clock, latest_[p].params});
+    wake_up.push_back(std::move(g.ready));
+    g = {};
+  }
+
+  void send(Rank to, Header h, std::span<const float> values) {
+    h.from = rank_;
+    h.count = values.size();
+    const auto bytes = std::as_bytes(values);
+    h.crc = crc32c(bytes);
+    try {
+      push_[to].send(zmq::buffer(&h, sizeof h), zmq::send_flags::sndmore);
+      push_[to].send(zmq::buffer(bytes.data(), bytes.size()), zmq::send_flags::none);
+    } catch (const zmq::error_t& e) {
+      logger().warn("collective rank {}: a message to rank {} was not sent: {}", rank_, to, e.what());
+    }
+  }
+
+  void receive_all(std::vector<Ready>& wake_up) {
+    for (;;) {
+      std::vector<zmq::message_t> parts;
+      zmq::message_t part;
+      if (!pull_.recv(part, zmq::recv_flags::dontwait)) return;
+      parts.push_back(std::move(part));
+      while (parts.back().more() && parts.size() < 3) {
+        zmq::message_t next;
+        (void)pull_.recv(next, zmq::recv_flags::none);
+        parts.push_back(std::move(next));
+      }
+      std::lock_guard lock(mu_);
+      handle(parts, wake_up);
+    }
+  }
+
+  void handle(std::vector<zmq::message_t>& parts, std::vector<Ready>& wake_up) {
+    Header h;
+    const bool shaped = parts.size() == 2 && !parts[1].more() && parts[0].size() == sizeof h;
+    if (shaped) std::memcpy(&h, parts[0].data(), sizeof h);
+    const bool sane = shaped && h.magic == kMagic && h.version == kVersion && h.from < n_ && h.from != rank_ &&
+                      parts[1].size() == h.count * sizeof(float) && h.count <= max_values_ &&
+                      h.kind >= Kind::chunk && h.kind <= Kind::leave &&
+                      crc32c(std::span(static_cast<const std::byte*>(parts[1].data()), parts[1].size())) == h.crc;
+    if (!sane) {
+      if (rejected_++ == 0) logger().warn("collective rank {}: dropped a malformed message; further ones are counted", rank_);
+      return;
+    }
+    const auto* first = static_cast<const float*>(parts[1].data());
+    std::span<const float> values(first, h.count);
+    switch (h.kind) {
+      case Kind::chunk: {
+        Reduce& r = reduce_;
+        if (r.active && r.begun && h.round == r.round && h.mask == r.mask && h.step == r.expect) {
+          take_chunk(h.chunk, values, wake_up);
+          take_stashed(wake_up);
+        } else if (!any_done_ || h.round > last_round_) {  // early: kept; a past round's: dropped
+          stash_[{h.round, h.mask, h.step}] = {h.chunk, std::vector<float>(values.begin(), values.end())};
+        }
+        break;
+      }
+      case Kind::gossip:
+        if (!latest_[h.from].params || h.round > latest_[h.from].clock)
+          latest_[h.from] = {h.round, std::make_shared<const std::vector<float>>(values.begin(), values.end())};
+        release_gossip(wake_up);
+        break;
+      case Kind::leave:
+        live_ &= ~bit(h.from);
+        // A round begun with it starts again without it; a gossip stops
+        // waiting for it.
+        if (reduce_.active && reduce_.begun && (reduce_.mask & bit(h.from))) begin_round(wake_up);
+        release_gossip(wake_up);
+        break;
+    }
+  }
+
+  const Rank rank_, n_;
+  const std::size_t max_values_;
+  zmq::context_t context_{1};
+  zmq::socket_t pull_{context_, zmq::socket_type::pull};
+  zmq::socket_t wake_rx_{context_, zmq::socket_type::pull};
+  zmq::socket_t wake_tx_{context_, zmq::socket_type::push};
+  std::mutex wake_mu_;
+  std::vector<zmq::socket_t> push_;  // push_[r]: to rank r (none to ourselves)
+  std::string endpoint_;
+  std::thread io_;
+  std::atomic<bool> stop_{false};
+  std::atomic<std::uint64_t> rejected_{0};
+
+  mutable std::mutex mu_;
+  std::vector<Op> ops_;       // local calls the I/O thread has not begun
+  bool left_self_ = false;
+  std::uint64_t live_;        // bit r: rank r has not left
+  Reduce reduce_;
+  Round last_round_ = 0;   // the last round done, when any_done_
+  bool any_done_ = false;
+  std::vector<float> mean_;
+  double total_ = 0;
+  std::map<StashKey, Stashed> stash_;
+  Gossip gossip_;
+  std::vector<Latest> latest_;
+  std::vector<PeerCopy> delivered_;
+};
+
+}  // namespace
+
+Result<std::shared_ptr<NetworkCollective>> make_zmq_collective(Rank rank, Rank ranks, const std::string& listen,
+                                                               std::size_t max_values) {
+  if (ranks == 0 || ranks > 64 || rank >= ranks)
+    return Status::InvalidArgument(fmt::format("a collective across processes has 1 to 64 ranks, not rank {} of {}", rank, ranks));
+  auto c = std::make_shared<ZmqCollective>(rank, ranks, max_values);
+  if (Status s = c->bind(listen); !s.ok()) return s;
+  return std::shared_ptr<NetworkCollective>(std::move(c));
+}
+
+}  // namespace asgd::messaging

@@ -1,0 +1,196 @@
+// The collective across processes over ZeroMQ, its ranks here in one
+// process on loopback: the ring all-reduce's result and reproducibility, a
+// rank leaving mid-round, gossip's waits, and malformed messages.
+
+#include <gtest/gtest.h>
+
+#include <zmq.hpp>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstring>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "messaging/collective.hpp"
+
+namespace asgd::messaging {
+namespace {
+
+using namespace std::chrono_literals;
+
+// Counts the ready calls of one rank; wait() blocks until the next one.
+struct Signal {
+  std::mutex mu;
+  std::condition_variable cv;
+  int calls = 0;
+  Collective::Ready ready() {
+    return [this] {
+      std::lock_guard lock(mu);
+      ++calls;
+      cv.notify_all();
+    };
+  }
+  bool wait_for(int n, std::chrono::milliseconds limit = 10s) {
+    std::unique_lock lock(mu);
+    return cv.wait_for(lock, limit, [&] { return calls >= n; });
+  }
+};
+
+std::vector<std::shared_ptr<NetworkCollective>> group(Rank n) {
+  std::vector<std::shared_ptr<NetworkCollective>> ranks;
+  std::vector<std::string> endpoints;
+  for (Rank r = 0; r < n; ++r) {
+    auto c = make_zmq_collective(r, n, "tcp://127.0.0.1:*");
+    EXPECT_TRUE(c.ok()) << c.status().to_string();
+    endpoints.push_back((*c)->endpoint());
+    ranks.push_back(*c);
+  }
+  for (auto& c : ranks) EXPECT_TRUE(c->connect(endpoints).ok());
+  return ranks;
+}
+
+std::vector<std::vector<float>> random_vectors(Rank n, std::size_t len, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d;
+  std::vector<std::vector<float>> v(n, std::vector<float>(len));
+  for (auto& x : v)
+    for (float& f : x) f = d(rng);
+  return v;
+}
+
+// Every rank contributes data[r] with weight r + 1 to `round`; the means.
+std::vector<std::vector<float>> allreduce(std::vector<std::shared_ptr<NetworkCollective>>& g,
+                                          const std::vector<std::vector<float>>& data, Round round) {
+  std::vector<Signal> done(g.size());
+  for (Rank r = 0; r < g.size(); ++r)
+    EXPECT_TRUE(g[r]->allreduce_mean(r, round, data[r], r + 1.0, done[r].ready()).ok());
+  std::vector<std::vector<float>> means;
+  for (Rank r = 0; r < g.size(); ++r) {
+    EXPECT_TRUE(done[r].wait_for(1)) << "rank " << r << " waits for " << g[r]->waiting_for(r);
+    const auto m = g[r]->mean(r);
+    means.emplace_back(m.begin(), m.end());
+  }
+  return means;
+}
+
+TEST(ZmqCollective, ARingAllReduceGivesEveryRankTheSameWeightedMean) {
+  for (Rank n : {2u, 3u, 5u}) {
+    auto g = group(n);
+    const std::size_t len = 100'003;  // chunks of unequal length
+    for (Round round = 0; round < 3; ++round) {
+      const auto data = random_vectors(n, len, static_cast<unsigned>(round + 10 * n));
+      const auto means = allreduce(g, data, round);
+      double total = 0;
+      for (Rank r = 0; r < n; ++r) total += r + 1.0;
+      ASSERT_EQ(means[0].size(), len);
+      for (std::size_t i = 0; i < len; i += 997) {
+        double expected = 0;
+        for (Rank r = 0; r < n; ++r) expected += (r + 1.0) * data[r][i];
+        EXPECT_NEAR(means[0][i], expected / total, 1e-5) << n << " ranks, value " << i;
+      }
+      for (Rank r = 1; r < n; ++r) EXPECT_TRUE(means[r] == means[0]) << "rank " << r << " got other bits";
+      EXPECT_DOUBLE_EQ(g[0]->total_weight(0), total);
+    }
+  }
+}
+
+TEST(ZmqCollective, TheSameInputsGiveTheSameBitsInAnotherGroup) {
+  const auto data = random_vectors(4, 50'000, 3);
+  auto a = group(4);
+  auto b = group(4);
+  EXPECT_TRUE(allreduce(a, data, 7)[2] == allreduce(b, data, 7)[2]);
+}
+
+TEST(ZmqCollective, AZeroWeightSendsZerosAndARankAloneHasItsOwnMean) {
+  auto g = group(2);
+  const std::vector<float> nan(10, std::numeric_limits<float>::quiet_NaN()), x(10, 4.0f);
+  Signal s0, s1;
+  ASSERT_TRUE(g[0]->allreduce_mean(0, 0, nan, 0, s0.ready()).ok());
+  ASSERT_TRUE(g[1]->allreduce_mean(1, 0, x, 2, s1.ready()).ok());
+  ASSERT_TRUE(s0.wait_for(1));
+  ASSERT_TRUE(s1.wait_for(1));
+  EXPECT_EQ(g[0]->mean(0)[3], 4.0f);
+  g[1]->leave(1);
+  ASSERT_TRUE(g[0]->allreduce_mean(0, 1, x, 1, s0.ready()).ok());
+  ASSERT_TRUE(s0.wait_for(2)) << g[0]->waiting_for(0);
+  EXPECT_EQ(g[0]->mean(0)[3], 4.0f);
+}
+
+TEST(ZmqCollective, ARoundBegunWithARankThatThenLeavesIsDoneAgainWithoutIt) {
+  auto g = group(4);
+  const auto data = random_vectors(4, 1'000, 5);
+  allreduce(g, data, 0);
+  // Ranks 0-2 begin round 1 with rank 3 still in; then rank 3 leaves.
+  std::vector<Signal> done(3);
+  for (Rank r = 0; r < 3; ++r) ASSERT_TRUE(g[r]->allreduce_mean(r, 1, data[r], 1.0, done[r].ready()).ok());
+  std::this_thread::sleep_for(50ms);
+  EXPECT_EQ(done[0].calls, 0);
+  EXPECT_NE(g[0]->waiting_for(0).find("the all-reduce of step 1"), std::string::npos) << g[0]->waiting_for(0);
+  g[3]->leave(3);
+  for (Rank r = 0; r < 3; ++r) ASSERT_TRUE(done[r].wait_for(1)) << r << ": " << g[r]->waiting_for(r);
+  EXPECT_NEAR(g[1]->mean(1)[17], (data[0][17] + data[1][17] + data[2][17]) / 3.0, 1e-6);
+  EXPECT_DOUBLE_EQ(g[1]->total_weight(1), 3.0);
+}
+
+TEST(ZmqCollective, AGossipWaitsForEachPeersCopyFromTheClockAskedOrLater) {
+  auto g = group(3);
+  const std::vector<float> x0{0, 0}, x1{10, 10}, x2{20, 20};
+  Signal s0, s1, s2;
+  // Rank 0 at clock 5, bound 2: copies from clock 3 on from ranks 1 and 2.
+  ASSERT_TRUE(g[0]->gossip(0, 5, x0, {1, 2}, {1, 2}, 3, s0.ready()).ok());
+  ASSERT_TRUE(g[1]->gossip(1, 3, x1, {0, 2}, {0, 2}, 0, s1.ready()).ok());
+  ASSERT_TRUE(g[2]->gossip(2, 2, x2, {0, 1}, {0, 1}, 0, s2.ready()).ok());
+  ASSERT_TRUE(s1.wait_for(1));
+  ASSERT_TRUE(s2.wait_for(1));
+  std::this_thread::sleep_for(50ms);
+  EXPECT_EQ(s0.calls, 0) << "rank 2's copy of clock 2 is too old for clock 5 - 2";
+  EXPECT_NE(g[0]->waiting_for(0).find("worker 2 (its copy is from clock 2)"), std::string::npos) << g[0]->waiting_for(0);
+  ASSERT_TRUE(g[2]->gossip(2, 3, x2, {0, 1}, {0, 1}, 0, s2.ready()).ok());
+  ASSERT_TRUE(s0.wait_for(1));
+  const auto copies = g[0]->peer_copies(0);
+  ASSERT_EQ(copies.size(), 2u);
+  EXPECT_EQ(copies[0].rank, 1u);
+  EXPECT_EQ(copies[0].clock, 3u);
+  EXPECT_EQ((*copies[1].params)[1], 20.0f);
+  // A peer that leaves is no longer waited for.
+  ASSERT_TRUE(s1.wait_for(1));
+  ASSERT_TRUE(g[0]->gossip(0, 9, x0, {1, 2}, {1, 2}, 8, s0.ready()).ok());
+  g[1]->leave(1);
+  g[2]->leave(2);
+  ASSERT_TRUE(s0.wait_for(2)) << g[0]->waiting_for(0);
+  EXPECT_TRUE(g[0]->peer_copies(0).empty());
+}
+
+TEST(ZmqCollective, MalformedMessagesAreDroppedAndCountedAndTheRoundStillCompletes) {
+  auto g = group(2);
+  zmq::context_t ctx;
+  zmq::socket_t evil(ctx, zmq::socket_type::push);
+  evil.set(zmq::sockopt::linger, 0);
+  evil.connect(g[0]->endpoint());
+  (void)evil.send(zmq::str_buffer("one part only"), zmq::send_flags::none);
+  std::vector<char> header(48, 0);
+  (void)evil.send(zmq::buffer(header), zmq::send_flags::sndmore);  // no magic
+  (void)evil.send(zmq::str_buffer("abcd"), zmq::send_flags::none);
+  const auto data = random_vectors(2, 64, 9);
+  const auto means = allreduce(g, data, 0);
+  EXPECT_NEAR(means[0][5], (data[0][5] + 2 * data[1][5]) / 3.0, 1e-6);
+  for (int i = 0; i < 100 && g[0]->rejected() < 2; ++i) std::this_thread::sleep_for(10ms);
+  EXPECT_EQ(g[0]->rejected(), 2u);
+}
+
+TEST(ZmqCollective, CallsOutOfStepAreRefused) {
+  auto g = group(2);
+  const std::vector<float> x(4, 1.0f);
+  Signal s;
+  EXPECT_FALSE(g[0]->allreduce_mean(1, 0, x, 1, s.ready()).ok()) << "rank 0's object is rank 0's only";
+  ASSERT_TRUE(g[0]->allreduce_mean(0, 0, x, 1, s.ready()).ok());
+  EXPECT_FALSE(g[0]->allreduce_mean(0, 0, x, 1, s.ready()).ok()) << "a call already in flight";
+  EXPECT_FALSE(make_zmq_collective(0, 65, "tcp://127.0.0.1:*").ok());
+  EXPECT_EQ(make_zmq_collective(0, 2, "tcp://256.0.0.1:1").status().code(), StatusCode::io_error);
+}
+
+}  // namespace
+}  // namespace asgd::messaging
