@@ -137,6 +137,16 @@ void CoordinatorCore::worker_gone(std::uint32_t w, const std::string& why, Actio
 // Worker `w` stopped abnormally: go on without it, unless none is left.
 void CoordinatorCore::lose(std::uint32_t w, const std::string& why, Actions& out) {
   if (!members_.lose(w)) return;
+  if (plan_.exchange != Exchange::none) {
+    // Its peers wait for its part of the exchange in flight, and a new
+    // process cannot take its place in the ring mid-job.
+    fail(Status::Unavailable(fmt::format(
+             "worker {} is lost ({}): under policy {} the workers exchange with each other and cannot go on "
+             "without it, and a new process cannot take its place in the ring: the job stops",
+             w, why, config_.policy)),
+         out);
+    return;
+  }
   const std::uint32_t live = config_.workers - members_.lost_count();
   if (live == 0) {
     fail(Status::Internal("every worker was lost; the last, worker " + std::to_string(w) + ": " + why), out);

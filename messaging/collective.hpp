@@ -80,24 +80,26 @@ class Collective {
 std::shared_ptr<Collective> make_local_collective(Rank ranks);
 
 /// One rank of a collective across processes (messaging/zmq_collective.cpp):
-/// it listens first, so that its endpoint can be announced, and connects to
-/// the others once every endpoint is known. Plain tcp: no CURVE yet.
+/// it listens first, before it knows its rank, so that its endpoint can be
+/// announced, and connects to the others once every endpoint is known.
+/// Plain tcp: no CURVE yet. leave(r) of another rank r says that r is gone
+/// (its process died): nobody waits for it any more.
 class NetworkCollective : public Collective {
  public:
   /// Where it listens, as the others connect to it.
   virtual const std::string& endpoint() const = 0;
-  /// Connects to every rank's endpoint (`endpoints[r]`: rank r's; its own is
-  /// skipped) and starts exchanging. Errors: invalid_argument (not one per
-  /// rank), io_error.
-  virtual Status connect(const std::vector<std::string>& endpoints) = 0;
+  /// Takes rank `rank` of endpoints.size() (at most 64), connects to every
+  /// rank's endpoint (`endpoints[r]`: rank r's; its own is skipped) and
+  /// starts exchanging; once only. Errors: invalid_argument (a rank out of
+  /// range, too many ranks, connected already), io_error.
+  virtual Status connect(Rank rank, const std::vector<std::string>& endpoints) = 0;
   /// Malformed messages dropped.
   virtual std::uint64_t rejected() const = 0;
 };
 
-/// Rank `rank` of `ranks` (at most 64), listening at `listen`
-/// ("tcp://127.0.0.1:*"); a message carries at most `max_values` floats.
-/// Errors: invalid_argument, io_error when it cannot listen there.
-Result<std::shared_ptr<NetworkCollective>> make_zmq_collective(Rank rank, Rank ranks, const std::string& listen,
+/// A rank listening at `listen` ("tcp://127.0.0.1:*"); a message carries at
+/// most `max_values` floats. Errors: io_error when it cannot listen there.
+Result<std::shared_ptr<NetworkCollective>> make_zmq_collective(const std::string& listen,
                                                                std::size_t max_values = std::size_t{1} << 30);
 
 }  // namespace asgd::messaging

@@ -59,7 +59,7 @@ enum class Role : std::uint8_t { coordinator = 0, shard = 1, worker = 2 };
 struct Registration {
   Role role = Role::worker;
   std::uint32_t index = 0;
-  std::string endpoint;   ///< where this process listens (shards), or empty
+  std::string endpoint;   ///< where this process listens (a shard), or its collective does (a worker), or empty
   std::string host;
   std::uint32_t pid = 0;
 };
@@ -94,12 +94,15 @@ struct Assignment {
   /// your data and answer with a Calibration; the assignment to train by
   /// (its share sized from every worker's rate) follows.
   bool calibrate = false;
+  /// worker: where every worker's collective listens (worker w's at [w];
+  /// empty for one that announced none), for the decentralized policies.
+  std::vector<std::string> peer_endpoints;
 };
 template <class F>
 decltype(auto) fields(F&& f, Assignment& x) {
   return f(x.role, x.index, bounded(x.config, kMaxConfig), x.workers, x.range_begin, x.range_end, x.partition_begin,
            x.partition_end, x.batch, x.schedule_steps, bounded(x.shard_endpoints, 1024),
-           bounded(x.range_bounds, 1025), x.restore, x.first_epoch, x.calibrate);
+           bounded(x.range_bounds, 1025), x.restore, x.first_epoch, x.calibrate, bounded(x.peer_endpoints, 4096));
 }
 
 /// Shard `index`'s process was restarted and listens at `endpoint` now:

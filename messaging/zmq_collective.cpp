@@ -67,9 +67,7 @@ std::uint64_t bit(Rank r) { return std::uint64_t{1} << r; }
 
 class ZmqCollective final : public NetworkCollective {
  public:
-  ZmqCollective(Rank rank, Rank ranks, std::size_t max_values)
-      : rank_(rank), n_(ranks), max_values_(max_values), live_((ranks >= 64 ? ~0ULL : bit(ranks) - 1)),
-        latest_(ranks), delivered_() {}
+  explicit ZmqCollective(std::size_t max_values) : max_values_(max_values) {}
 
   ~ZmqCollective() override {
     stop_ = true;
@@ -86,16 +84,26 @@ class ZmqCollective final : public NetworkCollective {
       wake_rx_.bind(wake_at);
       wake_tx_.connect(wake_at);
     } catch (const zmq::error_t& e) {
-      return Status::IOError(fmt::format("collective rank {}: cannot listen at {}: {}", rank_, where, e.what()));
+      return Status::IOError(fmt::format("the workers' collective cannot listen at {}: {}", where, e.what()));
     }
     return {};
   }
 
   const std::string& endpoint() const override { return endpoint_; }
 
-  Status connect(const std::vector<std::string>& endpoints) override {
-    if (endpoints.size() != n_)
-      return Status::InvalidArgument(fmt::format("collective rank {}: {} endpoints for {} ranks", rank_, endpoints.size(), n_));
+  Status connect(Rank rank, const std::vector<std::string>& endpoints) override {
+    const auto ranks = static_cast<Rank>(endpoints.size());
+    if (ranks == 0 || ranks > 64 || rank >= ranks)
+      return Status::InvalidArgument(
+          fmt::format("a collective across processes has 1 to 64 ranks, not rank {} of {}", rank, ranks));
+    if (io_.joinable()) return Status::InvalidArgument("the collective is connected already");
+    {
+      std::lock_guard lock(mu_);
+      rank_ = rank;
+      n_ = ranks;
+      live_ = ranks == 64 ? ~0ULL : bit(ranks) - 1;
+      latest_.assign(ranks, {});
+    }
     try {
       for (Rank r = 0; r < n_; ++r) {
         push_.emplace_back(context_, zmq::socket_type::push);
@@ -110,7 +118,10 @@ class ZmqCollective final : public NetworkCollective {
     return {};
   }
 
-  Rank size() const override { return n_; }
+  Rank size() const override {
+    std::lock_guard lock(mu_);
+    return n_;
+  }
 
   Status allreduce_mean(Rank rank, Round round, std::span<const float> data, double weight, Ready ready) override {
     {
@@ -167,9 +178,15 @@ class ZmqCollective final : public NetworkCollective {
   void leave(Rank rank) override {
     {
       std::lock_guard lock(mu_);
-      if (rank != rank_ || left_self_) return;
-      left_self_ = true;
-      ops_.push_back(Op::leave);
+      if (rank >= n_) return;
+      if (rank == rank_) {
+        if (left_self_) return;
+        left_self_ = true;
+        ops_.push_back(Op::leave);
+      } else {
+        gone_.push_back(rank);  // its process died: the I/O thread stops waiting for it
+        ops_.push_back(Op::gone);
+      }
     }
     wake();
   }
@@ -196,7 +213,7 @@ class ZmqCollective final : public NetworkCollective {
   std::uint64_t rejected() const override { return rejected_.load(); }
 
  private:
-  enum class Op { reduce, gossip, leave };
+  enum class Op { reduce, gossip, leave, gone };
   struct Reduce {
     bool active = false;
     bool begun = false;
@@ -229,6 +246,7 @@ class ZmqCollective final : public NetworkCollective {
   };
 
   Status check_call(Rank rank) const {
+    if (n_ == 0) return Status::InvalidArgument("the collective is not connected yet");
     if (rank != rank_) return Status::InvalidArgument(fmt::format("rank {} called the collective of rank {}", rank, rank_));
     if (left_self_) return Status::InvalidArgument(fmt::format("rank {} called the collective after it left", rank));
     if (reduce_.active || gossip_.active)
@@ -289,7 +307,20 @@ class ZmqCollective final : public NetworkCollective {
           if (p != rank_ && (live_ & bit(p))) send(p, {.kind = Kind::leave, .round = last_round_}, {});
         live_ &= ~bit(rank_);
         break;
+      case Op::gone:
+        for (Rank p : gone_) drop(p, wake_up);
+        gone_.clear();
+        break;
     }
+  }
+
+  // Rank `p` left, or its process died: a round begun with it starts again
+  // without it, and a gossip stops waiting for it.
+  void drop(Rank p, std::vector<Ready>& wake_up) {
+    if (!(live_ & bit(p))) return;
+    live_ &= ~bit(p);
+    if (reduce_.active && reduce_.begun && (reduce_.mask & bit(p))) begin_round(wake_up);
+    release_gossip(wake_up);
   }
 
   // Begins (or begins again, after a departure) the round in flight.
@@ -452,16 +483,12 @@ class ZmqCollective final : public NetworkCollective {
         release_gossip(wake_up);
         break;
       case Kind::leave:
-        live_ &= ~bit(h.from);
-        // A round begun with it starts again without it; a gossip stops
-        // waiting for it.
-        if (reduce_.active && reduce_.begun && (reduce_.mask & bit(h.from))) begin_round(wake_up);
-        release_gossip(wake_up);
+        drop(h.from, wake_up);
         break;
     }
   }
 
-  const Rank rank_, n_;
+  Rank rank_ = 0, n_ = 0;  // set by connect(), under mu_
   const std::size_t max_values_;
   zmq::context_t context_{1};
   zmq::socket_t pull_{context_, zmq::socket_type::pull};
@@ -477,7 +504,8 @@ class ZmqCollective final : public NetworkCollective {
   mutable std::mutex mu_;
   std::vector<Op> ops_;       // local calls the I/O thread has not begun
   bool left_self_ = false;
-  std::uint64_t live_;        // bit r: rank r has not left
+  std::uint64_t live_ = 0;    // bit r: rank r has not left
+  std::vector<Rank> gone_;    // ranks whose processes died, for the I/O thread
   Reduce reduce_;
   Round last_round_ = 0;   // the last round done, when any_done_
   bool any_done_ = false;
@@ -491,11 +519,8 @@ class ZmqCollective final : public NetworkCollective {
 
 }  // namespace
 
-Result<std::shared_ptr<NetworkCollective>> make_zmq_collective(Rank rank, Rank ranks, const std::string& listen,
-                                                               std::size_t max_values) {
-  if (ranks == 0 || ranks > 64 || rank >= ranks)
-    return Status::InvalidArgument(fmt::format("a collective across processes has 1 to 64 ranks, not rank {} of {}", rank, ranks));
-  auto c = std::make_shared<ZmqCollective>(rank, ranks, max_values);
+Result<std::shared_ptr<NetworkCollective>> make_zmq_collective(const std::string& listen, std::size_t max_values) {
+  auto c = std::make_shared<ZmqCollective>(max_values);
   if (Status s = c->bind(listen); !s.ok()) return s;
   return std::shared_ptr<NetworkCollective>(std::move(c));
 }

@@ -159,8 +159,10 @@ struct Joined {
   JobConfig config;
 };
 
+// `announce`: the endpoint to register with, when not the bridge's (a
+// worker's collective).
 Result<Joined> join(const ProcessOptions& o, Role role, const std::string& name, bool listen,
-                    std::function<bool(Inbound&)> fast_path, std::stop_token stop) {
+                    std::function<bool(Inbound&)> fast_path, std::stop_token stop, const std::string& announce = "") {
   if (o.coordinator.empty()) return Status::InvalidArgument("--coordinator: the coordinator's endpoint is required");
   Joined j;
   j.inbox = std::make_shared<Inbox<Inbound>>();
@@ -187,7 +189,8 @@ Result<Joined> join(const ProcessOptions& o, Role role, const std::string& name,
   auto peer = j.bridge->connect(o.coordinator);
   if (!peer) return peer.status();
   j.coordinator = *peer;
-  j.bridge->send(j.coordinator, encode(Registration{role, o.index, j.bridge->endpoint(), host_name(),
+  j.bridge->send(j.coordinator, encode(Registration{role, o.index, announce.empty() ? j.bridge->endpoint() : announce,
+                                                    host_name(),
                                                     static_cast<std::uint32_t>(getpid())},
                                        j.bridge->next_id()));
   const auto deadline = SteadyClock::now() + millis(o.join_timeout_s);
@@ -419,6 +422,30 @@ Status calibrate_and_wait(Joined& j, const JobPlan& plan, const data::DatasetSpl
                          ": no assignment from the coordinator after calibrating (it waits for every worker's rate)");
 }
 
+// Where a worker's collective listens: the host of --listen, on a port the
+// system picks.
+std::string collective_listen(const std::string& listen) {
+  if (listen.rfind("tcp://", 0) != 0) return "tcp://127.0.0.1:*";
+  const auto colon = listen.rfind(':');
+  return (colon < 6 ? listen : listen.substr(0, colon)) + ":*";
+}
+
+// allreduce, gossip: this worker joins the others' collective.
+Status connect_collective(NetworkCollective* collective, const Assignment& a, const std::string& name) {
+  if (!collective)
+    return Status::InvalidArgument(name + ": the decentralized policies' collective has no CURVE yet: run allreduce "
+                                          "and gossip without --auth-keys, or choose a parameter-server policy");
+  if (a.peer_endpoints.size() != a.workers || a.index >= a.workers)
+    return Status::Internal(name + ": the assignment does not say where every worker's collective listens");
+  for (std::size_t w = 0; w < a.peer_endpoints.size(); ++w)
+    if (a.peer_endpoints[w].empty())
+      return Status::InvalidArgument(fmt::format(
+          "{}: worker {} announced no collective (it runs with --auth-keys, which allreduce and gossip do not "
+          "support yet)",
+          name, w));
+  return collective->connect(a.index, a.peer_endpoints);
+}
+
 Status assignment_fits(const Assignment& a, std::size_t train_count, std::uint32_t epochs) {
   if (a.partition_end > train_count || a.partition_begin > a.partition_end || a.batch == 0)
     return Status::Internal("the assigned partition does not fit the training data here");
@@ -426,10 +453,51 @@ Status assignment_fits(const Assignment& a, std::size_t train_count, std::uint32
   return {};
 }
 
+struct WorkerPlans {
+  JobPlan job;
+  WorkerPlan worker;
+};
+
+// The coordinator's plan as assigned: this worker's share and the
+// schedule's length; the rest planned from the same settings by the same
+// rules (its --straggler model too), its threads from this host's cores.
+// Under --worker-weights auto it calibrates first and takes the assignment
+// that follows.
+Result<WorkerPlans> plan_assigned_worker(Joined& j, const data::DatasetSplits& data, const std::string& device,
+                                         std::stop_token stop) {
+  const Assignment& a = j.assignment;
+  const JobConfig& cfg = j.config;
+  auto plan = plan_settings(cfg, Placement::processes, std::thread::hardware_concurrency());
+  if (!plan) return plan.status();
+  const auto& train = data.train;
+  plan->sample_shape = {train.channels, train.rows, train.cols};
+  plan->classes = data.num_classes;
+  if (a.calibrate)
+    if (Status s = calibrate_and_wait(j, *plan, data, device, stop); !s.ok()) return s;
+  if (Status s = assignment_fits(a, train.count, cfg.epochs); !s.ok()) return s;
+  plan_clocks(*plan, a.schedule_steps);
+  auto stragglers = parse_stragglers(cfg.straggler, cfg.workers, cfg.seed);
+  if (!stragglers || a.index >= stragglers->size())
+    return stragglers ? Status::Internal("assigned a worker index past the job's workers") : stragglers.status();
+  WorkerPlan worker_plan =
+      plan_worker(a.index, {{a.partition_begin, a.partition_end}, a.batch}, (*stragglers)[a.index], a.first_epoch);
+  worker_plan.device = device;
+  return WorkerPlans{std::move(plan).value(), std::move(worker_plan)};
+}
+
 }  // namespace
 
 Status run_worker_process(const ProcessOptions& o, std::stop_token stop) {
-  auto joined = join(o, Role::worker, "worker", false, nullptr, stop);
+  // Its collective listens before it registers, so that the coordinator can
+  // tell every worker where the others are (the decentralized policies;
+  // none with CURVE, which it does not speak yet).
+  std::shared_ptr<NetworkCollective> collective;
+  if (!o.curve) {
+    auto made = make_zmq_collective(collective_listen(o.listen));
+    if (!made) return made.status();
+    collective = *made;
+  }
+  auto joined = join(o, Role::worker, "worker", false, nullptr, stop, collective ? collective->endpoint() : "");
   if (!joined) return joined.status();
   Joined& j = *joined;
   const Assignment& a = j.assignment;
@@ -449,24 +517,10 @@ Status run_worker_process(const ProcessOptions& o, std::stop_token stop) {
   auto loaded = data::load_dataset(cfg.dataset, resolve_data_dir(cfg), cfg.validation_size, cfg.seed);
   if (!loaded) return fail_early(loaded.status());
   auto data = std::make_shared<const data::DatasetSplits>(std::move(loaded).value());
-  // The coordinator's plan as assigned: this worker's share and the
-  // schedule's length; the rest planned from the same settings by the same
-  // rules (its --straggler model too), its threads from this host's cores.
-  auto plan = plan_settings(cfg, Placement::processes, std::thread::hardware_concurrency());
-  if (!plan) return fail_early(plan.status());
-  const auto& train = data->train;
-  plan->sample_shape = {train.channels, train.rows, train.cols};
-  plan->classes = data->num_classes;
-  if (a.calibrate)
-    if (Status s = calibrate_and_wait(j, *plan, *data, *device, stop); !s.ok()) return fail_early(s);
-  if (Status s = assignment_fits(a, train.count, cfg.epochs); !s.ok()) return fail_early(s);
-  plan_clocks(*plan, a.schedule_steps);
-  auto stragglers = parse_stragglers(cfg.straggler, cfg.workers, cfg.seed);
-  if (!stragglers || a.index >= stragglers->size())
-    return fail_early(stragglers ? Status::Internal("assigned a worker index past the job's workers") : stragglers.status());
-  WorkerPlan worker_plan =
-      plan_worker(a.index, {{a.partition_begin, a.partition_end}, a.batch}, (*stragglers)[a.index], a.first_epoch);
-  worker_plan.device = *device;
+  auto plans = plan_assigned_worker(j, *data, *device, stop);
+  if (!plans) return fail_early(plans.status());
+  JobPlan* plan = &plans->job;
+  const WorkerPlan& worker_plan = plans->worker;
   const auto compute = std::make_shared<ComputeContext>(plan->compute_threads);
 
   auto actor_cfg = actor_config(1);
@@ -489,6 +543,10 @@ Status run_worker_process(const ProcessOptions& o, std::stop_token stop) {
   ws.shards = shards;
   ws.feeder = feeder;
   ws.coordinator = system.spawn(remote_coordinator, j.bridge, j.coordinator);
+  if (plan->exchange != Exchange::none) {
+    if (Status s = connect_collective(collective.get(), a, name); !s.ok()) return fail_early(s);
+    ws.collective = collective;
+  }
   auto worker_actor = system.spawn(worker, std::move(ws));
   // Held here: CAF ends an actor nobody refers to.
   caf::actor watcher = system.spawn(finish_watcher, j.bridge, j.coordinator, a.index, worker_actor);

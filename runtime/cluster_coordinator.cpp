@@ -169,10 +169,6 @@ Status validate_for_cluster(const JobConfig& c, WorkersOn workers) {
     return Status::InvalidArgument("--policy " + c.policy +
                                    ": workers in separate processes cannot share one parameter buffer; use "
                                    "asgd train for hogwild");
-  if (settings && settings->exchange != Exchange::none)
-    return Status::InvalidArgument("--policy " + c.policy +
-                                   ": the decentralized policies run in one process so far (asgd train); their "
-                                   "collective across processes is not built yet");
   if (c.model_spec)
     return Status::InvalidArgument("model_spec '" + c.model_spec->name() +
                                    "': a model built from code is not carried across processes; use a model name "

@@ -424,6 +424,8 @@ caf::behavior running(Self self) {
         auto& s = self->state;
         Assignment a = *start.assignment;
         for (const auto& m : s.shards) a.shard_endpoints.push_back(m->reg.endpoint);
+        // Where each worker's collective listens (the decentralized policies).
+        for (const auto& m : s.workers) a.peer_endpoints.push_back(m ? m->reg.endpoint : std::string());
         const PeerId peer = s.workers.at(a.index)->peer;
         s.bridge->send(peer, encode(a, s.bridge->next_id()));
         if (!a.calibrate) s.bridge->send(peer, encode(StartTraining{}, s.bridge->next_id()));

@@ -43,12 +43,12 @@ std::vector<std::shared_ptr<NetworkCollective>> group(Rank n) {
   std::vector<std::shared_ptr<NetworkCollective>> ranks;
   std::vector<std::string> endpoints;
   for (Rank r = 0; r < n; ++r) {
-    auto c = make_zmq_collective(r, n, "tcp://127.0.0.1:*");
+    auto c = make_zmq_collective("tcp://127.0.0.1:*");
     EXPECT_TRUE(c.ok()) << c.status().to_string();
     endpoints.push_back((*c)->endpoint());
     ranks.push_back(*c);
   }
-  for (auto& c : ranks) EXPECT_TRUE(c->connect(endpoints).ok());
+  for (Rank r = 0; r < n; ++r) EXPECT_TRUE(ranks[r]->connect(r, endpoints).ok());
   return ranks;
 }
 
@@ -164,6 +164,20 @@ TEST(ZmqCollective, AGossipWaitsForEachPeersCopyFromTheClockAskedOrLater) {
   EXPECT_TRUE(g[0]->peer_copies(0).empty());
 }
 
+TEST(ZmqCollective, ARankWhoseProcessDiedIsDroppedWhenTheOthersAreToldAndTheRoundCompletes) {
+  auto g = group(3);
+  const auto data = random_vectors(3, 500, 8);
+  std::vector<Signal> done(2);
+  for (Rank r = 0; r < 2; ++r) ASSERT_TRUE(g[r]->allreduce_mean(r, 0, data[r], 1.0, done[r].ready()).ok());
+  g[2].reset();  // rank 2 dies without a word
+  std::this_thread::sleep_for(50ms);
+  EXPECT_EQ(done[0].calls, 0);
+  g[0]->leave(2);  // what the coordinator tells the survivors
+  g[1]->leave(2);
+  for (Rank r = 0; r < 2; ++r) ASSERT_TRUE(done[r].wait_for(1)) << g[r]->waiting_for(r);
+  EXPECT_NEAR(g[0]->mean(0)[9], (data[0][9] + data[1][9]) / 2.0, 1e-6);
+}
+
 TEST(ZmqCollective, MalformedMessagesAreDroppedAndCountedAndTheRoundStillCompletes) {
   auto g = group(2);
   zmq::context_t ctx;
@@ -188,8 +202,12 @@ TEST(ZmqCollective, CallsOutOfStepAreRefused) {
   EXPECT_FALSE(g[0]->allreduce_mean(1, 0, x, 1, s.ready()).ok()) << "rank 0's object is rank 0's only";
   ASSERT_TRUE(g[0]->allreduce_mean(0, 0, x, 1, s.ready()).ok());
   EXPECT_FALSE(g[0]->allreduce_mean(0, 0, x, 1, s.ready()).ok()) << "a call already in flight";
-  EXPECT_FALSE(make_zmq_collective(0, 65, "tcp://127.0.0.1:*").ok());
-  EXPECT_EQ(make_zmq_collective(0, 2, "tcp://256.0.0.1:1").status().code(), StatusCode::io_error);
+  EXPECT_FALSE(g[1]->connect(1, {g[0]->endpoint(), g[1]->endpoint()}).ok()) << "connected already";
+  auto lone = make_zmq_collective("tcp://127.0.0.1:*");
+  ASSERT_TRUE(lone.ok());
+  EXPECT_FALSE((*lone)->allreduce_mean(0, 0, x, 1, s.ready()).ok()) << "not connected yet";
+  EXPECT_FALSE((*lone)->connect(0, std::vector<std::string>(65, (*lone)->endpoint())).ok()) << "over 64 ranks";
+  EXPECT_EQ(make_zmq_collective("tcp://256.0.0.1:1").status().code(), StatusCode::io_error);
 }
 
 }  // namespace
