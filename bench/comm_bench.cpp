@@ -74,7 +74,9 @@ std::optional<CurveOptions> bench_curve(const std::string& dir) {
   return *o;
 }
 
-Result<std::uint64_t> parse_size(const std::string& s) {
+}  // namespace
+
+Result<std::uint64_t> parse_float_count(const std::string& s) {
   if (s.empty()) return Status::InvalidArgument("empty size");
   std::uint64_t mult = 1;
   std::string digits = s;
@@ -86,6 +88,8 @@ Result<std::uint64_t> parse_size(const std::string& s) {
     return Status::InvalidArgument("size '" + s + "': expected a number of floats like 4M, 512K or 1000");
   return n * mult;
 }
+
+namespace {
 
 // Seconds to copy `bytes` once within this process: a round trip through
 // shared memory copies at least the push into a slot and the reply out of
@@ -303,7 +307,7 @@ int run_comm(const CommOptions& o) {
   logger().set_level(spdlog::level::warn);
   std::vector<std::uint64_t> sizes;
   for (const auto& s : o.sizes) {
-    auto n = parse_size(s);
+    auto n = parse_float_count(s);
     if (!n) {
       print_error("--sizes: " + n.status().message());
       return kExitUsage;

@@ -205,12 +205,14 @@ std::function<int()> add_bench_commands(CLI::App& app) {
   auto comm = add_comm_bench(bench);
   auto compute = add_compute_bench(bench);
   auto load = add_load_bench(bench);
-  return [o, rt, comm, compute, load] {
+  auto allreduce = add_allreduce_bench(bench);
+  return [o, rt, comm, compute, load, allreduce] {
     if (comm.parsed()) return comm.run();
+    if (allreduce.parsed()) return allreduce.run();
     if (compute.parsed()) return compute.run();
     if (load.parsed()) return load.run();
     if (!rt->parsed()) {
-      print_error("bench: name a benchmark (runtime, comm, compute, load)");
+      print_error("bench: name a benchmark (runtime, comm, compute, load, allreduce)");
       return kExitUsage;
     }
     return run_bench_runtime(*o);

@@ -47,7 +47,10 @@ namespace {
 static_assert(std::endian::native == std::endian::little, "the collective sends floats as this host lays them out");
 
 constexpr std::uint32_t kMagic = 0x4C4F4341;  // "ACOL"
-constexpr std::uint16_t kVersion = 1;
+constexpr std::uint16_t kVersion = 2;
+// A chunk goes in pieces of 256K floats (1 MiB), each passed on as soon as
+// it is summed, so that the links stay busy.
+constexpr std::size_t kPiece = std::size_t{1} << 18;
 enum class Kind : std::uint16_t { chunk = 1, gossip = 2, leave = 3 };
 
 struct Header {
@@ -59,6 +62,7 @@ struct Header {
   std::uint64_t round = 0;    ///< chunk: the all-reduce's round; gossip: the copy's clock; leave: the last round done
   std::uint64_t mask = 0;     ///< chunk: the live ranks the round was begun with
   std::uint64_t count = 0;    ///< floats in the second part
+  std::uint64_t offset = 0;   ///< chunk: where in the chunk this piece starts
   std::uint32_t chunk = 0;    ///< chunk: which chunk of the vector
   std::uint32_t crc = 0;      ///< CRC-32C of the second part
 };
@@ -108,7 +112,9 @@ class ZmqCollective final : public NetworkCollective {
       for (Rank r = 0; r < n_; ++r) {
         push_.emplace_back(context_, zmq::socket_type::push);
         if (r == rank_) continue;
-        push_.back().set(zmq::sockopt::linger, 0);
+        // A process that exits right after its last round still delivers
+        // its last chunks (bounded: a peer that is gone does not hold it).
+        push_.back().set(zmq::sockopt::linger, 2000);
         push_.back().connect(endpoints[r]);
       }
     } catch (const zmq::error_t& e) {
@@ -130,7 +136,9 @@ class ZmqCollective final : public NetworkCollective {
       if (data.size() + 1 > max_values_)
         return Status::InvalidArgument(fmt::format("rank {}: an all-reduce of {} values is over the limit", rank, data.size()));
       Reduce& r = reduce_;
+      std::vector<float> keep = std::move(r.buf);
       r = {};
+      r.buf = std::move(keep);
       r.active = true;
       r.round = round;
       r.data = data;
@@ -225,6 +233,7 @@ class ZmqCollective final : public NetworkCollective {
     std::vector<Rank> ring;
     std::size_t pos = 0;
     std::uint32_t expect = 0;  // the ring step whose chunk comes next
+    std::uint64_t piece_at = 0;  // and the offset in it of the next piece
     std::vector<float> buf;    // weight x data, and the weight
   };
   struct Gossip {
@@ -239,9 +248,10 @@ class ZmqCollective final : public NetworkCollective {
     Round clock = 0;
     std::shared_ptr<const std::vector<float>> params;
   };
-  using StashKey = std::tuple<Round, std::uint64_t, std::uint32_t>;  // round, mask, step
+  using StashKey = std::tuple<Round, std::uint64_t, std::uint32_t, std::uint64_t>;  // round, mask, step, offset
   struct Stashed {
     std::uint32_t chunk = 0;
+    std::uint64_t offset = 0;
     std::vector<float> values;
   };
 
@@ -333,6 +343,7 @@ class ZmqCollective final : public NetworkCollective {
       if (live_ & bit(p)) r.ring.push_back(p);
     r.pos = static_cast<std::size_t>(std::find(r.ring.begin(), r.ring.end(), rank_) - r.ring.begin());
     r.expect = 0;
+    r.piece_at = 0;
     const std::size_t len = r.data.size() + 1;
     r.buf.assign(len, 0.0f);
     if (r.weight > 0) {
@@ -345,7 +356,13 @@ class ZmqCollective final : public NetworkCollective {
       finish_round(wake_up);
       return;
     }
-    send_chunk(static_cast<std::uint32_t>(r.pos), 0);
+    const auto own = static_cast<std::uint32_t>(r.pos);
+    const auto [b, e] = bounds(own);
+    std::uint64_t offset = 0;
+    do {
+      send_piece(own, 0, offset);
+      offset += kPiece;
+    } while (offset < e - b);
     take_stashed(wake_up);
   }
 
@@ -354,35 +371,51 @@ class ZmqCollective final : public NetworkCollective {
     return {chunk * len / m, (chunk + 1) * len / m};
   }
 
-  void send_chunk(std::uint32_t chunk, std::uint32_t step) {
+  // The piece of `chunk` at `offset` (kPiece floats, or the chunk's rest;
+  // one empty piece for an empty chunk), to the right neighbour.
+  void send_piece(std::uint32_t chunk, std::uint32_t step, std::uint64_t offset) {
     const Reduce& r = reduce_;
     const auto [b, e] = bounds(chunk);
+    const std::size_t len = std::min<std::size_t>(kPiece, e - b - offset);
     const Rank right = r.ring[(r.pos + 1) % r.ring.size()];
-    send(right, {.kind = Kind::chunk, .step = step, .round = r.round, .mask = r.mask, .chunk = chunk},
-         std::span<const float>(r.buf).subspan(b, e - b));
+    send(right, {.kind = Kind::chunk, .step = step, .round = r.round, .mask = r.mask, .offset = offset, .chunk = chunk},
+         std::span<const float>(r.buf).subspan(b + offset, len));
   }
 
-  // A chunk of the round in flight, at the step expected.
-  void take_chunk(std::uint32_t chunk, std::span<const float> values, std::vector<Ready>& wake_up) {
+  // The chunk a rank receives at ring step `step`: during reduce-scatter the
+  // one its left neighbour summed last, then the finished ones in turn.
+  std::uint32_t chunk_at(std::uint32_t step) const {
+    const std::size_t m = reduce_.ring.size(), p = reduce_.pos;
+    const std::size_t back = step < m - 1 ? step + 1 : step - (m - 1);
+    return static_cast<std::uint32_t>((p + m - back % m) % m);
+  }
+
+  // A piece of the round in flight, where it is expected: added (reduce-
+  // scatter) or copied (all-gather), and passed on at once, so that a link
+  // carries one piece while the next is summed.
+  void take_piece(std::uint32_t chunk, std::uint64_t offset, std::span<const float> values,
+                  std::vector<Ready>& wake_up) {
     Reduce& r = reduce_;
     const std::size_t m = r.ring.size();
+    const std::uint32_t step = r.expect;
     const auto [b, e] = bounds(chunk);
-    if (chunk >= m || values.size() != e - b) {
-      ++rejected_;
+    if (chunk != chunk_at(step) || offset != r.piece_at ||
+        values.size() != std::min<std::size_t>(kPiece, e - b - offset)) {
+      ++rejected_;  // a peer out of step: the round waits, and times out naming it
       return;
     }
-    const std::uint32_t step = r.expect++;
-    float* dst = r.buf.data() + b;
+    float* dst = r.buf.data() + b + offset;
     if (step < m - 1) {
       for (std::size_t i = 0; i < values.size(); ++i) dst[i] += values[i];
     } else {
       std::copy(values.begin(), values.end(), dst);
     }
-    if (step + 1 < 2 * (m - 1)) {
-      send_chunk(chunk, step + 1);  // the sum goes on, or (after m - 1 steps) the finished chunk
-    } else {
-      finish_round(wake_up);
-    }
+    // The sum goes on, or (after m - 1 steps) the finished piece.
+    if (step + 1 < 2 * (m - 1)) send_piece(chunk, step + 1, offset);
+    r.piece_at += values.size();
+    if (r.piece_at < e - b) return;
+    r.piece_at = 0;
+    if (++r.expect == 2 * (m - 1)) finish_round(wake_up);
   }
 
   void finish_round(std::vector<Ready>& wake_up) {
@@ -397,18 +430,20 @@ class ZmqCollective final : public NetworkCollective {
     last_round_ = r.round;
     any_done_ = true;
     wake_up.push_back(std::move(r.ready));
+    std::vector<float> keep = std::move(r.buf);  // its memory serves the next round
     r = {};
-    // Chunks of rounds now past will never be wanted.
-    stash_.erase(stash_.begin(), stash_.lower_bound({last_round_ + 1, 0, 0}));
+    r.buf = std::move(keep);
+    // Pieces of rounds now past will never be wanted.
+    stash_.erase(stash_.begin(), stash_.lower_bound({last_round_ + 1, 0, 0, 0}));
   }
 
   void take_stashed(std::vector<Ready>& wake_up) {
     while (reduce_.active && reduce_.begun) {
-      auto it = stash_.find({reduce_.round, reduce_.mask, reduce_.expect});
+      auto it = stash_.find({reduce_.round, reduce_.mask, reduce_.expect, reduce_.piece_at});
       if (it == stash_.end()) return;
       Stashed s = std::move(it->second);
       stash_.erase(it);
-      take_chunk(s.chunk, s.values, wake_up);
+      take_piece(s.chunk, s.offset, s.values, wake_up);
     }
   }
 
@@ -469,11 +504,13 @@ class ZmqCollective final : public NetworkCollective {
     switch (h.kind) {
       case Kind::chunk: {
         Reduce& r = reduce_;
-        if (r.active && r.begun && h.round == r.round && h.mask == r.mask && h.step == r.expect) {
-          take_chunk(h.chunk, values, wake_up);
+        if (r.active && r.begun && h.round == r.round && h.mask == r.mask && h.step == r.expect &&
+            h.offset == r.piece_at) {
+          take_piece(h.chunk, h.offset, values, wake_up);
           take_stashed(wake_up);
         } else if (!any_done_ || h.round > last_round_) {  // early: kept; a past round's: dropped
-          stash_[{h.round, h.mask, h.step}] = {h.chunk, std::vector<float>(values.begin(), values.end())};
+          stash_[{h.round, h.mask, h.step, h.offset}] = {h.chunk, h.offset,
+                                                         std::vector<float>(values.begin(), values.end())};
         }
         break;
       }

@@ -236,7 +236,8 @@ TEST(TrainCli, HeartbeatTimeoutMustBeBelowTheRpcTimeout) {
 // never with the parser's type names or its validators' descriptions.
 TEST(HelpPages, NameValuesInWordsNotInTheParsersTypes) {
   for (const char* page : {"", "train", "compare", "cluster", "coordinator", "shard", "worker", "export", "keys",
-                           "keys generate", "bench", "bench runtime", "bench comm", "bench compute", "bench load"}) {
+                           "keys generate", "bench", "bench runtime", "bench comm", "bench compute", "bench load",
+                           "bench allreduce"}) {
     CliRun r = asgd(std::string(page) + " --help");
     EXPECT_EQ(r.exit_code, 0) << page;
     for (const char* parser_word : {" TEXT", " UINT", " INT", " FLOAT", " BOOLEAN", ":POSITIVE", ":NONNEGATIVE",

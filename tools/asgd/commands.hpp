@@ -80,6 +80,14 @@ ComputeBench add_compute_bench(CLI::App* bench);
 using LoadBench = CommBench;
 LoadBench add_load_bench(CLI::App* bench);
 
+/// `bench allreduce` (bench/allreduce_bench.cpp): the same pair.
+using AllreduceBench = CommBench;
+AllreduceBench add_allreduce_bench(CLI::App* bench);
+
+/// A count of floats as the benchmarks take it: "4M", "512K", "1000".
+/// Errors: invalid_argument naming the text.
+Result<std::uint64_t> parse_float_count(const std::string& text);
+
 /// Adds `cluster`, `coordinator`, `shard` and `worker` to `app`; the
 /// returned function runs whichever was chosen.
 std::function<int(const std::string& name)> add_cluster_commands(CLI::App& app);

@@ -1,0 +1,313 @@
+// asgd bench allreduce: the workers' all-reduce across processes (the
+// collective of allreduce, messaging/zmq_collective.cpp) against Open MPI's
+// MPI_Allreduce, in the same run, on this machine.
+//
+// N processes of our own (hidden subcommand allreduce-rank) find each other
+// through endpoint files in a scratch folder, then all-reduce each size
+// `--iterations` times after two warm-up rounds; rank 0's mean time per
+// all-reduce gives the bus bandwidth, 2 (N - 1) / N x bytes / time (the
+// convention of NCCL's tests). Then `mpirun -np N` runs this program's
+// allreduce-mpi (built where Open MPI's headers are found) over tcp (btl
+// self,tcp) and over shared memory (btl self,vader). Ours computes the
+// samples-weighted mean the policy needs (a scaling pass before and after
+// the ring), MPI a plain sum.
+
+#include <fcntl.h>
+#include <spawn.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <optional>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "messaging/collective.hpp"
+#include "tools/asgd/commands.hpp"
+
+namespace asgd::cli {
+
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+struct AllreduceOptions {
+  std::uint32_t processes = 2;
+  std::vector<std::string> sizes = {"1M", "4M", "16M"};
+  int iterations = 5;
+  bool json = false;
+  // A rank's: its index and the scratch folder.
+  std::uint32_t rank = 0;
+  std::string dir;
+  std::string out;  // allreduce-mpi: where rank 0 writes its times
+};
+
+Result<std::vector<std::uint64_t>> float_counts(const std::vector<std::string>& sizes) {
+  std::vector<std::uint64_t> out;
+  for (const auto& s : sizes) {
+    auto n = parse_float_count(s);
+    if (!n) return n.status();
+    out.push_back(*n);
+  }
+  return out;
+}
+
+// Rank o.rank's endpoint written where the others look, and theirs read.
+Result<std::vector<std::string>> rendezvous(const AllreduceOptions& o, const std::string& mine) {
+  const fs::path dir = o.dir;
+  {
+    std::ofstream(dir / ("ep." + std::to_string(o.rank) + ".tmp")) << mine;
+  }
+  fs::rename(dir / ("ep." + std::to_string(o.rank) + ".tmp"), dir / ("ep." + std::to_string(o.rank)));
+  std::vector<std::string> endpoints(o.processes);
+  const auto deadline = Clock::now() + std::chrono::seconds(30);
+  for (std::uint32_t r = 0; r < o.processes; ++r) {
+    while (!fs::exists(dir / ("ep." + std::to_string(r)))) {
+      if (Clock::now() > deadline)
+        return Status::Timeout("bench allreduce: rank " + std::to_string(r) + " did not start within 30 s");
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    std::ifstream(dir / ("ep." + std::to_string(r))) >> endpoints[r];
+  }
+  return endpoints;
+}
+
+// One all-reduce, waited for (at most a minute).
+Status allreduce_once(messaging::Collective& c, std::uint32_t rank, messaging::Round round, std::span<const float> data) {
+  std::mutex mu;
+  std::condition_variable cv;
+  bool done = false;
+  Status called = c.allreduce_mean(rank, round, data, 1.0, [&] {
+    std::lock_guard lock(mu);
+    done = true;
+    cv.notify_all();
+  });
+  if (!called.ok()) return called;
+  std::unique_lock lock(mu);
+  if (!cv.wait_for(lock, std::chrono::seconds(60), [&] { return done; }))
+    return Status::Timeout("bench allreduce: rank " + std::to_string(rank) + " waited a minute for " + c.waiting_for(rank));
+  return {};
+}
+
+int run_rank(const AllreduceOptions& o) {
+  auto counts = float_counts(o.sizes);
+  auto made = messaging::make_zmq_collective("tcp://127.0.0.1:*");
+  if (!counts || !made) {
+    print_error((counts ? made.status() : counts.status()).message());
+    return kExitFailure;
+  }
+  auto& c = **made;
+  auto endpoints = rendezvous(o, c.endpoint());
+  if (!endpoints || !c.connect(o.rank, *endpoints).ok()) {
+    print_error(endpoints ? "bench allreduce: cannot connect the ranks" : endpoints.status().message());
+    return kExitFailure;
+  }
+  messaging::Round round = 0;
+  std::ostringstream times;
+  for (std::uint64_t n : *counts) {
+    std::vector<float> data(n, static_cast<float>(o.rank + 1));
+    Status s;
+    for (int warm = 0; warm < 2 && s.ok(); ++warm) s = allreduce_once(c, o.rank, round++, data);
+    const auto t0 = Clock::now();
+    for (int i = 0; i < o.iterations && s.ok(); ++i) s = allreduce_once(c, o.rank, round++, data);
+    if (!s.ok()) {
+      print_error(s.message());
+      return kExitFailure;
+    }
+    times << n << ' ' << std::chrono::duration<double>(Clock::now() - t0).count() / o.iterations << '\n';
+  }
+  // Nobody leaves before every rank is done with the last round.
+  const std::vector<float> one(1, 1.0f);
+  if (Status s = allreduce_once(c, o.rank, round++, one); !s.ok()) {
+    print_error(s.message());
+    return kExitFailure;
+  }
+  if (o.rank == 0) std::ofstream(fs::path(o.dir) / "ours.txt") << times.str();
+  return kExitOk;
+}
+
+// "n seconds" lines into n -> seconds.
+std::map<std::uint64_t, double> read_times(const fs::path& p) {
+  std::map<std::uint64_t, double> out;
+  std::ifstream in(p);
+  std::uint64_t n = 0;
+  double t = 0;
+  while (in >> n >> t) out[n] = t;
+  return out;
+}
+
+// Runs argv (argv[0] a path) and waits at most `limit`; its exit status, or
+// nullopt when it could not start or was killed at the limit.
+std::optional<int> run_and_wait(std::vector<std::string> args, std::chrono::seconds limit, bool quiet) {
+  std::vector<char*> argv;
+  for (auto& a : args) argv.push_back(a.data());
+  argv.push_back(nullptr);
+  posix_spawn_file_actions_t fa;
+  posix_spawn_file_actions_init(&fa);
+  if (quiet) posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, "/dev/null", O_WRONLY, 0);
+  pid_t pid = 0;
+  const int rc = posix_spawnp(&pid, argv[0], &fa, nullptr, argv.data(), environ);
+  posix_spawn_file_actions_destroy(&fa);
+  if (rc != 0) return std::nullopt;
+  const auto deadline = Clock::now() + limit;
+  int status = 0;
+  while (waitpid(pid, &status, WNOHANG) == 0) {
+    if (Clock::now() > deadline) {
+      kill(pid, SIGKILL);
+      waitpid(pid, &status, 0);
+      return std::nullopt;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
+std::vector<std::string> rank_flags(const AllreduceOptions& o) {
+  std::string sizes;
+  for (const auto& s : o.sizes) sizes += (sizes.empty() ? "" : ",") + s;
+  return {"--sizes", sizes, "--iterations", std::to_string(o.iterations)};
+}
+
+// Our N ranks; rank 0's times by size.
+Result<std::map<std::uint64_t, double>> measure_ours(const AllreduceOptions& o, const fs::path& dir) {
+  const std::string self = fs::read_symlink("/proc/self/exe").string();
+  std::vector<std::thread> ranks;
+  std::vector<std::optional<int>> codes(o.processes);
+  for (std::uint32_t r = 0; r < o.processes; ++r) {
+    ranks.emplace_back([&, r] {
+      std::vector<std::string> args = {self, "allreduce-rank", "--rank", std::to_string(r), "--processes",
+                                       std::to_string(o.processes), "--dir", dir.string()};
+      for (auto& f : rank_flags(o)) args.push_back(f);
+      codes[r] = run_and_wait(args, std::chrono::seconds(600), false);
+    });
+  }
+  for (auto& t : ranks) t.join();
+  for (std::uint32_t r = 0; r < o.processes; ++r)
+    if (!codes[r] || *codes[r] != 0)
+      return Status::Internal("bench allreduce: our rank " + std::to_string(r) + " failed (its error is above)");
+  return read_times(dir / "ours.txt");
+}
+
+// MPI_Allreduce under mpirun over `btl`; empty when it is not built in or
+// mpirun fails (said on stderr).
+std::map<std::uint64_t, double> measure_mpi(const AllreduceOptions& o, const fs::path& dir, const std::string& btl) {
+#ifdef ASGD_BENCH_MPI
+  const fs::path out = dir / ("mpi." + btl + ".txt");
+  std::vector<std::string> args = {"mpirun", "--allow-run-as-root", "--oversubscribe", "-np",
+                                   std::to_string(o.processes), "--mca", "pml", "ob1", "--mca", "btl", btl,
+                                   fs::read_symlink("/proc/self/exe").string(), "allreduce-mpi", "--out", out.string()};
+  for (auto& f : rank_flags(o)) args.push_back(f);
+  const auto code = run_and_wait(args, std::chrono::seconds(600), true);
+  if (!code || *code != 0) {
+    std::fprintf(stderr, "bench allreduce: mpirun over btl %s failed (exit %d)\n", btl.c_str(), code ? *code : -1);
+    return {};
+  }
+  return read_times(out);
+#else
+  (void)o, (void)dir, (void)btl;
+  return {};
+#endif
+}
+
+double bus_gbps(std::uint64_t floats, std::uint32_t n, double seconds) {
+  return seconds > 0 ? 2.0 * (n - 1) / n * static_cast<double>(floats) * 4.0 / seconds / 1e9 : 0.0;
+}
+
+int run_allreduce(const AllreduceOptions& o) {
+  auto counts = float_counts(o.sizes);
+  if (!counts) {
+    print_error(counts.status().message());
+    return kExitUsage;
+  }
+  const fs::path dir = fs::temp_directory_path() / ("asgd-bench-allreduce-" + std::to_string(getpid()));
+  fs::create_directories(dir);
+  auto ours = measure_ours(o, dir);
+  const auto mpi_tcp = measure_mpi(o, dir, "self,tcp");
+  const auto mpi_shm = measure_mpi(o, dir, "self,vader");
+  fs::remove_all(dir);
+  if (!ours) {
+    print_error(ours.status().message());
+    return kExitFailure;
+  }
+  nlohmann::json sizes = nlohmann::json::array();
+  if (!o.json)
+    std::printf("%u processes, bus bandwidth 2(N-1)/N x bytes / time, GB/s (mean of %d all-reduces)\n"
+                "%10s  %9s  %9s  %9s  %6s  %9s\n",
+                o.processes, o.iterations, "floats", "transport", "ours", "mpi", "ratio", "ours ms");
+  auto value = [](const std::map<std::uint64_t, double>& m, std::uint64_t n) {
+    const auto it = m.find(n);
+    return it == m.end() ? 0.0 : it->second;
+  };
+  for (std::uint64_t n : *counts) {
+    const double t = value(*ours, n);
+    for (const char* transport : {"tcp", "shm"}) {
+      const bool tcp = std::string(transport) == "tcp";
+      const double ours_gbps = tcp ? bus_gbps(n, o.processes, t) : 0.0;  // ours has no shared-memory ring
+      const double mpi_t = value(tcp ? mpi_tcp : mpi_shm, n);
+      const double mpi_gbps = bus_gbps(n, o.processes, mpi_t);
+      nlohmann::json row = {{"floats", n}, {"transport", transport}};
+      row["ours_gbps"] = ours_gbps > 0 ? nlohmann::json(ours_gbps) : nlohmann::json(nullptr);
+      row["mpi_gbps"] = mpi_gbps > 0 ? nlohmann::json(mpi_gbps) : nlohmann::json(nullptr);
+      row["ratio"] = ours_gbps > 0 && mpi_gbps > 0 ? nlohmann::json(ours_gbps / mpi_gbps) : nlohmann::json(nullptr);
+      sizes.push_back(row);
+      if (!o.json)
+        std::printf("%10llu  %9s  %9s  %9s  %6s  %9s\n", static_cast<unsigned long long>(n), transport,
+                    ours_gbps > 0 ? std::to_string(ours_gbps).substr(0, 5).c_str() : "-",
+                    mpi_gbps > 0 ? std::to_string(mpi_gbps).substr(0, 5).c_str() : "-",
+                    row["ratio"].is_null() ? "-" : std::to_string(ours_gbps / mpi_gbps).substr(0, 4).c_str(),
+                    tcp ? std::to_string(t * 1e3).substr(0, 6).c_str() : "-");
+    }
+  }
+  if (o.json) std::printf("%s\n", nlohmann::json{{"processes", o.processes}, {"sizes", sizes}}.dump().c_str());
+  return kExitOk;
+}
+
+}  // namespace
+
+int run_allreduce_mpi_rank(const std::string& out, const std::vector<std::uint64_t>& counts, int iterations);
+
+AllreduceBench add_allreduce_bench(CLI::App* bench) {
+  auto o = std::make_shared<AllreduceOptions>();
+  auto* cmd = bench->add_subcommand(
+      "allreduce", "the workers' all-reduce across processes (ZeroMQ ring) vs Open MPI's MPI_Allreduce, bus bandwidth");
+  cmd->add_option("--processes", o->processes, "ranks, 2 to 64 (default 2)")
+      ->type_name("N")
+      ->check(quietly(CLI::Range(2, 64)));
+  cmd->add_option("--sizes", o->sizes, "floats per all-reduce, comma-separated (default 1M,4M,16M)")
+      ->type_name("LIST")
+      ->delimiter(',');
+  cmd->add_option("--iterations", o->iterations, "timed all-reduces per size, at least 1 (default 5)")
+      ->type_name("N")
+      ->check(positive());
+  cmd->add_flag("--json", o->json, "print one JSON object instead of a table");
+  auto* rank = bench->add_subcommand("allreduce-rank", "")->group("");  // hidden: one of ours
+  rank->add_option("--rank", o->rank)->required();
+  rank->add_option("--processes", o->processes)->required();
+  rank->add_option("--dir", o->dir)->required();
+  rank->add_option("--sizes", o->sizes)->delimiter(',');
+  rank->add_option("--iterations", o->iterations);
+  auto* mpi = bench->add_subcommand("allreduce-mpi", "")->group("");  // hidden: one of mpirun's
+  mpi->add_option("--out", o->out)->required();
+  mpi->add_option("--sizes", o->sizes)->delimiter(',');
+  mpi->add_option("--iterations", o->iterations);
+  return {[cmd, rank, mpi] { return cmd->parsed() || rank->parsed() || mpi->parsed(); },
+          [o, cmd, rank]() -> int {
+            if (cmd->parsed()) return run_allreduce(*o);
+            if (rank->parsed()) return run_rank(*o);
+            auto counts = float_counts(o->sizes);
+            if (!counts) return kExitUsage;
+            return run_allreduce_mpi_rank(o->out, *counts, o->iterations);
+          }};
+}
+
+}  // namespace asgd::cli
