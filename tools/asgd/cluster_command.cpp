@@ -97,6 +97,11 @@ void add_process_flags(CLI::App* cmd, ProcessFlags& f, bool listens, bool needs_
   if (listens)
     cmd->add_option("--listen", f.listen, "where to listen (default tcp://127.0.0.1:0, a free port)")
         ->type_name("ENDPOINT");
+  else
+    cmd->add_option("--listen", f.listen,
+                    "allreduce, gossip: the host its collective listens on for the other workers, on a free port "
+                    "(default tcp://127.0.0.1:0)")
+        ->type_name("ENDPOINT");
   cmd->add_option("--join-timeout", f.join_timeout_s, "seconds to wait for the other processes (default 60)")
       ->type_name("S");
   if (needs_coordinator)
