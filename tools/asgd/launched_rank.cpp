@@ -109,8 +109,8 @@ Result<std::string> coordinator_listen(const LaunchFlags& lf, const std::string&
   return "tcp://" + (address.empty() ? std::string("*") : address) + ":" + std::to_string(port);
 }
 
-// Where a shard listens: its given address, else the one that routes to
-// the coordinator.
+// Where a shard (or a worker's collective) listens: its given address, else
+// the one that routes to the coordinator.
 Result<std::string> shard_listen(const Launch& launch, const std::string& coordinator, const std::string& address) {
   if (!address.empty()) return "tcp://" + address + ":0";
   auto split = split_tcp_endpoint(coordinator);
@@ -161,14 +161,14 @@ int run_rank_role(const LaunchFlags& lf, const Launch& launch, const RoleOfRank&
     }
     po.coordinator = *found;
   }
-  if (role.role == RankRole::shard) {
-    auto at = shard_listen(launch, po.coordinator, address);
-    if (!at) {
-      print_error(at.status().message());
-      return kExitFailure;
-    }
-    po.listen = *at;
+  // A shard listens there; so does a worker's collective (allreduce,
+  // gossip), which stays on 127.0.0.1 when no address routes to rank 0.
+  auto at = shard_listen(launch, po.coordinator, address);
+  if (role.role == RankRole::shard && !at) {
+    print_error(at.status().message());
+    return kExitFailure;
   }
+  if (at) po.listen = *at;
   po.data_dir = config.data_dir;
   if (role.role == RankRole::worker) po.device = worker_device(launch, config);
   Interrupts interrupts;
