@@ -218,6 +218,8 @@ struct Perform {
   void operator()(act::Leave& a) {
     for (auto& shard : s.shards) self->send(shard, leave_atom::value, static_cast<WorkerId>(a.worker));
     if (s.shared) s.shared->live[a.worker].store(false, std::memory_order_release);
+    if (s.collective) s.collective->leave(a.worker);
+    if (s.setup.remote && s.core->plan().exchange != Exchange::none) s.setup.remote->worker_lost(a.worker);
   }
   void operator()(act::Kill& a) {
     if (a.worker >= s.workers.size()) return;

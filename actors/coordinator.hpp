@@ -111,6 +111,9 @@ class RemotePlacement {
   /// Worker `w`'s new process (registered in place of a lost one) is not
   /// taken: tells it to stop, saying why.
   virtual void dismiss_worker(std::uint32_t w, const std::string& why) = 0;
+  /// allreduce, gossip: worker `w` is lost; tells every other worker's
+  /// process, whose collective then no longer waits for it.
+  virtual void worker_lost(std::uint32_t w) = 0;
 };
 
 // The actor's state: the core, which decides, and what it needs to act on

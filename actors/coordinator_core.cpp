@@ -137,16 +137,7 @@ void CoordinatorCore::worker_gone(std::uint32_t w, const std::string& why, Actio
 // Worker `w` stopped abnormally: go on without it, unless none is left.
 void CoordinatorCore::lose(std::uint32_t w, const std::string& why, Actions& out) {
   if (!members_.lose(w)) return;
-  if (plan_.exchange != Exchange::none) {
-    // Its peers wait for its part of the exchange in flight, and a new
-    // process cannot take its place in the ring mid-job.
-    fail(Status::Unavailable(fmt::format(
-             "worker {} is lost ({}): under policy {} the workers exchange with each other and cannot go on "
-             "without it, and a new process cannot take its place in the ring: the job stops",
-             w, why, config_.policy)),
-         out);
-    return;
-  }
+
   const std::uint32_t live = config_.workers - members_.lost_count();
   if (live == 0) {
     fail(Status::Internal("every worker was lost; the last, worker " + std::to_string(w) + ": " + why), out);
@@ -155,7 +146,8 @@ void CoordinatorCore::lose(std::uint32_t w, const std::string& why, Actions& out
   logger().warn("worker {} is lost ({}): the job goes on with {} live worker(s) under policy {}; its data share "
                "is not trained further",
                w, why, live, config_.policy);
-  // The shards stop counting it: a barrier re-forms over the live workers.
+  // The shards stop counting it: a barrier re-forms over the live workers
+  // (under allreduce and gossip, the workers' ring).
   out.push_back(act::Leave{w});
   complete_epochs(out);
   maybe_finish(out);
@@ -170,6 +162,9 @@ void CoordinatorCore::rejoin(std::uint32_t w, bool placeable, Actions& out) {
   auto refuse = [&](const std::string& why) { refuse_rejoin(w, why, out); };
   if (!placeable || w >= config_.workers || w >= members_.size()) return refuse("no such worker");
   if (done_ || finishing_) return refuse("the job is ending");
+  if (plan_.exchange != Exchange::none)
+    return refuse("under policy " + config_.policy +
+                  " the workers' ring goes on without it: a new process cannot join it mid-job");
   if (members_.finished(w)) return refuse("worker " + std::to_string(w) + " had finished its share");
   const std::uint64_t first = members_.furthest_epoch_besides(w) + 1;
   if (first >= config_.epochs) return refuse("the others are in the last epoch: nothing is left for it to train");

@@ -12,12 +12,14 @@
 // 2 (m - 1) / m of the vector, in both directions at once. The sum of each
 // chunk is taken in ring order, the same in every run.
 //
-// Membership: a rank that leaves tells every other; a round begun with it
-// starts again without it (nobody can have finished it: it never sent its
-// part), and messages carry the round and the set of ranks they were sent
-// for, so a late one is told apart from a current one. Messages that come
-// early (a neighbour a step ahead, or one that already knows of a departure)
-// wait in a stash.
+// Membership: a rank that leaves (out of data) tells every other, and a
+// rank whose process died is dropped when its owner is told (leave(r));
+// either way a round begun with it starts again without it. Messages carry
+// the round and the set of ranks they were sent for, so a late one is told
+// apart from a current one; ones that come early (a neighbour a step ahead,
+// or one that already knows of a departure) wait in a stash. A rank that
+// died mid-round may have let some ranks finish it: they answer the others'
+// new start with the round's result (serve_result).
 //
 // Gossip: a rank sends its copy to the ranks that will average with it and
 // keeps the latest copy each peer sent it.
@@ -33,6 +35,7 @@
 #include <cstring>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <tuple>
 
@@ -51,7 +54,9 @@ constexpr std::uint16_t kVersion = 2;
 // A chunk goes in pieces of 256K floats (1 MiB), each passed on as soon as
 // it is summed, so that the links stay busy.
 constexpr std::size_t kPiece = std::size_t{1} << 18;
-enum class Kind : std::uint16_t { chunk = 1, gossip = 2, leave = 3 };
+// result: a round's mean (and its total weight, last), from a rank that
+// finished it to ranks that start it again after a death (below).
+enum class Kind : std::uint16_t { chunk = 1, gossip = 2, leave = 3, result = 4 };
 
 struct Header {
   std::uint32_t magic = kMagic;
@@ -427,6 +432,39 @@ class ZmqCollective final : public NetworkCollective {
       const auto inv = static_cast<float>(1.0 / total_);
       for (float& v : mean_) v *= inv;
     }
+    complete_round(wake_up);
+  }
+
+  // A rank that died mid-round may have sent some ranks all they needed to
+  // finish it and others not: those start it again without it, and a rank
+  // that finished it hears of that from their pieces. It then sends every
+  // other rank the round's result, which a rank still in that round takes
+  // as its own, so that every copy takes the same step.
+  void serve_result(Round round) {
+    if (served_ && *served_ == round) return;
+    served_ = round;
+    logger().info("worker {}'s collective: a worker starts step {} again after a death; sent it our result", rank_,
+                  round);
+    std::vector<float> result(mean_);
+    result.push_back(static_cast<float>(total_));
+    for (Rank p = 0; p < n_; ++p)
+      if (p != rank_ && (live_ & bit(p))) send(p, {.kind = Kind::result, .round = round}, result);
+  }
+
+  void take_result(std::span<const float> values, std::vector<Ready>& wake_up) {
+    Reduce& r = reduce_;
+    const float total = values.back();
+    if (!(total >= 0) || (total > 0 ? values.size() != r.data.size() + 1 : values.size() != 1)) {
+      ++rejected_;
+      return;
+    }
+    total_ = total;
+    mean_.assign(values.begin(), values.end() - 1);
+    complete_round(wake_up);
+  }
+
+  void complete_round(std::vector<Ready>& wake_up) {
+    Reduce& r = reduce_;
     last_round_ = r.round;
     any_done_ = true;
     wake_up.push_back(std::move(r.ready));
@@ -493,7 +531,7 @@ class ZmqCollective final : public NetworkCollective {
     if (shaped) std::memcpy(&h, parts[0].data(), sizeof h);
     const bool sane = shaped && h.magic == kMagic && h.version == kVersion && h.from < n_ && h.from != rank_ &&
                       parts[1].size() == h.count * sizeof(float) && h.count <= max_values_ &&
-                      h.kind >= Kind::chunk && h.kind <= Kind::leave &&
+                      h.kind >= Kind::chunk && h.kind <= Kind::result &&
                       crc32c(std::span(static_cast<const std::byte*>(parts[1].data()), parts[1].size())) == h.crc;
     if (!sane) {
       if (rejected_++ == 0) logger().warn("collective rank {}: dropped a malformed message; further ones are counted", rank_);
@@ -511,9 +549,14 @@ class ZmqCollective final : public NetworkCollective {
         } else if (!any_done_ || h.round > last_round_) {  // early: kept; a past round's: dropped
           stash_[{h.round, h.mask, h.step, h.offset}] = {h.chunk, h.offset,
                                                          std::vector<float>(values.begin(), values.end())};
+        } else if (h.round == last_round_) {
+          serve_result(h.round);  // nothing of a finished round is sent to us, unless a rank starts it again
         }
         break;
       }
+      case Kind::result:
+        if (reduce_.active && reduce_.begun && h.round == reduce_.round) take_result(values, wake_up);
+        break;
       case Kind::gossip:
         if (!latest_[h.from].params || h.round > latest_[h.from].clock)
           latest_[h.from] = {h.round, std::make_shared<const std::vector<float>>(values.begin(), values.end())};
@@ -545,6 +588,7 @@ class ZmqCollective final : public NetworkCollective {
   std::vector<Rank> gone_;    // ranks whose processes died, for the I/O thread
   Reduce reduce_;
   Round last_round_ = 0;   // the last round done, when any_done_
+  std::optional<Round> served_;  // the last round whose result went to the others
   bool any_done_ = false;
   std::vector<float> mean_;
   double total_ = 0;

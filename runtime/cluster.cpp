@@ -557,6 +557,9 @@ Status run_worker_process(const ProcessOptions& o, std::stop_token stop) {
     if (std::holds_alternative<StartTraining>(in.body)) caf::anon_send(worker_actor, start_atom::value);
     if (auto* r = std::get_if<Restarted>(&in.body); r && r->role == Role::shard && r->index < shard_peers.size())
       reconnect_shard(*j.bridge, name, shard_peers[r->index], *r);
+    // allreduce, gossip: a lost worker's part of the exchange is not waited for.
+    if (auto* c = std::get_if<ClockNotice>(&in.body); c && c->leaving && plan->exchange != Exchange::none)
+      collective->leave(c->worker);
     return Status{};
   });
   j.bridge->stop();

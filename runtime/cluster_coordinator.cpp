@@ -101,6 +101,8 @@ class ClusterPlacement final : public RemotePlacement {
     caf::anon_send(registry_, dismiss_atom::value, w, why);
   }
 
+  void worker_lost(std::uint32_t w) override { caf::anon_send(registry_, leave_atom::value, w); }
+
   Result<caf::actor> place_worker(caf::local_actor* self, std::uint32_t w) override {
     const auto silence = std::chrono::duration_cast<caf::timespan>(
         std::chrono::duration<double>(config_.heartbeat_timeout_s));

@@ -434,6 +434,13 @@ caf::behavior running(Self self) {
         auto& s = self->state;
         if (w < s.workers.size() && s.workers[w]) tell_to_stop(self, s.workers[w]->peer, why);
       },
+      [self](leave_atom, std::uint32_t w) {
+        // Worker w is lost: the others' collectives stop waiting for it.
+        auto& s = self->state;
+        for (std::size_t i = 0; i < s.workers.size(); ++i)
+          if (i != w && s.workers[i])
+            s.bridge->send(s.workers[i]->peer, encode(ClockNotice{w, 0, true}, s.bridge->next_id()));
+      },
       [self](Exited& e) { exited(self, e.exit); },
       [self](tick_atom) {
         auto& s = self->state;

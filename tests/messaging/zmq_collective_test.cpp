@@ -6,6 +6,7 @@
 
 #include <zmq.hpp>
 
+#include <array>
 #include <chrono>
 #include <condition_variable>
 #include <cstring>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "messaging/collective.hpp"
+#include "messaging/wire.hpp"
 
 namespace asgd::messaging {
 namespace {
@@ -176,6 +178,67 @@ TEST(ZmqCollective, ARankWhoseProcessDiedIsDroppedWhenTheOthersAreToldAndTheRoun
   g[1]->leave(2);
   for (Rank r = 0; r < 2; ++r) ASSERT_TRUE(done[r].wait_for(1)) << g[r]->waiting_for(r);
   EXPECT_NEAR(g[0]->mean(0)[9], (data[0][9] + data[1][9]) / 2.0, 1e-6);
+}
+
+// A rank that dies mid-round may have sent one neighbour all it needed and
+// another not. Here rank 1 is played by the test, on the wire: it sends rank
+// 2 its ring steps 0 and 2 of round 0, so that rank 0 finishes the round and
+// rank 2 waits for step 3, then dies. Told of the death, rank 2 starts the
+// round again without it; rank 0, which finished it, sends rank 2 its result,
+// and both take the same step.
+TEST(ZmqCollective, ARoundOneRankFinishedBeforeADeathIsFinishedByTheOthersWithItsResult) {
+  zmq::context_t ctx;
+  zmq::socket_t fake_in(ctx, zmq::socket_type::pull);
+  fake_in.set(zmq::sockopt::linger, 0);
+  fake_in.bind("tcp://127.0.0.1:*");
+  std::vector<std::shared_ptr<NetworkCollective>> g(3);
+  for (Rank r : {0u, 2u}) g[r] = *make_zmq_collective("tcp://127.0.0.1:*");
+  const std::vector<std::string> endpoints = {g[0]->endpoint(), fake_in.get(zmq::sockopt::last_endpoint),
+                                              g[2]->endpoint()};
+  ASSERT_TRUE(g[0]->connect(0, endpoints).ok());
+  ASSERT_TRUE(g[2]->connect(2, endpoints).ok());
+  zmq::socket_t to_rank2(ctx, zmq::socket_type::push);
+  to_rank2.set(zmq::sockopt::linger, 1000);
+  to_rank2.connect(g[2]->endpoint());
+  // The header as messaging/zmq_collective.cpp lays it out (56 bytes).
+  auto send_piece = [&](std::uint32_t step, std::uint32_t chunk, const std::vector<float>& values) {
+    std::array<std::byte, 56> h{};
+    auto put = [&](std::size_t at, auto v) { std::memcpy(h.data() + at, &v, sizeof v); };
+    put(0, std::uint32_t{0x4C4F4341});
+    put(4, std::uint16_t{2});
+    put(6, std::uint16_t{1});  // a chunk
+    put(8, std::uint32_t{1});  // from rank 1
+    put(12, step);
+    put(16, std::uint64_t{0});  // round 0
+    put(24, std::uint64_t{0b111});
+    put(32, std::uint64_t{values.size()});
+    put(40, std::uint64_t{0});  // offset
+    put(48, chunk);
+    put(52, crc32c(std::as_bytes(std::span(values))));
+    ASSERT_TRUE(to_rank2.send(zmq::buffer(h), zmq::send_flags::sndmore));
+    ASSERT_TRUE(to_rank2.send(zmq::buffer(values), zmq::send_flags::none));
+  };
+  const std::vector<float> x0{1, 2, 3, 4, 5}, x2{10, 20, 30, 40, 50};
+  Signal s0, s2;
+  ASSERT_TRUE(g[0]->allreduce_mean(0, 0, x0, 1.0, s0.ready()).ok());
+  ASSERT_TRUE(g[2]->allreduce_mean(2, 0, x2, 1.0, s2.ready()).ok());
+  // Six values (five and the weight) in three chunks of two. From its left
+  // neighbour, rank 1, rank 2 takes chunk 1 at step 0 and chunk 0 at step 1
+  // (reduce-scatter), then chunk 2 at step 2, which it passes on to rank 0,
+  // and chunk 1 at step 3, which never comes.
+  send_piece(0, 1, {100, 1});
+  send_piece(1, 0, {9, 9});
+  send_piece(2, 2, {7, 3});
+  ASSERT_TRUE(s0.wait_for(1)) << "rank 0 " << g[0]->waiting_for(0);
+  std::this_thread::sleep_for(50ms);
+  EXPECT_EQ(s2.calls, 0) << "rank 2 still waits for step 3 from rank 1";
+  EXPECT_NE(g[2]->waiting_for(2).find("ring step 4 of 4 from worker 1"), std::string::npos) << g[2]->waiting_for(2);
+  g[0]->leave(1);  // rank 1 died: what the coordinator tells the others
+  g[2]->leave(1);
+  ASSERT_TRUE(s2.wait_for(1)) << "rank 2 " << g[2]->waiting_for(2);
+  const auto m0 = g[0]->mean(0), m2 = g[2]->mean(2);
+  EXPECT_TRUE(std::equal(m0.begin(), m0.end(), m2.begin(), m2.end())) << "the copies would take different steps";
+  EXPECT_EQ(g[2]->total_weight(2), g[0]->total_weight(0));
 }
 
 TEST(ZmqCollective, MalformedMessagesAreDroppedAndCountedAndTheRoundStillCompletes) {

@@ -1,7 +1,7 @@
 // allreduce and gossip with a process per worker (`asgd cluster`): the
 // workers' collective goes over ZeroMQ between their processes. They train
-// MNIST as in one process, and a worker process killed mid-job stops the job
-// at once, naming it, instead of leaving its peers waiting in the ring.
+// MNIST as in one process, and when a worker process is killed mid-job the
+// others drop it from their ring and finish, instead of waiting for it.
 
 #include <gtest/gtest.h>
 
@@ -56,39 +56,52 @@ TEST(DecentralizedCluster, AllreduceAndGossipTrainMnistAsProcessesToAtLeast97Per
   }
 }
 
-TEST(DecentralizedCluster, AWorkerProcessKilledUnderAllreduceStopsTheJobAtOnceNamingIt) {
+// A worker process killed mid-job: the coordinator declares it lost at once
+// (asgd cluster saw it end), tells the others, whose ring goes on without
+// it, and the job finishes; the process asgd cluster starts in its place is
+// not taken (a ring cannot take a new member mid-job).
+class WorkerKilledInTheRing : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(WorkerKilledInTheRing, TheOthersGoOnWithoutItAndTheJobFinishesAbove97Percent) {
   ASGD_REQUIRE_DATASET(dir, "mnist");
+  const std::string policy = GetParam();
   const asgd_test::TempDir scratch;
-  const fs::path log = scratch / "cluster.log";
-  const pid_t cluster = asgd_test::start_asgd({"cluster", "--workers", "3", "--policy", "allreduce", "--epochs", "5",
+  const fs::path log = scratch / "cluster.log", metrics = scratch / "run.jsonl";
+  const pid_t cluster = asgd_test::start_asgd({"cluster", "--workers", "3", "--policy", policy, "--epochs", "5",
                                                "--data-dir", dir.string(), "--heartbeat-timeout", "3",
-                                               "--max-restarts", "0"},
+                                               "--metrics-out", metrics.string()},
                                               log);
   ASSERT_GT(cluster, 0);
   ASSERT_TRUE(asgd_test::wait_for_text(log, "worker 1: finished epoch 1:", std::chrono::seconds(120), cluster))
       << read_file(log);
   const auto victim = asgd_test::child_with_args(cluster, {"worker", "--index", "1"});
   ASSERT_TRUE(victim) << "no worker 1 process under " << cluster;
-  const auto killed = std::chrono::steady_clock::now();
   ASSERT_EQ(kill(*victim, SIGKILL), 0);
-  // asgd cluster sees its process end and tells the coordinator, which
-  // stops the job without waiting out --heartbeat-timeout (3 s here).
-  const auto stopped = asgd_test::wait_for_text(log, "job failed: worker 1 is lost", std::chrono::seconds(30), cluster);
-  ASSERT_TRUE(stopped) << read_file(log);
-  EXPECT_LT(*stopped, 3.0) << read_file(log);
-  const auto code = asgd_test::wait_exit(cluster, std::chrono::seconds(60));
+  const auto noticed = asgd_test::wait_for_text(log, "worker 1 is lost", std::chrono::seconds(30), cluster);
+  ASSERT_TRUE(noticed) << read_file(log);
+  EXPECT_LT(*noticed, 3.0) << "not declared lost within --heartbeat-timeout";
+  const auto code = asgd_test::wait_exit(cluster, std::chrono::seconds(180));
   ASSERT_TRUE(code) << "the cluster hung after worker 1 died:\n" << read_file(log);
-  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed).count();
-  EXPECT_NE(*code, 0) << read_file(log);
-  EXPECT_LT(took, 3.0 + 10.0) << "the processes took too long to stop";
+  EXPECT_EQ(*code, 0) << read_file(log);
   const std::string text = read_file(log);
-  EXPECT_NE(text.find("worker 1 is lost"), std::string::npos) << text;
-  EXPECT_NE(text.find("under policy allreduce the workers exchange with each other and cannot go on without it"),
-            std::string::npos)
-      << text;
-  std::printf("worker 1 killed under allreduce: the job failed %.2f s later, the cluster exited %.1f s later (%d)\n",
-              *stopped, took, *code);
+  EXPECT_NE(text.find("a new process cannot join it mid-job"), std::string::npos) << text;
+  const auto lines = asgd_test::read_jsonl(metrics);
+  ASSERT_FALSE(lines.empty());
+  const nlohmann::json& summary = lines.back();
+  ASSERT_EQ(summary.value("event", ""), "summary") << text;
+  EXPECT_EQ(summary["workers_lost"], 1);
+  EXPECT_GE(summary["final_test_accuracy"].get<double>(), 0.97) << summary.dump();
+  std::printf("%s: worker 1 killed after epoch 1, declared lost %.2f s later; the other two finished at %.4f\n",
+              policy.c_str(), *noticed, summary["final_test_accuracy"].get<double>());
 }
+
+INSTANTIATE_TEST_SUITE_P(DecentralizedPolicies, WorkerKilledInTheRing, ::testing::Values("allreduce", "gossip:2"),
+                         [](const ::testing::TestParamInfo<const char*>& p) {
+                           std::string n = p.param;
+                           for (char& c : n)
+                             if (c == ':') c = '_';
+                           return n;
+                         });
 
 }  // namespace
 }  // namespace asgd
