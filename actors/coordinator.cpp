@@ -7,7 +7,6 @@
 
 #include "base/log.hpp"
 #include "base/scoped_seconds.hpp"
-
 #include <spdlog/fmt/fmt.h>
 #include <algorithm>
 #include <limits>
@@ -218,7 +217,7 @@ struct Perform {
   void operator()(act::Leave& a) {
     for (auto& shard : s.shards) self->send(shard, leave_atom::value, static_cast<WorkerId>(a.worker));
     if (s.shared) s.shared->live[a.worker].store(false, std::memory_order_release);
-    if (s.collective) s.collective->leave(a.worker);
+    if (s.collective) s.collective->leave(a.worker);  // allreduce, gossip: the others' ring goes on without it
     if (s.setup.remote && s.core->plan().exchange != Exchange::none) s.setup.remote->worker_lost(a.worker);
   }
   void operator()(act::Kill& a) {

@@ -41,36 +41,16 @@
 
 #include "base/log.hpp"
 #include "messaging/collective.hpp"
+#include "messaging/collective_wire.hpp"
 #include "messaging/wire.hpp"
 
 namespace asgd::messaging {
 
 namespace {
 
-static_assert(std::endian::native == std::endian::little, "the collective sends floats as this host lays them out");
-
-constexpr std::uint32_t kMagic = 0x4C4F4341;  // "ACOL"
-constexpr std::uint16_t kVersion = 2;
-// A chunk goes in pieces of 256K floats (1 MiB), each passed on as soon as
-// it is summed, so that the links stay busy.
-constexpr std::size_t kPiece = std::size_t{1} << 18;
-// result: a round's mean (and its total weight, last), from a rank that
-// finished it to ranks that start it again after a death (below).
-enum class Kind : std::uint16_t { chunk = 1, gossip = 2, leave = 3, result = 4 };
-
-struct Header {
-  std::uint32_t magic = kMagic;
-  std::uint16_t version = kVersion;
-  Kind kind = Kind::chunk;
-  std::uint32_t from = 0;
-  std::uint32_t step = 0;     ///< chunk: the ring step (0 .. 2(m-1)-1)
-  std::uint64_t round = 0;    ///< chunk: the all-reduce's round; gossip: the copy's clock; leave: the last round done
-  std::uint64_t mask = 0;     ///< chunk: the live ranks the round was begun with
-  std::uint64_t count = 0;    ///< floats in the second part
-  std::uint64_t offset = 0;   ///< chunk: where in the chunk this piece starts
-  std::uint32_t chunk = 0;    ///< chunk: which chunk of the vector
-  std::uint32_t crc = 0;      ///< CRC-32C of the second part
-};
+using collective_wire::Header;
+using collective_wire::Kind;
+using collective_wire::kPiece;
 
 std::uint64_t bit(Rank r) { return std::uint64_t{1} << r; }
 
@@ -529,7 +509,7 @@ class ZmqCollective final : public NetworkCollective {
     Header h;
     const bool shaped = parts.size() == 2 && !parts[1].more() && parts[0].size() == sizeof h;
     if (shaped) std::memcpy(&h, parts[0].data(), sizeof h);
-    const bool sane = shaped && h.magic == kMagic && h.version == kVersion && h.from < n_ && h.from != rank_ &&
+    const bool sane = shaped && h.magic == collective_wire::kMagic && h.version == collective_wire::kVersion && h.from < n_ && h.from != rank_ &&
                       parts[1].size() == h.count * sizeof(float) && h.count <= max_values_ &&
                       h.kind >= Kind::chunk && h.kind <= Kind::result &&
                       crc32c(std::span(static_cast<const std::byte*>(parts[1].data()), parts[1].size())) == h.crc;

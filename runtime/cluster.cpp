@@ -453,6 +453,12 @@ Status assignment_fits(const Assignment& a, std::size_t train_count, std::uint32
   return {};
 }
 
+void log_share(const std::string& name, const Assignment& a, std::size_t shards) {
+  logger().info("{}: samples [{}, {}) in batches of {}, {} shard(s){}", name, a.partition_begin, a.partition_end,
+               a.batch, shards,
+               a.first_epoch > 0 ? fmt::format(", from epoch {} (in place of a lost process)", a.first_epoch + 1) : "");
+}
+
 struct WorkerPlans {
   JobPlan job;
   WorkerPlan worker;
@@ -550,9 +556,7 @@ Status run_worker_process(const ProcessOptions& o, std::stop_token stop) {
   auto worker_actor = system.spawn(worker, std::move(ws));
   // Held here: CAF ends an actor nobody refers to.
   caf::actor watcher = system.spawn(finish_watcher, j.bridge, j.coordinator, a.index, worker_actor);
-  logger().info("{}: samples [{}, {}) in batches of {}, {} shard(s){}", name, a.partition_begin, a.partition_end,
-               a.batch, shards.size(),
-               a.first_epoch > 0 ? fmt::format(", from epoch {} (in place of a lost process)", a.first_epoch + 1) : "");
+  log_share(name, a, shards.size());
   Status s = serve_until_shutdown(j, name, stop, [&](Inbound& in) {
     if (std::holds_alternative<StartTraining>(in.body)) caf::anon_send(worker_actor, start_atom::value);
     if (auto* r = std::get_if<Restarted>(&in.body); r && r->role == Role::shard && r->index < shard_peers.size())

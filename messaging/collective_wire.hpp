@@ -1,0 +1,39 @@
+#pragma once
+// The messages of the workers' collective across processes
+// (messaging/zmq_collective.cpp), as docs/wire-protocol.md describes them:
+// a 56-byte header, then the values.
+
+#include <bit>
+#include <cstddef>
+#include <cstdint>
+
+namespace asgd::messaging::collective_wire {
+
+static_assert(std::endian::native == std::endian::little, "the collective sends floats as this host lays them out");
+
+constexpr std::uint32_t kMagic = 0x4C4F4341;  // "ACOL"
+constexpr std::uint16_t kVersion = 2;
+// A chunk goes in pieces of 256K floats (1 MiB), each passed on as soon as
+// it is summed, so that the links stay busy.
+constexpr std::size_t kPiece = std::size_t{1} << 18;
+// result: a round's mean (and its total weight, last), from a rank that
+// finished it to ranks that start it again after a death (serve_result).
+enum class Kind : std::uint16_t { chunk = 1, gossip = 2, leave = 3, result = 4 };
+
+struct Header {  // 56 bytes, in this order, little-endian
+  std::uint32_t magic = kMagic;
+  std::uint16_t version = kVersion;
+  Kind kind = Kind::chunk;
+  std::uint32_t from = 0;
+  std::uint32_t step = 0;     ///< chunk: the ring step (0 .. 2(m-1)-1)
+  std::uint64_t round = 0;    ///< chunk: the all-reduce's round; gossip: the copy's clock; leave: the last round done
+  std::uint64_t mask = 0;     ///< chunk: the live ranks the round was begun with
+  std::uint64_t count = 0;    ///< floats in the second part
+  std::uint64_t offset = 0;   ///< chunk: where in the chunk this piece starts
+  std::uint32_t chunk = 0;    ///< chunk: which chunk of the vector
+  std::uint32_t crc = 0;      ///< CRC-32C of the second part
+};
+
+static_assert(sizeof(Header) == 56);
+
+}  // namespace asgd::messaging::collective_wire
