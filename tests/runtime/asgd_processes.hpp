@@ -9,6 +9,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <gtest/gtest.h>
+
 #include <algorithm>
 #include <chrono>
 #include <filesystem>
@@ -110,6 +112,14 @@ inline std::optional<int> wait_exit(pid_t pid, std::chrono::seconds limit) {
   kill(pid, SIGKILL);
   waitpid(pid, nullptr, 0);
   return std::nullopt;
+}
+
+// A test's name for a policy parameter: "ssp:2" -> "ssp_2".
+inline std::string policy_test_name(const ::testing::TestParamInfo<const char*>& p) {
+  std::string n = p.param;
+  for (char& c : n)
+    if (c == ':') c = '_';
+  return n;
 }
 
 }  // namespace asgd_test

@@ -96,12 +96,7 @@ TEST_P(WorkerKilledInTheRing, TheOthersGoOnWithoutItAndTheJobFinishesAbove97Perc
 }
 
 INSTANTIATE_TEST_SUITE_P(DecentralizedPolicies, WorkerKilledInTheRing, ::testing::Values("allreduce", "gossip:2"),
-                         [](const ::testing::TestParamInfo<const char*>& p) {
-                           std::string n = p.param;
-                           for (char& c : n)
-                             if (c == ':') c = '_';
-                           return n;
-                         });
+                         asgd_test::policy_test_name);
 
 }  // namespace
 }  // namespace asgd

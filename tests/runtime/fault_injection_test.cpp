@@ -220,12 +220,7 @@ TEST_P(ShardKilledMidRun, TheSupervisorRestartsItFromItsCheckpointAndTheJobFinis
 }
 
 INSTANTIATE_TEST_SUITE_P(ClusterPolicies, ShardKilledMidRun, ::testing::Values("async", "ssp:2", "bsp"),
-                         [](const ::testing::TestParamInfo<const char*>& p) {
-                           std::string n = p.param;
-                           for (char& c : n)
-                             if (c == ':') c = '_';
-                           return n;
-                         });
+                         asgd_test::policy_test_name);
 
 TEST(ShardKilledWithoutCheckpoints, TheJobStopsWithinTheHeartbeatTimeoutNamingTheShard) {
   ASGD_REQUIRE_DATASET(dir, "mnist");
@@ -384,12 +379,7 @@ TEST(ReadHeldPastTheRpcTimeout, TheClusterStopsAtTheTimeoutAndTheShardsNameTheSl
 
 INSTANTIATE_TEST_SUITE_P(EveryClusterPolicy, WorkerKilledMidEpoch,
                          ::testing::Values("bsp", "ssp:2", "async", "averaging"),
-                         [](const ::testing::TestParamInfo<const char*>& p) {
-                           std::string n = p.param;
-                           for (char& c : n)
-                             if (c == ':') c = '_';
-                           return n;
-                         });
+                         asgd_test::policy_test_name);
 
 }  // namespace
 }  // namespace asgd

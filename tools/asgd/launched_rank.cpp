@@ -73,7 +73,7 @@ void print_layout(const Launch& l, const RoleOfRank& role, const std::string& co
   if (role.role != RankRole::coordinator) std::printf(" %u", role.index);
   std::printf("\ncoordinator: %s\n", coordinator.empty() ? "(from --rendezvous, once rank 0 writes it)"
                                                          : coordinator.c_str());
-  std::printf("listens on: %s\n", listen.empty() ? "(nothing: a worker only connects)" : listen.c_str());
+  std::printf("listens on: %s\n", listen.c_str());
   if (role.role == RankRole::worker) {
     const std::string device = worker_device(l, config);
     std::printf("device: %s\n", device.empty() ? config.device.c_str() : device.c_str());
@@ -125,12 +125,13 @@ Result<std::string> shard_listen(const Launch& launch, const std::string& coordi
 // rendezvous file knows only once rank 0 has written it).
 std::string layout_listen(const LaunchFlags& lf, const Launch& launch, const RoleOfRank& role,
                           const std::string& address) {
-  if (role.role == RankRole::worker) return "";
-  if (role.role == RankRole::shard && launch.coordinator.empty() && address.empty())
-    return "(the address that routes to rank 0)";
+  const char* worker = role.role == RankRole::worker ? " (its collective, for allreduce and gossip)" : "";
+  if (role.role != RankRole::coordinator && launch.coordinator.empty() && address.empty())
+    return std::string("(the address that routes to rank 0)") + worker;
   auto at = role.role == RankRole::coordinator ? coordinator_listen(lf, launch.coordinator, address)
                                                : shard_listen(launch, launch.coordinator, address);
-  return at.ok() ? *at : at.status().message();
+  if (!at.ok() && role.role == RankRole::worker) return "tcp://127.0.0.1:0" + std::string(worker);
+  return (at.ok() ? *at : at.status().message()) + worker;
 }
 
 int run_rank_coordinator(const JobOptions& jo, const LaunchFlags& lf, const JobConfig& config, ProcessOptions po) {
