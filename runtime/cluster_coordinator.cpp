@@ -171,6 +171,9 @@ Status validate_for_cluster(const JobConfig& c, WorkersOn workers) {
     return Status::InvalidArgument("--policy " + c.policy +
                                    ": workers in separate processes cannot share one parameter buffer; use "
                                    "asgd train for hogwild");
+  if (settings && settings->exchange != Exchange::none && c.workers > 64)
+    return Status::InvalidArgument("--workers " + std::to_string(c.workers) + " with --policy " + c.policy +
+                                   ": the workers' collective across processes takes at most 64");
   if (c.model_spec)
     return Status::InvalidArgument("model_spec '" + c.model_spec->name() +
                                    "': a model built from code is not carried across processes; use a model name "

@@ -237,6 +237,9 @@ TEST(ClusterProcesses, HogwildIsRefusedAcrossProcessesAndAutomaticWeightsAreTake
   for (const char* decentralized : {"allreduce", "gossip:2"}) {  // their workers' collective goes over ZeroMQ
     c.policy = decentralized;
     EXPECT_TRUE(validate_for_cluster(c, WorkersOn::their_hosts).ok()) << decentralized;
+    c.workers = 65;
+    EXPECT_NE(validate_for_cluster(c, WorkersOn::their_hosts).message().find("takes at most 64"), std::string::npos);
+    c.workers = 2;
   }
   c.policy = "async";
   c.worker_weights = "auto";  // each worker process calibrates itself (DevicesCli trains with it)
