@@ -95,6 +95,9 @@ class NetworkCollective : public Collective {
   virtual Status connect(Rank rank, const std::vector<std::string>& endpoints) = 0;
   /// Malformed messages dropped.
   virtual std::uint64_t rejected() const = 0;
+  /// --compress fp16: an all-reduce's chunks go as float16 (half the bytes;
+  /// sums stay float32, and every rank gets the same bits). Before connect().
+  virtual void set_half_precision(bool on) = 0;
 };
 
 /// A rank listening at `listen` ("tcp://127.0.0.1:*"); a message carries at

@@ -12,7 +12,7 @@ namespace asgd::messaging::collective_wire {
 static_assert(std::endian::native == std::endian::little, "the collective sends floats as this host lays them out");
 
 constexpr std::uint32_t kMagic = 0x4C4F4341;  // "ACOL"
-constexpr std::uint16_t kVersion = 2;
+constexpr std::uint16_t kVersion = 3;
 // A chunk goes in pieces of 256K floats (1 MiB), each passed on as soon as
 // it is summed, so that the links stay busy.
 constexpr std::size_t kPiece = std::size_t{1} << 18;
@@ -24,7 +24,8 @@ struct Header {  // 56 bytes, in this order, little-endian
   std::uint32_t magic = kMagic;
   std::uint16_t version = kVersion;
   Kind kind = Kind::chunk;
-  std::uint32_t from = 0;
+  std::uint16_t from = 0;
+  std::uint16_t coding = 0;   ///< the values: 0 float32, 1 float16 (an all-reduce's chunks under --compress fp16)
   std::uint32_t step = 0;     ///< chunk: the ring step (0 .. 2(m-1)-1)
   std::uint64_t round = 0;    ///< chunk: the all-reduce's round; gossip: the copy's clock; leave: the last round done
   std::uint64_t mask = 0;     ///< chunk: the live ranks the round was begun with

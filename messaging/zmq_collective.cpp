@@ -204,6 +204,7 @@ class ZmqCollective final : public NetworkCollective {
   }
 
   std::uint64_t rejected() const override { return rejected_.load(); }
+  void set_half_precision(bool on) override { half_ = on; }
 
  private:
   enum class Op { reduce, gossip, leave, gone };
@@ -392,6 +393,10 @@ class ZmqCollective final : public NetworkCollective {
     float* dst = r.buf.data() + b + offset;
     if (step < m - 1) {
       for (std::size_t i = 0; i < values.size(); ++i) dst[i] += values[i];
+      // The last sum of a chunk is what every rank gets: in half precision,
+      // this rank keeps the bits it sends.
+      if (half_ && step == m - 2)
+        for (std::size_t i = 0; i < values.size(); ++i) dst[i] = from_half(to_half(dst[i]));
     } else {
       std::copy(values.begin(), values.end(), dst);
     }
@@ -477,9 +482,15 @@ class ZmqCollective final : public NetworkCollective {
   }
 
   void send(Rank to, Header h, std::span<const float> values) {
-    h.from = rank_;
+    h.from = static_cast<std::uint16_t>(rank_);
     h.count = values.size();
-    const auto bytes = std::as_bytes(values);
+    auto bytes = std::as_bytes(values);
+    if (half_ && h.kind == Kind::chunk) {
+      h.coding = 1;
+      halves_.resize(values.size());
+      to_half(values, halves_);
+      bytes = std::as_bytes(std::span<const std::uint16_t>(halves_));
+    }
     h.crc = crc32c(bytes);
     try {
       push_[to].send(zmq::buffer(&h, sizeof h), zmq::send_flags::sndmore);
@@ -509,16 +520,22 @@ class ZmqCollective final : public NetworkCollective {
     Header h;
     const bool shaped = parts.size() == 2 && !parts[1].more() && parts[0].size() == sizeof h;
     if (shaped) std::memcpy(&h, parts[0].data(), sizeof h);
-    const bool sane = shaped && h.magic == collective_wire::kMagic && h.version == collective_wire::kVersion && h.from < n_ && h.from != rank_ &&
-                      parts[1].size() == h.count * sizeof(float) && h.count <= max_values_ &&
+    const std::size_t width = h.coding == 1 ? sizeof(std::uint16_t) : sizeof(float);
+    const bool sane = shaped && h.magic == collective_wire::kMagic && h.version == collective_wire::kVersion &&
+                      h.from < n_ && h.from != rank_ && (h.coding == 0 || (h.coding == 1 && h.kind == Kind::chunk)) &&
+                      parts[1].size() == h.count * width && h.count <= max_values_ &&
                       h.kind >= Kind::chunk && h.kind <= Kind::result &&
                       crc32c(std::span(static_cast<const std::byte*>(parts[1].data()), parts[1].size())) == h.crc;
     if (!sane) {
       if (rejected_++ == 0) logger().warn("collective rank {}: dropped a malformed message; further ones are counted", rank_);
       return;
     }
-    const auto* first = static_cast<const float*>(parts[1].data());
-    std::span<const float> values(first, h.count);
+    std::span<const float> values(static_cast<const float*>(parts[1].data()), h.count);
+    if (h.coding == 1) {
+      unpacked_.resize(h.count);
+      from_half(std::span(static_cast<const std::uint16_t*>(parts[1].data()), h.count), unpacked_);
+      values = unpacked_;
+    }
     switch (h.kind) {
       case Kind::chunk: {
         Reduce& r = reduce_;
@@ -560,6 +577,9 @@ class ZmqCollective final : public NetworkCollective {
   std::thread io_;
   std::atomic<bool> stop_{false};
   std::atomic<std::uint64_t> rejected_{0};
+  bool half_ = false;                  // chunks as float16 (set before the I/O thread starts)
+  std::vector<std::uint16_t> halves_;  // the I/O thread's: a piece on its way out, as float16
+  std::vector<float> unpacked_;        // and one that came in, as float32
 
   mutable std::mutex mu_;
   std::vector<Op> ops_;       // local calls the I/O thread has not begun

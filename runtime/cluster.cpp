@@ -431,7 +431,7 @@ std::string collective_listen(const std::string& listen) {
 }
 
 // allreduce, gossip: this worker joins the others' collective.
-Status connect_collective(NetworkCollective* collective, const Assignment& a, const std::string& name) {
+Status connect_collective(NetworkCollective* collective, const Assignment& a, const std::string& name, bool fp16) {
   if (!collective)
     return Status::InvalidArgument(name + ": the decentralized policies' collective has no CURVE yet: run allreduce "
                                           "and gossip without --auth-keys, or choose a parameter-server policy");
@@ -443,6 +443,7 @@ Status connect_collective(NetworkCollective* collective, const Assignment& a, co
           "{}: worker {} announced no collective (it runs with --auth-keys, which allreduce and gossip do not "
           "support yet)",
           name, w));
+  collective->set_half_precision(fp16);
   return collective->connect(a.index, a.peer_endpoints);
 }
 
@@ -550,7 +551,7 @@ Status run_worker_process(const ProcessOptions& o, std::stop_token stop) {
   ws.feeder = feeder;
   ws.coordinator = system.spawn(remote_coordinator, j.bridge, j.coordinator);
   if (plan->exchange != Exchange::none) {
-    if (Status s = connect_collective(collective.get(), a, name); !s.ok()) return fail_early(s);
+    if (Status s = connect_collective(collective.get(), a, name, cfg.compress == "fp16"); !s.ok()) return fail_early(s);
     ws.collective = collective;
   }
   auto worker_actor = system.spawn(worker, std::move(ws));

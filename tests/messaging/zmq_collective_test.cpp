@@ -99,6 +99,30 @@ TEST(ZmqCollective, ARingAllReduceGivesEveryRankTheSameWeightedMean) {
   }
 }
 
+TEST(ZmqCollective, InHalfPrecisionEveryRankGetsTheSameBitsAndTheMeanToAboutThreeDigits) {
+  const Rank n = 3;
+  std::vector<std::shared_ptr<NetworkCollective>> g;
+  std::vector<std::string> endpoints;
+  for (Rank r = 0; r < n; ++r) {
+    g.push_back(*make_zmq_collective("tcp://127.0.0.1:*"));
+    endpoints.push_back(g.back()->endpoint());
+  }
+  for (Rank r = 0; r < n; ++r) {
+    g[r]->set_half_precision(true);
+    ASSERT_TRUE(g[r]->connect(r, endpoints).ok());
+  }
+  const auto data = random_vectors(n, 300'007, 11);  // pieces of 256K floats, and a rest
+  const auto means = allreduce(g, data, 0);
+  for (Rank r = 1; r < n; ++r) EXPECT_TRUE(means[r] == means[0]) << "rank " << r << " got other bits";
+  double worst = 0;
+  for (std::size_t i = 0; i < data[0].size(); ++i) {
+    const double exact = (1.0 * data[0][i] + 2.0 * data[1][i] + 3.0 * data[2][i]) / 6.0;
+    worst = std::max(worst, std::abs(means[0][i] - exact));
+  }
+  EXPECT_LT(worst, 0.01) << "the largest error of a mean of normal values";
+  EXPECT_GT(worst, 0.0) << "nothing was rounded: the values did not go as float16";
+}
+
 TEST(ZmqCollective, TheSameInputsGiveTheSameBitsInAnotherGroup) {
   const auto data = random_vectors(4, 50'000, 3);
   auto a = group(4);
@@ -200,14 +224,15 @@ TEST(ZmqCollective, ARoundOneRankFinishedBeforeADeathIsFinishedByTheOthersWithIt
   zmq::socket_t to_rank2(ctx, zmq::socket_type::push);
   to_rank2.set(zmq::sockopt::linger, 1000);
   to_rank2.connect(g[2]->endpoint());
-  // The header as messaging/zmq_collective.cpp lays it out (56 bytes).
+  // The header as docs/wire-protocol.md lays it out (56 bytes).
   auto send_piece = [&](std::uint32_t step, std::uint32_t chunk, const std::vector<float>& values) {
     std::array<std::byte, 56> h{};
     auto put = [&](std::size_t at, auto v) { std::memcpy(h.data() + at, &v, sizeof v); };
     put(0, std::uint32_t{0x4C4F4341});
-    put(4, std::uint16_t{2});
+    put(4, std::uint16_t{3});
     put(6, std::uint16_t{1});  // a chunk
-    put(8, std::uint32_t{1});  // from rank 1
+    put(8, std::uint16_t{1});   // from rank 1
+    put(10, std::uint16_t{0});  // float32 values
     put(12, step);
     put(16, std::uint64_t{0});  // round 0
     put(24, std::uint64_t{0b111});
