@@ -6,8 +6,13 @@
 #include <bit>
 #include <cstddef>
 #include <cstdint>
+#include <span>
+
+#include "messaging/wire.hpp"  // crc32c
 
 namespace asgd::messaging::collective_wire {
+
+using messaging::crc32c;
 
 static_assert(std::endian::native == std::endian::little, "the collective sends floats as this host lays them out");
 
@@ -36,5 +41,17 @@ struct Header {  // 56 bytes, in this order, little-endian
 };
 
 static_assert(sizeof(Header) == 56);
+
+/// What a receiver checks before it reads a message's values: its magic,
+/// version and kind, a sender of the `ranks` other than `self`, a coding the
+/// kind may have, as many bytes as the count says (at most `max_values`),
+/// and their CRC-32C.
+inline bool well_formed(const Header& h, std::span<const std::byte> values, std::uint32_t ranks, std::uint32_t self,
+                        std::size_t max_values) {
+  const std::size_t width = h.coding == 1 ? sizeof(std::uint16_t) : sizeof(float);
+  return h.magic == kMagic && h.version == kVersion && h.kind >= Kind::chunk && h.kind <= Kind::result &&
+         h.from < ranks && h.from != self && (h.coding == 0 || (h.coding == 1 && h.kind == Kind::chunk)) &&
+         values.size() == h.count * width && h.count <= max_values && crc32c(values) == h.crc;
+}
 
 }  // namespace asgd::messaging::collective_wire

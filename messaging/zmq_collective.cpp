@@ -22,16 +22,13 @@
 // new start with the round's result (serve_result).
 //
 // Gossip: a rank sends its copy to the ranks that will average with it and
-// keeps the latest copy each peer sent it.
-//
-// Every message is checked (parts, sizes, sender, CRC-32C of the values)
-// before use; a malformed one is dropped and counted.
+// keeps the latest copy each peer sent it. Every message is checked before
+// use (collective_wire::well_formed); a malformed one is dropped and counted.
 #include <spdlog/fmt/fmt.h>
 #include <zmq.hpp>
 
 #include <algorithm>
 #include <atomic>
-#include <bit>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -42,7 +39,6 @@
 #include "base/log.hpp"
 #include "messaging/collective.hpp"
 #include "messaging/collective_wire.hpp"
-#include "messaging/wire.hpp"
 
 namespace asgd::messaging {
 
@@ -520,13 +516,8 @@ class ZmqCollective final : public NetworkCollective {
     Header h;
     const bool shaped = parts.size() == 2 && !parts[1].more() && parts[0].size() == sizeof h;
     if (shaped) std::memcpy(&h, parts[0].data(), sizeof h);
-    const std::size_t width = h.coding == 1 ? sizeof(std::uint16_t) : sizeof(float);
-    const bool sane = shaped && h.magic == collective_wire::kMagic && h.version == collective_wire::kVersion &&
-                      h.from < n_ && h.from != rank_ && (h.coding == 0 || (h.coding == 1 && h.kind == Kind::chunk)) &&
-                      parts[1].size() == h.count * width && h.count <= max_values_ &&
-                      h.kind >= Kind::chunk && h.kind <= Kind::result &&
-                      crc32c(std::span(static_cast<const std::byte*>(parts[1].data()), parts[1].size())) == h.crc;
-    if (!sane) {
+    if (!shaped || !collective_wire::well_formed(h, {static_cast<const std::byte*>(parts[1].data()), parts[1].size()},
+                                                 n_, rank_, max_values_)) {
       if (rejected_++ == 0) logger().warn("collective rank {}: dropped a malformed message; further ones are counted", rank_);
       return;
     }
