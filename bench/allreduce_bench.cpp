@@ -45,6 +45,7 @@ struct AllreduceOptions {
   std::uint32_t processes = 2;
   std::vector<std::string> sizes = {"1M", "4M", "16M"};
   int iterations = 5;
+  std::string compress = "none";  // fp16: ours sends its chunks as float16 (MPI stays float32)
   bool json = false;
   // A rank's: its index and the scratch folder.
   std::uint32_t rank = 0;
@@ -108,6 +109,7 @@ int run_rank(const AllreduceOptions& o) {
   }
   auto& c = **made;
   auto endpoints = rendezvous(o, c.endpoint());
+  c.set_half_precision(o.compress == "fp16");
   if (!endpoints || !c.connect(o.rank, *endpoints).ok()) {
     print_error(endpoints ? "bench allreduce: cannot connect the ranks" : endpoints.status().message());
     return kExitFailure;
@@ -175,7 +177,7 @@ std::optional<int> run_and_wait(std::vector<std::string> args, std::chrono::seco
 std::vector<std::string> rank_flags(const AllreduceOptions& o) {
   std::string sizes;
   for (const auto& s : o.sizes) sizes += (sizes.empty() ? "" : ",") + s;
-  return {"--sizes", sizes, "--iterations", std::to_string(o.iterations)};
+  return {"--sizes", sizes, "--iterations", std::to_string(o.iterations), "--compress", o.compress};
 }
 
 // Our N ranks; rank 0's times by size.
@@ -225,8 +227,8 @@ double bus_gbps(std::uint64_t floats, std::uint32_t n, double seconds) {
 
 int run_allreduce(const AllreduceOptions& o) {
   auto counts = float_counts(o.sizes);
-  if (!counts) {
-    print_error(counts.status().message());
+  if (!counts || (o.compress != "none" && o.compress != "fp16")) {
+    print_error(counts ? "--compress " + o.compress + ": none or fp16" : counts.status().message());
     return kExitUsage;
   }
   const fs::path dir = fs::temp_directory_path() / ("asgd-bench-allreduce-" + std::to_string(getpid()));
@@ -241,9 +243,10 @@ int run_allreduce(const AllreduceOptions& o) {
   }
   nlohmann::json sizes = nlohmann::json::array();
   if (!o.json)
-    std::printf("%u processes, bus bandwidth 2(N-1)/N x bytes / time, GB/s (mean of %d all-reduces)\n"
+    std::printf("%u processes, bus bandwidth 2(N-1)/N x float32 bytes / time, GB/s (mean of %d all-reduces%s)\n"
                 "%10s  %9s  %9s  %9s  %6s  %9s\n",
-                o.processes, o.iterations, "floats", "transport", "ours", "mpi", "ratio", "ours ms");
+                o.processes, o.iterations, o.compress == "fp16" ? "; ours sends float16" : "", "floats", "transport",
+                "ours", "mpi", "ratio", "ours ms");
   auto value = [](const std::map<std::uint64_t, double>& m, std::uint64_t n) {
     const auto it = m.find(n);
     return it == m.end() ? 0.0 : it->second;
@@ -268,7 +271,9 @@ int run_allreduce(const AllreduceOptions& o) {
                     tcp ? std::to_string(t * 1e3).substr(0, 6).c_str() : "-");
     }
   }
-  if (o.json) std::printf("%s\n", nlohmann::json{{"processes", o.processes}, {"sizes", sizes}}.dump().c_str());
+  if (o.json)
+    std::printf("%s\n",
+                nlohmann::json{{"processes", o.processes}, {"compress", o.compress}, {"sizes", sizes}}.dump().c_str());
   return kExitOk;
 }
 
@@ -289,6 +294,8 @@ AllreduceBench add_allreduce_bench(CLI::App* bench) {
   cmd->add_option("--iterations", o->iterations, "timed all-reduces per size, at least 1 (default 5)")
       ->type_name("N")
       ->check(positive());
+  cmd->add_option("--compress", o->compress, "none | fp16: ours sends its chunks as float16 (default none)")
+      ->type_name("NAME");
   cmd->add_flag("--json", o->json, "print one JSON object instead of a table");
   auto* rank = bench->add_subcommand("allreduce-rank", "")->group("");  // hidden: one of ours
   rank->add_option("--rank", o->rank)->required();
@@ -296,10 +303,12 @@ AllreduceBench add_allreduce_bench(CLI::App* bench) {
   rank->add_option("--dir", o->dir)->required();
   rank->add_option("--sizes", o->sizes)->delimiter(',');
   rank->add_option("--iterations", o->iterations);
+  rank->add_option("--compress", o->compress);
   auto* mpi = bench->add_subcommand("allreduce-mpi", "")->group("");  // hidden: one of mpirun's
   mpi->add_option("--out", o->out)->required();
   mpi->add_option("--sizes", o->sizes)->delimiter(',');
   mpi->add_option("--iterations", o->iterations);
+  mpi->add_option("--compress", o->compress);  // passed to every rank; MPI's sum stays float32
   return {[cmd, rank, mpi] { return cmd->parsed() || rank->parsed() || mpi->parsed(); },
           [o, cmd, rank]() -> int {
             if (cmd->parsed()) return run_allreduce(*o);

@@ -40,6 +40,16 @@ TEST(BenchAllreduceCli, MeasuresOursAndOpenMpisBusBandwidthPerSizeAndTransport) 
   EXPECT_EQ(j["sizes"][2]["floats"], 100003);
 }
 
+TEST(BenchAllreduceCli, OursCanSendFloat16AndTheOutputSaysSo) {
+  if (!has_bench()) GTEST_SKIP() << "asgd built without benchmarks";
+  const CliRun r = asgd("bench allreduce --processes 2 --sizes 64K --iterations 1 --compress fp16 --json");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  const auto j = nlohmann::json::parse(r.out);
+  EXPECT_EQ(j["compress"], "fp16");
+  EXPECT_GT(j["sizes"][0]["ours_gbps"].get<double>(), 0.0) << j.dump();
+  asgd_test::expect_one_line_error(asgd("bench allreduce --compress zip"), 2, "--compress zip");
+}
+
 TEST(BenchAllreduceCli, ABadSizeOrProcessCountIsAUsageError) {
   if (!has_bench()) GTEST_SKIP() << "asgd built without benchmarks";
   asgd_test::expect_one_line_error(asgd("bench allreduce --sizes 4Q"), 2, "4Q");
