@@ -137,7 +137,6 @@ void CoordinatorCore::worker_gone(std::uint32_t w, const std::string& why, Actio
 // Worker `w` stopped abnormally: go on without it, unless none is left.
 void CoordinatorCore::lose(std::uint32_t w, const std::string& why, Actions& out) {
   if (!members_.lose(w)) return;
-
   const std::uint32_t live = config_.workers - members_.lost_count();
   if (live == 0) {
     fail(Status::Internal("every worker was lost; the last, worker " + std::to_string(w) + ": " + why), out);

@@ -315,12 +315,7 @@ void WorkerCore::continue_step(Actions& out) {
   }
   const StepPlan plan = policy_->plan(step_);
   const bool carried_by_push = !plan.local_update || policy_->payload() == Payload::parameters;
-  if (!step_dropped_ && plan.local_update && !all_finite(model_->grads())) {
-    // A finite loss can still overflow into a gradient (hogwild and
-    // averaging apply it here, where no shard checks it): drop it.
-    step_dropped_ = true;
-    ++report_.dropped_batches;
-  }
+  if (plan.local_update) drop_nonfinite_gradient();
   if (!step_dropped_) {
     if (plan.local_update) {
       if (shared_) {
@@ -337,6 +332,21 @@ void WorkerCore::continue_step(Actions& out) {
       unpushed_samples_ += step_samples_;
     }
   }
+  end_step(plan, out);
+}
+
+// A finite loss can still overflow into a gradient, and a policy that
+// applies it on the worker (hogwild, averaging, the decentralized ones) has
+// no shard to check it: the step is dropped.
+void WorkerCore::drop_nonfinite_gradient() {
+  if (step_dropped_ || all_finite(model_->grads())) return;
+  step_dropped_ = true;
+  ++report_.dropped_batches;
+}
+
+// The step's pushes or pulls as the plan says; the step ends once no reply
+// is awaited (at once for a local step).
+void WorkerCore::end_step(const StepPlan& plan, Actions& out) {
   if (plan.push) {
     send_pushes(step_, plan.pull, out);
   } else if (plan.pull) {

@@ -138,6 +138,8 @@ class WorkerCore {
   void request_batch(Actions& out);
   void accumulate(bool push_now);
   void hogwild_step();
+  void drop_nonfinite_gradient();
+  void end_step(const StepPlan& plan, Actions& out);
   void begin_exchange(Actions& out);
   void take_mean();
   void take_peer_copies();

@@ -22,10 +22,7 @@
 namespace asgd {
 
 void WorkerCore::begin_exchange(Actions& out) {
-  if (!step_dropped_ && !all_finite(model_->grads())) {
-    step_dropped_ = true;  // a finite loss can still overflow into a gradient
-    ++report_.dropped_batches;
-  }
+  drop_nonfinite_gradient();
   exchange_start_ = now_();
   lap(exchange_start_, report_.other_s);
   exchanging_ = true;
@@ -106,18 +103,12 @@ void WorkerCore::take_peer_copies() {
   for (Clock& b : base_clock_) b = oldest;
 }
 
-// The rest of the step: publish every publish-steps steps, then the next.
+// The rest of the step: publish every publish-steps steps (the parameters
+// changed even when our own gradient was dropped), then the next.
 void WorkerCore::after_exchange(Actions& out) {
   ++unpushed_steps_;
   unpushed_samples_ += step_samples_;
-  if (policy_->plan(step_).push) send_pushes(step_, false, out);
-  ++step_;
-  if (outstanding_ == 0) {
-    comm_start_ = now_();
-    held_in_step_ = 0.0;
-    applied_in_step_ = 0;
-    finish_step(out);
-  }
+  end_step(policy_->plan(step_), out);
 }
 
 }  // namespace asgd

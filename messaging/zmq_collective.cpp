@@ -116,10 +116,7 @@ class ZmqCollective final : public NetworkCollective {
       if (Status s = check_call(rank); !s.ok()) return s;
       if (data.size() + 1 > max_values_)
         return Status::InvalidArgument(fmt::format("rank {}: an all-reduce of {} values is over the limit", rank, data.size()));
-      Reduce& r = reduce_;
-      std::vector<float> keep = std::move(r.buf);
-      r = {};
-      r.buf = std::move(keep);
+      Reduce& r = reduce_;  // reset when its last round completed (complete_round)
       r.active = true;
       r.round = round;
       r.data = data;
