@@ -3,7 +3,7 @@
 #include <cmath>
 
 #include "base/flag_text.hpp"
-#include "compute/random.hpp"
+#include "base/random.hpp"
 
 namespace asgd {
 

@@ -18,7 +18,7 @@
 #include "compute/blas.hpp"
 #include "compute/device.hpp"
 #include "compute/model.hpp"
-#include "compute/random.hpp"
+#include "base/random.hpp"
 #include "tools/asgd/commands.hpp"
 
 namespace asgd::cli {

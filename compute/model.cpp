@@ -14,7 +14,7 @@
 #include "compute/layers/max_pool2d.hpp"
 #include "compute/layers/relu.hpp"
 #include "compute/layers/residual.hpp"
-#include "compute/random.hpp"
+#include "base/random.hpp"
 
 namespace asgd {
 

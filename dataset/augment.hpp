@@ -9,7 +9,7 @@
 #include <string>
 
 #include "asgd/status.hpp"
-#include "compute/random.hpp"
+#include "base/random.hpp"
 #include "dataset/dataset.hpp"
 
 namespace asgd::data {

@@ -7,7 +7,7 @@
 #include <system_error>
 #include <utility>
 
-#include "compute/random.hpp"
+#include "base/random.hpp"
 #include "dataset/cifar.hpp"
 #include "dataset/idx.hpp"
 

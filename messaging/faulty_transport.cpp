@@ -9,7 +9,7 @@
 #include <optional>
 #include <utility>
 
-#include "compute/random.hpp"
+#include "base/random.hpp"
 #include "messaging/transport.hpp"
 
 namespace asgd::messaging {

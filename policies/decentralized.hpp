@@ -18,6 +18,7 @@
 // publish-steps steps (their parameters, which replace the shard's): what
 // the coordinator evaluates and checkpoints. No gradient goes through them.
 
+#include "base/random.hpp"
 #include "policies/registry.hpp"
 
 namespace asgd {
@@ -63,13 +64,9 @@ class GossipPolicy final : public DecentralizedPolicy {
 inline std::vector<WorkerId> GossipPolicy::peers(WorkerId worker, std::uint32_t workers, std::uint64_t step) const {
   if (workers < 2) return {};
   if (random_) {
-    // A seeded choice among the others (splitmix64 of the step and worker):
-    // the same in every run and every process.
-    std::uint64_t z = step * 0x9E3779B97F4A7C15ULL + worker + 1;
-    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
-    z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
-    z ^= z >> 31;
-    const auto other = static_cast<WorkerId>(z % (workers - 1));
+    // A seeded choice among the others, from the step and the worker: the
+    // same in every run and every process.
+    const auto other = static_cast<WorkerId>(mix_seed(step, worker) % (workers - 1));
     return {other < worker ? other : other + 1};
   }
   const WorkerId left = (worker + workers - 1) % workers, right = (worker + 1) % workers;

@@ -17,7 +17,7 @@
 #include "compute/layers/leaky_relu.hpp"
 #include "compute/layers/max_pool2d.hpp"
 #include "compute/layers/residual.hpp"
-#include "compute/random.hpp"
+#include "base/random.hpp"
 
 namespace asgd::cuda {
 

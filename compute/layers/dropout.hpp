@@ -8,7 +8,7 @@
 #include <vector>
 
 #include "compute/layer.hpp"
-#include "compute/random.hpp"
+#include "base/random.hpp"
 
 namespace asgd {
 

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "compute/cpu_kernels.hpp"
-#include "compute/random.hpp"
+#include "base/random.hpp"
 #include "compute/thread_pool.hpp"
 
 namespace asgd {

@@ -3,7 +3,7 @@
 
 #include <memory>
 
-#include "compute/random.hpp"
+#include "base/random.hpp"
 #include "dataset/dataset.hpp"
 
 namespace asgd_test {

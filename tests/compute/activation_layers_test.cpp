@@ -15,7 +15,7 @@
 #include "compute/layers/sigmoid.hpp"
 #include "compute/layers/tanh.hpp"
 #include "compute/model.hpp"
-#include "compute/random.hpp"
+#include "base/random.hpp"
 #include "compute/tensor.hpp"
 #include "gradcheck.hpp"
 

@@ -22,7 +22,7 @@
 #include "compute/device.hpp"
 #include "compute/model.hpp"
 #include "compute/optimizer.hpp"
-#include "compute/random.hpp"
+#include "base/random.hpp"
 
 namespace asgd {
 namespace {

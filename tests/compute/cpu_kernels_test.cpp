@@ -10,7 +10,7 @@
 
 #include "compute/cpu_kernels.hpp"
 #include "compute/im2col.hpp"
-#include "compute/random.hpp"
+#include "base/random.hpp"
 
 namespace asgd::cpu {
 namespace {

@@ -47,7 +47,7 @@
 #include "compute/layers/tanh.hpp"
 #include "compute/loss.hpp"
 #include "compute/device.hpp"
-#include "compute/random.hpp"
+#include "base/random.hpp"
 #include "tests/compute/close.hpp"
 
 namespace asgd {

@@ -16,7 +16,7 @@
 #include <utility>
 #include <vector>
 
-#include "compute/random.hpp"
+#include "base/random.hpp"
 #include "compute/tensor.hpp"
 
 namespace asgd::gradcheck {

@@ -12,7 +12,7 @@
 #include "compute/layers/dense.hpp"
 #include "compute/layers/relu.hpp"
 #include "compute/loss.hpp"
-#include "compute/random.hpp"
+#include "base/random.hpp"
 #include "compute/tensor.hpp"
 #include "gradcheck.hpp"
 

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "compute/optimizer.hpp"
-#include "compute/random.hpp"
+#include "base/random.hpp"
 
 namespace asgd {
 namespace {

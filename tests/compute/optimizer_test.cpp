@@ -13,7 +13,7 @@
 #include <utility>
 #include <vector>
 
-#include "compute/random.hpp"
+#include "base/random.hpp"
 
 namespace asgd {
 namespace {

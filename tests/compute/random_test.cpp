@@ -1,4 +1,4 @@
-#include "compute/random.hpp"
+#include "base/random.hpp"
 
 #include <gtest/gtest.h>
 

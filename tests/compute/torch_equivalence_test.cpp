@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "compute/model.hpp"
-#include "compute/random.hpp"
+#include "base/random.hpp"
 #include "temp_dir.hpp"
 
 namespace asgd {

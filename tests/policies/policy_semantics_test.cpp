@@ -17,7 +17,7 @@
 
 #include "../actors/shard_driver.hpp"
 #include "actors/parameter_shard.hpp"
-#include "compute/random.hpp"
+#include "base/random.hpp"
 
 namespace asgd {
 namespace {
