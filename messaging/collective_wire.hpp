@@ -1,9 +1,10 @@
 #pragma once
 // The messages of the workers' collective across processes
 // (messaging/zmq_collective.cpp), as docs/wire-protocol.md describes them:
-// a 56-byte header, then the values.
+// a 64-byte header, then the values.
 
 #include <bit>
+#include <cmath>
 #include <cstddef>
 #include <cstdint>
 #include <span>
@@ -17,15 +18,15 @@ using messaging::crc32c;
 static_assert(std::endian::native == std::endian::little, "the collective sends floats as this host lays them out");
 
 constexpr std::uint32_t kMagic = 0x4C4F4341;  // "ACOL"
-constexpr std::uint16_t kVersion = 3;
+constexpr std::uint16_t kVersion = 4;
 // A chunk goes in pieces of 256K floats (1 MiB), each passed on as soon as
 // it is summed, so that the links stay busy.
 constexpr std::size_t kPiece = std::size_t{1} << 18;
-// result: a round's mean (and its total weight, last), from a rank that
+// result: a round's mean (its total weight in the header), from a rank that
 // finished it to ranks that start it again after a death (serve_result).
 enum class Kind : std::uint16_t { chunk = 1, gossip = 2, leave = 3, result = 4 };
 
-struct Header {  // 56 bytes, in this order, little-endian
+struct Header {  // 64 bytes, in this order, little-endian
   std::uint32_t magic = kMagic;
   std::uint16_t version = kVersion;
   Kind kind = Kind::chunk;
@@ -38,20 +39,22 @@ struct Header {  // 56 bytes, in this order, little-endian
   std::uint64_t offset = 0;   ///< chunk: where in the chunk this piece starts
   std::uint32_t chunk = 0;    ///< chunk: which chunk of the vector
   std::uint32_t crc = 0;      ///< CRC-32C of the second part
+  double weight = 0;  ///< chunk: the weights summed into it (the total, all-gather); result: the total
 };
 
-static_assert(sizeof(Header) == 56);
+static_assert(sizeof(Header) == 64);
 
 /// What a receiver checks before it reads a message's values: its magic,
 /// version and kind, a sender of the `ranks` other than `self`, a coding the
 /// kind may have, as many bytes as the count says (at most `max_values`),
-/// and their CRC-32C.
+/// and their CRC-32C, and a weight that is finite and not negative.
 inline bool well_formed(const Header& h, std::span<const std::byte> values, std::uint32_t ranks, std::uint32_t self,
                         std::size_t max_values) {
   const std::size_t width = h.coding == 1 ? sizeof(std::uint16_t) : sizeof(float);
   return h.magic == kMagic && h.version == kVersion && h.kind >= Kind::chunk && h.kind <= Kind::result &&
          h.from < ranks && h.from != self && (h.coding == 0 || (h.coding == 1 && h.kind == Kind::chunk)) &&
-         values.size() == h.count * width && h.count <= max_values && crc32c(values) == h.crc;
+         values.size() == h.count * width && h.count <= max_values && h.weight >= 0 && std::isfinite(h.weight) &&
+         crc32c(values) == h.crc;
 }
 
 }  // namespace asgd::messaging::collective_wire

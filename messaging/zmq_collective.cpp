@@ -38,6 +38,7 @@
 
 #include "base/log.hpp"
 #include "messaging/collective.hpp"
+#include "messaging/collective_ring.hpp"
 #include "messaging/collective_wire.hpp"
 
 namespace asgd::messaging {
@@ -46,9 +47,9 @@ namespace {
 
 using collective_wire::Header;
 using collective_wire::Kind;
-using collective_wire::kPiece;
 
 std::uint64_t bit(Rank r) { return std::uint64_t{1} << r; }
+
 
 class ZmqCollective final : public NetworkCollective {
  public:
@@ -130,7 +131,7 @@ class ZmqCollective final : public NetworkCollective {
 
   std::span<const float> mean(Rank) const override {
     std::lock_guard lock(mu_);
-    return mean_;
+    return total_ > 0 ? std::span<const float>(*result_) : std::span<const float>();
   }
   double total_weight(Rank) const override {
     std::lock_guard lock(mu_);
@@ -180,10 +181,10 @@ class ZmqCollective final : public NetworkCollective {
   std::string waiting_for(Rank) const override {
     std::lock_guard lock(mu_);
     if (reduce_.active) {
-      if (reduce_.ring.empty()) return fmt::format("the all-reduce of step {}: not begun yet", reduce_.round);
-      const Rank left = reduce_.ring[(reduce_.pos + reduce_.ring.size() - 1) % reduce_.ring.size()];
+      if (!reduce_.begun) return fmt::format("the all-reduce of step {}: not begun yet", reduce_.round);
+      const Rank left = ring_.left();
       return fmt::format("the all-reduce of step {}: ring step {} of {} from worker {}", reduce_.round,
-                         reduce_.expect + 1, 2 * (reduce_.ring.size() - 1), left);
+                         ring_.expect() + 1, 2 * (ring_.members() - 1), left);
     }
     if (gossip_.active) {
       std::string who;
@@ -208,12 +209,7 @@ class ZmqCollective final : public NetworkCollective {
     std::span<const float> data;
     double weight = 0;
     Ready ready;
-    std::uint64_t mask = 0;
-    std::vector<Rank> ring;
-    std::size_t pos = 0;
-    std::uint32_t expect = 0;  // the ring step whose chunk comes next
-    std::uint64_t piece_at = 0;  // and the offset in it of the next piece
-    std::vector<float> buf;    // weight x data, and the weight
+    std::uint64_t mask = 0;  // the live ranks it was begun with (its ring: ring_)
   };
   struct Gossip {
     bool active = false;
@@ -229,8 +225,9 @@ class ZmqCollective final : public NetworkCollective {
   };
   using StashKey = std::tuple<Round, std::uint64_t, std::uint32_t, std::uint64_t>;  // round, mask, step, offset
   struct Stashed {
-    std::uint32_t chunk = 0;
+    std::uint32_t step = 0, chunk = 0;
     std::uint64_t offset = 0;
+    double weight = 0;
     std::vector<float> values;
   };
 
@@ -313,104 +310,31 @@ class ZmqCollective final : public NetworkCollective {
   }
 
   // Begins (or begins again, after a departure) the round in flight.
+  // Begins (or begins again, after a departure) the round in flight.
   void begin_round(std::vector<Ready>& wake_up) {
     Reduce& r = reduce_;
     r.begun = true;
     r.mask = live_;
-    r.ring.clear();
+    std::vector<Rank> ring;
     for (Rank p = 0; p < n_; ++p)
-      if (live_ & bit(p)) r.ring.push_back(p);
-    r.pos = static_cast<std::size_t>(std::find(r.ring.begin(), r.ring.end(), rank_) - r.ring.begin());
-    r.expect = 0;
-    r.piece_at = 0;
-    const std::size_t len = r.data.size() + 1;
-    r.buf.assign(len, 0.0f);
-    if (r.weight > 0) {
-      const auto w = static_cast<float>(r.weight);
-      for (std::size_t i = 0; i < r.data.size(); ++i) r.buf[i] = w * r.data[i];
-      r.buf.back() = w;
-    }
-    const std::size_t m = r.ring.size();
-    if (m == 1) {
-      finish_round(wake_up);
+      if (live_ & bit(p)) ring.push_back(p);
+    ring_.begin(std::move(ring), rank_, r.data, r.weight, half_, ring_send_);
+    if (ring_.done()) {
+      complete_round(wake_up);
       return;
     }
-    const auto own = static_cast<std::uint32_t>(r.pos);
-    const auto [b, e] = bounds(own);
-    std::uint64_t offset = 0;
-    do {
-      send_piece(own, 0, offset);
-      offset += kPiece;
-    } while (offset < e - b);
     take_stashed(wake_up);
   }
 
-  std::pair<std::size_t, std::size_t> bounds(std::size_t chunk) const {
-    const std::size_t len = reduce_.buf.size(), m = reduce_.ring.size();
-    return {chunk * len / m, (chunk + 1) * len / m};
-  }
-
-  // The piece of `chunk` at `offset` (kPiece floats, or the chunk's rest;
-  // one empty piece for an empty chunk), to the right neighbour.
-  void send_piece(std::uint32_t chunk, std::uint32_t step, std::uint64_t offset) {
-    const Reduce& r = reduce_;
-    const auto [b, e] = bounds(chunk);
-    const std::size_t len = std::min<std::size_t>(kPiece, e - b - offset);
-    const Rank right = r.ring[(r.pos + 1) % r.ring.size()];
-    send(right, {.kind = Kind::chunk, .step = step, .round = r.round, .mask = r.mask, .offset = offset, .chunk = chunk},
-         std::span<const float>(r.buf).subspan(b + offset, len));
-  }
-
-  // The chunk a rank receives at ring step `step`: during reduce-scatter the
-  // one its left neighbour summed last, then the finished ones in turn.
-  std::uint32_t chunk_at(std::uint32_t step) const {
-    const std::size_t m = reduce_.ring.size(), p = reduce_.pos;
-    const std::size_t back = step < m - 1 ? step + 1 : step - (m - 1);
-    return static_cast<std::uint32_t>((p + m - back % m) % m);
-  }
-
-  // A piece of the round in flight, where it is expected: added (reduce-
-  // scatter) or copied (all-gather), and passed on at once, so that a link
-  // carries one piece while the next is summed.
-  void take_piece(std::uint32_t chunk, std::uint64_t offset, std::span<const float> values,
-                  std::vector<Ready>& wake_up) {
-    Reduce& r = reduce_;
-    const std::size_t m = r.ring.size();
-    const std::uint32_t step = r.expect;
-    const auto [b, e] = bounds(chunk);
-    if (chunk != chunk_at(step) || offset != r.piece_at ||
-        values.size() != std::min<std::size_t>(kPiece, e - b - offset)) {
+  // A piece of the round in flight, where it is expected: the ring adds or
+  // copies it and passes it on at once, so that a link carries one piece
+  // while the next is summed.
+  void take_piece(const RingReduce::Piece& piece, std::vector<Ready>& wake_up) {
+    if (!ring_.take(piece, ring_send_)) {
       ++rejected_;  // a peer out of step: the round waits, and times out naming it
       return;
     }
-    float* dst = r.buf.data() + b + offset;
-    if (step < m - 1) {
-      for (std::size_t i = 0; i < values.size(); ++i) dst[i] += values[i];
-      // The last sum of a chunk is what every rank gets: in half precision,
-      // this rank keeps the bits it sends.
-      if (half_ && step == m - 2)
-        for (std::size_t i = 0; i < values.size(); ++i) dst[i] = from_half(to_half(dst[i]));
-    } else {
-      std::copy(values.begin(), values.end(), dst);
-    }
-    // The sum goes on, or (after m - 1 steps) the finished piece.
-    if (step + 1 < 2 * (m - 1)) send_piece(chunk, step + 1, offset);
-    r.piece_at += values.size();
-    if (r.piece_at < e - b) return;
-    r.piece_at = 0;
-    if (++r.expect == 2 * (m - 1)) finish_round(wake_up);
-  }
-
-  void finish_round(std::vector<Ready>& wake_up) {
-    Reduce& r = reduce_;
-    total_ = r.buf.back();
-    mean_.clear();
-    if (total_ > 0) {
-      mean_.assign(r.buf.begin(), r.buf.end() - 1);
-      const auto inv = static_cast<float>(1.0 / total_);
-      for (float& v : mean_) v *= inv;
-    }
-    complete_round(wake_up);
+    if (ring_.done()) complete_round(wake_up);
   }
 
   // A rank that died mid-round may have sent some ranks all they needed to
@@ -423,21 +347,16 @@ class ZmqCollective final : public NetworkCollective {
     served_ = round;
     logger().info("worker {}'s collective: a worker starts step {} again after a death; sent it our result", rank_,
                   round);
-    std::vector<float> result(mean_);
-    result.push_back(static_cast<float>(total_));
+    const std::span<const float> mean = total_ > 0 ? std::span<const float>(*result_) : std::span<const float>();
     for (Rank p = 0; p < n_; ++p)
-      if (p != rank_ && (live_ & bit(p))) send(p, {.kind = Kind::result, .round = round}, result);
+      if (p != rank_ && (live_ & bit(p))) send(p, {.kind = Kind::result, .round = round, .weight = total_}, mean, result_);
   }
 
-  void take_result(std::span<const float> values, std::vector<Ready>& wake_up) {
-    Reduce& r = reduce_;
-    const float total = values.back();
-    if (!(total >= 0) || (total > 0 ? values.size() != r.data.size() + 1 : values.size() != 1)) {
+  void take_result(std::span<const float> values, double total, std::vector<Ready>& wake_up) {
+    if (!ring_.take_result(values, total)) {
       ++rejected_;
       return;
     }
-    total_ = total;
-    mean_.assign(values.begin(), values.end() - 1);
     complete_round(wake_up);
   }
 
@@ -445,21 +364,21 @@ class ZmqCollective final : public NetworkCollective {
     Reduce& r = reduce_;
     last_round_ = r.round;
     any_done_ = true;
+    total_ = ring_.total();
+    result_ = ring_.result();  // the mean, until this rank's next call
     wake_up.push_back(std::move(r.ready));
-    std::vector<float> keep = std::move(r.buf);  // its memory serves the next round
     r = {};
-    r.buf = std::move(keep);
     // Pieces of rounds now past will never be wanted.
     stash_.erase(stash_.begin(), stash_.lower_bound({last_round_ + 1, 0, 0, 0}));
   }
 
   void take_stashed(std::vector<Ready>& wake_up) {
-    while (reduce_.active && reduce_.begun) {
-      auto it = stash_.find({reduce_.round, reduce_.mask, reduce_.expect, reduce_.piece_at});
+    while (reduce_.active && reduce_.begun && !ring_.done()) {
+      auto it = stash_.find({reduce_.round, reduce_.mask, ring_.expect(), ring_.piece_at()});
       if (it == stash_.end()) return;
       Stashed s = std::move(it->second);
       stash_.erase(it);
-      take_piece(s.chunk, s.offset, s.values, wake_up);
+      take_piece({s.step, s.chunk, s.offset, s.weight, s.values}, wake_up);
     }
   }
 
@@ -474,7 +393,9 @@ class ZmqCollective final : public NetworkCollective {
     g = {};
   }
 
-  void send(Rank to, Header h, std::span<const float> values) {
+  // `values`, as a copy, or without one when `owner` holds them (ZeroMQ then
+  // holds a reference to it until it has sent them).
+  void send(Rank to, Header h, std::span<const float> values, std::shared_ptr<std::vector<float>> owner = {}) {
     h.from = static_cast<std::uint16_t>(rank_);
     h.count = values.size();
     auto bytes = std::as_bytes(values);
@@ -483,15 +404,21 @@ class ZmqCollective final : public NetworkCollective {
       halves_.resize(values.size());
       to_half(values, halves_);
       bytes = std::as_bytes(std::span<const std::uint16_t>(halves_));
+      owner = {};
     }
     h.crc = crc32c(bytes);
     try {
       push_[to].send(zmq::buffer(&h, sizeof h), zmq::send_flags::sndmore);
-      push_[to].send(zmq::buffer(bytes.data(), bytes.size()), zmq::send_flags::none);
+      zmq::message_t body = owner ? zmq::message_t(const_cast<std::byte*>(bytes.data()), bytes.size(), release_owner,
+                                                   new std::shared_ptr<std::vector<float>>(std::move(owner)))
+                                  : zmq::message_t(bytes.data(), bytes.size());
+      push_[to].send(body, zmq::send_flags::none);
     } catch (const zmq::error_t& e) {
       logger().warn("collective rank {}: a message to rank {} was not sent: {}", rank_, to, e.what());
     }
   }
+
+  static void release_owner(void*, void* hint) { delete static_cast<std::shared_ptr<std::vector<float>>*>(hint); }
 
   void receive_all(std::vector<Ready>& wake_up) {
     for (;;) {
@@ -527,12 +454,12 @@ class ZmqCollective final : public NetworkCollective {
     switch (h.kind) {
       case Kind::chunk: {
         Reduce& r = reduce_;
-        if (r.active && r.begun && h.round == r.round && h.mask == r.mask && h.step == r.expect &&
-            h.offset == r.piece_at) {
-          take_piece(h.chunk, h.offset, values, wake_up);
+        if (r.active && r.begun && h.round == r.round && h.mask == r.mask && h.step == ring_.expect() &&
+            h.offset == ring_.piece_at()) {
+          take_piece({h.step, h.chunk, h.offset, h.weight, values}, wake_up);
           take_stashed(wake_up);
         } else if (!any_done_ || h.round > last_round_) {  // early: kept; a past round's: dropped
-          stash_[{h.round, h.mask, h.step, h.offset}] = {h.chunk, h.offset,
+          stash_[{h.round, h.mask, h.step, h.offset}] = {h.step, h.chunk, h.offset, h.weight,
                                                          std::vector<float>(values.begin(), values.end())};
         } else if (h.round == last_round_) {
           serve_result(h.round);  // nothing of a finished round is sent to us, unless a rank starts it again
@@ -540,7 +467,7 @@ class ZmqCollective final : public NetworkCollective {
         break;
       }
       case Kind::result:
-        if (reduce_.active && reduce_.begun && h.round == reduce_.round) take_result(values, wake_up);
+        if (reduce_.active && reduce_.begun && h.round == reduce_.round) take_result(values, h.weight, wake_up);
         break;
       case Kind::gossip:
         if (!latest_[h.from].params || h.round > latest_[h.from].clock)
@@ -578,8 +505,15 @@ class ZmqCollective final : public NetworkCollective {
   Round last_round_ = 0;   // the last round done, when any_done_
   std::optional<Round> served_;  // the last round whose result went to the others
   bool any_done_ = false;
-  std::vector<float> mean_;
+  RingReduce ring_;  // the all-reduce's ring, kept between rounds for its buffers
+  RingReduce::Buffer result_;  // the last round's mean (when total_ > 0)
   double total_ = 0;
+  const RingReduce::Send ring_send_ = [this](Rank to, const RingReduce::Piece& p, const RingReduce::Buffer& owner) {
+    send(to,
+         {.kind = Kind::chunk, .step = p.step, .round = reduce_.round, .mask = reduce_.mask, .offset = p.offset,
+          .chunk = p.chunk, .weight = p.weight},
+         p.values, owner);
+  };
   std::map<StashKey, Stashed> stash_;
   Gossip gossip_;
   std::vector<Latest> latest_;

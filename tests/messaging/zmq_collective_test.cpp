@@ -224,12 +224,12 @@ TEST(ZmqCollective, ARoundOneRankFinishedBeforeADeathIsFinishedByTheOthersWithIt
   zmq::socket_t to_rank2(ctx, zmq::socket_type::push);
   to_rank2.set(zmq::sockopt::linger, 1000);
   to_rank2.connect(g[2]->endpoint());
-  // The header as docs/wire-protocol.md lays it out (56 bytes).
-  auto send_piece = [&](std::uint32_t step, std::uint32_t chunk, const std::vector<float>& values) {
-    std::array<std::byte, 56> h{};
+  // The header as docs/wire-protocol.md lays it out (64 bytes).
+  auto send_piece = [&](std::uint32_t step, std::uint32_t chunk, const std::vector<float>& values, double weight) {
+    std::array<std::byte, 64> h{};
     auto put = [&](std::size_t at, auto v) { std::memcpy(h.data() + at, &v, sizeof v); };
     put(0, std::uint32_t{0x4C4F4341});
-    put(4, std::uint16_t{3});
+    put(4, std::uint16_t{4});
     put(6, std::uint16_t{1});  // a chunk
     put(8, std::uint16_t{1});   // from rank 1
     put(10, std::uint16_t{0});  // float32 values
@@ -240,20 +240,22 @@ TEST(ZmqCollective, ARoundOneRankFinishedBeforeADeathIsFinishedByTheOthersWithIt
     put(40, std::uint64_t{0});  // offset
     put(48, chunk);
     put(52, crc32c(std::as_bytes(std::span(values))));
+    put(56, weight);
     ASSERT_TRUE(to_rank2.send(zmq::buffer(h), zmq::send_flags::sndmore));
     ASSERT_TRUE(to_rank2.send(zmq::buffer(values), zmq::send_flags::none));
   };
-  const std::vector<float> x0{1, 2, 3, 4, 5}, x2{10, 20, 30, 40, 50};
+  const std::vector<float> x0{1, 2, 3, 4, 5, 6}, x2{10, 20, 30, 40, 50, 60};
   Signal s0, s2;
   ASSERT_TRUE(g[0]->allreduce_mean(0, 0, x0, 1.0, s0.ready()).ok());
   ASSERT_TRUE(g[2]->allreduce_mean(2, 0, x2, 1.0, s2.ready()).ok());
-  // Six values (five and the weight) in three chunks of two. From its left
-  // neighbour, rank 1, rank 2 takes chunk 1 at step 0 and chunk 0 at step 1
-  // (reduce-scatter), then chunk 2 at step 2, which it passes on to rank 0,
-  // and chunk 1 at step 3, which never comes.
-  send_piece(0, 1, {100, 1});
-  send_piece(1, 0, {9, 9});
-  send_piece(2, 2, {7, 3});
+  // Six values in three chunks of two. From its left neighbour, rank 1,
+  // rank 2 takes chunk 1 at step 0 (rank 1's own: weight 1) and chunk 0 at
+  // step 1 (ranks 0 and 1 summed: weight 2), both in reduce-scatter, then
+  // chunk 2 at step 2 (a mean, with the total weight 3), which it passes on
+  // to rank 0, and chunk 1 at step 3, which never comes.
+  send_piece(0, 1, {100, 1}, 1.0);
+  send_piece(1, 0, {9, 9}, 2.0);
+  send_piece(2, 2, {7, 3}, 3.0);
   ASSERT_TRUE(s0.wait_for(1)) << "rank 0 " << g[0]->waiting_for(0);
   std::this_thread::sleep_for(50ms);
   EXPECT_EQ(s2.calls, 0) << "rank 2 still waits for step 3 from rank 1";
@@ -273,7 +275,7 @@ TEST(ZmqCollective, MalformedMessagesAreDroppedAndCountedAndTheRoundStillComplet
   evil.set(zmq::sockopt::linger, 0);
   evil.connect(g[0]->endpoint());
   (void)evil.send(zmq::str_buffer("one part only"), zmq::send_flags::none);
-  std::vector<char> header(48, 0);
+  std::vector<char> header(64, 0);
   (void)evil.send(zmq::buffer(header), zmq::send_flags::sndmore);  // no magic
   (void)evil.send(zmq::str_buffer("abcd"), zmq::send_flags::none);
   const auto data = random_vectors(2, 64, 9);
