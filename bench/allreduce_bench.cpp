@@ -4,20 +4,23 @@
 //
 // N processes of our own (hidden subcommand allreduce-rank) find each other
 // through endpoint files in a scratch folder, then all-reduce each size
-// `--iterations` times after two warm-up rounds; rank 0's mean time per
-// all-reduce gives the bus bandwidth, 2 (N - 1) / N x bytes / time (the
-// convention of NCCL's tests). Then `mpirun -np N` runs this program's
-// allreduce-mpi (built where Open MPI's headers are found) over tcp (btl
-// self,tcp) and over shared memory (btl self,vader). Ours computes the
-// samples-weighted mean the policy needs (a scaling pass before and after
-// the ring), MPI a plain sum.
+// `--iterations` times after two warm-up rounds, and check the mean; rank
+// 0's median time per all-reduce gives the bus bandwidth, 2 (N - 1) / N x
+// bytes / time (the convention of NCCL's tests). They run twice: over tcp
+// (the ring; shared memory off) and through shared memory (on, as a job's
+// workers on one host are). After each, `mpirun -np N` runs this program's
+// allreduce-mpi (built where Open MPI's headers are found), timed the same
+// way, over tcp (btl self,tcp), then over shared memory (btl self,vader).
+// Ours computes the samples-weighted mean the policy needs, MPI a plain sum.
 
 #include <fcntl.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <condition_variable>
 #include <cstdio>
 #include <filesystem>
@@ -44,12 +47,14 @@ using Clock = std::chrono::steady_clock;
 struct AllreduceOptions {
   std::uint32_t processes = 2;
   std::vector<std::string> sizes = {"1M", "4M", "16M"};
-  int iterations = 5;
+  int iterations = 20;
   std::string compress = "none";  // fp16: ours sends its chunks as float16 (MPI stays float32)
   bool json = false;
-  // A rank's: its index and the scratch folder.
+  // A rank's: its index, the scratch folder, and whether its all-reduce may
+  // go through shared memory (on: the default of a job's workers).
   std::uint32_t rank = 0;
   std::string dir;
+  std::string shared_memory = "off";
   std::string out;  // allreduce-mpi: where rank 0 writes its times
 };
 
@@ -61,6 +66,11 @@ Result<std::vector<std::uint64_t>> float_counts(const std::vector<std::string>& 
     out.push_back(*n);
   }
   return out;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v.size() % 2 ? v[v.size() / 2] : (v[v.size() / 2 - 1] + v[v.size() / 2]) / 2;
 }
 
 // Rank o.rank's endpoint written where the others look, and theirs read.
@@ -110,6 +120,7 @@ int run_rank(const AllreduceOptions& o) {
   auto& c = **made;
   auto endpoints = rendezvous(o, c.endpoint());
   c.set_half_precision(o.compress == "fp16");
+  c.set_shared_memory(o.shared_memory == "on");
   if (!endpoints || !c.connect(o.rank, *endpoints).ok()) {
     print_error(endpoints ? "bench allreduce: cannot connect the ranks" : endpoints.status().message());
     return kExitFailure;
@@ -120,13 +131,25 @@ int run_rank(const AllreduceOptions& o) {
     std::vector<float> data(n, static_cast<float>(o.rank + 1));
     Status s;
     for (int warm = 0; warm < 2 && s.ok(); ++warm) s = allreduce_once(c, o.rank, round++, data);
-    const auto t0 = Clock::now();
-    for (int i = 0; i < o.iterations && s.ok(); ++i) s = allreduce_once(c, o.rank, round++, data);
+    std::vector<double> took;
+    for (int i = 0; i < o.iterations && s.ok(); ++i) {
+      const auto t0 = Clock::now();
+      s = allreduce_once(c, o.rank, round++, data);
+      took.push_back(std::chrono::duration<double>(Clock::now() - t0).count());
+    }
     if (!s.ok()) {
       print_error(s.message());
       return kExitFailure;
     }
-    times << n << ' ' << std::chrono::duration<double>(Clock::now() - t0).count() / o.iterations << '\n';
+    times << n << ' ' << median(took) << '\n';
+    // Rank r contributes r + 1 everywhere, with weight 1: the mean is (N + 1) / 2.
+    const float want = static_cast<float>(o.processes + 1) / 2.0f;
+    const auto mean = c.mean(o.rank);
+    if (mean.size() != n || std::any_of(mean.begin(), mean.end(), [&](float v) { return std::abs(v - want) > 1e-5f * want; })) {
+      print_error("bench allreduce: rank " + std::to_string(o.rank) + " got a wrong mean of " + std::to_string(n) +
+                  " floats");
+      return kExitFailure;
+    }
   }
   // Nobody leaves before every rank is done with the last round.
   const std::vector<float> one(1, 1.0f);
@@ -180,15 +203,20 @@ std::vector<std::string> rank_flags(const AllreduceOptions& o) {
   return {"--sizes", sizes, "--iterations", std::to_string(o.iterations), "--compress", o.compress};
 }
 
-// Our N ranks; rank 0's times by size.
-Result<std::map<std::uint64_t, double>> measure_ours(const AllreduceOptions& o, const fs::path& dir) {
+// Our N ranks, over tcp or (shared memory on) through shared memory; rank
+// 0's times by size.
+Result<std::map<std::uint64_t, double>> measure_ours(const AllreduceOptions& o, const fs::path& parent,
+                                                     const std::string& shared_memory) {
   const std::string self = fs::read_symlink("/proc/self/exe").string();
+  const fs::path dir = parent / ("ours-" + shared_memory);
+  fs::create_directories(dir);
   std::vector<std::thread> ranks;
   std::vector<std::optional<int>> codes(o.processes);
   for (std::uint32_t r = 0; r < o.processes; ++r) {
     ranks.emplace_back([&, r] {
       std::vector<std::string> args = {self, "allreduce-rank", "--rank", std::to_string(r), "--processes",
-                                       std::to_string(o.processes), "--dir", dir.string()};
+                                       std::to_string(o.processes), "--dir", dir.string(), "--shared-memory",
+                                       shared_memory};
       for (auto& f : rank_flags(o)) args.push_back(f);
       codes[r] = run_and_wait(args, std::chrono::seconds(600), false);
     });
@@ -233,17 +261,19 @@ int run_allreduce(const AllreduceOptions& o) {
   }
   const fs::path dir = fs::temp_directory_path() / ("asgd-bench-allreduce-" + std::to_string(getpid()));
   fs::create_directories(dir);
-  auto ours = measure_ours(o, dir);
+  auto ours_tcp = measure_ours(o, dir, "off");
   const auto mpi_tcp = measure_mpi(o, dir, "self,tcp");
+  auto ours_shm = measure_ours(o, dir, "on");
   const auto mpi_shm = measure_mpi(o, dir, "self,vader");
   fs::remove_all(dir);
-  if (!ours) {
-    print_error(ours.status().message());
-    return kExitFailure;
-  }
+  for (const auto* ours : {&ours_tcp, &ours_shm})
+    if (!ours->ok()) {
+      print_error(ours->status().message());
+      return kExitFailure;
+    }
   nlohmann::json sizes = nlohmann::json::array();
   if (!o.json)
-    std::printf("%u processes, bus bandwidth 2(N-1)/N x float32 bytes / time, GB/s (mean of %d all-reduces%s)\n"
+    std::printf("%u processes, bus bandwidth 2(N-1)/N x float32 bytes / time, GB/s (median of %d all-reduces%s)\n"
                 "%10s  %9s  %9s  %9s  %6s  %9s\n",
                 o.processes, o.iterations, o.compress == "fp16" ? "; ours sends float16" : "", "floats", "transport",
                 "ours", "mpi", "ratio", "ours ms");
@@ -252,10 +282,10 @@ int run_allreduce(const AllreduceOptions& o) {
     return it == m.end() ? 0.0 : it->second;
   };
   for (std::uint64_t n : *counts) {
-    const double t = value(*ours, n);
     for (const char* transport : {"tcp", "shm"}) {
       const bool tcp = std::string(transport) == "tcp";
-      const double ours_gbps = tcp ? bus_gbps(n, o.processes, t) : 0.0;  // ours has no shared-memory ring
+      const double t = value(tcp ? *ours_tcp : *ours_shm, n);
+      const double ours_gbps = bus_gbps(n, o.processes, t);
       const double mpi_t = value(tcp ? mpi_tcp : mpi_shm, n);
       const double mpi_gbps = bus_gbps(n, o.processes, mpi_t);
       nlohmann::json row = {{"floats", n}, {"transport", transport}};
@@ -268,7 +298,7 @@ int run_allreduce(const AllreduceOptions& o) {
                     ours_gbps > 0 ? std::to_string(ours_gbps).substr(0, 5).c_str() : "-",
                     mpi_gbps > 0 ? std::to_string(mpi_gbps).substr(0, 5).c_str() : "-",
                     row["ratio"].is_null() ? "-" : std::to_string(ours_gbps / mpi_gbps).substr(0, 4).c_str(),
-                    tcp ? std::to_string(t * 1e3).substr(0, 6).c_str() : "-");
+                    std::to_string(t * 1e3).substr(0, 6).c_str());
     }
   }
   if (o.json)
@@ -284,14 +314,16 @@ int run_allreduce_mpi_rank(const std::string& out, const std::vector<std::uint64
 AllreduceBench add_allreduce_bench(CLI::App* bench) {
   auto o = std::make_shared<AllreduceOptions>();
   auto* cmd = bench->add_subcommand(
-      "allreduce", "the workers' all-reduce across processes (ZeroMQ ring) vs Open MPI's MPI_Allreduce, bus bandwidth");
+      "allreduce",
+      "the workers' all-reduce across processes (ZeroMQ ring over tcp; shared memory on one host) vs Open MPI's "
+      "MPI_Allreduce over tcp and shared memory, bus bandwidth");
   cmd->add_option("--processes", o->processes, "ranks, 2 to 64 (default 2)")
       ->type_name("N")
       ->check(quietly(CLI::Range(2, 64)));
   cmd->add_option("--sizes", o->sizes, "floats per all-reduce, comma-separated (default 1M,4M,16M)")
       ->type_name("LIST")
       ->delimiter(',');
-  cmd->add_option("--iterations", o->iterations, "timed all-reduces per size, at least 1 (default 5)")
+  cmd->add_option("--iterations", o->iterations, "timed all-reduces per size, at least 1 (default 20)")
       ->type_name("N")
       ->check(positive());
   cmd->add_option("--compress", o->compress, "none | fp16: ours sends its chunks as float16 (default none)")
@@ -304,6 +336,7 @@ AllreduceBench add_allreduce_bench(CLI::App* bench) {
   rank->add_option("--sizes", o->sizes)->delimiter(',');
   rank->add_option("--iterations", o->iterations);
   rank->add_option("--compress", o->compress);
+  rank->add_option("--shared-memory", o->shared_memory);
   auto* mpi = bench->add_subcommand("allreduce-mpi", "")->group("");  // hidden: one of mpirun's
   mpi->add_option("--out", o->out)->required();
   mpi->add_option("--sizes", o->sizes)->delimiter(',');

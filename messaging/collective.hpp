@@ -15,6 +15,7 @@
 // make_local_collective is the in-process implementation: the ranks are
 // threads of one process and share the vectors, no copy goes through a queue.
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -98,6 +99,12 @@ class NetworkCollective : public Collective {
   /// --compress fp16: an all-reduce's chunks go as float16 (half the bytes;
   /// sums stay float32, and every rank gets the same bits). Before connect().
   virtual void set_half_precision(bool on) = 0;
+  /// Whether the all-reduce may go through shared memory when every rank
+  /// turns out to run on this host (messaging/shm_allreduce.hpp; on by
+  /// default). The first all-reduce settles it for the whole group: every
+  /// rank joins by `settle` after connect() or the ring is used (ranks on
+  /// other hosts never join). Before connect().
+  virtual void set_shared_memory(bool on, std::chrono::milliseconds settle = std::chrono::seconds(5)) = 0;
 };
 
 /// A rank listening at `listen` ("tcp://127.0.0.1:*"); a message carries at

@@ -40,6 +40,7 @@
 #include "messaging/collective.hpp"
 #include "messaging/collective_ring.hpp"
 #include "messaging/collective_wire.hpp"
+#include "messaging/shm_allreduce.hpp"
 
 namespace asgd::messaging {
 
@@ -56,6 +57,7 @@ class ZmqCollective final : public NetworkCollective {
   explicit ZmqCollective(std::size_t max_values) : max_values_(max_values) {}
 
   ~ZmqCollective() override {
+    shm_.reset();  // its thread calls back into this object: stopped first
     stop_ = true;
     wake();
     if (io_.joinable()) io_.join();
@@ -102,6 +104,7 @@ class ZmqCollective final : public NetworkCollective {
     } catch (const zmq::error_t& e) {
       return Status::IOError(fmt::format("collective rank {}: cannot connect to the others: {}", rank_, e.what()));
     }
+    if (shared_memory_ && ranks > 1) shm_ = ShmAllreduce::join(endpoints, rank_, settle_);
     io_ = std::thread([this] { run(); });
     return {};
   }
@@ -115,15 +118,31 @@ class ZmqCollective final : public NetworkCollective {
     {
       std::lock_guard lock(mu_);
       if (Status s = check_call(rank); !s.ok()) return s;
-      if (data.size() + 1 > max_values_)
+      if (data.size() > max_values_)
         return Status::InvalidArgument(fmt::format("rank {}: an all-reduce of {} values is over the limit", rank, data.size()));
-      Reduce& r = reduce_;  // reset when its last round completed (complete_round)
-      r.active = true;
-      r.round = round;
-      r.data = data;
-      r.weight = weight;
-      r.ready = std::move(ready);
-      ops_.push_back(Op::reduce);
+      if (shm_ && !ring_only_) {
+        in_shm_ = true;
+        shm_->start(round, data, weight, [this, round, data, weight, ready = std::move(ready)](ShmAllreduce::Mode m) {
+          if (m == ShmAllreduce::Mode::shared_memory) {
+            {
+              std::lock_guard done(mu_);
+              in_shm_ = false;
+              via_shm_ = true;
+            }
+            ready();
+            return;
+          }
+          {
+            std::lock_guard done(mu_);  // not every rank shares this host: the ring, from this round on
+            in_shm_ = false;
+            ring_only_ = true;
+            start_ring(round, data, weight, ready);
+          }
+          wake();
+        });
+        return {};
+      }
+      start_ring(round, data, weight, std::move(ready));
     }
     wake();
     return {};
@@ -131,11 +150,12 @@ class ZmqCollective final : public NetworkCollective {
 
   std::span<const float> mean(Rank) const override {
     std::lock_guard lock(mu_);
+    if (via_shm_) return shm_->mean();
     return total_ > 0 ? std::span<const float>(*result_) : std::span<const float>();
   }
   double total_weight(Rank) const override {
     std::lock_guard lock(mu_);
-    return total_;
+    return via_shm_ ? shm_->total() : total_;
   }
 
   Status gossip(Rank rank, Round clock, std::span<const float> params, const std::vector<Rank>& audience,
@@ -166,6 +186,7 @@ class ZmqCollective final : public NetworkCollective {
     {
       std::lock_guard lock(mu_);
       if (rank >= n_) return;
+      if (shm_) shm_->leave(rank);  // nobody waits for it in shared memory either
       if (rank == rank_) {
         if (left_self_) return;
         left_self_ = true;
@@ -180,6 +201,7 @@ class ZmqCollective final : public NetworkCollective {
 
   std::string waiting_for(Rank) const override {
     std::lock_guard lock(mu_);
+    if (in_shm_) return shm_->waiting_for();
     if (reduce_.active) {
       if (!reduce_.begun) return fmt::format("the all-reduce of step {}: not begun yet", reduce_.round);
       const Rank left = ring_.left();
@@ -199,9 +221,24 @@ class ZmqCollective final : public NetworkCollective {
 
   std::uint64_t rejected() const override { return rejected_.load(); }
   void set_half_precision(bool on) override { half_ = on; }
+  void set_shared_memory(bool on, std::chrono::milliseconds settle) override {
+    shared_memory_ = on;
+    settle_ = settle;
+  }
 
  private:
   enum class Op { reduce, gossip, leave, gone };
+
+  void start_ring(Round round, std::span<const float> data, double weight, Ready ready) {
+    Reduce& r = reduce_;  // reset when its last round completed (complete_round)
+    r.active = true;
+    r.round = round;
+    r.data = data;
+    r.weight = weight;
+    r.ready = std::move(ready);
+    via_shm_ = false;
+    ops_.push_back(Op::reduce);
+  }
   struct Reduce {
     bool active = false;
     bool begun = false;
@@ -235,7 +272,7 @@ class ZmqCollective final : public NetworkCollective {
     if (n_ == 0) return Status::InvalidArgument("the collective is not connected yet");
     if (rank != rank_) return Status::InvalidArgument(fmt::format("rank {} called the collective of rank {}", rank, rank_));
     if (left_self_) return Status::InvalidArgument(fmt::format("rank {} called the collective after it left", rank));
-    if (reduce_.active || gossip_.active)
+    if (reduce_.active || gossip_.active || in_shm_)
       return Status::InvalidArgument(fmt::format("rank {} called the collective with a call in flight", rank));
     return {};
   }
@@ -305,6 +342,7 @@ class ZmqCollective final : public NetworkCollective {
   void drop(Rank p, std::vector<Ready>& wake_up) {
     if (!(live_ & bit(p))) return;
     live_ &= ~bit(p);
+    if (shm_) shm_->leave(p);
     if (reduce_.active && reduce_.begun && (reduce_.mask & bit(p))) begin_round(wake_up);
     release_gossip(wake_up);
   }
@@ -505,6 +543,12 @@ class ZmqCollective final : public NetworkCollective {
   Round last_round_ = 0;   // the last round done, when any_done_
   std::optional<Round> served_;  // the last round whose result went to the others
   bool any_done_ = false;
+  bool shared_memory_ = true;  // set before connect(), with how long ranks have to join it
+  std::chrono::milliseconds settle_{5000};
+  std::unique_ptr<ShmAllreduce> shm_;  // when every rank may share this host
+  bool ring_only_ = false;  // they do not: every round goes round the ring
+  bool in_shm_ = false;     // a round is in flight in shared memory
+  bool via_shm_ = false;    // the last round went through it (its mean is there)
   RingReduce ring_;  // the all-reduce's ring, kept between rounds for its buffers
   RingReduce::Buffer result_;  // the last round's mean (when total_ > 0)
   double total_ = 0;

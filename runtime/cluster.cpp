@@ -492,6 +492,15 @@ Result<WorkerPlans> plan_assigned_worker(Joined& j, const data::DatasetSplits& d
   return WorkerPlans{std::move(plan).value(), std::move(worker_plan)};
 }
 
+// A worker process's collective, listening where --listen says; its
+// all-reduce goes through shared memory when every worker runs on this host
+// and --shared-memory is on.
+Result<std::shared_ptr<NetworkCollective>> make_worker_collective(const ProcessOptions& o) {
+  auto made = make_zmq_collective(collective_listen(o.listen));
+  if (made) (*made)->set_shared_memory(o.shared_memory);
+  return made;
+}
+
 }  // namespace
 
 Status run_worker_process(const ProcessOptions& o, std::stop_token stop) {
@@ -500,7 +509,7 @@ Status run_worker_process(const ProcessOptions& o, std::stop_token stop) {
   // none with CURVE, which it does not speak yet).
   std::shared_ptr<NetworkCollective> collective;
   if (!o.curve) {
-    auto made = make_zmq_collective(collective_listen(o.listen));
+    auto made = make_worker_collective(o);
     if (!made) return made.status();
     collective = *made;
   }

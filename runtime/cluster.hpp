@@ -97,7 +97,9 @@ struct ProcessOptions {
   /// `coordinator` either carries the coordinator's or curve->server_key is it.
   std::optional<messaging::CurveOptions> curve;
   /// Every process: large tensors to peers on the same host through shared
-  /// memory (BridgeOptions::shared_memory); never with `curve`.
+  /// memory (BridgeOptions::shared_memory), and the workers' all-reduce when
+  /// every worker runs on one host (NetworkCollective::set_shared_memory);
+  /// never with `curve`.
   bool shared_memory = true;
   /// Coordinator: the supervisor that started the job's processes, if any.
   std::shared_ptr<Supervision> supervision;

@@ -41,14 +41,22 @@ struct Signal {
   }
 };
 
+// The ring over tcp (shared memory off: these ranks share a host, and
+// tests/messaging/shm_allreduce_test.cpp tests that path).
+std::shared_ptr<NetworkCollective> ring_rank() {
+  auto c = make_zmq_collective("tcp://127.0.0.1:*");
+  EXPECT_TRUE(c.ok()) << c.status().to_string();
+  (*c)->set_shared_memory(false);
+  return *c;
+}
+
 std::vector<std::shared_ptr<NetworkCollective>> group(Rank n) {
   std::vector<std::shared_ptr<NetworkCollective>> ranks;
   std::vector<std::string> endpoints;
   for (Rank r = 0; r < n; ++r) {
-    auto c = make_zmq_collective("tcp://127.0.0.1:*");
-    EXPECT_TRUE(c.ok()) << c.status().to_string();
-    endpoints.push_back((*c)->endpoint());
-    ranks.push_back(*c);
+    auto c = ring_rank();
+    endpoints.push_back(c->endpoint());
+    ranks.push_back(c);
   }
   for (Rank r = 0; r < n; ++r) EXPECT_TRUE(ranks[r]->connect(r, endpoints).ok());
   return ranks;
@@ -104,7 +112,7 @@ TEST(ZmqCollective, InHalfPrecisionEveryRankGetsTheSameBitsAndTheMeanToAboutThre
   std::vector<std::shared_ptr<NetworkCollective>> g;
   std::vector<std::string> endpoints;
   for (Rank r = 0; r < n; ++r) {
-    g.push_back(*make_zmq_collective("tcp://127.0.0.1:*"));
+    g.push_back(ring_rank());
     endpoints.push_back(g.back()->endpoint());
   }
   for (Rank r = 0; r < n; ++r) {
@@ -216,7 +224,7 @@ TEST(ZmqCollective, ARoundOneRankFinishedBeforeADeathIsFinishedByTheOthersWithIt
   fake_in.set(zmq::sockopt::linger, 0);
   fake_in.bind("tcp://127.0.0.1:*");
   std::vector<std::shared_ptr<NetworkCollective>> g(3);
-  for (Rank r : {0u, 2u}) g[r] = *make_zmq_collective("tcp://127.0.0.1:*");
+  for (Rank r : {0u, 2u}) g[r] = ring_rank();
   const std::vector<std::string> endpoints = {g[0]->endpoint(), fake_in.get(zmq::sockopt::last_endpoint),
                                               g[2]->endpoint()};
   ASSERT_TRUE(g[0]->connect(0, endpoints).ok());

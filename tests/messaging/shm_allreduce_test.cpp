@@ -1,0 +1,152 @@
+// The all-reduce through shared memory (messaging/shm_allreduce.hpp), its
+// ranks here threads of one process on one host, as the ranks of a job's
+// worker processes on one host are: the same bits as the in-process
+// collective, ranks that die or never join, and nothing left in /dev/shm.
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <filesystem>
+#include <mutex>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "messaging/collective.hpp"
+
+namespace asgd::messaging {
+namespace {
+
+using namespace std::chrono_literals;
+
+struct Signal {
+  std::mutex mu;
+  std::condition_variable cv;
+  int calls = 0;
+  Collective::Ready ready() {
+    return [this] {
+      std::lock_guard lock(mu);
+      ++calls;
+      cv.notify_all();
+    };
+  }
+  bool wait_for(int n, std::chrono::milliseconds limit = 10s) {
+    std::unique_lock lock(mu);
+    return cv.wait_for(lock, limit, [&] { return calls >= n; });
+  }
+};
+
+std::vector<std::shared_ptr<NetworkCollective>> group(Rank n, std::chrono::milliseconds settle = 5s) {
+  std::vector<std::shared_ptr<NetworkCollective>> ranks;
+  std::vector<std::string> endpoints;
+  for (Rank r = 0; r < n; ++r) {
+    auto c = make_zmq_collective("tcp://127.0.0.1:*");
+    EXPECT_TRUE(c.ok());
+    (*c)->set_shared_memory(true, settle);
+    endpoints.push_back((*c)->endpoint());
+    ranks.push_back(*c);
+  }
+  for (Rank r = 0; r < n; ++r) EXPECT_TRUE(ranks[r]->connect(r, endpoints).ok());
+  return ranks;
+}
+
+std::vector<std::vector<float>> random_vectors(Rank n, std::size_t len, unsigned seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d;
+  std::vector<std::vector<float>> v(n, std::vector<float>(len));
+  for (auto& x : v)
+    for (float& f : x) f = d(rng);
+  return v;
+}
+
+std::size_t segments_in_dev_shm() {
+  std::size_t n = 0;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec))
+    n += e.path().filename().string().rfind("asgd-allreduce-", 0) == 0;
+  return n;
+}
+
+TEST(ShmAllreduce, GivesTheSameBitsAsTheInProcessCollectiveRoundAfterRound) {
+  const std::size_t before = segments_in_dev_shm();
+  for (Rank n : {2u, 3u, 5u}) {
+    auto g = group(n);
+    auto local = make_local_collective(n);
+    for (Round round = 0; round < 3; ++round) {
+      const auto data = random_vectors(n, 1037, 10 * n + static_cast<unsigned>(round));
+      std::vector<Signal> done(n), local_done(n);
+      for (Rank r = 0; r < n; ++r) {
+        const double weight = r == 1 && round == 1 ? 0.0 : 16.0 + r;  // a step dropped for a NaN loss, once
+        ASSERT_TRUE(g[r]->allreduce_mean(r, round, data[r], weight, done[r].ready()).ok());
+        ASSERT_TRUE(local->allreduce_mean(r, round, data[r], weight, local_done[r].ready()).ok());
+      }
+      for (Rank r = 0; r < n; ++r) {
+        ASSERT_TRUE(done[r].wait_for(1)) << "rank " << r << " waits for " << g[r]->waiting_for(r);
+        ASSERT_TRUE(local_done[r].wait_for(1));
+        const auto got = g[r]->mean(r), want = local->mean(r);
+        ASSERT_EQ(got.size(), want.size());
+        EXPECT_TRUE(std::equal(got.begin(), got.end(), want.begin())) << n << " ranks, round " << round << ", rank " << r;
+        EXPECT_EQ(g[r]->total_weight(r), local->total_weight(r));
+      }
+    }
+  }
+  EXPECT_EQ(segments_in_dev_shm(), before) << "a group's segment is unlinked once every rank has joined it";
+}
+
+TEST(ShmAllreduce, ARankThatNeverContributesIsDroppedWhenTheOthersAreToldAndWaitingForNamesIt) {
+  auto g = group(3);
+  const auto data = random_vectors(3, 500, 1);
+  std::vector<Signal> done(3);
+  for (Rank r = 0; r < 3; ++r) ASSERT_TRUE(g[r]->allreduce_mean(r, 0, data[r], 1.0, done[r].ready()).ok());
+  for (Rank r = 0; r < 3; ++r) ASSERT_TRUE(done[r].wait_for(1));
+  for (Rank r : {0u, 2u}) ASSERT_TRUE(g[r]->allreduce_mean(r, 1, data[r], 1.0, done[r].ready()).ok());
+  std::this_thread::sleep_for(50ms);
+  EXPECT_EQ(done[0].calls, 1) << "rank 1 has not contributed to round 1";
+  EXPECT_NE(g[0]->waiting_for(0).find("workers 1 have not contributed"), std::string::npos) << g[0]->waiting_for(0);
+  g[0]->leave(1);  // its process died: what the coordinator tells the others
+  g[2]->leave(1);
+  for (Rank r : {0u, 2u}) ASSERT_TRUE(done[r].wait_for(2)) << g[r]->waiting_for(r);
+  EXPECT_NEAR(g[0]->mean(0)[7], (data[0][7] + data[2][7]) / 2.0, 1e-6);
+  EXPECT_EQ(g[2]->total_weight(2), 2.0);
+}
+
+TEST(ShmAllreduce, ARankThatLeavesIsNotWaitedForAndTheOthersGoOn) {
+  auto g = group(3);
+  const auto data = random_vectors(3, 64, 2);
+  g[2]->leave(2);  // out of data before the first round
+  std::vector<Signal> done(2);
+  for (Rank r = 0; r < 2; ++r) ASSERT_TRUE(g[r]->allreduce_mean(r, 0, data[r], 1.0, done[r].ready()).ok());
+  for (Rank r = 0; r < 2; ++r) ASSERT_TRUE(done[r].wait_for(1)) << g[r]->waiting_for(r);
+  EXPECT_NEAR(g[1]->mean(1)[3], (data[0][3] + data[1][3]) / 2.0, 1e-6);
+}
+
+// Rank 1 is not a collective (another host, or a process that never got
+// that far): after the settling time the others use the ring, which then
+// waits for it like any missing rank.
+TEST(ShmAllreduce, ARankThatNeverJoinsMakesTheGroupUseTheRing) {
+  std::vector<std::shared_ptr<NetworkCollective>> g;
+  std::vector<std::string> endpoints;
+  for (Rank r = 0; r < 2; ++r) {
+    g.push_back(*make_zmq_collective("tcp://127.0.0.1:*"));
+    g.back()->set_shared_memory(true, 300ms);
+    endpoints.push_back(g.back()->endpoint());
+  }
+  auto absent = *make_zmq_collective("tcp://127.0.0.1:*");
+  absent->set_shared_memory(false);  // connects, never joins the segment
+  endpoints.push_back(absent->endpoint());
+  for (Rank r = 0; r < 2; ++r) ASSERT_TRUE(g[r]->connect(r, endpoints).ok());
+  ASSERT_TRUE(absent->connect(2, endpoints).ok());
+  const auto data = random_vectors(3, 100, 3);
+  Signal s0, s1, s2;
+  ASSERT_TRUE(g[0]->allreduce_mean(0, 0, data[0], 1.0, s0.ready()).ok());
+  ASSERT_TRUE(g[1]->allreduce_mean(1, 0, data[1], 1.0, s1.ready()).ok());
+  ASSERT_TRUE(absent->allreduce_mean(2, 0, data[2], 1.0, s2.ready()).ok());
+  for (Signal* s : {&s0, &s1, &s2}) ASSERT_TRUE(s->wait_for(1)) << g[0]->waiting_for(0);
+  const auto m0 = g[0]->mean(0), m2 = absent->mean(2);
+  EXPECT_TRUE(std::equal(m0.begin(), m0.end(), m2.begin(), m2.end())) << "all three went round the ring";
+  EXPECT_NEAR(m0[11], (data[0][11] + data[1][11] + data[2][11]) / 3.0, 1e-6);
+}
+
+}  // namespace
+}  // namespace asgd::messaging
