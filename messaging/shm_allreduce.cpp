@@ -242,6 +242,7 @@ struct ShmAllreduce::State {
     };
     while (seg->mode.load() == kUnsettled && !all_present() && SteadyClock::now() < settle_by && !stopping())
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    if (stopping()) return kBroken;  // a rank on its way out decides nothing for the others
     std::uint32_t want = all_present() && grow(length) ? kShared : kRing;
     std::uint32_t expected = kUnsettled;
     seg->mode.compare_exchange_strong(expected, want);

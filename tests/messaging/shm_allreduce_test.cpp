@@ -111,6 +111,34 @@ TEST(ShmAllreduce, ARankThatNeverContributesIsDroppedWhenTheOthersAreToldAndWait
   EXPECT_EQ(g[2]->total_weight(2), 2.0);
 }
 
+// Rank 2 contributes to round 1, then its process ends before it sums its
+// slice (here: its collective is destroyed while it waits for the others).
+// Its contribution counts; once the others are told it is gone, they sum
+// its slice themselves.
+TEST(ShmAllreduce, TheSliceOfARankThatDiedAfterContributingIsSummedByTheOthers) {
+  auto g = group(3);
+  const auto data = random_vectors(3, 3001, 5);
+  std::vector<Signal> done(3);
+  for (Rank r = 0; r < 3; ++r) ASSERT_TRUE(g[r]->allreduce_mean(r, 0, data[r], 1.0, done[r].ready()).ok());
+  for (Rank r = 0; r < 3; ++r) ASSERT_TRUE(done[r].wait_for(1)) << g[r]->waiting_for(r);
+  ASSERT_TRUE(g[2]->allreduce_mean(2, 1, data[2], 2.0, done[2].ready()).ok());
+  std::this_thread::sleep_for(50ms);
+  g[2].reset();  // dies in the middle of round 1
+  for (Rank r = 0; r < 2; ++r) ASSERT_TRUE(g[r]->allreduce_mean(r, 1, data[r], 1.0, done[r].ready()).ok());
+  std::this_thread::sleep_for(50ms);
+  EXPECT_EQ(done[0].calls, 1) << "slice 2 waits for its owner until it is declared gone";
+  EXPECT_NE(g[0]->waiting_for(0).find("slices not summed"), std::string::npos) << g[0]->waiting_for(0);
+  g[0]->leave(2);
+  g[1]->leave(2);
+  for (Rank r = 0; r < 2; ++r) ASSERT_TRUE(done[r].wait_for(2)) << g[r]->waiting_for(r);
+  EXPECT_EQ(g[0]->total_weight(0), 4.0);
+  const auto m0 = g[0]->mean(0), m1 = g[1]->mean(1);
+  EXPECT_TRUE(std::equal(m0.begin(), m0.end(), m1.begin(), m1.end()));
+  for (std::size_t i : {std::size_t{0}, std::size_t{1500}, std::size_t{3000}})  // a value of each slice
+    EXPECT_NEAR(m0[i], (data[0][i] + data[1][i] + 2 * data[2][i]) / 4.0, 1e-6) << i;
+  EXPECT_EQ(done[2].calls, 1);
+}
+
 TEST(ShmAllreduce, ARankThatLeavesIsNotWaitedForAndTheOthersGoOn) {
   auto g = group(3);
   const auto data = random_vectors(3, 64, 2);
