@@ -507,8 +507,8 @@ Status run_worker_process(const ProcessOptions& o, std::stop_token stop) {
   // Its collective listens before it registers, so that the coordinator can
   // tell every worker where the others are (the decentralized policies;
   // none with CURVE, which it does not speak yet).
-  std::shared_ptr<NetworkCollective> collective;
-  if (!o.curve) {
+  std::shared_ptr<NetworkCollective> collective = o.collective;
+  if (!o.curve && !collective) {
     auto made = make_worker_collective(o);
     if (!made) return made.status();
     collective = *made;

@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "asgd/job.hpp"
+#include "messaging/collective.hpp"
 #include "messaging/transport.hpp"
 
 namespace asgd {
@@ -101,6 +102,10 @@ struct ProcessOptions {
   /// every worker runs on one host (NetworkCollective::set_shared_memory);
   /// never with `curve`.
   bool shared_memory = true;
+  /// Worker: the collective its process trains with under allreduce and
+  /// gossip, made by the caller (asgd cluster --collective mpi); unset: its
+  /// own over ZeroMQ (and shared memory).
+  std::shared_ptr<messaging::NetworkCollective> collective;
   /// Coordinator: the supervisor that started the job's processes, if any.
   std::shared_ptr<Supervision> supervision;
 };

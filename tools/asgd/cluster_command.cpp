@@ -175,6 +175,15 @@ int run_cluster(const JobOptions& jo, const ProcessFlags& pf, LaunchFlags lf) {
     print_error(launch.status().message());
     return kExitUsage;
   }
+  if (lf.collective != "own" && lf.collective != "mpi") {
+    print_error("--collective " + lf.collective + ": own or mpi");
+    return kExitUsage;
+  }
+  if (lf.collective == "mpi" && launch->kind != LauncherKind::mpi) {
+    print_error("--collective mpi: this rank was not started by mpirun (launcher " + to_string(launch->kind) +
+                "); run every rank under mpirun, or leave out --collective");
+    return kExitUsage;
+  }
   if (launch->kind != LauncherKind::local) {
     if (!pf.auth_keys.empty()) {
       print_error("--auth-keys: not yet under a launcher (" + to_string(launch->kind) +
@@ -277,6 +286,11 @@ std::function<int(const std::string&)> add_cluster_commands(CLI::App& app) {
       ->group(launched);
   cluster->add_option("--interface", all->launch.interface,
                       "listen on and announce the address of this network interface (eth0, ib0, ...)")
+      ->type_name("NAME")
+      ->group(launched);
+  cluster->add_option("--collective", all->launch.collective,
+                      "allreduce's all-reduce among the workers: own (asgd's ring, or shared memory on one host) | "
+                      "mpi (Open MPI's MPI_Allreduce; under mpirun) (default own)")
       ->type_name("NAME")
       ->group(launched);
   cluster->add_flag("--print-layout", all->launch.print_layout,

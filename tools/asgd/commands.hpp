@@ -159,6 +159,7 @@ struct LaunchFlags {
   double join_timeout_s = 60.0;
   bool print_layout = false;
   bool shared_memory = true;       ///< --shared-memory: large tensors to processes on this host through it
+  std::string collective = "own";  ///< --collective own | mpi: the workers' all-reduce (mpi: MPI_Allreduce)
 };
 
 /// One rank of a launched job: the coordinator, a shard or a worker by its

@@ -16,6 +16,7 @@
 #include "runtime/cluster.hpp"
 #include "runtime/launcher.hpp"
 #include "tools/asgd/commands.hpp"
+#include "tools/asgd/mpi_session.hpp"
 
 namespace asgd::cli {
 
@@ -214,7 +215,23 @@ int run_launched_rank(const JobOptions& jo, const LaunchFlags& lf, const Launch&
     print_layout(launch, *role, launch.coordinator, layout_listen(lf, launch, *role, *address), config);
     return kExitOk;
   }
-  if (role->role != RankRole::coordinator) return run_rank_role(lf, launch, *role, config, *address, po);
+  // --collective mpi: every rank takes part in MPI for as long as it runs
+  // (MPI_Init and MPI_Finalize are collective), a worker trains with it.
+  std::unique_ptr<MpiSession> mpi;
+  if (lf.collective == "mpi") {
+    if (config.policy != "allreduce") {
+      print_error("--collective mpi: for --policy allreduce only, not " + config.policy);
+      return kExitUsage;
+    }
+    auto started = MpiSession::start(role->role == RankRole::worker, role->index);
+    if (!started) {
+      print_error(started.status().message());
+      return kExitFailure;
+    }
+    mpi = std::move(started).value();
+    po.collective = mpi->collective();
+  }
+  if (role->role != RankRole::coordinator) return run_rank_role(lf, launch, *role, config, *address, std::move(po));
   auto listen = coordinator_listen(lf, launch.coordinator, *address);
   if (!listen) {
     print_error(listen.status().message());
@@ -222,7 +239,7 @@ int run_launched_rank(const JobOptions& jo, const LaunchFlags& lf, const Launch&
   }
   po.listen = *listen;
   po.rank_hosts = launch.rank_hosts;
-  return run_rank_coordinator(jo, lf, config, po);
+  return run_rank_coordinator(jo, lf, config, std::move(po));
 }
 
 }  // namespace asgd::cli
