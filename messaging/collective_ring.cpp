@@ -40,7 +40,9 @@ void RingReduce::begin(std::vector<Rank> ring, Rank self, std::span<const float>
   expect_ = 0;
   piece_at_ = 0;
   total_ = 0;
+  sums_.reset();
   buf_.reset();
+  sums_ = acquire(data.size());
   buf_ = acquire(data.size());
   const auto w = static_cast<float>(weight_);
   if (ring_.size() == 1) {
@@ -55,12 +57,12 @@ void RingReduce::begin(std::vector<Rank> ring, Rank self, std::span<const float>
   const auto own = static_cast<std::uint32_t>(pos_);
   const auto [b, e] = bounds(own);
   if (w > 0)
-    scale_to(buf_->data() + b, data.data() + b, w, e - b);
+    scale_to(sums_->data() + b, data.data() + b, w, e - b);
   else
-    std::fill(buf_->begin() + static_cast<std::ptrdiff_t>(b), buf_->begin() + static_cast<std::ptrdiff_t>(e), 0.0f);
+    std::fill(sums_->begin() + static_cast<std::ptrdiff_t>(b), sums_->begin() + static_cast<std::ptrdiff_t>(e), 0.0f);
   std::uint64_t offset = 0;
   do {
-    send_piece(own, 0, offset, weight_, send);
+    send_piece(sums_, own, 0, offset, weight_, send);
     offset += kPiece;
   } while (offset < e - b);
 }
@@ -73,7 +75,10 @@ bool RingReduce::take(const Piece& p, const Send& send) {
       p.values.size() != std::min<std::size_t>(kPiece, e - b - p.offset))
     return false;
   const std::size_t n = p.values.size(), at = b + p.offset;
-  float* dst = buf_->data() + at;
+  // Partial sums go to sums_, means to buf_: no value is written twice in a
+  // round, so a piece a transport is still sending is never written over.
+  const Buffer& into = step + 2 < m ? sums_ : buf_;
+  float* dst = into->data() + at;
   const float* own = data_.data() + at;
   const auto w = static_cast<float>(weight_);
   double weight = p.weight;
@@ -99,7 +104,7 @@ bool RingReduce::take(const Piece& p, const Send& send) {
     total_ = weight;
   }
   // The sum goes on, or (after m - 1 steps) the finished piece.
-  if (step + 1 < 2 * (m - 1)) send_piece(p.chunk, step + 1, p.offset, weight, send);
+  if (step + 1 < 2 * (m - 1)) send_piece(into, p.chunk, step + 1, p.offset, weight, send);
   piece_at_ += n;
   if (piece_at_ < e - b) return true;
   piece_at_ = 0;
@@ -130,12 +135,12 @@ std::uint32_t RingReduce::chunk_at(std::uint32_t step) const {
 
 // The piece of `chunk` at `offset` (kPiece floats, or the chunk's rest;
 // one empty piece for an empty chunk), to the right neighbour.
-void RingReduce::send_piece(std::uint32_t chunk, std::uint32_t step, std::uint64_t offset, double weight,
-                            const Send& send) {
+void RingReduce::send_piece(const Buffer& from, std::uint32_t chunk, std::uint32_t step, std::uint64_t offset,
+                            double weight, const Send& send) {
   const auto [b, e] = bounds(chunk);
   const std::size_t n = std::min<std::size_t>(kPiece, e - b - offset);
-  const Piece piece{step, chunk, offset, weight, std::span<const float>(*buf_).subspan(b + offset, n)};
-  send(ring_[(pos_ + 1) % ring_.size()], piece, buf_);
+  const Piece piece{step, chunk, offset, weight, std::span<const float>(*from).subspan(b + offset, n)};
+  send(ring_[(pos_ + 1) % ring_.size()], piece, from);
 }
 
 // A buffer that nobody else holds (not a transport sending from it, not a
@@ -147,7 +152,7 @@ RingReduce::Buffer RingReduce::acquire(std::size_t len) {
       return b;
     }
   auto b = std::make_shared<std::vector<float>>(len);
-  if (spare_.size() < 4) spare_.push_back(b);
+  if (spare_.size() < 8) spare_.push_back(b);
   return b;
 }
 

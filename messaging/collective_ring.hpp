@@ -10,7 +10,8 @@
 // and passes it on with the weights summed so far; the rank that adds last
 // to a chunk (step m - 2) then knows the total weight and writes the mean in
 // the same pass, and m - 1 more steps pass the means around. So every value
-// is written once per round, the sum of each chunk is taken in ring order
+// is written once per round (partial sums and means in separate buffers: a
+// transport may send from them without a copy), the sum of each chunk is taken in ring order
 // (the same bits in every run), and no pass over the whole vector comes
 // before or after the exchange.
 
@@ -70,7 +71,8 @@ class RingReduce {
  private:
   std::pair<std::size_t, std::size_t> bounds(std::size_t chunk) const;
   std::uint32_t chunk_at(std::uint32_t step) const;
-  void send_piece(std::uint32_t chunk, std::uint32_t step, std::uint64_t offset, double weight, const Send& send);
+  void send_piece(const Buffer& from, std::uint32_t chunk, std::uint32_t step, std::uint64_t offset, double weight,
+                  const Send& send);
   Buffer acquire(std::size_t len);
 
   std::vector<Rank> ring_;
@@ -82,7 +84,8 @@ class RingReduce {
   std::uint32_t expect_ = 0;    // the ring step whose chunk comes next
   std::uint64_t piece_at_ = 0;  // and the offset in it of the next piece
   double total_ = 0;
-  Buffer buf_;                 // this round's sums, then its mean
+  Buffer sums_;                // this round's partial sums (reduce-scatter)
+  Buffer buf_;                 // and its mean (all-gather)
   std::vector<Buffer> spare_;  // earlier rounds' buffers, reused once nobody holds them
 };
 
