@@ -14,6 +14,7 @@
 
 #include "messaging/collective_ring.hpp"
 #include "messaging/collective_wire.hpp"
+#include "collective_helpers.hpp"
 
 namespace asgd::messaging {
 namespace {
@@ -85,20 +86,13 @@ std::vector<float> reference(const std::vector<std::vector<float>>& data, const 
   return out;
 }
 
-std::vector<std::vector<float>> random_data(std::size_t m, std::size_t len, unsigned seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d;
-  std::vector<std::vector<float>> v(m, std::vector<float>(len));
-  for (auto& x : v)
-    for (float& f : x) f = d(rng);
-  return v;
-}
+using asgd_test::random_vectors;
 
 TEST(RingReduce, EveryRankGetsTheRingOrderedWeightedMeanBitForBitInAnyArrivalOrder) {
   const std::size_t piece = collective_wire::kPiece;
   for (std::size_t m : {2, 3, 5})
     for (std::size_t len : {std::size_t{3}, std::size_t{1000}, 2 * piece * m + 7}) {
-      const auto data = random_data(m, len, static_cast<unsigned>(m * 7 + len));
+      const auto data = random_vectors(m, len, static_cast<unsigned>(m * 7 + len));
       std::vector<double> weights;
       for (std::size_t r = 0; r < m; ++r) weights.push_back(static_cast<double>(r + 1) * 16);
       const auto want = reference(data, weights);
@@ -115,7 +109,7 @@ TEST(RingReduce, EveryRankGetsTheRingOrderedWeightedMeanBitForBitInAnyArrivalOrd
 }
 
 TEST(RingReduce, ARankOfWeightZeroAddsNothingAndItsDataIsNotRead) {
-  auto data = random_data(3, 50, 1);
+  auto data = random_vectors(3, 50, 1);
   std::fill(data[1].begin(), data[1].end(), std::numeric_limits<float>::quiet_NaN());  // its loss was not finite
   std::vector<RingReduce> ranks(3);
   const auto means = run_round(ranks, data, {2.0, 0.0, 6.0}, false, 0);
@@ -125,7 +119,7 @@ TEST(RingReduce, ARankOfWeightZeroAddsNothingAndItsDataIsNotRead) {
 }
 
 TEST(RingReduce, NoWeightAnywhereGivesAnEmptyMeanAndARankAloneItsOwnData) {
-  const auto data = random_data(2, 10, 2);
+  const auto data = random_vectors(2, 10, 2);
   std::vector<RingReduce> ranks(2);
   const auto means = run_round(ranks, data, {0.0, 0.0}, false, 0);
   EXPECT_TRUE(means[0].empty());
@@ -139,7 +133,7 @@ TEST(RingReduce, NoWeightAnywhereGivesAnEmptyMeanAndARankAloneItsOwnData) {
 }
 
 TEST(RingReduce, APieceOutOfPlaceIsRefusedAndChangesNothing) {
-  const auto data = random_data(2, 8, 3);
+  const auto data = random_vectors(2, 8, 3);
   std::vector<RingReduce> ranks(2);
   std::vector<RingReduce::Piece> sent;
   std::vector<std::vector<float>> copies;
@@ -167,7 +161,7 @@ TEST(RingReduce, APieceOutOfPlaceIsRefusedAndChangesNothing) {
 }
 
 TEST(RingReduce, AHeldMeanIsNotWrittenOverByTheNextRound) {
-  const auto a = random_data(2, 20, 4), b = random_data(2, 20, 5);
+  const auto a = random_vectors(2, 20, 4), b = random_vectors(2, 20, 5);
   std::vector<RingReduce> ranks(2);
   run_round(ranks, a, {1.0, 1.0}, false, 0);
   const RingReduce::Buffer kept = ranks[0].result();

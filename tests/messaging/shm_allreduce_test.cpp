@@ -6,58 +6,28 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
-#include <condition_variable>
 #include <filesystem>
-#include <mutex>
-#include <random>
 #include <thread>
 #include <vector>
 
 #include "messaging/collective.hpp"
+#include "collective_helpers.hpp"
 
 namespace asgd::messaging {
 namespace {
 
 using namespace std::chrono_literals;
 
-struct Signal {
-  std::mutex mu;
-  std::condition_variable cv;
-  int calls = 0;
-  Collective::Ready ready() {
-    return [this] {
-      std::lock_guard lock(mu);
-      ++calls;
-      cv.notify_all();
-    };
-  }
-  bool wait_for(int n, std::chrono::milliseconds limit = 10s) {
-    std::unique_lock lock(mu);
-    return cv.wait_for(lock, limit, [&] { return calls >= n; });
-  }
-};
+using asgd_test::random_vectors;
+using asgd_test::Signal;
 
 std::vector<std::shared_ptr<NetworkCollective>> group(Rank n, std::chrono::milliseconds settle = 5s) {
-  std::vector<std::shared_ptr<NetworkCollective>> ranks;
-  std::vector<std::string> endpoints;
-  for (Rank r = 0; r < n; ++r) {
+  return asgd_test::collective_group(n, [&] {
     auto c = make_zmq_collective("tcp://127.0.0.1:*");
     EXPECT_TRUE(c.ok());
     (*c)->set_shared_memory(true, settle);
-    endpoints.push_back((*c)->endpoint());
-    ranks.push_back(*c);
-  }
-  for (Rank r = 0; r < n; ++r) EXPECT_TRUE(ranks[r]->connect(r, endpoints).ok());
-  return ranks;
-}
-
-std::vector<std::vector<float>> random_vectors(Rank n, std::size_t len, unsigned seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d;
-  std::vector<std::vector<float>> v(n, std::vector<float>(len));
-  for (auto& x : v)
-    for (float& f : x) f = d(rng);
-  return v;
+    return *c;
+  });
 }
 
 std::size_t segments_in_dev_shm() {

@@ -8,38 +8,21 @@
 
 #include <array>
 #include <chrono>
-#include <condition_variable>
 #include <cstring>
-#include <mutex>
-#include <random>
 #include <thread>
 #include <vector>
 
 #include "messaging/collective.hpp"
 #include "messaging/wire.hpp"
+#include "collective_helpers.hpp"
 
 namespace asgd::messaging {
 namespace {
 
 using namespace std::chrono_literals;
 
-// Counts the ready calls of one rank; wait() blocks until the next one.
-struct Signal {
-  std::mutex mu;
-  std::condition_variable cv;
-  int calls = 0;
-  Collective::Ready ready() {
-    return [this] {
-      std::lock_guard lock(mu);
-      ++calls;
-      cv.notify_all();
-    };
-  }
-  bool wait_for(int n, std::chrono::milliseconds limit = 10s) {
-    std::unique_lock lock(mu);
-    return cv.wait_for(lock, limit, [&] { return calls >= n; });
-  }
-};
+using asgd_test::random_vectors;
+using asgd_test::Signal;
 
 // The ring over tcp (shared memory off: these ranks share a host, and
 // tests/messaging/shm_allreduce_test.cpp tests that path).
@@ -50,26 +33,7 @@ std::shared_ptr<NetworkCollective> ring_rank() {
   return *c;
 }
 
-std::vector<std::shared_ptr<NetworkCollective>> group(Rank n) {
-  std::vector<std::shared_ptr<NetworkCollective>> ranks;
-  std::vector<std::string> endpoints;
-  for (Rank r = 0; r < n; ++r) {
-    auto c = ring_rank();
-    endpoints.push_back(c->endpoint());
-    ranks.push_back(c);
-  }
-  for (Rank r = 0; r < n; ++r) EXPECT_TRUE(ranks[r]->connect(r, endpoints).ok());
-  return ranks;
-}
-
-std::vector<std::vector<float>> random_vectors(Rank n, std::size_t len, unsigned seed) {
-  std::mt19937 rng(seed);
-  std::normal_distribution<float> d;
-  std::vector<std::vector<float>> v(n, std::vector<float>(len));
-  for (auto& x : v)
-    for (float& f : x) f = d(rng);
-  return v;
-}
+std::vector<std::shared_ptr<NetworkCollective>> group(Rank n) { return asgd_test::collective_group(n, ring_rank); }
 
 // Every rank contributes data[r] with weight r + 1 to `round`; the means.
 std::vector<std::vector<float>> allreduce(std::vector<std::shared_ptr<NetworkCollective>>& g,
