@@ -231,15 +231,21 @@ int run_launched_rank(const JobOptions& jo, const LaunchFlags& lf, const Launch&
     mpi = std::move(started).value();
     po.collective = mpi->collective();
   }
-  if (role->role != RankRole::coordinator) return run_rank_role(lf, launch, *role, config, *address, std::move(po));
+  // A rank that fails under --collective mpi ends them all (the others may
+  // be inside MPI_Allreduce, waiting for it).
+  auto end = [&](int code) {
+    if (mpi && code != kExitOk) mpi->abort(code);
+    return code;
+  };
+  if (role->role != RankRole::coordinator) return end(run_rank_role(lf, launch, *role, config, *address, std::move(po)));
   auto listen = coordinator_listen(lf, launch.coordinator, *address);
   if (!listen) {
     print_error(listen.status().message());
-    return kExitUsage;
+    return end(kExitUsage);
   }
   po.listen = *listen;
   po.rank_hosts = launch.rank_hosts;
-  return run_rank_coordinator(jo, lf, config, std::move(po));
+  return end(run_rank_coordinator(jo, lf, config, std::move(po)));
 }
 
 }  // namespace asgd::cli

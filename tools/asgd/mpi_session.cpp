@@ -17,6 +17,7 @@
 #include <spdlog/fmt/fmt.h>
 
 #include <condition_variable>
+#include <cstdlib>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -188,6 +189,10 @@ class OpenMpiSession final : public MpiSession {
     MPI_Finalize();
   }
   std::shared_ptr<messaging::NetworkCollective> collective() override { return collective_; }
+  [[noreturn]] void abort(int code) override {
+    MPI_Abort(MPI_COMM_WORLD, code);
+    std::_Exit(code);  // MPI_Abort does not return; should it, the rank still ends
+  }
 
  private:
   MPI_Comm workers_;

@@ -22,6 +22,9 @@ class MpiSession {
   virtual ~MpiSession() = default;
   /// A worker's collective over the workers' communicator (null on other roles).
   virtual std::shared_ptr<messaging::NetworkCollective> collective() = 0;
+  /// This rank failed: ends every rank of the job now (MPI_Abort), as the
+  /// others' all-reduces would otherwise wait for it in MPI for good.
+  [[noreturn]] virtual void abort(int code) = 0;
 };
 
 }  // namespace asgd::cli
