@@ -88,6 +88,115 @@ nlohmann::json to_json(const JobSummary& s) {
   return j;
 }
 
+namespace {
+
+// j[key] as a T; a null one as `none` (a field to_json writes as null when
+// it has no value). Throws nlohmann's type_error or out_of_range.
+template <class T>
+T field(const nlohmann::json& j, const char* key, T none = T{}) {
+  const nlohmann::json& v = j.at(key);
+  return v.is_null() ? none : v.get<T>();
+}
+
+WorkerPhases phases_from_json(const nlohmann::json& j) {
+  WorkerPhases p;
+  p.wall_s = field<double>(j, "wall_s");
+  p.data_wait_s = field<double>(j, "data_wait_s");
+  p.forward_s = field<double>(j, "forward_s");
+  p.backward_s = field<double>(j, "backward_s");
+  p.device_s = field<double>(j, "device_s");
+  p.delay_s = field<double>(j, "delay_s");
+  p.push_pull_s = field<double>(j, "push_pull_s");
+  p.policy_wait_s = field<double>(j, "policy_wait_s");
+  p.other_s = field<double>(j, "other_s");
+  return p;
+}
+
+std::vector<WorkerPhases> phases_list(const nlohmann::json& j) {
+  std::vector<WorkerPhases> out;
+  for (const auto& p : j.at("worker_phases")) out.push_back(phases_from_json(p));
+  return out;
+}
+
+template <class F>
+auto reading(const char* record, F read) -> Result<decltype(read())> {
+  try {
+    return read();
+  } catch (const nlohmann::json::exception& e) {
+    return Status::InvalidArgument(std::string("a metrics \"") + record + "\" record: " + e.what());
+  }
+}
+
+}  // namespace
+
+Result<EpochMetrics> epoch_from_json(const nlohmann::json& j) {
+  return reading("epoch", [&] {
+    EpochMetrics m;
+    m.epoch = field<std::uint32_t>(j, "epoch");
+    m.wall_s = field<double>(j, "wall_s");
+    m.train_loss = field<double>(j, "train_loss", std::nan(""));
+    m.val_accuracy = field<double>(j, "val_accuracy");
+    m.samples_per_s = field<double>(j, "samples_per_s");
+    m.updates = field<std::uint64_t>(j, "updates");
+    m.worker_phases = phases_list(j);
+    return m;
+  });
+}
+
+Result<EvalPoint> eval_from_json(const nlohmann::json& j) {
+  return reading("eval", [&] {
+    EvalPoint e;
+    e.wall_s = field<double>(j, "wall_s");
+    e.val_accuracy = field<double>(j, "val_accuracy");
+    e.updates = field<std::uint64_t>(j, "updates");
+    e.samples = field<std::uint64_t>(j, "samples");
+    e.train_loss = field<double>(j, "train_loss", std::nan(""));
+    return e;
+  });
+}
+
+Result<JobSummary> summary_from_json(const nlohmann::json& j) {
+  return reading("summary", [&] {
+    JobSummary s;
+    s.policy = field<std::string>(j, "policy");
+    if (!j.at("staleness").is_null()) s.staleness = j.at("staleness").get<std::uint32_t>();
+    s.workers = field<std::uint32_t>(j, "workers");
+    s.shards = field<std::uint32_t>(j, "shards");
+    s.device = field<std::string>(j, "device");
+    s.model = field<std::string>(j, "model");
+    s.dataset = field<std::string>(j, "dataset");
+    s.epochs = field<std::uint32_t>(j, "epochs");
+    s.wall_s = field<double>(j, "wall_s");
+    s.train_s = field<double>(j, "train_s");
+    s.samples_per_s = field<double>(j, "samples_per_s");
+    s.final_test_accuracy = field<double>(j, "final_test_accuracy");
+    if (!j.at("time_to_target_s").is_null()) s.time_to_target_s = j.at("time_to_target_s").get<double>();
+    s.updates_applied = field<std::uint64_t>(j, "updates_applied");
+    s.staleness_mean = field<double>(j, "staleness_mean");
+    s.staleness_p99 = field<double>(j, "staleness_p99");
+    s.staleness_max = field<double>(j, "staleness_max");
+    s.staleness_histogram = field<std::vector<std::uint64_t>>(j, "staleness_histogram");
+    s.worker_batch = field<std::vector<std::uint32_t>>(j, "worker_batch");
+    s.worker_wait_s = field<std::vector<double>>(j, "worker_wait_s");
+    s.worker_phases = phases_list(j);
+    s.shard_optimizer_s = field<std::vector<double>>(j, "shard_optimizer_s");
+    s.evaluation_s = field<double>(j, "evaluation_s");
+    const nlohmann::json& e = j.at("energy");
+    s.energy.measured = field<bool>(e, "measured");
+    s.energy.reason = field<std::string>(e, "reason");
+    s.energy.joules = field<double>(e, "joules");
+    s.energy.seconds = field<double>(e, "seconds");
+    for (const auto& [device, joules] : e.at("devices").items()) s.energy.devices.push_back({device, joules.get<double>()});
+    s.malformed_frames = field<std::uint64_t>(j, "malformed_frames");
+    s.nonfinite_rejected = field<std::uint64_t>(j, "nonfinite_rejected");
+    s.workers_lost = field<std::uint32_t>(j, "workers_lost");
+    s.shard_restarts = field<std::uint32_t>(j, "shard_restarts");
+    s.workers_rejoined = field<std::uint32_t>(j, "workers_rejoined");
+    s.checkpoint_failures = field<std::uint64_t>(j, "checkpoint_failures");
+    return s;
+  });
+}
+
 Result<MetricsWriter> MetricsWriter::open(const std::string& path, bool append) {
   MetricsWriter w;
   w.path_ = path;

@@ -19,6 +19,13 @@ nlohmann::json to_json(const EpochMetrics& m);
 nlohmann::json to_json(const EvalPoint& e);
 nlohmann::json to_json(const JobSummary& s);
 
+/// The records back from a metrics file (asgd compare --processes reads
+/// each run's): the inverse of to_json. Errors: invalid_argument naming the
+/// field that is missing or of another type.
+Result<EpochMetrics> epoch_from_json(const nlohmann::json& j);
+Result<EvalPoint> eval_from_json(const nlohmann::json& j);
+Result<JobSummary> summary_from_json(const nlohmann::json& j);
+
 /// Appends records to a file, flushing each line so a crash loses at most
 /// the line being written. Not thread-safe.
 class MetricsWriter {

@@ -11,6 +11,7 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -105,6 +106,40 @@ TEST(CompareCli, RunsEveryPolicyForEveryRepeatAndWritesTheCsvFilesTheReportAndOn
   const std::string report = slurp(out / "report.html");
   EXPECT_NE(report.find("Consistency policies compared"), std::string::npos);
   for (const char* id : {"bsp-w2-r0", "ssp:2-w2-r1", "async-w2-r1"}) EXPECT_NE(report.find(id), std::string::npos) << id;
+}
+
+// --processes: each run as asgd cluster (a coordinator, a shard and the
+// workers as processes), the parameter-server and the decentralized
+// policies alike; the same files, read back from each run's metrics.
+TEST(CompareCli, RunsEachJobAsProcessesWithProcessesAndRefusesHogwildThere) {
+  ASGD_REQUIRE_DATASET(mnist, "mnist");
+  const asgd_test::TempDir dir;
+  const fs::path out = dir / "cmp";
+  const CliRun r = asgd("compare --processes --policies bsp,allreduce,gossip:2 --workers 2 --epochs 1 --data-dir " +
+                        mnist.string() + " --out " + out.string());
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const auto results = csv_rows(out / "results.csv");
+  ASSERT_EQ(results.size(), 4u) << slurp(out / "results.csv");
+  const auto& header = results[0];
+  for (std::size_t i = 1; i < results.size(); ++i) {
+    const auto& row = results[i];
+    EXPECT_GT(std::stod(row[column(header, "final_test_accuracy")]), 0.9) << row[0];
+    EXPECT_GT(std::stod(row[column(header, "samples_per_s")]), 0.0) << row[0];
+    EXPECT_FALSE(row[column(header, "time_to_target_s")].empty()) << row[0];
+    for (const char* ext : {".jsonl", ".toml", ".log"}) EXPECT_TRUE(fs::exists(out / "runs" / (row[0] + ext))) << row[0] << ext;
+  }
+  EXPECT_EQ(results[1][column(header, "policy")], "bsp");
+  EXPECT_EQ(results[1][column(header, "shards")], "1");
+  EXPECT_EQ(results[3][column(header, "staleness")], "2");  // gossip:2
+  const auto curves = csv_rows(out / "curves.csv");
+  std::map<std::string, int> epochs_per_run;
+  for (std::size_t i = 1; i < curves.size(); ++i) epochs_per_run[curves[i][0]] += curves[i][column(curves[0], "kind")] == "epoch";
+  EXPECT_EQ(epochs_per_run.size(), 3u);
+  for (const auto& [run, n] : epochs_per_run) EXPECT_EQ(n, 1) << run;
+  EXPECT_NE(slurp(out / "report.html").find("--processes"), std::string::npos) << "the report's command says how it ran";
+  expect_one_line_error(asgd("compare --processes --policies hogwild,async --data-dir " + mnist.string() + " --out " +
+                             (dir / "h").string()),
+                        2, "hogwild");
 }
 
 // A device list gives each worker count its first devices: the study's

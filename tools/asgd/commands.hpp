@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 
 #include <cstdlib>
+#include <filesystem>
 #include <functional>
 #include <map>
 #include <optional>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "asgd/job.hpp"
+#include "experiments/compare.hpp"
 #include "runtime/launcher.hpp"
 
 namespace asgd::cli {
@@ -161,6 +163,15 @@ struct LaunchFlags {
   bool shared_memory = true;       ///< --shared-memory: large tensors to processes on this host through it
   std::string collective = "own";  ///< --collective own | mpi: the workers' all-reduce (mpi: MPI_Allreduce)
 };
+
+/// asgd compare --processes: one run as `asgd cluster` in a child process
+/// (tools/asgd/compare_processes.cpp), `config` written to RUNS/ID.toml, its
+/// output to RUNS/ID.log; `rec` with the run's curve and summary read back
+/// from config.metrics_out. Errors: cancelled (`stop`), internal (the job
+/// failed: its exit status and last lines), and the metrics file's.
+Result<experiments::RunRecord> run_as_processes(const JobConfig& config, experiments::RunRecord rec,
+                                                const std::filesystem::path& runs, const std::string& id,
+                                                std::stop_token stop);
 
 /// One rank of a launched job: the coordinator, a shard or a worker by its
 /// rank; the process's exit status.

@@ -1,6 +1,8 @@
 // `asgd compare`: the same job under each policy (and worker count), each
 // repeated with seeds seed, seed+1, ..., run one after another in this
-// process; results.csv, curves.csv, report.html and runs/*.jsonl in --out.
+// process (or, --processes, each as processes on this machine:
+// compare_processes.cpp); results.csv, curves.csv, report.html and
+// runs/*.jsonl in --out.
 
 #include <algorithm>
 #include <chrono>
@@ -16,6 +18,7 @@
 #include "experiments/compare.hpp"
 #include "experiments/report.hpp"
 #include "policies/registry.hpp"
+#include "runtime/cluster.hpp"
 #include "runtime/config_file.hpp"
 #include "tools/asgd/commands.hpp"
 
@@ -31,6 +34,7 @@ struct CompareOptions {
   std::string policies;
   std::uint32_t repeats = 1;
   std::string out;
+  bool processes = false;  ///< each run as asgd cluster (a process per role) instead of in this process
 };
 
 // Where the timings came from, for the report: "2 CPU cores (Intel Xeon ...)".
@@ -69,7 +73,7 @@ std::string shell_quote(const std::string& s) {
 // The command as given, for the report's header.
 std::string command_line(const CompareOptions& o) {
   std::string out = "asgd compare --policies " + shell_quote(o.policies) + " --repeats " + std::to_string(o.repeats) +
-                    " --out " + shell_quote(o.out);
+                    " --out " + shell_quote(o.out) + (o.processes ? " --processes" : "");
   if (!o.job.config_file.empty()) out += " --config " + shell_quote(o.job.config_file);
   for (const auto& [key, opt] : o.job.options)
     if (opt->count() > 0) out += " --" + key + " " + shell_quote(o.job.flags.at(key));
@@ -218,7 +222,10 @@ std::optional<int> plan_comparison(const CompareOptions& o, Comparison& c) {
   c.base.metrics_out.clear();
   for (std::uint32_t w : c.worker_counts)
     for (const std::string& p : c.policies) {
-      if (Status s = validate(experiments::config_for_run(c.base, p, w, 0)); !s.ok()) {
+      const JobConfig run = experiments::config_for_run(c.base, p, w, 0);
+      Status s = validate(run);
+      if (s.ok() && o.processes) s = validate_for_cluster(run, WorkersOn::this_host);
+      if (!s.ok()) {
         const std::string with = c.worker_counts.size() > 1 ? "with --workers " + std::to_string(w) + ": " : "";
         print_error("--policies " + o.policies + ": " + with + s.message());
         return kExitUsage;
@@ -227,10 +234,25 @@ std::optional<int> plan_comparison(const CompareOptions& o, Comparison& c) {
   return std::nullopt;
 }
 
+// A run's record completed from its summary: energy, the curve in time
+// order, and each epoch's samples (`total_samples`, or when 0, from the
+// summary: samples_per_s is training samples / train_s).
+RunRecord finish_record(RunRecord rec, std::uint64_t total_samples) {
+  if (rec.summary.energy.measured) {
+    rec.energy_j = rec.summary.energy.joules;
+    rec.edp_js = rec.summary.energy.edp_js();
+  }
+  std::stable_sort(rec.curve.begin(), rec.curve.end(), [](const auto& a, const auto& b) { return a.wall_s < b.wall_s; });
+  if (total_samples == 0)
+    total_samples = static_cast<std::uint64_t>(std::llround(rec.summary.samples_per_s * rec.summary.train_s));
+  experiments::fill_epoch_samples(rec, total_samples);
+  return rec;
+}
+
 // One run of the comparison: its record, or why it failed (cancelled when
 // interrupted).
 Result<RunRecord> run_one(const Comparison& c, const fs::path& dir, const std::string& policy, std::uint32_t workers,
-                          std::uint32_t repeat, std::stop_token stop, std::string& id) {
+                          std::uint32_t repeat, bool processes, std::stop_token stop, std::string& id) {
   RunRecord rec;
   rec.policy = policy;
   rec.workers = workers;
@@ -240,6 +262,11 @@ Result<RunRecord> run_one(const Comparison& c, const fs::path& dir, const std::s
   id = experiments::run_id(rec);
   config.metrics_out = (dir / "runs" / (id + ".jsonl")).string();
   if (!c.base.checkpoint_dir.empty()) config.checkpoint_dir = (fs::path(c.base.checkpoint_dir) / id).string();
+  if (processes) {
+    auto ran = run_as_processes(config, std::move(rec), dir / "runs", id, stop);
+    if (!ran) return ran.status();
+    return finish_record(std::move(ran).value(), 0);
+  }
 
   std::mutex mu;  // the callbacks come from runtime threads
   std::uint64_t total_samples = 0;
@@ -259,17 +286,7 @@ Result<RunRecord> run_one(const Comparison& c, const fs::path& dir, const std::s
   auto result = run_job(config, callbacks, stop);
   if (!result) return result.status();
   rec.summary = *result;
-  if (rec.summary.energy.measured) {
-    rec.energy_j = rec.summary.energy.joules;
-    rec.edp_js = rec.summary.energy.edp_js();
-  }
-  std::stable_sort(rec.curve.begin(), rec.curve.end(), [](const auto& a, const auto& b) { return a.wall_s < b.wall_s; });
-  // samples_per_s is training samples / train_s, so their product is the
-  // run's training samples.
-  if (total_samples == 0)
-    total_samples = static_cast<std::uint64_t>(std::llround(rec.summary.samples_per_s * rec.summary.train_s));
-  experiments::fill_epoch_samples(rec, total_samples);
-  return rec;
+  return finish_record(std::move(rec), total_samples);
 }
 
 // The files' last write, the summary, and the exit code.
@@ -349,7 +366,7 @@ int run_compare(const CompareOptions& o) {
       for (const std::string& p : c.policies) {
         if (failure || interrupts.token().stop_requested()) break;
         std::string id;
-        auto rec = run_one(c, dir, p, w, r, interrupts.token(), id);
+        auto rec = run_one(c, dir, p, w, r, o.processes, interrupts.token(), id);
         if (!rec) {
           if (rec.status().code() != StatusCode::cancelled) {
             failure = rec.status();
@@ -382,6 +399,9 @@ std::function<int()> add_compare_command(CLI::App& app) {
       ->type_name("R");
   cmd->add_option("--out", opts->out, "folder for results.csv, curves.csv, report.html and runs/ (created)")
       ->type_name("DIR");
+  cmd->add_flag("--processes", opts->processes,
+                "run each job as processes on this machine, as asgd cluster does (a coordinator, the shards and the "
+                "workers each a process), instead of in this process");
   add_job_flags(cmd, opts->job, true);
   // What differs from train's flags.
   opts->job.options.at("workers")->description("worker actors, >= 1; here also a list such as 1,2,4 (every count runs)");

@@ -1,0 +1,89 @@
+// The metrics file's records read back (runtime/metrics.hpp): what to_json
+// writes, *_from_json returns, for asgd compare --processes, which reads
+// each run's file; a record with a field missing or of another type is an
+// error that names it.
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "runtime/metrics.hpp"
+
+namespace asgd {
+namespace {
+
+WorkerPhases phases(double base) {
+  return {base, base + 0.1, base + 0.2, base + 0.3, 0.0, 0.05, base + 0.4, base + 0.25, 0.01};
+}
+
+TEST(MetricsRecords, ASummaryWrittenAndReadBackIsTheSame) {
+  JobSummary s;
+  s.policy = "ssp";
+  s.staleness = 3;
+  s.workers = 2;
+  s.shards = 1;
+  s.device = "cpu";
+  s.model = "mlp";
+  s.dataset = "mnist";
+  s.epochs = 3;
+  s.wall_s = 4.5;
+  s.train_s = 3.25;
+  s.samples_per_s = 50768.5;
+  s.final_test_accuracy = 0.9777;
+  s.time_to_target_s = 1.5;
+  s.updates_applied = 2580;
+  s.staleness_mean = 1.38;
+  s.staleness_p99 = 3;
+  s.staleness_max = 3;
+  s.staleness_histogram = {10, 20, 30, 5};
+  s.worker_batch = {64, 64};
+  s.worker_wait_s = {0.1, 0.2};
+  s.worker_phases = {phases(1.0), phases(2.0)};
+  s.shard_optimizer_s = {0.7};
+  s.evaluation_s = 0.3;
+  s.energy.measured = true;
+  s.energy.devices = {{"cpu package 0", 30.0}, {"dram 0", 2.5}};
+  s.energy.joules = 32.5;
+  s.energy.seconds = 4.0;
+  s.workers_lost = 1;
+  s.checkpoint_failures = 2;
+  auto back = summary_from_json(to_json(s));
+  ASSERT_TRUE(back.ok()) << back.status().to_string();
+  EXPECT_EQ(to_json(*back), to_json(s));
+  EXPECT_EQ(back->staleness, 3u);
+  EXPECT_EQ(back->energy.edp_js(), s.energy.edp_js());
+
+  JobSummary none;  // no staleness bound, no target reached, energy not measured
+  none.energy.reason = "no RAPL here";
+  auto empty = summary_from_json(to_json(none));
+  ASSERT_TRUE(empty.ok()) << empty.status().to_string();
+  EXPECT_FALSE(empty->staleness);
+  EXPECT_FALSE(empty->time_to_target_s);
+  EXPECT_EQ(empty->energy.reason, "no RAPL here");
+}
+
+TEST(MetricsRecords, EpochsAndEvaluationsReadBackAndAMissingLossIsNaN) {
+  EpochMetrics m{2, 3.5, 0.25, 0.97, 40000.0, 860, {phases(1.0)}};
+  auto e = epoch_from_json(to_json(m));
+  ASSERT_TRUE(e.ok());
+  EXPECT_EQ(to_json(*e), to_json(m));
+  EvalPoint p{1.25, 0.95, 400, 25600, std::nan("")};  // no batch reported since the last point
+  auto q = eval_from_json(to_json(p));
+  ASSERT_TRUE(q.ok());
+  EXPECT_TRUE(std::isnan(q->train_loss));
+  EXPECT_EQ(q->samples, 25600u);
+}
+
+TEST(MetricsRecords, ARecordWithAFieldMissingOrMistypedIsAnErrorNamingIt) {
+  auto j = to_json(JobSummary{});
+  j.erase("train_s");
+  auto missing = summary_from_json(j);
+  ASSERT_FALSE(missing.ok());
+  EXPECT_NE(missing.status().message().find("train_s"), std::string::npos) << missing.status().message();
+  auto epoch = to_json(EpochMetrics{});
+  epoch["updates"] = "many";
+  EXPECT_EQ(epoch_from_json(epoch).status().code(), StatusCode::invalid_argument);
+}
+
+}  // namespace
+}  // namespace asgd
