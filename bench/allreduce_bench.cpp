@@ -11,9 +11,12 @@
 // workers on one host are). After each, `mpirun -np N` runs this program's
 // allreduce-mpi (built where Open MPI's headers are found), timed the same
 // way, over tcp (btl self,tcp), then over shared memory (btl self,vader).
+// Our ranks are bound to cores as mpirun binds its ranks by default (each
+// to a core of its own when the cores suffice).
 // Ours computes the samples-weighted mean the policy needs, MPI a plain sum.
 
 #include <fcntl.h>
+#include <sched.h>
 #include <spawn.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -48,6 +51,7 @@ struct AllreduceOptions {
   std::uint32_t processes = 2;
   std::vector<std::string> sizes = {"1M", "4M", "16M"};
   int iterations = 20;
+  int rounds = 1;  // of the four sides (ours and MPI, tcp and shared memory), medians over them
   std::string compress = "none";  // fp16: ours sends its chunks as float16 (MPI stays float32)
   bool json = false;
   // A rank's: its index, the scratch folder, and whether its all-reduce may
@@ -110,7 +114,20 @@ Status allreduce_once(messaging::Collective& c, std::uint32_t rank, messaging::R
   return {};
 }
 
+// Our ranks are bound as mpirun binds its own by default: each to a core of
+// its own when there are at least as many cores as ranks (rank r to core
+// r), unbound otherwise. Before any thread starts, so that all inherit it.
+void bind_like_mpirun(const AllreduceOptions& o) {
+  const unsigned cores = std::thread::hardware_concurrency();
+  if (cores == 0 || o.processes > cores) return;
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  CPU_SET(o.rank, &set);
+  (void)sched_setaffinity(0, sizeof set, &set);  // best effort: unbound, it only runs slower
+}
+
 int run_rank(const AllreduceOptions& o) {
+  bind_like_mpirun(o);
   auto counts = float_counts(o.sizes);
   auto made = messaging::make_zmq_collective("tcp://127.0.0.1:*");
   if (!counts || !made) {
@@ -209,6 +226,7 @@ Result<std::map<std::uint64_t, double>> measure_ours(const AllreduceOptions& o, 
                                                      const std::string& shared_memory) {
   const std::string self = fs::read_symlink("/proc/self/exe").string();
   const fs::path dir = parent / ("ours-" + shared_memory);
+  fs::remove_all(dir);  // a round before left its ranks' endpoints here
   fs::create_directories(dir);
   std::vector<std::thread> ranks;
   std::vector<std::optional<int>> codes(o.processes);
@@ -261,21 +279,40 @@ int run_allreduce(const AllreduceOptions& o) {
   }
   const fs::path dir = fs::temp_directory_path() / ("asgd-bench-allreduce-" + std::to_string(getpid()));
   fs::create_directories(dir);
-  auto ours_tcp = measure_ours(o, dir, "off");
-  const auto mpi_tcp = measure_mpi(o, dir, "self,tcp");
-  auto ours_shm = measure_ours(o, dir, "on");
-  const auto mpi_shm = measure_mpi(o, dir, "self,vader");
-  fs::remove_all(dir);
-  for (const auto* ours : {&ours_tcp, &ours_shm})
-    if (!ours->ok()) {
-      print_error(ours->status().message());
-      return kExitFailure;
+  // Each round runs the four sides one after another; over rounds, each
+  // side's median per size (the machine's speed drifts between them).
+  std::vector<std::map<std::uint64_t, double>> runs[4];
+  for (int round = 0; round < o.rounds; ++round) {
+    for (const char* shm : {"off", "on"}) {
+      auto ours = measure_ours(o, dir, shm);
+      if (!ours) {
+        fs::remove_all(dir);
+        print_error(ours.status().message());
+        return kExitFailure;
+      }
+      const bool tcp = std::string(shm) == "off";
+      runs[tcp ? 0 : 2].push_back(*ours);
+      runs[tcp ? 1 : 3].push_back(measure_mpi(o, dir, tcp ? "self,tcp" : "self,vader"));
     }
+  }
+  fs::remove_all(dir);
+  auto medians = [&](int side) {
+    std::map<std::uint64_t, double> out;
+    for (std::uint64_t n : *counts) {
+      std::vector<double> t;
+      for (const auto& run : runs[side])
+        if (auto it = run.find(n); it != run.end()) t.push_back(it->second);
+      if (!t.empty()) out[n] = median(t);
+    }
+    return out;
+  };
+  const auto ours_tcp = medians(0), mpi_tcp = medians(1), ours_shm = medians(2), mpi_shm = medians(3);
   nlohmann::json sizes = nlohmann::json::array();
   if (!o.json)
-    std::printf("%u processes, bus bandwidth 2(N-1)/N x float32 bytes / time, GB/s (median of %d all-reduces%s)\n"
+    std::printf("%u processes, bus bandwidth 2(N-1)/N x float32 bytes / time, GB/s (median of %d all-reduces%s%s)\n"
                 "%10s  %9s  %9s  %9s  %6s  %9s\n",
-                o.processes, o.iterations, o.compress == "fp16" ? "; ours sends float16" : "", "floats", "transport",
+                o.processes, o.iterations, o.rounds > 1 ? (", then of " + std::to_string(o.rounds) + " rounds").c_str() : "",
+                o.compress == "fp16" ? "; ours sends float16" : "", "floats", "transport",
                 "ours", "mpi", "ratio", "ours ms");
   auto value = [](const std::map<std::uint64_t, double>& m, std::uint64_t n) {
     const auto it = m.find(n);
@@ -284,7 +321,7 @@ int run_allreduce(const AllreduceOptions& o) {
   for (std::uint64_t n : *counts) {
     for (const char* transport : {"tcp", "shm"}) {
       const bool tcp = std::string(transport) == "tcp";
-      const double t = value(tcp ? *ours_tcp : *ours_shm, n);
+      const double t = value(tcp ? ours_tcp : ours_shm, n);
       const double ours_gbps = bus_gbps(n, o.processes, t);
       const double mpi_t = value(tcp ? mpi_tcp : mpi_shm, n);
       const double mpi_gbps = bus_gbps(n, o.processes, mpi_t);
@@ -303,7 +340,7 @@ int run_allreduce(const AllreduceOptions& o) {
   }
   if (o.json)
     std::printf("%s\n",
-                nlohmann::json{{"processes", o.processes}, {"compress", o.compress}, {"sizes", sizes}}.dump().c_str());
+                nlohmann::json{{"processes", o.processes}, {"rounds", o.rounds}, {"compress", o.compress}, {"sizes", sizes}}.dump().c_str());
   return kExitOk;
 }
 
@@ -325,6 +362,11 @@ AllreduceBench add_allreduce_bench(CLI::App* bench) {
       ->delimiter(',');
   cmd->add_option("--iterations", o->iterations, "timed all-reduces per size, at least 1 (default 20)")
       ->type_name("N")
+      ->check(positive());
+  cmd->add_option("--rounds", o->rounds,
+                  "times the four sides run, one after another, each then its median (default 1; the machine's speed "
+                  "drifts)")
+      ->type_name("R")
       ->check(positive());
   cmd->add_option("--compress", o->compress, "none | fp16: ours sends its chunks as float16 (default none)")
       ->type_name("NAME");

@@ -18,11 +18,12 @@ bool has_mpirun() { return std::system("command -v mpirun > /dev/null 2>&1") == 
 
 TEST(BenchAllreduceCli, MeasuresOursAndOpenMpisBusBandwidthPerSizeAndTransport) {
   if (!has_bench()) GTEST_SKIP() << "asgd built without benchmarks";
-  const CliRun r = asgd("bench allreduce --processes 3 --sizes 64K,100003 --iterations 2 --json");
+  const CliRun r = asgd("bench allreduce --processes 3 --sizes 64K,100003 --iterations 2 --rounds 2 --json");
   ASSERT_EQ(r.exit_code, 0) << r.err;
   nlohmann::json j;
   ASSERT_NO_THROW(j = nlohmann::json::parse(r.out)) << r.out;
   EXPECT_EQ(j["processes"], 3);
+  EXPECT_EQ(j["rounds"], 2);
   ASSERT_EQ(j["sizes"].size(), 4u) << j.dump();  // tcp and shm for each size
   for (const auto& row : j["sizes"]) {
     for (const char* field : {"floats", "transport", "ours_gbps", "mpi_gbps", "ratio"})
@@ -52,6 +53,7 @@ TEST(BenchAllreduceCli, ABadSizeOrProcessCountIsAUsageError) {
   if (!has_bench()) GTEST_SKIP() << "asgd built without benchmarks";
   asgd_test::expect_one_line_error(asgd("bench allreduce --sizes 4Q"), 2, "4Q");
   EXPECT_EQ(asgd("bench allreduce --processes 1").exit_code, 2);
+  EXPECT_EQ(asgd("bench allreduce --rounds 0").exit_code, 2);
 }
 
 }  // namespace
