@@ -71,9 +71,12 @@ class Supervision {
     for (auto& e : earlier) listener(std::move(e));
   }
   /// Set by the supervisor's side before the job starts; the coordinator
-  /// calls it (from one of its threads) when shard `index`'s process `pid`
-  /// has sent no heartbeat for --heartbeat-timeout.
-  std::function<void(std::uint32_t index, std::uint32_t pid)> on_silent_shard;
+  /// calls it (from one of its threads) when a process that has not exited
+  /// should be ended: shard `index`'s process `pid` sent no heartbeat for
+  /// --heartbeat-timeout, or worker `index`'s was declared lost under
+  /// allreduce or gossip (the others' collective no longer waits for it, so
+  /// it must not write to their shared all-reduce after all).
+  std::function<void(bool shard, std::uint32_t index, std::uint32_t pid)> on_silent;
 
  private:
   std::mutex mu_;

@@ -299,9 +299,9 @@ void check_silence(Self self) {
                                          i, m.reg.pid, m.reg.host, cfg.heartbeat_timeout_s);
     // A stopped or hung process never exits: its supervisor ends it, then
     // restarts it or says it will not (exited).
-    if (st.setup.supervision && st.setup.supervision->on_silent_shard) {
+    if (st.setup.supervision && st.setup.supervision->on_silent) {
       logger().warn("{}: asking the supervisor to end it", what);
-      st.setup.supervision->on_silent_shard(i, m.reg.pid);
+      st.setup.supervision->on_silent(true, i, m.reg.pid);
     } else if (!cfg.checkpoint_dir.empty() && cfg.checkpoint_every_s > 0) {
       logger().warn("{}: waiting for it to be restarted; workers wait for it up to --rpc-timeout ({:g} s)", what,
                    cfg.rpc_timeout_s);
@@ -435,11 +435,19 @@ caf::behavior running(Self self) {
         if (w < s.workers.size() && s.workers[w]) tell_to_stop(self, s.workers[w]->peer, why);
       },
       [self](leave_atom, std::uint32_t w) {
-        // Worker w is lost: the others' collectives stop waiting for it.
+        // Worker w is lost: the others' collectives stop waiting for it, and
+        // its process, if it has not exited (stopped, hung), is ended.
         auto& s = self->state;
         for (std::size_t i = 0; i < s.workers.size(); ++i)
           if (i != w && s.workers[i])
             s.bridge->send(s.workers[i]->peer, encode(ClockNotice{w, 0, true}, s.bridge->next_id()));
+        if (w < s.workers.size() && s.workers[w] && !s.ended.count(s.workers[w]->reg.pid) && s.setup.supervision &&
+            s.setup.supervision->on_silent) {
+          logger().warn("worker {}'s process (pid {}) was declared lost but has not exited: asking the supervisor to "
+                        "end it",
+                        w, s.workers[w]->reg.pid);
+          s.setup.supervision->on_silent(false, w, s.workers[w]->reg.pid);
+        }
       },
       [self](Exited& e) { exited(self, e.exit); },
       [self](tick_atom) {

@@ -22,7 +22,7 @@ namespace asgd {
 
 namespace {
 
-constexpr std::string_view kSilentShard = "asgd supervision: silent shard ";
+constexpr std::string_view kSilent = "asgd supervision: silent ";
 constexpr std::string_view kListening = "coordinator listening on ";
 using SteadyClock = std::chrono::steady_clock;
 
@@ -171,7 +171,7 @@ void LocalCluster::supervise(std::stop_token stop) {
   while (true) {
     std::vector<std::string> silent;  // the coordinator's "silent shard" lines, to act on
     read_output(endpoint, silent);
-    end_silent_shards(silent);
+    end_silent(silent);
     for (auto& c : children_) c->reap(false);
     if (!started && !endpoint.empty()) {
       started = true;
@@ -201,7 +201,7 @@ void LocalCluster::supervise(std::stop_token stop) {
 }
 
 // Prints what the processes wrote (waiting up to 100 ms for any), and picks
-// the coordinator's endpoint and its "silent shard" lines out of its output.
+// the coordinator's endpoint and its "silent" lines out of its output.
 void LocalCluster::read_output(std::string& endpoint, std::vector<std::string>& silent) {
   std::vector<pollfd> fds;
   for (auto& c : children_)
@@ -214,19 +214,23 @@ void LocalCluster::read_output(std::string& endpoint, std::vector<std::string>& 
     for (const auto& line : c->pump()) {
       if (c != children_[0]) continue;
       if (endpoint.empty() && line.starts_with(kListening)) endpoint = line.substr(kListening.size());
-      if (line.starts_with(kSilentShard)) silent.push_back(line.substr(kSilentShard.size()));
+      if (line.starts_with(kSilent)) silent.push_back(line.substr(kSilent.size()));
     }
   }
 }
 
-// A shard the coordinator found silent but that has not exited (stopped,
-// hung) is ended here, so it is restarted or given up on like a dead one.
-void LocalCluster::end_silent_shards(const std::vector<std::string>& silent) {
+// A shard the coordinator found silent, or a worker it declared lost, that
+// has not exited (stopped, hung) is ended here, so that it is restarted or
+// given up on like a dead one.
+void LocalCluster::end_silent(const std::vector<std::string>& silent) {
   for (const std::string& text : silent) {
+    char role[16] = {};
     std::uint32_t index = 0, pid = 0;
-    if (std::sscanf(text.c_str(), "%u pid %u", &index, &pid) != 2) continue;
+    if (std::sscanf(text.c_str(), "%15s %u pid %u", role, &index, &pid) != 3) continue;
+    const bool shard = std::string_view(role) == "shard";
+    if (!shard && std::string_view(role) != "worker") continue;
     for (auto& c : children_)
-      if (c->shard && c->index == index && c->pid == static_cast<pid_t>(pid) && !c->reap(false)) {
+      if (c->shard == shard && c->index == index && c->pid == static_cast<pid_t>(pid) && !c->reap(false)) {
         logger().warn("{} (pid {}) is silent but has not exited: ending it (SIGKILL)", c->name, c->pid);
         kill(c->pid, SIGKILL);
       }
@@ -333,8 +337,8 @@ void LocalCluster::drain_and_reap() {
     while (c->out >= 0) c->pump();
 }
 
-std::string silent_shard_line(std::uint32_t index, std::uint32_t pid) {
-  return std::string(kSilentShard) + std::to_string(index) + " pid " + std::to_string(pid);
+std::string silent_process_line(bool shard, std::uint32_t index, std::uint32_t pid) {
+  return std::string(kSilent) + (shard ? "shard " : "worker ") + std::to_string(index) + " pid " + std::to_string(pid);
 }
 
 void read_supervision(std::stop_token stop, const std::shared_ptr<Supervision>& supervision) {

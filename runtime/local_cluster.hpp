@@ -12,8 +12,8 @@
 // supervisor writes to the coordinator's stdin
 //   exited shard|worker INDEX PID restarting|final TEXT
 // and the coordinator prints on stdout
-//   asgd supervision: silent shard INDEX pid PID
-// (read_supervision and silent_shard_line below are the coordinator's side).
+//   asgd supervision: silent shard|worker INDEX pid PID
+// (read_supervision and silent_process_line below are the coordinator's side).
 
 #include <cstdint>
 #include <memory>
@@ -65,7 +65,7 @@ class LocalCluster {
  private:
   void supervise(std::stop_token stop);
   void read_output(std::string& endpoint, std::vector<std::string>& silent);
-  void end_silent_shards(const std::vector<std::string>& silent);
+  void end_silent(const std::vector<std::string>& silent);
   bool start_roles(const std::string& endpoint);
   void restart_dead(std::stop_token stop);
   void stop_all(int signal);
@@ -81,7 +81,7 @@ class LocalCluster {
 
 /// The line a supervised coordinator prints when shard `index`'s process
 /// `pid` is silent past --heartbeat-timeout.
-std::string silent_shard_line(std::uint32_t index, std::uint32_t pid);
+std::string silent_process_line(bool shard, std::uint32_t index, std::uint32_t pid);
 
 /// The coordinator's side: reads the supervisor's lines from standard input
 /// into `supervision` until `stop` or the supervisor is gone.

@@ -124,6 +124,39 @@ TEST_P(WorkerKilledInTheRing, TheOthersGoOnWithoutItAndTheJobFinishesAbove97Perc
               policy.c_str(), *noticed, summary["final_test_accuracy"].get<double>());
 }
 
+// A worker process stopped (SIGSTOP) under allreduce sends no heartbeat: the
+// coordinator declares it lost, the others' collective stops waiting for it,
+// and asgd cluster ends the stopped process (SIGKILL), so that it cannot wake
+// up later and write into the all-reduce the others share.
+TEST(DecentralizedCluster, AStoppedWorkerDeclaredLostIsEndedByTheSupervisorAndTheOthersFinish) {
+  ASGD_REQUIRE_DATASET(dir, "mnist");
+  const asgd_test::TempDir scratch;
+  const fs::path log = scratch / "cluster.log", metrics = scratch / "run.jsonl";
+  const pid_t cluster = asgd_test::start_asgd({"cluster", "--workers", "3", "--policy", "allreduce", "--epochs", "3",
+                                               "--data-dir", dir.string(), "--heartbeat-timeout", "2",
+                                               "--metrics-out", metrics.string()},
+                                              log);
+  ASSERT_GT(cluster, 0);
+  ASSERT_TRUE(asgd_test::wait_for_text(log, "worker 1: finished epoch 1:", std::chrono::seconds(120), cluster))
+      << read_file(log);
+  const auto victim = asgd_test::child_with_args(cluster, {"worker", "--index", "1"});
+  ASSERT_TRUE(victim) << "no worker 1 process under " << cluster;
+  ASSERT_EQ(kill(*victim, SIGSTOP), 0);
+  ASSERT_TRUE(asgd_test::wait_for_text(log, "was declared lost but has not exited", std::chrono::seconds(30), cluster))
+      << read_file(log);
+  const auto code = asgd_test::wait_exit(cluster, std::chrono::seconds(180));
+  if (!code) kill(*victim, SIGKILL);
+  ASSERT_TRUE(code) << "the cluster hung after worker 1 stopped:\n" << read_file(log);
+  EXPECT_EQ(*code, 0) << read_file(log);
+  const std::string text = read_file(log);
+  EXPECT_NE(text.find("is silent but has not exited: ending it (SIGKILL)"), std::string::npos) << text;
+  EXPECT_NE(kill(*victim, 0), 0) << "the stopped worker's process still exists";
+  const auto lines = asgd_test::read_jsonl(metrics);
+  ASSERT_FALSE(lines.empty());
+  EXPECT_EQ(lines.back()["workers_lost"], 1);
+  EXPECT_GE(lines.back()["final_test_accuracy"].get<double>(), 0.97) << lines.back().dump();
+}
+
 INSTANTIATE_TEST_SUITE_P(DecentralizedPolicies, WorkerKilledInTheRing, ::testing::Values("allreduce", "gossip:2"),
                          asgd_test::policy_test_name);
 

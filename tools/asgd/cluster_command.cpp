@@ -135,8 +135,8 @@ int run_coordinator(const JobOptions& jo, const ProcessFlags& pf) {
   std::jthread supervisor_lines;
   if (pf.supervised) {
     po.supervision = std::make_shared<Supervision>();
-    po.supervision->on_silent_shard = [](std::uint32_t index, std::uint32_t pid) {
-      std::printf("%s\n", silent_shard_line(index, pid).c_str());
+    po.supervision->on_silent = [](bool shard, std::uint32_t index, std::uint32_t pid) {
+      std::printf("%s\n", silent_process_line(shard, index, pid).c_str());
       std::fflush(stdout);
     };
     supervisor_lines = std::jthread(read_supervision, po.supervision);
