@@ -313,6 +313,22 @@ void check_silence(Self self) {
   }
 }
 
+// Worker w is lost (under allreduce or gossip): the others' collectives
+// stop waiting for it, and its process, if it has not exited (stopped,
+// hung), is ended, so that it cannot wake up and write into an all-reduce
+// the others share.
+void worker_lost(Self self, std::uint32_t w) {
+  auto& s = self->state;
+  for (std::size_t i = 0; i < s.workers.size(); ++i)
+    if (i != w && s.workers[i]) s.bridge->send(s.workers[i]->peer, encode(ClockNotice{w, 0, true}, s.bridge->next_id()));
+  if (w >= s.workers.size() || !s.workers[w] || s.ended.count(s.workers[w]->reg.pid) || !s.setup.supervision ||
+      !s.setup.supervision->on_silent)
+    return;
+  logger().warn("worker {}'s process (pid {}) was declared lost but has not exited: asking the supervisor to end it", w,
+                s.workers[w]->reg.pid);
+  s.setup.supervision->on_silent(false, w, s.workers[w]->reg.pid);
+}
+
 // The supervisor saw a process end: its slot is free at once.
 void exited(Self self, const ProcessExit& e) {
   auto& st = self->state;
@@ -434,21 +450,7 @@ caf::behavior running(Self self) {
         auto& s = self->state;
         if (w < s.workers.size() && s.workers[w]) tell_to_stop(self, s.workers[w]->peer, why);
       },
-      [self](leave_atom, std::uint32_t w) {
-        // Worker w is lost: the others' collectives stop waiting for it, and
-        // its process, if it has not exited (stopped, hung), is ended.
-        auto& s = self->state;
-        for (std::size_t i = 0; i < s.workers.size(); ++i)
-          if (i != w && s.workers[i])
-            s.bridge->send(s.workers[i]->peer, encode(ClockNotice{w, 0, true}, s.bridge->next_id()));
-        if (w < s.workers.size() && s.workers[w] && !s.ended.count(s.workers[w]->reg.pid) && s.setup.supervision &&
-            s.setup.supervision->on_silent) {
-          logger().warn("worker {}'s process (pid {}) was declared lost but has not exited: asking the supervisor to "
-                        "end it",
-                        w, s.workers[w]->reg.pid);
-          s.setup.supervision->on_silent(false, w, s.workers[w]->reg.pid);
-        }
-      },
+      [self](leave_atom, std::uint32_t w) { worker_lost(self, w); },
       [self](Exited& e) { exited(self, e.exit); },
       [self](tick_atom) {
         auto& s = self->state;
