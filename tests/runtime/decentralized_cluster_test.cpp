@@ -85,6 +85,31 @@ TEST(DecentralizedCluster, AllreduceAsProcessesOnOneHostLearnsTheSameBitsAsInOne
   EXPECT_EQ(processes.back()["final_test_accuracy"].get<double>(), one.back()["final_test_accuracy"].get<double>());
 }
 
+// `asgd cluster` with three workers under `policy`; once worker 1 has
+// finished its first epoch, its process gets `signal`. The cluster's pid, or
+// 0 after a failure already reported.
+pid_t signal_worker_1_after_epoch_1(const fs::path& data, const std::string& policy, const std::string& epochs,
+                                    const std::string& heartbeat, const fs::path& log, const fs::path& metrics,
+                                    int signal, pid_t* victim_out) {
+  const pid_t cluster = asgd_test::start_asgd({"cluster", "--workers", "3", "--policy", policy, "--epochs", epochs,
+                                               "--data-dir", data.string(), "--heartbeat-timeout", heartbeat,
+                                               "--metrics-out", metrics.string()},
+                                              log);
+  EXPECT_GT(cluster, 0);
+  if (cluster <= 0) return 0;
+  if (!asgd_test::wait_for_text(log, "worker 1: finished epoch 1:", std::chrono::seconds(120), cluster)) {
+    ADD_FAILURE() << read_file(log);
+    return 0;
+  }
+  const auto victim = asgd_test::child_with_args(cluster, {"worker", "--index", "1"});
+  if (!victim || kill(*victim, signal) != 0) {
+    ADD_FAILURE() << "no worker 1 process under " << cluster;
+    return 0;
+  }
+  *victim_out = *victim;
+  return cluster;
+}
+
 // A worker process killed mid-job: the coordinator declares it lost at once
 // (asgd cluster saw it end), tells the others, whose ring goes on without
 // it, and the job finishes; the process asgd cluster starts in its place is
@@ -96,16 +121,9 @@ TEST_P(WorkerKilledInTheRing, TheOthersGoOnWithoutItAndTheJobFinishesAbove97Perc
   const std::string policy = GetParam();
   const asgd_test::TempDir scratch;
   const fs::path log = scratch / "cluster.log", metrics = scratch / "run.jsonl";
-  const pid_t cluster = asgd_test::start_asgd({"cluster", "--workers", "3", "--policy", policy, "--epochs", "5",
-                                               "--data-dir", dir.string(), "--heartbeat-timeout", "3",
-                                               "--metrics-out", metrics.string()},
-                                              log);
+  pid_t victim = 0;
+  const pid_t cluster = signal_worker_1_after_epoch_1(dir, policy, "5", "3", log, metrics, SIGKILL, &victim);
   ASSERT_GT(cluster, 0);
-  ASSERT_TRUE(asgd_test::wait_for_text(log, "worker 1: finished epoch 1:", std::chrono::seconds(120), cluster))
-      << read_file(log);
-  const auto victim = asgd_test::child_with_args(cluster, {"worker", "--index", "1"});
-  ASSERT_TRUE(victim) << "no worker 1 process under " << cluster;
-  ASSERT_EQ(kill(*victim, SIGKILL), 0);
   const auto noticed = asgd_test::wait_for_text(log, "worker 1 is lost", std::chrono::seconds(30), cluster);
   ASSERT_TRUE(noticed) << read_file(log);
   EXPECT_LT(*noticed, 3.0) << "not declared lost within --heartbeat-timeout";
@@ -132,25 +150,18 @@ TEST(DecentralizedCluster, AStoppedWorkerDeclaredLostIsEndedByTheSupervisorAndTh
   ASGD_REQUIRE_DATASET(dir, "mnist");
   const asgd_test::TempDir scratch;
   const fs::path log = scratch / "cluster.log", metrics = scratch / "run.jsonl";
-  const pid_t cluster = asgd_test::start_asgd({"cluster", "--workers", "3", "--policy", "allreduce", "--epochs", "3",
-                                               "--data-dir", dir.string(), "--heartbeat-timeout", "2",
-                                               "--metrics-out", metrics.string()},
-                                              log);
+  pid_t victim = 0;
+  const pid_t cluster = signal_worker_1_after_epoch_1(dir, "allreduce", "3", "2", log, metrics, SIGSTOP, &victim);
   ASSERT_GT(cluster, 0);
-  ASSERT_TRUE(asgd_test::wait_for_text(log, "worker 1: finished epoch 1:", std::chrono::seconds(120), cluster))
-      << read_file(log);
-  const auto victim = asgd_test::child_with_args(cluster, {"worker", "--index", "1"});
-  ASSERT_TRUE(victim) << "no worker 1 process under " << cluster;
-  ASSERT_EQ(kill(*victim, SIGSTOP), 0);
   ASSERT_TRUE(asgd_test::wait_for_text(log, "was declared lost but has not exited", std::chrono::seconds(30), cluster))
       << read_file(log);
   const auto code = asgd_test::wait_exit(cluster, std::chrono::seconds(180));
-  if (!code) kill(*victim, SIGKILL);
+  if (!code) kill(victim, SIGKILL);
   ASSERT_TRUE(code) << "the cluster hung after worker 1 stopped:\n" << read_file(log);
   EXPECT_EQ(*code, 0) << read_file(log);
   const std::string text = read_file(log);
   EXPECT_NE(text.find("is silent but has not exited: ending it (SIGKILL)"), std::string::npos) << text;
-  EXPECT_NE(kill(*victim, 0), 0) << "the stopped worker's process still exists";
+  EXPECT_NE(kill(victim, 0), 0) << "the stopped worker's process still exists";
   const auto lines = asgd_test::read_jsonl(metrics);
   ASSERT_FALSE(lines.empty());
   EXPECT_EQ(lines.back()["workers_lost"], 1);
