@@ -97,10 +97,10 @@ bool RingReduce::take(const Piece& p, const Send& send) {
     } else if (w > 0) {
       weighted_add(dst, w, own, p.values.data(), n);
     } else {
-      std::memcpy(dst, p.values.data(), n * sizeof(float));
+      std::copy_n(p.values.data(), n, dst);
     }
   } else {
-    std::memcpy(dst, p.values.data(), n * sizeof(float));
+    std::copy_n(p.values.data(), n, dst);  // (not memcpy: an empty piece's data may be null)
     total_ = weight;
   }
   // The sum goes on, or (after m - 1 steps) the finished piece.

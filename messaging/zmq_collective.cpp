@@ -29,6 +29,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cstdint>
 #include <cstring>
 #include <map>
 #include <mutex>
@@ -483,10 +484,18 @@ class ZmqCollective final : public NetworkCollective {
       if (rejected_++ == 0) logger().warn("collective rank {}: dropped a malformed message; further ones are counted", rank_);
       return;
     }
-    std::span<const float> values(static_cast<const float*>(parts[1].data()), h.count);
+    // ZeroMQ may hand over a message's bytes at any address (small ones sit
+    // inside its receive buffer): they are read from an aligned copy then.
+    const void* bytes = parts[1].data();
+    if (reinterpret_cast<std::uintptr_t>(bytes) % alignof(float) != 0) {
+      aligned_.resize((parts[1].size() + sizeof(float) - 1) / sizeof(float));
+      std::memcpy(aligned_.data(), bytes, parts[1].size());
+      bytes = aligned_.data();
+    }
+    std::span<const float> values(static_cast<const float*>(bytes), h.coding == 1 ? 0 : h.count);
     if (h.coding == 1) {
       unpacked_.resize(h.count);
-      from_half(std::span(static_cast<const std::uint16_t*>(parts[1].data()), h.count), unpacked_);
+      from_half(std::span(static_cast<const std::uint16_t*>(bytes), h.count), unpacked_);
       values = unpacked_;
     }
     switch (h.kind) {
@@ -533,6 +542,7 @@ class ZmqCollective final : public NetworkCollective {
   bool half_ = false;                  // chunks as float16 (set before the I/O thread starts)
   std::vector<std::uint16_t> halves_;  // the I/O thread's: a piece on its way out, as float16
   std::vector<float> unpacked_;        // and one that came in, as float32
+  std::vector<float> aligned_;         // a message's bytes, when ZeroMQ's were not float-aligned
 
   mutable std::mutex mu_;
   std::vector<Op> ops_;       // local calls the I/O thread has not begun

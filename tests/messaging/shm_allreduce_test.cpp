@@ -6,6 +6,8 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cstdint>
+#include <cstdio>
 #include <filesystem>
 #include <thread>
 #include <vector>
@@ -30,18 +32,23 @@ std::vector<std::shared_ptr<NetworkCollective>> group(Rank n, std::chrono::milli
   });
 }
 
-std::size_t segments_in_dev_shm() {
-  std::size_t n = 0;
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator("/dev/shm", ec))
-    n += e.path().filename().string().rfind("asgd-allreduce-", 0) == 0;
-  return n;
+// Where a group's segment lives while its ranks join it: /dev/shm/ and the
+// name docs/wire-protocol.md gives it (FNV-1a of the endpoints, one per line).
+std::filesystem::path segment_of(const std::vector<std::shared_ptr<NetworkCollective>>& g) {
+  std::uint64_t h = 1469598103934665603ULL;
+  for (const auto& c : g) {
+    for (unsigned char ch : c->endpoint()) h = (h ^ ch) * 1099511628211ULL;
+    h = (h ^ '\n') * 1099511628211ULL;
+  }
+  char name[64];
+  std::snprintf(name, sizeof name, "asgd-allreduce-%016llx", static_cast<unsigned long long>(h));
+  return std::filesystem::path("/dev/shm") / name;
 }
 
 TEST(ShmAllreduce, GivesTheSameBitsAsTheInProcessCollectiveRoundAfterRound) {
-  const std::size_t before = segments_in_dev_shm();
   for (Rank n : {2u, 3u, 5u}) {
     auto g = group(n);
+    EXPECT_TRUE(std::filesystem::exists(segment_of(g))) << "rank 0 creates it when it connects";
     auto local = make_local_collective(n);
     for (Round round = 0; round < 3; ++round) {
       const auto data = random_vectors(n, 1037, 10 * n + static_cast<unsigned>(round));
@@ -59,9 +66,9 @@ TEST(ShmAllreduce, GivesTheSameBitsAsTheInProcessCollectiveRoundAfterRound) {
         EXPECT_TRUE(std::equal(got.begin(), got.end(), want.begin())) << n << " ranks, round " << round << ", rank " << r;
         EXPECT_EQ(g[r]->total_weight(r), local->total_weight(r));
       }
+      EXPECT_FALSE(std::filesystem::exists(segment_of(g))) << "unlinked once every rank has joined it";
     }
   }
-  EXPECT_EQ(segments_in_dev_shm(), before) << "a group's segment is unlinked once every rank has joined it";
 }
 
 TEST(ShmAllreduce, ARankThatNeverContributesIsDroppedWhenTheOthersAreToldAndWaitingForNamesIt) {
