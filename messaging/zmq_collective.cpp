@@ -58,10 +58,10 @@ class ZmqCollective final : public NetworkCollective {
   explicit ZmqCollective(std::size_t max_values) : max_values_(max_values) {}
 
   ~ZmqCollective() override {
-    shm_.reset();  // its thread calls back into this object: stopped first
     stop_ = true;
     wake();
-    if (io_.joinable()) io_.join();
+    if (io_.joinable()) io_.join();  // it reads shm_ (a departure)
+    shm_.reset();  // its thread may call back into this object, which is still whole
   }
 
   Status bind(const std::string& where) {

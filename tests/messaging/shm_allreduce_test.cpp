@@ -72,9 +72,9 @@ TEST(ShmAllreduce, GivesTheSameBitsAsTheInProcessCollectiveRoundAfterRound) {
 }
 
 TEST(ShmAllreduce, ARankThatNeverContributesIsDroppedWhenTheOthersAreToldAndWaitingForNamesIt) {
-  auto g = group(3);
   const auto data = random_vectors(3, 500, 1);
   std::vector<Signal> done(3);
+  auto g = group(3);  // after what its threads may still use: destroyed first
   for (Rank r = 0; r < 3; ++r) ASSERT_TRUE(g[r]->allreduce_mean(r, 0, data[r], 1.0, done[r].ready()).ok());
   for (Rank r = 0; r < 3; ++r) ASSERT_TRUE(done[r].wait_for(1));
   for (Rank r : {0u, 2u}) ASSERT_TRUE(g[r]->allreduce_mean(r, 1, data[r], 1.0, done[r].ready()).ok());
@@ -93,9 +93,9 @@ TEST(ShmAllreduce, ARankThatNeverContributesIsDroppedWhenTheOthersAreToldAndWait
 // Its contribution counts; once the others are told it is gone, they sum
 // its slice themselves.
 TEST(ShmAllreduce, TheSliceOfARankThatDiedAfterContributingIsSummedByTheOthers) {
-  auto g = group(3);
   const auto data = random_vectors(3, 3001, 5);
   std::vector<Signal> done(3);
+  auto g = group(3);  // after what its threads may still use: destroyed first
   for (Rank r = 0; r < 3; ++r) ASSERT_TRUE(g[r]->allreduce_mean(r, 0, data[r], 1.0, done[r].ready()).ok());
   for (Rank r = 0; r < 3; ++r) ASSERT_TRUE(done[r].wait_for(1)) << g[r]->waiting_for(r);
   ASSERT_TRUE(g[2]->allreduce_mean(2, 1, data[2], 2.0, done[2].ready()).ok());
@@ -117,8 +117,8 @@ TEST(ShmAllreduce, TheSliceOfARankThatDiedAfterContributingIsSummedByTheOthers) 
 }
 
 TEST(ShmAllreduce, ARankThatLeavesIsNotWaitedForAndTheOthersGoOn) {
-  auto g = group(3);
   const auto data = random_vectors(3, 64, 2);
+  auto g = group(3);  // after what its threads may still use: destroyed first
   g[2]->leave(2);  // out of data before the first round
   std::vector<Signal> done(2);
   for (Rank r = 0; r < 2; ++r) ASSERT_TRUE(g[r]->allreduce_mean(r, 0, data[r], 1.0, done[r].ready()).ok());

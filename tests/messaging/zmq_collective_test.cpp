@@ -103,9 +103,9 @@ TEST(ZmqCollective, TheSameInputsGiveTheSameBitsInAnotherGroup) {
 }
 
 TEST(ZmqCollective, AZeroWeightSendsZerosAndARankAloneHasItsOwnMean) {
-  auto g = group(2);
   const std::vector<float> nan(10, std::numeric_limits<float>::quiet_NaN()), x(10, 4.0f);
   Signal s0, s1;
+  auto g = group(2);  // after what its threads may still use: destroyed first
   ASSERT_TRUE(g[0]->allreduce_mean(0, 0, nan, 0, s0.ready()).ok());
   ASSERT_TRUE(g[1]->allreduce_mean(1, 0, x, 2, s1.ready()).ok());
   ASSERT_TRUE(s0.wait_for(1));
@@ -118,8 +118,8 @@ TEST(ZmqCollective, AZeroWeightSendsZerosAndARankAloneHasItsOwnMean) {
 }
 
 TEST(ZmqCollective, ARoundBegunWithARankThatThenLeavesIsDoneAgainWithoutIt) {
-  auto g = group(4);
   const auto data = random_vectors(4, 1'000, 5);
+  auto g = group(4);  // after what its threads may still use: destroyed first
   allreduce(g, data, 0);
   // Ranks 0-2 begin round 1 with rank 3 still in; then rank 3 leaves.
   std::vector<Signal> done(3);
@@ -134,9 +134,9 @@ TEST(ZmqCollective, ARoundBegunWithARankThatThenLeavesIsDoneAgainWithoutIt) {
 }
 
 TEST(ZmqCollective, AGossipWaitsForEachPeersCopyFromTheClockAskedOrLater) {
-  auto g = group(3);
   const std::vector<float> x0{0, 0}, x1{10, 10}, x2{20, 20};
   Signal s0, s1, s2;
+  auto g = group(3);  // after what its threads may still use: destroyed first
   // Rank 0 at clock 5, bound 2: copies from clock 3 on from ranks 1 and 2.
   ASSERT_TRUE(g[0]->gossip(0, 5, x0, {1, 2}, {1, 2}, 3, s0.ready()).ok());
   ASSERT_TRUE(g[1]->gossip(1, 3, x1, {0, 2}, {0, 2}, 0, s1.ready()).ok());
@@ -163,9 +163,9 @@ TEST(ZmqCollective, AGossipWaitsForEachPeersCopyFromTheClockAskedOrLater) {
 }
 
 TEST(ZmqCollective, ARankWhoseProcessDiedIsDroppedWhenTheOthersAreToldAndTheRoundCompletes) {
-  auto g = group(3);
   const auto data = random_vectors(3, 500, 8);
   std::vector<Signal> done(2);
+  auto g = group(3);  // after what its threads may still use: destroyed first
   for (Rank r = 0; r < 2; ++r) ASSERT_TRUE(g[r]->allreduce_mean(r, 0, data[r], 1.0, done[r].ready()).ok());
   g[2].reset();  // rank 2 dies without a word
   std::this_thread::sleep_for(50ms);
@@ -258,9 +258,9 @@ TEST(ZmqCollective, MalformedMessagesAreDroppedAndCountedAndTheRoundStillComplet
 }
 
 TEST(ZmqCollective, CallsOutOfStepAreRefused) {
-  auto g = group(2);
   const std::vector<float> x(4, 1.0f);
   Signal s;
+  auto g = group(2);  // after what its threads may still use: destroyed first
   EXPECT_FALSE(g[0]->allreduce_mean(1, 0, x, 1, s.ready()).ok()) << "rank 0's object is rank 0's only";
   ASSERT_TRUE(g[0]->allreduce_mean(0, 0, x, 1, s.ready()).ok());
   EXPECT_FALSE(g[0]->allreduce_mean(0, 0, x, 1, s.ready()).ok()) << "a call already in flight";
