@@ -2,7 +2,6 @@
 #include "messaging/collective_ring.hpp"
 
 #include <algorithm>
-#include <cstring>
 
 #include "messaging/collective_wire.hpp"
 #include "messaging/wire.hpp"
@@ -42,18 +41,19 @@ void RingReduce::begin(std::vector<Rank> ring, Rank self, std::span<const float>
   total_ = 0;
   sums_.reset();
   buf_.reset();
-  sums_ = acquire(data.size());
   buf_ = acquire(data.size());
   const auto w = static_cast<float>(weight_);
   if (ring_.size() == 1) {
     total_ = weight_;
     if (total_ > 0) {
       scale_to(buf_->data(), data.data(), w, data.size());
-      scale_to(buf_->data(), buf_->data(), static_cast<float>(1.0 / total_), data.size());
+      const auto inv = static_cast<float>(1.0 / total_);
+      for (float& v : *buf_) v *= inv;  // in place: scale_to's buffers may not overlap
     }
     done_ = true;
     return;
   }
+  sums_ = acquire(data.size());
   const auto own = static_cast<std::uint32_t>(pos_);
   const auto [b, e] = bounds(own);
   if (w > 0)

@@ -159,7 +159,7 @@ struct ShmAllreduce::State {
   template <class Cond>
   bool wait(Cond ok) {
     const auto spin_until = SteadyClock::now() + kSpin;
-    for (int i = 0; SteadyClock::now() < spin_until; ++i)
+    while (SteadyClock::now() < spin_until)
       for (int j = 0; j < 64; ++j) {
         if (ok()) return true;
 #if defined(__x86_64__)
@@ -249,8 +249,7 @@ struct ShmAllreduce::State {
     const std::uint32_t settled = seg->mode.load();
     if (rank == 0) shm_unlink(name.c_str());  // everyone who will ever open it has
     ring();
-    if (settled == kShared && capacity < length && !grow(length)) return kBroken;
-    return settled;
+    return settled;  // (run() grows this rank's mapping before each round)
   }
 
   // Room for vectors of `length` floats: the file grown (its pages reserved,
@@ -447,7 +446,6 @@ std::unique_ptr<ShmAllreduce> ShmAllreduce::join(const std::vector<std::string>&
       shm_unlink(s->name.c_str());
       return nullptr;
     }
-    s->seg->rank[0].pid.store(static_cast<std::uint32_t>(getpid()));
   }
   State* state = s.get();
   state->thread = std::thread([state] { state->run(); });

@@ -187,7 +187,6 @@ class ZmqCollective final : public NetworkCollective {
     {
       std::lock_guard lock(mu_);
       if (rank >= n_) return;
-      if (shm_) shm_->leave(rank);  // nobody waits for it in shared memory either
       if (rank == rank_) {
         if (left_self_) return;
         left_self_ = true;
@@ -330,6 +329,7 @@ class ZmqCollective final : public NetworkCollective {
         for (Rank p = 0; p < n_; ++p)
           if (p != rank_ && (live_ & bit(p))) send(p, {.kind = Kind::leave, .round = last_round_}, {});
         live_ &= ~bit(rank_);
+        if (shm_) shm_->leave(rank_);  // nobody waits for it in shared memory either
         break;
       case Op::gone:
         for (Rank p : gone_) drop(p, wake_up);
