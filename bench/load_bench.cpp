@@ -17,9 +17,7 @@
 //     (none lost, none twice).
 // Exit 0 when both hold, 1 otherwise, naming which.
 
-#include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
 #include "base/log.hpp"
 #include <sys/wait.h>
 #include <unistd.h>
@@ -42,12 +40,11 @@
 #include <thread>
 #include <vector>
 
+#include "base/process.hpp"
 #include "messaging/bridge.hpp"
 #include "runtime/cluster.hpp"
 #include "runtime/config_file.hpp"
 #include "tools/asgd/commands.hpp"
-
-extern char** environ;
 
 namespace asgd::cli {
 
@@ -132,23 +129,12 @@ struct ShardProcess {
 };
 
 Result<pid_t> spawn_shard(const std::string& coordinator, std::uint32_t index, const fs::path& log) {
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&fa, STDOUT_FILENO, STDERR_FILENO);
-  posix_spawn_file_actions_addopen(&fa, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
-  const std::string asgd = sibling_program("asgd");
-  std::vector<std::string> a = {asgd,        "shard",          "--coordinator", coordinator, "--index",
-                                std::to_string(index), "--join-timeout", "30",          "--log-level", "info",
-                                // The simulated workers are bare ZeroMQ sockets: no offers of shared memory.
-                                "--shared-memory", "off"};
-  std::vector<char*> argv;
-  for (auto& s : a) argv.push_back(s.data());
-  argv.push_back(nullptr);
-  pid_t pid = -1;
-  const int rc = posix_spawn(&pid, asgd.c_str(), &fa, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  if (rc != 0) return Status::IOError("starting shard process " + std::to_string(index) + " failed");
+  auto pid = spawn_logged({sibling_program("asgd"), "shard", "--coordinator", coordinator, "--index",
+                           std::to_string(index), "--join-timeout", "30", "--log-level", "info",
+                           // The simulated workers are bare ZeroMQ sockets: no offers of shared memory.
+                           "--shared-memory", "off"},
+                          log);
+  if (!pid) return Status::IOError("starting shard process " + std::to_string(index) + " failed: " + pid.status().message());
   return pid;
 }
 

@@ -4,16 +4,14 @@
 // output in runs/<id>.log) and writes runs/<id>.jsonl, which is read back
 // into the run's record: its curve and its summary, as in one process.
 
-#include <fcntl.h>
 #include <signal.h>
-#include <spawn.h>
 #include <sys/wait.h>
-#include <unistd.h>
 
 #include <chrono>
 #include <fstream>
 #include <thread>
 
+#include "base/process.hpp"
 #include "experiments/compare.hpp"
 #include "runtime/config_file.hpp"
 #include "runtime/metrics.hpp"
@@ -29,19 +27,10 @@ using Clock = std::chrono::steady_clock;
 // Runs `args` with its output in `log` until it exits; on `stop`, SIGTERM
 // (the job stops as on Ctrl-C), and SIGKILL 30 s later. Its exit status, or
 // -1 when it did not start, or nullopt when stopped.
-std::optional<int> run_child(std::vector<std::string> args, const fs::path& log, std::stop_token stop) {
-  std::vector<char*> argv;
-  for (auto& a : args) argv.push_back(a.data());
-  argv.push_back(nullptr);
-  posix_spawn_file_actions_t fa;
-  posix_spawn_file_actions_init(&fa);
-  posix_spawn_file_actions_addopen(&fa, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
-  posix_spawn_file_actions_addopen(&fa, STDOUT_FILENO, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
-  posix_spawn_file_actions_adddup2(&fa, STDOUT_FILENO, STDERR_FILENO);
-  pid_t pid = 0;
-  const int rc = posix_spawn(&pid, argv[0], &fa, nullptr, argv.data(), environ);
-  posix_spawn_file_actions_destroy(&fa);
-  if (rc != 0) return -1;
+std::optional<int> run_child(const std::vector<std::string>& args, const fs::path& log, std::stop_token stop) {
+  auto spawned = spawn_logged(args, log);
+  if (!spawned) return -1;
+  const pid_t pid = *spawned;
   int status = 0;
   std::optional<Clock::time_point> killed_at;
   while (waitpid(pid, &status, WNOHANG) == 0) {

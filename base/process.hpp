@@ -1,0 +1,20 @@
+#pragma once
+// Starting a child process whose output goes to a file: the shard processes
+// of `asgd bench load`, the runs of `asgd compare --processes`.
+
+#include <sys/types.h>
+
+#include <filesystem>
+#include <string>
+#include <vector>
+
+#include "asgd/status.hpp"
+
+namespace asgd {
+
+/// Starts argv (argv[0] a path) with its stdin on /dev/null and its stdout
+/// and stderr in `log` (created or truncated); its pid. The caller reaps it.
+/// Errors: io_error naming the program when it cannot be started.
+Result<pid_t> spawn_logged(const std::vector<std::string>& argv, const std::filesystem::path& log);
+
+}  // namespace asgd
