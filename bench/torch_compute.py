@@ -46,9 +46,12 @@ He-uniform with zero biases, lenet and resnet-mini torch.nn's defaults):
          (AdaptiveAvgPool2d(1) Flatten) Linear(64,10), where Residual(x) =
          main(x) + shortcut(x), main = Conv3x3(stride) BN ReLU Conv3x3 BN and
          shortcut = Conv1x1(stride) BN.
+  resnet18: the CIFAR ResNet-18 (a 3x3 stem, four stages of two basic
+         blocks, identity shortcuts where the shape stays), here on the same
+         (B, 1, 28, 28) inputs as the others.
 The script checks that each PyTorch model has as many parameters as ours.
 
-Usage: /usr/bin/python3 bench/torch_compute.py [--models mlp,lenet,resnet-mini]
+Usage: /usr/bin/python3 bench/torch_compute.py [--models mlp,lenet,resnet-mini,resnet18]
            [--batches 64,128] [--device cpu|cuda|cuda:K] [--threads 2]
            [--seconds 2] [--windows 5] [--warmup 0.5] [--rounds 1] [--statistic median]
            [--threshold R] [--asgd build/bin/asgd] [--json]
@@ -69,7 +72,7 @@ REPO_ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
 import pytorch_mlp  # noqa: E402  (BLAS inspection and kernel choice shared with the MLP baseline)
 
-MODELS = ("mlp", "lenet", "resnet-mini")
+MODELS = ("mlp", "lenet", "resnet-mini", "resnet18")
 MIN_WARMUP_STEPS = 5  # as bench/compute_bench.cpp
 BATCH_POOL = 4        # distinct batches cycled through, as ours
 MNIST_MEAN, MNIST_STD, INK = 0.1307, 0.3081, 0.2

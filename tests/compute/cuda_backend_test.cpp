@@ -599,6 +599,34 @@ Layers resnet_mini() {
              std::make_unique<ReLU>(), std::make_unique<GlobalAvgPool>(), std::make_unique<Dense>(64, 10));
 }
 
+// The CIFAR ResNet-18 as compute/model.cpp builds it: a 3x3 stem, four
+// stages of two basic blocks (identity shortcuts where the shape stays).
+std::unique_ptr<Layer> resnet_block(std::size_t in, std::size_t out, std::size_t stride) {
+  Layers main = seq(std::make_unique<Conv2D>(in, out, 3, stride, 1, false), std::make_unique<BatchNorm2D>(out),
+                    std::make_unique<ReLU>(), std::make_unique<Conv2D>(out, out, 3, 1, 1, false),
+                    std::make_unique<BatchNorm2D>(out));
+  Layers shortcut;
+  if (stride != 1 || in != out)
+    shortcut = seq(std::make_unique<Conv2D>(in, out, 1, stride, 0, false), std::make_unique<BatchNorm2D>(out));
+  return std::make_unique<Residual>(std::move(main), std::move(shortcut));
+}
+
+Layers resnet18() {
+  Layers layers = seq(std::make_unique<Conv2D>(3, 64, 3, 1, 1, false), std::make_unique<BatchNorm2D>(64),
+                      std::make_unique<ReLU>());
+  std::size_t width = 64;
+  for (const std::size_t stage : {64, 128, 256, 512}) {
+    for (int b = 0; b < 2; ++b) {
+      layers.push_back(resnet_block(width, stage, b == 0 && stage != 64 ? 2 : 1));
+      layers.push_back(std::make_unique<ReLU>());
+      width = stage;
+    }
+  }
+  layers.push_back(std::make_unique<GlobalAvgPool>());
+  layers.push_back(std::make_unique<Dense>(512, 10));
+  return layers;
+}
+
 TEST(CudaBackend, LenetMatchesTheCpu) {
   SKIP_WITHOUT_GPU();
   expect_gpu_matches_cpu(lenet, {1, 28, 28}, 2e-4, {8, 8, 16, 3}, 10, true);
@@ -607,6 +635,11 @@ TEST(CudaBackend, LenetMatchesTheCpu) {
 TEST(CudaBackend, ResnetMiniMatchesTheCpu) {
   SKIP_WITHOUT_GPU();
   expect_gpu_matches_cpu(resnet_mini, {1, 28, 28}, 1e-3, {8, 8, 16, 3}, 10, true);
+}
+
+TEST(CudaBackend, Resnet18MatchesTheCpu) {
+  SKIP_WITHOUT_GPU();
+  expect_gpu_matches_cpu(resnet18, {3, 32, 32}, 1e-3, {4, 3}, 4, true);
 }
 
 // ---- Batches: prefetching, empty batches, bad labels --------------------------
