@@ -30,6 +30,7 @@
 #include <algorithm>
 #include <filesystem>
 #include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -67,7 +68,18 @@ constexpr float kDeterminismSlack = 1.10f;
 // FFT and Winograd algorithms compute in a transformed domain and round
 // differently: on an H100 an FFT backward-filter pass put lenet's first
 // gradients 0.5% off the CPU's, where the GEMM and direct algorithms agree
-// to 1e-5. Only those take part.
+// to 1e-5. Only those take part, unless ASGD_CUDNN_ALGOS=all lets every
+// fp32 algorithm compete (as PyTorch's cudnn.benchmark does).
+bool all_algos_allowed() {
+  static const bool all = [] {
+    const char* v = std::getenv("ASGD_CUDNN_ALGOS");
+    if (v == nullptr || std::strcmp(v, "exact") == 0 || *v == '\0') return false;
+    if (std::strcmp(v, "all") == 0) return true;
+    throw Error(std::string("ASGD_CUDNN_ALGOS='") + v + "': expected exact (the default) or all");
+  }();
+  return all;
+}
+
 bool exact_fp32(cudnnConvolutionFwdAlgo_t a) {
   return a == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_GEMM || a == CUDNN_CONVOLUTION_FWD_ALGO_IMPLICIT_PRECOMP_GEMM ||
          a == CUDNN_CONVOLUTION_FWD_ALGO_GEMM || a == CUDNN_CONVOLUTION_FWD_ALGO_DIRECT;
@@ -92,7 +104,7 @@ Algo pick_algo(const std::vector<Perf>& measured, int count, std::size_t& worksp
   for (int i = 0; i < count; ++i) {
     const Perf& perf = measured[static_cast<std::size_t>(i)];
     if (perf.status != CUDNN_STATUS_SUCCESS || perf.memory > kWorkspaceLimit || perf.mathType != CUDNN_FMA_MATH ||
-        !exact_fp32(perf.algo))
+        !(exact_fp32(perf.algo) || all_algos_allowed()))
       continue;
     if (fastest == nullptr) fastest = &perf;
     if (deterministic == nullptr && perf.determinism == CUDNN_DETERMINISTIC) deterministic = &perf;

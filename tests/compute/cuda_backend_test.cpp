@@ -253,10 +253,13 @@ struct Judge {
 // Trains one step per batch size on both sides (the same size twice reuses
 // the GPU buffers, a larger one grows them, a smaller one reuses them), then
 // compares inference on a batch size not seen before.
+// The loss, the logits and BatchNorm's statistics are judged at forward_tol
+// where it is given (a model whose gradients are looser than its forward pass).
 void expect_gpu_matches_cpu(const MakeLayers& make, const Shape& sample, double tol,
                             const std::vector<std::size_t>& batches = {4, 4, 7, 2}, std::size_t infer_batch = 5,
-                            bool whole_model = false) {
+                            bool whole_model = false, double forward_tol = 0.0) {
   const Judge judge{tol, whole_model};
+  const Judge forward_judge{forward_tol > 0.0 ? forward_tol : tol, whole_model};
   CpuNet cpu(make(), sample);
   CpuNet host(make(), sample);  // the GPU model reads these layers and writes its running statistics back
   cpu.init(7);
@@ -275,7 +278,7 @@ void expect_gpu_matches_cpu(const MakeLayers& make, const Shape& sample, double 
     std::fill(grads.begin(), grads.end(), std::numeric_limits<float>::quiet_NaN());  // unwritten shows
     const float gpu_loss = gpu.compute_gradients(cpu.params(), grads, x, y);
     const float cpu_loss = cpu.train_step(x, y);
-    EXPECT_NEAR(gpu_loss, cpu_loss, tol * std::max(1.0f, std::abs(cpu_loss)));
+    EXPECT_NEAR(gpu_loss, cpu_loss, forward_judge.tol * std::max(1.0f, std::abs(cpu_loss)));
     // A gradient that is zero but for rounding (a convolution's bias before
     // a BatchNorm, which removes it) sums terms of the model's gradient
     // scale that cancel: each side keeps a few float epsilons (1.2e-7) of
@@ -291,14 +294,14 @@ void expect_gpu_matches_cpu(const MakeLayers& make, const Shape& sample, double 
     const auto cpu_buffers = cpu.buffers();
     ASSERT_EQ(gpu_buffers.size(), cpu_buffers.size());
     for (std::size_t i = 0; i < cpu_buffers.size(); ++i)
-      judge.expect(gpu_buffers[i].values, cpu_buffers[i].values, cpu_buffers[i].name, 1e-7);
+      forward_judge.expect(gpu_buffers[i].values, cpu_buffers[i].values, cpu_buffers[i].name, 1e-7);
   }
 
   SCOPED_TRACE("inference, batch " + std::to_string(infer_batch));
   const auto x = random_inputs(rng, infer_batch * cpu.sample_size());
   std::vector<float> logits(infer_batch * cpu.classes(), std::numeric_limits<float>::quiet_NaN());  // unwritten shows
   gpu.infer(cpu.params(), x, infer_batch, logits);
-  judge.expect(logits, cpu.infer(x, infer_batch), "logits", 1e-7);
+  forward_judge.expect(logits, cpu.infer(x, infer_batch), "logits", 1e-7);
 }
 
 // ---- One layer kind at a time, each followed by a dense head -------------------
@@ -601,9 +604,10 @@ Layers resnet_mini() {
 
 // The CIFAR ResNet-18 as compute/model.cpp builds it: a 3x3 stem, four
 // stages of two basic blocks (identity shortcuts where the shape stays).
+template <class Activation>
 std::unique_ptr<Layer> resnet_block(std::size_t in, std::size_t out, std::size_t stride) {
   Layers main = seq(std::make_unique<Conv2D>(in, out, 3, stride, 1, false), std::make_unique<BatchNorm2D>(out),
-                    std::make_unique<ReLU>(), std::make_unique<Conv2D>(out, out, 3, 1, 1, false),
+                    std::make_unique<Activation>(), std::make_unique<Conv2D>(out, out, 3, 1, 1, false),
                     std::make_unique<BatchNorm2D>(out));
   Layers shortcut;
   if (stride != 1 || in != out)
@@ -611,14 +615,15 @@ std::unique_ptr<Layer> resnet_block(std::size_t in, std::size_t out, std::size_t
   return std::make_unique<Residual>(std::move(main), std::move(shortcut));
 }
 
+template <class Activation = ReLU>
 Layers resnet18() {
   Layers layers = seq(std::make_unique<Conv2D>(3, 64, 3, 1, 1, false), std::make_unique<BatchNorm2D>(64),
-                      std::make_unique<ReLU>());
+                      std::make_unique<Activation>());
   std::size_t width = 64;
   for (const std::size_t stage : {64, 128, 256, 512}) {
     for (int b = 0; b < 2; ++b) {
-      layers.push_back(resnet_block(width, stage, b == 0 && stage != 64 ? 2 : 1));
-      layers.push_back(std::make_unique<ReLU>());
+      layers.push_back(resnet_block<Activation>(width, stage, b == 0 && stage != 64 ? 2 : 1));
+      layers.push_back(std::make_unique<Activation>());
       width = stage;
     }
   }
@@ -637,9 +642,23 @@ TEST(CudaBackend, ResnetMiniMatchesTheCpu) {
   expect_gpu_matches_cpu(resnet_mini, {1, 28, 28}, 1e-3, {8, 8, 16, 3}, 10, true);
 }
 
+// A ReLU ResNet-18's gradients at batch 4 hang on which units sit a rounding
+// error either side of zero: on the CPU alone, parameters moved by 1e-6 of
+// themselves moved gradients by up to 0.6% in norm (1e-5: 3%), and the
+// GPU's differed from the CPU's by 0.5% (H100, 2026-11-26). With tanh, which
+// has no kink, the same 1e-6 moved them by 3e-5: that model judges the
+// arithmetic of every layer at ResNet-18's shapes at 1e-3, and the ReLU
+// model its forward pass (the loss, the logits and BatchNorm's statistics,
+// which have no kink either) at 1e-4 and its gradients at 5e-2, which a
+// wrong layer would exceed many times over.
+TEST(CudaBackend, Resnet18WithTanhMatchesTheCpu) {
+  SKIP_WITHOUT_GPU();
+  expect_gpu_matches_cpu(resnet18<Tanh>, {3, 32, 32}, 1e-3, {4, 3}, 4, true);
+}
+
 TEST(CudaBackend, Resnet18MatchesTheCpu) {
   SKIP_WITHOUT_GPU();
-  expect_gpu_matches_cpu(resnet18, {3, 32, 32}, 1e-3, {4, 3}, 4, true);
+  expect_gpu_matches_cpu(resnet18<ReLU>, {3, 32, 32}, 5e-2, {4, 3}, 4, true, 1e-4);
 }
 
 // ---- Batches: prefetching, empty batches, bad labels --------------------------
@@ -882,3 +901,4 @@ TEST(CudaBackend, WithoutAUsableGpuMakeCudaModelSaysWhy) {
 
 }  // namespace
 }  // namespace asgd
+

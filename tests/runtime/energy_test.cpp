@@ -85,13 +85,20 @@ TEST(EnergyMeter, AddsPackageAndDramJoulesAcrossACounterWrapAndLeavesCoreAndPsys
   EXPECT_NE(e.reason.find("GPU: no NVML"), std::string::npos) << e.reason;  // measured, but not the GPUs
 }
 
+// The fake NVML beside the build's tests, or, in a scripts/gpu-bundle folder
+// (whose tests run far from the build tree), in the bundle's lib/.
+std::string fake_nvml_path() {
+  if (fs::exists(ASGD_FAKE_NVML_PATH)) return ASGD_FAKE_NVML_PATH;
+  return (fs::read_symlink("/proc/self/exe").parent_path().parent_path() / "lib" / "libfake_nvml.so").string();
+}
+
 TEST(EnergyMeter, ReadsEachGpusEnergyCounterOrIntegratesItsPower) {
   TempDir tmp;
   const fs::path state = tmp / "nvml.txt";
   write(state, "count 2\nenergy 0 5000\npower 1 100000");
   ::setenv("FAKE_NVML_STATE", state.c_str(), 1);
   FakeClock clock;
-  EnergyMeter meter(sources(tmp / "no-powercap", clock, ASGD_FAKE_NVML_PATH));
+  EnergyMeter meter(sources(tmp / "no-powercap", clock, fake_nvml_path()));
   clock.advance(0.5);
   write(state, "count 2\nenergy 0 65000\npower 1 100000");  // GPU 0 +60 J; GPU 1 100 W for 0.5 s
   meter.sample();
