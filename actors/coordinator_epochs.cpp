@@ -43,6 +43,7 @@ WorkerPhases phases_of(const EpochReport& r) {
   p.data_wait_s = r.data_wait_s;
   p.forward_s = r.forward_s;
   p.backward_s = r.backward_s;
+  p.copy_s = r.copy_s;
   p.device_s = r.device_s;
   p.delay_s = r.delay_s;
   p.push_pull_s = r.comm_s;
@@ -62,6 +63,7 @@ void EpochTracker::report(const EpochReport& r, double at_s) {
   total.policy_wait_s += r.policy_wait_s;
   total.forward_s += r.forward_s;
   total.backward_s += r.backward_s;
+  total.copy_s += r.copy_s;
   total.device_s += r.device_s;
   total.delay_s += r.delay_s;
   total.other_s += r.other_s;

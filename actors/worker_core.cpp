@@ -426,10 +426,11 @@ void WorkerCore::try_step(Actions& out) {
   const Model::StepTimes& took = model_->last_step_times();
   report_.forward_s += took.forward_s;
   report_.backward_s += took.backward_s;
+  report_.copy_s += took.copy_s;
   report_.device_s += took.device_s;
   double between = 0.0;  // the step's own overhead around the model's passes
   lap(computed, between);
-  report_.other_s += std::max(0.0, between - took.forward_s - took.backward_s - took.device_s);
+  report_.other_s += std::max(0.0, between - took.forward_s - took.backward_s - took.copy_s - took.device_s);
   report_.samples += batch.size;
   ++report_.batches;
   // A NaN or infinite loss means a gradient that would poison the

@@ -54,6 +54,16 @@ class DeviceModel {
   /// compute_gradients call with the same x and y then skips its upload.
   /// Optional: without it compute_gradients uploads synchronously.
   virtual void prefetch(std::span<const float> x, std::span<const std::int32_t> y) = 0;
+
+  /// Where the last compute_gradients call's time went: copying parameters
+  /// up and gradients down (with their pinned staging), and the forward
+  /// (with the loss) and backward passes on the device's clock.
+  struct StepPhases {
+    double copy_s = 0.0;
+    double forward_s = 0.0;
+    double backward_s = 0.0;
+  };
+  virtual StepPhases last_step_phases() const = 0;
 };
 
 /// How many CUDA devices this process can use. Any failure (built without

@@ -387,7 +387,12 @@ float Model::compute_gradients(std::span<const float> x, std::span<const std::in
   step_times_ = {};
   if (device_model_) {
     const float loss = device_model_->compute_gradients(view_, grads_, x, y);
-    step_times_.device_s = seconds(t0, Clock::now());
+    const double step_s = seconds(t0, Clock::now());
+    const DeviceModel::StepPhases p = device_model_->last_step_phases();
+    step_times_.forward_s = p.forward_s;
+    step_times_.backward_s = p.backward_s;
+    step_times_.copy_s = p.copy_s;
+    step_times_.device_s = std::max(0.0, step_s - p.forward_s - p.backward_s - p.copy_s);
     return loss;
   }
   const float loss = forward(x, batch, y);

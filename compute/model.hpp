@@ -134,10 +134,13 @@ class Model {
   EvalResult evaluate(std::span<const float> x, std::span<const std::int32_t> y, std::size_t chunk = 1000);
 
   /// How long the last compute_gradients took, by phase: forward and
-  /// backward on the CPU; on a GPU the whole step is device_s.
+  /// backward (on a GPU, on the device's clock), the copies of parameters
+  /// up and gradients down (GPU), and the rest of a GPU step (the batch's
+  /// upload, launches, waits).
   struct StepTimes {
     double forward_s = 0.0;
     double backward_s = 0.0;
+    double copy_s = 0.0;
     double device_s = 0.0;
   };
   const StepTimes& last_step_times() const { return step_times_; }

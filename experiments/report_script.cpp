@@ -259,7 +259,8 @@ constexpr std::string_view kDrawJs = R"JS(
 
     // Where the time goes: each group's mean worker, phase by phase, stacked.
     var phases = [['data_wait_s', 'data wait', '#94a3b8'], ['forward_s', 'forward', '#2563eb'],
-                  ['backward_s', 'backward', '#7c3aed'], ['device_s', 'GPU step', '#0891b2'],
+                  ['backward_s', 'backward', '#7c3aed'], ['copy_s', 'host-device copies', '#06b6d4'],
+                  ['device_s', 'rest of the GPU step', '#0e7490'],
                   ['delay_s', 'straggler delay', '#f59e0b'], ['push_pull_s', 'push/pull', '#16a34a'],
                   ['other_s', 'other', '#cbd5e1']];
     var phaseSets = phases.map(function (ph) {

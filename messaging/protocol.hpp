@@ -145,13 +145,14 @@ struct EpochReport {
   std::uint64_t batches = 0;
   double loss_sum = 0.0;            ///< sum over batches of (mean batch loss * batch size)
   std::uint64_t updates = 0;        ///< pushes every shard applied, this epoch
-  double compute_s = 0.0;           ///< forward + backward (forward_s + backward_s + device_s)
+  double compute_s = 0.0;           ///< forward + backward (forward_s + backward_s + copy_s + device_s)
   double comm_s = 0.0;              ///< waiting for shard replies
   double data_wait_s = 0.0;         ///< waiting for the data feeder
   double policy_wait_s = 0.0;       ///< of comm_s: replies the policy held back (the slowest shard's, per step)
   // The rest of the epoch's time, phase by phase (asgd::WorkerPhases).
   double forward_s = 0.0;
   double backward_s = 0.0;
+  double copy_s = 0.0;
   double device_s = 0.0;
   double delay_s = 0.0;
   double other_s = 0.0;
@@ -221,7 +222,7 @@ template <class F>
 decltype(auto) fields(F&& f, EpochReport& x) {
   return f(x.worker, x.epoch, x.samples, x.batches, x.loss_sum, x.updates, x.compute_s, x.comm_s, x.data_wait_s,
            x.policy_wait_s, x.local_updates, bounded(x.staleness_histogram, kMaxList), x.dropped_batches,
-           x.dropped_samples, x.forward_s, x.backward_s, x.device_s, x.delay_s, x.other_s, x.wall_s);
+           x.dropped_samples, x.forward_s, x.backward_s, x.device_s, x.delay_s, x.other_s, x.wall_s, x.copy_s);
 }
 template <class F>
 decltype(auto) fields(F&& f, ShardStats& x) {

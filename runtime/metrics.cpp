@@ -10,7 +10,8 @@ namespace asgd {
 
 nlohmann::json to_json(const WorkerPhases& p) {
   return {{"wall_s", p.wall_s},         {"data_wait_s", p.data_wait_s}, {"forward_s", p.forward_s},
-          {"backward_s", p.backward_s}, {"device_s", p.device_s},       {"delay_s", p.delay_s},
+          {"backward_s", p.backward_s}, {"copy_s", p.copy_s},           {"device_s", p.device_s},
+          {"delay_s", p.delay_s},
           {"push_pull_s", p.push_pull_s}, {"policy_wait_s", p.policy_wait_s}, {"other_s", p.other_s}};
 }
 
@@ -104,6 +105,7 @@ WorkerPhases phases_from_json(const nlohmann::json& j) {
   p.data_wait_s = field<double>(j, "data_wait_s");
   p.forward_s = field<double>(j, "forward_s");
   p.backward_s = field<double>(j, "backward_s");
+  p.copy_s = j.contains("copy_s") ? field<double>(j, "copy_s") : 0.0;  // written since 2026-11-26
   p.device_s = field<double>(j, "device_s");
   p.delay_s = field<double>(j, "delay_s");
   p.push_pull_s = field<double>(j, "push_pull_s");

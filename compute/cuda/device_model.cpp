@@ -28,6 +28,7 @@
 #include "base/log.hpp"
 
 #include <algorithm>
+#include <chrono>
 #include <filesystem>
 #include <climits>
 #include <cstdlib>
@@ -134,6 +135,7 @@ class CudaModel final : public DeviceModel, public Gpu {
   void infer(std::span<const float> params, std::span<const float> x, std::size_t batch,
              std::span<float> logits) override;
   void prefetch(std::span<const float> x, std::span<const std::int32_t> y) override;
+  StepPhases last_step_phases() const override { return phases_; }
 
   const float* forward(std::vector<Node>& seq, const float* x, std::size_t batch, bool training) override;
   void backward(std::vector<Node>& seq, const float* x, const float* dy, float* dx, std::size_t batch) override;
@@ -160,6 +162,11 @@ class CudaModel final : public DeviceModel, public Gpu {
   DeviceBuffer pool_;       // activations, their gradients and step scratch, carved per batch size
   DeviceBuffer workspace_;  // cuDNN convolution workspace
   PinnedBuffer host_params_, host_grads_, host_stats_, host_out_;
+  // A training step's moments on the device: before the parameters go up,
+  // after they are up, after the forward pass and loss, after the backward
+  // pass, after the gradients are down.
+  Event began_{true}, uploaded_{true}, forwarded_{true}, backwarded_{true}, downloaded_{true};
+  StepPhases phases_;
 
   std::size_t prepared_batch_ = 0;
   bool prepared_training_ = false;
@@ -334,7 +341,11 @@ float CudaModel::compute_gradients(std::span<const float> params, std::span<floa
   ASGD_CUDA_CHECK(cudaSetDevice(device_.index));
   prepare(batch, true);
   const BatchUploader::DeviceBatch in = uploader_.acquire(x, y, stream_.get());
+  // The upload's interval on the device includes the host's copy into the
+  // pinned buffer: the stream has nothing to do until the copy is queued.
+  ASGD_CUDA_CHECK(cudaEventRecord(began_.get(), stream_.get()));
   upload_params_and_stats(params);
+  ASGD_CUDA_CHECK(cudaEventRecord(uploaded_.get(), stream_.get()));
   ++step;
 
   const float* logits = forward(plan_.nodes, in.x, batch, true);
@@ -342,7 +353,9 @@ float CudaModel::compute_gradients(std::span<const float> params, std::span<floa
   ASGD_CUDNN_CHECK(cudnnSoftmaxForward(cudnn_.get(), CUDNN_SOFTMAX_LOG, CUDNN_SOFTMAX_MODE_INSTANCE, &one,
                                        logits_desc_.get(), logits, &zero, logits_desc_.get(), logp_));
   ASGD_CUDA_CHECK(kernels::softmax_xent(logp_, in.y, batch, plan_.classes, dlogits_, row_loss_, loss_, stream_.get()));
+  ASGD_CUDA_CHECK(cudaEventRecord(forwarded_.get(), stream_.get()));
   backward(plan_.nodes, in.x, dlogits_, nullptr, batch);
+  ASGD_CUDA_CHECK(cudaEventRecord(backwarded_.get(), stream_.get()));
 
   ASGD_CUDA_CHECK(
       cudaMemcpyAsync(host_grads_.data(), grads_.data(), grads.size_bytes(), cudaMemcpyDeviceToHost, stream_.get()));
@@ -350,8 +363,11 @@ float CudaModel::compute_gradients(std::span<const float> params, std::span<floa
     ASGD_CUDA_CHECK(cudaMemcpyAsync(host_stats_.data(), stats_.data(), plan_.stats * sizeof(float),
                                     cudaMemcpyDeviceToHost, stream_.get()));
   ASGD_CUDA_CHECK(cudaMemcpyAsync(host_out_.data(), loss_, sizeof(float), cudaMemcpyDeviceToHost, stream_.get()));
+  ASGD_CUDA_CHECK(cudaEventRecord(downloaded_.get(), stream_.get()));
   stream_.synchronize();
 
+  using Clock = std::chrono::steady_clock;
+  const Clock::time_point unstaging = Clock::now();
   if (!grads.empty()) std::memcpy(grads.data(), host_grads_.data(), grads.size_bytes());
   const float* host = host_stats_.as<float>();
   for (BatchNorm2D* bn : plan_.batchnorms) {
@@ -360,6 +376,10 @@ float CudaModel::compute_gradients(std::span<const float> params, std::span<floa
     std::copy(host, host + bn->channels(), bn->running_var().begin());
     host += bn->channels();
   }
+  phases_.forward_s = elapsed_s(uploaded_, forwarded_);
+  phases_.backward_s = elapsed_s(forwarded_, backwarded_);
+  phases_.copy_s = elapsed_s(began_, uploaded_) + elapsed_s(backwarded_, downloaded_) +
+                   std::chrono::duration<double>(Clock::now() - unstaging).count();
   return *host_out_.as<float>();
 }
 

@@ -44,9 +44,17 @@ Stream::~Stream() {
 }
 void Stream::synchronize() const { ASGD_CUDA_CHECK(cudaStreamSynchronize(s_)); }
 
-Event::Event() { ASGD_CUDA_CHECK(cudaEventCreateWithFlags(&e_, cudaEventDisableTiming)); }
+Event::Event(bool timing) {
+  ASGD_CUDA_CHECK(cudaEventCreateWithFlags(&e_, timing ? cudaEventDefault : cudaEventDisableTiming));
+}
 Event::~Event() {
   if (e_) cudaEventDestroy(e_);
+}
+
+double elapsed_s(const Event& from, const Event& to) {
+  float ms = 0.0f;
+  ASGD_CUDA_CHECK(cudaEventElapsedTime(&ms, from.get(), to.get()));
+  return static_cast<double>(ms) / 1e3;
 }
 
 // ---- BatchUploader ----------------------------------------------------------

@@ -72,10 +72,11 @@ class Stream {
   cudaStream_t s_ = nullptr;
 };
 
-/// A timing-free event, for ordering work between streams.
+/// An event, for ordering work between streams; with `timing`, also for
+/// measuring the time between two of them on the device (elapsed_s).
 class Event {
  public:
-  Event();
+  explicit Event(bool timing = false);
   ~Event();
   Event(Event&& other) noexcept : e_(std::exchange(other.e_, nullptr)) {}
   Event& operator=(Event&&) = delete;
@@ -86,6 +87,10 @@ class Event {
  private:
   cudaEvent_t e_ = nullptr;
 };
+
+/// Seconds between two timing events' moments on the device, once `to` has
+/// completed.
+double elapsed_s(const Event& from, const Event& to);
 
 /// Hands out aligned slices of one allocation: the device memory pool of a
 /// DeviceModel. A layout function calls take() for every buffer a step

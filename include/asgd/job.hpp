@@ -170,10 +170,13 @@ std::string resolve_data_dir(const JobConfig& config);
 struct WorkerPhases {
   double wall_s = 0.0;         ///< from its first step (or the previous epoch's end) to its last
   double data_wait_s = 0.0;    ///< waiting for a batch from its data feeder
-  double forward_s = 0.0;      ///< the model's forward pass and loss (CPU)
-  double backward_s = 0.0;     ///< the backward pass: gradients (CPU)
-  /// On a GPU, the whole training step: uploads, forward, backward,
-  /// downloads (not split yet; forward_s and backward_s stay 0).
+  double forward_s = 0.0;      ///< the model's forward pass and loss (on a GPU, on its clock)
+  double backward_s = 0.0;     ///< the backward pass: gradients (on a GPU, on its clock)
+  /// On a GPU: parameters up and gradients down, with their copies through
+  /// pinned host memory.
+  double copy_s = 0.0;
+  /// On a GPU, the rest of the training step: the batch's upload (when not
+  /// prefetched), kernel launches, waiting for the device.
   double device_s = 0.0;
   double delay_s = 0.0;        ///< a simulated straggler's extra time (--straggler)
   double push_pull_s = 0.0;    ///< from sending its pushes or pulls to the last shard's reply

@@ -5,12 +5,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <sstream>
 #include <string>
 
 #include <nlohmann/json.hpp>
 
 #include "cli/cli_run.hpp"
+#include "compute/device.hpp"
 #include "temp_dir.hpp"
 #include "test_data.hpp"
 
@@ -19,7 +21,8 @@ namespace {
 
 double sum_of_phases(const nlohmann::json& p) {
   double sum = 0.0;
-  for (const char* phase : {"data_wait_s", "forward_s", "backward_s", "device_s", "delay_s", "push_pull_s", "other_s"})
+  for (const char* phase :
+       {"data_wait_s", "forward_s", "backward_s", "copy_s", "device_s", "delay_s", "push_pull_s", "other_s"})
     sum += p.at(phase).get<double>();
   return sum;
 }
@@ -76,6 +79,37 @@ TEST(PhasesCli, EachWorkersPhasesAddUpToItsWallTimeAndTheSlowedWorkerShowsItsDel
     }
   }
   EXPECT_EQ(epochs, 2);
+}
+
+// On a GPU the step splits into the copies (parameters up, gradients down),
+// the forward and the backward pass on the device's clock, and the rest.
+TEST(PhasesCli, OnAGpuTheStepSplitsIntoCopiesForwardAndBackward) {
+  std::string why_no_gpu;
+  if (asgd::cuda_device_count(&why_no_gpu) == 0) {
+    const char* required = std::getenv("ASGD_REQUIRE_GPU");
+    if (required != nullptr && std::string(required) == "1") FAIL() << "ASGD_REQUIRE_GPU=1, but: " << why_no_gpu;
+    GTEST_SKIP() << why_no_gpu;
+  }
+  ASGD_REQUIRE_DATASET(mnist, "mnist");
+  TempDir tmp;
+  const CliRun r = asgd("train --device cuda --model lenet --workers 1 --epochs 1 --data-dir " + mnist.string() +
+                        " --metrics-out " + (tmp / "m.jsonl").string());
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  std::istringstream lines(slurp(tmp / "m.jsonl"));
+  int summaries = 0;
+  for (std::string line; std::getline(lines, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.at("event") != "summary") continue;
+    ++summaries;
+    const auto& p = j.at("worker_phases").at(0);
+    const double wall = p.at("wall_s").get<double>();
+    EXPECT_NEAR(sum_of_phases(p), wall, 0.05 * wall) << line;
+    for (const char* phase : {"forward_s", "backward_s", "copy_s"}) EXPECT_GT(p.at(phase).get<double>(), 0.0) << phase;
+    // The passes themselves, not the rest of the step, take most of it.
+    EXPECT_GT(p.at("forward_s").get<double>() + p.at("backward_s").get<double>(), p.at("device_s").get<double>())
+        << line;
+  }
+  EXPECT_EQ(summaries, 1);
 }
 
 }  // namespace
