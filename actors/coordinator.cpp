@@ -333,9 +333,10 @@ void start_training(Self self) {
 }
 
 // --worker-weights auto: asks the workers one at a time (so they do not
-// compete for cores) how many samples per second they compute, then sizes
-// their shares in proportion and starts training.
-void calibrate(Self self, std::size_t next, std::shared_ptr<std::vector<double>> rates) {
+// compete for cores) what a step costs them (at two batch sizes), then sizes
+// their batches and shares so that their steps take equally long, and starts
+// training.
+void calibrate(Self self, std::size_t next, std::shared_ptr<std::vector<StepCost>> rates) {
   auto& st = self->state;
   if (next == st.workers.size()) {
     st.core->calibrated(*rates);
@@ -345,13 +346,14 @@ void calibrate(Self self, std::size_t next, std::shared_ptr<std::vector<double>>
   if (st.setup.remote) {  // the process measures itself: (calibrate_atom, w, rate) from the registry; -1: timed out
     st.rates = rates;
     st.setup.remote->calibrate_worker(st.core->plan(), static_cast<std::uint32_t>(next));
-    return self->delayed_send(self, rpc_timeout(st.setup.config), calibrate_atom::value, static_cast<std::uint32_t>(next), -1.0);
+    return self->delayed_send(self, rpc_timeout(st.setup.config), calibrate_atom::value, static_cast<std::uint32_t>(next),
+                              0.0, -1.0);
   }
-  data::Batch probe = data::leading_batch(st.setup.data->train, st.setup.config.batch);
+  data::Batch probe = data::leading_batch(st.setup.data->train, 2 * std::size_t{st.setup.config.batch});
   self->request(st.workers[next], rpc_timeout(st.setup.config), calibrate_atom::value, std::move(probe))
       .then(
-          [self, next, rates](double samples_per_s) {
-            rates->push_back(std::max(samples_per_s, 1e-9));
+          [self, next, rates](const std::vector<double>& cost) {
+            rates->push_back({cost.at(0), std::max(cost.at(1), 1e-12)});
             calibrate(self, next + 1, rates);
           },
           [self, next](caf::error& err) {
@@ -503,7 +505,7 @@ void shards_serve(Self self) {
     for (auto& a : *group) self->monitor(a);
   self->set_down_handler([self](caf::down_msg& dm) { on_down(self, dm); });
   if (st.core->plan().calibrate_weights)
-    calibrate(self, 0, std::make_shared<std::vector<double>>());
+    calibrate(self, 0, std::make_shared<std::vector<StepCost>>());
   else
     start_training(self);
 }
@@ -566,10 +568,11 @@ caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self, Coordinat
       [self](cancel_atom) { drive(self, [](CoordinatorCore& core, CoordinatorActions& out) { core.cancel(out); }); },
       [self](WorkerProgress& p) { self->state.core->progress(p, SteadyClock::now()); },
       [self](live_atom) { live_tick(self); },
-      [self](calibrate_atom, std::uint32_t w, double rate) {
+      [self](calibrate_atom, std::uint32_t w, double fixed_s, double per_sample_s) {
         auto& s = self->state;
         if (!s.rates || w != s.rates->size()) return;  // late, or this worker's timer after its answer
-        if (rate >= 0) return s.rates->push_back(std::max(rate, 1e-9)), calibrate(self, w + 1, s.rates);
+        if (per_sample_s >= 0)
+          return s.rates->push_back({fixed_s, std::max(per_sample_s, 1e-12)}), calibrate(self, w + 1, s.rates);
         fail(self, Status::Timeout(fmt::format("coordinator: no calibration from worker {} within {:g} s (--rpc-timeout)",
                                                w, s.setup.config.rpc_timeout_s)));
       },

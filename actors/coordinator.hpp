@@ -121,7 +121,7 @@ class RemotePlacement {
 struct CoordinatorState {
   CoordinatorSetup setup;
   double evaluation_s = 0.0;                  // spent in evaluate_on
-  std::shared_ptr<std::vector<double>> rates; // --worker-weights auto across processes: those reported so far
+  std::shared_ptr<std::vector<StepCost>> rates; // --worker-weights auto across processes: those reported so far
   std::optional<CoordinatorCore> core;        // from setup's config and plan
   std::optional<Model> model;                 // for initialisation and evaluation
   std::vector<caf::actor> shards;

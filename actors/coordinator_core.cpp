@@ -28,9 +28,15 @@ void CoordinatorCore::resume(ResumePlan r) {
   for (WorkerPlan& w : plan_.workers) w.first_clock = resumed_->restart[w.id];
 }
 
-void CoordinatorCore::calibrated(const std::vector<double>& rates) {
-  for (std::size_t w = 0; w < rates.size(); ++w) logger().info("worker {}: {:.0f} samples/s in calibration", w, rates[w]);
-  replan_shares(plan_, rates);
+void CoordinatorCore::calibrated(const std::vector<StepCost>& costs) {
+  const double total = static_cast<double>(plan_.batch) * static_cast<double>(costs.size());
+  const std::vector<double> batches = balanced_batches(costs, total);
+  for (std::size_t w = 0; w < costs.size(); ++w)
+    logger().info("worker {}: a step of B samples takes {:.3g} ms + B x {:.3g} us in calibration ({:.0f} samples/s "
+                  "at batch {}); batch {:.0f}",
+                  w, costs[w].fixed_s * 1e3, costs[w].per_sample_s * 1e6,
+                  plan_.batch / (costs[w].fixed_s + plan_.batch * costs[w].per_sample_s), plan_.batch, batches[w]);
+  replan_shares(plan_, batches);
 }
 
 void CoordinatorCore::start_training(Instant now, Actions& out) {

@@ -92,8 +92,9 @@ class CoordinatorCore {
   // Start-up.
   /// --resume: the workers start again where `r` says.
   void resume(ResumePlan r);
-  /// --worker-weights auto: shares sized by the measured rates.
-  void calibrated(const std::vector<double>& samples_per_s);
+  /// --worker-weights auto: batches and shares sized by the measured step
+  /// costs, so that every worker's step takes equally long.
+  void calibrated(const std::vector<StepCost>& costs);
   /// Training starts at `now`.
   void start_training(Instant now, Actions& out);
 

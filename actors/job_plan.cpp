@@ -232,6 +232,39 @@ WorkerPlan plan_worker(std::uint32_t id, const WorkerShare& share, const Straggl
   return w;
 }
 
+std::vector<double> balanced_batches(const std::vector<StepCost>& costs, double total_batch) {
+  const std::size_t n = costs.size();
+  std::vector<double> batch(n, 1.0);
+  std::vector<bool> floor(n, false);  // held at one sample: too slow to keep up even so
+  // Solve for T over the workers not held at the floor; a worker whose
+  // batch comes out under one sample is held there, and T solved again.
+  for (std::size_t round = 0; round <= n; ++round) {
+    double free_batch = total_batch, sum_inv = 0.0, sum_fixed = 0.0;
+    for (std::size_t w = 0; w < n; ++w) {
+      if (floor[w]) {
+        free_batch -= 1.0;
+        continue;
+      }
+      const double c = std::max(costs[w].per_sample_s, 1e-12);
+      sum_inv += 1.0 / c;
+      sum_fixed += std::max(costs[w].fixed_s, 0.0) / c;
+    }
+    if (sum_inv == 0.0) break;
+    const double t = (free_batch + sum_fixed) / sum_inv;
+    bool changed = false;
+    for (std::size_t w = 0; w < n; ++w) {
+      if (floor[w]) continue;
+      batch[w] = (t - std::max(costs[w].fixed_s, 0.0)) / std::max(costs[w].per_sample_s, 1e-12);
+      if (batch[w] < 1.0) {
+        floor[w] = changed = true;
+        batch[w] = 1.0;
+      }
+    }
+    if (!changed) break;
+  }
+  return batch;
+}
+
 void replan_shares(JobPlan& p, const std::vector<double>& weights) {
   const std::vector<WorkerShare> shares = assign_shares(p.train_count, p.batch, weights);
   for (std::size_t w = 0; w < p.workers.size() && w < shares.size(); ++w) {

@@ -19,6 +19,7 @@
 #include <vector>
 
 #include "actors/key_range.hpp"
+#include "actors/step_cost.hpp"
 #include "actors/straggler.hpp"
 #include "asgd/job.hpp"
 #include "compute/optimizer.hpp"
@@ -147,9 +148,14 @@ WorkerPlan plan_worker(std::uint32_t id, const WorkerShare& share, const Straggl
                        std::uint32_t first_epoch = 0);
 
 /// --worker-weights auto: each worker's share planned again in proportion
-/// to `weights` (its measured samples per second). The schedule keeps its
+/// to `weights` (the batch it should take). The schedule keeps its
 /// length: weights aim at the same steps per epoch for every worker.
 void replan_shares(JobPlan& plan, const std::vector<double>& weights);
+
+/// The batches (as weights for replan_shares) that make every worker's step
+/// take the same time T while they add up to `total_batch`:
+/// B_w = (T - fixed_w) / per_sample_w, at least 1 sample each.
+std::vector<double> balanced_batches(const std::vector<StepCost>& costs, double total_batch);
 
 /// A shard's setup as the plan says; the caller adds what is not a plan's
 /// (hogwild's shared buffer). `initial`: (shard.range.size(),) its starting

@@ -124,7 +124,10 @@ caf::behavior worker(caf::stateful_actor<WorkerState>* self, WorkerSetup setup) 
         self->state.setup.feeder = std::move(feeder);
         with_core(self, [](WorkerCore& c, WorkerActions& out) { c.start(out); });
       },
-      [self](calibrate_atom, const data::Batch& probe) { return self->state.core->calibrate(probe); },
+      [self](calibrate_atom, const data::Batch& probe) {
+        const StepCost c = self->state.core->calibrate(probe);
+        return std::vector<double>{c.fixed_s, c.per_sample_s};
+      },
       [self](step_atom) { with_core(self, [](WorkerCore& c, WorkerActions& out) { c.step(out); }); },
       [self](resume_atom) { with_core(self, [](WorkerCore& c, WorkerActions& out) { c.resume(out); }); },
       [self](tick_atom) { with_core(self, [](WorkerCore& c, WorkerActions& out) { c.check_overdue(out); }); },

@@ -507,13 +507,24 @@ void WorkerCore::check_overdue(Actions& out) {
   out.emplace_back(worker_action::Watch{std::min<std::chrono::steady_clock::duration>(rpc_timeout_ / 4, std::chrono::seconds(1))});
 }
 
-double WorkerCore::calibrate(const data::Batch& probe) {
+StepCost WorkerCore::calibrate(const data::Batch& probe) {
   constexpr int kSteps = 5;
-  model_->compute_gradients(probe.x, probe.y);
-  const auto t0 = now_();
-  for (int i = 0; i < kSteps; ++i) model_->compute_gradients(probe.x, probe.y);
-  const double seconds = seconds_since(t0) * straggler_.mean_factor();
-  return seconds > 0 ? static_cast<double>(probe.size * kSteps) / seconds : 0.0;
+  const std::size_t small = std::max<std::size_t>(1, probe.size / 4);
+  const std::size_t sample = probe.size == 0 ? 0 : probe.x.size() / probe.size;
+  const auto step_s = [&](std::size_t b) {  // mean seconds of a step on the first b samples
+    const std::span<const float> x(probe.x.data(), b * sample);
+    const std::span<const std::int32_t> y(probe.y.data(), b);
+    model_->compute_gradients(x, y);
+    const auto t0 = now_();
+    for (int i = 0; i < kSteps; ++i) model_->compute_gradients(x, y);
+    return seconds_since(t0) * straggler_.mean_factor() / kSteps;
+  };
+  if (probe.size == 0) return {};
+  const double t_small = step_s(small), t_all = step_s(probe.size);
+  if (probe.size <= small || t_all <= t_small)  // one size, or noise: no fixed part to tell apart
+    return {0.0, t_all / static_cast<double>(probe.size)};
+  const double per_sample = (t_all - t_small) / static_cast<double>(probe.size - small);
+  return {std::max(0.0, t_small - per_sample * static_cast<double>(small)), per_sample};
 }
 
 }  // namespace asgd

@@ -28,6 +28,7 @@
 
 #include "actors/key_range.hpp"
 #include "actors/shared_parameters.hpp"
+#include "actors/step_cost.hpp"
 #include "actors/straggler.hpp"
 #include "asgd/status.hpp"
 #include "compute/model.hpp"
@@ -117,9 +118,10 @@ class WorkerCore {
   /// Watch's turn: fails the job, naming who did not answer, once a reply or
   /// a batch is overdue (setup's rpc_timeout); otherwise Watch again.
   void check_overdue(Actions& out);
-  /// Samples per second on this worker's device, straggling included: one
-  /// warm-up step, then the mean of a few on `probe`.
-  double calibrate(const data::Batch& probe);
+  /// What a step costs on this worker's device, straggling included: steps
+  /// on the first quarter of `probe` and on all of it (after a warm-up step
+  /// of each, which also lets a GPU choose its algorithms for the size).
+  StepCost calibrate(const data::Batch& probe);
   /// Stops the job with `code`, once: later calls append nothing.
   void fail(StatusCode code, const std::string& what, Actions& out);
 

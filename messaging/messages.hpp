@@ -169,13 +169,15 @@ decltype(auto) fields(F&& f, Failure& x) {
 }
 
 /// A worker's answer to an assignment that asked it to calibrate.
+/// A step of B samples takes fixed_s + B x per_sample_s seconds there.
 struct Calibration {
   std::uint32_t index = 0;
-  double samples_per_s = 0.0;
+  double fixed_s = 0.0;
+  double per_sample_s = 0.0;
 };
 template <class F>
 decltype(auto) fields(F&& f, Calibration& x) {
-  return f(x.index, x.samples_per_s);
+  return f(x.index, x.fixed_s, x.per_sample_s);
 }
 
 struct StartTraining {};

@@ -403,9 +403,10 @@ Status calibrate_and_wait(Joined& j, const JobPlan& plan, const data::DatasetSpl
   ws.compute = std::make_shared<ComputeContext>(plan.compute_threads);
   auto core = WorkerCore::make(ws, [] { return std::chrono::steady_clock::now(); });
   if (!core) return core.status();
-  const double rate = core->calibrate(data::leading_batch(data.train, plan.batch));
-  logger().info("worker {}: {:.0f} samples/s on {} in calibration", index, rate, device);
-  j.bridge->send(j.coordinator, encode(Calibration{index, rate}, j.bridge->next_id()));
+  const StepCost cost = core->calibrate(data::leading_batch(data.train, 2 * std::size_t{plan.batch}));
+  logger().info("worker {}: a step of B samples takes {:.3g} ms + B x {:.3g} us on {} in calibration", index,
+                cost.fixed_s * 1e3, cost.per_sample_s * 1e6, device);
+  j.bridge->send(j.coordinator, encode(Calibration{index, cost.fixed_s, cost.per_sample_s}, j.bridge->next_id()));
   const auto deadline = SteadyClock::now() + millis(j.config.rpc_timeout_s * (j.config.workers + 1));
   while (SteadyClock::now() < deadline) {
     if (stop.stop_requested()) return Status::Cancelled("worker " + std::to_string(index) + ": stopped while calibrating");

@@ -360,7 +360,7 @@ void route(Self self, Inbound& in) {
         } else if constexpr (std::is_same_v<T, EpochReport> || std::is_same_v<T, WorkerProgress>) {
           tell_coordinator(self, std::move(m));
         } else if constexpr (std::is_same_v<T, Calibration>) {
-          tell_coordinator(self, calibrate_atom::value, m.index, m.samples_per_s);
+          tell_coordinator(self, calibrate_atom::value, m.index, m.fixed_s, m.per_sample_s);
         } else if constexpr (std::is_same_v<T, Failure>) {
           if (auto w = st.proxies.find(in.peer); w != st.proxies.end())
             caf::anon_send(w->second, failed_atom::value, m.code, m.what);

@@ -297,6 +297,30 @@ TEST(JobPlan, AutoWeightsStartEqualAndAreReplannedFromMeasuredRates) {
   EXPECT_EQ(plan.schedule.total_steps, before.total_steps) << "the schedule keeps its length";
 }
 
+// Steps of equal length: B_w = (T - fixed_w) / per_sample_w, adding up to the total.
+TEST(JobPlan, BalancedBatchesMakeEveryWorkersStepEquallyLong) {
+  // Without fixed costs, batches in proportion to the rates (1/per_sample).
+  auto b = balanced_batches({{0.0, 1e-5}, {0.0, 3e-5}}, 128);
+  ASSERT_EQ(b.size(), 2u);
+  EXPECT_NEAR(b[0], 96.0, 1e-9);
+  EXPECT_NEAR(b[1], 32.0, 1e-9);
+  // A GPU (1 ms fixed, 2 us a sample) beside a CPU (70 us a sample): the
+  // GPU's fixed part makes its fair batch larger than its rate at 64 says.
+  const std::vector<StepCost> hybrid = {{1e-3, 2e-6}, {0.0, 7e-5}};
+  b = balanced_batches(hybrid, 128);
+  EXPECT_NEAR(b[0] + b[1], 128.0, 1e-9);
+  const double t0 = hybrid[0].fixed_s + b[0] * hybrid[0].per_sample_s;
+  const double t1 = hybrid[1].fixed_s + b[1] * hybrid[1].per_sample_s;
+  EXPECT_NEAR(t0, t1, 1e-12);
+  EXPECT_GT(b[0], 128.0 * (64 / 1.128e-3) / (64 / 1.128e-3 + 1 / 7e-5));
+  // A worker too slow to keep up even at one sample stays at one; the
+  // others share the rest equally fast.
+  b = balanced_batches({{0.0, 1e-6}, {0.0, 1e-6}, {0.5, 1e-3}}, 64);
+  EXPECT_EQ(b[2], 1.0);
+  EXPECT_NEAR(b[0], 31.5, 1e-9);
+  EXPECT_NEAR(b[1], 31.5, 1e-9);
+}
+
 // A cluster's shard and worker processes plan from the same settings and
 // the clocks their assignment carries: they must come to the coordinator's.
 TEST(JobPlan, AProcessPlansTheSameSettingsAsTheCoordinator) {

@@ -214,9 +214,10 @@ TEST(WireMessages, EveryMessageTypeRoundTrips) {
   EXPECT_EQ(fl.what, "diverged");
   round_trip(StartTraining{});
   round_trip(StatsRequest{});
-  auto cal = round_trip(Calibration{4, 12345.5});
+  auto cal = round_trip(Calibration{4, 0.0015, 2.5e-5});
   EXPECT_EQ(cal.index, 4u);
-  EXPECT_EQ(cal.samples_per_s, 12345.5);
+  EXPECT_EQ(cal.fixed_s, 0.0015);
+  EXPECT_EQ(cal.per_sample_s, 2.5e-5);
   auto rs = round_trip(Restarted{Role::shard, 3, "tcp://10.0.0.2:4100"});
   EXPECT_EQ(rs.role, Role::shard);
   EXPECT_EQ(rs.index, 3u);
