@@ -3,8 +3,9 @@
 // (lowerings.cpp) on cuDNN, cuBLAS and the small kernels in kernels.cu, all
 // queued on the model's own stream; the loss is cuDNN's log-softmax and a
 // kernel. Parameters and gradients stay in host memory in the model's flat
-// layout; each step uploads the parameters and downloads the gradients
-// through pinned buffers.
+// layout; each training step uploads the parameters and downloads the
+// gradients in place, the caller's buffers page-locked once
+// (cudaHostRegister), or through pinned staging buffers where that fails.
 //
 // Numerics: fp32 means fp32. cuDNN convolutions run with CUDNN_FMA_MATH and
 // cuBLAS with CUBLAS_DEFAULT_MATH, so neither uses TF32 tensor cores (which
@@ -145,7 +146,16 @@ class CudaModel final : public DeviceModel, public Gpu {
   void check_batch(std::size_t batch, std::span<const float> x, const char* call) const;
   void prepare(std::size_t batch, bool training);
   void layout(std::vector<Node>& seq, Carver& carver, std::size_t batch, bool training);
-  void upload_params_and_stats(std::span<const float> params);
+  void upload_params_and_stats(std::span<const float> params, bool direct);
+  // Host memory that the copies read and write in place, page-locked once
+  // (cudaHostRegister), saving the pass through the pinned staging buffers;
+  // where registering fails (memory already registered, say), they stage.
+  struct InPlace {
+    void* ptr = nullptr;
+    std::size_t bytes = 0;
+    bool registered = false;
+  };
+  bool in_place(InPlace& r, const void* ptr, std::size_t bytes);
 
   CurrentDevice device_;
   std::string description_;
@@ -167,6 +177,7 @@ class CudaModel final : public DeviceModel, public Gpu {
   // pass, after the gradients are down.
   Event began_{true}, uploaded_{true}, forwarded_{true}, backwarded_{true}, downloaded_{true};
   StepPhases phases_;
+  InPlace params_in_place_, grads_in_place_;
 
   std::size_t prepared_batch_ = 0;
   bool prepared_training_ = false;
@@ -207,6 +218,22 @@ CudaModel::~CudaModel() {
   // current and nothing of ours still running.
   cudaSetDevice(device_.index);
   cudaStreamSynchronize(stream_.get());
+  for (InPlace* r : {&params_in_place_, &grads_in_place_})
+    if (r->registered) cudaHostUnregister(r->ptr);
+}
+
+bool CudaModel::in_place(InPlace& r, const void* ptr, std::size_t bytes) {
+  if (r.ptr == ptr && r.bytes == bytes) return r.registered;
+  if (r.registered && cudaHostUnregister(r.ptr) != cudaSuccess) cudaGetLastError();  // freed since: nothing to undo
+  r = {const_cast<void*>(ptr), bytes, false};
+  if (ptr == nullptr || bytes == 0) return false;
+  r.registered = cudaHostRegister(r.ptr, bytes, cudaHostRegisterDefault) == cudaSuccess;
+  if (!r.registered) {
+    cudaGetLastError();  // not sticky: clear it and stage instead
+    logger().debug("cuda:{}: {} bytes at {} stay pageable; their copies go through pinned buffers", device_.index,
+                   bytes, ptr);
+  }
+  return r.registered;
 }
 
 void CudaModel::check_batch(std::size_t batch, std::span<const float> x, const char* call) const {
@@ -305,8 +332,11 @@ void CudaModel::prepare(std::size_t batch, bool training) {
   prepared_training_ = training;
 }
 
-void CudaModel::upload_params_and_stats(std::span<const float> params) {
-  if (!params.empty()) {
+void CudaModel::upload_params_and_stats(std::span<const float> params, bool direct) {
+  if (direct && in_place(params_in_place_, params.data(), params.size_bytes())) {
+    ASGD_CUDA_CHECK(cudaMemcpyAsync(params_.data(), params.data(), params.size_bytes(), cudaMemcpyHostToDevice,
+                                    stream_.get()));
+  } else if (!params.empty()) {
     std::memcpy(host_params_.data(), params.data(), params.size_bytes());
     ASGD_CUDA_CHECK(cudaMemcpyAsync(params_.data(), host_params_.data(), params.size_bytes(), cudaMemcpyHostToDevice,
                                     stream_.get()));
@@ -344,7 +374,10 @@ float CudaModel::compute_gradients(std::span<const float> params, std::span<floa
   // The upload's interval on the device includes the host's copy into the
   // pinned buffer: the stream has nothing to do until the copy is queued.
   ASGD_CUDA_CHECK(cudaEventRecord(began_.get(), stream_.get()));
-  upload_params_and_stats(params);
+  // The caller's parameters and gradients (a worker's, the same buffers
+  // every step) are copied in place; the stream is synchronized before this
+  // returns, so the caller never sees them in flight.
+  upload_params_and_stats(params, true);
   ASGD_CUDA_CHECK(cudaEventRecord(uploaded_.get(), stream_.get()));
   ++step;
 
@@ -357,8 +390,9 @@ float CudaModel::compute_gradients(std::span<const float> params, std::span<floa
   backward(plan_.nodes, in.x, dlogits_, nullptr, batch);
   ASGD_CUDA_CHECK(cudaEventRecord(backwarded_.get(), stream_.get()));
 
-  ASGD_CUDA_CHECK(
-      cudaMemcpyAsync(host_grads_.data(), grads_.data(), grads.size_bytes(), cudaMemcpyDeviceToHost, stream_.get()));
+  const bool grads_direct = in_place(grads_in_place_, grads.data(), grads.size_bytes());
+  ASGD_CUDA_CHECK(cudaMemcpyAsync(grads_direct ? static_cast<void*>(grads.data()) : host_grads_.data(), grads_.data(),
+                                  grads.size_bytes(), cudaMemcpyDeviceToHost, stream_.get()));
   if (plan_.stats > 0)
     ASGD_CUDA_CHECK(cudaMemcpyAsync(host_stats_.data(), stats_.data(), plan_.stats * sizeof(float),
                                     cudaMemcpyDeviceToHost, stream_.get()));
@@ -368,7 +402,7 @@ float CudaModel::compute_gradients(std::span<const float> params, std::span<floa
 
   using Clock = std::chrono::steady_clock;
   const Clock::time_point unstaging = Clock::now();
-  if (!grads.empty()) std::memcpy(grads.data(), host_grads_.data(), grads.size_bytes());
+  if (!grads_direct && !grads.empty()) std::memcpy(grads.data(), host_grads_.data(), grads.size_bytes());
   const float* host = host_stats_.as<float>();
   for (BatchNorm2D* bn : plan_.batchnorms) {
     std::copy(host, host + bn->channels(), bn->running_mean().begin());
@@ -395,7 +429,7 @@ void CudaModel::infer(std::span<const float> params, std::span<const float> x, s
   ASGD_CUDA_CHECK(cudaSetDevice(device_.index));
   prepare(batch, false);
   const BatchUploader::DeviceBatch in = uploader_.acquire(x, {}, stream_.get());
-  upload_params_and_stats(params);
+  upload_params_and_stats(params, false);
   const float* out = forward(plan_.nodes, in.x, batch, false);
   ASGD_CUDA_CHECK(cudaMemcpyAsync(host_out_.data(), out, logits.size_bytes(), cudaMemcpyDeviceToHost, stream_.get()));
   stream_.synchronize();
