@@ -172,11 +172,12 @@ struct WorkerPhases {
   double data_wait_s = 0.0;    ///< waiting for a batch from its data feeder
   double forward_s = 0.0;      ///< the model's forward pass and loss (on a GPU, on its clock)
   double backward_s = 0.0;     ///< the backward pass: gradients (on a GPU, on its clock)
-  /// On a GPU: parameters up and gradients down, with their copies through
-  /// pinned host memory.
+  /// On a GPU: parameters up and gradients down (with their staging
+  /// through pinned host memory where the buffers could not be page-locked).
   double copy_s = 0.0;
   /// On a GPU, the rest of the training step: the batch's upload (when not
-  /// prefetched), kernel launches, waiting for the device.
+  /// prefetched), cuDNN's one-time algorithm search for a batch size,
+  /// kernel launches, waiting for the device.
   double device_s = 0.0;
   double delay_s = 0.0;        ///< a simulated straggler's extra time (--straggler)
   double push_pull_s = 0.0;    ///< from sending its pushes or pulls to the last shard's reply
