@@ -332,10 +332,8 @@ void start_training(Self self) {
   if (st.setup.on_progress || st.setup.live) self->delayed_send(self, kLiveEvery, live_atom::value);
 }
 
-// --worker-weights auto: asks the workers one at a time (so they do not
-// compete for cores) what a step costs them (at two batch sizes), then sizes
-// their batches and shares so that their steps take equally long, and starts
-// training.
+// --worker-weights auto: asks the workers one at a time (not competing for cores) what a
+// step costs them, sizes batches and shares for steps of equal length, and starts training.
 void calibrate(Self self, std::size_t next, std::shared_ptr<std::vector<StepCost>> rates) {
   auto& st = self->state;
   if (next == st.workers.size()) {
@@ -343,17 +341,17 @@ void calibrate(Self self, std::size_t next, std::shared_ptr<std::vector<StepCost
     start_training(self);
     return;
   }
-  if (st.setup.remote) {  // the process measures itself: (calibrate_atom, w, rate) from the registry; -1: timed out
+  if (st.setup.remote) {  // the process measures itself: (calibrate_atom, w, cost) from the registry; -1: timed out
     st.rates = rates;
-    st.setup.remote->calibrate_worker(st.core->plan(), static_cast<std::uint32_t>(next));
-    return self->delayed_send(self, rpc_timeout(st.setup.config), calibrate_atom::value, static_cast<std::uint32_t>(next),
-                              0.0, -1.0);
+    const auto w = static_cast<std::uint32_t>(next);
+    st.setup.remote->calibrate_worker(st.core->plan(), w);
+    return self->delayed_send(self, rpc_timeout(st.setup.config), calibrate_atom::value, w, 0.0, -1.0);
   }
   data::Batch probe = data::leading_batch(st.setup.data->train, 2 * std::size_t{st.setup.config.batch});
   self->request(st.workers[next], rpc_timeout(st.setup.config), calibrate_atom::value, std::move(probe))
       .then(
           [self, next, rates](const std::vector<double>& cost) {
-            rates->push_back({cost.at(0), std::max(cost.at(1), 1e-12)});
+            rates->push_back({cost.at(0), cost.at(1)});  // balanced_batches guards a zero
             calibrate(self, next + 1, rates);
           },
           [self, next](caf::error& err) {
@@ -571,8 +569,7 @@ caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self, Coordinat
       [self](calibrate_atom, std::uint32_t w, double fixed_s, double per_sample_s) {
         auto& s = self->state;
         if (!s.rates || w != s.rates->size()) return;  // late, or this worker's timer after its answer
-        if (per_sample_s >= 0)
-          return s.rates->push_back({fixed_s, std::max(per_sample_s, 1e-12)}), calibrate(self, w + 1, s.rates);
+        if (per_sample_s >= 0) return s.rates->push_back({fixed_s, per_sample_s}), calibrate(self, w + 1, s.rates);
         fail(self, Status::Timeout(fmt::format("coordinator: no calibration from worker {} within {:g} s (--rpc-timeout)",
                                                w, s.setup.config.rpc_timeout_s)));
       },
