@@ -42,16 +42,23 @@ struct ConvPlan {
   std::size_t ld;     // leading dimension of the group buffers
 };
 
-ConvPlan plan_conv(const ConvGeometry& g, std::size_t batch, std::size_t threads) {
+ConvPlan plan_conv(const ConvGeometry& g, std::size_t out, std::size_t batch, std::size_t threads) {
   // BLAS's products need packed leading dimensions: one sample per product.
   if (!have_avx512()) return {threads, 1, g.plane()};
   // About 512 KiB of im2col per group: enough columns for full register
   // tiles when planes are small (7x7), and inside a core's 2 MiB L2. No
   // larger than a chunk, so that forward's chunks (one group each) are as
-  // many as backward's.
+  // many as backward's. Where the weights pass 1 MiB (a ResNet-18's 256- and
+  // 512-channel layers, on 7x7 and 4x4 planes) a product of one sample's few
+  // columns would read them from memory for little work: at least 256
+  // columns then (ResNet-18 at batch 32: 1.1x). Layers whose weights stay in
+  // cache keep their groups, which save a group's copy into place.
   constexpr std::size_t kColFloats = 128 * 1024;
-  const std::size_t group =
-      std::clamp<std::size_t>(kColFloats / (g.rows() * g.plane()), 1, sample_chunks(batch, threads).size);
+  constexpr std::size_t kLargeWeights = 256 * 1024;
+  constexpr std::size_t kMinColumns = 256;
+  std::size_t group = kColFloats / (g.rows() * g.plane());
+  if (g.rows() * out >= kLargeWeights) group = std::max(group, ceil_div(kMinColumns, g.plane()));
+  group = std::clamp<std::size_t>(group, 1, sample_chunks(batch, threads).size);
   return {threads, group, padded_ld(group * g.plane())};
 }
 
@@ -67,6 +74,19 @@ struct ConvPart {
 template <class T>
 void grow(std::vector<T>& v, std::size_t n) {
   if (v.size() < n) v.resize(n);
+}
+
+// The side of the tiles a transposing loop goes in (backward).
+constexpr std::size_t kTile = 32;
+
+// Runs fn over `tiles` tiles of `elements` elements in all: on the pool when
+// there is enough to share (a ResNet-18's 512-channel weights: 2.4M), else
+// here (a lenet's 13K, where waking the pool's threads costs more).
+template <class Fn>
+void run_tiles(ThreadPool* pool, std::size_t tiles, std::size_t elements, Fn& fn) {
+  constexpr std::size_t kShared = 64 * 1024;
+  if (tiles > 1 && elements >= kShared) return run_chunks(pool, tiles, fn);
+  for (std::size_t t = 0; t < tiles; ++t) fn(t, std::size_t{0});
 }
 
 std::size_t padded_size(const ConvGeometry& g) { return g.c * (g.h + 2 * g.pad) * (g.w + 2 * g.pad); }
@@ -112,13 +132,13 @@ struct BackwardPlan {
 BackwardPlan plan_backward(const ConvGeometry& g, std::size_t out, std::size_t batch, std::size_t threads,
                            bool dx) {
   BackwardPlan bp{g, {out, g.oh, g.ow, g.k, 1, g.k - 1 - std::min(g.pad, g.k - 1), g.h, g.w},
-                  plan_conv(g, batch, threads), {}, sample_chunks(batch, threads), dx};
+                  plan_conv(g, out, batch, threads), {}, sample_chunks(batch, threads), dx};
   // With stride 1, dx is the convolution of dy, padded by k - 1 - pad, with
   // the flipped kernel: the forward path, whose products reduce over O*k*k
   // instead of O and need no col2im (2x faster on the 3x3 layers), when the
   // conv has enough input channels to fill a register tile.
   bp.dx_by_convolution = dx && g.s == 1 && g.pad < g.k && g.c >= 8;
-  bp.plan_dx = bp.dx_by_convolution ? plan_conv(bp.gd, batch, threads) : bp.plan;
+  bp.plan_dx = bp.dx_by_convolution ? plan_conv(bp.gd, g.c, batch, threads) : bp.plan;
   // With fewer columns (C*k*k) than a vector a register tile over them would
   // be mostly empty: dW as dot products of rows of dy and col instead (2x
   // faster for a 3x3 first layer on one channel; from 16 columns on, the
@@ -248,7 +268,7 @@ void Conv2D::forward(ConstTensorView x, Tensor& y) {
   const ConvGeometry g{in_, x.shape[2], x.shape[3], k_, stride_, pad_, conv_out(x.shape[2], k_, stride_, pad_),
                        conv_out(x.shape[3], k_, stride_, pad_)};
   y.resize({batch, out_, g.oh, g.ow});
-  const ConvPlan plan = plan_conv(g, batch, threads_of(pool_));
+  const ConvPlan plan = plan_conv(g, out_, batch, threads_of(pool_));
   scratch_->parts.resize(std::max(scratch_->parts.size(), plan.threads));
   for (ConvPart& part : scratch_->parts) {
     grow(part.col, g.rows() * plan.ld);
@@ -274,11 +294,18 @@ void Conv2D::backward(ConstTensorView x, const Tensor& /*y*/, const Tensor& dy, 
   grow(sc.dw_partial, bp.chunks.count * rows * out_);
   grow(sc.db_partial, bp.chunks.count * out_);
   if (bp.dx_by_convolution) {
-    sc.flipped.resize(in_ * out_ * k_ * k_);
-    for (std::size_t o = 0; o < out_; ++o)
-      for (std::size_t c = 0; c < in_; ++c)
-        for (std::size_t i = 0; i < k_ * k_; ++i)
-          sc.flipped[(c * out_ + o) * k_ * k_ + i] = w_[(o * in_ + c) * k_ * k_ + (k_ * k_ - 1 - i)];
+    // In tiles of kTile x kTile (o, c), so that the lines read and written
+    // stay in L1 (row by row, a 512-channel layer's writes missed every time).
+    const std::size_t kk = k_ * k_;
+    sc.flipped.resize(in_ * out_ * kk);
+    auto flip = [&](std::size_t tile, std::size_t /*thread*/) {
+      const std::size_t o0 = tile * kTile;
+      for (std::size_t c0 = 0; c0 < in_; c0 += kTile)
+        for (std::size_t o = o0; o < std::min(o0 + kTile, out_); ++o)
+          for (std::size_t c = c0; c < std::min(c0 + kTile, in_); ++c)
+            for (std::size_t i = 0; i < kk; ++i) sc.flipped[(c * out_ + o) * kk + i] = w_[(o * in_ + c) * kk + (kk - 1 - i)];
+    };
+    run_tiles(pool_, ceil_div(out_, kTile), sc.flipped.size(), flip);
   }
   sc.parts.resize(std::max(sc.parts.size(), bp.plan.threads));
   for (ConvPart& part : sc.parts) grow_for_backward(part, bp, out_);
@@ -301,14 +328,21 @@ void Conv2D::backward(ConstTensorView x, const Tensor& /*y*/, const Tensor& dy, 
     };
     run_chunks(pool_, ceil_div(batch, bp.plan_dx.group), input_grads);
   }
-  // dW (O, C*k*k) = the sum of the chunks' shares, in chunk order; db likewise.
-  for (std::size_t o = 0; o < out_; ++o)
-    for (std::size_t r = 0; r < rows; ++r) {
-      float sum = 0.0f;
-      for (std::size_t c = 0; c < bp.chunks.count; ++c)
-        sum += sc.dw_partial[c * rows * out_ + (bp.dw_by_dots ? o * rows + r : r * out_ + o)];
-      dw_[o * rows + r] = sum;
-    }
+  // dW (O, C*k*k) = the sum of the chunks' shares, in chunk order; db
+  // likewise. The shares of products are transposed, (C*k*k, O): read and
+  // written in tiles, as the flip above.
+  auto sum_shares = [&](std::size_t tile, std::size_t /*thread*/) {
+    const std::size_t o0 = tile * kTile;
+    for (std::size_t r0 = 0; r0 < rows; r0 += kTile)
+      for (std::size_t o = o0; o < std::min(o0 + kTile, out_); ++o)
+        for (std::size_t r = r0; r < std::min(r0 + kTile, rows); ++r) {
+          float sum = 0.0f;
+          for (std::size_t c = 0; c < bp.chunks.count; ++c)
+            sum += sc.dw_partial[c * rows * out_ + (bp.dw_by_dots ? o * rows + r : r * out_ + o)];
+          dw_[o * rows + r] = sum;
+        }
+  };
+  run_tiles(pool_, ceil_div(out_, kTile), rows * out_ * bp.chunks.count, sum_shares);
   if (bias_)
     for (std::size_t o = 0; o < out_; ++o) {
       float sum = 0.0f;
