@@ -42,6 +42,21 @@ struct ConvPlan {
   std::size_t ld;     // leading dimension of the group buffers
 };
 
+// Layers whose weights pass this many floats (1 MiB) are planned for their
+// weights' traffic (plan_conv, conv_chunks).
+constexpr std::size_t kLargeWeights = 256 * 1024;
+
+// How backward cuts the batch into chunks whose shares of dW are summed in
+// order. Each chunk writes a whole dW share, so a layer with large weights
+// takes two chunks, not eight: a 512-channel layer's eight shares were 75 MB
+// to write and read back for a batch. Either way the cut does not depend on
+// the thread count (up to 4), so results do not either.
+Chunks conv_chunks(const ConvGeometry& g, std::size_t out, std::size_t batch, std::size_t threads) {
+  if (g.rows() * out < kLargeWeights) return sample_chunks(batch, threads);
+  const std::size_t size = std::max<std::size_t>(ceil_div(batch, 2), 1);
+  return {size, ceil_div(batch, size)};
+}
+
 ConvPlan plan_conv(const ConvGeometry& g, std::size_t out, std::size_t batch, std::size_t threads) {
   // BLAS's products need packed leading dimensions: one sample per product.
   if (!have_avx512()) return {threads, 1, g.plane()};
@@ -54,11 +69,10 @@ ConvPlan plan_conv(const ConvGeometry& g, std::size_t out, std::size_t batch, st
   // columns then (ResNet-18 at batch 32: 1.1x). Layers whose weights stay in
   // cache keep their groups, which save a group's copy into place.
   constexpr std::size_t kColFloats = 128 * 1024;
-  constexpr std::size_t kLargeWeights = 256 * 1024;
   constexpr std::size_t kMinColumns = 256;
   std::size_t group = kColFloats / (g.rows() * g.plane());
   if (g.rows() * out >= kLargeWeights) group = std::max(group, ceil_div(kMinColumns, g.plane()));
-  group = std::clamp<std::size_t>(group, 1, sample_chunks(batch, threads).size);
+  group = std::clamp<std::size_t>(group, 1, conv_chunks(g, out, batch, threads).size);
   return {threads, group, padded_ld(group * g.plane())};
 }
 
@@ -132,7 +146,7 @@ struct BackwardPlan {
 BackwardPlan plan_backward(const ConvGeometry& g, std::size_t out, std::size_t batch, std::size_t threads,
                            bool dx) {
   BackwardPlan bp{g, {out, g.oh, g.ow, g.k, 1, g.k - 1 - std::min(g.pad, g.k - 1), g.h, g.w},
-                  plan_conv(g, out, batch, threads), {}, sample_chunks(batch, threads), dx};
+                  plan_conv(g, out, batch, threads), {}, conv_chunks(g, out, batch, threads), dx};
   // With stride 1, dx is the convolution of dy, padded by k - 1 - pad, with
   // the flipped kernel: the forward path, whose products reduce over O*k*k
   // instead of O and need no col2im (2x faster on the 3x3 layers), when the
