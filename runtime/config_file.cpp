@@ -156,7 +156,7 @@ const std::vector<ConfigField>& job_config_fields() {
        "async, ssp: take a step staler than usual with a rate divided by its staleness and momentum 0.5: "
        "true | false (default true, false when --lr or --momentum is given)",
        "BOOL", staleness_aware_field()},
-      {"worker-weights", "per-worker batch weights: W0,W1,... or auto (default equal)", "LIST",
+      {"worker-weights", "per-worker batch weights: W0,W1,... or auto (measured step costs: equally long steps) (default equal)", "LIST",
        string_field(&JobConfig::worker_weights)},
       {"straggler",
        "slow workers, for experiments: W:FACTOR (every step of worker W), random:P:FACTOR (each step of every "

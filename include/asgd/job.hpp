@@ -51,7 +51,8 @@ struct JobConfig {
   std::optional<bool> staleness_aware_lr;
   /// Per-worker batch-size weights: "" (equal), "W0,W1,..." (one positive
   /// number per worker; batch and data partition scale with the weight), or
-  /// "auto" (measured from each worker's throughput before training).
+  /// "auto" (from each worker's step cost, fixed and per sample, measured
+  /// before training: batches that make every worker's step equally long).
   std::string worker_weights;
   /// Simulated slow workers for experiments, items joined by ',':
   /// "W:FACTOR" makes each step of worker W take FACTOR times its compute
