@@ -234,6 +234,12 @@ WorkerPlan plan_worker(std::uint32_t id, const WorkerShare& share, const Straggl
 
 std::vector<double> balanced_batches(const std::vector<StepCost>& costs, double total_batch) {
   const std::size_t n = costs.size();
+  // A measurement of zero (or noise below it) counts as next to nothing.
+  std::vector<double> fixed(n), per_sample(n);
+  for (std::size_t w = 0; w < n; ++w) {
+    fixed[w] = std::max(costs[w].fixed_s, 0.0);
+    per_sample[w] = std::max(costs[w].per_sample_s, 1e-12);
+  }
   std::vector<double> batch(n, 1.0);
   std::vector<bool> floor(n, false);  // held at one sample: too slow to keep up even so
   // Solve for T over the workers not held at the floor; a worker whose
@@ -245,16 +251,15 @@ std::vector<double> balanced_batches(const std::vector<StepCost>& costs, double 
         free_batch -= 1.0;
         continue;
       }
-      const double c = std::max(costs[w].per_sample_s, 1e-12);
-      sum_inv += 1.0 / c;
-      sum_fixed += std::max(costs[w].fixed_s, 0.0) / c;
+      sum_inv += 1.0 / per_sample[w];
+      sum_fixed += fixed[w] / per_sample[w];
     }
     if (sum_inv == 0.0) break;
     const double t = (free_batch + sum_fixed) / sum_inv;
     bool changed = false;
     for (std::size_t w = 0; w < n; ++w) {
       if (floor[w]) continue;
-      batch[w] = (t - std::max(costs[w].fixed_s, 0.0)) / std::max(costs[w].per_sample_s, 1e-12);
+      batch[w] = (t - fixed[w]) / per_sample[w];
       if (batch[w] < 1.0) {
         floor[w] = changed = true;
         batch[w] = 1.0;

@@ -56,7 +56,7 @@ class DeviceModel {
   virtual void prefetch(std::span<const float> x, std::span<const std::int32_t> y) = 0;
 
   /// Where the last compute_gradients call's time went: copying parameters
-  /// up and gradients down (with their pinned staging), and the forward
+  /// up and gradients down (with their pinned staging, where they stage), and the forward
   /// (with the loss) and backward passes on the device's clock.
   struct StepPhases {
     double copy_s = 0.0;

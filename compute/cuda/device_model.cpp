@@ -371,8 +371,9 @@ float CudaModel::compute_gradients(std::span<const float> params, std::span<floa
   ASGD_CUDA_CHECK(cudaSetDevice(device_.index));
   prepare(batch, true);
   const BatchUploader::DeviceBatch in = uploader_.acquire(x, y, stream_.get());
-  // The upload's interval on the device includes the host's copy into the
-  // pinned buffer: the stream has nothing to do until the copy is queued.
+  // Where the parameters stage through the pinned buffer, the upload's
+  // interval on the device includes the host's copy into it: the stream has
+  // nothing to do until the copy is queued.
   ASGD_CUDA_CHECK(cudaEventRecord(began_.get(), stream_.get()));
   // The caller's parameters and gradients (a worker's, the same buffers
   // every step) are copied in place; the stream is synchronized before this

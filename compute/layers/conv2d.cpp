@@ -45,6 +45,7 @@ struct ConvPlan {
 // Layers whose weights pass this many floats (1 MiB) are planned for their
 // weights' traffic (plan_conv, conv_chunks).
 constexpr std::size_t kLargeWeights = 256 * 1024;
+bool large_weights(const ConvGeometry& g, std::size_t out) { return g.rows() * out >= kLargeWeights; }
 
 // How backward cuts the batch into chunks whose shares of dW are summed in
 // order. Each chunk writes a whole dW share, so a layer with large weights
@@ -52,7 +53,7 @@ constexpr std::size_t kLargeWeights = 256 * 1024;
 // to write and read back for a batch. Either way the cut does not depend on
 // the thread count (up to 4), so results do not either.
 Chunks conv_chunks(const ConvGeometry& g, std::size_t out, std::size_t batch, std::size_t threads) {
-  if (g.rows() * out < kLargeWeights) return sample_chunks(batch, threads);
+  if (!large_weights(g, out)) return sample_chunks(batch, threads);
   const std::size_t size = std::max<std::size_t>(ceil_div(batch, 2), 1);
   return {size, ceil_div(batch, size)};
 }
@@ -71,7 +72,7 @@ ConvPlan plan_conv(const ConvGeometry& g, std::size_t out, std::size_t batch, st
   constexpr std::size_t kColFloats = 128 * 1024;
   constexpr std::size_t kMinColumns = 256;
   std::size_t group = kColFloats / (g.rows() * g.plane());
-  if (g.rows() * out >= kLargeWeights) group = std::max(group, ceil_div(kMinColumns, g.plane()));
+  if (large_weights(g, out)) group = std::max(group, ceil_div(kMinColumns, g.plane()));
   group = std::clamp<std::size_t>(group, 1, conv_chunks(g, out, batch, threads).size);
   return {threads, group, padded_ld(group * g.plane())};
 }
