@@ -1,6 +1,15 @@
 #include "compute/blas.hpp"
 
 #include <cblas.h>
+#include <sys/mman.h>
+
+#include <algorithm>
+#include <vector>
+
+// OpenBLAS's own work-buffer pool (driver/others/memory.c): exported by
+// libopenblas though not declared in cblas.h.
+extern "C" void* blas_memory_alloc(int procpos);
+extern "C" void blas_memory_free(void* buffer);
 
 namespace asgd::blas {
 
@@ -27,6 +36,44 @@ std::string suggested_coretype() {
     return "SkylakeX";
   if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && core != "Haswell") return "Haswell";
   return "";
+}
+
+namespace {
+
+// What OpenBLAS 0.3.21 maps for one buffer: BUFFER_SIZE (128 MiB on x86-64)
+// and a page.
+constexpr std::size_t kBufferBytes = (std::size_t{128} << 20) + 4096;
+// Far more products at once than a 2-to-64-core host runs; OpenBLAS's table
+// holds 128 buffers.
+constexpr std::size_t kMostCallers = 32;
+
+// Whether `bytes` more of address space can be mapped now.
+bool address_space_for(std::size_t bytes) {
+  void* p = ::mmap(nullptr, bytes, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (p == MAP_FAILED) return false;
+  ::munmap(p, bytes);
+  return true;
+}
+
+}  // namespace
+
+Status reserve_buffers(std::size_t callers) {
+  callers = std::clamp<std::size_t>(callers, 1, kMostCallers);
+  std::vector<void*> held;
+  Status status;
+  // Held all at once, so that each call finds the earlier ones taken: a
+  // buffer already in the pool is handed out again without a new mapping.
+  for (std::size_t i = 0; i < callers; ++i) {
+    if (!address_space_for(kBufferBytes)) {
+      status = Status::Unavailable("out of memory: no room for BLAS work buffer " + std::to_string(i + 1) + " of " +
+                                   std::to_string(callers) +
+                                   " (128 MiB each); a job of fewer workers or a smaller model may fit");
+      break;
+    }
+    held.push_back(blas_memory_alloc(0));
+  }
+  for (void* buffer : held) blas_memory_free(buffer);
+  return status;
 }
 
 void set_threads(int threads) { openblas_set_num_threads(threads < 1 ? 1 : threads); }

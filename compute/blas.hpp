@@ -8,6 +8,8 @@
 #include <cstddef>
 #include <string>
 
+#include "asgd/status.hpp"
+
 namespace asgd::blas {
 
 /// C (m, n) = alpha * op(A) * op(B) + beta * C, row-major, where op(A) is
@@ -32,6 +34,17 @@ std::string core_name();
 /// empty. OpenBLAS reads the variable only when it loads, so a program has
 /// to set it before starting (the asgd CLI re-executes itself once).
 std::string suggested_coretype();
+
+/// Makes OpenBLAS hold a work buffer for each of `callers` matrix products
+/// that may run at once. OpenBLAS takes a 128 MiB buffer the first time a
+/// product runs beside as many others, keeps it for the process's life, and
+/// when it cannot get one it retries forever: a job whose workers used up
+/// the address space before their first products never ended (its threads
+/// spun in the allocator, and stopping it waited for them). Reserving the
+/// buffers before the job builds its models makes memory that is not there
+/// fail an allocation of asgd's, which ends the job with an error. Checks
+/// first that each buffer fits, and says so when one does not.
+Status reserve_buffers(std::size_t callers);
 
 /// Sets the number of threads BLAS uses for one call (process-wide; see above).
 void set_threads(int threads);

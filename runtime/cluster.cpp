@@ -25,6 +25,7 @@
 #include "dataset/dataset.hpp"
 #include "messaging/bridge.hpp"
 #include "actors/checkpoint.hpp"
+#include "compute/blas.hpp"
 #include "runtime/cluster_internal.hpp"
 #include "runtime/config_file.hpp"
 #include "runtime/job_internal.hpp"
@@ -539,6 +540,7 @@ Status run_worker_process(const ProcessOptions& o, std::stop_token stop) {
   JobPlan* plan = &plans->job;
   const WorkerPlan& worker_plan = plans->worker;
   const auto compute = std::make_shared<ComputeContext>(plan->compute_threads);
+  if (Status s = blas::reserve_buffers(plan->compute_threads); !s.ok()) return fail_early(s);
 
   auto actor_cfg = actor_config(1);
   caf::actor_system system{actor_cfg};

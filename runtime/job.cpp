@@ -377,6 +377,12 @@ Result<JobSummary> run_job_unguarded(const JobConfig& requested, const JobCallba
                  blas::core_name(), better);
   }
   logger().info("OpenBLAS {} kernels, {} thread(s) per worker", blas::core_name(), plan.compute_threads);
+  // Before the workers' models take the memory (the coordinator evaluates
+  // beside them).
+  if (Status s = blas::reserve_buffers((plan.actor_threads + 1) * plan.compute_threads); !s.ok()) {
+    if (hooks.before_shutdown) hooks.before_shutdown(s);
+    return s;
+  }
 
   auto on_epoch = [&](const EpochMetrics& m) {
     metrics.write(to_json(m));

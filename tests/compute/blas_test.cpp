@@ -1,0 +1,92 @@
+#include "compute/blas.hpp"
+
+#include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <atomic>
+#include <cstdint>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace asgd {
+namespace {
+
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+constexpr bool kSanitized = true;
+#else
+constexpr bool kSanitized = false;
+#endif
+
+// The address space this process has mapped, in bytes.
+std::uint64_t mapped_bytes() {
+  std::ifstream in("/proc/self/status");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("VmSize:", 0) == 0) return std::stoull(line.substr(7)) * 1024;
+  return 0;
+}
+
+// Leaves `room` bytes of address space to this process beyond what it has.
+void leave_room(std::uint64_t room) {
+  const std::uint64_t limit = mapped_bytes() + room;
+  const rlimit r{limit, limit};
+  if (setrlimit(RLIMIT_AS, &r) != 0) _exit(90);
+}
+
+// Maps what is left of the address space, in pieces down to a page.
+void use_up_the_address_space() {
+  for (std::size_t piece = std::size_t{1} << 30; piece >= 4096; piece /= 2)
+    while (::mmap(nullptr, piece, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0) != MAP_FAILED) {
+    }
+}
+
+// Two threads multiply 512 x 512 matrices (big enough for OpenBLAS's
+// buffered path) once no address space is left. Exits 0 when both return;
+// OpenBLAS retrying a buffer forever is the alarm's SIGALRM.
+int products_with_reserved_buffers() {
+  ::alarm(30);
+  blas::set_threads(1);  // as asgd's jobs run it: each product on its caller's thread
+  if (!blas::reserve_buffers(2).ok()) return 2;
+  constexpr std::size_t n = 512;
+  std::vector<float> a(n * n, 1.0f), b(n * n, 0.5f), c1(n * n), c2(n * n);
+  std::atomic<bool> go = false;
+  auto multiply = [&](std::vector<float>& c) {
+    while (!go.load()) std::this_thread::yield();
+    blas::gemm(false, false, n, n, n, 1.0f, a.data(), b.data(), 0.0f, c.data());
+  };
+  std::thread t1(multiply, std::ref(c1));  // their stacks mapped before the space runs out
+  std::thread t2(multiply, std::ref(c2));
+  leave_room(64 << 20);
+  use_up_the_address_space();
+  go = true;
+  t1.join();
+  t2.join();
+  return c1[0] == 0.5f * n && c2[n * n - 1] == 0.5f * n ? 0 : 3;
+}
+
+int reserving_without_room() {
+  ::alarm(30);
+  leave_room(64 << 20);  // less than one buffer
+  const Status s = blas::reserve_buffers(1);
+  if (s.ok()) return 2;
+  if (s.code() != StatusCode::unavailable) return 3;
+  return s.message().find("BLAS work buffer 1 of 1") != std::string::npos ? 0 : 4;
+}
+
+TEST(BlasDeathTest, ProductsOnReservedBuffersRunWhenNoAddressSpaceIsLeft) {
+  if (kSanitized) GTEST_SKIP() << "a sanitizer's shadow memory does not fit in the limit";
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(_exit(products_with_reserved_buffers()), ::testing::ExitedWithCode(0), "");
+}
+
+TEST(BlasDeathTest, ReservingABufferThatDoesNotFitIsUnavailableNotAHang) {
+  if (kSanitized) GTEST_SKIP() << "a sanitizer's shadow memory does not fit in the limit";
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(_exit(reserving_without_room()), ::testing::ExitedWithCode(0), "");
+}
+
+}  // namespace
+}  // namespace asgd
