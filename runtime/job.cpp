@@ -136,6 +136,23 @@ void sleep_when_idle(caf::actor_system_config& cfg) {
   cfg.set("work-stealing.moderate-poll-attempts", std::size_t{0});
 }
 
+void await_actors(caf::actor_system& system, std::chrono::milliseconds every) {
+  using namespace std::chrono_literals;
+  const auto start = std::chrono::steady_clock::now();
+  auto next_word = start + every;
+  auto pause = 100us;
+  for (std::size_t running; (running = system.registry().running()) > 0;) {
+    if (const auto now = std::chrono::steady_clock::now(); now >= next_word) {
+      logger().warn("the job has ended, and {} of its actors are still running {:.0f} s later (each stops once the "
+                    "step or call it is in returns); waiting for them",
+                    running, std::chrono::duration<double>(now - start).count());
+      next_word += every;
+    }
+    std::this_thread::sleep_for(pause);
+    pause = std::min<std::chrono::microseconds>(pause * 2, 2ms);
+  }
+}
+
 Status device_usable_here(const std::string& text) {
   auto device = Device::parse(text);
   if (!device) return device.status();
@@ -317,7 +334,7 @@ Result<JobSummary> run_coordinator(CoordinatorSetup setup, const ClusterHooks& h
       const auto& peeked = future.get();
       hooks.before_shutdown(peeked.ok() ? Status{} : peeked.status());
     }
-    // Leaving the scope waits for every actor to stop.
+    await_actors(system, std::chrono::seconds(10));
   }
   try {
     return future.get();

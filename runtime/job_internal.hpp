@@ -3,6 +3,7 @@
 // processes (runtime/cluster.cpp). Not part of the public API.
 
 #include <caf/all.hpp>
+#include <chrono>
 
 #include <functional>
 #include <memory>
@@ -38,6 +39,13 @@ struct ClusterHooks {
 /// polls make hand-offs fast (without them 124k -> 100k samples/s there),
 /// so run_job alone keeps CAF's default.
 void sleep_when_idle(caf::actor_system_config& cfg);
+
+/// Waits for every actor of `system` to stop, as its destructor would but
+/// not without a word: every `every` it logs a warning with how many are
+/// still running, so a job whose outcome is known and whose wait() has not
+/// returned says why (a worker inside a long step, a call that has not come
+/// back). run_coordinator calls it before its system goes out of scope.
+void await_actors(caf::actor_system& system, std::chrono::milliseconds every);
 
 /// validate(config), checking the device on this machine only when
 /// `devices_here` (a coordinator whose workers run on other hosts does not).
