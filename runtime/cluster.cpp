@@ -478,6 +478,8 @@ Result<WorkerPlans> plan_assigned_worker(Joined& j, const data::DatasetSplits& d
   const JobConfig& cfg = j.config;
   auto plan = plan_settings(cfg, Placement::processes, std::thread::hardware_concurrency());
   if (!plan) return plan.status();
+  // OpenBLAS's buffers before any model (the calibration's first).
+  if (Status s = blas::reserve_buffers(plan->compute_threads); !s.ok()) return s;
   const auto& train = data.train;
   plan->sample_shape = {train.channels, train.rows, train.cols};
   plan->classes = data.num_classes;
@@ -540,7 +542,6 @@ Status run_worker_process(const ProcessOptions& o, std::stop_token stop) {
   JobPlan* plan = &plans->job;
   const WorkerPlan& worker_plan = plans->worker;
   const auto compute = std::make_shared<ComputeContext>(plan->compute_threads);
-  if (Status s = blas::reserve_buffers(plan->compute_threads); !s.ok()) return fail_early(s);
 
   auto actor_cfg = actor_config(1);
   caf::actor_system system{actor_cfg};
