@@ -4,6 +4,7 @@
 #include <sys/mman.h>
 
 #include <algorithm>
+#include <mutex>
 #include <vector>
 
 // OpenBLAS's own work-buffer pool (driver/others/memory.c): exported by
@@ -74,6 +75,26 @@ Status reserve_buffers(std::size_t callers) {
   }
   for (void* buffer : held) blas_memory_free(buffer);
   return status;
+}
+
+namespace {
+std::mutex claims_mu;
+std::size_t claimed = 0;  // the live claims' callers, summed
+}  // namespace
+
+Result<BufferClaim> BufferClaim::make(std::size_t callers) {
+  {
+    std::lock_guard lock(claims_mu);
+    if (Status s = reserve_buffers(claimed + callers); !s.ok()) return s;
+    claimed += callers;
+  }
+  return BufferClaim(callers);  // the moved-from temporary's destructor takes the lock
+}
+
+BufferClaim::~BufferClaim() {
+  if (callers_ == 0) return;  // moved from
+  std::lock_guard lock(claims_mu);
+  claimed -= callers_;
 }
 
 void set_threads(int threads) { openblas_set_num_threads(threads < 1 ? 1 : threads); }

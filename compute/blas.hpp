@@ -7,6 +7,7 @@
 
 #include <cstddef>
 #include <string>
+#include <utility>
 
 #include "asgd/status.hpp"
 
@@ -45,6 +46,24 @@ std::string suggested_coretype();
 /// fail an allocation of asgd's, which ends the job with an error. Checks
 /// first that each buffer fits, and says so when one does not.
 Status reserve_buffers(std::size_t callers);
+
+/// One job's claim on OpenBLAS's buffers, for as long as the job runs: jobs
+/// that run at once in one process (two asgd::Runtimes, or one running two)
+/// multiply at once too, so each claim reserves buffers for its own
+/// products and every other live claim's (reserve_buffers of the sum).
+class BufferClaim {
+ public:
+  /// Claims `callers` more. Errors: as reserve_buffers (nothing claimed).
+  static Result<BufferClaim> make(std::size_t callers);
+  BufferClaim(BufferClaim&& other) noexcept : callers_(std::exchange(other.callers_, 0)) {}
+  BufferClaim& operator=(BufferClaim&&) = delete;
+  BufferClaim(const BufferClaim&) = delete;
+  ~BufferClaim();  ///< the buffers stay in OpenBLAS's pool; the sum drops
+
+ private:
+  explicit BufferClaim(std::size_t callers) : callers_(callers) {}
+  std::size_t callers_;
+};
 
 /// Sets the number of threads BLAS uses for one call (process-wide; see above).
 void set_threads(int threads);

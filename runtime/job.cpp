@@ -396,9 +396,10 @@ Result<JobSummary> run_job_unguarded(const JobConfig& requested, const JobCallba
   logger().info("OpenBLAS {} kernels, {} thread(s) per worker", blas::core_name(), plan.compute_threads);
   // Before the workers' models take the memory (the coordinator evaluates
   // beside them).
-  if (Status s = blas::reserve_buffers((plan.actor_threads + 1) * plan.compute_threads); !s.ok()) {
-    if (hooks.before_shutdown) hooks.before_shutdown(s);
-    return s;
+  auto buffers = blas::BufferClaim::make((plan.actor_threads + 1) * plan.compute_threads);
+  if (!buffers) {
+    if (hooks.before_shutdown) hooks.before_shutdown(buffers.status());
+    return buffers.status();
   }
 
   auto on_epoch = [&](const EpochMetrics& m) {

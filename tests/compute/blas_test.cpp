@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstdint>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -76,6 +77,22 @@ int reserving_without_room() {
   return s.message().find("BLAS work buffer 1 of 1") != std::string::npos ? 0 : 4;
 }
 
+// Two live claims reserve for both; one given back leaves the other's.
+int claims_add_up() {
+  ::alarm(60);
+  auto first = blas::BufferClaim::make(1);
+  if (!first.ok()) return 2;
+  leave_room(64 << 20);  // less than one more buffer: every reservation's check fails, naming its count
+  {
+    auto second = blas::BufferClaim::make(1);
+    if (second.ok() || second.status().message().find("buffer 1 of 2 ") == std::string::npos) return 3;
+  }
+  std::optional<blas::BufferClaim> moved(std::move(first).value());
+  moved.reset();
+  auto third = blas::BufferClaim::make(1);
+  return !third.ok() && third.status().message().find("buffer 1 of 1 ") != std::string::npos ? 0 : 4;
+}
+
 TEST(BlasDeathTest, ProductsOnReservedBuffersRunWhenNoAddressSpaceIsLeft) {
   if (kSanitized) GTEST_SKIP() << "a sanitizer's shadow memory does not fit in the limit";
   GTEST_FLAG_SET(death_test_style, "threadsafe");
@@ -86,6 +103,12 @@ TEST(BlasDeathTest, ReservingABufferThatDoesNotFitIsUnavailableNotAHang) {
   if (kSanitized) GTEST_SKIP() << "a sanitizer's shadow memory does not fit in the limit";
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(_exit(reserving_without_room()), ::testing::ExitedWithCode(0), "");
+}
+
+TEST(BlasDeathTest, EachClaimReservesForEveryLiveClaimAndGivesItsShareBack) {
+  if (kSanitized) GTEST_SKIP() << "a sanitizer's shadow memory does not fit in the limit";
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(_exit(claims_add_up()), ::testing::ExitedWithCode(0), "");
 }
 
 }  // namespace
