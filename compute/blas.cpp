@@ -59,6 +59,11 @@ bool address_space_for(std::size_t bytes) {
 }  // namespace
 
 Status reserve_buffers(std::size_t callers) {
+  // And one for each of OpenBLAS's own threads, which take theirs when they
+  // start: in a process a few milliseconds old, that can be after this, and
+  // a buffer reserved here would then be theirs for good (a test that
+  // reserved for its two products alone hung 4 runs in 20 under load).
+  callers += static_cast<std::size_t>(std::max(openblas_get_num_procs() - 1, 0));
   callers = std::clamp<std::size_t>(callers, 1, kMostCallers);
   std::vector<void*> held;
   Status status;

@@ -43,8 +43,10 @@ std::string suggested_coretype();
 /// the address space before their first products never ended (its threads
 /// spun in the allocator, and stopping it waited for them). Reserving the
 /// buffers before the job builds its models makes memory that is not there
-/// fail an allocation of asgd's, which ends the job with an error. Checks
-/// first that each buffer fits, and says so when one does not.
+/// fail an allocation of asgd's, which ends the job with an error. Also
+/// reserves one for each of OpenBLAS's own threads (see blas.cpp). Checks
+/// first that each buffer fits, and says so when one does not. The buffers
+/// cost address space, not resident memory (OpenBLAS does not touch them).
 Status reserve_buffers(std::size_t callers);
 
 /// One job's claim on OpenBLAS's buffers, for as long as the job runs: jobs
