@@ -1,7 +1,11 @@
 #pragma once
 // Small helpers several suites share.
 
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <chrono>
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -25,6 +29,21 @@ inline constexpr int kSanitizerSlowdown = 3;
 #else
 inline constexpr int kSanitizerSlowdown = 1;
 #endif
+
+/// Whether a sanitizer is built in: tests that limit the address space mean
+/// nothing then, since its shadow memory alone needs terabytes of it.
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+inline constexpr bool kSanitized = true;
+#else
+inline constexpr bool kSanitized = false;
+#endif
+
+/// Limits this process's address space to `bytes` (RLIMIT_AS); exits with
+/// status 90 when it cannot. For a death test's child.
+inline void limit_address_space(std::uint64_t bytes) {
+  const rlimit limit{bytes, bytes};
+  if (setrlimit(RLIMIT_AS, &limit) != 0) _exit(90);
+}
 
 /// The asgd binary the tests run: $ASGD_CLI when set (a test binary moved
 /// away from its build tree, as in a scripts/gpu-bundle folder), else the

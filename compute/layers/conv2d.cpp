@@ -94,6 +94,17 @@ void grow(std::vector<T>& v, std::size_t n) {
 // The side of the tiles a transposing loop goes in (backward).
 constexpr std::size_t kTile = 32;
 
+// Calls fn(o, r) for tile `tile`'s kTile values of o (of `os`) and every r
+// (of `rs`), kTile x kTile at a time, so that the lines a transposing loop
+// reads and writes stay in L1.
+template <class Fn>
+void in_tile(std::size_t tile, std::size_t os, std::size_t rs, Fn&& fn) {
+  const std::size_t o0 = tile * kTile;
+  for (std::size_t r0 = 0; r0 < rs; r0 += kTile)
+    for (std::size_t o = o0; o < std::min(o0 + kTile, os); ++o)
+      for (std::size_t r = r0; r < std::min(r0 + kTile, rs); ++r) fn(o, r);
+}
+
 // Runs fn over `tiles` tiles of `elements` elements in all: on the pool when
 // there is enough to share (a ResNet-18's 512-channel weights: 2.4M), else
 // here (a lenet's 13K, where waking the pool's threads costs more).
@@ -309,16 +320,16 @@ void Conv2D::backward(ConstTensorView x, const Tensor& /*y*/, const Tensor& dy, 
   grow(sc.dw_partial, bp.chunks.count * rows * out_);
   grow(sc.db_partial, bp.chunks.count * out_);
   if (bp.dx_by_convolution) {
-    // In tiles of kTile x kTile (o, c), so that the lines read and written
-    // stay in L1 (row by row, a 512-channel layer's writes missed every time).
+    // In tiles of (o, c) (row by row, a 512-channel layer's writes missed
+    // every time).
     const std::size_t kk = k_ * k_;
     sc.flipped.resize(in_ * out_ * kk);
     auto flip = [&](std::size_t tile, std::size_t /*thread*/) {
-      const std::size_t o0 = tile * kTile;
-      for (std::size_t c0 = 0; c0 < in_; c0 += kTile)
-        for (std::size_t o = o0; o < std::min(o0 + kTile, out_); ++o)
-          for (std::size_t c = c0; c < std::min(c0 + kTile, in_); ++c)
-            for (std::size_t i = 0; i < kk; ++i) sc.flipped[(c * out_ + o) * kk + i] = w_[(o * in_ + c) * kk + (kk - 1 - i)];
+      in_tile(tile, out_, in_, [&](std::size_t o, std::size_t c) {
+        const float* from = &w_[(o * in_ + c) * kk];
+        float* to = &sc.flipped[(c * out_ + o) * kk];
+        for (std::size_t i = 0; i < kk; ++i) to[i] = from[kk - 1 - i];
+      });
     };
     run_tiles(pool_, ceil_div(out_, kTile), sc.flipped.size(), flip);
   }
@@ -347,15 +358,12 @@ void Conv2D::backward(ConstTensorView x, const Tensor& /*y*/, const Tensor& dy, 
   // likewise. The shares of products are transposed, (C*k*k, O): read and
   // written in tiles, as the flip above.
   auto sum_shares = [&](std::size_t tile, std::size_t /*thread*/) {
-    const std::size_t o0 = tile * kTile;
-    for (std::size_t r0 = 0; r0 < rows; r0 += kTile)
-      for (std::size_t o = o0; o < std::min(o0 + kTile, out_); ++o)
-        for (std::size_t r = r0; r < std::min(r0 + kTile, rows); ++r) {
-          float sum = 0.0f;
-          for (std::size_t c = 0; c < bp.chunks.count; ++c)
-            sum += sc.dw_partial[c * rows * out_ + (bp.dw_by_dots ? o * rows + r : r * out_ + o)];
-          dw_[o * rows + r] = sum;
-        }
+    in_tile(tile, out_, rows, [&](std::size_t o, std::size_t r) {
+      float sum = 0.0f;
+      for (std::size_t c = 0; c < bp.chunks.count; ++c)
+        sum += sc.dw_partial[c * rows * out_ + (bp.dw_by_dots ? o * rows + r : r * out_ + o)];
+      dw_[o * rows + r] = sum;
+    });
   };
   run_tiles(pool_, ceil_div(out_, kTile), rows * out_ * bp.chunks.count, sum_shares);
   if (bias_)

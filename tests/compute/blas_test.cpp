@@ -3,7 +3,6 @@
 #include <cblas.h>
 #include <gtest/gtest.h>
 #include <sys/mman.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -15,14 +14,12 @@
 #include <thread>
 #include <vector>
 
+#include "test_helpers.hpp"
+
 namespace asgd {
 namespace {
 
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr bool kSanitized = true;
-#else
-constexpr bool kSanitized = false;
-#endif
+using asgd_test::kSanitized;
 
 // OpenBLAS's own threads, for each of which reserve_buffers takes one more.
 const std::size_t kOpenblasThreads = static_cast<std::size_t>(std::max(openblas_get_num_procs() - 1, 0));
@@ -36,11 +33,7 @@ std::uint64_t mapped_bytes() {
 }
 
 // Leaves `room` bytes of address space to this process beyond what it has.
-void leave_room(std::uint64_t room) {
-  const std::uint64_t limit = mapped_bytes() + room;
-  const rlimit r{limit, limit};
-  if (setrlimit(RLIMIT_AS, &r) != 0) _exit(90);
-}
+void leave_room(std::uint64_t room) { asgd_test::limit_address_space(mapped_bytes() + room); }
 
 // Maps what is left of the address space, in pieces down to a page.
 void use_up_the_address_space() {

@@ -5,7 +5,6 @@
 // (a gtest death test), so the limit and the measurement are theirs alone.
 
 #include <gtest/gtest.h>
-#include <sys/resource.h>
 #include <unistd.h>
 
 #include <atomic>
@@ -22,6 +21,7 @@
 #include "asgd/predictor.hpp"
 #include "asgd/runtime.hpp"
 #include "test_data.hpp"
+#include "test_helpers.hpp"
 
 namespace asgd {
 namespace {
@@ -46,18 +46,8 @@ double rss_mib() {
   return 0;
 }
 
-// The address-space tests mean nothing under a sanitizer, whose shadow
-// memory alone needs terabytes of it.
-#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
-constexpr bool kSanitized = true;
-#else
-constexpr bool kSanitized = false;
-#endif
-
-void limit_address_space(std::uint64_t bytes) {
-  const rlimit limit{bytes, bytes};
-  if (setrlimit(RLIMIT_AS, &limit) != 0) _exit(90);
-}
+using asgd_test::kSanitized;
+using asgd_test::limit_address_space;
 
 TEST(Embedding, ASecondStopCalledWhileTheFirstIsWaitingAlsoWaitsForTheJob) {
   ASGD_REQUIRE_DATASET(dir, "mnist");
