@@ -332,30 +332,27 @@ void start_training(Self self) {
   if (st.setup.on_progress || st.setup.live) self->delayed_send(self, kLiveEvery, live_atom::value);
 }
 
-// --worker-weights auto: asks the workers one at a time (not competing for cores) what a
-// step costs them, sizes batches and shares for steps of equal length, and starts training.
+// --worker-weights auto: asks the workers one at a time (not competing for cores) what a step costs
+// them, in one process in 3 interleaved rounds keeping each one's cheapest (keep_cheapest), sizes
+// batches and shares for steps of equal length, and starts training.
 void calibrate(Self self, std::size_t next, std::shared_ptr<std::vector<StepCost>> rates) {
   auto& st = self->state;
-  if (next == st.workers.size()) {
-    st.core->calibrated(*rates);
-    start_training(self);
-    return;
-  }
+  const std::size_t n = st.workers.size(), w = next % n;
+  if (next == (st.setup.remote ? 1 : 3) * n) return st.core->calibrated(*rates), start_training(self);
   if (st.setup.remote) {  // the process measures itself: (calibrate_atom, w, cost) from the registry; -1: timed out
     st.rates = rates;
-    const auto w = static_cast<std::uint32_t>(next);
-    st.setup.remote->calibrate_worker(st.core->plan(), w);
-    return self->delayed_send(self, rpc_timeout(st.setup.config), calibrate_atom::value, w, 0.0, -1.0);
+    st.setup.remote->calibrate_worker(st.core->plan(), static_cast<std::uint32_t>(w));
+    return self->delayed_send(self, rpc_timeout(st.setup.config), calibrate_atom::value, std::uint32_t(w), 0.0, -1.0);
   }
   data::Batch probe = data::leading_batch(st.setup.data->train, 2 * std::size_t{st.setup.config.batch});
-  self->request(st.workers[next], rpc_timeout(st.setup.config), calibrate_atom::value, std::move(probe))
+  self->request(st.workers[w], rpc_timeout(st.setup.config), calibrate_atom::value, std::move(probe))
       .then(
-          [self, next, rates](const std::vector<double>& cost) {
-            rates->push_back({cost.at(0), cost.at(1)});  // balanced_batches guards a zero
+          [self, next, w, rates](const std::vector<double>& cost) {  // balanced_batches guards a zero
+            keep_cheapest(*rates, w, {cost.at(0), cost.at(1)}, self->state.setup.config.batch);
             calibrate(self, next + 1, rates);
           },
-          [self, next](caf::error& err) {
-            fail(self, Status::Timeout("coordinator: no calibration from worker " + std::to_string(next) + ": " +
+          [self, w](caf::error& err) {
+            fail(self, Status::Timeout("coordinator: no calibration from worker " + std::to_string(w) + ": " +
                                        self->system().render(err)));
           });
 }

@@ -35,7 +35,7 @@ void CoordinatorCore::calibrated(const std::vector<StepCost>& costs) {
     logger().info("worker {}: a step of B samples takes {:.3g} ms + B x {:.3g} us in calibration ({:.0f} samples/s "
                   "at batch {}); batch {:.0f}",
                   w, costs[w].fixed_s * 1e3, costs[w].per_sample_s * 1e6,
-                  plan_.batch / (costs[w].fixed_s + plan_.batch * costs[w].per_sample_s), plan_.batch, batches[w]);
+                  plan_.batch / costs[w].seconds_at(plan_.batch), plan_.batch, batches[w]);
   replan_shares(plan_, batches);
 }
 
