@@ -19,11 +19,13 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "asgd/status.hpp"
+#include "messaging/transport.hpp"
 
 namespace asgd::messaging {
 
@@ -83,7 +85,8 @@ std::shared_ptr<Collective> make_local_collective(Rank ranks);
 /// One rank of a collective across processes (messaging/zmq_collective.cpp):
 /// it listens first, before it knows its rank, so that its endpoint can be
 /// announced, and connects to the others once every endpoint is known.
-/// Plain tcp: no CURVE yet. leave(r) of another rank r says that r is gone
+/// With CURVE options its endpoint carries its public key, it admits only
+/// allowed keys, and it never uses shared memory. leave(r) of another rank r says that r is gone
 /// (its process died): nobody waits for it any more.
 class NetworkCollective : public Collective {
  public:
@@ -107,9 +110,13 @@ class NetworkCollective : public Collective {
   virtual void set_shared_memory(bool on, std::chrono::milliseconds settle = std::chrono::seconds(5)) = 0;
 };
 
-/// A rank listening at `listen` ("tcp://127.0.0.1:*"); a message carries at
-/// most `max_values` floats. Errors: io_error when it cannot listen there.
+/// A rank listening at `listen` ("tcp://127.0.0.1:*"), with `curve`
+/// authenticated and encrypted (a refused peer is logged naming the
+/// collective `name`); a message carries at most `max_values` floats.
+/// Errors: io_error when it cannot listen there.
 Result<std::shared_ptr<NetworkCollective>> make_zmq_collective(const std::string& listen,
+                                                               std::optional<CurveOptions> curve = std::nullopt,
+                                                               std::string name = "collective",
                                                                std::size_t max_values = std::size_t{1} << 30);
 
 }  // namespace asgd::messaging

@@ -7,7 +7,9 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+#include <cstring>
 #include <span>
+#include <vector>
 
 #include "messaging/wire.hpp"  // crc32c
 
@@ -55,6 +57,26 @@ inline bool well_formed(const Header& h, std::span<const std::byte> values, std:
          h.from < ranks && h.from != self && (h.coding == 0 || (h.coding == 1 && h.kind == Kind::chunk)) &&
          values.size() == h.count * width && h.count <= max_values && h.weight >= 0 && std::isfinite(h.weight) &&
          crc32c(values) == h.crc;
+}
+
+/// The values of a message `well_formed` passed, as float32: in place when
+/// they are float32 at a float's alignment (ZeroMQ may hand a message's
+/// bytes over at any address: small ones sit inside its receive buffer),
+/// else converted or copied into `scratch`.
+inline std::span<const float> read_values(const Header& h, std::span<const std::byte> bytes,
+                                          std::vector<float>& scratch) {
+  if (h.coding == 1) {
+    std::vector<std::uint16_t> halves(h.count);
+    std::memcpy(halves.data(), bytes.data(), bytes.size());
+    scratch.resize(h.count);
+    from_half(halves, scratch);
+    return scratch;
+  }
+  if (reinterpret_cast<std::uintptr_t>(bytes.data()) % alignof(float) == 0)
+    return {reinterpret_cast<const float*>(bytes.data()), h.count};
+  scratch.resize(h.count);
+  std::memcpy(scratch.data(), bytes.data(), bytes.size());
+  return scratch;
 }
 
 }  // namespace asgd::messaging::collective_wire

@@ -24,6 +24,8 @@
 // Gossip: a rank sends its copy to the ranks that will average with it and
 // keeps the latest copy each peer sent it. Every message is checked before
 // use (collective_wire::well_formed); a malformed one is dropped and counted.
+// With CURVE (--auth-keys) the PULL socket's gatekeeper admits only allowed
+// keys, its endpoint carries its key, and nothing goes through shared memory.
 #include <spdlog/fmt/fmt.h>
 #include <zmq.hpp>
 
@@ -41,7 +43,10 @@
 #include "messaging/collective.hpp"
 #include "messaging/collective_ring.hpp"
 #include "messaging/collective_wire.hpp"
+#include "messaging/curve_auth.hpp"
 #include "messaging/shm_allreduce.hpp"
+#include "messaging/zmq_curve.hpp"
+#include "messaging/zmq_gatekeeper.hpp"
 
 namespace asgd::messaging {
 
@@ -55,7 +60,8 @@ std::uint64_t bit(Rank r) { return std::uint64_t{1} << r; }
 
 class ZmqCollective final : public NetworkCollective {
  public:
-  explicit ZmqCollective(std::size_t max_values) : max_values_(max_values) {}
+  ZmqCollective(std::size_t max_values, std::optional<CurveOptions> curve, std::string name)
+      : max_values_(max_values), curve_(std::move(curve)), name_(std::move(name)) {}
 
   ~ZmqCollective() override {
     stop_ = true;
@@ -67,8 +73,14 @@ class ZmqCollective final : public NetworkCollective {
   Status bind(const std::string& where) {
     try {
       pull_.set(zmq::sockopt::linger, 0);
+      if (curve_) {  // the gatekeeper before anyone can connect; one connection from each other rank
+        set_curve_server(pull_, curve_);
+        guard_ = Gatekeeper::start(context_, pull_, name_, curve_, kMaxRanks - 1,
+                                   sizeof(Header) + max_values_ * sizeof(float));
+      }
       pull_.bind(where);
       endpoint_ = pull_.get(zmq::sockopt::last_endpoint);
+      if (curve_) endpoint_ = with_server_key(endpoint_, curve_->public_key);
       const std::string wake_at = "inproc://asgd-collective-" + std::to_string(reinterpret_cast<std::uintptr_t>(this));
       wake_rx_.bind(wake_at);
       wake_tx_.connect(wake_at);
@@ -82,30 +94,41 @@ class ZmqCollective final : public NetworkCollective {
 
   Status connect(Rank rank, const std::vector<std::string>& endpoints) override {
     const auto ranks = static_cast<Rank>(endpoints.size());
-    if (ranks == 0 || ranks > 64 || rank >= ranks)
+    if (ranks == 0 || ranks > kMaxRanks || rank >= ranks)
       return Status::InvalidArgument(
           fmt::format("a collective across processes has 1 to 64 ranks, not rank {} of {}", rank, ranks));
     if (io_.joinable()) return Status::InvalidArgument("the collective is connected already");
+    std::vector<CurveTarget> peers(ranks);
+    for (Rank r = 0; r < ranks; ++r) {
+      if (r == rank) continue;
+      auto p = curve_target(fmt::format("worker {}'s collective at", r), endpoints[r], curve_);
+      if (!p) return p.status();
+      peers[r] = std::move(*p);
+    }
     {
       std::lock_guard lock(mu_);
       rank_ = rank;
       n_ = ranks;
-      live_ = ranks == 64 ? ~0ULL : bit(ranks) - 1;
+      live_ = ranks == kMaxRanks ? ~0ULL : bit(ranks) - 1;
       latest_.assign(ranks, {});
     }
     try {
       for (Rank r = 0; r < n_; ++r) {
         push_.emplace_back(context_, zmq::socket_type::push);
         if (r == rank_) continue;
-        // A process that exits right after its last round still delivers
-        // its last chunks (bounded: a peer that is gone does not hold it).
+        // Lingers: a process exiting after its last round still delivers its last chunks (bounded).
         push_.back().set(zmq::sockopt::linger, 2000);
-        push_.back().connect(endpoints[r]);
+        set_curve_client(push_.back(), peers[r], curve_);
+        push_.back().connect(peers[r].endpoint);
       }
     } catch (const zmq::error_t& e) {
       return Status::IOError(fmt::format("collective rank {}: cannot connect to the others: {}", rank_, e.what()));
     }
-    if (shared_memory_ && ranks > 1) shm_ = ShmAllreduce::join(endpoints, rank_, settle_);
+    if (curve_ && ranks > 1)
+      logger().info("worker {}'s collective: authenticated and encrypted (CURVE); its all-reduce goes round the ring "
+                    "over tcp, never through shared memory", rank_);
+    else if (shared_memory_ && ranks > 1)
+      shm_ = ShmAllreduce::join(endpoints, rank_, settle_);
     io_ = std::thread([this] { run(); });
     return {};
   }
@@ -228,6 +251,7 @@ class ZmqCollective final : public NetworkCollective {
 
  private:
   enum class Op { reduce, gossip, leave, gone };
+  static constexpr Rank kMaxRanks = 64;
 
   void start_ring(Round round, std::span<const float> data, double weight, Ready ready) {
     Reduce& r = reduce_;  // reset when its last round completed (complete_round)
@@ -348,7 +372,6 @@ class ZmqCollective final : public NetworkCollective {
     release_gossip(wake_up);
   }
 
-  // Begins (or begins again, after a departure) the round in flight.
   // Begins (or begins again, after a departure) the round in flight.
   void begin_round(std::vector<Ready>& wake_up) {
     Reduce& r = reduce_;
@@ -484,20 +507,8 @@ class ZmqCollective final : public NetworkCollective {
       if (rejected_++ == 0) logger().warn("collective rank {}: dropped a malformed message; further ones are counted", rank_);
       return;
     }
-    // ZeroMQ may hand over a message's bytes at any address (small ones sit
-    // inside its receive buffer): they are read from an aligned copy then.
-    const void* bytes = parts[1].data();
-    if (reinterpret_cast<std::uintptr_t>(bytes) % alignof(float) != 0) {
-      aligned_.resize((parts[1].size() + sizeof(float) - 1) / sizeof(float));
-      std::memcpy(aligned_.data(), bytes, parts[1].size());
-      bytes = aligned_.data();
-    }
-    std::span<const float> values(static_cast<const float*>(bytes), h.coding == 1 ? 0 : h.count);
-    if (h.coding == 1) {
-      unpacked_.resize(h.count);
-      from_half(std::span(static_cast<const std::uint16_t*>(bytes), h.count), unpacked_);
-      values = unpacked_;
-    }
+    const std::span<const float> values =
+        collective_wire::read_values(h, {static_cast<const std::byte*>(parts[1].data()), parts[1].size()}, scratch_);
     switch (h.kind) {
       case Kind::chunk: {
         Reduce& r = reduce_;
@@ -529,7 +540,10 @@ class ZmqCollective final : public NetworkCollective {
 
   Rank rank_ = 0, n_ = 0;  // set by connect(), under mu_
   const std::size_t max_values_;
+  std::optional<CurveOptions> curve_;
+  const std::string name_;             // in the gatekeeper's log lines
   zmq::context_t context_{1};
+  std::unique_ptr<Gatekeeper> guard_;  // with CURVE; goes after pull_ closed (see Gatekeeper)
   zmq::socket_t pull_{context_, zmq::socket_type::pull};
   zmq::socket_t wake_rx_{context_, zmq::socket_type::pull};
   zmq::socket_t wake_tx_{context_, zmq::socket_type::push};
@@ -541,8 +555,7 @@ class ZmqCollective final : public NetworkCollective {
   std::atomic<std::uint64_t> rejected_{0};
   bool half_ = false;                  // chunks as float16 (set before the I/O thread starts)
   std::vector<std::uint16_t> halves_;  // the I/O thread's: a piece on its way out, as float16
-  std::vector<float> unpacked_;        // and one that came in, as float32
-  std::vector<float> aligned_;         // a message's bytes, when ZeroMQ's were not float-aligned
+  std::vector<float> scratch_;         // and one that came in, when it cannot be read in place
 
   mutable std::mutex mu_;
   std::vector<Op> ops_;       // local calls the I/O thread has not begun
@@ -576,8 +589,10 @@ class ZmqCollective final : public NetworkCollective {
 
 }  // namespace
 
-Result<std::shared_ptr<NetworkCollective>> make_zmq_collective(const std::string& listen, std::size_t max_values) {
-  auto c = std::make_shared<ZmqCollective>(max_values);
+Result<std::shared_ptr<NetworkCollective>> make_zmq_collective(const std::string& listen,
+                                                               std::optional<CurveOptions> curve, std::string name,
+                                                               std::size_t max_values) {
+  auto c = std::make_shared<ZmqCollective>(max_values, std::move(curve), std::move(name));
   if (Status s = c->bind(listen); !s.ok()) return s;
   return std::shared_ptr<NetworkCollective>(std::move(c));
 }

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "messaging/curve_auth.hpp"
+#include "messaging/zmq_curve.hpp"
 #include "messaging/transport.hpp"
 #include "messaging/zmq_gatekeeper.hpp"
 
@@ -147,12 +148,7 @@ class ZmqTransport final : public Transport {
         // A send to an identity we do not know fails (EHOSTUNREACH) instead
         // of vanishing, and a full peer queue says EAGAIN instead of dropping.
         router.set(zmq::sockopt::router_mandatory, true);
-        router.set(zmq::sockopt::handshake_ivl, kHandshakeMs);
-        if (curve_) {
-          router.set(zmq::sockopt::curve_server, true);
-          router.set(zmq::sockopt::curve_secretkey, zmq::buffer(curve_->secret_key));
-        }
-        router.set(zmq::sockopt::zap_domain, "asgd");  // asks the gatekeeper, with or without CURVE
+        set_curve_server(router, curve_);  // asks the gatekeeper, with or without CURVE
         // Before anyone can connect.
         guard_ = Gatekeeper::start(context_, router, name_, curve_, limits_.bound_max_connections,
                                               part_limit(limits_.bound_max_part_bytes));
@@ -288,29 +284,13 @@ class ZmqTransport final : public Transport {
   // A DEALER connected to `given` (with CURVE, set up to verify the
   // server's key): the endpoint without its key, and the socket.
   Result<std::pair<std::string, zmq::socket_t>> open_dealer(const std::string& given) {
-    auto split = split_server_key(given);
-    if (!split) return Status::InvalidArgument("connect: " + split.status().message());
-    const auto& [endpoint, carried_key] = *split;
+    auto target = curve_target("connect", given, curve_, "; for the coordinator give --coordinator-key");
+    if (!target) return target.status();
+    const std::string& endpoint = target->endpoint;
     try {
       zmq::socket_t dealer(context_, zmq::socket_type::dealer);
       configure(dealer, limits_.max_message_bytes);
-      if (curve_) {
-        const std::optional<CurveKey> server = carried_key ? carried_key : curve_->server_key;
-        if (!server)
-          return Status::InvalidArgument("connect " + endpoint +
-                                         ": CURVE is on, and the server's public key is not known (the endpoint "
-                                         "carries none; for the coordinator give --coordinator-key)");
-        if (!std::binary_search(curve_->allowed.begin(), curve_->allowed.end(), *server))
-          return Status::InvalidArgument("connect " + endpoint + ": the server's key " + key_fingerprint(*server) +
-                                         " is not in the allow-list (--auth-keys)");
-        dealer.set(zmq::sockopt::curve_serverkey, zmq::buffer(*server));
-        dealer.set(zmq::sockopt::curve_publickey, zmq::buffer(curve_->public_key));
-        dealer.set(zmq::sockopt::curve_secretkey, zmq::buffer(curve_->secret_key));
-      } else if (carried_key) {
-        return Status::InvalidArgument("connect " + endpoint +
-                                       ": the server there uses CURVE (the endpoint carries its key); this process "
-                                       "needs --auth-keys");
-      }
+      set_curve_client(dealer, *target, curve_);
       dealer.connect(endpoint);
       return std::pair<std::string, zmq::socket_t>(endpoint, std::move(dealer));
     } catch (const zmq::error_t& e) {

@@ -434,17 +434,12 @@ std::string collective_listen(const std::string& listen) {
 
 // allreduce, gossip: this worker joins the others' collective.
 Status connect_collective(NetworkCollective* collective, const Assignment& a, const std::string& name, bool fp16) {
-  if (!collective)
-    return Status::InvalidArgument(name + ": the decentralized policies' collective has no CURVE yet: run allreduce "
-                                          "and gossip without --auth-keys, or choose a parameter-server policy");
+  if (!collective) return Status::Internal(name + ": this worker process has no collective");
   if (a.peer_endpoints.size() != a.workers || a.index >= a.workers)
     return Status::Internal(name + ": the assignment does not say where every worker's collective listens");
   for (std::size_t w = 0; w < a.peer_endpoints.size(); ++w)
     if (a.peer_endpoints[w].empty())
-      return Status::InvalidArgument(fmt::format(
-          "{}: worker {} announced no collective (it runs with --auth-keys, which allreduce and gossip do not "
-          "support yet)",
-          name, w));
+      return Status::InvalidArgument(fmt::format("{}: worker {} announced no collective", name, w));
   collective->set_half_precision(fp16);
   return collective->connect(a.index, a.peer_endpoints);
 }
@@ -500,7 +495,7 @@ Result<WorkerPlans> plan_assigned_worker(Joined& j, const data::DatasetSplits& d
 // all-reduce goes through shared memory when every worker runs on this host
 // and --shared-memory is on.
 Result<std::shared_ptr<NetworkCollective>> make_worker_collective(const ProcessOptions& o) {
-  auto made = make_zmq_collective(collective_listen(o.listen));
+  auto made = make_zmq_collective(collective_listen(o.listen), o.curve, "worker collective");
   if (made) (*made)->set_shared_memory(o.shared_memory);
   return made;
 }
@@ -509,10 +504,9 @@ Result<std::shared_ptr<NetworkCollective>> make_worker_collective(const ProcessO
 
 Status run_worker_process(const ProcessOptions& o, std::stop_token stop) {
   // Its collective listens before it registers, so that the coordinator can
-  // tell every worker where the others are (the decentralized policies;
-  // none with CURVE, which it does not speak yet).
+  // tell every worker where the others are (the decentralized policies).
   std::shared_ptr<NetworkCollective> collective = o.collective;
-  if (!o.curve && !collective) {
+  if (!collective) {
     auto made = make_worker_collective(o);
     if (!made) return made.status();
     collective = *made;

@@ -299,5 +299,28 @@ TEST(ClusterAuthCli, AClusterWithKeysFromOneKeysGenerateTrainsMnist) {
   EXPECT_GE(summary["final_test_accuracy"].get<double>(), 0.9) << last;
 }
 
+// The decentralized policies with keys: the workers' collective speaks
+// CURVE too, and goes round the ring instead of through shared memory.
+TEST(ClusterAuthCli, AllreduceAndGossipWithKeysTrainMnistWithTheirCollectiveAuthenticated) {
+  ASGD_REQUIRE_DATASET(mnist, "mnist");
+  const asgd_test::TempDir scratch;
+  const fs::path keys = scratch / "keys";
+  ASSERT_EQ(asgd("keys generate --out " + keys.string() + " --name self").exit_code, 0);
+  for (const std::string policy : {"allreduce", "gossip:2"}) {
+    const fs::path metrics = scratch / (policy.substr(0, 6) + ".jsonl");
+    CliRun r = asgd("cluster --workers 2 --epochs 1 --policy " + policy + " --auth-keys " + keys.string() +
+                    " --data-dir " + mnist.string() + " --metrics-out " + metrics.string());
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+    EXPECT_EQ(r.out.find("refused"), std::string::npos) << policy << ": no process of the job was refused:\n" << r.out;
+    for (const char* w : {"worker 0", "worker 1"})
+      EXPECT_NE(r.out.find(std::string(w) + "'s collective: authenticated and encrypted (CURVE)"), std::string::npos)
+          << policy << ":\n" << r.out;
+    EXPECT_EQ(r.out.find("the all-reduce goes through shared memory"), std::string::npos) << r.out;
+    const std::string m = asgd_test::slurp(metrics);
+    const auto summary = nlohmann::json::parse(m.substr(m.rfind('\n', m.size() - 2) + 1));
+    EXPECT_GE(summary["final_test_accuracy"].get<double>(), 0.9) << policy << ": " << summary.dump();
+  }
+}
+
 }  // namespace
 }  // namespace asgd

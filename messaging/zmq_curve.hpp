@@ -1,0 +1,42 @@
+#pragma once
+// Internal to the ZeroMQ transport and the workers' collective: the
+// client's side of CURVE (--auth-keys), shared so that both check a
+// server's key by the same rules and say the same things.
+
+#include <zmq.hpp>
+
+#include <optional>
+#include <string>
+
+#include "asgd/status.hpp"
+#include "messaging/curve_auth.hpp"
+#include "messaging/transport.hpp"
+
+namespace asgd::messaging {
+
+/// Where a client connects and the server key it is to check.
+struct CurveTarget {
+  std::string endpoint;           ///< without its key
+  std::optional<CurveKey> key;    ///< with CURVE on: the server's key; without: none
+};
+
+/// Resolves `given` for a client with `curve` (or without it): the key the
+/// endpoint carries (with_server_key), else `curve->server_key`, which must
+/// be in the allow-list. Errors (invalid_argument, starting with `who` and
+/// the endpoint: "connect tcp://..."): a malformed key; with CURVE on, no
+/// key known (`hint` says where to find one) or one not allowed; without
+/// it, an endpoint that carries a key.
+Result<CurveTarget> curve_target(const std::string& who, const std::string& given,
+                                 const std::optional<CurveOptions>& curve, const std::string& hint = {});
+
+/// Sets `socket` up to verify `target`'s key and to prove ours (nothing
+/// without a key). Before it connects.
+void set_curve_client(zmq::socket_t& socket, const CurveTarget& target, const std::optional<CurveOptions>& curve);
+
+/// Sets up a socket about to bind: a handshake within kHandshakeMs
+/// (zmq_gatekeeper.hpp), with `curve` a CURVE server holding its secret
+/// key, and the ZAP domain that makes libzmq ask the context's gatekeeper
+/// about every peer, which must then run before the socket binds.
+void set_curve_server(zmq::socket_t& socket, const std::optional<CurveOptions>& curve);
+
+}  // namespace asgd::messaging
