@@ -101,6 +101,10 @@ void print_error(const std::string& message);
 /// its slow generic kernels for a CPU it does not know (see blas.hpp).
 void reexec_with_better_blas_kernels(char** argv);
 
+/// Makes malloc keep the memory freed by large messages for the next ones
+/// (glibc's thresholds fixed at the largest its own adjustment reaches).
+void keep_freed_memory_for_reuse();
+
 /// Parses `args` (as typed) into `app`. nullopt when the chosen command is
 /// to run; otherwise the exit status: 0 after --help or --version (printed),
 /// kExitUsage after a parse error, printed as one line of what `explain`

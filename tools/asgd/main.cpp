@@ -131,6 +131,7 @@ void raise_open_file_limit() {
 int main(int argc, char** argv) {
   using namespace asgd::cli;
   reexec_with_better_blas_kernels(argv);
+  keep_freed_memory_for_reuse();
   raise_open_file_limit();
   CLI::App app{"asgd: a runtime for data-parallel stochastic gradient descent"};
   app.name("asgd");

@@ -1,7 +1,8 @@
 // What every asgd program (asgd, asgd-bench) does with its process: its
-// errors on stderr, its exit codes, Ctrl-C, the BLAS kernels it runs on, and
-// where its sibling programs are.
+// errors on stderr, its exit codes, Ctrl-C, the BLAS kernels it runs on, its
+// allocator's thresholds, and where its sibling programs are.
 
+#include <malloc.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -63,6 +64,22 @@ int exit_code_for(const Status& s) {
 // OpenBLAS picks its kernels when it loads, before main(); where it picked
 // its slow generic ones on a CPU it does not know, start again once with
 // OPENBLAS_CORETYPE set. A value the user set is always left alone.
+// ZeroMQ allocates every message it receives over tcp and the receiver
+// frees it: a collective's 1 MiB pieces, a gradient. glibc's default
+// thresholds adjust as it goes (mmap above 128 KiB at first, and the top of
+// a heap given back to the kernel once 2x that is free), and on these
+// messages they kept giving pages back and faulting them in again: a third
+// of the page faults of a 2-rank all-reduce over tcp, in ZeroMQ's recv into
+// a fresh buffer. Fixed at the values glibc's own adjustment grows to at
+// most on 64-bit (mmap from 32 MiB, trim past 64 MiB), the memory stays for
+// the next message: 1M-float all-reduces took 3.05 ms against 3.95 ms,
+// 4M-float ones 14.7 against 18.2 (medians of four alternating runs,
+// docs/benchmarks.md). A program embedding asgd keeps its own settings.
+void keep_freed_memory_for_reuse() {
+  (void)mallopt(M_MMAP_THRESHOLD, 32 << 20);
+  (void)mallopt(M_TRIM_THRESHOLD, 64 << 20);
+}
+
 void reexec_with_better_blas_kernels(char** argv) {
   if (std::getenv("OPENBLAS_CORETYPE")) return;
   const std::string core = blas::suggested_coretype();
