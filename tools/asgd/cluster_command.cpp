@@ -53,7 +53,7 @@ void add_auth_flags(CLI::App* cmd, ProcessFlags& f, bool needs_coordinator) {
   if (needs_coordinator)
     cmd->add_option("--coordinator-key", f.coordinator_key,
                     "the coordinator's public key (default: coordinator.pub in --auth-keys, or the key the "
-                    "--coordinator endpoint carries)")
+                    "coordinator's endpoint carries)")
         ->type_name("FILE");
 }
 
@@ -185,14 +185,16 @@ int run_cluster(const JobOptions& jo, const ProcessFlags& pf, LaunchFlags lf) {
     return kExitUsage;
   }
   if (launch->kind != LauncherKind::local) {
-    if (!pf.auth_keys.empty()) {
-      print_error("--auth-keys: not yet under a launcher (" + to_string(launch->kind) +
-                  "); run asgd coordinator, shard and worker with their keys instead (docs/cluster.md)");
+    ProcessOptions keyed;  // every rank loads its keys, each on its own host
+    if (auto code = load_auth(pf, keyed)) return *code;
+    if (keyed.curve && lf.collective == "mpi") {
+      print_error("--collective mpi with --auth-keys: MPI's own traffic is neither authenticated nor encrypted; "
+                  "leave out --collective (asgd's collective speaks CURVE) or --auth-keys");
       return kExitUsage;
     }
     LaunchFlags launched = lf;
     launched.shared_memory = pf.shared_memory == "on";
-    return run_launched_rank(jo, launched, *launch);
+    return run_launched_rank(jo, launched, *launch, std::move(keyed.curve));
   }
   JobConfig config;
   if (auto code = load_job(jo, config)) return *code;
@@ -262,7 +264,7 @@ std::function<int(const std::string&)> add_cluster_commands(CLI::App& app) {
                       "--checkpoint-dir a shard process (it reloads its checkpoint): at most N times each "
                       "(default 3; 0: never)")
       ->type_name("N");
-  add_auth_flags(cluster, all->cluster, false);
+  add_auth_flags(cluster, all->cluster, true);  // --coordinator-key: under a launcher
   add_shared_memory_flag(cluster, all->cluster.shared_memory);
   const std::string launched = "Under a launcher (each rank runs this same command)";
   cluster->add_option("--launcher", all->launch.launcher,

@@ -17,6 +17,7 @@
 
 #include "asgd/job.hpp"
 #include "experiments/compare.hpp"
+#include "messaging/transport.hpp"
 #include "runtime/launcher.hpp"
 
 namespace asgd::cli {
@@ -178,8 +179,10 @@ Result<experiments::RunRecord> run_as_processes(const JobConfig& config, experim
                                                 std::stop_token stop);
 
 /// One rank of a launched job: the coordinator, a shard or a worker by its
-/// rank; the process's exit status.
-int run_launched_rank(const JobOptions& jo, const LaunchFlags& lf, const Launch& launch);
+/// rank, with `curve` (--auth-keys) authenticated and encrypted; the
+/// process's exit status.
+int run_launched_rank(const JobOptions& jo, const LaunchFlags& lf, const Launch& launch,
+                      std::optional<messaging::CurveOptions> curve);
 
 /// Turns SIGINT and SIGTERM into a stop request while it lives.
 class Interrupts {

@@ -13,6 +13,7 @@
 #include <unistd.h>
 
 #include "compute/device.hpp"
+#include "messaging/curve_auth.hpp"
 #include "runtime/cluster.hpp"
 #include "runtime/launcher.hpp"
 #include "tools/asgd/commands.hpp"
@@ -114,7 +115,8 @@ Result<std::string> coordinator_listen(const LaunchFlags& lf, const std::string&
 // the one that routes to the coordinator.
 Result<std::string> shard_listen(const Launch& launch, const std::string& coordinator, const std::string& address) {
   if (!address.empty()) return "tcp://" + address + ":0";
-  auto split = split_tcp_endpoint(coordinator);
+  auto bare = messaging::split_server_key(coordinator);  // with --auth-keys it carries rank 0's key
+  auto split = bare ? split_tcp_endpoint(bare->first) : Result<std::pair<std::string, std::uint16_t>>(bare.status());
   auto own = split ? address_towards(split->first) : Result<std::string>(split.status());
   if (!own)
     return Status::Unavailable("rank " + std::to_string(launch.rank) + ": " + own.status().message() +
@@ -185,7 +187,8 @@ int run_rank_role(const LaunchFlags& lf, const Launch& launch, const RoleOfRank&
 
 }  // namespace
 
-int run_launched_rank(const JobOptions& jo, const LaunchFlags& lf, const Launch& launch) {
+int run_launched_rank(const JobOptions& jo, const LaunchFlags& lf, const Launch& launch,
+                      std::optional<messaging::CurveOptions> curve) {
   JobConfig config;
   if (auto code = load_job(jo, config, /*devices_here=*/false)) return *code;
   if (Status s = validate_for_cluster(config, WorkersOn::their_hosts); !s.ok()) {
@@ -207,6 +210,7 @@ int run_launched_rank(const JobOptions& jo, const LaunchFlags& lf, const Launch&
   ProcessOptions po;
   po.coordinator = launch.coordinator;
   po.shared_memory = lf.shared_memory;
+  po.curve = std::move(curve);
   po.index = role->index;
   // The others wait a little longer than rank 0, so that when a rank never
   // comes they hear rank 0's verdict (which names it) before giving up.
