@@ -344,11 +344,11 @@ void calibrate(Self self, std::size_t next, std::shared_ptr<std::vector<StepCost
     st.setup.remote->calibrate_worker(st.core->plan(), static_cast<std::uint32_t>(w));
     return self->delayed_send(self, rpc_timeout(st.setup.config), calibrate_atom::value, std::uint32_t(w), 0.0, -1.0);
   }
-  data::Batch probe = data::leading_batch(st.setup.data->train, 2 * std::size_t{st.setup.config.batch});
+  data::Batch probe = data::leading_batch(st.setup.data->train, 2 * std::size_t{st.core->plan().batch});
   self->request(st.workers[w], rpc_timeout(st.setup.config), calibrate_atom::value, std::move(probe))
       .then(
           [self, next, w, rates](const std::vector<double>& cost) {  // balanced_batches guards a zero
-            keep_cheapest(*rates, w, {cost.at(0), cost.at(1)}, self->state.setup.config.batch);
+            keep_cheapest(*rates, w, {cost.at(0), cost.at(1)}, self->state.core->plan().batch);
             calibrate(self, next + 1, rates);
           },
           [self, w](caf::error& err) {

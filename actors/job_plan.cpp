@@ -130,7 +130,7 @@ Result<JobPlan> plan_settings(const JobConfig& c, Placement where, unsigned core
   p.optimizer = optimizer_config(c, where);
   LrSchedule::parse(c.lr_schedule, p.schedule.kind);
   p.epochs = c.epochs;
-  p.batch = c.batch;
+  p.batch = p.training.batch;
   p.calibrate_weights = c.worker_weights == "auto";
   p.worker_count = c.workers;
   p.compute_threads = compute_threads(c, cores);
@@ -175,7 +175,7 @@ Result<JobPlan> plan_job(const JobConfig& c, const JobFacts& f) {
   p.train_count = f.train_count;
   p.ranges = partition_keys(f.num_params, c.shards);
   for (std::uint32_t i = 0; i < c.shards; ++i) p.shards.push_back(plan_shard(p, i, p.ranges[i]));
-  const std::vector<WorkerShare> shares = assign_shares(f.train_count, c.batch, *weights);
+  const std::vector<WorkerShare> shares = assign_shares(f.train_count, p.batch, *weights);
   // A share smaller than its batch trains one short step an epoch: a job
   // that looks fine and learns nothing useful.
   for (std::uint32_t w = 0; w < c.workers; ++w) {
@@ -184,9 +184,9 @@ Result<JobPlan> plan_job(const JobConfig& c, const JobFacts& f) {
     const bool weighted = !c.worker_weights.empty() && !p.calibrate_weights;
     const std::string what = weighted ? "--worker-weights " + c.worker_weights
                                       : "--workers " + std::to_string(c.workers) + " with --batch " +
-                                            std::to_string(c.batch);
+                                            std::to_string(p.batch);
     const std::string advice = weighted ? "give each worker a weight within a factor of about " +
-                                              std::to_string(std::max<std::size_t>(f.train_count / c.workers / c.batch, 1)) +
+                                              std::to_string(std::max<std::size_t>(f.train_count / c.workers / p.batch, 1)) +
                                               " of the others'"
                                         : "use fewer workers or a --batch of at most " +
                                               std::to_string(f.train_count / c.workers);

@@ -72,7 +72,7 @@ Result<double> plain_loop(const JobConfig& c, const std::shared_ptr<const data::
   auto made = planned_model(c, *data);
   if (!made) return made.status();
   auto& [model, opt, schedule] = *made;
-  BatchSource source({data, data::partition_for(train.count, 0, 1), 1, c.batch, 1, c.seed, 1, 0, {}});
+  BatchSource source({data, data::partition_for(train.count, 0, 1), 1, *c.batch, 1, c.seed, 1, 0, {}});
   std::uint64_t step = 0;
   std::size_t samples = 0;
   const auto t0 = std::chrono::steady_clock::now();
@@ -140,7 +140,7 @@ int run_bench_runtime(const BenchOptions& o) {
   if (!o.json)
     std::printf("bench runtime: %s on %s, batch %u, %u BLAS threads (OpenBLAS %s kernels), %zu samples per run, "
                 "%u repeats\n",
-                c.model.c_str(), c.dataset.c_str(), c.batch, c.threads, blas::core_name().c_str(), data->train.count,
+                c.model.c_str(), c.dataset.c_str(), *c.batch, c.threads, blas::core_name().c_str(), data->train.count,
                 o.repeats);
 
   std::vector<double> plain, runtime;
@@ -170,7 +170,7 @@ int run_bench_runtime(const BenchOptions& o) {
                 "\"plain_samples_per_s\": %.1f, "
                 "\"runtime_samples_per_s\": %.1f, \"ratio\": %.4f, \"nonfinite_check_us\": %.2f, "
                 "\"optimizer_step_us\": %.2f}\n",
-                c.model.c_str(), c.batch, c.threads, blas::core_name().c_str(), a, b, b / a, costs->check_s * 1e6,
+                c.model.c_str(), *c.batch, c.threads, blas::core_name().c_str(), a, b, b / a, costs->check_s * 1e6,
                 costs->step_s * 1e6);
   } else {
     std::printf("(a) plain loop, no actors:     %.0f samples/s (median)\n", a);

@@ -76,12 +76,24 @@ Setter text(std::string asgd::JobConfig::*field) {
   };
 }
 
+// A field's number type: T, or for an optional field (unset: the runtime's
+// default) the T inside.
+template <class T>
+struct NumberOf {
+  using type = T;
+};
+template <class T>
+struct NumberOf<std::optional<T>> {
+  using type = T;
+};
+
 template <class T>
 Setter count(T asgd::JobConfig::*field) {
+  using N = typename NumberOf<T>::type;
   return [field](asgd::JobConfig& c, const json& v) -> std::optional<std::string> {
-    if (!v.is_number_unsigned() || v.get<std::uint64_t>() > std::numeric_limits<T>::max())
+    if (!v.is_number_unsigned() || v.get<std::uint64_t>() > std::numeric_limits<N>::max())
       return "must be a non-negative integer";
-    c.*field = v.get<T>();
+    c.*field = v.get<N>();
     return std::nullopt;
   };
 }

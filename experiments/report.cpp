@@ -110,7 +110,9 @@ std::string header_html(const ReportInput& in) {
       {"Shards", std::to_string(c.shards)},
       {"Device", html_escape(c.device)},
       {"Epochs", std::to_string(c.epochs)},
-      {"Batch per worker", std::to_string(c.batch)},
+      {"Batch per worker", c.batch ? std::to_string(*c.batch)
+                                   : std::string("64 by default (async and ssp with more than 8 worker processes: "
+                                                 "512 / workers)")},
       {"Optimizer", html_escape(c.optimizer) + ", lr " + html_escape(printf_string("%g", training_settings(c).lr)) + " (" +
                         html_escape(c.lr_schedule) + ")"},
       {"Repeats", std::to_string(in.repeats) + " (seeds " + seeds + ")"},

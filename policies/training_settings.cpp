@@ -60,6 +60,19 @@ TrainingSettings training_settings(const JobConfig& c, Placement where) {
     say(fmt::format("lr {:.3g} (0.02 x {:.3g}, with the staleness-aware steps below)", t.lr, factor));
   }
   if (c.momentum) t.momentum = *c.momentum;
+  if (c.batch) {
+    t.batch = *c.batch;
+  } else if (stale && where == Placement::processes && n > 8 && !c.lr && !c.momentum) {
+    // Worker processes push as the scheduler lets them: with more of them
+    // than 8, the samples behind a stale step grow with the workers, and 16
+    // at batch 64 ended 5 epochs at 0.965-0.968 where 8 reached 0.974-0.976.
+    // Holding workers x batch at 512, 8 processes' figure, 16 at batch 32
+    // reached 0.9715-0.9760 (docs/policies.md).
+    t.batch = std::max(8u, 512 / n);
+    say(fmt::format("batch {} per worker (512 / {} workers: at most 512 samples in flight, as with 8 worker "
+                    "processes at 64)",
+                    t.batch, n));
+  }
   const auto unset = [&](const char* knob) { return c.policy_options.count(knob) == 0; };
   if (policy == "averaging" && n > 8 && unset("local-steps")) {
     t.policy_options["local-steps"] = 4;

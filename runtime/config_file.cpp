@@ -63,6 +63,19 @@ FieldAccess optional_double_field(std::optional<double> JobConfig::*member) {
           }};
 }
 
+FieldAccess optional_uint_field(std::optional<std::uint32_t> JobConfig::*member) {
+  return {[member](JobConfig& c, const std::string& t) {
+            std::uint32_t v = 0;
+            Status s = parse_uint(t, v);
+            if (s.ok()) c.*member = v;
+            return s;
+          },
+          [member](const JobConfig& c) -> std::optional<std::string> {
+            if (!(c.*member)) return std::nullopt;
+            return std::to_string(*(c.*member));
+          }};
+}
+
 FieldAccess double_field(double JobConfig::*member) {
   return {[member](JobConfig& c, const std::string& t) { return parse_double(t, c.*member); },
           [member](const JobConfig& c) -> std::optional<std::string> { return number_text(c.*member); }};
@@ -172,7 +185,8 @@ const std::vector<ConfigField>& job_config_fields() {
       {"shards", "parameter shards (default 1)", "M", uint_field(&JobConfig::shards)},
       {"device", "where workers compute: cpu | cuda | cuda:K (default cpu)", "DEV", string_field(&JobConfig::device)},
       {"epochs", "passes over the training data (default 3)", "E", uint_field(&JobConfig::epochs)},
-      {"batch", "samples per worker step (default 64)", "B", uint_field(&JobConfig::batch)},
+      {"batch", "samples per worker step (default 64; with more than 8 worker processes under async or ssp, 512 / "
+                "workers)", "B", optional_uint_field(&JobConfig::batch)},
       {"lr",
        "base learning rate (default 0.02; bsp, allreduce and gossip 0.02 x workers; beyond 2 workers averaging "
        "0.02 x workers / 2, async and ssp up to 0.04; easgd 0.04: the start-up line says)",

@@ -91,7 +91,7 @@ Status validate_config(const JobConfig& c, bool named_dataset, bool devices_here
   if (c.staleness_aware_lr.value_or(false) && (*policy)->name() != "async" && (*policy)->name().rfind("ssp", 0) != 0)
     return bad("staleness-aware-lr", "true", "applies to --policy async and ssp only, not to " + (*policy)->name());
   if (c.epochs < 1) return bad("epochs", std::to_string(c.epochs), "must be >= 1");
-  if (c.batch < 1) return bad("batch", std::to_string(c.batch), "must be >= 1");
+  if (c.batch && *c.batch < 1) return bad("batch", std::to_string(*c.batch), "must be >= 1");
   if (c.lr && (!(*c.lr > 0.0) || !std::isfinite(*c.lr)))
     return bad("lr", fmt::format("{:g}", *c.lr), "must be a positive number");
   if (c.lr_warmup_epochs && (!(*c.lr_warmup_epochs >= 0.0) || !std::isfinite(*c.lr_warmup_epochs)))

@@ -69,7 +69,10 @@ struct JobConfig {
   std::uint32_t shards = 1;         ///< parameter shards, 1 to kMaxShards
   std::string device = "cpu";       ///< where workers compute
   std::uint32_t epochs = 3;         ///< passes over the training split, >= 1
-  std::uint32_t batch = 64;         ///< samples per worker step, >= 1
+  /// Samples per worker step, >= 1. Unset: 64, or fewer for async and ssp
+  /// with more than 8 worker processes (training_settings); a value set is
+  /// used as it is.
+  std::optional<std::uint32_t> batch;
   /// Base learning rate, > 0. Unset: the default for the policy and the
   /// worker count (training_settings); a value set is used as it is.
   std::optional<double> lr;
@@ -137,6 +140,7 @@ Status validate(const JobConfig& config, const UserDataset& data);
 /// workers (docs/policies.md, "Defaults as workers grow"; the measurements
 /// that chose them are in docs/benchmarks.md).
 struct TrainingSettings {
+  std::uint32_t batch = 64;  ///< samples per worker step (before --worker-weights)
   double lr = 0.02;
   double momentum = 0.9;
   double lr_warmup_epochs = 0.0;

@@ -3,12 +3,15 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <string>
 
 #include "actors/coordinator.hpp"
 #include "asgd/job.hpp"
 #include "cli/cli_run.hpp"
+#include "temp_dir.hpp"
 #include "test_data.hpp"
+#include "test_helpers.hpp"
 
 namespace asgd {
 namespace {
@@ -78,6 +81,36 @@ TEST(TrainingSettings, MoreWorkersAdjustTheDefaultsAndSayWhich) {
   EXPECT_DOUBLE_EQ(lr_of(4, Placement::processes), 0.02);
   async.momentum.reset();
 
+  // Beyond 8 worker processes async and ssp hold workers x batch at 512;
+  // in one process, at 8 processes and under other policies the batch stays.
+  const auto batch_of = [&](const char* policy, std::uint32_t workers, Placement where) {
+    JobConfig c;
+    c.policy = policy;
+    c.workers = workers;
+    return training_settings(c, where);
+  };
+  for (const char* policy : {"async", "ssp:3"}) {
+    const TrainingSettings t = batch_of(policy, 16, Placement::processes);
+    EXPECT_EQ(t.batch, 32u) << policy;
+    EXPECT_EQ(std::count_if(t.adjusted.begin(), t.adjusted.end(),
+                            [](const std::string& a) { return a.starts_with("batch 32 per worker (512 / 16 workers"); }),
+              1)
+        << policy;
+    EXPECT_EQ(batch_of(policy, 12, Placement::processes).batch, 42u) << policy;
+    EXPECT_EQ(batch_of(policy, 64, Placement::processes).batch, 8u) << policy;
+    EXPECT_EQ(batch_of(policy, 8, Placement::processes).batch, 64u) << policy;
+    EXPECT_EQ(batch_of(policy, 16, Placement::one_process).batch, 64u) << policy;
+  }
+  for (const char* policy : {"bsp", "averaging", "allreduce", "gossip:2"})
+    EXPECT_EQ(batch_of(policy, 16, Placement::processes).batch, 64u) << policy;
+  JobConfig given;
+  given.workers = 16;
+  given.batch = 64;
+  EXPECT_EQ(training_settings(given, Placement::processes).batch, 64u) << "a batch given is used as given";
+  given.batch.reset();
+  given.lr = 0.02;
+  EXPECT_EQ(training_settings(given, Placement::processes).batch, 64u) << "with a rate given, the batch it was for";
+
   // A rate or momentum given by the user is used exactly: no staleness-aware
   // steps change it unless asked for.
   async.lr = 0.01;
@@ -116,6 +149,7 @@ TEST(TrainingSettings, ValuesTheUserSetAreUsedUnchangedAtEveryWorkerCount) {
       EXPECT_DOUBLE_EQ(t.lr_warmup_epochs, 0.0) << policy << " x" << workers;
       EXPECT_FALSE(t.staleness_aware_lr) << policy << " x" << workers;
       EXPECT_TRUE(t.adjusted.empty()) << policy << " x" << workers << ": " << t.adjusted.front();
+      EXPECT_EQ(training_settings(c, Placement::processes).batch, 64u) << policy << " x" << workers;
       // What the shards and workers are built with.
       const OptimizerConfig o = optimizer_config(c);
       EXPECT_FLOAT_EQ(o.lr, 0.05f);
@@ -152,6 +186,21 @@ TEST(TrainingSettings, TheStartUpLineNamesTheAdjustmentsAndAnExplicitLrIsPrinted
   ASSERT_EQ(set.exit_code, 0) << set.err;
   EXPECT_NE(set.out.find("lr 0.05 (data:"), std::string::npos) << set.out;
   EXPECT_EQ(set.out.find("defaults adjusted"), std::string::npos) << set.out;
+}
+
+// Across processes the batch beyond 8 workers (async) reaches every
+// worker process, and the start-up line says why.
+TEST(TrainingSettings, NineAsyncWorkerProcessesTrainAtTheBatchTheRuleGives) {
+  ASGD_REQUIRE_DATASET(mnist, "mnist");
+  const asgd_test::TempDir scratch;
+  const asgd_test::CliRun r =
+      asgd_test::asgd("cluster --epochs 1 --workers 9 --validation-size 1000 --log-level warn --data-dir " +
+                      mnist.string() + " --metrics-out " + (scratch / "m.jsonl").string());
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("batch 56 per worker (512 / 9 workers"), std::string::npos) << r.out;
+  const auto lines = asgd_test::read_jsonl(scratch / "m.jsonl");
+  ASSERT_FALSE(lines.empty());
+  EXPECT_EQ(lines.back().at("worker_batch"), nlohmann::json(std::vector<int>(9, 56))) << lines.back().dump();
 }
 
 }  // namespace
