@@ -111,8 +111,8 @@ std::string header_html(const ReportInput& in) {
       {"Device", html_escape(c.device)},
       {"Epochs", std::to_string(c.epochs)},
       {"Batch per worker", c.batch ? std::to_string(*c.batch)
-                                   : std::string("64 by default (async and ssp with more than 8 worker processes: "
-                                                 "512 / workers)")},
+                                   : std::string("64 by default (async and ssp with more than 4 workers: 256 / "
+                                                 "workers)")},
       {"Optimizer", html_escape(c.optimizer) + ", lr " + html_escape(printf_string("%g", training_settings(c).lr)) + " (" +
                         html_escape(c.lr_schedule) + ")"},
       {"Repeats", std::to_string(in.repeats) + " (seeds " + seeds + ")"},

@@ -6,10 +6,32 @@
 
 #include <algorithm>
 #include <string>
+#include <vector>
 
 #include "asgd/job.hpp"
 
 namespace asgd {
+
+namespace {
+
+// The samples behind a stale step grow with the workers: at batch 64, 8 and
+// 16 workers ended 5 epochs under async and ssp at 0.959-0.970 in some
+// seeds (in one process, where CAF runs a worker several steps in a row,
+// and across processes, which push as the scheduler lets them). Holding
+// workers x batch at 256, what 4 workers at 64 hold, 8 workers at batch 32
+// and 16 at 16 reached 0.9759-0.9827 (docs/policies.md). A rate or
+// momentum given keeps 64, the batch it was chosen for.
+std::uint32_t batch_for(const JobConfig& c, bool stale, std::vector<std::string>& adjusted) {
+  if (c.batch) return *c.batch;
+  if (!stale || c.workers <= 4 || c.lr || c.momentum) return 64;
+  const std::uint32_t batch = std::max(8u, 256 / c.workers);
+  adjusted.push_back(fmt::format(
+      "batch {} per worker (256 / {} workers: at most 256 samples in flight, as with 4 workers at 64)", batch,
+      c.workers));
+  return batch;
+}
+
+}  // namespace
 
 TrainingSettings training_settings(const JobConfig& c, Placement where) {
   TrainingSettings t;
@@ -60,19 +82,7 @@ TrainingSettings training_settings(const JobConfig& c, Placement where) {
     say(fmt::format("lr {:.3g} (0.02 x {:.3g}, with the staleness-aware steps below)", t.lr, factor));
   }
   if (c.momentum) t.momentum = *c.momentum;
-  if (c.batch) {
-    t.batch = *c.batch;
-  } else if (stale && where == Placement::processes && n > 8 && !c.lr && !c.momentum) {
-    // Worker processes push as the scheduler lets them: with more of them
-    // than 8, the samples behind a stale step grow with the workers, and 16
-    // at batch 64 ended 5 epochs at 0.965-0.968 where 8 reached 0.974-0.976.
-    // Holding workers x batch at 512, 8 processes' figure, 16 at batch 32
-    // reached 0.9715-0.9760 (docs/policies.md).
-    t.batch = std::max(8u, 512 / n);
-    say(fmt::format("batch {} per worker (512 / {} workers: at most 512 samples in flight, as with 8 worker "
-                    "processes at 64)",
-                    t.batch, n));
-  }
+  t.batch = batch_for(c, stale, t.adjusted);
   const auto unset = [&](const char* knob) { return c.policy_options.count(knob) == 0; };
   if (policy == "averaging" && n > 8 && unset("local-steps")) {
     t.policy_options["local-steps"] = 4;

@@ -185,8 +185,7 @@ const std::vector<ConfigField>& job_config_fields() {
       {"shards", "parameter shards (default 1)", "M", uint_field(&JobConfig::shards)},
       {"device", "where workers compute: cpu | cuda | cuda:K (default cpu)", "DEV", string_field(&JobConfig::device)},
       {"epochs", "passes over the training data (default 3)", "E", uint_field(&JobConfig::epochs)},
-      {"batch", "samples per worker step (default 64; with more than 8 worker processes under async or ssp, 512 / "
-                "workers)", "B", optional_uint_field(&JobConfig::batch)},
+      {"batch", "samples per worker step (default 64; under async and ssp with more than 4 workers, 256 / workers)", "B", optional_uint_field(&JobConfig::batch)},
       {"lr",
        "base learning rate (default 0.02; bsp, allreduce and gossip 0.02 x workers; beyond 2 workers averaging "
        "0.02 x workers / 2, async and ssp up to 0.04; easgd 0.04: the start-up line says)",

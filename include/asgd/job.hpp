@@ -70,8 +70,8 @@ struct JobConfig {
   std::string device = "cpu";       ///< where workers compute
   std::uint32_t epochs = 3;         ///< passes over the training split, >= 1
   /// Samples per worker step, >= 1. Unset: 64, or fewer for async and ssp
-  /// with more than 8 worker processes (training_settings); a value set is
-  /// used as it is.
+  /// with more than 4 workers (training_settings); a value set is used as
+  /// it is.
   std::optional<std::uint32_t> batch;
   /// Base learning rate, > 0. Unset: the default for the policy and the
   /// worker count (training_settings); a value set is used as it is.

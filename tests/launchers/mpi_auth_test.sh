@@ -9,11 +9,8 @@
 set -uo pipefail
 asgd=$1
 mnist=$2
-[[ -d "$mnist" ]] && command -v mpirun >/dev/null || exit 77
-scratch=$(mktemp -d)
-trap 'rm -rf "$scratch"' EXIT
-root=()
-[[ $(id -u) -eq 0 ]] && root=(--allow-run-as-root)
+source "$(dirname "$0")/common.sh"
+mpirun_prelude "$mnist"
 fail=0
 "$asgd" keys generate --out "$scratch/keys" --name coordinator >/dev/null || exit 1
 

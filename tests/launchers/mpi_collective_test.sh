@@ -9,11 +9,8 @@
 set -uo pipefail
 asgd=$1
 mnist=$2
-[[ -d "$mnist" ]] && command -v mpirun >/dev/null || exit 77
-scratch=$(mktemp -d)
-trap 'rm -rf "$scratch"' EXIT
-root=()
-[[ $(id -u) -eq 0 ]] && root=(--allow-run-as-root)
+source "$(dirname "$0")/common.sh"
+mpirun_prelude "$mnist"
 # Open MPI leaves allocations behind at MPI_Finalize (it unloads its
 # components): under AddressSanitizer (scripts/sanitize) the ranks, which
 # call MPI, do not look for leaks.

@@ -64,7 +64,7 @@ TEST(TrainingSettings, MoreWorkersAdjustTheDefaultsAndSayWhich) {
   EXPECT_TRUE(a.staleness_aware_lr);
   EXPECT_DOUBLE_EQ(a.lr, 0.02);
   EXPECT_DOUBLE_EQ(a.momentum, 0.9);  // stale steps take less (ShardCore), fresh ones this
-  EXPECT_EQ(a.adjusted.size(), 2u);  // the warm-up and the staleness-aware steps
+  EXPECT_EQ(a.adjusted.size(), 3u);  // the batch, the warm-up and the staleness-aware steps
 
   // Fresh steps take twice the rate up to 4 workers in one process and up
   // to 8 worker processes, falling to the two-worker rate beyond.
@@ -81,8 +81,8 @@ TEST(TrainingSettings, MoreWorkersAdjustTheDefaultsAndSayWhich) {
   EXPECT_DOUBLE_EQ(lr_of(4, Placement::processes), 0.02);
   async.momentum.reset();
 
-  // Beyond 8 worker processes async and ssp hold workers x batch at 512;
-  // in one process, at 8 processes and under other policies the batch stays.
+  // Beyond 4 workers async and ssp hold workers x batch at 256, in one
+  // process and across processes; the other policies keep 64.
   const auto batch_of = [&](const char* policy, std::uint32_t workers, Placement where) {
     JobConfig c;
     c.policy = policy;
@@ -90,18 +90,18 @@ TEST(TrainingSettings, MoreWorkersAdjustTheDefaultsAndSayWhich) {
     return training_settings(c, where);
   };
   for (const char* policy : {"async", "ssp:3"}) {
-    const TrainingSettings t = batch_of(policy, 16, Placement::processes);
-    EXPECT_EQ(t.batch, 32u) << policy;
-    EXPECT_EQ(std::count_if(t.adjusted.begin(), t.adjusted.end(),
-                            [](const std::string& a) { return a.starts_with("batch 32 per worker (512 / 16 workers"); }),
-              1)
-        << policy;
-    EXPECT_EQ(batch_of(policy, 12, Placement::processes).batch, 42u) << policy;
-    EXPECT_EQ(batch_of(policy, 64, Placement::processes).batch, 8u) << policy;
-    EXPECT_EQ(batch_of(policy, 8, Placement::processes).batch, 64u) << policy;
-    EXPECT_EQ(batch_of(policy, 16, Placement::one_process).batch, 64u) << policy;
+    for (Placement where : {Placement::one_process, Placement::processes}) {
+      const TrainingSettings t = batch_of(policy, 16, where);
+      EXPECT_EQ(t.batch, 16u) << policy;
+      const auto says = [](const std::string& line) { return line.starts_with("batch 16 per worker (256 / 16"); };
+      EXPECT_EQ(std::count_if(t.adjusted.begin(), t.adjusted.end(), says), 1) << policy;
+      EXPECT_EQ(batch_of(policy, 8, where).batch, 32u) << policy;
+      EXPECT_EQ(batch_of(policy, 12, where).batch, 21u) << policy;
+      EXPECT_EQ(batch_of(policy, 64, where).batch, 8u) << policy;
+      EXPECT_EQ(batch_of(policy, 4, where).batch, 64u) << policy;
+    }
   }
-  for (const char* policy : {"bsp", "averaging", "allreduce", "gossip:2"})
+  for (const char* policy : {"bsp", "averaging", "hogwild", "allreduce", "gossip:2"})
     EXPECT_EQ(batch_of(policy, 16, Placement::processes).batch, 64u) << policy;
   JobConfig given;
   given.workers = 16;
@@ -188,7 +188,7 @@ TEST(TrainingSettings, TheStartUpLineNamesTheAdjustmentsAndAnExplicitLrIsPrinted
   EXPECT_EQ(set.out.find("defaults adjusted"), std::string::npos) << set.out;
 }
 
-// Across processes the batch beyond 8 workers (async) reaches every
+// Across processes the batch beyond 4 workers (async) reaches every
 // worker process, and the start-up line says why.
 TEST(TrainingSettings, NineAsyncWorkerProcessesTrainAtTheBatchTheRuleGives) {
   ASGD_REQUIRE_DATASET(mnist, "mnist");
@@ -197,10 +197,10 @@ TEST(TrainingSettings, NineAsyncWorkerProcessesTrainAtTheBatchTheRuleGives) {
       asgd_test::asgd("cluster --epochs 1 --workers 9 --validation-size 1000 --log-level warn --data-dir " +
                       mnist.string() + " --metrics-out " + (scratch / "m.jsonl").string());
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-  EXPECT_NE(r.out.find("batch 56 per worker (512 / 9 workers"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("batch 28 per worker (256 / 9 workers"), std::string::npos) << r.out;
   const auto lines = asgd_test::read_jsonl(scratch / "m.jsonl");
   ASSERT_FALSE(lines.empty());
-  EXPECT_EQ(lines.back().at("worker_batch"), nlohmann::json(std::vector<int>(9, 56))) << lines.back().dump();
+  EXPECT_EQ(lines.back().at("worker_batch"), nlohmann::json(std::vector<int>(9, 28))) << lines.back().dump();
 }
 
 }  // namespace
