@@ -27,6 +27,16 @@ every worker 4x slow with chance 0.1, seeded):
     the script and not in the next (issue 24: two runs of the script, a
     few minutes apart, must agree on every verdict).
 
+Measure (--measure). The VM's speed drifts by up to 2.5x between runs a
+few seconds apart, and a run's seconds to target move with it. "compute"
+(the default) divides each run's seconds to target by what one sample's
+forward and backward pass cost in that same run (the workers' compute
+seconds over the samples they trained on): the time to target in units of
+one sample's compute, in which a uniformly slower machine cancels, while
+waits for a straggler, a policy's holds and the straggler's own delays
+(made as a multiple of its compute) still count. "seconds" compares the
+seconds themselves. Both are printed.
+
 Footing (--footing). "per-sample" (the default) gives every policy the same
 learning rate per sample: each applies momentum SGD at --lr to every
 worker's gradient, except bsp, which averages the N workers' gradients into
@@ -85,6 +95,8 @@ POLICIES = ["bsp", "ssp:1", "ssp:3", "async"]
 # (policy, compared with): the verdicts printed for each scenario.
 PAIRS = [("ssp:1", "bsp"), ("ssp:3", "bsp"), ("async", "bsp"), ("ssp:3", "ssp:1"), ("async", "ssp:3")]
 RUN_TIMEOUT_S = 600
+# --measure: the run's figure its verdicts compare.
+MEASURES = {"compute": "time_to_target_units", "seconds": "time_to_target_s"}
 
 
 def fail(code, message):
@@ -152,11 +164,18 @@ def run_one(a, policy, scenario, seed, metrics_path):
         run["error"] = f"exit {proc.returncode}: " + (detail[-1] if detail else "no output")
         return run
     ttt = summary.get("time_to_target_s")
+    # What one sample's forward and backward pass cost in this run: the
+    # workers' compute seconds over the samples they trained on.
+    compute = sum(w["forward_s"] + w["backward_s"] for w in summary.get("worker_phases", []))
+    samples = summary["samples_per_s"] * summary["train_s"]
+    per_sample = compute / samples if compute > 0 and samples > 0 else None
     # The epoch during which the target was first seen (by an epoch's or an
     # --eval-every evaluation).
     crossing = next((e["epoch"] for e in epochs if ttt is not None and e["wall_s"] >= ttt - 1e-9), None)
     run.update({
         "time_to_target_s": ttt,
+        "compute_s_per_sample": per_sample,
+        "time_to_target_units": ttt / per_sample if ttt is not None and per_sample else None,
         "target_epoch": crossing if ttt is not None else None,
         "val_accuracy": [e["val_accuracy"] for e in epochs],
         "epoch_end_s": [round(e["wall_s"], 3) for e in epochs],
@@ -184,19 +203,24 @@ def describe(run, target):
             f"train {run['train_s']:.1f} s, test {run['final_test_accuracy']:.4f}")
 
 
-def summarize(policy, runs):
-    """Aggregates of one policy's runs; medians only over figures that exist."""
+def summarize(policy, runs, key):
+    """Aggregates of one policy's runs; medians only over figures that exist.
+    `key`: the time the ttt_* figures are of (time_to_target_s, or
+    time_to_target_units: the same in units of one sample's compute)."""
     done = [r for r in runs if "error" not in r]
-    reached = [r["time_to_target_s"] for r in done if r["time_to_target_s"] is not None]
+    reached = [r[key] for r in done if r.get(key) is not None]
     s = {"policy": policy, "runs": len(runs), "failed_runs": len(runs) - len(done),
-         "reached_runs": len(reached), "time_to_target_s": [r.get("time_to_target_s") for r in runs],
+         "reached_runs": len(reached), "measure": key, "time_to_target": [r.get(key) for r in runs],
+         "time_to_target_s": [r.get("time_to_target_s") for r in runs],
          "target_epoch": [r.get("target_epoch") for r in runs]}
     # A median time exists only when every run got there: a run that did not
     # is not "slow", it is unmeasured, and any stand-in value would be made up.
     all_reached = len(reached) == len(runs) and runs
-    s["ttt_median_s"] = statistics.median(reached) if all_reached else None
-    s["ttt_min_s"] = min(reached) if all_reached else None
-    s["ttt_max_s"] = max(reached) if all_reached else None
+    s["ttt_median"] = statistics.median(reached) if all_reached else None
+    s["ttt_min"] = min(reached) if all_reached else None
+    s["ttt_max"] = max(reached) if all_reached else None
+    seconds = [t for t in s["time_to_target_s"] if t is not None]
+    s["ttt_median_s"] = statistics.median(seconds) if all_reached else None
     if done:
         s["final_test_accuracy_median"] = statistics.median(r["final_test_accuracy"] for r in done)
         s["final_test_accuracy_min"] = min(r["final_test_accuracy"] for r in done)
@@ -214,9 +238,16 @@ def summarize(policy, runs):
     return s
 
 
+def fmt_time(x, key):
+    """A time to target: seconds, or (time_to_target_units) thousands of one sample's compute."""
+    return f"{x:.2f} s" if key == "time_to_target_s" else f"{x / 1000:.0f}k"
+
+
 def fmt_ttt(s, target):
-    if s["ttt_median_s"] is not None:
-        return f"{s['ttt_median_s']:.2f} s (min {s['ttt_min_s']:.2f}, max {s['ttt_max_s']:.2f})"
+    if s["ttt_median"] is not None:
+        k = s["measure"]
+        text = f"{fmt_time(s['ttt_median'], k)} (min {fmt_time(s['ttt_min'], k)}, max {fmt_time(s['ttt_max'], k)})"
+        return text if k == "time_to_target_s" else text + f"; {s['ttt_median_s']:.2f} s"
     parts = []
     missed = s["runs"] - s["failed_runs"] - s["reached_runs"]
     if missed:
@@ -252,14 +283,16 @@ def rank_test(a, b):
 def compare(summaries, policy, other, target):
     """(ratio of medians or None, verdict, text) for `policy` against `other`."""
     a, b = summaries[policy], summaries[other]
-    if a["ttt_median_s"] is None or b["ttt_median_s"] is None:
-        who = " and ".join(p for p, s in ((policy, a), (other, b)) if s["ttt_median_s"] is None)
+    if a["ttt_median"] is None or b["ttt_median"] is None:
+        who = " and ".join(p for p, s in ((policy, a), (other, b)) if s["ttt_median"] is None)
         return None, "not measurable", f"not measurable ({who}: no median time to {target}, see above)", None, None
-    value = a["ttt_median_s"] / b["ttt_median_s"]
-    p, a_smaller = rank_test(a["time_to_target_s"], b["time_to_target_s"])
+    value = a["ttt_median"] / b["ttt_median"]
+    p, a_smaller = rank_test(a["time_to_target"], b["time_to_target"])
     verdict = ("faster" if a_smaller else "slower") if p < 0.05 else "not distinguishable"
-    overlap = not (a["ttt_max_s"] < b["ttt_min_s"] or a["ttt_min_s"] > b["ttt_max_s"])
-    spreads = (f"{a['ttt_min_s']:.2f}-{a['ttt_max_s']:.2f} s against {b['ttt_min_s']:.2f}-{b['ttt_max_s']:.2f} s, "
+    overlap = not (a["ttt_max"] < b["ttt_min"] or a["ttt_min"] > b["ttt_max"])
+    k = a["measure"]
+    spreads = (f"{fmt_time(a['ttt_min'], k)}-{fmt_time(a['ttt_max'], k)} against "
+               f"{fmt_time(b['ttt_min'], k)}-{fmt_time(b['ttt_max'], k)}, "
                f"{'overlapping' if overlap else 'apart'}; rank test p = {p:.3f}")
     return value, verdict, f"{value:.3f}  {verdict} ({spreads})", p, overlap
 
@@ -312,6 +345,10 @@ def main():
                    help="learning-rate schedule of every run (default cosine; see the module docstring)")
     p.add_argument("--out", default=None, metavar="DIR",
                    help="keep every run's metrics file in DIR (default: a temporary folder, removed)")
+    p.add_argument("--measure", default="compute", choices=sorted(MEASURES),
+                   help="what the times compared are: compute (the default: each run's seconds to target over "
+                        "what one sample's forward and backward pass cost in that run, so that the machine's "
+                        "speed drifting between runs cancels) or seconds")
     p.add_argument("--json", action="store_true", help="end with one JSON line holding every run and figure")
     a = p.parse_args()
 
@@ -369,8 +406,9 @@ def main():
     cadence = f"every {a.eval_every:g} s and after each epoch" if a.eval_every > 0 else "once per epoch"
     results = {}
     for sc in scenarios:
-        summaries = {pol: summarize(pol, runs[sc][pol]) for pol in POLICIES}
-        print(f"\n=== straggler {sc}: time to validation accuracy {a.target} (training seconds; validation "
+        summaries = {pol: summarize(pol, runs[sc][pol], MEASURES[a.measure]) for pol in POLICIES}
+        unit = "training seconds" if a.measure == "seconds" else "thousands of one sample's compute, then seconds"
+        print(f"\n=== straggler {sc}: time to validation accuracy {a.target} ({unit}; validation "
               f"checked {cadence}; an epoch ends when the slowest worker finishes it)")
         for pol in POLICIES:
             print_policy(summaries[pol], a)
@@ -382,8 +420,8 @@ def main():
             print(f"  median({pol}) / median({other}) = {text}")
         results[sc] = {"summaries": summaries, "verdicts": verdicts}
 
-    print(f"\nverdicts ({a.footing} footing; faster/slower: exact two-sided rank test on the {a.repeats} times of "
-          f"each, p < 0.05; * marks min-max spreads that do not overlap)")
+    print(f"\nverdicts ({a.footing} footing, {a.measure} measure; faster/slower: exact two-sided rank test on the "
+          f"{a.repeats} times of each, p < 0.05; * marks min-max spreads that do not overlap)")
     print("  " + "pair".ljust(14) + "".join(sc.ljust(27) for sc in scenarios))
     for pol, other in PAIRS:
         key = f"{pol}/{other}"
@@ -401,7 +439,7 @@ def main():
     if a.json:
         print(json.dumps({
             "workers": a.workers, "scenarios": scenarios, "footing": a.footing, "lr": a.lr, "momentum": a.momentum,
-            "epochs": a.epochs, "lr_schedule": a.lr_schedule, "eval_every_s": a.eval_every,
+            "epochs": a.epochs, "lr_schedule": a.lr_schedule, "eval_every_s": a.eval_every, "measure": a.measure,
             "target": a.target, "repeats": a.repeats, "elapsed_s": round(elapsed, 1),
             "results": results, "runs": in_order,
         }), flush=True)
