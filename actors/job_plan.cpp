@@ -185,9 +185,9 @@ Result<JobPlan> plan_job(const JobConfig& c, const JobFacts& f) {
     const std::string what = weighted ? "--worker-weights " + c.worker_weights
                                       : "--workers " + std::to_string(c.workers) + " with --batch " +
                                             std::to_string(p.batch);
+    const std::size_t steps = std::max<std::size_t>(f.train_count / c.workers / p.batch, 1);
     const std::string advice = weighted ? "give each worker a weight within a factor of about " +
-                                              std::to_string(std::max<std::size_t>(f.train_count / c.workers / p.batch, 1)) +
-                                              " of the others'"
+                                              std::to_string(steps) + " of the others'"
                                         : "use fewer workers or a --batch of at most " +
                                               std::to_string(f.train_count / c.workers);
     return Status::InvalidArgument(what + ": worker " + std::to_string(w) + "'s share of the " +

@@ -1,10 +1,10 @@
 #pragma once
-#include <cstddef>
-#include <vector>
-
 // What a worker's training step costs on its device, as it measures before
 // training (--worker-weights auto), and the batches that balance a job's
 // workers by it (balanced_batches, job_plan.hpp).
+
+#include <cstddef>
+#include <vector>
 
 namespace asgd {
 

@@ -86,8 +86,8 @@ std::shared_ptr<Collective> make_local_collective(Rank ranks);
 /// it listens first, before it knows its rank, so that its endpoint can be
 /// announced, and connects to the others once every endpoint is known.
 /// With CURVE options its endpoint carries its public key, it admits only
-/// allowed keys, and it never uses shared memory. leave(r) of another rank r says that r is gone
-/// (its process died): nobody waits for it any more.
+/// allowed keys, and it never uses shared memory. leave(r) of another rank
+/// r says that r is gone (its process died): nobody waits for it any more.
 class NetworkCollective : public Collective {
  public:
   /// Where it listens, as the others connect to it.

@@ -62,14 +62,20 @@ inline bool well_formed(const Header& h, std::span<const std::byte> values, std:
 /// The values of a message `well_formed` passed, as float32: in place when
 /// they are float32 at a float's alignment (ZeroMQ may hand a message's
 /// bytes over at any address: small ones sit inside its receive buffer),
-/// else converted or copied into `scratch`.
+/// else converted or copied into `scratch`; no allocation beyond its growth.
 inline std::span<const float> read_values(const Header& h, std::span<const std::byte> bytes,
                                           std::vector<float>& scratch) {
   if (h.coding == 1) {
-    std::vector<std::uint16_t> halves(h.count);
-    std::memcpy(halves.data(), bytes.data(), bytes.size());
     scratch.resize(h.count);
-    from_half(halves, scratch);
+    if (reinterpret_cast<std::uintptr_t>(bytes.data()) % alignof(std::uint16_t) == 0) {
+      from_half({reinterpret_cast<const std::uint16_t*>(bytes.data()), h.count}, scratch);
+    } else {
+      for (std::size_t i = 0; i < h.count; ++i) {
+        std::uint16_t half = 0;
+        std::memcpy(&half, bytes.data() + i * sizeof half, sizeof half);
+        scratch[i] = from_half(half);
+      }
+    }
     return scratch;
   }
   if (reinterpret_cast<std::uintptr_t>(bytes.data()) % alignof(float) == 0)

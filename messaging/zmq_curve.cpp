@@ -22,7 +22,7 @@ Result<CurveTarget> curve_target(const std::string& who, const std::string& give
   if (!key)
     return Status::InvalidArgument(at + ": CURVE is on, and the server's public key is not known (the endpoint "
                                         "carries none" + hint + ")");
-  // (CurveOptions::allowed is not always sorted: a linear search.)
+  // (CurveOptions::allowed is not sorted: a linear search, once a connection.)
   if (std::find(curve->allowed.begin(), curve->allowed.end(), *key) == curve->allowed.end())
     return Status::InvalidArgument(at + ": the server's key " + key_fingerprint(*key) +
                                    " is not in the allow-list (--auth-keys)");

@@ -1,7 +1,7 @@
 #pragma once
-// Internal to the ZeroMQ transport and the workers' collective: the
-// client's side of CURVE (--auth-keys), shared so that both check a
-// server's key by the same rules and say the same things.
+// Internal to the ZeroMQ transport and the workers' collective: both sides
+// of CURVE (--auth-keys) on a socket, shared so that both check a server's
+// key by the same rules and say the same things.
 
 #include <zmq.hpp>
 

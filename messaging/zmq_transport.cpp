@@ -115,7 +115,6 @@ class ZmqTransport final : public Transport {
  public:
   ZmqTransport(TransportLimits limits, std::optional<CurveOptions> curve, std::string name)
       : limits_(limits), curve_(std::move(curve)), name_(std::move(name)) {
-    if (curve_) std::sort(curve_->allowed.begin(), curve_->allowed.end());
     // A PAIR of inproc sockets lets other threads interrupt a poll.
     const std::string wake_at = "inproc://asgd-wake-" + std::to_string(reinterpret_cast<std::uintptr_t>(this));
     wake_rx_.bind(wake_at);
@@ -426,7 +425,7 @@ class ZmqTransport final : public Transport {
   }
 
   TransportLimits limits_;
-  std::optional<CurveOptions> curve_;  // allowed: sorted
+  std::optional<CurveOptions> curve_;
   std::string name_;                   // for log lines
   // Declared before the sockets so it outlives them: closing a context waits
   // for its sockets.

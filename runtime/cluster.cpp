@@ -433,15 +433,14 @@ std::string collective_listen(const std::string& listen) {
 }
 
 // allreduce, gossip: this worker joins the others' collective.
-Status connect_collective(NetworkCollective* collective, const Assignment& a, const std::string& name, bool fp16) {
-  if (!collective) return Status::Internal(name + ": this worker process has no collective");
+Status connect_collective(NetworkCollective& collective, const Assignment& a, const std::string& name, bool fp16) {
   if (a.peer_endpoints.size() != a.workers || a.index >= a.workers)
     return Status::Internal(name + ": the assignment does not say where every worker's collective listens");
   for (std::size_t w = 0; w < a.peer_endpoints.size(); ++w)
     if (a.peer_endpoints[w].empty())
       return Status::InvalidArgument(fmt::format("{}: worker {} announced no collective", name, w));
-  collective->set_half_precision(fp16);
-  return collective->connect(a.index, a.peer_endpoints);
+  collective.set_half_precision(fp16);
+  return collective.connect(a.index, a.peer_endpoints);
 }
 
 Status assignment_fits(const Assignment& a, std::size_t train_count, std::uint32_t epochs) {
@@ -511,7 +510,7 @@ Status run_worker_process(const ProcessOptions& o, std::stop_token stop) {
     if (!made) return made.status();
     collective = *made;
   }
-  auto joined = join(o, Role::worker, "worker", false, nullptr, stop, collective ? collective->endpoint() : "");
+  auto joined = join(o, Role::worker, "worker", false, nullptr, stop, collective->endpoint());
   if (!joined) return joined.status();
   Joined& j = *joined;
   const Assignment& a = j.assignment;
@@ -558,7 +557,7 @@ Status run_worker_process(const ProcessOptions& o, std::stop_token stop) {
   ws.feeder = feeder;
   ws.coordinator = system.spawn(remote_coordinator, j.bridge, j.coordinator);
   if (plan->exchange != Exchange::none) {
-    if (Status s = connect_collective(collective.get(), a, name, cfg.compress == "fp16"); !s.ok()) return fail_early(s);
+    if (Status s = connect_collective(*collective, a, name, cfg.compress == "fp16"); !s.ok()) return fail_early(s);
     ws.collective = collective;
   }
   auto worker_actor = system.spawn(worker, std::move(ws));

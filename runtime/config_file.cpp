@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <limits>
 #include <sstream>
+#include <type_traits>
 
 #include "policies/registry.hpp"
 
@@ -50,29 +51,22 @@ FieldAccess uint_field(Int JobConfig::*member) {
           [member](const JobConfig& c) -> std::optional<std::string> { return std::to_string(c.*member); }};
 }
 
-FieldAccess optional_double_field(std::optional<double> JobConfig::*member) {
+// A field whose unset value means "the default" (training_settings): read
+// and written as its plain number is, absent from the text when unset.
+template <class T>
+FieldAccess optional_field(std::optional<T> JobConfig::*member) {
   return {[member](JobConfig& c, const std::string& t) {
-            double v = 0;
-            Status s = parse_double(t, v);
+            T v{};
+            Status s;
+            if constexpr (std::is_floating_point_v<T>) s = parse_double(t, v);
+            else s = parse_uint(t, v);
             if (s.ok()) c.*member = v;
             return s;
           },
           [member](const JobConfig& c) -> std::optional<std::string> {
             if (!(c.*member)) return std::nullopt;
-            return number_text(*(c.*member));
-          }};
-}
-
-FieldAccess optional_uint_field(std::optional<std::uint32_t> JobConfig::*member) {
-  return {[member](JobConfig& c, const std::string& t) {
-            std::uint32_t v = 0;
-            Status s = parse_uint(t, v);
-            if (s.ok()) c.*member = v;
-            return s;
-          },
-          [member](const JobConfig& c) -> std::optional<std::string> {
-            if (!(c.*member)) return std::nullopt;
-            return std::to_string(*(c.*member));
+            if constexpr (std::is_floating_point_v<T>) return number_text(*(c.*member));
+            else return std::to_string(*(c.*member));
           }};
 }
 
@@ -185,20 +179,21 @@ const std::vector<ConfigField>& job_config_fields() {
       {"shards", "parameter shards (default 1)", "M", uint_field(&JobConfig::shards)},
       {"device", "where workers compute: cpu | cuda | cuda:K (default cpu)", "DEV", string_field(&JobConfig::device)},
       {"epochs", "passes over the training data (default 3)", "E", uint_field(&JobConfig::epochs)},
-      {"batch", "samples per worker step (default 64; under async and ssp with more than 4 workers, 256 / workers)", "B", optional_uint_field(&JobConfig::batch)},
+      {"batch", "samples per worker step (default 64; under async and ssp with more than 4 workers, 256 / workers)",
+       "B", optional_field(&JobConfig::batch)},
       {"lr",
        "base learning rate (default 0.02; bsp, allreduce and gossip 0.02 x workers; beyond 2 workers averaging "
        "0.02 x workers / 2, async and ssp up to 0.04; easgd 0.04: the start-up line says)",
        "X",
-       optional_double_field(&JobConfig::lr)},
+       optional_field(&JobConfig::lr)},
       {"lr-warmup", "epochs over which the rate ramps up at the start (default 0; with more than 2 workers 0.5 "
                     "for bsp, allreduce and gossip, 1 for the others but hogwild)",
-       "E", optional_double_field(&JobConfig::lr_warmup_epochs)},
+       "E", optional_field(&JobConfig::lr_warmup_epochs)},
       {"lr-schedule", "constant | cosine (decay to 0 over the job) | step (x0.1 at 50% and 75%) (default cosine)", "NAME",
        string_field(&JobConfig::lr_schedule)},
       {"optimizer", "shard optimizer: sgd | momentum | adagrad | adam (default momentum)", "NAME",
        string_field(&JobConfig::optimizer)},
-      {"momentum", "momentum coefficient (default 0.9)", "X", optional_double_field(&JobConfig::momentum)},
+      {"momentum", "momentum coefficient (default 0.9)", "X", optional_field(&JobConfig::momentum)},
       {"weight-decay", "L2 coefficient added to every gradient (default 0)", "X",
        double_field(&JobConfig::weight_decay)},
       {"seed", "seed for initialisation, validation split and shuffling (default 1)", "N",

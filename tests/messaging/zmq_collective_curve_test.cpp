@@ -142,7 +142,8 @@ TEST(ZmqCollectiveCurve, ARankRefusesAPeerWithoutAKeyOrWithAKeyItDoesNotAllowAnd
   s = (*plain)->connect(1, {g.endpoints[0], plain_at});
   EXPECT_EQ(s.code(), StatusCode::invalid_argument);
   EXPECT_NE(s.message().find("worker 0's collective at " + split_server_key(g.endpoints[0])->first +
-                             ": the server there uses CURVE (the endpoint carries its key); this process needs --auth-keys"),
+                             ": the server there uses CURVE (the endpoint carries its key); this process needs "
+                             "--auth-keys"),
             std::string::npos)
       << s.to_string();
 }

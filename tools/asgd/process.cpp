@@ -61,9 +61,6 @@ int exit_code_for(const Status& s) {
   }
 }
 
-// OpenBLAS picks its kernels when it loads, before main(); where it picked
-// its slow generic ones on a CPU it does not know, start again once with
-// OPENBLAS_CORETYPE set. A value the user set is always left alone.
 // ZeroMQ allocates every message it receives over tcp and the receiver
 // frees it: a collective's 1 MiB pieces, a gradient. glibc's default
 // thresholds adjust as it goes (mmap above 128 KiB at first, and the top of
@@ -80,6 +77,9 @@ void keep_freed_memory_for_reuse() {
   (void)mallopt(M_TRIM_THRESHOLD, 64 << 20);
 }
 
+// OpenBLAS picks its kernels when it loads, before main(); where it picked
+// its slow generic ones on a CPU it does not know, start again once with
+// OPENBLAS_CORETYPE set. A value the user set is always left alone.
 void reexec_with_better_blas_kernels(char** argv) {
   if (std::getenv("OPENBLAS_CORETYPE")) return;
   const std::string core = blas::suggested_coretype();

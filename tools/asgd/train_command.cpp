@@ -251,8 +251,8 @@ int run_train(const JobOptions& o) {
   const std::string augmented = augment && augment->any() ? ", augment " + data::to_string(*augment) : "";
   std::printf("asgd train: %s on %s, policy %s, %s, %s, %s, batch %u, lr %g%s (data: %s)\n", config.model.c_str(),
               config.dataset.c_str(), config.policy.c_str(), plural(config.workers, "worker").c_str(),
-              plural(config.shards, "shard").c_str(), plural(config.epochs, "epoch").c_str(), training.batch, training.lr,
-              augmented.c_str(), dir.c_str());
+              plural(config.shards, "shard").c_str(), plural(config.epochs, "epoch").c_str(), training.batch,
+              training.lr, augmented.c_str(), dir.c_str());
   print_adjustments(training);
   std::fflush(stdout);
 
