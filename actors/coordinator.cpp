@@ -298,38 +298,43 @@ void live_tick(Self self) {
   }
 }
 
-// Spawns a data feeder per worker for its share (unless each worker
-// process feeds its own) and starts every worker.
+// Starts every worker, and the clock.
+void begin_training(Self self) {
+  auto& st = self->state;
+  if (st.core->done()) return;  // failed while the worker processes prepared
+  drive(self, [](CoordinatorCore& core, CoordinatorActions& out) { core.start_training(SteadyClock::now(), out); });
+  for (std::uint32_t w = 0; w < st.setup.config.workers; ++w) {
+    if (st.setup.remote)
+      st.setup.remote->begin_worker(w);
+    else
+      self->send(st.workers[w], start_atom::value, st.feeders[w]);
+  }
+  if (st.setup.on_progress || st.setup.live) self->delayed_send(self, kLiveEvery, live_atom::value);
+}
+
+// Spawns a data feeder per worker for its share and starts every worker.
+// Worker processes feed themselves, and first take their assignments and
+// load their data: the clock starts once they all can (prepared_atom).
 void start_training(Self self) {
   auto& st = self->state;
   const JobConfig& cfg = st.setup.config;
   const JobPlan& plan = st.core->plan();
   st.live_shards.assign(st.shards.size(), {});
-  if (!st.setup.remote) {
-    const std::uint32_t first_epoch = st.core->resumed() ? st.core->resumed()->first_epoch : 0u;
-    // A feeder on a thread of its own makes batches while its worker
-    // computes. Past kFeederThreads workers the feeders share the
-    // scheduler's threads: a job of a thousand workers must not ask the
-    // host for a thousand threads (one that cannot start would leave an
-    // actor the actor system waits for forever).
-    const bool own_threads = cfg.workers <= kFeederThreads;
-    for (std::uint32_t w = 0; w < cfg.workers; ++w) {
-      FeederSetup setup = feeder_setup(plan, plan.workers[w], st.setup.data, first_epoch);
-      auto feeder = own_threads ? self->spawn<caf::detached>(data_feeder, std::move(setup))
-                                : self->spawn(data_feeder, std::move(setup));
-      st.names[feeder.address()] = "data feeder " + std::to_string(w);
-      st.feeders.push_back(feeder);
-      self->monitor(feeder);
-    }
-  }
-  drive(self, [](CoordinatorCore& core, CoordinatorActions& out) { core.start_training(SteadyClock::now(), out); });
+  if (st.setup.remote) return st.setup.remote->prepare_workers(plan);
+  const std::uint32_t first_epoch = st.core->resumed() ? st.core->resumed()->first_epoch : 0u;
+  // A feeder on a thread of its own makes batches while its worker computes. Past kFeederThreads workers
+  // the feeders share the scheduler's threads: a job of a thousand workers must not ask the host for a
+  // thousand threads (one that cannot start would leave an actor the actor system waits for forever).
+  const bool own_threads = cfg.workers <= kFeederThreads;
   for (std::uint32_t w = 0; w < cfg.workers; ++w) {
-    if (st.setup.remote)
-      st.setup.remote->start_worker(plan, w, 0);
-    else
-      self->send(st.workers[w], start_atom::value, st.feeders[w]);
+    FeederSetup setup = feeder_setup(plan, plan.workers[w], st.setup.data, first_epoch);
+    auto feeder = own_threads ? self->spawn<caf::detached>(data_feeder, std::move(setup))
+                              : self->spawn(data_feeder, std::move(setup));
+    st.names[feeder.address()] = "data feeder " + std::to_string(w);
+    st.feeders.push_back(feeder);
+    self->monitor(feeder);
   }
-  if (st.setup.on_progress || st.setup.live) self->delayed_send(self, kLiveEvery, live_atom::value);
+  begin_training(self);
 }
 
 // --worker-weights auto: asks the workers one at a time (not competing for cores) what a step costs
@@ -580,17 +585,15 @@ caf::behavior coordinator(caf::stateful_actor<CoordinatorState>* self, Coordinat
       },
       [self](restarted_atom, std::uint32_t shard) { shard_restarted(self, shard); },
       [self](ready_atom, std::int32_t code, const std::string& what) {
-        if (code != 0) {
-          drive(self, [&](CoordinatorCore& core, CoordinatorActions& out) {
-            core.failed(static_cast<StatusCode>(code), what, out);
-          });
-          return;
-        }
-        shards_serve(self);
+        if (code == 0) return shards_serve(self);
+        drive(self, [&](CoordinatorCore& core, CoordinatorActions& out) {
+          core.failed(static_cast<StatusCode>(code), what, out);
+        });
       },
       [self](eval_atom) {
         drive(self, [](CoordinatorCore& core, CoordinatorActions& out) { core.eval_tick(SteadyClock::now(), out); });
       },
+      [self](prepared_atom) { begin_training(self); },
   };
 }
 

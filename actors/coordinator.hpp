@@ -102,8 +102,16 @@ class RemotePlacement {
   /// worker has finished, abnormally when its process went silent.
   virtual Result<caf::actor> place_worker(caf::local_actor* coordinator, std::uint32_t w) = 0;
   /// Starts worker `w` as `plan` says (its share, its straggler factor, the
-  /// schedule's length), at epoch `first_epoch` (0-based).
+  /// schedule's length), at epoch `first_epoch` (0-based): a worker process
+  /// that rejoins a running job.
   virtual void start_worker(const JobPlan& plan, std::uint32_t w, std::uint32_t first_epoch) = 0;
+  /// The job's start: hands every worker of `plan` its assignment (epoch 0)
+  /// without starting it. Once every worker's process has loaded its data
+  /// and made its actors (WorkerReady), or at --join-timeout, sends the
+  /// coordinator (prepared_atom), which starts its clock and then each
+  /// worker (begin_worker).
+  virtual void prepare_workers(const JobPlan& plan) = 0;
+  virtual void begin_worker(std::uint32_t w) = 0;
   /// --worker-weights auto: asks worker `w`'s process for its samples/s
   /// (an assignment that says calibrate); the answer reaches the
   /// coordinator as (calibrate_atom, w, samples_per_s).

@@ -30,6 +30,7 @@ const char* to_string(MsgType t) {
     case MsgType::progress: return "progress";
     case MsgType::restarted: return "restarted";
     case MsgType::calibration: return "calibration";
+    case MsgType::worker_ready: return "worker_ready";
   }
   return "unknown";
 }

@@ -50,6 +50,7 @@ enum class MsgType : std::uint16_t {
   progress = 16,     ///< worker to coordinator: WorkerProgress
   restarted = 17,    ///< coordinator to worker: a shard's process was restarted, listening here
   calibration = 18,  ///< worker to coordinator: its samples/s, asked for by an assignment (--worker-weights auto)
+  worker_ready = 19,  ///< worker to coordinator: its data is loaded and it can start at once
 };
 const char* to_string(MsgType t);
 bool is_known(std::uint16_t type);
@@ -180,6 +181,17 @@ decltype(auto) fields(F&& f, Calibration& x) {
   return f(x.index, x.fixed_s, x.per_sample_s);
 }
 
+/// A worker process to the coordinator: it took its assignment, loaded its
+/// data and made its actors; a StartTraining starts it at once. The
+/// coordinator's training clock starts when every worker is ready.
+struct WorkerReady {
+  std::uint32_t index = 0;
+};
+template <class F>
+decltype(auto) fields(F&& f, WorkerReady& x) {
+  return f(x.index);
+}
+
 struct StartTraining {};
 template <class F>
 decltype(auto) fields(F&& f, StartTraining&) {
@@ -209,7 +221,8 @@ using WireMessages =
                On<MsgType::shutdown, Shutdown>, On<MsgType::epoch_report, EpochReport>, On<MsgType::failure, Failure>,
                On<MsgType::stats, StatsRequest>, On<MsgType::start, StartTraining>,
                On<MsgType::stats_reply, ShardStats>, On<MsgType::progress, WorkerProgress>,
-               On<MsgType::restarted, Restarted>, On<MsgType::calibration, Calibration>>;
+               On<MsgType::restarted, Restarted>, On<MsgType::calibration, Calibration>,
+               On<MsgType::worker_ready, WorkerReady>>;
 
 /// The wire type of message M.
 template <class M>

@@ -279,6 +279,7 @@ using rejoin_atom = caf::atom_constant<caf::atom("rejoin")>;
 using watch_atom = caf::atom_constant<caf::atom("watch")>;
 using lost_atom = caf::atom_constant<caf::atom("lost")>;
 using ready_atom = caf::atom_constant<caf::atom("ready")>;
+using prepared_atom = caf::atom_constant<caf::atom("prepared")>;
 using exchanged_atom = caf::atom_constant<caf::atom("exchanged")>;
 
 }  // namespace asgd

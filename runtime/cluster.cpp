@@ -564,6 +564,7 @@ Status run_worker_process(const ProcessOptions& o, std::stop_token stop) {
   // Held here: CAF ends an actor nobody refers to.
   caf::actor watcher = system.spawn(finish_watcher, j.bridge, j.coordinator, a.index, worker_actor);
   log_share(name, a, shards.size());
+  j.bridge->send(j.coordinator, encode(WorkerReady{a.index}, j.bridge->next_id()));  // the clock starts once all are
   Status s = serve_until_shutdown(j, name, stop, [&](Inbound& in) {
     if (std::holds_alternative<StartTraining>(in.body)) caf::anon_send(worker_actor, start_atom::value);
     if (auto* r = std::get_if<Restarted>(&in.body); r && r->role == Role::shard && r->index < shard_peers.size())

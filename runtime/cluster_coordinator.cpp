@@ -112,14 +112,21 @@ class ClusterPlacement final : public RemotePlacement {
     return proxy;
   }
 
-  void calibrate_worker(const JobPlan& plan, std::uint32_t w) override { send_assignment(plan, w, 0, true); }
+  void calibrate_worker(const JobPlan& plan, std::uint32_t w) override { send_assignment(plan, w, 0, true, false); }
 
   void start_worker(const JobPlan& plan, std::uint32_t w, std::uint32_t first_epoch) override {
-    send_assignment(plan, w, first_epoch, false);
+    send_assignment(plan, w, first_epoch, false, true);
   }
 
+  void prepare_workers(const JobPlan& plan) override {
+    caf::anon_send(registry_, prepare_atom::value, static_cast<std::uint32_t>(plan.workers.size()));
+    for (std::uint32_t w = 0; w < plan.workers.size(); ++w) send_assignment(plan, w, 0, false, false);
+  }
+
+  void begin_worker(std::uint32_t w) override { caf::anon_send(registry_, start_atom::value, w); }
+
  private:
-  void send_assignment(const JobPlan& plan, std::uint32_t w, std::uint32_t first_epoch, bool calibrate) {
+  void send_assignment(const JobPlan& plan, std::uint32_t w, std::uint32_t first_epoch, bool calibrate, bool start) {
     const WorkerPlan& worker = plan.workers.at(w);
     auto a = std::make_shared<Assignment>();
     a->role = Role::worker;
@@ -133,7 +140,7 @@ class ClusterPlacement final : public RemotePlacement {
     a->first_epoch = first_epoch;
     a->range_bounds = bounds_;
     a->calibrate = calibrate;
-    caf::anon_send(registry_, WorkerStart{std::move(a)});  // it adds where each shard listens now
+    caf::anon_send(registry_, WorkerStart{std::move(a), start});  // it adds where each shard listens now
   }
 
   std::shared_ptr<Bridge> bridge_;

@@ -63,6 +63,7 @@ struct RegistryState {
   std::map<PeerId, caf::actor> proxies;             // worker process -> the actor that stands for it
   std::vector<bool> said_silent;                    // silence reported for the shard's current process
   bool stopped = false;
+  std::optional<std::set<std::uint32_t>> preparing;  // the job's start waits for these workers to be ready
   static inline const char* name = "registry";
 };
 
@@ -329,10 +330,55 @@ void worker_lost(Self self, std::uint32_t w) {
   s.setup.supervision->on_silent(false, w, s.workers[w]->reg.pid);
 }
 
+// Every worker the job's start waits for is ready, or gone: the
+// coordinator starts its clock and then the workers.
+void settle_preparing(Self self) {
+  auto& st = self->state;
+  if (!st.preparing || !st.preparing->empty()) return;
+  st.preparing.reset();
+  tell_coordinator(self, prepared_atom::value);
+}
+
+// The job's start waits for workers 0..workers-1 to be ready, at most --join-timeout.
+void prepare(Self self, std::uint32_t workers) {
+  auto& st = self->state;
+  st.preparing.emplace();
+  for (std::uint32_t w = 0; w < workers && w < st.workers.size(); ++w) st.preparing->insert(w);
+  self->delayed_send(self, millis(st.setup.join_timeout_s), prepared_atom::value);
+}
+
+void preparing_timed_out(Self self) {
+  auto& st = self->state;
+  if (!st.preparing) return;
+  std::string who;
+  for (std::uint32_t w : *st.preparing) who += (who.empty() ? "worker " : ", ") + std::to_string(w);
+  logger().warn("{} not ready {:g} s after the assignments (--join-timeout): training starts without waiting for it",
+                who, st.setup.join_timeout_s);
+  st.preparing->clear();
+  settle_preparing(self);
+}
+
+void start_worker(Self self, std::uint32_t w) {
+  auto& st = self->state;
+  if (w < st.workers.size() && st.workers[w])
+    st.bridge->send(st.workers[w]->peer, encode(StartTraining{}, st.bridge->next_id()));
+}
+
+void worker_ready(Self self, const PeerId& peer, std::uint32_t w) {
+  auto& st = self->state;
+  if (!st.preparing || w >= st.workers.size() || !st.workers[w] || st.workers[w]->peer != peer) return;
+  st.preparing->erase(w);
+  settle_preparing(self);
+}
+
 // The supervisor saw a process end: its slot is free at once.
 void exited(Self self, const ProcessExit& e) {
   auto& st = self->state;
   st.ended.insert(e.pid);
+  if (!e.shard && st.preparing) {  // not waited for: lost once training starts
+    st.preparing->erase(e.index);
+    settle_preparing(self);
+  }
   if (!e.shard) {
     // Lost now, restarted or not (a new process rejoins as usual); unless
     // a new process has already taken its place.
@@ -359,6 +405,8 @@ void route(Self self, Inbound& in) {
           registered_during_job(self, in.peer, m);
         } else if constexpr (std::is_same_v<T, EpochReport> || std::is_same_v<T, WorkerProgress>) {
           tell_coordinator(self, std::move(m));
+        } else if constexpr (std::is_same_v<T, WorkerReady>) {
+          worker_ready(self, in.peer, m.index);
         } else if constexpr (std::is_same_v<T, Calibration>) {
           tell_coordinator(self, calibrate_atom::value, m.index, m.fixed_s, m.per_sample_s);
         } else if constexpr (std::is_same_v<T, Failure>) {
@@ -444,8 +492,11 @@ caf::behavior running(Self self) {
         for (const auto& m : s.workers) a.peer_endpoints.push_back(m ? m->reg.endpoint : std::string());
         const PeerId peer = s.workers.at(a.index)->peer;
         s.bridge->send(peer, encode(a, s.bridge->next_id()));
-        if (!a.calibrate) s.bridge->send(peer, encode(StartTraining{}, s.bridge->next_id()));
+        if (start.start && !a.calibrate) s.bridge->send(peer, encode(StartTraining{}, s.bridge->next_id()));
       },
+      [self](prepare_atom, std::uint32_t workers) { prepare(self, workers); },
+      [self](prepared_atom) { preparing_timed_out(self); },
+      [self](start_atom, std::uint32_t w) { start_worker(self, w); },
       [self](dismiss_atom, std::uint32_t w, const std::string& why) {
         auto& s = self->state;
         if (w < s.workers.size() && s.workers[w]) tell_to_stop(self, s.workers[w]->peer, why);

@@ -31,6 +31,9 @@
 //                                 once every placed shard serves
 //   (proxy_atom, uint32 w, actor) the actor that stands for worker w's current process
 //   WorkerStart                   worker w's assignment (the registry adds the shard endpoints)
+//   (prepare_atom, uint32 n)      the job's start: tell the coordinator (prepared_atom) once workers
+//                                 0..n-1 are ready (WorkerReady), or at --join-timeout
+//   (start_atom, uint32 w)        send worker w its StartTraining
 //   (dismiss_atom, uint32 w, string why)   tell worker w's new process to stop
 //   ProcessExit (as Exited)       the supervisor saw a process end
 //   (stop_atom, string why)       -> bool: tell every process to stop, forget the job's actors, quit
@@ -52,6 +55,7 @@ using coordinator_atom = caf::atom_constant<caf::atom("coord")>;
 using proxy_atom = caf::atom_constant<caf::atom("proxy")>;
 using dismiss_atom = caf::atom_constant<caf::atom("dismiss")>;
 using stop_atom = caf::atom_constant<caf::atom("stop")>;
+using prepare_atom = caf::atom_constant<caf::atom("prepare")>;
 
 /// One inbound message, as the bridge's handler posts it.
 struct Post {
@@ -67,9 +71,11 @@ struct ShardPlaced {
   messaging::PeerId link;
 };
 
-/// Worker w's assignment, sent with StartTraining.
+/// Worker w's assignment; `start`: with its StartTraining (a worker that
+/// rejoins a running job), else it is started later ((start_atom, w)).
 struct WorkerStart {
   std::shared_ptr<const messaging::Assignment> assignment;
+  bool start = true;
 };
 
 /// What the supervisor saw.

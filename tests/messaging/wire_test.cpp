@@ -218,6 +218,7 @@ TEST(WireMessages, EveryMessageTypeRoundTrips) {
   EXPECT_EQ(cal.index, 4u);
   EXPECT_EQ(cal.fixed_s, 0.0015);
   EXPECT_EQ(cal.per_sample_s, 2.5e-5);
+  EXPECT_EQ(round_trip(WorkerReady{5}).index, 5u);
   auto rs = round_trip(Restarted{Role::shard, 3, "tcp://10.0.0.2:4100"});
   EXPECT_EQ(rs.role, Role::shard);
   EXPECT_EQ(rs.index, 3u);

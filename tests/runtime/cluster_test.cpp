@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <filesystem>
 #include <future>
 #include <optional>
 #include <stop_token>
@@ -119,6 +120,7 @@ TEST(ClusterProcesses, TrainMnistWhileAShardIsSentMalformedFramesWhichItCountsAn
   }
   coordinator.join();
   for (auto& t : roles) t.join();
+  for (int i = 0; i < 2; ++i) std::filesystem::remove(ipc.substr(6) + std::to_string(i));  // the sockets' files
   ASSERT_TRUE(outcome.has_value());
   ASSERT_TRUE(outcome->ok()) << outcome->status().to_string();
   EXPECT_GE((*outcome)->final_test_accuracy, 0.9);
