@@ -575,10 +575,10 @@ Status run_worker_process(const ProcessOptions& o, std::stop_token stop) {
     return Status{};
   });
   j.bridge->stop();
+  if (const std::uint64_t dropped = collective->rejected(); dropped > 0)
+    logger().warn("{}: its collective dropped {} malformed or out-of-step message(s)", name, dropped);
   for (auto& x : shards) caf::anon_send_exit(x, caf::exit_reason::user_shutdown);
-  caf::anon_send_exit(worker_actor, caf::exit_reason::user_shutdown);
-  caf::anon_send_exit(feeder, caf::exit_reason::user_shutdown);
-  caf::anon_send_exit(watcher, caf::exit_reason::user_shutdown);
+  for (const caf::actor& x : {worker_actor, feeder, watcher}) caf::anon_send_exit(x, caf::exit_reason::user_shutdown);
   return s;
 }
 
