@@ -75,8 +75,10 @@ class ServiceProcess {
     });
   }
 
+  // A service the test did not stop gets SIGTERM first, so that it removes
+  // its temporary folder, and SIGKILL if it does not exit within 10 s.
   ~ServiceProcess() {
-    if (pid_ > 0 && !status_) {
+    if (pid_ > 0 && !status_ && !stop(SIGTERM, std::chrono::seconds(10))) {
       ::kill(pid_, SIGKILL);
       ::waitpid(pid_, nullptr, 0);
     }
