@@ -11,7 +11,6 @@
 #include <atomic>
 #include <cmath>
 #include <fstream>
-#include <future>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -19,6 +18,7 @@
 #include "captured_log.hpp"
 #include "actors/parameter_shard.hpp"
 #include "cli/cli_run.hpp"
+#include "coordinator_thread.hpp"
 #include "messaging/bridge.hpp"
 #include "messaging/curve_auth.hpp"
 #include "messaging/curve_keys.hpp"
@@ -148,21 +148,12 @@ TEST(ClusterAuth, AJobWithKeysTrainsMnistWhileRoguesKnockOnAShardInVain) {
   c.shards = 2;
   c.epochs = 1;
   c.rpc_timeout_s = 30;
-  ProcessOptions coord;
-  coord.shards = 2;
-  coord.workers = 2;
-  coord.join_timeout_s = 30;
+  ProcessOptions coord = coordinator_options(c, 30);
   coord.curve = curve_options(coordinator_keys, job);
-  std::promise<std::string> endpoint;
-  auto endpoint_future = endpoint.get_future();
   std::atomic<bool> done = false;
-  std::optional<Result<JobSummary>> outcome;
-  std::thread coordinator([&] {
-    outcome = run_coordinator_process(c, coord, {}, {}, [&](const std::string& e) { endpoint.set_value(e); });
-    done = true;
-  });
-  ASSERT_EQ(endpoint_future.wait_for(10s), std::future_status::ready);
-  const std::string at = endpoint_future.get();
+  CoordinatorThread coordinator(c, coord, {}, [&] { done = true; });
+  const std::string at = coordinator.endpoint();
+  ASSERT_FALSE(at.empty()) << "the coordinator did not listen within 10 s";
   ASSERT_NE(at.find(" curve:" + to_z85(coordinator_keys.public_key)), std::string::npos) << at;
   std::vector<std::thread> roles;
   std::vector<Status> role_status(4);
@@ -204,6 +195,7 @@ TEST(ClusterAuth, AJobWithKeysTrainsMnistWhileRoguesKnockOnAShardInVain) {
   coordinator.join();
   for (auto& t : roles) t.join();
   for (int i = 0; i < 2; ++i) fs::remove(ipc.substr(6) + std::to_string(i));  // (libzmq may leave them)
+  const auto& outcome = coordinator.outcome;
   ASSERT_TRUE(outcome.has_value());
   ASSERT_TRUE(outcome->ok()) << outcome->status().to_string();
   EXPECT_GE((*outcome)->final_test_accuracy, 0.9);

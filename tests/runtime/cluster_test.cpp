@@ -6,7 +6,6 @@
 
 #include <atomic>
 #include <filesystem>
-#include <future>
 #include <optional>
 #include <stop_token>
 #include <cstring>
@@ -14,6 +13,7 @@
 
 #include <unistd.h>
 
+#include "coordinator_thread.hpp"
 #include "messaging/bridge.hpp"
 #include "messaging/untrusted.hpp"
 #include "runtime/cluster.hpp"
@@ -66,24 +66,15 @@ TEST(ClusterProcesses, TrainMnistWhileAShardIsSentMalformedFramesWhichItCountsAn
   c.shards = 2;
   c.epochs = 2;
   c.rpc_timeout_s = 30;
-  ProcessOptions coord;
-  coord.shards = 2;
-  coord.workers = 2;
-  coord.join_timeout_s = 30;
-  std::promise<std::string> endpoint;
-  auto endpoint_future = endpoint.get_future();
+  const ProcessOptions coord = coordinator_options(c, 30);
   // The rogue stops once epoch 1 is done, so every frame it sent has
   // arrived long before the shard's statistics are read at the end.
   std::atomic<bool> first_epoch_done = false;
   JobCallbacks callbacks;
   callbacks.on_epoch = [&](const EpochMetrics&) { first_epoch_done = true; };
-  std::optional<Result<JobSummary>> outcome;
-  std::thread coordinator([&] {
-    outcome = run_coordinator_process(c, coord, callbacks, {}, [&](const std::string& e) { endpoint.set_value(e); });
-    first_epoch_done = true;
-  });
-  ASSERT_EQ(endpoint_future.wait_for(std::chrono::seconds(10)), std::future_status::ready);
-  const std::string at = endpoint_future.get();
+  CoordinatorThread coordinator(c, coord, callbacks, [&] { first_epoch_done = true; });
+  const std::string at = coordinator.endpoint();
+  ASSERT_FALSE(at.empty()) << "the coordinator did not listen within 10 s";
   std::vector<std::thread> roles;
   std::vector<Status> role_status(4);
   for (std::uint32_t i = 0; i < 2; ++i) {
@@ -121,6 +112,7 @@ TEST(ClusterProcesses, TrainMnistWhileAShardIsSentMalformedFramesWhichItCountsAn
   coordinator.join();
   for (auto& t : roles) t.join();
   for (int i = 0; i < 2; ++i) std::filesystem::remove(ipc.substr(6) + std::to_string(i));  // the sockets' files
+  const auto& outcome = coordinator.outcome;
   ASSERT_TRUE(outcome.has_value());
   ASSERT_TRUE(outcome->ok()) << outcome->status().to_string();
   EXPECT_GE((*outcome)->final_test_accuracy, 0.9);
@@ -178,17 +170,9 @@ TEST(ClusterProcesses, AShardThatNeverTakesItsAssignmentFailsTheJobAtTheJoinTime
   c.data_dir = dir.string();
   c.shards = 1;
   c.workers = 1;
-  ProcessOptions o;
-  o.shards = 1;
-  o.workers = 1;
-  o.join_timeout_s = 1.0;
-  std::promise<std::string> endpoint;
-  auto endpoint_future = endpoint.get_future();
-  std::optional<Result<JobSummary>> outcome;
-  std::thread coordinator([&] {
-    outcome = run_coordinator_process(c, o, {}, {}, [&](const std::string& e) { endpoint.set_value(e); });
-  });
-  const std::string at = endpoint_future.get();
+  CoordinatorThread coordinator(c, coordinator_options(c, 1.0));
+  const std::string at = coordinator.endpoint();
+  ASSERT_FALSE(at.empty()) << "the coordinator did not listen within 10 s";
   // Two silent processes: they register, and answer nothing.
   std::atomic<bool> worker_told_to_stop = false;
   auto silent = [&](Role role, std::uint32_t pid, bool listen) {
@@ -207,6 +191,7 @@ TEST(ClusterProcesses, AShardThatNeverTakesItsAssignmentFailsTheJobAtTheJoinTime
   auto worker = silent(Role::worker, 4343, false);
   const auto t0 = std::chrono::steady_clock::now();
   coordinator.join();
+  const auto& outcome = coordinator.outcome;
   ASSERT_TRUE(outcome.has_value());
   ASSERT_FALSE(outcome->ok());
   EXPECT_EQ(outcome->status().code(), StatusCode::timeout) << outcome->status().to_string();

@@ -1,0 +1,104 @@
+// The start of a job across processes: the coordinator's clock, and every
+// worker, start once every worker process is ready (worker_ready), but the
+// start waits for them no longer than --join-timeout. Here the roles run
+// on threads of the test, each with its own bridge, as in
+// cluster_test.cpp; worker 1's collective takes longer to connect than the
+// coordinator's --join-timeout, so it is ready late.
+
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <memory>
+#include <optional>
+#include <thread>
+
+#include "captured_log.hpp"
+#include "coordinator_thread.hpp"
+#include "messaging/collective.hpp"
+#include "runtime/cluster.hpp"
+#include "test_data.hpp"
+
+namespace asgd {
+namespace {
+
+using namespace messaging;
+
+// A ZeroMQ collective that sleeps before it connects: the worker process
+// that holds it makes its actors, and says it is ready, that much later.
+class SlowToConnect final : public NetworkCollective {
+ public:
+  SlowToConnect(std::shared_ptr<NetworkCollective> real, std::chrono::milliseconds delay)
+      : real_(std::move(real)), delay_(delay) {}
+  const std::string& endpoint() const override { return real_->endpoint(); }
+  Status connect(Rank rank, const std::vector<std::string>& endpoints) override {
+    std::this_thread::sleep_for(delay_);
+    return real_->connect(rank, endpoints);
+  }
+  std::uint64_t rejected() const override { return real_->rejected(); }
+  void set_half_precision(bool on) override { real_->set_half_precision(on); }
+  void set_shared_memory(bool on, std::chrono::milliseconds settle) override { real_->set_shared_memory(on, settle); }
+  Rank size() const override { return real_->size(); }
+  Status allreduce_mean(Rank rank, Round round, std::span<const float> data, double weight, Ready ready) override {
+    return real_->allreduce_mean(rank, round, data, weight, std::move(ready));
+  }
+  std::span<const float> mean(Rank rank) const override { return real_->mean(rank); }
+  double total_weight(Rank rank) const override { return real_->total_weight(rank); }
+  Status gossip(Rank rank, Round clock, std::span<const float> params, const std::vector<Rank>& audience,
+                const std::vector<Rank>& peers, Round min_clock, Ready ready) override {
+    return real_->gossip(rank, clock, params, audience, peers, min_clock, std::move(ready));
+  }
+  std::vector<PeerCopy> peer_copies(Rank rank) const override { return real_->peer_copies(rank); }
+  void leave(Rank rank) override { real_->leave(rank); }
+  std::string waiting_for(Rank rank) const override { return real_->waiting_for(rank); }
+
+ private:
+  std::shared_ptr<NetworkCollective> real_;
+  std::chrono::milliseconds delay_;
+};
+
+TEST(ClusterStart, AWorkerNotReadyByTheJoinTimeoutIsStartedWhenItIsWhileTheOthersTrain) {
+  ASGD_REQUIRE_DATASET(dir, "mnist");
+  asgd_test::CapturedLog log;  // before anything whose threads log
+  JobConfig c;
+  c.data_dir = dir.string();
+  c.policy = "allreduce";
+  c.workers = 2;
+  c.shards = 1;
+  c.epochs = 1;
+  c.heartbeat_timeout_s = 20;  // the late worker is not declared dead while it sets up
+  c.rpc_timeout_s = 30;        // worker 0's first all-reduce waits for it
+  CoordinatorThread coordinator(c, coordinator_options(c, 3));
+  const std::string at = coordinator.endpoint();
+  ASSERT_FALSE(at.empty()) << "the coordinator did not listen within 10 s";
+  auto slow = make_zmq_collective("tcp://127.0.0.1:*");
+  ASSERT_TRUE(slow.ok()) << slow.status().to_string();
+  std::vector<Status> role_status(3);
+  std::vector<std::thread> roles;
+  roles.emplace_back([&] {
+    ProcessOptions o;
+    o.coordinator = at;
+    o.listen = "tcp://127.0.0.1:*";
+    role_status[0] = run_shard_process(o, {});
+  });
+  for (std::uint32_t w = 0; w < 2; ++w) {
+    roles.emplace_back([&, w] {
+      ProcessOptions o;
+      o.coordinator = at;
+      o.index = w;
+      if (w == 1) o.collective = std::make_shared<SlowToConnect>(*slow, std::chrono::seconds(6));
+      role_status[1 + w] = run_worker_process(o, {});
+    });
+  }
+  coordinator.join();
+  for (auto& t : roles) t.join();
+  const auto& outcome = coordinator.outcome;
+  ASSERT_TRUE(outcome.has_value());
+  ASSERT_TRUE(outcome->ok()) << outcome->status().to_string() << "\n" << log.all();
+  EXPECT_EQ((*outcome)->workers_lost, 0u) << log.all();
+  EXPECT_GE((*outcome)->final_test_accuracy, 0.9);
+  EXPECT_EQ(log.count("worker 1 not ready 3 s after the assignments (--join-timeout)"), 1u) << log.all();
+  for (const auto& s : role_status) EXPECT_TRUE(s.ok()) << s.to_string();
+}
+
+}  // namespace
+}  // namespace asgd
