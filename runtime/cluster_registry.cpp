@@ -358,28 +358,32 @@ void preparing_timed_out(Self self) {
   settle_preparing(self);
 }
 
+// Worker w's process starts training.
 void start_worker(Self self, std::uint32_t w) {
   auto& st = self->state;
   if (w < st.workers.size() && st.workers[w])
     st.bridge->send(st.workers[w]->peer, encode(StartTraining{}, st.bridge->next_id()));
 }
 
-void worker_ready(Self self, const PeerId& peer, std::uint32_t w) {
+// Worker w is ready, or its process ended: the job's start no longer waits for it.
+void stop_waiting_for(Self self, std::uint32_t w) {
   auto& st = self->state;
-  if (!st.preparing || w >= st.workers.size() || !st.workers[w] || st.workers[w]->peer != peer) return;
+  if (!st.preparing) return;
   st.preparing->erase(w);
   settle_preparing(self);
+}
+
+void worker_ready(Self self, const PeerId& peer, std::uint32_t w) {
+  auto& st = self->state;
+  if (w < st.workers.size() && st.workers[w] && st.workers[w]->peer == peer) stop_waiting_for(self, w);
 }
 
 // The supervisor saw a process end: its slot is free at once.
 void exited(Self self, const ProcessExit& e) {
   auto& st = self->state;
   st.ended.insert(e.pid);
-  if (!e.shard && st.preparing) {  // not waited for: lost once training starts
-    st.preparing->erase(e.index);
-    settle_preparing(self);
-  }
   if (!e.shard) {
+    stop_waiting_for(self, e.index);  // the start does not wait for it: it is lost once training starts
     // Lost now, restarted or not (a new process rejoins as usual); unless
     // a new process has already taken its place.
     const auto& slot = e.index < st.workers.size() ? st.workers[e.index] : std::nullopt;
@@ -490,9 +494,8 @@ caf::behavior running(Self self) {
         for (const auto& m : s.shards) a.shard_endpoints.push_back(m->reg.endpoint);
         // Where each worker's collective listens (the decentralized policies).
         for (const auto& m : s.workers) a.peer_endpoints.push_back(m ? m->reg.endpoint : std::string());
-        const PeerId peer = s.workers.at(a.index)->peer;
-        s.bridge->send(peer, encode(a, s.bridge->next_id()));
-        if (start.start && !a.calibrate) s.bridge->send(peer, encode(StartTraining{}, s.bridge->next_id()));
+        s.bridge->send(s.workers.at(a.index)->peer, encode(a, s.bridge->next_id()));
+        if (start.start && !a.calibrate) start_worker(self, a.index);
       },
       [self](prepare_atom, std::uint32_t workers) { prepare(self, workers); },
       [self](prepared_atom) { preparing_timed_out(self); },
