@@ -80,7 +80,6 @@ Exit status: 0 every run completed (whatever the verdict), 1 a run failed,
 """
 
 import argparse
-import itertools
 import json
 import os
 import shutil
@@ -95,6 +94,13 @@ POLICIES = ["bsp", "ssp:1", "ssp:3", "async"]
 # (policy, compared with): the verdicts printed for each scenario.
 PAIRS = [("ssp:1", "bsp"), ("ssp:3", "bsp"), ("async", "bsp"), ("ssp:3", "ssp:1"), ("async", "ssp:3")]
 RUN_TIMEOUT_S = 600
+# Verdicts: a rank test's p below SETTLED_BELOW says faster or slower, from
+# SETTLED_FROM up not distinguishable; in between the pair is unsettled and
+# its scenario gets more runs of its two policies (up to --settle-to a side),
+# after which p < UNSETTLED_ALPHA decides.
+SETTLED_BELOW = 0.01
+SETTLED_FROM = 0.2
+UNSETTLED_ALPHA = 0.05
 # --measure: the run's figure its verdicts compare.
 MEASURES = {"compute": "time_to_target_units", "seconds": "time_to_target_s"}
 
@@ -262,22 +268,35 @@ def fmt_ttt(s, target):
 
 def rank_test(a, b):
     """Exact two-sided Mann-Whitney p-value for times `a` against `b`, and
-    whether `a` tends to be the smaller: counts the pairs in which a's time
-    is below b's (ties half), against every way of splitting the pooled
-    times into groups of those sizes."""
-    def wins(xs, ys):
-        return sum(1.0 if x < y else 0.5 if x == y else 0.0 for x in xs for y in ys)
-    observed = wins(a, b)
-    pooled = list(a) + list(b)
-    below = above = total = 0
-    for chosen in itertools.combinations(range(len(pooled)), len(a)):
-        picked = set(chosen)
-        w = wins([pooled[i] for i in chosen], [pooled[i] for i in range(len(pooled)) if i not in picked])
-        total += 1
-        below += w <= observed
-        above += w >= observed
-    p = min(1.0, 2.0 * min(below, above) / total)
-    return p, observed > len(a) * len(b) / 2.0
+    whether `a` tends to be the smaller: the sum of a's ranks in the pooled
+    times (ties take their mean rank, so a tie counts as half a win) against
+    its distribution over every way of splitting the pooled times into
+    groups of those sizes, counted by dynamic programming rather than
+    enumerated (12 runs a side are 2.7 million splits)."""
+    pooled = sorted(list(a) + list(b))
+    twice_rank = {}  # time -> twice its mean rank (1-based): an integer even with ties
+    i = 0
+    while i < len(pooled):
+        j = i
+        while j + 1 < len(pooled) and pooled[j + 1] == pooled[i]:
+            j += 1
+        twice_rank[pooled[i]] = i + j + 2
+        i = j + 1
+    ranks = [twice_rank[x] for x in pooled]
+    m = len(a)
+    observed = sum(twice_rank[x] for x in a)
+    # ways[k][s]: subsets of k of the pooled times whose doubled ranks sum to s
+    ways = [dict() for _ in range(m + 1)]
+    ways[0][0] = 1
+    for r in ranks:
+        for k in range(m, 0, -1):
+            for total, n in ways[k - 1].items():
+                ways[k][total + r] = ways[k].get(total + r, 0) + n
+    splits = sum(ways[m].values())
+    at_most = sum(n for total, n in ways[m].items() if total <= observed)
+    at_least = sum(n for total, n in ways[m].items() if total >= observed)
+    p = min(1.0, 2.0 * min(at_most, at_least) / splits)
+    return p, observed < m * (len(pooled) + 1)  # a's mean rank below the pooled mean: a tends to be smaller
 
 
 def compare(summaries, policy, other, target):
@@ -288,13 +307,62 @@ def compare(summaries, policy, other, target):
         return None, "not measurable", f"not measurable ({who}: no median time to {target}, see above)", None, None
     value = a["ttt_median"] / b["ttt_median"]
     p, a_smaller = rank_test(a["time_to_target"], b["time_to_target"])
-    verdict = ("faster" if a_smaller else "slower") if p < 0.05 else "not distinguishable"
+    alpha = UNSETTLED_ALPHA if unsettled(p) else SETTLED_BELOW
+    verdict = ("faster" if a_smaller else "slower") if p < alpha else "not distinguishable"
     overlap = not (a["ttt_max"] < b["ttt_min"] or a["ttt_min"] > b["ttt_max"])
     k = a["measure"]
     spreads = (f"{fmt_time(a['ttt_min'], k)}-{fmt_time(a['ttt_max'], k)} against "
                f"{fmt_time(b['ttt_min'], k)}-{fmt_time(b['ttt_max'], k)}, "
-               f"{'overlapping' if overlap else 'apart'}; rank test p = {p:.3f}")
+               f"{'overlapping' if overlap else 'apart'}; rank test p = {p:.3f}, {a['runs']} and {b['runs']} runs"
+               f"{'; UNSETTLED' if unsettled(p) else ''}")
     return value, verdict, f"{value:.3f}  {verdict} ({spreads})", p, overlap
+
+
+def unsettled(p):
+    """A p-value between the settled verdicts: more runs could move it either way."""
+    return p is not None and SETTLED_BELOW <= p < SETTLED_FROM
+
+
+def unsettled_policies(a, runs_of_scenario):
+    """The policies of a scenario's unsettled pairs that may take another run."""
+    summaries = {pol: summarize(pol, runs_of_scenario[pol], MEASURES[a.measure]) for pol in POLICIES}
+    wanted = set()
+    for pol, other in PAIRS:
+        if unsettled(compare(summaries, pol, other, a.target)[3]):
+            wanted |= {pol, other}
+    return [pol for pol in POLICIES if pol in wanted and len(runs_of_scenario[pol]) < a.settle_to]
+
+
+def run_all(a, scenarios, out_dir):
+    """Every run: --repeats interleaved rounds (for each repeat and scenario,
+    every policy), then, while some scenario has unsettled pairs, rounds of
+    one more run of their policies (interleaved over the scenarios alike).
+    A policy's k-th run of a scenario has seed k. Returns ({scenario:
+    {policy: [run]}}, every run in the order run)."""
+    runs = {sc: {pol: [] for pol in POLICIES} for sc in scenarios}
+    in_order = []
+
+    def one(sc, pol, label):
+        seed = len(runs[sc][pol]) + 1
+        name = f"{sc}_{pol}_seed{seed}".replace(":", "").replace(",", "_")
+        run = run_one(a, pol, sc, seed, os.path.join(out_dir, name + ".jsonl"))
+        runs[sc][pol].append(run)
+        in_order.append(run)
+        print(f"[{len(in_order)}{label}] {sc:14s} {pol:6s} seed {seed}: {describe(run, a.target)}", flush=True)
+
+    base = a.repeats * len(POLICIES) * len(scenarios)
+    for _ in range(a.repeats):
+        for sc in scenarios:
+            for pol in POLICIES:
+                one(sc, pol, f"/{base}")
+    while True:
+        more = {sc: unsettled_policies(a, runs[sc]) for sc in scenarios}
+        if not any(more.values()):
+            break
+        for sc in scenarios:
+            for pol in more[sc]:
+                one(sc, pol, " settling")
+    return runs, in_order
 
 
 def print_policy(s, a):
@@ -326,6 +394,9 @@ def main():
     p.add_argument("--data-dir", default=None,
                    help="the MNIST folder (default $ASGD_DATA_DIR/mnist, else <repo>/../shared/data/mnist)")
     p.add_argument("--repeats", type=int, default=5, help="runs per policy and scenario, interleaved (default 5)")
+    p.add_argument("--settle-to", type=int, default=12, metavar="N",
+                   help=f"runs a side up to which a scenario's unsettled pairs ({SETTLED_BELOW} <= p < "
+                        f"{SETTLED_FROM}) get more; --repeats: none (default 12)")
     p.add_argument("--epochs", type=int, default=8,
                    help="epochs per run; long enough for bsp to reach the target (default 8)")
     p.add_argument("--workers", type=int, default=4, help="worker actors (default 4)")
@@ -354,6 +425,8 @@ def main():
 
     if a.repeats < 1 or a.epochs < 1 or a.workers < 1:
         fail(2, "--repeats, --epochs and --workers must be >= 1")
+    if a.settle_to < a.repeats:
+        fail(2, f"--settle-to {a.settle_to}: must be at least --repeats ({a.repeats})")
     if not 0.0 < a.target <= 1.0:
         fail(2, f"--target {a.target}: must be in (0, 1]")
     if not a.lr > 0 or not 0 <= a.momentum < 1:
@@ -382,22 +455,9 @@ def main():
           f"--epochs {a.epochs} --lr-schedule {a.lr_schedule} --seed R --target-accuracy {a.target} "
           f"--eval-every {a.eval_every} --metrics-out FILE {' '.join(footing_flags(a, 'async'))}", flush=True)
 
-    runs = {sc: {pol: [] for pol in POLICIES} for sc in scenarios}
-    in_order = []
     started = time.monotonic()
-    total = a.repeats * len(POLICIES) * len(scenarios)
-    n = 0
     try:
-        for r in range(a.repeats):
-            for sc in scenarios:
-                for pol in POLICIES:
-                    n += 1
-                    seed = r + 1
-                    name = f"{sc}_{pol}_seed{seed}".replace(":", "").replace(",", "_")
-                    run = run_one(a, pol, sc, seed, os.path.join(out_dir, name + ".jsonl"))
-                    runs[sc][pol].append(run)
-                    in_order.append(run)
-                    print(f"[{n}/{total}] {sc:14s} {pol:6s} seed {seed}: {describe(run, a.target)}", flush=True)
+        runs, in_order = run_all(a, scenarios, out_dir)
     finally:
         if a.out is None:
             shutil.rmtree(out_dir, ignore_errors=True)
@@ -416,22 +476,27 @@ def main():
         verdicts = {}
         for pol, other in PAIRS:
             value, verdict, text, p, overlap = compare(summaries, pol, other, a.target)
-            verdicts[f"{pol}/{other}"] = {"ratio": value, "verdict": verdict, "p": p, "spreads_overlap": overlap}
+            verdicts[f"{pol}/{other}"] = {"ratio": value, "verdict": verdict, "p": p, "spreads_overlap": overlap,
+                                          "runs": [summaries[pol]["runs"], summaries[other]["runs"]],
+                                          "settled": not unsettled(p)}
             print(f"  median({pol}) / median({other}) = {text}")
         results[sc] = {"summaries": summaries, "verdicts": verdicts}
 
-    print(f"\nverdicts ({a.footing} footing, {a.measure} measure; faster/slower: exact two-sided rank test on the "
-          f"{a.repeats} times of each, p < 0.05; * marks min-max spreads that do not overlap)")
+    print(f"\nverdicts ({a.footing} footing, {a.measure} measure; exact two-sided rank test on the times of each: "
+          f"faster/slower at p < {SETTLED_BELOW}, not distinguishable at p >= {SETTLED_FROM}, in between more runs "
+          f"up to {a.settle_to} a side, then p < {UNSETTLED_ALPHA}; ~ marks a verdict still unsettled there, "
+          f"* min-max spreads that do not overlap)")
     print("  " + "pair".ljust(14) + "".join(sc.ljust(27) for sc in scenarios))
     for pol, other in PAIRS:
         key = f"{pol}/{other}"
         cells = []
         for sc in scenarios:
             v = results[sc]["verdicts"][key]
-            mark = "*" if v["spreads_overlap"] is False else ""
+            mark = ("*" if v["spreads_overlap"] is False else "") + ("~" if unsettled(v["p"]) else "")
             cells.append((v["verdict"] if v["ratio"] is None else f"{v['ratio']:.2f} {v['verdict']}{mark}").ljust(27))
         print("  " + key.ljust(14) + "".join(cells))
-    print(f"\n{total} runs in {elapsed:.0f} s" + (f"; metrics files in {out_dir}" if a.out else ""), flush=True)
+    print(f"\n{len(in_order)} runs ({a.repeats} a side, then {len(in_order) - a.repeats * len(POLICIES) * len(scenarios)} "
+          f"settling) in {elapsed:.0f} s" + (f"; metrics files in {out_dir}" if a.out else ""), flush=True)
 
     failed = sum(s["failed_runs"] for sc in scenarios for s in results[sc]["summaries"].values())
     if failed:
@@ -440,7 +505,7 @@ def main():
         print(json.dumps({
             "workers": a.workers, "scenarios": scenarios, "footing": a.footing, "lr": a.lr, "momentum": a.momentum,
             "epochs": a.epochs, "lr_schedule": a.lr_schedule, "eval_every_s": a.eval_every, "measure": a.measure,
-            "target": a.target, "repeats": a.repeats, "elapsed_s": round(elapsed, 1),
+            "target": a.target, "repeats": a.repeats, "settle_to": a.settle_to, "elapsed_s": round(elapsed, 1),
             "results": results, "runs": in_order,
         }), flush=True)
     return 1 if failed else 0
