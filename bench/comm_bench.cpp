@@ -56,6 +56,7 @@ struct CommOptions {
   std::string compress = "none";
   bool json = false;
   bool auth = false;          // CurveZMQ on every connection
+  std::uint32_t busy_poll_us = 0;  // ours: bridges and actor threads poll this long before sleeping
   // comm-server only
   std::string mode = "raw";
   std::uint64_t size = 0;
@@ -152,7 +153,7 @@ int serve_shard(const CommOptions& o) {
   caf::actor_system_config cfg;
   cfg.add_message_types<caf::id_block::asgd>();
   cfg.set("scheduler.max-threads", std::size_t{1});
-  sleep_when_idle(cfg);  // as a job's processes do
+  sleep_when_idle(cfg, std::chrono::microseconds(o.busy_poll_us));  // as a job's processes do
   caf::actor_system system{cfg};
   ShardSetup ss;
   ss.range = {0, o.size};
@@ -171,6 +172,7 @@ int serve_shard(const CommOptions& o) {
   bo.name = "bench shard";
   bo.coding = o.compress == "fp16" ? TensorCoding::float16 : TensorCoding::float32;
   bo.curve = bench_curve(o.auth_keys);
+  bo.busy_poll = std::chrono::microseconds(o.busy_poll_us);
   auto ready = std::make_shared<std::atomic<bool>>(false);
   auto bridge = Bridge::start(bo, [server, ready](Inbound&& in) {
     if (ready->load()) post_to_shard_server(*server, std::move(in));
@@ -361,7 +363,7 @@ int run_comm(const CommOptions& o) {
   caf::actor_system_config cfg;
   cfg.add_message_types<caf::id_block::asgd>();
   cfg.set("scheduler.max-threads", std::size_t{1});
-  sleep_when_idle(cfg);  // as a job's processes do
+  sleep_when_idle(cfg, std::chrono::microseconds(o.busy_poll_us));  // as a job's processes do
   caf::actor_system system{cfg};
   // Ours twice: over tcp (this bridge refuses the servers' offers of shared
   // memory, so both directions stay on the wire) and through shared memory
@@ -371,6 +373,7 @@ int run_comm(const CommOptions& o) {
   bo.coding = fp16 ? TensorCoding::float16 : TensorCoding::float32;
   bo.curve = curve;
   bo.shared_memory = false;
+  bo.busy_poll = std::chrono::microseconds(o.busy_poll_us);
   auto bridge = Bridge::start(bo, nullptr);
   bo.name = "bench worker (shared memory)";
   bo.shared_memory = true;
@@ -397,7 +400,8 @@ int run_comm(const CommOptions& o) {
     for (std::size_t i = 0; i < shards; ++i) {
       const std::size_t slice = n / shards + (i < n % shards ? 1 : 0);
       auto server =
-          start_server(with_auth({"--mode", "shard", "--size", std::to_string(slice), "--compress", o.compress}));
+          start_server(with_auth({"--mode", "shard", "--size", std::to_string(slice), "--compress", o.compress,
+                                  "--busy-poll-us", std::to_string(o.busy_poll_us)}));
       if (!server) {
         print_error(server.status().to_string());
         return std::nullopt;
@@ -457,6 +461,7 @@ int run_comm(const CommOptions& o) {
   const double raw_us = small->raw * 1e6, ours_us = small->ours * 1e6;
   if (o.json) {
     nlohmann::json j = {{"compress", o.compress}, {"auth", o.auth}, {"repeats", o.repeats}, {"shards", o.shards},
+                        {"busy_poll_us", o.busy_poll_us},
                         {"sizes", results},
                         {"small_round_trip_us", {{"raw", raw_us}, {"ours", ours_us}}}};
     std::printf("%s\n", j.dump().c_str());
@@ -464,9 +469,11 @@ int run_comm(const CommOptions& o) {
     std::printf("small-message round trip (1 float): raw %.1f us, ours %.1f us (medians of %d runs of 2000)\n", raw_us,
                 ours_us, o.repeats);
     std::printf("ratio = ours/raw throughput in parameter bytes (push + pull); compress %s; ours over %d shard "
-                "process(es), each owning a slice of the parameters; raw through one echo process; %s\n",
+                "process(es), each owning a slice of the parameters; raw through one echo process; %s; ours %s\n",
                 o.compress.c_str(), o.shards,
-                o.auth ? "both authenticated and encrypted (CurveZMQ)" : "both plain tcp (no --auth)");
+                o.auth ? "both authenticated and encrypted (CurveZMQ)" : "both plain tcp (no --auth)",
+                o.busy_poll_us ? ("polling " + std::to_string(o.busy_poll_us) + " us before sleeping").c_str()
+                               : "sleeping when idle (no --busy-poll-us)");
     std::printf("shm = ours through shared memory (%s); memcpy = copying the bytes once each way in one process, "
                 "the least a round trip through shared memory costs; of it = shm/memcpy\n",
                 with_shm ? "--shared-memory on" : "none with --auth");
@@ -493,11 +500,17 @@ CommBench add_comm_bench(CLI::App* bench) {
       ->check(quietly(CLI::Range(1, 16)));
   comm->add_flag("--json", o->json, "print one JSON object instead of a table");
   comm->add_flag("--auth", o->auth, "both over CurveZMQ, as with --auth-keys (authenticated and encrypted)");
+  comm->add_option("--busy-poll-us", o->busy_poll_us,
+                   "ours: bridges and actor threads poll N microseconds before sleeping, as asgd cluster "
+                   "--busy-poll-us (default 0)")
+      ->type_name("N")
+      ->check(quietly(CLI::Range(0u, 1'000'000u)));
   auto* server = bench->add_subcommand("comm-server", "")->group("");  // hidden: started by bench comm
   server->add_option("--mode", o->mode)->required();
   server->add_option("--size", o->size);
   server->add_option("--compress", o->compress);
   server->add_option("--auth-keys", o->auth_keys);
+  server->add_option("--busy-poll-us", o->busy_poll_us);
   return {[comm, server] { return comm->parsed() || server->parsed(); },
           [o, comm]() -> int {
             if (comm->parsed()) return run_comm(*o);

@@ -271,9 +271,13 @@ void Bridge::run() {
   std::deque<Outgoing> backlog;  // accepted but not yet taken by the transport (would block)
   std::uint64_t refused_seen = 0;
   bool paused = false;  // not reading the bound endpoint (max_unanswered)
+  auto last_traffic = std::chrono::steady_clock::now();  // for BridgeOptions::busy_poll
   while (true) {
+    const std::size_t waiting = backlog.size();
     take_requests(backlog);
+    if (backlog.size() != waiting) last_traffic = std::chrono::steady_clock::now();
     send_what_fits(backlog);
+    const bool polling = std::chrono::steady_clock::now() - last_traffic < options_.busy_poll;
     const bool blocked = !backlog.empty();  // read meanwhile, and try again soon
     if (stopping_) {
       std::lock_guard lock(mu_);
@@ -289,7 +293,8 @@ void Bridge::run() {
         ++stats_.read_pauses;
       }
     }
-    auto in = transport_->receive(blocked || stopping_ ? std::chrono::milliseconds(1)
+    auto in = transport_->receive(polling               ? std::chrono::milliseconds(0)
+                                  : blocked || stopping_ ? std::chrono::milliseconds(1)
                                   : paused              ? kPausedPoll
                                                         : std::chrono::milliseconds(200));
     if (const TransportStats ts = transport_->stats(); ts.refused != refused_seen) {
@@ -303,7 +308,10 @@ void Bridge::run() {
       logger().error("{}: receiving failed: {}", options_.name, in.status().message());
       continue;
     }
-    if (*in) handle(std::move(**in));
+    if (*in) {
+      last_traffic = std::chrono::steady_clock::now();
+      handle(std::move(**in));
+    }
   }
 }
 

@@ -120,11 +120,11 @@ std::string host_name() {
 
 
 
-caf::actor_system_config actor_config(std::size_t threads) {
+caf::actor_system_config actor_config(std::size_t threads, std::chrono::microseconds busy_poll) {
   caf::actor_system_config cfg;
   cfg.add_message_types<caf::id_block::asgd>();
   cfg.set("scheduler.max-threads", std::max<std::size_t>(1, threads));
-  sleep_when_idle(cfg);
+  sleep_when_idle(cfg, busy_poll);
   return cfg;
 }
 
@@ -172,6 +172,7 @@ Result<Joined> join(const ProcessOptions& o, Role role, const std::string& name,
   bo.name = name;
   bo.curve = o.curve;
   bo.shared_memory = o.shared_memory;
+  bo.busy_poll = o.busy_poll;
   // Nobody sends a shard's endpoint a push before it has its keys (and
   // says so with its first heartbeat): until then it takes control
   // messages only (run_shard_process widens it).
@@ -305,7 +306,7 @@ Status run_shard_process(const ProcessOptions& o, std::stop_token stop) {
   const Assignment& a = j.assignment;
   const std::string name = "shard " + std::to_string(a.index);
 
-  auto actor_cfg = actor_config(1);
+  auto actor_cfg = actor_config(1, o.busy_poll);
   caf::actor_system system{actor_cfg};
   auto core = assigned_shard(j, name);
   if (!core) {
@@ -536,7 +537,7 @@ Status run_worker_process(const ProcessOptions& o, std::stop_token stop) {
   const WorkerPlan& worker_plan = plans->worker;
   const auto compute = std::make_shared<ComputeContext>(plan->compute_threads);
 
-  auto actor_cfg = actor_config(1);
+  auto actor_cfg = actor_config(1, o.busy_poll);
   caf::actor_system system{actor_cfg};
   std::vector<caf::actor> shards;
   std::vector<PeerId> shard_peers;

@@ -105,6 +105,11 @@ struct ProcessOptions {
   /// every worker runs on one host (NetworkCollective::set_shared_memory);
   /// never with `curve`.
   bool shared_memory = true;
+  /// Shard, worker: after a message, their bridge's I/O thread polls for
+  /// this long before it sleeps (BridgeOptions::busy_poll), and their actor
+  /// threads poll their queues too (sleep_when_idle): a round trip with
+  /// fewer threads waking, for cores spent polling. 0: off (the default).
+  std::chrono::microseconds busy_poll{0};
   /// Worker: the collective its process trains with under allreduce and
   /// gossip, made by the caller (asgd cluster --collective mpi); unset: its
   /// own over ZeroMQ (and shared memory).

@@ -136,6 +136,13 @@ void sleep_when_idle(caf::actor_system_config& cfg) {
   cfg.set("work-stealing.moderate-poll-attempts", std::size_t{0});
 }
 
+void sleep_when_idle(caf::actor_system_config& cfg, std::chrono::microseconds busy_poll) {
+  sleep_when_idle(cfg);
+  if (busy_poll.count() > 0)
+    cfg.set("work-stealing.aggressive-poll-attempts",
+            static_cast<std::size_t>(busy_poll.count()) * kPollsPerBusyMicrosecond);
+}
+
 void await_actors(caf::actor_system& system, std::chrono::milliseconds every) {
   using namespace std::chrono_literals;
   const auto start = std::chrono::steady_clock::now();

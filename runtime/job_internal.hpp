@@ -40,6 +40,15 @@ struct ClusterHooks {
 /// so run_job alone keeps CAF's default.
 void sleep_when_idle(caf::actor_system_config& cfg);
 
+/// How many times an idle CAF thread tries its queue before it sleeps,
+/// for ProcessOptions::busy_poll: 100 per microsecond asked for.
+inline constexpr std::size_t kPollsPerBusyMicrosecond = 100;
+
+/// sleep_when_idle, except that with `busy_poll` > 0 an idle thread first
+/// tries its queue busy_poll x kPollsPerBusyMicrosecond times without
+/// sleeping (CAF's aggressive polls).
+void sleep_when_idle(caf::actor_system_config& cfg, std::chrono::microseconds busy_poll);
+
 /// Waits for every actor of `system` to stop, as its destructor would but
 /// not without a word: every `every` it logs a warning with how many are
 /// still running, so a job whose outcome is known and whose wait() has not

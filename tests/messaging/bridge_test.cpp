@@ -6,7 +6,9 @@
 
 #include <gtest/gtest.h>
 
+#include <ctime>
 #include <future>
+#include <thread>
 
 #include "actors/parameter_shard.hpp"
 #include "messaging/served_shard.hpp"
@@ -205,6 +207,58 @@ TEST(Bridge, DropsABigPushWhoseTensorWasDamagedWithoutApplyingAnyOfIt) {
   ASSERT_EQ(snap.params.size(), kSize);
   EXPECT_EQ(snap.params.front(), 100.0f);
   EXPECT_EQ(snap.params.back(), 100.0f);
+}
+
+}  // namespace
+}  // namespace asgd::messaging
+
+namespace asgd::messaging {
+namespace {
+
+double process_cpu_s() {
+  timespec t{};
+  clock_gettime(CLOCK_PROCESS_CPUTIME_ID, &t);
+  return static_cast<double>(t.tv_sec) + static_cast<double>(t.tv_nsec) * 1e-9;
+}
+
+TEST(Bridge, BridgesThatBusyPollAnswerEveryRoundTripAndSleepOnceTheTrafficStops) {
+  caf::actor_system_config cfg;
+  cfg.add_message_types<caf::id_block::asgd>();
+  caf::actor_system sys{cfg};
+  BridgeOptions so;
+  so.name = "polling shard";
+  so.busy_poll = std::chrono::milliseconds(2);
+  auto served = asgd_test::ServedShard::start(sys, 16, so);
+  ASSERT_TRUE(served.ok()) << served.status().to_string();
+  BridgeOptions wo;
+  wo.name = "polling worker";
+  wo.busy_poll = std::chrono::milliseconds(2);
+  auto worker_side = Bridge::start(wo, nullptr);
+  ASSERT_TRUE(worker_side.ok());
+  auto peer = (*worker_side)->connect(served->bridge->endpoint());
+  ASSERT_TRUE(peer.ok());
+  auto remote = sys.spawn(remote_shard, *worker_side, *peer, 0u);
+  caf::scoped_actor self{sys};
+  constexpr int kPushes = 50;
+  for (int k = 0; k < kPushes; ++k) {
+    ShardReply reply;
+    self->request(remote, std::chrono::seconds(10), push_atom::value,
+                  PushRequest{0, static_cast<Clock>(k), static_cast<Clock>(k), 1, true, std::vector<float>(16, 1.0f)})
+        .receive([&](ShardReply& r) { reply = std::move(r); },
+                 [&](caf::error& e) { FAIL() << "push " << k << ": " << sys.render(e); });
+    ASSERT_EQ(reply.params.size(), 16u);
+    ASSERT_EQ(reply.params[3], 100.0f - static_cast<float>(k + 1)) << "push " << k;  // sgd at lr 1, once each
+  }
+  // Quiet now: both I/O threads poll 2 ms more, then sleep. Two threads
+  // that kept polling would spend about as much CPU as the wall time of
+  // the window, each.
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  const double cpu0 = process_cpu_s();
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  EXPECT_LT(process_cpu_s() - cpu0, 0.1) << "the bridges kept polling with no traffic";
+  (*worker_side)->stop();
+  served->stop();
+  self->send_exit(remote, caf::exit_reason::user_shutdown);
 }
 
 }  // namespace

@@ -33,6 +33,7 @@ struct ProcessFlags {
   std::uint32_t max_restarts = 3;  // asgd cluster: restarts of each shard process at most
   bool supervised = false;         // coordinator: started by asgd cluster (hidden flag)
   std::string shared_memory = "on";  // --shared-memory on|off
+  std::uint32_t busy_poll_us = 0;    // --busy-poll-us N
 };
 
 void add_shared_memory_flag(CLI::App* cmd, std::string& value) {
@@ -41,6 +42,14 @@ void add_shared_memory_flag(CLI::App* cmd, std::string& value) {
                   "(default on; always off with --auth-keys)")
       ->type_name("on|off")
       ->check(quietly(CLI::IsMember({"on", "off"})));
+}
+
+void add_busy_poll_flag(CLI::App* cmd, std::uint32_t& value) {
+  cmd->add_option("--busy-poll-us", value,
+                  "shard and worker processes: after a message, poll for N microseconds before sleeping, so a "
+                  "round trip wakes fewer threads; costs CPU (default 0: sleep at once)")
+      ->type_name("N")
+      ->check(quietly(CLI::Range(0u, 1'000'000u)));
 }
 
 void add_auth_flags(CLI::App* cmd, ProcessFlags& f, bool needs_coordinator) {
@@ -107,6 +116,7 @@ void add_process_flags(CLI::App* cmd, ProcessFlags& f, bool listens, bool needs_
   if (needs_coordinator)
     cmd->add_option("--index", f.index, "ask for this index (default: the first free one)")->type_name("K");
   add_shared_memory_flag(cmd, f.shared_memory);
+  add_busy_poll_flag(cmd, f.busy_poll_us);
 }
 
 ProcessOptions process_options(const ProcessFlags& pf) {
@@ -117,6 +127,7 @@ ProcessOptions process_options(const ProcessFlags& pf) {
   po.data_dir = pf.data_dir;
   if (pf.index >= 0) po.index = static_cast<std::uint32_t>(pf.index);
   po.shared_memory = pf.shared_memory == "on";
+  po.busy_poll = std::chrono::microseconds(pf.busy_poll_us);
   return po;
 }
 
@@ -194,6 +205,7 @@ int run_cluster(const JobOptions& jo, const ProcessFlags& pf, LaunchFlags lf) {
     }
     LaunchFlags launched = lf;
     launched.shared_memory = pf.shared_memory == "on";
+    launched.busy_poll_us = pf.busy_poll_us;
     return run_launched_rank(jo, launched, *launch, std::move(keyed.curve));
   }
   JobConfig config;
@@ -229,7 +241,7 @@ int run_cluster(const JobOptions& jo, const ProcessFlags& pf, LaunchFlags lf) {
   o.coordinator_args.insert(o.coordinator_args.end(), auth_args.begin(), auth_args.end());
   o.coordinator_args.insert(o.coordinator_args.end(), {"--shared-memory", pf.shared_memory});
   o.role_args = {"--join-timeout", std::to_string(pf.join_timeout_s), "--log-level", jo.log.log_level,
-                 "--shared-memory", pf.shared_memory};
+                 "--shared-memory", pf.shared_memory, "--busy-poll-us", std::to_string(pf.busy_poll_us)};
   o.role_args.insert(o.role_args.end(), auth_args.begin(), auth_args.end());
   o.shards = config.shards;
   o.workers = config.workers;
@@ -266,6 +278,7 @@ std::function<int(const std::string&)> add_cluster_commands(CLI::App& app) {
       ->type_name("N");
   add_auth_flags(cluster, all->cluster, true);  // --coordinator-key: under a launcher
   add_shared_memory_flag(cluster, all->cluster.shared_memory);
+  add_busy_poll_flag(cluster, all->cluster.busy_poll_us);
   const std::string launched = "Under a launcher (each rank runs this same command)";
   cluster->add_option("--launcher", all->launch.launcher,
                       "who started this process: auto | local | env | slurm | mpi | kubernetes | torchrun "

@@ -166,6 +166,7 @@ struct LaunchFlags {
   double join_timeout_s = 60.0;
   bool print_layout = false;
   bool shared_memory = true;       ///< --shared-memory: large tensors to processes on this host through it
+  std::uint32_t busy_poll_us = 0;  ///< --busy-poll-us: ProcessOptions::busy_poll
   std::string collective = "own";  ///< --collective own | mpi: the workers' all-reduce (mpi: MPI_Allreduce)
 };
 

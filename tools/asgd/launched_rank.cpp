@@ -210,6 +210,7 @@ int run_launched_rank(const JobOptions& jo, const LaunchFlags& lf, const Launch&
   ProcessOptions po;
   po.coordinator = launch.coordinator;
   po.shared_memory = lf.shared_memory;
+  po.busy_poll = std::chrono::microseconds(lf.busy_poll_us);
   po.curve = std::move(curve);
   po.index = role->index;
   // The others wait a little longer than rank 0, so that when a rank never
