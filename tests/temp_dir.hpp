@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <filesystem>
 #include <string>
@@ -16,8 +17,12 @@ class TempDir {
   /// `tag` tells apart several folders alive in one test.
   explicit TempDir(const std::string& tag = "") {
     const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    path_ = std::filesystem::temp_directory_path() / ("asgd_test_" + std::to_string(::getpid()) + "_" +
-                                                      info->test_suite_name() + "_" + info->name() + tag);
+    // A parameterized test's names hold '/' ("Prefix/Suite", "Name/0"):
+    // one folder all the same, or removing it would leave its parents.
+    std::string name = "asgd_test_" + std::to_string(::getpid()) + "_" + info->test_suite_name() + "_" +
+                       info->name() + tag;
+    std::replace(name.begin(), name.end(), '/', '_');
+    path_ = std::filesystem::temp_directory_path() / name;
     std::filesystem::remove_all(path_);
     std::filesystem::create_directories(path_);
   }
