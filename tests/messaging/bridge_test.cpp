@@ -17,6 +17,33 @@
 namespace asgd::messaging {
 namespace {
 
+// A worker's side of a served shard: its bridge (over `transport`; null:
+// ZeroMQ) and the remote_shard standing in for the shard.
+struct WorkerSide {
+  std::shared_ptr<Bridge> bridge;
+  caf::actor remote;
+};
+
+Result<WorkerSide> worker_side_of(caf::actor_system& sys, const asgd_test::ServedShard& served, BridgeOptions options,
+                                  std::unique_ptr<Transport> transport = nullptr) {
+  auto bridge = Bridge::start(std::move(options), nullptr, std::move(transport));
+  if (!bridge) return bridge.status();
+  auto peer = (*bridge)->connect(served.bridge->endpoint());
+  if (!peer) return peer.status();
+  return WorkerSide{*bridge, sys.spawn(remote_shard, *bridge, *peer, 0u)};
+}
+
+// Push k of a gradient of `n` ones; its reply (empty after a failure, which
+// the test records).
+ShardReply push_ones(caf::scoped_actor& self, const caf::actor& remote, int k, std::size_t n) {
+  PushRequest req{0, static_cast<Clock>(k), static_cast<Clock>(k), 1, true, std::vector<float>(n, 1.0f)};
+  ShardReply reply;
+  self->request(remote, std::chrono::seconds(10), push_atom::value, std::move(req))
+      .receive([&](ShardReply& r) { reply = std::move(r); },
+               [&](caf::error& e) { ADD_FAILURE() << "push " << k << ": " << self->system().render(e); });
+  return reply;
+}
+
 TEST(Bridge, AShardBehindAFaultyNetworkAppliesEachPushExactlyOnceAndAnswersEveryOne) {
   caf::actor_system_config cfg;
   cfg.add_message_types<caf::id_block::asgd>();
@@ -34,20 +61,14 @@ TEST(Bridge, AShardBehindAFaultyNetworkAppliesEachPushExactlyOnceAndAnswersEvery
   faults.seed = 7;
   BridgeOptions wo;
   wo.name = "test worker";
-  auto worker_side = Bridge::start(wo, nullptr, make_faulty_transport(make_zmq_transport(), faults));
-  ASSERT_TRUE(worker_side.ok());
-  auto peer = (*worker_side)->connect(served->bridge->endpoint());
-  ASSERT_TRUE(peer.ok());
-  auto remote = sys.spawn(remote_shard, *worker_side, *peer, 0u);
+  auto worker = worker_side_of(sys, *served, wo, make_faulty_transport(make_zmq_transport(), faults));
+  ASSERT_TRUE(worker.ok()) << worker.status().to_string();
+  auto& remote = worker->remote;
 
   caf::scoped_actor self{sys};
   constexpr int kPushes = 40;
   for (int k = 0; k < kPushes; ++k) {
-    PushRequest req{0, static_cast<Clock>(k), static_cast<Clock>(k), 1, true, {1.0f, 1.0f, 1.0f, 1.0f}};
-    ShardReply reply;
-    self->request(remote, std::chrono::seconds(10), push_atom::value, std::move(req))
-        .receive([&](ShardReply& r) { reply = std::move(r); },
-                 [&](caf::error& e) { FAIL() << "push " << k << ": " << sys.render(e); });
+    const ShardReply reply = push_ones(self, remote, k, 4);
     ASSERT_EQ(reply.params.size(), 4u);
     // sgd with lr 1 and a gradient of ones: exactly one step per push.
     EXPECT_EQ(reply.params[0], 100.0f - static_cast<float>(k + 1)) << "push " << k;
@@ -59,7 +80,7 @@ TEST(Bridge, AShardBehindAFaultyNetworkAppliesEachPushExactlyOnceAndAnswersEvery
   EXPECT_GT(stats.duplicate_requests, 0u) << "the fault plan duplicated no push: the test proves nothing";
   EXPECT_EQ(stats.malformed_frames, 0u);
 
-  (*worker_side)->stop();
+  worker->bridge->stop();
   served->stop();
   self->send_exit(remote, caf::exit_reason::user_shutdown);
 }
@@ -225,27 +246,20 @@ TEST(Bridge, BridgesThatBusyPollAnswerEveryRoundTripAndSleepOnceTheTrafficStops)
   caf::actor_system_config cfg;
   cfg.add_message_types<caf::id_block::asgd>();
   caf::actor_system sys{cfg};
-  BridgeOptions so;
-  so.name = "polling shard";
-  so.busy_poll = std::chrono::milliseconds(2);
-  auto served = asgd_test::ServedShard::start(sys, 16, so);
+  const auto polling = [](const char* name) {
+    BridgeOptions o;
+    o.name = name;
+    o.busy_poll = std::chrono::milliseconds(2);
+    return o;
+  };
+  auto served = asgd_test::ServedShard::start(sys, 16, polling("polling shard"));
   ASSERT_TRUE(served.ok()) << served.status().to_string();
-  BridgeOptions wo;
-  wo.name = "polling worker";
-  wo.busy_poll = std::chrono::milliseconds(2);
-  auto worker_side = Bridge::start(wo, nullptr);
-  ASSERT_TRUE(worker_side.ok());
-  auto peer = (*worker_side)->connect(served->bridge->endpoint());
-  ASSERT_TRUE(peer.ok());
-  auto remote = sys.spawn(remote_shard, *worker_side, *peer, 0u);
+  auto worker = worker_side_of(sys, *served, polling("polling worker"));
+  ASSERT_TRUE(worker.ok()) << worker.status().to_string();
   caf::scoped_actor self{sys};
   constexpr int kPushes = 50;
   for (int k = 0; k < kPushes; ++k) {
-    ShardReply reply;
-    self->request(remote, std::chrono::seconds(10), push_atom::value,
-                  PushRequest{0, static_cast<Clock>(k), static_cast<Clock>(k), 1, true, std::vector<float>(16, 1.0f)})
-        .receive([&](ShardReply& r) { reply = std::move(r); },
-                 [&](caf::error& e) { FAIL() << "push " << k << ": " << sys.render(e); });
+    const ShardReply reply = push_ones(self, worker->remote, k, 16);
     ASSERT_EQ(reply.params.size(), 16u);
     ASSERT_EQ(reply.params[3], 100.0f - static_cast<float>(k + 1)) << "push " << k;  // sgd at lr 1, once each
   }
@@ -256,9 +270,9 @@ TEST(Bridge, BridgesThatBusyPollAnswerEveryRoundTripAndSleepOnceTheTrafficStops)
   const double cpu0 = process_cpu_s();
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   EXPECT_LT(process_cpu_s() - cpu0, 0.1) << "the bridges kept polling with no traffic";
-  (*worker_side)->stop();
+  worker->bridge->stop();
   served->stop();
-  self->send_exit(remote, caf::exit_reason::user_shutdown);
+  self->send_exit(worker->remote, caf::exit_reason::user_shutdown);
 }
 
 }  // namespace
