@@ -116,7 +116,7 @@ void add_process_flags(CLI::App* cmd, ProcessFlags& f, bool listens, bool needs_
   if (needs_coordinator)
     cmd->add_option("--index", f.index, "ask for this index (default: the first free one)")->type_name("K");
   add_shared_memory_flag(cmd, f.shared_memory);
-  add_busy_poll_flag(cmd, f.busy_poll_us);
+  if (needs_coordinator) add_busy_poll_flag(cmd, f.busy_poll_us);  // shard, worker
 }
 
 ProcessOptions process_options(const ProcessFlags& pf) {
