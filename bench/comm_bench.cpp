@@ -466,8 +466,8 @@ int run_comm(const CommOptions& o) {
                         {"small_round_trip_us", {{"raw", raw_us}, {"ours", ours_us}}}};
     std::printf("%s\n", j.dump().c_str());
   } else {
-    std::printf("small-message round trip (1 float): raw %.1f us, ours %.1f us (medians of %d runs of 2000)\n", raw_us,
-                ours_us, o.repeats);
+    std::printf("small-message round trip (1 float): raw %.1f us, ours %.1f us, %.2fx (medians of %d runs of 2000)\n",
+                raw_us, ours_us, raw_us > 0 ? ours_us / raw_us : 0.0, o.repeats);
     std::printf("ratio = ours/raw throughput in parameter bytes (push + pull); compress %s; ours over %d shard "
                 "process(es), each owning a slice of the parameters; raw through one echo process; %s; ours %s\n",
                 o.compress.c_str(), o.shards,
