@@ -1,0 +1,55 @@
+// `asgd bench comm`: ours against raw ZeroMQ in one run, the shared-memory
+// path beside memcpy's bound, and the one-float round trip issue 21's
+// second item is about; with --busy-poll-us, what ran says so.
+
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/cli_run.hpp"
+
+namespace {
+
+using asgd_test::asgd;
+using asgd_test::CliRun;
+
+bool has_bench() { return asgd("bench comm --help").exit_code == 0; }
+
+// One run of the bench on a small size, as JSON.
+nlohmann::json comm_json(const std::string& extra) {
+  const CliRun r = asgd("bench comm --sizes 4096 --repeats 1 --shards 1 --json " + extra);
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  nlohmann::json j;
+  EXPECT_NO_THROW(j = nlohmann::json::parse(r.out)) << r.out;
+  return j;
+}
+
+TEST(BenchCommCli, MeasuresOursRawAndSharedMemoryPerSizeAndTheOneFloatRoundTrip) {
+  if (!has_bench()) GTEST_SKIP() << "asgd built without benchmarks";
+  const nlohmann::json j = comm_json("");
+  ASSERT_EQ(j["sizes"].size(), 1u) << j.dump();
+  const auto& row = j["sizes"][0];
+  EXPECT_EQ(row["floats"], 4096);
+  for (const char* field : {"raw_gb_per_s", "ours_gb_per_s", "shm_gb_per_s", "memcpy_gb_per_s"})
+    EXPECT_GT(row[field].get<double>(), 0.0) << field << ": " << row.dump();
+  EXPECT_NEAR(row["ratio"].get<double>(), row["ours_gb_per_s"].get<double>() / row["raw_gb_per_s"].get<double>(),
+              1e-9);
+  EXPECT_GT(j["small_round_trip_us"]["raw"].get<double>(), 0.0) << j.dump();
+  EXPECT_GT(j["small_round_trip_us"]["ours"].get<double>(), 0.0) << j.dump();
+  EXPECT_EQ(j["busy_poll_us"], 0);
+}
+
+TEST(BenchCommCli, WithBusyPollingEveryRoundTripStillCompletesAndTheOutputSaysSo) {
+  if (!has_bench()) GTEST_SKIP() << "asgd built without benchmarks";
+  const nlohmann::json j = comm_json("--busy-poll-us 100");
+  EXPECT_EQ(j["busy_poll_us"], 100);
+  EXPECT_GT(j["sizes"][0]["ours_gb_per_s"].get<double>(), 0.0) << j.dump();
+  EXPECT_GT(j["small_round_trip_us"]["ours"].get<double>(), 0.0) << j.dump();
+  const CliRun table = asgd("bench comm --sizes 4096 --repeats 1 --shards 1 --busy-poll-us 100");
+  ASSERT_EQ(table.exit_code, 0) << table.err;
+  EXPECT_NE(table.out.find("ours polling 100 us before sleeping"), std::string::npos) << table.out;
+  EXPECT_NE(table.out.find("x (medians of 1 runs of 2000)"), std::string::npos) << table.out;  // ours over raw
+  asgd_test::expect_one_line_error(asgd("bench comm --busy-poll-us -1"), 2, "--busy-poll-us");
+}
+
+}  // namespace
