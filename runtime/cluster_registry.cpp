@@ -378,10 +378,19 @@ void worker_ready(Self self, const PeerId& peer, std::uint32_t w) {
   if (w < st.workers.size() && st.workers[w] && st.workers[w]->peer == peer) stop_waiting_for(self, w);
 }
 
-// The supervisor saw a process end: its slot is free at once.
+// The supervisor saw a process end: its slot is free at once. One that
+// ends for good before it registered (a bad flag, no data, restarts used
+// up) stops the start at once: its slot would never fill, and waiting for
+// --join-timeout would only hide why.
 void exited(Self self, const ProcessExit& e) {
   auto& st = self->state;
   st.ended.insert(e.pid);
+  const Slots& group = e.shard ? st.shards : st.workers;
+  if (st.registering && !e.restarting && (e.index >= group.size() || !group[e.index])) {
+    end_registration(self, Status::Unavailable(e.what + "; it never registered, so the job cannot start (its own "
+                                                         "error is in its log above)"));
+    return;
+  }
   if (!e.shard) {
     stop_waiting_for(self, e.index);  // the start does not wait for it: it is lost once training starts
     // Lost now, restarted or not (a new process rejoins as usual); unless

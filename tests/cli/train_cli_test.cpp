@@ -284,8 +284,10 @@ TEST(ClusterCli, RunsTheJobAsFiveProcessesAndWritesTheSameMetricsFormat) {
   ASGD_REQUIRE_DATASET(mnist, "mnist");
   const asgd_test::TempDir scratch;
   const fs::path metrics = scratch / "cluster.jsonl";
+  // --busy-poll-us goes to every shard and worker process (each would
+  // refuse a flag it does not take, and the job would fail).
   CliRun r = asgd("cluster --workers 2 --shards 2 --epochs 1 --data-dir " + mnist.string() + " --metrics-out " +
-                  metrics.string() + " --log-level warn");
+                  metrics.string() + " --log-level warn --busy-poll-us 20");
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   for (const char* line : {"1 coordinator, 2 shard and 2 worker processes", "[coordinator] epoch 1/1",
                            "[coordinator] done"})

@@ -100,5 +100,37 @@ TEST(ClusterStart, AWorkerNotReadyByTheJoinTimeoutIsStartedWhenItIsWhileTheOther
   for (const auto& s : role_status) EXPECT_TRUE(s.ok()) << s.to_string();
 }
 
+TEST(ClusterStart, AProcessItsSupervisorGivesUpOnBeforeItRegistersStopsTheStartAtOnceNamingIt) {
+  ASGD_REQUIRE_DATASET(dir, "mnist");
+  JobConfig c;
+  c.data_dir = dir.string();
+  c.workers = 2;
+  c.shards = 1;
+  c.epochs = 1;
+  ProcessOptions o = coordinator_options(c, 30);
+  o.supervision = std::make_shared<Supervision>();
+  const auto start = std::chrono::steady_clock::now();
+  CoordinatorThread coordinator(c, o);
+  ASSERT_FALSE(coordinator.endpoint().empty()) << "the coordinator did not listen within 10 s";
+  // Nobody registers. A process being started again is waited for ...
+  o.supervision->exited({false, 1, 4242, true, "worker 1 (pid 4242) exited with status 2; starting it again"});
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  // ... one given up on is not: its slot would never fill.
+  o.supervision->exited({false, 1, 4243, false,
+                         "worker 1 (pid 4243) exited with status 2; it was restarted 3 time(s) already and "
+                         "--max-restarts is 3"});
+  coordinator.join();
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const auto& outcome = coordinator.outcome;
+  ASSERT_TRUE(outcome.has_value());
+  ASSERT_FALSE(outcome->ok());
+  EXPECT_EQ(outcome->status().code(), StatusCode::unavailable) << outcome->status().to_string();
+  const std::string& what = outcome->status().message();
+  EXPECT_NE(what.find("worker 1 (pid 4243) exited with status 2"), std::string::npos) << what;
+  EXPECT_NE(what.find("never registered, so the job cannot start"), std::string::npos) << what;
+  EXPECT_EQ(what.find("4242"), std::string::npos) << what;
+  EXPECT_LT(took, 10.0) << "waited for --join-timeout (30 s) instead";
+}
+
 }  // namespace
 }  // namespace asgd
