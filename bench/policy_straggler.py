@@ -100,13 +100,13 @@ POLICIES = ["bsp", "ssp:1", "ssp:3", "async"]
 # (policy, compared with): the verdicts printed for each scenario.
 PAIRS = [("ssp:1", "bsp"), ("ssp:3", "bsp"), ("async", "bsp"), ("ssp:3", "ssp:1"), ("async", "ssp:3")]
 RUN_TIMEOUT_S = 600
-# Verdicts: a rank test's p below SETTLED_BELOW says faster or slower, from
-# SETTLED_FROM up not distinguishable; in between the pair is unsettled and
-# its scenario gets more runs of its two policies (up to --settle-to a side),
-# after which p < UNSETTLED_ALPHA decides.
+# Verdicts: faster or slower when a rank test's p is below ALPHA, else not
+# distinguishable. A pair with SETTLED_BELOW <= p < SETTLED_FROM is
+# unsettled: with --settle-to its scenario gets more runs of its two
+# policies (up to --settle-to a side) before ALPHA decides.
+ALPHA = 0.05
 SETTLED_BELOW = 0.01
 SETTLED_FROM = 0.2
-UNSETTLED_ALPHA = 0.05
 # --measure: the run's figure its verdicts compare.
 MEASURES = {"compute": "time_to_target_units", "seconds": "time_to_target_s"}
 
@@ -313,8 +313,7 @@ def compare(summaries, policy, other, target):
         return None, "not measurable", f"not measurable ({who}: no median time to {target}, see above)", None, None
     value = a["ttt_median"] / b["ttt_median"]
     p, a_smaller = rank_test(a["time_to_target"], b["time_to_target"])
-    alpha = UNSETTLED_ALPHA if unsettled(p) else SETTLED_BELOW
-    verdict = ("faster" if a_smaller else "slower") if p < alpha else "not distinguishable"
+    verdict = ("faster" if a_smaller else "slower") if p < ALPHA else "not distinguishable"
     overlap = not (a["ttt_max"] < b["ttt_min"] or a["ttt_min"] > b["ttt_max"])
     k = a["measure"]
     spreads = (f"{fmt_time(a['ttt_min'], k)}-{fmt_time(a['ttt_max'], k)} against "
@@ -491,9 +490,9 @@ def main():
         results[sc] = {"summaries": summaries, "verdicts": verdicts}
 
     rule = (f"faster/slower at p < {SETTLED_BELOW}, not distinguishable at p >= {SETTLED_FROM}, in between more "
-            f"runs up to {a.settle_to} a side, then p < {UNSETTLED_ALPHA}; ~ marks a verdict still unsettled there"
+            f"runs up to {a.settle_to} a side, then p < {ALPHA}; ~ marks a verdict still unsettled there"
             if a.settle_to > a.repeats else
-            f"faster/slower at p < {UNSETTLED_ALPHA}; ~ marks {SETTLED_BELOW} <= p < {SETTLED_FROM}, a verdict more "
+            f"faster/slower at p < {ALPHA}; ~ marks {SETTLED_BELOW} <= p < {SETTLED_FROM}, a verdict more "
             f"runs could move")
     print(f"\nverdicts ({a.footing} footing, {a.measure} measure; exact two-sided rank test on the times of each: "
           f"{rule}; * marks min-max spreads that do not overlap)")

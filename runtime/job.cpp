@@ -132,12 +132,8 @@ Status validate(const JobConfig& c) { return validate_config(c, true); }
 
 Status validate_settings(const JobConfig& c, bool devices_here) { return validate_config(c, true, devices_here); }
 
-void sleep_when_idle(caf::actor_system_config& cfg) {
-  cfg.set("work-stealing.moderate-poll-attempts", std::size_t{0});
-}
-
 void sleep_when_idle(caf::actor_system_config& cfg, std::chrono::microseconds busy_poll) {
-  sleep_when_idle(cfg);
+  cfg.set("work-stealing.moderate-poll-attempts", std::size_t{0});
   if (busy_poll.count() > 0)
     cfg.set("work-stealing.aggressive-poll-attempts",
             static_cast<std::size_t>(busy_poll.count()) * kPollsPerBusyMicrosecond);

@@ -38,16 +38,14 @@ struct ClusterHooks {
 /// 44.2k to 46.8k. In one process the threads are busy computing and the
 /// polls make hand-offs fast (without them 124k -> 100k samples/s there),
 /// so run_job alone keeps CAF's default.
-void sleep_when_idle(caf::actor_system_config& cfg);
+/// With `busy_poll` > 0 an idle thread first tries its queue busy_poll x
+/// kPollsPerBusyMicrosecond times without sleeping (CAF's aggressive
+/// polls; ProcessOptions::busy_poll).
+void sleep_when_idle(caf::actor_system_config& cfg, std::chrono::microseconds busy_poll = {});
 
-/// How many times an idle CAF thread tries its queue before it sleeps,
-/// for ProcessOptions::busy_poll: 100 per microsecond asked for.
+/// How many times an idle CAF thread tries its queue before it sleeps, per
+/// microsecond of ProcessOptions::busy_poll.
 inline constexpr std::size_t kPollsPerBusyMicrosecond = 100;
-
-/// sleep_when_idle, except that with `busy_poll` > 0 an idle thread first
-/// tries its queue busy_poll x kPollsPerBusyMicrosecond times without
-/// sleeping (CAF's aggressive polls).
-void sleep_when_idle(caf::actor_system_config& cfg, std::chrono::microseconds busy_poll);
 
 /// Waits for every actor of `system` to stop, as its destructor would but
 /// not without a word: every `every` it logs a warning with how many are
