@@ -277,6 +277,12 @@ void LocalCluster::restart_dead(std::stop_token stop) {
       tell_coordinator(*c, false, what);
       continue;
     }
+    if (WIFEXITED(c->status) && WEXITSTATUS(c->status) == options_.usage_exit_status) {
+      what += "; that status is a usage error (its arguments or this host refused), which a restart would repeat";
+      logger().error("{}", what);
+      tell_coordinator(*c, false, what);
+      continue;
+    }
     std::uint32_t& count = (c->shard ? shard_restarts_ : worker_restarts_)[c->index];
     if (count >= options_.max_restarts) {
       what += fmt::format("; it was restarted {} time(s) already and --max-restarts is {}", count,

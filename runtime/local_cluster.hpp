@@ -45,6 +45,10 @@ struct LocalClusterOptions {
   std::uint32_t max_restarts = 3;
   /// Whether a dead shard can be restarted: the job writes checkpoints.
   bool shards_restartable = false;
+  /// The exit status with which a process refuses its arguments or its
+  /// host (asgd's usage errors: a bad flag, a device it lacks). Such a
+  /// process is not started again: it would refuse the same way.
+  int usage_exit_status = 2;
 };
 
 class LocalCluster {

@@ -8,6 +8,8 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <memory>
 #include <optional>
 #include <thread>
@@ -16,7 +18,10 @@
 #include "coordinator_thread.hpp"
 #include "messaging/collective.hpp"
 #include "runtime/cluster.hpp"
+#include "runtime/local_cluster.hpp"
+#include "temp_dir.hpp"
 #include "test_data.hpp"
+#include "test_helpers.hpp"
 
 namespace asgd {
 namespace {
@@ -130,6 +135,44 @@ TEST(ClusterStart, AProcessItsSupervisorGivesUpOnBeforeItRegistersStopsTheStartA
   EXPECT_NE(what.find("never registered, so the job cannot start"), std::string::npos) << what;
   EXPECT_EQ(what.find("4242"), std::string::npos) << what;
   EXPECT_LT(took, 10.0) << "waited for --join-timeout (30 s) instead";
+}
+
+// asgd cluster's supervisor does not start again a process that exited
+// with a usage error (status 2: a flag it refused, a device its host
+// lacks): it would refuse the same way, --max-restarts times, before the
+// job could stop. Real processes: asgd's coordinator, and for the shard and
+// the workers a script that refuses as asgd does.
+TEST(ClusterStart, ARoleThatRefusedItsArgumentsIsNotStartedAgain) {
+  ASGD_REQUIRE_DATASET(dir, "mnist");
+  asgd_test::CapturedLog log;
+  const asgd_test::TempDir scratch;
+  const std::filesystem::path program = scratch.path() / "asgd-refusing-roles";
+  {
+    std::ofstream f(program);
+    f << "#!/bin/sh\n"
+      << "if [ \"$1\" = coordinator ]; then exec '" << asgd_test::asgd_cli_path() << "' \"$@\"; fi\n"
+      << "echo \"asgd: error: --made-up: not a flag of asgd $1\" >&2\n"
+      << "exit 2\n";
+  }
+  std::filesystem::permissions(program, std::filesystem::perms::owner_all);
+  LocalClusterOptions o;
+  o.program = program.string();
+  o.coordinator_args = {"--listen", "tcp://127.0.0.1:0", "--join-timeout", "30", "--data-dir", dir.string(),
+                        "--workers", "2", "--shards", "1", "--epochs", "1"};
+  o.workers = 2;
+  o.shards = 1;
+  o.join_timeout_s = 30;
+  o.max_restarts = 3;
+  o.shards_restartable = true;  // as with --checkpoint-dir: the shard too would be started again
+  const auto start = std::chrono::steady_clock::now();
+  std::stop_source never;
+  const Result<int> code = LocalCluster(o).run(never.get_token());
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  ASSERT_TRUE(code.ok()) << code.status().to_string();
+  EXPECT_NE(*code, 0) << log.all();
+  EXPECT_EQ(log.count("starting it again"), 0u) << log.all();
+  EXPECT_EQ(log.count("exited with status 2; that status is a usage error"), 3u) << log.all();
+  EXPECT_LT(took, 20.0) << "waited for --join-timeout (30 s) instead";
 }
 
 }  // namespace
