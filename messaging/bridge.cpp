@@ -271,13 +271,18 @@ void Bridge::run() {
   std::deque<Outgoing> backlog;  // accepted but not yet taken by the transport (would block)
   std::uint64_t refused_seen = 0;
   bool paused = false;  // not reading the bound endpoint (max_unanswered)
-  auto last_traffic = std::chrono::steady_clock::now();  // for BridgeOptions::busy_poll
+  // BridgeOptions::busy_poll: the clock is read only where it is on.
+  const bool may_poll = options_.busy_poll.count() > 0;
+  auto last_traffic = std::chrono::steady_clock::now();
+  auto traffic = [&] {
+    if (may_poll) last_traffic = std::chrono::steady_clock::now();
+  };
   while (true) {
     const std::size_t waiting = backlog.size();
     take_requests(backlog);
-    if (backlog.size() != waiting) last_traffic = std::chrono::steady_clock::now();
+    if (backlog.size() != waiting) traffic();
     send_what_fits(backlog);
-    const bool polling = std::chrono::steady_clock::now() - last_traffic < options_.busy_poll;
+    const bool polling = may_poll && std::chrono::steady_clock::now() - last_traffic < options_.busy_poll;
     const bool blocked = !backlog.empty();  // read meanwhile, and try again soon
     if (stopping_) {
       std::lock_guard lock(mu_);
@@ -309,7 +314,7 @@ void Bridge::run() {
       continue;
     }
     if (*in) {
-      last_traffic = std::chrono::steady_clock::now();
+      traffic();
       handle(std::move(**in));
     }
   }

@@ -280,6 +280,7 @@ using watch_atom = caf::atom_constant<caf::atom("watch")>;
 using lost_atom = caf::atom_constant<caf::atom("lost")>;
 using ready_atom = caf::atom_constant<caf::atom("ready")>;
 using prepared_atom = caf::atom_constant<caf::atom("prepared")>;
+using prepare_due_atom = caf::atom_constant<caf::atom("prep_due")>;  ///< the registry's --join-timeout for the start
 using exchanged_atom = caf::atom_constant<caf::atom("exchanged")>;
 
 }  // namespace asgd

@@ -344,7 +344,7 @@ void prepare(Self self, std::uint32_t workers) {
   auto& st = self->state;
   st.preparing.emplace();
   for (std::uint32_t w = 0; w < workers && w < st.workers.size(); ++w) st.preparing->insert(w);
-  self->delayed_send(self, millis(st.setup.join_timeout_s), prepared_atom::value);
+  self->delayed_send(self, millis(st.setup.join_timeout_s), prepare_due_atom::value);
 }
 
 void preparing_timed_out(Self self) {
@@ -507,7 +507,7 @@ caf::behavior running(Self self) {
         if (start.start && !a.calibrate) start_worker(self, a.index);
       },
       [self](prepare_atom, std::uint32_t workers) { prepare(self, workers); },
-      [self](prepared_atom) { preparing_timed_out(self); },
+      [self](prepare_due_atom) { preparing_timed_out(self); },
       [self](start_atom, std::uint32_t w) { start_worker(self, w); },
       [self](dismiss_atom, std::uint32_t w, const std::string& why) {
         auto& s = self->state;
