@@ -274,7 +274,7 @@ std::function<int(const std::string&)> add_cluster_commands(CLI::App& app) {
   cluster->add_option("--max-restarts", all->cluster.max_restarts,
                       "start a worker process that died again (it rejoins at the next epoch), and with "
                       "--checkpoint-dir a shard process (it reloads its checkpoint): at most N times each "
-                      "(default 3; 0: never)")
+                      "(default 3; 0: never); never one that exited with a usage error (status 2)")
       ->type_name("N");
   add_auth_flags(cluster, all->cluster, true);  // --coordinator-key: under a launcher
   add_shared_memory_flag(cluster, all->cluster.shared_memory);
