@@ -20,6 +20,7 @@
 #include <algorithm>
 #include <atomic>
 #include <charconv>
+#include <limits>
 #include <csignal>
 #include <chrono>
 #include <cstdio>
@@ -85,8 +86,11 @@ Result<std::uint64_t> parse_float_count(const std::string& s) {
   else if (s.back() == 'K' || s.back() == 'k') mult = 1u << 10, digits.pop_back();
   std::uint64_t n = 0;
   auto [p, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), n);
-  if (ec != std::errc() || p != digits.data() + digits.size() || n == 0)
+  if (ec != std::errc() || p != digits.data() + digits.size())
     return Status::InvalidArgument("size '" + s + "': expected a number of floats like 4M, 512K or 1000");
+  if (n == 0) return Status::InvalidArgument("size '" + s + "': at least 1 float");
+  if (n > std::numeric_limits<std::uint64_t>::max() / mult)
+    return Status::InvalidArgument("size '" + s + "': too many floats");
   return n * mult;
 }
 

@@ -52,4 +52,11 @@ TEST(BenchCommCli, WithBusyPollingEveryRoundTripStillCompletesAndTheOutputSaysSo
   asgd_test::expect_one_line_error(asgd("bench comm --busy-poll-us -1"), 2, "--busy-poll-us");
 }
 
+TEST(BenchCommCli, ASizeThatIsNoCountOfFloatsIsAUsageErrorThatSaysWhy) {
+  if (!has_bench()) GTEST_SKIP() << "asgd built without benchmarks";
+  asgd_test::expect_one_line_error(asgd("bench comm --sizes 0"), 2, "--sizes: size '0': at least 1 float");
+  asgd_test::expect_one_line_error(asgd("bench comm --sizes 1Q"), 2, "size '1Q': expected a number of floats");
+  asgd_test::expect_one_line_error(asgd("bench comm --sizes 99999999999999999M"), 2, "too many floats");
+}
+
 }  // namespace
