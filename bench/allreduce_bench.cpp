@@ -67,7 +67,7 @@ Result<std::vector<std::uint64_t>> float_counts(const std::vector<std::string>& 
   std::vector<std::uint64_t> out;
   for (const auto& s : sizes) {
     auto n = parse_float_count(s);
-    if (!n) return n.status();
+    if (!n) return Status::InvalidArgument("--sizes: " + n.status().message());
     out.push_back(*n);
   }
   return out;

@@ -51,7 +51,8 @@ TEST(BenchAllreduceCli, OursCanSendFloat16AndTheOutputSaysSo) {
 
 TEST(BenchAllreduceCli, ABadSizeOrProcessCountIsAUsageError) {
   if (!has_bench()) GTEST_SKIP() << "asgd built without benchmarks";
-  asgd_test::expect_one_line_error(asgd("bench allreduce --sizes 4Q"), 2, "4Q");
+  asgd_test::expect_one_line_error(asgd("bench allreduce --sizes 4Q"), 2, "--sizes: size '4Q'");
+  asgd_test::expect_one_line_error(asgd("bench allreduce --sizes 1M,0"), 2, "--sizes: size '0': at least 1 float");
   EXPECT_EQ(asgd("bench allreduce --processes 1").exit_code, 2);
   EXPECT_EQ(asgd("bench allreduce --rounds 0").exit_code, 2);
 }
