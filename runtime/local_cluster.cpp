@@ -271,22 +271,18 @@ void LocalCluster::restart_dead(std::stop_token stop) {
     c->replaced = true;
     if (WIFEXITED(c->status) && WEXITSTATUS(c->status) == 0) continue;
     std::string what = c->name + " (pid " + std::to_string(c->pid) + ") " + c->how_it_ended();
-    if (c->shard && !options_.shards_restartable) {
-      what += "; the job writes no checkpoints (--checkpoint-dir), so it cannot be restarted";
-      logger().error("{}", what);
-      tell_coordinator(*c, false, what);
-      continue;
-    }
-    if (WIFEXITED(c->status) && WEXITSTATUS(c->status) == options_.usage_exit_status) {
-      what += "; that status is a usage error (its arguments or this host refused), which a restart would repeat";
-      logger().error("{}", what);
-      tell_coordinator(*c, false, what);
-      continue;
-    }
     std::uint32_t& count = (c->shard ? shard_restarts_ : worker_restarts_)[c->index];
-    if (count >= options_.max_restarts) {
-      what += fmt::format("; it was restarted {} time(s) already and --max-restarts is {}", count,
-                          options_.max_restarts);
+    // Why it stays dead, if it does.
+    std::string given_up;
+    if (c->shard && !options_.shards_restartable)
+      given_up = "the job writes no checkpoints (--checkpoint-dir), so it cannot be restarted";
+    else if (WIFEXITED(c->status) && WEXITSTATUS(c->status) == options_.usage_exit_status)
+      given_up = "that status is a usage error (its arguments or this host refused), which a restart would repeat";
+    else if (count >= options_.max_restarts)
+      given_up = fmt::format("it was restarted {} time(s) already and --max-restarts is {}", count,
+                             options_.max_restarts);
+    if (!given_up.empty()) {
+      what += "; " + given_up;
       logger().error("{}", what);
       tell_coordinator(*c, false, what);
       continue;
