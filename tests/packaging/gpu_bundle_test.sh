@@ -36,6 +36,10 @@ env -i "$bundle/bin/asgd" train --data-dir "$bundle/data/mnist" --device cpu --e
   --metrics-out "$work/run.jsonl" >"$work/train.log" 2>&1 || { cat "$work/train.log" >&2; exit 1; }
 grep -q '"final_test_accuracy":0.9[0-9]' "$work/run.jsonl" || { cat "$work/run.jsonl" >&2; exit 1; }
 env -i "$bundle/bin/asgd_tests" --gtest_filter='Device.*' >"$work/tests.log" 2>&1 || { cat "$work/tests.log" >&2; exit 1; }
+# gpu-check refuses a step it does not know, naming the ones it does.
+status=0
+"$bundle/gpu-check" --steps nosuch >"$work/check.log" 2>&1 || status=$?
+((status == 2)) && grep -q "unknown step 'nosuch'.*speed" "$work/check.log" || { cat "$work/check.log" >&2; exit 1; }
 # `asgd bench` runs the asgd-bench beside it (gpu-check's compute benchmark).
 env -i "$bundle/bin/asgd" bench compute --help >"$work/bench.log" 2>&1 || { cat "$work/bench.log" >&2; exit 1; }
 echo "gpu_bundle_test: the bundle trained in an empty environment"
