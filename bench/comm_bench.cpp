@@ -278,8 +278,12 @@ double ours_round_trip(caf::actor_system& system, const std::vector<caf::actor>&
         };
         auto loop = std::make_shared<Loop>(Loop{trips + 1, 0, {}, {}});
         for (std::size_t size : sizes) loop->buffers.emplace_back(size, 0.001f);
+        // The pending replies' handlers hold the step; the step itself
+        // holds only a weak reference, so nothing is left holding it (and
+        // through it the stand-ins for the shards) once the last reply came.
         auto step = std::make_shared<std::function<void()>>();
-        *step = [self, shards, loop, step, done, trips] {
+        *step = [self, shards, loop, again = std::weak_ptr(step), done, trips] {
+          const auto next = again.lock();  // this step, for the handlers below
           if (loop->left == trips) loop->t0 = Clock::now();  // after one warm-up trip
           if (loop->left-- == 0) {
             done->set_value(std::chrono::duration<double>(Clock::now() - loop->t0).count() / trips);
@@ -291,9 +295,9 @@ double ours_round_trip(caf::actor_system& system, const std::vector<caf::actor>&
             PushRequest req{0, 0, 0, 1, true, std::move(loop->buffers[i])};
             self->request(shards[i], caf::infinite, push_atom::value, std::move(req))
                 .then(
-                    [loop, step, i](ShardReply& r) {
+                    [loop, next, i](ShardReply& r) {
                       loop->buffers[i] = std::move(r.params);  // reused as the next push's payload
-                      if (--loop->waiting == 0) (*step)();
+                      if (--loop->waiting == 0) (*next)();
                     },
                     [done, self](caf::error&) {
                       done->set_value(-1.0);
