@@ -81,7 +81,9 @@ inline std::span<const float> read_values(const Header& h, std::span<const std::
   if (reinterpret_cast<std::uintptr_t>(bytes.data()) % alignof(float) == 0)
     return {reinterpret_cast<const float*>(bytes.data()), h.count};
   scratch.resize(h.count);
-  std::memcpy(scratch.data(), bytes.data(), bytes.size());
+  // (Not for no values: an empty vector's data() may be null, and memcpy
+  // from or to null is undefined even for no bytes.)
+  if (!bytes.empty()) std::memcpy(scratch.data(), bytes.data(), bytes.size());
   return scratch;
 }
 

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "messaging/collective.hpp"
+#include "messaging/collective_wire.hpp"
 #include "messaging/wire.hpp"
 #include "collective_helpers.hpp"
 
@@ -48,6 +49,30 @@ std::vector<std::vector<float>> allreduce(std::vector<std::shared_ptr<NetworkCol
     means.emplace_back(m.begin(), m.end());
   }
   return means;
+}
+
+// ZeroMQ hands a message's bytes over at any address (small ones sit in its
+// receive buffer): misaligned values are copied out as they were, and no
+// values (a leave, an empty chunk's piece) are none at every address, with
+// nothing copied (a copy into an empty vector's null data() is undefined
+// even for no bytes: the sanitizer build caught it under mpirun).
+TEST(CollectiveWire, ValuesAtAnyAddressReadAsTheyWereSentAndNoValuesAsNone) {
+  namespace cw = asgd::messaging::collective_wire;
+  const std::array<float, 2> sent = {1.5f, -2.25f};
+  alignas(8) std::array<std::byte, 16> buffer{};
+  for (std::size_t at = 0; at < 4; ++at) {
+    std::memcpy(buffer.data() + at, sent.data(), sizeof sent);
+    cw::Header h;
+    h.count = sent.size();
+    std::vector<float> scratch;
+    const auto values = cw::read_values(h, {buffer.data() + at, sizeof sent}, scratch);
+    ASSERT_EQ(values.size(), 2u) << "at offset " << at;
+    EXPECT_EQ(values[0], 1.5f);
+    EXPECT_EQ(values[1], -2.25f);
+    h.count = 0;
+    std::vector<float> none;
+    EXPECT_TRUE(cw::read_values(h, {buffer.data() + at, std::size_t{0}}, none).empty()) << "at offset " << at;
+  }
 }
 
 TEST(ZmqCollective, ARingAllReduceGivesEveryRankTheSameWeightedMean) {
