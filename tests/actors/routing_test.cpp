@@ -193,11 +193,13 @@ TEST(Worker, FailsNamingTheShardThatDidNotAnswerWithinTheTimeout) {
 
 // Serves batches whose inputs do not match their labels, as a broken data
 // source would.
-caf::behavior malformed_feeder(caf::event_based_actor*) {
+// (`samples` is an argument, not a constant: CAF's spawn of a function with
+// no arguments but `self` binds a reference to null, docs/sanitizers.md.)
+caf::behavior malformed_feeder(caf::event_based_actor*, std::size_t samples) {
   return {
-      [](next_atom) {
+      [samples](next_atom) {
         data::Batch b;
-        b.size = 2;
+        b.size = samples;
         b.y = {1, 2};
         b.x.assign(3, 0.5f);  // two 28x28 samples need 1568 values
         return b;
@@ -220,7 +222,7 @@ TEST(Worker, ABatchItCannotPrepareFailsTheJobSayingWhyInsteadOfEscapingTheHandle
   auto core = ShardCore::make(std::move(ss));
   ASSERT_TRUE(core.ok());
   std::vector<caf::actor> shards = {sys.spawn(parameter_shard, std::make_shared<ShardCore>(std::move(core).value()))};
-  auto feeder = sys.spawn(malformed_feeder);
+  auto feeder = sys.spawn(malformed_feeder, std::size_t{2});
   auto w = sys.spawn(worker, mlp_worker(0, shards, ranges, feeder, self, std::chrono::seconds(10)));
   self->send(w, start_atom::value);
   std::string message;
