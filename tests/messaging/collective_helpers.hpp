@@ -17,10 +17,18 @@
 namespace asgd_test {
 
 // Counts the ready calls of one rank; wait_for() blocks until the n-th.
+// A test waits for every call it asked for before its Signal goes away: a
+// collective calls ready on its own thread, and a call after that would
+// find nothing there.
 struct Signal {
   std::mutex mu;
   std::condition_variable cv;
   int calls = 0;
+  Signal() = default;
+  Signal(const Signal&) = delete;
+  Signal& operator=(const Signal&) = delete;
+  // A call still inside ready() (notifying) is done before cv goes.
+  ~Signal() { std::lock_guard lock(mu); }
   asgd::messaging::Collective::Ready ready() {
     return [this] {
       std::lock_guard lock(mu);

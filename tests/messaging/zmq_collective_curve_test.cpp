@@ -79,6 +79,9 @@ TEST(ZmqCollectiveCurve, RanksWithAllowedKeysAllReduceAndGossipAndTheirEndpoints
   ASSERT_TRUE(g.ranks[1]->gossip(1, 1, data[1], {}, {0}, 1, got.ready()).ok());
   ASSERT_TRUE(g.ranks[0]->gossip(0, 1, data[0], {1}, {}, 0, sent.ready()).ok());
   ASSERT_TRUE(got.wait_for(1)) << g.ranks[1]->waiting_for(1);
+  // Rank 0 waits for nobody, but says so on its own thread: wait for that
+  // too before `sent` goes away.
+  ASSERT_TRUE(sent.wait_for(1)) << g.ranks[0]->waiting_for(0);
   const auto copies = g.ranks[1]->peer_copies(1);
   ASSERT_EQ(copies.size(), 1u);
   EXPECT_EQ(*copies[0].params, data[0]);
