@@ -70,9 +70,11 @@ TEST(ClusterStart, AWorkerNotReadyByTheJoinTimeoutIsStartedWhenItIsWhileTheOther
   c.workers = 2;
   c.shards = 1;
   c.epochs = 1;
-  c.heartbeat_timeout_s = 20;  // the late worker is not declared dead while it sets up
-  c.rpc_timeout_s = 30;        // worker 0's first all-reduce waits for it
-  CoordinatorThread coordinator(c, coordinator_options(c, 3));
+  // Under a sanitizer every setup is slower, the punctual worker's too.
+  const int join_s = 3 * asgd_test::kSanitizerSlowdown;
+  c.heartbeat_timeout_s = 20 * asgd_test::kSanitizerSlowdown;  // the late worker is not declared dead while it sets up
+  c.rpc_timeout_s = 30 * asgd_test::kSanitizerSlowdown;        // worker 0's first all-reduce waits for it
+  CoordinatorThread coordinator(c, coordinator_options(c, join_s));
   const std::string at = coordinator.endpoint();
   ASSERT_FALSE(at.empty()) << "the coordinator did not listen within 10 s";
   auto slow = make_zmq_collective("tcp://127.0.0.1:*");
@@ -90,7 +92,7 @@ TEST(ClusterStart, AWorkerNotReadyByTheJoinTimeoutIsStartedWhenItIsWhileTheOther
       ProcessOptions o;
       o.coordinator = at;
       o.index = w;
-      if (w == 1) o.collective = std::make_shared<SlowToConnect>(*slow, std::chrono::seconds(6));
+      if (w == 1) o.collective = std::make_shared<SlowToConnect>(*slow, std::chrono::seconds(2 * join_s));
       role_status[1 + w] = run_worker_process(o, {});
     });
   }
@@ -101,7 +103,8 @@ TEST(ClusterStart, AWorkerNotReadyByTheJoinTimeoutIsStartedWhenItIsWhileTheOther
   ASSERT_TRUE(outcome->ok()) << outcome->status().to_string() << "\n" << log.all();
   EXPECT_EQ((*outcome)->workers_lost, 0u) << log.all();
   EXPECT_GE((*outcome)->final_test_accuracy, 0.9);
-  EXPECT_EQ(log.count("worker 1 not ready 3 s after the assignments (--join-timeout)"), 1u) << log.all();
+  EXPECT_EQ(log.count("worker 1 not ready " + std::to_string(join_s) + " s after the assignments (--join-timeout)"), 1u)
+      << log.all();
   for (const auto& s : role_status) EXPECT_TRUE(s.ok()) << s.to_string();
 }
 
