@@ -172,4 +172,11 @@ struct InPeer {
 
 inline std::size_t round_up(std::size_t n, std::size_t step) { return (n + step - 1) / step * step; }
 
+/// Removes the slot files in `dir` (where POSIX shared memory lives) whose
+/// names say a process that no longer runs offered them ("asgd-PID-TOKEN-
+/// INDEX"): a process killed between its offer and the peer's answer
+/// leaves its offer's names behind, which nobody else knows. Returns how
+/// many it removed. A name whose process runs (or cannot be asked) stays.
+std::size_t remove_stale_slots(const std::string& dir = "/dev/shm");
+
 }  // namespace asgd::messaging::shm_detail

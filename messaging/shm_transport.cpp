@@ -3,16 +3,21 @@
 // messaging/shm_slots.hpp holds its control messages and slots).
 
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
+#include <charconv>
 #include <cerrno>
 #include <cstring>
 #include <deque>
+#include <filesystem>
 #include <map>
+#include <mutex>
 #include <random>
+#include <string_view>
 #include <utility>
 
 #include "base/log.hpp"
@@ -474,13 +479,49 @@ class ShmTransport final : public Transport {
   TransportStats counts_;
 };
 
+// "asgd-PID-TOKEN-INDEX", as make_slot names a slot: its PID, or 0.
+pid_t offering_pid(std::string_view name) {
+  if (!name.starts_with("asgd-")) return 0;
+  name.remove_prefix(5);
+  std::uint64_t parts[3] = {0, 0, 0};
+  for (int k = 0; k < 3; ++k) {
+    const char* end = name.data() + name.size();
+    auto [at, ec] = std::from_chars(name.data(), end, parts[k]);
+    if (ec != std::errc() || at == name.data()) return 0;
+    name.remove_prefix(static_cast<std::size_t>(at - name.data()));
+    if (k < 2 && !name.starts_with('-')) return 0;
+    if (k < 2) name.remove_prefix(1);
+  }
+  return name.empty() && parts[0] > 0 && parts[0] <= static_cast<std::uint64_t>(INT32_MAX) ? static_cast<pid_t>(parts[0])
+                                                                                          : 0;
+}
+
 }  // namespace
+
+std::size_t remove_stale_slots(const std::string& dir) {
+  std::size_t removed = 0;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    const pid_t pid = offering_pid(name);
+    if (pid == 0 || kill(pid, 0) == 0 || errno != ESRCH) continue;
+    if (shm_unlink(("/" + name).c_str()) == 0) ++removed;
+  }
+  return removed;
+}
+
 }  // namespace asgd::messaging::shm_detail
 
 namespace asgd::messaging {
 
 std::unique_ptr<Transport> make_shm_transport(std::unique_ptr<Transport> inner, TransportLimits limits,
                                               SharedMemoryOptions options, std::string log_name) {
+  // Once a process: what killed processes of earlier jobs left behind.
+  static std::once_flag swept;
+  std::call_once(swept, [&log_name] {
+    if (const std::size_t n = shm_detail::remove_stale_slots())
+      logger().debug("{}: removed {} shared-memory slot files of processes that no longer run", log_name, n);
+  });
   return std::make_unique<shm_detail::ShmTransport>(std::move(inner), limits, options, std::move(log_name));
 }
 

@@ -18,6 +18,7 @@
 #include <string>
 #include <vector>
 
+#include "messaging/shm_slots.hpp"
 #include "messaging/transport.hpp"
 #include "messaging/transport_helpers.hpp"
 
@@ -106,6 +107,33 @@ Pair handshake(SharedMemoryOptions server_options = {}, SharedMemoryOptions clie
   EXPECT_TRUE(sent(*p.server, p.to_client, {text("pong")}));
   EXPECT_TRUE(next(*p.client));
   return p;
+}
+
+// A process killed between its offer and the peer's answer leaves its
+// offer's slot files behind (nobody else knows their names): the next
+// process that makes a shared-memory transport removes those of processes
+// that no longer run, and nothing else.
+TEST(SharedMemory, SlotFilesOfAProcessThatNoLongerRunsAreRemovedAndOthersStay) {
+  const pid_t gone = fork();
+  ASSERT_GE(gone, 0);
+  if (gone == 0) _exit(0);
+  ASSERT_EQ(waitpid(gone, nullptr, 0), gone);
+  const std::string stale = "/asgd-" + std::to_string(gone) + "-4242-0";
+  const std::string live = "/asgd-" + std::to_string(getpid()) + "-4242-0";
+  const std::string other = "/asgd-" + std::to_string(gone) + "-not-ours";
+  for (const auto& name : {stale, live, other}) {
+    const int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+    ASSERT_GE(fd, 0) << name << ": " << std::strerror(errno);
+    close(fd);
+  }
+  EXPECT_GE(asgd::messaging::shm_detail::remove_stale_slots(), 1u);
+  const auto exists = [](const std::string& name) { return std::filesystem::exists("/dev/shm" + name); };
+  EXPECT_FALSE(exists(stale));
+  EXPECT_TRUE(exists(live));
+  EXPECT_TRUE(exists(other));
+  shm_unlink(live.c_str());
+  shm_unlink(other.c_str());
+  shm_unlink(stale.c_str());
 }
 
 TEST(SharedMemory, ALargePartGoesThroughASlotAndArrivesWholeBesideTheSmallOnes) {
