@@ -1,9 +1,11 @@
 #include "base/process.hpp"
 
 #include <fcntl.h>
+#include <signal.h>
 #include <spawn.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstring>
 
 namespace asgd {
@@ -25,5 +27,7 @@ Result<pid_t> spawn_logged(const std::vector<std::string>& args, const std::file
   if (rc != 0) return Status::IOError("cannot start " + args[0] + ": " + std::strerror(rc));
   return pid;
 }
+
+bool process_runs(pid_t pid) { return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM); }
 
 }  // namespace asgd

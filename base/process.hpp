@@ -1,6 +1,7 @@
 #pragma once
 // Starting a child process whose output goes to a file: the shard processes
-// of `asgd bench load`, the runs of `asgd compare --processes`.
+// of `asgd bench load`, the runs of `asgd compare --processes`; and asking
+// whether a process still runs.
 
 #include <sys/types.h>
 
@@ -16,5 +17,9 @@ namespace asgd {
 /// and stderr in `log` (created or truncated); its pid. The caller reaps it.
 /// Errors: io_error naming the program when it cannot be started.
 Result<pid_t> spawn_logged(const std::vector<std::string>& argv, const std::filesystem::path& log);
+
+/// Whether process `pid` runs (also when it does, but this process may not
+/// signal it); false for pid 0.
+bool process_runs(pid_t pid);
 
 }  // namespace asgd

@@ -28,7 +28,6 @@
 
 #include <fcntl.h>
 #include <linux/futex.h>
-#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
@@ -46,6 +45,7 @@
 #include <thread>
 
 #include "base/log.hpp"
+#include "base/process.hpp"
 
 namespace asgd::messaging {
 
@@ -72,10 +72,6 @@ inline std::uint64_t rank_bit(Rank r) { return std::uint64_t{1} << r; }
 
 inline long futex_call(std::atomic<std::uint32_t>* word, int op, std::uint32_t value, const timespec* timeout) {
   return syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), op, value, timeout, nullptr, 0);
-}
-
-inline bool process_alive(std::uint32_t pid) {
-  return pid != 0 && (kill(static_cast<pid_t>(pid), 0) == 0 || errno == EPERM);
 }
 
 }  // namespace
@@ -210,7 +206,7 @@ struct ShmAllreduce::State {
     fd = f;
     if (!map_header()) return false;
     if (seg->magic.load(std::memory_order_acquire) != kSegmentMagic || seg->version != kSegmentVersion || seg->ranks != ranks ||
-        !process_alive(seg->creator)) {
+        !process_runs(static_cast<pid_t>(seg->creator))) {
       std::lock_guard lock(mu);
       munmap(seg, kSegmentBytes);
       seg = nullptr;

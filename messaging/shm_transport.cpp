@@ -3,7 +3,6 @@
 // messaging/shm_slots.hpp holds its control messages and slots).
 
 #include <fcntl.h>
-#include <signal.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -21,6 +20,7 @@
 #include <utility>
 
 #include "base/log.hpp"
+#include "base/process.hpp"
 #include "messaging/shm_slots.hpp"
 #include "messaging/transport.hpp"
 
@@ -483,17 +483,17 @@ class ShmTransport final : public Transport {
 pid_t offering_pid(std::string_view name) {
   if (!name.starts_with("asgd-")) return 0;
   name.remove_prefix(5);
-  std::uint64_t parts[3] = {0, 0, 0};
+  std::uint64_t numbers[3] = {};
   for (int k = 0; k < 3; ++k) {
-    const char* end = name.data() + name.size();
-    auto [at, ec] = std::from_chars(name.data(), end, parts[k]);
-    if (ec != std::errc() || at == name.data()) return 0;
+    if (k > 0) {
+      if (!name.starts_with('-')) return 0;
+      name.remove_prefix(1);
+    }
+    const auto [at, ec] = std::from_chars(name.data(), name.data() + name.size(), numbers[k]);  // no digits: an error
+    if (ec != std::errc()) return 0;
     name.remove_prefix(static_cast<std::size_t>(at - name.data()));
-    if (k < 2 && !name.starts_with('-')) return 0;
-    if (k < 2) name.remove_prefix(1);
   }
-  return name.empty() && parts[0] > 0 && parts[0] <= static_cast<std::uint64_t>(INT32_MAX) ? static_cast<pid_t>(parts[0])
-                                                                                          : 0;
+  return name.empty() && numbers[0] <= static_cast<std::uint64_t>(INT32_MAX) ? static_cast<pid_t>(numbers[0]) : 0;
 }
 
 }  // namespace
@@ -504,7 +504,7 @@ std::size_t remove_stale_slots(const std::string& dir) {
   for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
     const pid_t pid = offering_pid(name);
-    if (pid == 0 || kill(pid, 0) == 0 || errno != ESRCH) continue;
+    if (pid == 0 || process_runs(pid)) continue;
     if (shm_unlink(("/" + name).c_str()) == 0) ++removed;
   }
   return removed;
