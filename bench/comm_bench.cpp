@@ -466,16 +466,21 @@ int run_comm(const CommOptions& o) {
   // Small messages: one float each way, many round trips.
   auto small = measure_size(1, 2000, 1);
   if (!small) return kExitFailure;
-  const double raw_us = small->raw * 1e6, ours_us = small->ours * 1e6;
+  const double raw_us = small->raw * 1e6, ours_us = small->ours * 1e6, shm_us = small->shm * 1e6;
   if (o.json) {
     nlohmann::json j = {{"compress", o.compress}, {"auth", o.auth}, {"repeats", o.repeats}, {"shards", o.shards},
                         {"busy_poll_us", o.busy_poll_us},
                         {"sizes", results},
-                        {"small_round_trip_us", {{"raw", raw_us}, {"ours", ours_us}}}};
+                        {"small_round_trip_us",
+                         {{"raw", raw_us}, {"ours", ours_us},
+                          {"shm", with_shm ? nlohmann::json(shm_us) : nlohmann::json()}}}};
     std::printf("%s\n", j.dump().c_str());
   } else {
     std::printf("small-message round trip (1 float): raw %.1f us, ours %.1f us, %.2fx (medians of %d runs of 2000)\n",
                 raw_us, ours_us, raw_us > 0 ? ours_us / raw_us : 0.0, o.repeats);
+    if (with_shm)
+      std::printf("small-message round trip through shared memory (its ring): %.1f us, %.2fx raw's over tcp\n",
+                  shm_us, raw_us > 0 ? shm_us / raw_us : 0.0);
     std::printf("ratio = ours/raw throughput in parameter bytes (push + pull); compress %s; ours over %d shard "
                 "process(es), each owning a slice of the parameters; raw through one echo process; %s; ours %s\n",
                 o.compress.c_str(), o.shards,

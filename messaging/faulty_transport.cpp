@@ -90,6 +90,7 @@ class FaultyTransport final : public Transport {
   }
 
   void wake() override { inner_->wake(); }
+  bool watch(int fd) override { return inner_->watch(fd); }
 
   TransportStats stats() const override {
     TransportStats s = inner_->stats();

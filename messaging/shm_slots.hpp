@@ -4,11 +4,20 @@
 //
 // The two sides talk through control messages of their own, each
 // beginning with a 24-byte part
-//   u32 magic "ASHM" | u16 version | u16 kind | u64 token | u32 count | u32 0
+//   u32 magic "ASHM" | u16 version | u16 kind | u64 token | u32 count | u32 seq
 // (a wire frame begins with "ASGD", so neither is taken for the other):
-//   offer    count slots; one more part: their names, each ending in a NUL
-//   accept   the offer's token: every slot opened, the token read back
+//   offer    count slots; one more part: their names, each ending in a NUL,
+//            and after them the name of a ring (messaging/shm_ring.hpp)
+//            when the sender made one
+//   accept   the offer's token: every slot opened, the token read back; one
+//            more part when the ring was opened too: the name of the
+//            receiver's doorbell
 //   refuse   the offer's token: not here (another host, another /dev/shm)
+//   ring_open  on the wire, after everything the sender sent there before
+//            it: from here on every message comes as a data message with a
+//            sequence number `seq` (1, 2, ...), through the ring or, when
+//            too large for it, on the wire, and the receiver delivers them
+//            in that order
 //   data     count parts; one more part: a descriptor per part (u32 slot or
 //            kInline, u32 offset, u64 length, u64 generation), then the
 //            inline parts in order. A slot with kYours set is one of the
@@ -34,8 +43,8 @@
 namespace asgd::messaging::shm_detail {
 
 constexpr std::uint32_t kShmMagic = 0x4D485341;  // "ASHM" read as little-endian bytes
-constexpr std::uint16_t kShmVersion = 1;
-enum class Kind : std::uint16_t { offer = 1, accept = 2, refuse = 3, data = 4 };
+constexpr std::uint16_t kShmVersion = 2;
+enum class Kind : std::uint16_t { offer = 1, accept = 2, refuse = 3, data = 4, ring_open = 5 };
 constexpr std::size_t kControlBytes = 24;
 constexpr std::size_t kDescriptorBytes = 24;
 constexpr std::uint32_t kInline = 0xFFFFFFFF;
@@ -59,6 +68,7 @@ struct Control {
   Kind kind;
   std::uint64_t token;
   std::uint32_t count;
+  std::uint32_t seq;  // a data message's place after ring_open; 0 before it
 };
 
 template <class T>
@@ -75,7 +85,7 @@ inline T get(const std::byte*& at) {
   return v;
 }
 
-inline Part control_part(Kind kind, std::uint64_t token, std::uint32_t count) {
+inline Part control_part(Kind kind, std::uint64_t token, std::uint32_t count, std::uint32_t seq = 0) {
   std::vector<std::byte> bytes(kControlBytes);
   std::byte* at = bytes.data();
   put(at, kShmMagic);
@@ -83,7 +93,7 @@ inline Part control_part(Kind kind, std::uint64_t token, std::uint32_t count) {
   put(at, static_cast<std::uint16_t>(kind));
   put(at, token);
   put(at, count);
-  put(at, std::uint32_t{0});
+  put(at, seq);
   return Part::take(std::move(bytes));
 }
 
@@ -95,6 +105,7 @@ inline std::optional<Control> read_control(const Message& m) {
   c.kind = static_cast<Kind>(get<std::uint16_t>(at));
   c.token = get<std::uint64_t>(at);
   c.count = get<std::uint32_t>(at);
+  c.seq = get<std::uint32_t>(at);
   return c;
 }
 
@@ -141,33 +152,6 @@ struct Lease {
   }
   std::shared_ptr<Region> region;
   std::atomic<bool> handed_back{false};
-};
-
-// A slot this process writes (one per slot file it offered a peer).
-struct OutSlot {
-  std::string name;  // empty once unlinked
-  std::unique_ptr<Fd> file;
-  std::shared_ptr<Region> region;
-};
-
-struct OutPeer {
-  enum class State { offered, accepted, refused } state = State::offered;
-  std::uint64_t token = 0;
-  std::vector<OutSlot> slots;
-  std::uint64_t generation = 0;
-  std::size_t next = 0;  // where the search for a free slot starts
-};
-
-// A peer's slots as this process reads them.
-struct InSlot {
-  std::unique_ptr<Fd> file;
-  std::shared_ptr<Region> region;
-  std::weak_ptr<Lease> lease;  // of the part last received in it
-};
-
-struct InPeer {
-  std::uint64_t token = 0;
-  std::vector<InSlot> slots;
 };
 
 inline std::size_t round_up(std::size_t n, std::size_t step) { return (n + step - 1) / step * step; }

@@ -1,6 +1,8 @@
 // Shared memory between processes on one host, as a wrapper around another
-// transport (make_shm_transport in transport.hpp says what it promises;
-// messaging/shm_slots.hpp holds its control messages and slots).
+// transport (make_shm_transport in transport.hpp says what it promises):
+// the sending side, the offers and their answers. messaging/shm_slots.hpp
+// holds the control messages and slots, messaging/shm_ring.hpp the rings
+// and doorbells, messaging/shm_receiver.hpp the receiving side.
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -21,20 +23,45 @@
 
 #include "base/log.hpp"
 #include "base/process.hpp"
+#include "messaging/shm_receiver.hpp"
+#include "messaging/shm_ring.hpp"
 #include "messaging/shm_slots.hpp"
 #include "messaging/transport.hpp"
 
 namespace asgd::messaging::shm_detail {
 namespace {
 
-using Clock = std::chrono::steady_clock;
+// A file this process writes in shared memory: a slot (one per slot file
+// it offered a peer), or the ring.
+struct OutSlot {
+  std::string name;  // empty once unlinked
+  std::unique_ptr<Fd> file;
+  std::shared_ptr<Region> region;
+};
+
+struct OutPeer {
+  enum class State { offered, accepted, refused } state = State::offered;
+  std::uint64_t token = 0;
+  std::vector<OutSlot> slots;
+  std::uint64_t generation = 0;
+  std::size_t next = 0;  // where the search for a free slot starts
+  // The ring (shm_ring.hpp): offered with the slots; written once the peer
+  // has named its doorbell and ring_open has gone out on the wire.
+  std::optional<OutSlot> ring;
+  std::unique_ptr<Fd> bell;
+  bool announced = false;  // ring_open sent
+  std::uint32_t seq = 0;   // of the last message sent after it
+};
 
 class ShmTransport final : public Transport {
  public:
   ShmTransport(std::unique_ptr<Transport> inner, TransportLimits limits, SharedMemoryOptions options,
                std::string log_name)
       : inner_(std::move(inner)), limits_(limits), options_(options), log_name_(std::move(log_name)),
-        rng_(std::random_device{}()) {}
+        rng_(std::random_device{}()),
+        receiver_(*inner_, limits_, options_.enabled, log_name_,
+                  [this](const PeerId& from, std::uint32_t index, std::uint32_t offset, std::uint64_t length,
+                         std::uint64_t generation) { return returned_slot(from, index, offset, length, generation); }) {}
 
   ~ShmTransport() override {
     for (auto& [peer, out] : out_) release_slots(out);
@@ -50,25 +77,38 @@ class ShmTransport final : public Transport {
       release_slots(it->second);
       out_.erase(it);
     }
-    in_.erase(peer);
+    receiver_.forget(peer);
     return inner_->reconnect(peer, endpoint);
   }
 
   Result<bool> send(const PeerId& peer, Message message) override {
     flush_controls();
     OutPeer* out = out_peer(peer);
-    if (out == nullptr || out->state != OutPeer::State::accepted || !has_large_part(message))
-      return inner_->send(peer, std::move(message));
+    if (out == nullptr || out->state != OutPeer::State::accepted) return inner_->send(peer, std::move(message));
+    if (out->bell) return send_sequenced(peer, *out, std::move(message));
+    if (!has_large_part(message)) return inner_->send(peer, std::move(message));
     return send_through_slots(peer, *out, std::move(message));
   }
 
+  // The peers' rings first, then the wire; a receiver with rings to wait
+  // on says so in them (`sleeping`) before it waits, so their senders ring.
   Result<std::optional<Incoming>> receive(std::chrono::milliseconds timeout) override {
     const auto deadline = Clock::now() + std::max(timeout, std::chrono::milliseconds(0));
     while (true) {
       flush_controls();
-      const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
-      auto in = inner_->receive(std::max(left, std::chrono::milliseconds(0)));
-      if (!in.ok() || !*in) return in;
+      if (auto m = receiver_.from_rings()) return m;
+      const auto left = std::max(std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()),
+                                 std::chrono::milliseconds(0));
+      if (left.count() > 0 && !receiver_.sleep_on_rings()) continue;  // one was written to meanwhile
+      auto in = inner_->receive(left);
+      receiver_.wake_on_rings();
+      if (!in.ok()) return in;
+      if (!*in) {  // woken (by wake() or a doorbell), or the time is up
+        const bool rung = left.count() > 0 && receiver_.rung();
+        if (auto m = receiver_.from_rings()) return m;
+        if (rung && Clock::now() < deadline) continue;  // rung for what was read already
+        return in;
+      }
       const std::optional<Control> control = read_control((*in)->message);
       if (!control) return in;
       if (auto rebuilt = on_control(**in, *control)) return rebuilt;
@@ -81,13 +121,20 @@ class ShmTransport final : public Transport {
     s.shm_peers = 0;
     for (const auto& [peer, out] : out_) s.shm_peers += out.state == OutPeer::State::accepted;
     s.shm_sent = counts_.shm_sent;
-    s.shm_received = counts_.shm_received;
     s.shm_fallbacks = counts_.shm_fallbacks;
-    s.shm_rejected = counts_.shm_rejected;
+    s.ring_sent = counts_.ring_sent;
+    s.shm_received = receiver_.counts().shm_received;
+    s.shm_rejected = receiver_.counts().shm_rejected;
+    s.ring_received = receiver_.counts().ring_received;
     return s;
   }
 
-  void pause_bound(bool paused) override { inner_->pause_bound(paused); }
+  // The rings of peers that connected to the bound endpoint are left
+  // unread too: their senders find them full.
+  void pause_bound(bool paused) override {
+    receiver_.pause(paused);
+    inner_->pause_bound(paused);
+  }
 
   Status set_bound_limits(std::size_t max_part_bytes, std::size_t max_connections) override {
     limits_.bound_max_part_bytes = max_part_bytes;
@@ -126,6 +173,11 @@ class ShmTransport final : public Transport {
       names.push_back(std::byte{0});
       out.slots.push_back(std::move(*slot));
     }
+    if (auto ring = make_ring(out.token, out.slots.size())) {  // without one, descriptors go on the wire
+      for (char c : ring->name) names.push_back(static_cast<std::byte>(c));
+      names.push_back(std::byte{0});
+      out.ring = std::move(*ring);
+    }
     Message offer{control_part(Kind::offer, out.token, static_cast<std::uint32_t>(out.slots.size())),
                   Part::take(std::move(names))};
     auto sent = inner_->send(peer, std::move(offer));
@@ -136,9 +188,31 @@ class ShmTransport final : public Transport {
     return &out_.emplace(peer, std::move(out)).first->second;
   }
 
-  // Named by this process, the offer's random token and the slot's index:
-  // unique among the transports of a process, and across processes.
   std::optional<OutSlot> make_slot(std::uint64_t token, std::size_t index) {
+    auto s = make_file(token, index, static_cast<std::size_t>(sysconf(_SC_PAGESIZE)));
+    if (!s) return std::nullopt;
+    s->region->header()->token = token;
+    s->region->header()->held.store(0, std::memory_order_relaxed);
+    s->region->header()->generation.store(0, std::memory_order_relaxed);
+    return s;
+  }
+
+  std::optional<OutSlot> make_ring(std::uint64_t token, std::size_t index) {
+    auto s = make_file(token, index, kRingHeaderBytes + kRingCapacity);
+    if (!s) return std::nullopt;
+    auto* h = reinterpret_cast<RingHeader*>(s->region->base);
+    h->token = token;
+    h->capacity = kRingCapacity;
+    h->tail.store(0, std::memory_order_relaxed);
+    h->head.store(0, std::memory_order_relaxed);
+    h->sleeping.store(0, std::memory_order_relaxed);
+    s->file.reset();  // a ring never grows: its mapping is enough
+    return s;
+  }
+
+  // Named by this process, the offer's random token and the file's index:
+  // unique among the transports of a process, and across processes.
+  std::optional<OutSlot> make_file(std::uint64_t token, std::size_t index, std::size_t size) {
     OutSlot s;
     s.name = "/asgd-" + std::to_string(getpid()) + "-" + std::to_string(token) + "-" + std::to_string(index);
     const int fd = shm_open(s.name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
@@ -147,25 +221,32 @@ class ShmTransport final : public Transport {
       return std::nullopt;
     }
     s.file = std::make_unique<Fd>(fd);
-    const std::size_t size = static_cast<std::size_t>(sysconf(_SC_PAGESIZE));
     if (posix_fallocate(fd, 0, static_cast<off_t>(size)) != 0 || !(s.region = map_region(fd, size))) {
       shm_unlink(s.name.c_str());
       log_once("cannot size shared memory " + s.name);
       return std::nullopt;
     }
-    s.region->header()->token = token;
-    s.region->header()->held.store(0, std::memory_order_relaxed);
-    s.region->header()->generation.store(0, std::memory_order_relaxed);
     bytes_ += size;
     return s;
   }
 
+  void release(OutSlot& s) {
+    if (!s.name.empty()) shm_unlink(s.name.c_str());
+    s.name.clear();
+    if (s.region) bytes_ -= s.region->size;
+    s.region.reset();
+  }
+
   void release_slots(OutPeer& out) {
-    for (OutSlot& s : out.slots) {
-      if (!s.name.empty()) shm_unlink(s.name.c_str());
-      if (s.region) bytes_ -= s.region->size;
-    }
+    for (OutSlot& s : out.slots) release(s);
     out.slots.clear();
+    release_ring(out);
+  }
+
+  void release_ring(OutPeer& out) {
+    if (out.ring) release(*out.ring);
+    out.ring.reset();
+    out.bell.reset();
   }
 
   // A free slot that holds `need` bytes (grown if it must be and may be).
@@ -207,57 +288,117 @@ class ShmTransport final : public Transport {
     s.region->header()->held.store(1, std::memory_order_release);
   }
 
-  Result<bool> send_through_slots(const PeerId& peer, OutPeer& out, Message message) {
-    std::vector<std::byte> table(message.size() * kDescriptorBytes);
-    std::byte* at = table.data();
+  // A message as descriptors: its large parts written into slots (or
+  // handed back in the peer's own), the rest inline.
+  struct Described {
+    std::vector<std::byte> table;
     Message inline_parts;
-    std::vector<std::size_t> used;
-    std::vector<std::shared_ptr<Lease>> returned;
-    const auto give_back = [&] {
+    std::vector<std::size_t> used;                  // slots written
+    std::vector<std::shared_ptr<Lease>> returned;  // the peer's slots handed back
+
+    // Not sent after all: nobody will read them.
+    void give_back(OutPeer& out) {
       for (std::size_t i : used) out.slots[i].region->header()->held.store(0, std::memory_order_relaxed);
       for (auto& lease : returned) lease->handed_back.store(false, std::memory_order_release);
-    };
+    }
+    // The data message: `control`, the table, the inline parts (moved out).
+    Message take_message(Part control) {
+      Message m{std::move(control), Part::take(std::move(table))};
+      for (Part& p : inline_parts) m.push_back(std::move(p));
+      return m;
+    }
+  };
+
+  // nullopt when a large part finds every slot held, unless `inline_when_full`
+  // (then it goes inline, counted as a fallback).
+  std::optional<Described> describe(const PeerId& peer, OutPeer& out, const Message& message,
+                                    bool inline_when_full) {
+    Described d;
+    d.table.resize(message.size() * kDescriptorBytes);
+    std::byte* at = d.table.data();
     for (const Part& p : message) {
       if (auto yours = hand_back(peer, p)) {
-        returned.push_back(std::move(yours->lease));
+        d.returned.push_back(std::move(yours->lease));
         put(at, yours->slot | kYours);
         put(at, yours->offset);
         put(at, static_cast<std::uint64_t>(p.bytes.size()));
-        put(at, returned.back()->region->header()->generation.load(std::memory_order_relaxed));
+        put(at, d.returned.back()->region->header()->generation.load(std::memory_order_relaxed));
         continue;
       }
       std::optional<std::size_t> slot;
-      if (p.bytes.size() >= options_.min_part_bytes) {
-        slot = take_slot(out, p.bytes.size());
-        if (!slot) {
-          give_back();
-          ++counts_.shm_fallbacks;
-          return inner_->send(peer, std::move(message));
-        }
+      if (p.bytes.size() >= options_.min_part_bytes) slot = take_slot(out, p.bytes.size());
+      if (slot) {
         write_slot(out.slots[*slot], p.bytes, ++out.generation);
-        used.push_back(*slot);
+        d.used.push_back(*slot);
+      } else if (p.bytes.size() >= options_.min_part_bytes && !inline_when_full) {
+        d.give_back(out);
+        return std::nullopt;
       } else {
-        inline_parts.push_back(p);
+        counts_.shm_fallbacks += p.bytes.size() >= options_.min_part_bytes;
+        d.inline_parts.push_back(p);
       }
       put(at, slot ? static_cast<std::uint32_t>(*slot) : kInline);
       put(at, std::uint32_t{0});
       put(at, static_cast<std::uint64_t>(p.bytes.size()));
       put(at, slot ? out.generation : std::uint64_t{0});
     }
-    if (inline_parts.size() + 2 > limits_.max_parts) {  // the wire message would be refused: send it as it is
-      give_back();
+    return d;
+  }
+
+  Result<bool> send_through_slots(const PeerId& peer, OutPeer& out, Message message) {
+    auto d = describe(peer, out, message, false);
+    if (!d) {
+      ++counts_.shm_fallbacks;
       return inner_->send(peer, std::move(message));
     }
-    Message wire{control_part(Kind::data, out.token, static_cast<std::uint32_t>(message.size())),
-                 Part::take(std::move(table))};
-    for (Part& p : inline_parts) wire.push_back(std::move(p));
-    auto sent = inner_->send(peer, std::move(wire));
+    if (d->inline_parts.size() + 2 > limits_.max_parts) {  // the wire message would be refused: send it as it is
+      d->give_back(out);
+      return inner_->send(peer, std::move(message));
+    }
+    const std::size_t through = d->used.size() + d->returned.size();
+    auto sent = inner_->send(peer, d->take_message(control_part(Kind::data, out.token,
+                                                                static_cast<std::uint32_t>(message.size()))));
     if (!sent.ok() || !*sent) {
-      give_back();  // not sent: nobody will read them
+      d->give_back(out);
     } else {
-      counts_.shm_sent += used.size() + returned.size();
+      counts_.shm_sent += through;
     }
     return sent;
+  }
+
+  // After ring_open: the next message in sequence, into the ring, or onto
+  // the wire when it is too large for the ring (a large part inline, every
+  // slot being held). Would block while the ring is half full, so that
+  // any entry it takes fits.
+  Result<bool> send_sequenced(const PeerId& peer, OutPeer& out, Message message) {
+    if (!out.announced) {  // behind everything sent on the wire so far
+      auto sent = inner_->send(peer, Message{control_part(Kind::ring_open, out.token, 0)});
+      if (!sent.ok() || !*sent) return sent;
+      out.announced = true;
+    }
+    const Ring ring{out.ring->region};
+    const RingHeader* h = ring.header();
+    const std::uint64_t used = h->tail.load(std::memory_order_relaxed) - h->head.load(std::memory_order_acquire);
+    if (used > ring.capacity() / 2) return false;
+    auto d = describe(peer, out, message, true);
+    const std::size_t through = d->used.size() + d->returned.size();
+    Message m = d->take_message(
+        control_part(Kind::data, out.token, static_cast<std::uint32_t>(message.size()), out.seq + 1));
+    if (ring_entry_bytes(m) <= ring.capacity() / 4) {
+      ring_write(ring, m);  // fits: at most a quarter, into at least half
+      ring_notify(ring, out.bell->fd);
+      ++counts_.ring_sent;
+    } else if (m.size() > limits_.max_parts) {
+      d->give_back(out);
+      return Status::InvalidArgument("send to " + peer + ": a message of " + std::to_string(message.size()) +
+                                     " parts with too many of them large to go through shared memory");
+    } else if (auto sent = inner_->send(peer, std::move(m)); !sent.ok() || !*sent) {
+      d->give_back(out);
+      return sent;
+    }
+    ++out.seq;
+    counts_.shm_sent += through;
+    return true;
   }
 
   struct HandBack {
@@ -270,10 +411,10 @@ class ShmTransport final : public Transport {
   // goes back to it with the part in it.
   std::optional<HandBack> hand_back(const PeerId& peer, const Part& p) {
     if (p.bytes.size() < options_.min_part_bytes) return std::nullopt;
-    auto it = in_.find(peer);
-    if (it == in_.end()) return std::nullopt;
-    for (std::size_t i = 0; i < it->second.slots.size(); ++i) {
-      InSlot& slot = it->second.slots[i];
+    InPeer* in = receiver_.find(peer);
+    if (in == nullptr) return std::nullopt;
+    for (std::size_t i = 0; i < in->slots.size(); ++i) {
+      InSlot& slot = in->slots[i];
       const std::byte* begin = slot.region->bytes();
       if (p.bytes.data() < begin || p.bytes.data() + p.bytes.size() > begin + slot.region->capacity()) continue;
       auto lease = slot.lease.lock();
@@ -288,67 +429,27 @@ class ShmTransport final : public Transport {
   std::optional<Incoming> on_control(Incoming& in, const Control& c) {
     switch (c.kind) {
       case Kind::offer:
-        on_offer(in, c);
+        controls_.emplace_back(in.from, receiver_.on_offer(in, c));
         return std::nullopt;
       case Kind::accept:
       case Kind::refuse:
-        on_answer(in.from, c);
+        on_answer(in, c);
+        return std::nullopt;
+      case Kind::ring_open:
+        receiver_.on_ring_open(in.from, c);
         return std::nullopt;
       case Kind::data:
-        if (auto m = rebuild(in, c)) return Incoming{in.from, std::move(*m)};
-        ++counts_.shm_rejected;
-        if (!logged_[in.from]) {
-          logged_[in.from] = true;
-          logger().warn("{}: dropped a malformed shared-memory descriptor from {}; further ones are counted, not logged",
-                        log_name_, in.from);
-        }
-        return std::nullopt;
+        return receiver_.on_data(in, c);
     }
-    ++counts_.shm_rejected;
+    receiver_.reject(in.from);
     return std::nullopt;
   }
 
-  void on_offer(const Incoming& in, const Control& c) {
-    std::optional<InPeer> peer;
-    if (options_.enabled && in.message.size() == 2) peer = open_slots(in.message[1].bytes, c);
-    const bool ok = peer.has_value();
-    if (ok) in_[in.from] = std::move(*peer);
-    controls_.emplace_back(in.from, Message{control_part(ok ? Kind::accept : Kind::refuse, c.token, 0)});
-    logger().debug("{}: {} the shared memory {} offered", log_name_, ok ? "accepted" : "refused", in.from);
-  }
-
-  // Opens every slot an offer names and reads its token back.
-  std::optional<InPeer> open_slots(std::span<const std::byte> names, const Control& c) {
-    if (c.count == 0 || c.count > kMaxSlotsOffered) return std::nullopt;
-    InPeer peer;
-    peer.token = c.token;
-    std::string name;
-    for (std::byte b : names) {
-      if (b != std::byte{0}) {
-        name.push_back(static_cast<char>(b));
-        if (name.size() > 250) return std::nullopt;
-        continue;
-      }
-      // Only names such an offer makes: "/asgd-" and no other slash.
-      if (!name.starts_with("/asgd-") || name.find('/', 1) != std::string::npos) return std::nullopt;
-      const int fd = shm_open(name.c_str(), O_RDWR | O_CLOEXEC, 0);
-      if (fd < 0) return std::nullopt;
-      InSlot slot{std::make_unique<Fd>(fd), nullptr, {}};
-      struct stat st {};
-      if (fstat(fd, &st) != 0 || static_cast<std::size_t>(st.st_size) < kSlotHeaderBytes) return std::nullopt;
-      slot.region = map_region(fd, static_cast<std::size_t>(st.st_size));
-      if (!slot.region || slot.region->header()->token != c.token) return std::nullopt;
-      peer.slots.push_back(std::move(slot));
-      name.clear();
-    }
-    if (!name.empty() || peer.slots.size() != c.count) return std::nullopt;
-    return peer;
-  }
-
-  void on_answer(const PeerId& from, const Control& c) {
-    auto it = out_.find(from);
+  void on_answer(const Incoming& in, const Control& c) {
+    auto it = out_.find(in.from);
     if (it == out_.end() || it->second.token != c.token || it->second.state != OutPeer::State::offered) return;
     OutPeer& out = it->second;
+    const PeerId& from = in.from;
     if (c.kind == Kind::refuse) {
       release_slots(out);
       out.state = OutPeer::State::refused;
@@ -360,64 +461,18 @@ class ShmTransport final : public Transport {
       shm_unlink(s.name.c_str());
       s.name.clear();
     }
+    if (out.ring && in.message.size() == 2) {
+      const auto& b = in.message[1].bytes;
+      out.bell = connect_bell(std::string(reinterpret_cast<const char*>(b.data()), b.size()));
+    }
+    if (!out.bell) release_ring(out);  // it opened none, or its doorbell is not here
+    if (out.ring) {
+      shm_unlink(out.ring->name.c_str());
+      out.ring->name.clear();
+    }
     out.state = OutPeer::State::accepted;
-    logger().debug("{}: large parts to {} go through shared memory", log_name_, from);
-  }
-
-  // The message a data control message describes, its slot parts pointing
-  // into the peer's slots; nullopt when anything about it is wrong.
-  std::optional<Message> rebuild(Incoming& in, const Control& c) {
-    auto it = in_.find(in.from);
-    if (it == in_.end() || it->second.token != c.token || in.message.size() < 2) return std::nullopt;
-    if (c.count == 0 || c.count > limits_.max_parts || in.message[1].bytes.size() != c.count * kDescriptorBytes)
-      return std::nullopt;
-    const bool bound = in.from.starts_with("r:");
-    const std::size_t max_part = bound ? std::min(limits_.bound_max_part_bytes, limits_.max_message_bytes)
-                                       : limits_.max_message_bytes;
-    InPeer& peer = it->second;
-    const std::byte* at = in.message[1].bytes.data();
-    std::size_t next_inline = 2;
-    std::size_t total = 0;
-    std::vector<bool> taken(peer.slots.size(), false);
-    Message out;
-    for (std::uint32_t i = 0; i < c.count; ++i) {
-      const auto slot = get<std::uint32_t>(at);
-      const auto offset = get<std::uint32_t>(at);
-      const auto length = get<std::uint64_t>(at);
-      const auto generation = get<std::uint64_t>(at);
-      if (length > max_part || (total += length) > limits_.max_message_bytes) return std::nullopt;
-      if (slot == kInline) {
-        if (next_inline >= in.message.size() || in.message[next_inline].bytes.size() != length) return std::nullopt;
-        out.push_back(std::move(in.message[next_inline++]));
-        continue;
-      }
-      if (offset != 0 && !(slot & kYours)) return std::nullopt;
-      if (slot & kYours) {
-        auto part = returned_slot(in.from, slot & ~kYours, offset, length, generation);
-        if (!part) return std::nullopt;
-        out.push_back(std::move(*part));
-        continue;
-      }
-      if (slot >= peer.slots.size() || taken[slot]) return std::nullopt;
-      taken[slot] = true;
-      auto part = read_slot(peer.slots[slot], length, generation);
-      if (!part) return std::nullopt;
-      out.push_back(std::move(*part));
-    }
-    if (next_inline != in.message.size()) return std::nullopt;
-    return out;
-  }
-
-  std::optional<Part> read_slot(InSlot& slot, std::uint64_t length, std::uint64_t generation) {
-    if (slot.region->capacity() < length) {  // the sender grew the slot since: map it again
-      struct stat st {};
-      if (fstat(slot.file->fd, &st) != 0 || static_cast<std::uint64_t>(st.st_size) < kSlotHeaderBytes + length)
-        return std::nullopt;
-      auto region = map_region(slot.file->fd, static_cast<std::size_t>(st.st_size));
-      if (!region) return std::nullopt;
-      slot.region = std::move(region);
-    }
-    return leased_part(slot.region, 0, length, generation, &slot.lease);
+    logger().debug("{}: large parts to {} go through shared memory{}", log_name_, from,
+                   out.bell ? ", and every message through its ring" : "");
   }
 
   // One of our own slots that `from` hands back (kYours): held since we
@@ -428,26 +483,6 @@ class ShmTransport final : public Transport {
     if (it == out_.end() || it->second.state != OutPeer::State::accepted || index >= it->second.slots.size())
       return std::nullopt;
     return leased_part(it->second.slots[index].region, offset, length, generation, nullptr);
-  }
-
-  // The part at [offset, offset + length) of `region`, when the slot holds
-  // the message of `generation`; leased until its last owner lets go (and
-  // remembered in `*lease`, for handing the slot back). Either side's slot:
-  // the writer does not touch it until then, so the part is ours to write.
-  std::optional<Part> leased_part(const std::shared_ptr<Region>& region, std::uint64_t offset, std::uint64_t length,
-                                  std::uint64_t generation, std::weak_ptr<Lease>* lease) {
-    const SlotHeader* h = region->header();
-    if (offset + length > region->capacity() || h->held.load(std::memory_order_acquire) != 1 ||
-        h->generation.load(std::memory_order_relaxed) != generation)
-      return std::nullopt;
-    auto owner = std::make_shared<Lease>(region);
-    if (lease) *lease = owner;
-    Part p;
-    p.owner = std::move(owner);
-    p.bytes = std::span<const std::byte>(region->bytes() + offset, length);
-    p.exclusive = true;
-    ++counts_.shm_received;
-    return p;
   }
 
   void flush_controls() {
@@ -470,10 +505,9 @@ class ShmTransport final : public Transport {
   SharedMemoryOptions options_;
   std::string log_name_;
   std::mt19937_64 rng_;
+  ShmReceiver receiver_;
   std::map<PeerId, OutPeer> out_;
-  std::map<PeerId, InPeer> in_;
   std::deque<std::pair<PeerId, Message>> controls_;  // answers to offers not yet taken by the transport
-  std::map<PeerId, bool> logged_;
   bool logged_setup_ = false;
   std::size_t bytes_ = 0;  // of every slot this transport made
   TransportStats counts_;

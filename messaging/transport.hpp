@@ -113,6 +113,8 @@ struct TransportStats {
   std::uint64_t shm_received = 0;   ///< parts received through a peer's slot
   std::uint64_t shm_fallbacks = 0;  ///< large parts to such a peer sent on the wire (every slot held, or over max_bytes)
   std::uint64_t shm_rejected = 0;   ///< descriptors dropped as malformed (a slot not offered, out of bounds, not written)
+  std::uint64_t ring_sent = 0;      ///< messages written into a peer's ring instead of onto the wire
+  std::uint64_t ring_received = 0;  ///< messages read from a peer's ring
 };
 
 /// A CurveZMQ key: 32 raw bytes (messaging/curve_auth.hpp reads and writes
@@ -205,6 +207,18 @@ class Transport {
   /// The one call that is thread-safe: other threads use it to hand the
   /// owning thread new work.
   virtual void wake() = 0;
+
+  /// From now on a receive() also returns (with nothing) when `fd` becomes
+  /// readable: a doorbell that another process rings (make_shm_transport's
+  /// rings). Such a return leaves a wake() that came meanwhile pending
+  /// (the next receive() returns at once for it), so a caller that finds
+  /// its doorbell rung may wait again. The caller keeps `fd` open for this
+  /// transport's life and reads what wakes it. Returns false when this
+  /// transport cannot watch a descriptor (the default).
+  virtual bool watch(int fd) {
+    (void)fd;
+    return false;
+  }
 };
 
 /// ZeroMQ: one ROUTER for the bound endpoint, one DEALER per connection,
@@ -251,7 +265,11 @@ struct SharedMemoryOptions {
 /// accepts; one on another host (or another /dev/shm, or another user)
 /// refuses, and everything to it stays on the wire. Once a peer accepts,
 /// the slots' names are unlinked, so nothing is left in /dev/shm when either
-/// process dies. What reaches the caller is the message that was sent, part
+/// process dies. From then on every message to that peer, small ones too,
+/// goes through a ring in shared memory offered with the slots (its
+/// descriptors and small parts; the receiver's doorbell wakes it when it
+/// waits), in the order sent: no ZeroMQ I/O thread on either side
+/// (messaging/shm_ring.hpp). What reaches the caller is the message that was sent, part
 /// for part: framing, checksums and bounds are checked above as for any
 /// transport, and the limits (`limits`, and set_bound_limits for the bound
 /// endpoint) hold for the message rebuilt. A sender that dies while writing

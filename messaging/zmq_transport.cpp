@@ -213,6 +213,7 @@ class ZmqTransport final : public Transport {
       if (with_router) sockets.push_back(&*router_);
       for (auto& c : connections_) sockets.push_back(&c.socket);
       for (auto* s : sockets) items.push_back({s->handle(), 0, ZMQ_POLLIN, 0});
+      for (int fd : watched_) items.push_back({nullptr, fd, ZMQ_POLLIN, 0});
       items.push_back({wake_rx_.handle(), 0, ZMQ_POLLIN, 0});  // last: not a peer
       while (true) {
         const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
@@ -221,6 +222,10 @@ class ZmqTransport final : public Transport {
         } catch (const zmq::error_t& e) {
           if (e.num() != EINTR) throw;
         }
+        // A doorbell: the caller reads it. Before wake()'s pipe, which stays
+        // unread then, so that the caller can tell the two apart.
+        for (std::size_t k = sockets.size(); k + 1 < items.size(); ++k)
+          if (items[k].revents & ZMQ_POLLIN) return std::optional<Incoming>();
         if (items.back().revents & ZMQ_POLLIN) {  // woken: drain, and return to the caller
           zmq::message_t ping;
           while (wake_rx_.recv(ping, zmq::recv_flags::dontwait)) {
@@ -249,6 +254,11 @@ class ZmqTransport final : public Transport {
   }
 
   void pause_bound(bool paused) override { bound_paused_ = paused; }
+
+  bool watch(int fd) override {
+    watched_.push_back(fd);
+    return true;
+  }
 
   Status set_bound_limits(std::size_t max_part_bytes, std::size_t max_connections) override {
     const bool part_changed = part_limit(max_part_bytes) != part_limit(limits_.bound_max_part_bytes);
@@ -437,6 +447,7 @@ class ZmqTransport final : public Transport {
   bool bound_paused_ = false;   // pause_bound: receive() leaves the router unread
   std::vector<Connection> connections_;
   std::size_t next_first_ = 0;
+  std::vector<int> watched_;  // descriptors a receive() also waits on (watch)
   TransportStats stats_;
   zmq::socket_t wake_rx_{context_, zmq::socket_type::pair};
   zmq::socket_t wake_tx_{context_, zmq::socket_type::pair};

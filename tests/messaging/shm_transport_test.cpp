@@ -14,6 +14,8 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <future>
+#include <thread>
 #include <optional>
 #include <string>
 #include <vector>
@@ -192,6 +194,61 @@ TEST(SharedMemory, APartWrittenOverInPlaceGoesBackInTheSendersOwnSlotWithoutACop
   EXPECT_EQ(p.client->stats().shm_fallbacks, 0u);
 }
 
+// Once the slots are taken, every message goes through the peer's ring,
+// small ones whole and large ones as descriptors; one too large for the
+// ring (a large part that found every slot held) goes on the wire, and all
+// arrive in the order they were sent.
+TEST(SharedMemory, EveryMessageGoesThroughTheRingOrOnTheWireAndArrivesInTheOrderSent) {
+  ASGD_REQUIRE_SHARED_MEMORY();
+  SharedMemoryOptions one;
+  one.slots_per_peer = 1;
+  Pair p = handshake({}, one);
+  const TransportStats before = p.client->stats();
+  EXPECT_GE(before.ring_sent, 1u);  // the handshake's ping
+  const Part large1 = big(256 << 10, 1), large2 = big(256 << 10, 2);
+  ASSERT_TRUE(sent(*p.client, p.to_server, {text("a")}));
+  ASSERT_TRUE(sent(*p.client, p.to_server, {text("b"), large1}));
+  ASSERT_TRUE(sent(*p.client, p.to_server, {text("c")}));
+  ASSERT_TRUE(sent(*p.client, p.to_server, {text("d"), large2}));  // the one slot is held by b
+  ASSERT_TRUE(sent(*p.client, p.to_server, {text("e")}));
+  std::vector<Incoming> got;
+  while (got.size() < 5) {
+    auto in = next(*p.server);
+    ASSERT_TRUE(in) << "after " << got.size() << " messages";
+    got.push_back(std::move(*in));
+  }
+  std::vector<std::string> order;
+  for (const Incoming& in : got) order.push_back(text_of(in.message[0]));
+  EXPECT_EQ(order, (std::vector<std::string>{"a", "b", "c", "d", "e"}));
+  EXPECT_TRUE(same_bytes(got[1].message[1], large1));
+  EXPECT_TRUE(same_bytes(got[3].message[1], large2));
+  const TransportStats after = p.client->stats();
+  EXPECT_EQ(after.ring_sent - before.ring_sent, 4u);  // all but d
+  EXPECT_EQ(after.shm_fallbacks - before.shm_fallbacks, 1u);
+  EXPECT_EQ(p.server->stats().shm_rejected, 0u);
+  EXPECT_FALSE(next(*p.server, kNothingComes));
+}
+
+// A receiver asleep in receive() is woken by the sender's doorbell, long
+// before its wait is up.
+TEST(SharedMemory, AReceiverWaitingIsWokenByTheDoorbell) {
+  ASGD_REQUIRE_SHARED_MEMORY();
+  Pair p = handshake();
+  for (int round = 0; round < 3; ++round) {
+    auto waiting = std::async(std::launch::async, [&] {
+      const auto start = Clock::now();
+      auto in = p.server->receive(std::chrono::milliseconds(kArrives));
+      return std::make_pair(in.ok() && *in ? text_of((*in)->message[0]) : std::string(), Clock::now() - start);
+    });
+    std::this_thread::sleep_for(50ms);  // it sleeps by now
+    ASSERT_TRUE(sent(*p.client, p.to_server, {text("ding")}));
+    const auto [what, took] = waiting.get();
+    EXPECT_EQ(what, "ding");
+    EXPECT_LT(took, kArrives / 2);
+  }
+  EXPECT_GE(p.client->stats().ring_sent, 4u);
+}
+
 TEST(SharedMemory, WithEverySlotHeldAPartGoesOnTheWireAndASlotLetGoIsUsedAgain) {
   ASGD_REQUIRE_SHARED_MEMORY();
   SharedMemoryOptions two;
@@ -224,8 +281,8 @@ TEST(SharedMemory, APeerThatRefusesGetsEverythingOnTheWireAndNoNameIsLeftBehind)
 // nobody offered this receiver.
 Message forged_descriptor() {
   std::vector<std::byte> head(24), table(24);
-  const std::uint32_t magic = 0x4D485341, count = 1, slot = 0;
-  const std::uint16_t version = 1, kind = 4;
+  const std::uint32_t magic = shm_detail::kShmMagic, count = 1, slot = 0;
+  const std::uint16_t version = shm_detail::kShmVersion, kind = static_cast<std::uint16_t>(shm_detail::Kind::data);
   const std::uint64_t token = 42, length = 1 << 20, generation = 1;
   std::memcpy(head.data(), &magic, 4);
   std::memcpy(head.data() + 4, &version, 2);
