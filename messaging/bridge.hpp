@@ -168,7 +168,10 @@ class Bridge {
   /// Transport::reconnect.
   Result<std::size_t> reconnect(const PeerId& peer, const std::string& endpoint);
 
-  /// Queues a frame for `peer`. Thread-safe.
+  /// Queues a frame for `peer`, or sends it from the calling thread when
+  /// the transport can (Transport::send_now: a peer's ring in shared
+  /// memory) and nothing queued before it waits. Thread-safe; frames from
+  /// one thread to one peer leave in the order sent.
   void send(const PeerId& peer, Message message);
   /// The same for a reply: `slot` (the request's) is given back once the
   /// frame's bytes have been sent (when the transport copies them instead,
@@ -216,6 +219,10 @@ class Bridge {
     RequestSlot slot;  // a reply's request's, until tied to the frame (Bridge::run)
   };
   std::deque<Outgoing> outbox_;
+  // Frames the I/O thread took from the outbox and the transport has not
+  // (set under mu_ when it takes them): while any wait, send() queues
+  // behind them instead of sending from its own thread.
+  std::atomic<std::size_t> queued_{0};
   // The I/O thread's rounds (run): what other threads asked for, and the
   // frames the transport takes now.
   void take_requests(std::deque<Outgoing>& backlog);

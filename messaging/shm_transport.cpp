@@ -73,6 +73,7 @@ class ShmTransport final : public Transport {
   // The peer behind `peer` is another process now: it gets a new offer, and
   // what the old one offered is forgotten.
   Status reconnect(const PeerId& peer, const std::string& endpoint) override {
+    std::lock_guard lock(mu_);
     if (auto it = out_.find(peer); it != out_.end()) {
       release_slots(it->second);
       out_.erase(it);
@@ -82,25 +83,45 @@ class ShmTransport final : public Transport {
   }
 
   Result<bool> send(const PeerId& peer, Message message) override {
+    std::lock_guard lock(mu_);
     flush_controls();
     OutPeer* out = out_peer(peer);
     if (out == nullptr || out->state != OutPeer::State::accepted) return inner_->send(peer, std::move(message));
-    if (out->bell) return send_sequenced(peer, *out, std::move(message));
+    if (out->bell) {
+      if (!out->announced) {  // behind everything sent on the wire so far
+        auto sent = inner_->send(peer, Message{control_part(Kind::ring_open, out->token, 0)});
+        if (!sent.ok() || !*sent) return sent;
+        out->announced = true;
+      }
+      return send_sequenced(peer, *out, message, true);
+    }
     if (!has_large_part(message)) return inner_->send(peer, std::move(message));
     return send_through_slots(peer, *out, std::move(message));
+  }
+
+  // Into the peer's ring from any thread, once ring_open has gone out.
+  bool send_now(const PeerId& peer, const Message& message) override {
+    std::lock_guard lock(mu_);
+    auto it = out_.find(peer);
+    if (it == out_.end() || !it->second.announced) return false;
+    auto sent = send_sequenced(peer, it->second, message, false);
+    return sent.ok() && *sent;
   }
 
   // The peers' rings first, then the wire; a receiver with rings to wait
   // on says so in them (`sleeping`) before it waits, so their senders ring.
   Result<std::optional<Incoming>> receive(std::chrono::milliseconds timeout) override {
     const auto deadline = Clock::now() + std::max(timeout, std::chrono::milliseconds(0));
+    std::unique_lock lock(mu_);  // not while it waits: send_now() goes on meanwhile
     while (true) {
       flush_controls();
       if (auto m = receiver_.from_rings()) return m;
       const auto left = std::max(std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()),
                                  std::chrono::milliseconds(0));
       if (left.count() > 0 && !receiver_.sleep_on_rings()) continue;  // one was written to meanwhile
+      lock.unlock();
       auto in = inner_->receive(left);
+      lock.lock();
       receiver_.wake_on_rings();
       if (!in.ok()) return in;
       if (!*in) {  // woken (by wake() or a doorbell), or the time is up
@@ -117,6 +138,7 @@ class ShmTransport final : public Transport {
   }
 
   TransportStats stats() const override {
+    std::lock_guard lock(mu_);
     TransportStats s = inner_->stats();
     s.shm_peers = 0;
     for (const auto& [peer, out] : out_) s.shm_peers += out.state == OutPeer::State::accepted;
@@ -132,11 +154,13 @@ class ShmTransport final : public Transport {
   // The rings of peers that connected to the bound endpoint are left
   // unread too: their senders find them full.
   void pause_bound(bool paused) override {
+    std::lock_guard lock(mu_);
     receiver_.pause(paused);
     inner_->pause_bound(paused);
   }
 
   Status set_bound_limits(std::size_t max_part_bytes, std::size_t max_connections) override {
+    std::lock_guard lock(mu_);
     limits_.bound_max_part_bytes = max_part_bytes;
     limits_.bound_max_connections = max_connections;
     return inner_->set_bound_limits(max_part_bytes, max_connections);
@@ -368,19 +392,16 @@ class ShmTransport final : public Transport {
 
   // After ring_open: the next message in sequence, into the ring, or onto
   // the wire when it is too large for the ring (a large part inline, every
-  // slot being held). Would block while the ring is half full, so that
-  // any entry it takes fits.
-  Result<bool> send_sequenced(const PeerId& peer, OutPeer& out, Message message) {
-    if (!out.announced) {  // behind everything sent on the wire so far
-      auto sent = inner_->send(peer, Message{control_part(Kind::ring_open, out.token, 0)});
-      if (!sent.ok() || !*sent) return sent;
-      out.announced = true;
-    }
+  // slot being held), which only the owning thread may (`may_use_wire`;
+  // without it such a message is not sent). Would block while the ring is
+  // half full, so that any entry it takes fits.
+  Result<bool> send_sequenced(const PeerId& peer, OutPeer& out, const Message& message, bool may_use_wire) {
     const Ring ring{out.ring->region};
     const RingHeader* h = ring.header();
     const std::uint64_t used = h->tail.load(std::memory_order_relaxed) - h->head.load(std::memory_order_acquire);
     if (used > ring.capacity() / 2) return false;
-    auto d = describe(peer, out, message, true);
+    auto d = describe(peer, out, message, may_use_wire);
+    if (!d) return false;
     const std::size_t through = d->used.size() + d->returned.size();
     Message m = d->take_message(
         control_part(Kind::data, out.token, static_cast<std::uint32_t>(message.size()), out.seq + 1));
@@ -388,6 +409,9 @@ class ShmTransport final : public Transport {
       ring_write(ring, m);  // fits: at most a quarter, into at least half
       ring_notify(ring, out.bell->fd);
       ++counts_.ring_sent;
+    } else if (!may_use_wire) {
+      d->give_back(out);
+      return false;
     } else if (m.size() > limits_.max_parts) {
       d->give_back(out);
       return Status::InvalidArgument("send to " + peer + ": a message of " + std::to_string(message.size()) +
@@ -505,6 +529,9 @@ class ShmTransport final : public Transport {
   SharedMemoryOptions options_;
   std::string log_name_;
   std::mt19937_64 rng_;
+  // Guards all below and `limits_`: send_now() runs on other threads.
+  // Never held while the inner transport waits.
+  mutable std::mutex mu_;
   ShmReceiver receiver_;
   std::map<PeerId, OutPeer> out_;
   std::deque<std::pair<PeerId, Message>> controls_;  // answers to offers not yet taken by the transport

@@ -10,7 +10,8 @@
 // any number of endpoints (each connection gets a PeerId at connect time).
 // send() and receive() name peers by PeerId either way.
 //
-// Not thread-safe: one thread (a bridge's I/O thread) owns a transport.
+// Not thread-safe: one thread (a bridge's I/O thread) owns a transport;
+// wake() and send_now() may be called from any thread.
 
 #include <array>
 #include <chrono>
@@ -171,6 +172,20 @@ class Transport {
   /// with no parts, io_error.
   virtual Result<bool> send(const PeerId& peer, Message message) = 0;
 
+  /// Sends `message` to `peer` from the calling thread, when this transport
+  /// can without the owning thread (make_shm_transport, to a peer whose
+  /// ring it writes: no socket is touched) and the message goes there whole
+  /// now: true when sent. False when not (nothing sent): the caller gives
+  /// it to send() on the owning thread as usual, and must give it there all
+  /// it sends to that peer until that has been sent, to keep their order.
+  /// The one call besides wake() that is thread-safe. The default sends
+  /// nothing.
+  virtual bool send_now(const PeerId& peer, const Message& message) {
+    (void)peer;
+    (void)message;
+    return false;
+  }
+
   /// Waits up to `timeout` for the next message from any peer; nullopt when
   /// none came (not an error). Errors: io_error.
   virtual Result<std::optional<Incoming>> receive(std::chrono::milliseconds timeout) = 0;
@@ -204,8 +219,7 @@ class Transport {
   }
 
   /// Makes a receive() in progress (or the next one) return at once.
-  /// The one call that is thread-safe: other threads use it to hand the
-  /// owning thread new work.
+  /// Thread-safe: other threads use it to hand the owning thread new work.
   virtual void wake() = 0;
 
   /// From now on a receive() also returns (with nothing) when `fd` becomes

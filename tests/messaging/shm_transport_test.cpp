@@ -249,6 +249,36 @@ TEST(SharedMemory, AReceiverWaitingIsWokenByTheDoorbell) {
   EXPECT_GE(p.client->stats().ring_sent, 4u);
 }
 
+// send_now() writes the ring from any thread while the owning thread
+// waits in receive(); what it cannot send whole through shared memory (a
+// large part with every slot held; a peer that refused) it leaves alone.
+TEST(SharedMemory, SendNowGoesThroughTheRingFromAnotherThreadAndLeavesWhatNeedsTheWire) {
+  ASGD_REQUIRE_SHARED_MEMORY();
+  SharedMemoryOptions one;
+  one.slots_per_peer = 1;
+  Pair p = handshake({}, one);
+  std::thread other([&] {
+    for (int i = 0; i < 100; ++i) EXPECT_TRUE(p.client->send_now(p.to_server, {text(std::to_string(i))}));
+  });
+  for (int k = 0; k < 5; ++k) (void)p.client->receive(10ms);  // the owner waits meanwhile
+  other.join();
+  for (int i = 0; i < 100; ++i) {
+    auto in = next(*p.server);
+    ASSERT_TRUE(in);
+    EXPECT_EQ(text_of(in->message[0]), std::to_string(i));
+  }
+  auto held = delivered(*p.client, p.to_server, *p.server, "push", big(256 << 10, 1));  // holds the one slot
+  ASSERT_TRUE(held);
+  EXPECT_FALSE(p.client->send_now(p.to_server, {text("push"), big(256 << 10, 2)}));
+  EXPECT_FALSE(next(*p.server, kNothingComes));
+
+  SharedMemoryOptions off;
+  off.enabled = false;
+  Pair q = handshake(off, {});
+  EXPECT_FALSE(q.client->send_now(q.to_server, {text("x")}));
+  EXPECT_FALSE(next(*q.server, kNothingComes));
+}
+
 TEST(SharedMemory, WithEverySlotHeldAPartGoesOnTheWireAndASlotLetGoIsUsedAgain) {
   ASGD_REQUIRE_SHARED_MEMORY();
   SharedMemoryOptions two;
