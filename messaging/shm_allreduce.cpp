@@ -41,6 +41,7 @@
 #include <climits>
 #include <condition_variable>
 #include <cstring>
+#include <filesystem>
 #include <mutex>
 #include <thread>
 
@@ -422,8 +423,37 @@ struct ShmAllreduce::State {
 
 ShmAllreduce::ShmAllreduce(std::unique_ptr<State> state) : state_(std::move(state)) {}
 
+std::size_t ShmAllreduce::remove_stale_segments(const std::string& dir) {
+  std::size_t removed = 0;
+  std::error_code ec;
+  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
+    std::string name = e.path().filename().string();
+    if (!name.starts_with("asgd-allreduce-")) continue;
+    name.insert(name.begin(), '/');  // shm_open's form
+    const int fd = shm_open(name.c_str(), O_RDONLY, 0);
+    if (fd < 0) continue;
+    struct stat st {};
+    void* p = fstat(fd, &st) == 0 && static_cast<std::size_t>(st.st_size) >= kSegmentBytes
+                  ? mmap(nullptr, kSegmentBytes, PROT_READ, MAP_SHARED, fd, 0)
+                  : MAP_FAILED;
+    close(fd);
+    if (p == MAP_FAILED) continue;
+    const auto* seg = static_cast<const Segment*>(p);
+    const bool ours = seg->magic.load(std::memory_order_acquire) == kSegmentMagic && seg->version == kSegmentVersion;
+    const auto creator = static_cast<pid_t>(seg->creator);
+    munmap(p, kSegmentBytes);
+    if (ours && !process_runs(creator) && shm_unlink(name.c_str()) == 0) ++removed;
+  }
+  return removed;
+}
+
 std::unique_ptr<ShmAllreduce> ShmAllreduce::join(const std::vector<std::string>& endpoints, Rank rank,
                                                  std::chrono::milliseconds settle) {
+  static std::once_flag swept;  // once a process: what dead ranks 0 of earlier jobs left behind
+  std::call_once(swept, [] {
+    if (const std::size_t n = remove_stale_segments())
+      logger().debug("collective: removed {} all-reduce segments whose rank 0 no longer runs", n);
+  });
   if (endpoints.size() < 2 || endpoints.size() > kMaxRanks || rank >= endpoints.size()) return nullptr;
   std::uint64_t h = 1469598103934665603ULL;  // FNV-1a of the endpoints: the group's name
   for (const auto& e : endpoints) {

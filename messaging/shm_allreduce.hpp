@@ -58,6 +58,13 @@ class ShmAllreduce {
   /// For a timeout's message; empty when nothing is in flight.
   std::string waiting_for() const;
 
+  /// Removes the segments in `dir` (where POSIX shared memory lives) whose
+  /// rank 0 no longer runs: a rank 0 that died before every rank had joined
+  /// left its segment's name behind. A segment whose rank 0 runs, or that
+  /// is not (yet) one of ours, stays. Returns how many it removed. join()
+  /// does it once a process.
+  static std::size_t remove_stale_segments(const std::string& dir = "/dev/shm");
+
   struct Segment;  // the shared layout (shm_allreduce.cpp)
 
  private:

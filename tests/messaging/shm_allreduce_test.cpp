@@ -3,7 +3,11 @@
 // worker processes on one host are: the same bits as the in-process
 // collective, ranks that die or never join, and nothing left in /dev/shm.
 
+#include <fcntl.h>
 #include <gtest/gtest.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <cstdint>
@@ -13,6 +17,7 @@
 #include <vector>
 
 #include "messaging/collective.hpp"
+#include "messaging/shm_allreduce.hpp"
 #include "collective_helpers.hpp"
 
 namespace asgd::messaging {
@@ -151,6 +156,40 @@ TEST(ShmAllreduce, ARankThatNeverJoinsMakesTheGroupUseTheRing) {
   const auto m0 = g[0]->mean(0), m2 = absent->mean(2);
   EXPECT_TRUE(std::equal(m0.begin(), m0.end(), m2.begin(), m2.end())) << "all three went round the ring";
   EXPECT_NEAR(m0[11], (data[0][11] + data[1][11] + data[2][11]) / 3.0, 1e-6);
+}
+
+// A rank 0 that died before every rank joined leaves its segment's name in
+// /dev/shm; the next process that joins an all-reduce removes the segments
+// whose rank 0 no longer runs (by the header's pid: wire-protocol.md), and
+// nothing else.
+TEST(ShmAllreduce, SegmentsWhoseRankZeroNoLongerRunsAreRemovedAndOthersStay) {
+  const pid_t gone = fork();
+  ASSERT_GE(gone, 0);
+  if (gone == 0) _exit(0);
+  ASSERT_EQ(waitpid(gone, nullptr, 0), gone);
+  const std::string base = "/asgd-allreduce-test-" + std::to_string(getpid()) + "-";
+  // magic, version, ranks, rank 0's pid; `bytes` long (a segment's header is smaller than 1 MiB).
+  const auto segment = [&](const std::string& name, std::uint32_t magic, std::uint32_t pid, std::size_t bytes) {
+    const int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
+    ASSERT_GE(fd, 0) << name;
+    ASSERT_EQ(ftruncate(fd, static_cast<off_t>(bytes)), 0);
+    const std::uint32_t head[4] = {magic, 1, 2, pid};
+    ASSERT_EQ(pwrite(fd, head, sizeof head, 0), static_cast<ssize_t>(sizeof head));
+    close(fd);
+  };
+  const std::uint32_t asar = 0x52415341, dead = static_cast<std::uint32_t>(gone),
+                      alive = static_cast<std::uint32_t>(getpid());
+  segment(base + "stale", asar, dead, 1 << 20);
+  segment(base + "live", asar, alive, 1 << 20);
+  segment(base + "foreign", 0x12345678, dead, 1 << 20);
+  segment(base + "short", asar, dead, 16);
+  EXPECT_GE(ShmAllreduce::remove_stale_segments(), 1u);
+  const auto exists = [](const std::string& name) { return std::filesystem::exists("/dev/shm" + name); };
+  EXPECT_FALSE(exists(base + "stale"));
+  EXPECT_TRUE(exists(base + "live"));
+  EXPECT_TRUE(exists(base + "foreign"));
+  EXPECT_TRUE(exists(base + "short"));
+  for (const char* n : {"stale", "live", "foreign", "short"}) shm_unlink((base + n).c_str());
 }
 
 }  // namespace
