@@ -7,6 +7,7 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <cerrno>
 #include <cstddef>
 #include <cstring>
 #include <vector>
@@ -104,6 +105,13 @@ void ring_notify(const Ring& r, int bell) {
   if (sleeping.load(std::memory_order_relaxed) == 0 || sleeping.exchange(0) == 0) return;
   const char ding = 1;
   (void)::send(bell, &ding, 1, MSG_DONTWAIT | MSG_NOSIGNAL);  // full: it is rung already; gone: nobody to wake
+}
+
+bool bell_gone(int bell) {
+  const char ding = 1;
+  // Refused the first time after the peer's socket closed, not connected
+  // after that (a ring_notify() may have been the first).
+  return ::send(bell, &ding, 1, MSG_DONTWAIT | MSG_NOSIGNAL) < 0 && (errno == ECONNREFUSED || errno == ENOTCONN);
 }
 
 std::optional<Bell> make_bell(std::mt19937_64& rng) {

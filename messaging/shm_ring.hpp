@@ -83,6 +83,10 @@ std::optional<Bell> make_bell(std::mt19937_64& rng);
 /// by that name (another host, another network namespace) or it is not one
 /// of ours.
 std::unique_ptr<Fd> connect_bell(const std::string& name);
+/// Whether the process that bound the doorbell `bell` is connected to is
+/// gone (its socket closed: the datagram sent to ask is refused, or the
+/// connection is no more). One that runs just gets rung once more.
+bool bell_gone(int bell);
 /// Reads every ring waiting on `bell`; returns how many there were.
 std::size_t drain_bell(int bell);
 

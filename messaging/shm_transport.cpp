@@ -10,19 +10,15 @@
 #include <unistd.h>
 
 #include <atomic>
-#include <charconv>
 #include <cerrno>
 #include <cstring>
 #include <deque>
-#include <filesystem>
 #include <map>
 #include <mutex>
 #include <random>
-#include <string_view>
 #include <utility>
 
 #include "base/log.hpp"
-#include "base/process.hpp"
 #include "messaging/shm_receiver.hpp"
 #include "messaging/shm_ring.hpp"
 #include "messaging/shm_slots.hpp"
@@ -51,7 +47,12 @@ struct OutPeer {
   std::unique_ptr<Fd> bell;
   bool announced = false;  // ring_open sent
   std::uint32_t seq = 0;   // of the last message sent after it
+  std::chrono::steady_clock::time_point asked{};  // when a full ring last made it ask whether the peer lives
 };
+
+// How often a sender whose peer's ring stays full asks whether the peer's
+// process is still there.
+constexpr std::chrono::milliseconds kAskEvery{100};
 
 class ShmTransport final : public Transport {
  public:
@@ -103,7 +104,7 @@ class ShmTransport final : public Transport {
   bool send_now(const PeerId& peer, const Message& message) override {
     std::lock_guard lock(mu_);
     auto it = out_.find(peer);
-    if (it == out_.end() || !it->second.announced) return false;
+    if (it == out_.end() || !it->second.bell || !it->second.announced) return false;
     auto sent = send_sequenced(peer, it->second, message, false);
     return sent.ok() && *sent;
   }
@@ -399,7 +400,10 @@ class ShmTransport final : public Transport {
     const Ring ring{out.ring->region};
     const RingHeader* h = ring.header();
     const std::uint64_t used = h->tail.load(std::memory_order_relaxed) - h->head.load(std::memory_order_acquire);
-    if (used > ring.capacity() / 2) return false;
+    if (used > ring.capacity() / 2) {
+      if (may_use_wire) drop_ring_if_gone(peer, out);
+      return false;
+    }
     auto d = describe(peer, out, message, may_use_wire);
     if (!d) return false;
     const std::size_t through = d->used.size() + d->returned.size();
@@ -423,6 +427,20 @@ class ShmTransport final : public Transport {
     ++out.seq;
     counts_.shm_sent += through;
     return true;
+  }
+
+  // A ring that stays full may have lost its reader: when the peer's
+  // process is gone (its doorbell refuses), the ring goes, and what is
+  // sent to the peer from now on goes on the wire, as to any peer that
+  // left (order no longer matters: nobody reads it).
+  void drop_ring_if_gone(const PeerId& peer, OutPeer& out) {
+    const auto now = std::chrono::steady_clock::now();
+    if (now - out.asked < kAskEvery) return;
+    out.asked = now;
+    if (!bell_gone(out.bell->fd)) return;
+    logger().info("{}: {} no longer reads its shared-memory ring (its process is gone): the wire takes what follows",
+                  log_name_, peer);
+    release_ring(out);
   }
 
   struct HandBack {
@@ -540,37 +558,7 @@ class ShmTransport final : public Transport {
   TransportStats counts_;
 };
 
-// "asgd-PID-TOKEN-INDEX", as make_slot names a slot: its PID, or 0.
-pid_t offering_pid(std::string_view name) {
-  if (!name.starts_with("asgd-")) return 0;
-  name.remove_prefix(5);
-  std::uint64_t numbers[3] = {};
-  for (int k = 0; k < 3; ++k) {
-    if (k > 0) {
-      if (!name.starts_with('-')) return 0;
-      name.remove_prefix(1);
-    }
-    const auto [at, ec] = std::from_chars(name.data(), name.data() + name.size(), numbers[k]);  // no digits: an error
-    if (ec != std::errc()) return 0;
-    name.remove_prefix(static_cast<std::size_t>(at - name.data()));
-  }
-  return name.empty() && numbers[0] <= static_cast<std::uint64_t>(INT32_MAX) ? static_cast<pid_t>(numbers[0]) : 0;
-}
-
 }  // namespace
-
-std::size_t remove_stale_slots(const std::string& dir) {
-  std::size_t removed = 0;
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
-    const std::string name = e.path().filename().string();
-    const pid_t pid = offering_pid(name);
-    if (pid == 0 || process_runs(pid)) continue;
-    if (shm_unlink(("/" + name).c_str()) == 0) ++removed;
-  }
-  return removed;
-}
-
 }  // namespace asgd::messaging::shm_detail
 
 namespace asgd::messaging {

@@ -410,5 +410,69 @@ TEST(SharedMemory, ASenderKilledMidWriteDeliversNothingOfThatMessageAndItsPeerSe
   EXPECT_EQ(server->stats().shm_received, 1u);
 }
 
+// The child: connects to `endpoint` and answers the first two messages it
+// gets with "ping" (so both sides hear the other's answer to its offer and
+// use their rings), then waits to be killed.
+[[noreturn]] void ping_until_killed(const std::string& endpoint) {
+  auto t = shm();
+  auto id = t->connect(endpoint);
+  if (!id.ok() || !t->send(*id, {text("hello")}).ok()) ::_exit(2);
+  for (int answered = 0; true;) {
+    auto in = t->receive(100ms);
+    if (in.ok() && *in && answered++ < 2) (void)t->send(*id, {text("ping")});
+  }
+}
+
+// A process whose peer died keeps writing its ring until it is full; then
+// it finds the peer's process gone (its doorbell refuses) and goes to the
+// wire, as for any peer that left (here: "not connected"), instead of
+// reporting "would block" for good.
+TEST(SharedMemory, ARingWhoseReaderDiedGivesWayToTheWire) {
+  ASGD_REQUIRE_SHARED_MEMORY();
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  const pid_t child = ::fork();  // before this test makes any thread
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    ::close(fds[1]);
+    char buf[256] = {};
+    const ssize_t n = ::read(fds[0], buf, sizeof buf - 1);
+    if (n <= 0) ::_exit(1);
+    ping_until_killed(std::string(buf, static_cast<std::size_t>(n)));
+  }
+  ::close(fds[0]);
+  auto server = shm();
+  auto bound = server->bind("tcp://127.0.0.1:0");
+  ASSERT_TRUE(bound.ok());
+  ASSERT_EQ(::write(fds[1], bound->data(), bound->size()), static_cast<ssize_t>(bound->size()));
+  ::close(fds[1]);
+  auto hello = next(*server);
+  ASSERT_TRUE(hello);
+  const PeerId to = hello->from;
+  for (const char* say : {"hi", "pong"}) {  // the offers' answers cross with these; pong goes through the ring
+    ASSERT_TRUE(sent(*server, to, {text(say)}));
+    auto ping = next(*server);
+    ASSERT_TRUE(ping && text_of(ping->message[0]) == "ping");
+  }
+  ASSERT_GE(server->stats().ring_sent, 1u);
+  ::kill(child, SIGKILL);
+  ASSERT_EQ(::waitpid(child, nullptr, 0), child);
+
+  int until_full = 0;
+  while (until_full < 100000 && *server->send(to, {text("into the ring")})) ++until_full;
+  EXPECT_GT(until_full, 100);  // half the ring's 256 KiB
+  std::optional<Status> answer;  // the wire's: an error, or queued
+  const auto deadline = Clock::now() + kArrives;
+  while (!answer && Clock::now() < deadline) {
+    auto r = server->send(to, {text("on the wire")});
+    if (!r.ok() || *r) answer = r.status();
+    else std::this_thread::sleep_for(20ms);
+  }
+  ASSERT_TRUE(answer) << "still \"would block\" after " << until_full << " messages; ring_sent "
+                      << server->stats().ring_sent << ", fallbacks " << server->stats().shm_fallbacks;
+  EXPECT_EQ(answer->code(), StatusCode::not_found) << answer->to_string();  // the peer is not connected
+  EXPECT_FALSE(server->send_now(to, {text("not through the ring")}));
+}
+
 }  // namespace
 }  // namespace asgd::messaging
