@@ -111,6 +111,14 @@ Pair handshake(SharedMemoryOptions server_options = {}, SharedMemoryOptions clie
   return p;
 }
 
+// A client's options with one slot for its peer: a second large part in
+// flight finds it held.
+SharedMemoryOptions one_slot() {
+  SharedMemoryOptions o;
+  o.slots_per_peer = 1;
+  return o;
+}
+
 // A process killed between its offer and the peer's answer leaves its
 // offer's slot files behind (nobody else knows their names): the next
 // process that makes a shared-memory transport removes those of processes
@@ -200,9 +208,7 @@ TEST(SharedMemory, APartWrittenOverInPlaceGoesBackInTheSendersOwnSlotWithoutACop
 // arrive in the order they were sent.
 TEST(SharedMemory, EveryMessageGoesThroughTheRingOrOnTheWireAndArrivesInTheOrderSent) {
   ASGD_REQUIRE_SHARED_MEMORY();
-  SharedMemoryOptions one;
-  one.slots_per_peer = 1;
-  Pair p = handshake({}, one);
+  Pair p = handshake({}, one_slot());
   const TransportStats before = p.client->stats();
   EXPECT_GE(before.ring_sent, 1u);  // the handshake's ping
   const Part large1 = big(256 << 10, 1), large2 = big(256 << 10, 2);
@@ -254,9 +260,7 @@ TEST(SharedMemory, AReceiverWaitingIsWokenByTheDoorbell) {
 // large part with every slot held; a peer that refused) it leaves alone.
 TEST(SharedMemory, SendNowGoesThroughTheRingFromAnotherThreadAndLeavesWhatNeedsTheWire) {
   ASGD_REQUIRE_SHARED_MEMORY();
-  SharedMemoryOptions one;
-  one.slots_per_peer = 1;
-  Pair p = handshake({}, one);
+  Pair p = handshake({}, one_slot());
   std::thread other([&] {
     for (int i = 0; i < 100; ++i) EXPECT_TRUE(p.client->send_now(p.to_server, {text(std::to_string(i))}));
   });
@@ -356,58 +360,82 @@ TEST(SharedMemory, ADescriptorOfASlotNeverOfferedIsDroppedAndCountedAndTheNextMe
   ::_exit(4);  // not reached: the hook kills the process
 }
 
-TEST(SharedMemory, ASenderKilledMidWriteDeliversNothingOfThatMessageAndItsPeerServesTheNext) {
-  ASGD_REQUIRE_SHARED_MEMORY();
+// A server bound in this process, and a child process that runs `body`
+// with the server's endpoint. Forked before the test makes any thread (no
+// transport yet); pid 0 when that failed (and the test with it).
+struct ServedChild {
+  pid_t pid = 0;
+  std::unique_ptr<Transport> server;
+  std::string endpoint;
+};
+
+ServedChild fork_with_server(void (*body)(const std::string& endpoint)) {
   int fds[2];
-  ASSERT_EQ(::pipe(fds), 0);
-  // Forked before this process has any thread (no transport yet).
+  if (::pipe(fds) != 0) {
+    ADD_FAILURE() << "pipe: " << std::strerror(errno);
+    return {};
+  }
   const pid_t child = ::fork();
-  ASSERT_GE(child, 0);
+  if (child < 0) {
+    ADD_FAILURE() << "fork: " << std::strerror(errno);
+    return {};
+  }
   if (child == 0) {
     ::close(fds[1]);
     char buf[256] = {};
     const ssize_t n = ::read(fds[0], buf, sizeof buf - 1);
     if (n <= 0) ::_exit(1);
-    send_and_die_mid_write(std::string(buf, static_cast<std::size_t>(n)));
+    body(std::string(buf, static_cast<std::size_t>(n)));
+    ::_exit(5);
   }
   ::close(fds[0]);
-  auto server = shm();
-  auto bound = server->bind("tcp://127.0.0.1:0");
-  ASSERT_TRUE(bound.ok());
-  ASSERT_EQ(::write(fds[1], bound->data(), bound->size()), static_cast<ssize_t>(bound->size()));
+  ServedChild c{child, shm(), {}};
+  auto bound = c.server->bind("tcp://127.0.0.1:0");
+  if (bound.ok() && ::write(fds[1], bound->data(), bound->size()) == static_cast<ssize_t>(bound->size()))
+    c.endpoint = *bound;
+  else
+    ADD_FAILURE() << "bind or hand over: " << bound.status().to_string();
   ::close(fds[1]);
+  return c;
+}
+
+TEST(SharedMemory, ASenderKilledMidWriteDeliversNothingOfThatMessageAndItsPeerServesTheNext) {
+  ASGD_REQUIRE_SHARED_MEMORY();
+  ServedChild c = fork_with_server(send_and_die_mid_write);
+  ASSERT_NE(c.pid, 0);
+  Transport& server = *c.server;
 
   std::vector<std::string> seen;
   int status = 0;
   const auto deadline = Clock::now() + kArrives;
-  while (::waitpid(child, &status, WNOHANG) == 0 && Clock::now() < deadline)
-    if (auto in = next(*server, 10ms)) seen.push_back(text_of(in->message[0]));
+  while (::waitpid(c.pid, &status, WNOHANG) == 0 && Clock::now() < deadline)
+    if (auto in = next(server, 10ms)) seen.push_back(text_of(in->message[0]));
   ASSERT_TRUE(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL) << "the child ended otherwise: " << status;
-  while (auto in = next(*server, kNothingComes)) seen.push_back(text_of(in->message[0]));
+  while (auto in = next(server, kNothingComes)) seen.push_back(text_of(in->message[0]));
   EXPECT_EQ(seen, std::vector<std::string>{"hello"});  // nothing of the message it was writing
-  EXPECT_EQ(server->stats().shm_received, 0u);
-  EXPECT_EQ(server->stats().shm_rejected, 0u);
-  EXPECT_TRUE(names_left_by(child).empty());  // unlinked once accepted: the kill leaves no file
+  EXPECT_EQ(server.stats().shm_received, 0u);
+  EXPECT_EQ(server.stats().shm_rejected, 0u);
+  EXPECT_TRUE(names_left_by(c.pid).empty());  // unlinked once accepted: the kill leaves no file
 
   // The server goes on: another sender's large part arrives, once and whole.
   auto other = shm();
-  auto id = other->connect(*bound);
+  auto id = other->connect(c.endpoint);
   ASSERT_TRUE(id.ok());
   ASSERT_TRUE(sent(*other, *id, {text("hello")}));
-  ASSERT_TRUE(next(*server));
+  ASSERT_TRUE(next(server));
   while (other->stats().shm_peers == 0) {
     ASSERT_TRUE(sent(*other, *id, {text("ping")}));
-    ASSERT_TRUE(next(*server));
+    ASSERT_TRUE(next(server));
     (void)next(*other, 10ms);
   }
   const Part payload = big(4 << 20, 2);
   ASSERT_TRUE(sent(*other, *id, {text("lives"), payload}));
-  auto in = next(*server);
+  auto in = next(server);
   ASSERT_TRUE(in);
   EXPECT_EQ(text_of(in->message[0]), "lives");
   EXPECT_TRUE(same_bytes(in->message[1], payload));
-  EXPECT_FALSE(next(*server, kNothingComes));
-  EXPECT_EQ(server->stats().shm_received, 1u);
+  EXPECT_FALSE(next(server, kNothingComes));
+  EXPECT_EQ(server.stats().shm_received, 1u);
 }
 
 // The child: connects to `endpoint` and answers the first two messages it
@@ -429,49 +457,35 @@ TEST(SharedMemory, ASenderKilledMidWriteDeliversNothingOfThatMessageAndItsPeerSe
 // reporting "would block" for good.
 TEST(SharedMemory, ARingWhoseReaderDiedGivesWayToTheWire) {
   ASGD_REQUIRE_SHARED_MEMORY();
-  int fds[2];
-  ASSERT_EQ(::pipe(fds), 0);
-  const pid_t child = ::fork();  // before this test makes any thread
-  ASSERT_GE(child, 0);
-  if (child == 0) {
-    ::close(fds[1]);
-    char buf[256] = {};
-    const ssize_t n = ::read(fds[0], buf, sizeof buf - 1);
-    if (n <= 0) ::_exit(1);
-    ping_until_killed(std::string(buf, static_cast<std::size_t>(n)));
-  }
-  ::close(fds[0]);
-  auto server = shm();
-  auto bound = server->bind("tcp://127.0.0.1:0");
-  ASSERT_TRUE(bound.ok());
-  ASSERT_EQ(::write(fds[1], bound->data(), bound->size()), static_cast<ssize_t>(bound->size()));
-  ::close(fds[1]);
-  auto hello = next(*server);
+  ServedChild c = fork_with_server(ping_until_killed);
+  ASSERT_NE(c.pid, 0);
+  Transport& server = *c.server;
+  auto hello = next(server);
   ASSERT_TRUE(hello);
   const PeerId to = hello->from;
   for (const char* say : {"hi", "pong"}) {  // the offers' answers cross with these; pong goes through the ring
-    ASSERT_TRUE(sent(*server, to, {text(say)}));
-    auto ping = next(*server);
+    ASSERT_TRUE(sent(server, to, {text(say)}));
+    auto ping = next(server);
     ASSERT_TRUE(ping && text_of(ping->message[0]) == "ping");
   }
-  ASSERT_GE(server->stats().ring_sent, 1u);
-  ::kill(child, SIGKILL);
-  ASSERT_EQ(::waitpid(child, nullptr, 0), child);
+  ASSERT_GE(server.stats().ring_sent, 1u);
+  ::kill(c.pid, SIGKILL);
+  ASSERT_EQ(::waitpid(c.pid, nullptr, 0), c.pid);
 
   int until_full = 0;
-  while (until_full < 100000 && *server->send(to, {text("into the ring")})) ++until_full;
+  while (until_full < 100000 && *server.send(to, {text("into the ring")})) ++until_full;
   EXPECT_GT(until_full, 100);  // half the ring's 256 KiB
   std::optional<Status> answer;  // the wire's: an error, or queued
   const auto deadline = Clock::now() + kArrives;
   while (!answer && Clock::now() < deadline) {
-    auto r = server->send(to, {text("on the wire")});
+    auto r = server.send(to, {text("on the wire")});
     if (!r.ok() || *r) answer = r.status();
     else std::this_thread::sleep_for(20ms);
   }
   ASSERT_TRUE(answer) << "still \"would block\" after " << until_full << " messages; ring_sent "
-                      << server->stats().ring_sent << ", fallbacks " << server->stats().shm_fallbacks;
+                      << server.stats().ring_sent << ", fallbacks " << server.stats().shm_fallbacks;
   EXPECT_EQ(answer->code(), StatusCode::not_found) << answer->to_string();  // the peer is not connected
-  EXPECT_FALSE(server->send_now(to, {text("not through the ring")}));
+  EXPECT_FALSE(server.send_now(to, {text("not through the ring")}));
 }
 
 }  // namespace
