@@ -17,9 +17,11 @@
 #include <future>
 #include <thread>
 #include <optional>
+#include <random>
 #include <string>
 #include <vector>
 
+#include "messaging/shm_ring.hpp"
 #include "messaging/shm_slots.hpp"
 #include "messaging/transport.hpp"
 #include "messaging/transport_helpers.hpp"
@@ -71,6 +73,18 @@ bool shm_usable() {
 
 #define ASGD_REQUIRE_SHARED_MEMORY() \
   if (!shm_usable()) GTEST_SKIP() << "no POSIX shared memory here (/dev/shm)"
+
+// Whether a process may bind a doorbell (a Unix datagram socket in the
+// abstract namespace) here: without one, messages keep to the wire and
+// only large parts go through shared memory, as make_shm_transport says.
+bool bell_usable() {
+  std::mt19937_64 rng(std::random_device{}());
+  return shm_detail::make_bell(rng).has_value();
+}
+
+#define ASGD_REQUIRE_RINGS()        \
+  ASGD_REQUIRE_SHARED_MEMORY();     \
+  if (!bell_usable()) GTEST_SKIP() << "no abstract Unix sockets here: no rings"
 
 // Names this process left in /dev/shm.
 std::vector<std::string> names_left_by(pid_t pid) {
@@ -207,7 +221,7 @@ TEST(SharedMemory, APartWrittenOverInPlaceGoesBackInTheSendersOwnSlotWithoutACop
 // ring (a large part that found every slot held) goes on the wire, and all
 // arrive in the order they were sent.
 TEST(SharedMemory, EveryMessageGoesThroughTheRingOrOnTheWireAndArrivesInTheOrderSent) {
-  ASGD_REQUIRE_SHARED_MEMORY();
+  ASGD_REQUIRE_RINGS();
   Pair p = handshake({}, one_slot());
   const TransportStats before = p.client->stats();
   EXPECT_GE(before.ring_sent, 1u);  // the handshake's ping
@@ -238,7 +252,7 @@ TEST(SharedMemory, EveryMessageGoesThroughTheRingOrOnTheWireAndArrivesInTheOrder
 // A receiver asleep in receive() is woken by the sender's doorbell, long
 // before its wait is up.
 TEST(SharedMemory, AReceiverWaitingIsWokenByTheDoorbell) {
-  ASGD_REQUIRE_SHARED_MEMORY();
+  ASGD_REQUIRE_RINGS();
   Pair p = handshake();
   for (int round = 0; round < 3; ++round) {
     auto waiting = std::async(std::launch::async, [&] {
@@ -259,7 +273,7 @@ TEST(SharedMemory, AReceiverWaitingIsWokenByTheDoorbell) {
 // waits in receive(); what it cannot send whole through shared memory (a
 // large part with every slot held; a peer that refused) it leaves alone.
 TEST(SharedMemory, SendNowGoesThroughTheRingFromAnotherThreadAndLeavesWhatNeedsTheWire) {
-  ASGD_REQUIRE_SHARED_MEMORY();
+  ASGD_REQUIRE_RINGS();
   Pair p = handshake({}, one_slot());
   std::thread other([&] {
     for (int i = 0; i < 100; ++i) EXPECT_TRUE(p.client->send_now(p.to_server, {text(std::to_string(i))}));
@@ -456,7 +470,7 @@ TEST(SharedMemory, ASenderKilledMidWriteDeliversNothingOfThatMessageAndItsPeerSe
 // wire, as for any peer that left (here: "not connected"), instead of
 // reporting "would block" for good.
 TEST(SharedMemory, ARingWhoseReaderDiedGivesWayToTheWire) {
-  ASGD_REQUIRE_SHARED_MEMORY();
+  ASGD_REQUIRE_RINGS();
   ServedChild c = fork_with_server(ping_until_killed);
   ASSERT_NE(c.pid, 0);
   Transport& server = *c.server;
