@@ -41,12 +41,12 @@
 #include <climits>
 #include <condition_variable>
 #include <cstring>
-#include <filesystem>
 #include <mutex>
 #include <thread>
 
 #include "base/log.hpp"
 #include "base/process.hpp"
+#include "messaging/shm_slots.hpp"
 
 namespace asgd::messaging {
 
@@ -424,27 +424,23 @@ struct ShmAllreduce::State {
 ShmAllreduce::ShmAllreduce(std::unique_ptr<State> state) : state_(std::move(state)) {}
 
 std::size_t ShmAllreduce::remove_stale_segments(const std::string& dir) {
-  std::size_t removed = 0;
-  std::error_code ec;
-  for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
-    std::string name = e.path().filename().string();
-    if (!name.starts_with("asgd-allreduce-")) continue;
-    name.insert(name.begin(), '/');  // shm_open's form
-    const int fd = shm_open(name.c_str(), O_RDONLY, 0);
-    if (fd < 0) continue;
+  // A segment's rank 0, from its header; 0 for a name or header not ours.
+  return shm_detail::remove_orphans(dir, [](const std::string& name) -> pid_t {
+    if (!name.starts_with("asgd-allreduce-")) return 0;
+    const int fd = shm_open(("/" + name).c_str(), O_RDONLY, 0);
+    if (fd < 0) return 0;
     struct stat st {};
     void* p = fstat(fd, &st) == 0 && static_cast<std::size_t>(st.st_size) >= kSegmentBytes
                   ? mmap(nullptr, kSegmentBytes, PROT_READ, MAP_SHARED, fd, 0)
                   : MAP_FAILED;
     close(fd);
-    if (p == MAP_FAILED) continue;
+    if (p == MAP_FAILED) return 0;
     const auto* seg = static_cast<const Segment*>(p);
     const bool ours = seg->magic.load(std::memory_order_acquire) == kSegmentMagic && seg->version == kSegmentVersion;
     const auto creator = static_cast<pid_t>(seg->creator);
     munmap(p, kSegmentBytes);
-    if (ours && !process_runs(creator) && shm_unlink(name.c_str()) == 0) ++removed;
-  }
-  return removed;
+    return ours ? creator : 0;
+  });
 }
 
 std::unique_ptr<ShmAllreduce> ShmAllreduce::join(const std::vector<std::string>& endpoints, Rank rank,

@@ -1,4 +1,5 @@
-// Slot files left behind (messaging/shm_slots.hpp's remove_stale_slots).
+// Shared memory objects left behind by processes that died
+// (messaging/shm_slots.hpp's remove_orphans and remove_stale_slots).
 
 #include <sys/mman.h>
 
@@ -33,16 +34,20 @@ pid_t offering_pid(std::string_view name) {
 
 }  // namespace
 
-std::size_t remove_stale_slots(const std::string& dir) {
+std::size_t remove_orphans(const std::string& dir, const std::function<pid_t(const std::string& name)>& owner_of) {
   std::size_t removed = 0;
   std::error_code ec;
   for (const auto& e : std::filesystem::directory_iterator(dir, ec)) {
     const std::string name = e.path().filename().string();
-    const pid_t pid = offering_pid(name);
+    const pid_t pid = owner_of(name);
     if (pid == 0 || process_runs(pid)) continue;
     if (shm_unlink(("/" + name).c_str()) == 0) ++removed;
   }
   return removed;
+}
+
+std::size_t remove_stale_slots(const std::string& dir) {
+  return remove_orphans(dir, [](const std::string& name) { return offering_pid(name); });
 }
 
 }  // namespace asgd::messaging::shm_detail

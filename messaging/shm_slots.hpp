@@ -30,9 +30,12 @@
 #include <sys/mman.h>
 #include <unistd.h>
 
+#include <sys/types.h>
+
 #include <atomic>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <memory>
 #include <optional>
 #include <string>
@@ -156,11 +159,17 @@ struct Lease {
 
 inline std::size_t round_up(std::size_t n, std::size_t step) { return (n + step - 1) / step * step; }
 
-/// Removes the slot files in `dir` (where POSIX shared memory lives) whose
-/// names say a process that no longer runs offered them ("asgd-PID-TOKEN-
-/// INDEX"): a process killed between its offer and the peer's answer
-/// leaves its offer's names behind, which nobody else knows. Returns how
-/// many it removed. A name whose process runs (or cannot be asked) stays.
+/// Removes the POSIX shared memory objects in `dir` (where they live) whose
+/// owner no longer runs: `owner_of` reads the owner's pid of the object
+/// named `name` (a name in `dir`), or 0 for one that is not of its kind,
+/// which stays, as does one whose process runs (or cannot be asked).
+/// Returns how many it removed.
+std::size_t remove_orphans(const std::string& dir, const std::function<pid_t(const std::string& name)>& owner_of);
+
+/// Removes the slot files in `dir` whose names say a process that no
+/// longer runs offered them ("asgd-PID-TOKEN-INDEX"): a process killed
+/// between its offer and the peer's answer leaves its offer's names
+/// behind, which nobody else knows. Returns how many it removed.
 std::size_t remove_stale_slots(const std::string& dir = "/dev/shm");
 
 }  // namespace asgd::messaging::shm_detail
