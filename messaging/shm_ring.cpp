@@ -33,6 +33,13 @@ std::pair<sockaddr_un, socklen_t> bell_address(const std::string& name) {
   return {a, static_cast<socklen_t>(offsetof(sockaddr_un, sun_path) + 1 + name.size())};
 }
 
+// One datagram to the doorbell `bell` is connected to; false (errno set)
+// when it was not sent.
+bool ring_once(int bell) {
+  const char ding = 1;
+  return ::send(bell, &ding, 1, MSG_DONTWAIT | MSG_NOSIGNAL) >= 0;
+}
+
 }  // namespace
 
 std::size_t ring_entry_bytes(const Message& m) { return round_up(kEntryHeaderBytes + body_bytes(m), kAlign); }
@@ -103,15 +110,13 @@ void ring_notify(const Ring& r, int bell) {
   std::atomic_thread_fence(std::memory_order_seq_cst);
   std::atomic<std::uint32_t>& sleeping = r.header()->sleeping;
   if (sleeping.load(std::memory_order_relaxed) == 0 || sleeping.exchange(0) == 0) return;
-  const char ding = 1;
-  (void)::send(bell, &ding, 1, MSG_DONTWAIT | MSG_NOSIGNAL);  // full: it is rung already; gone: nobody to wake
+  (void)ring_once(bell);  // full: it is rung already; gone: nobody to wake
 }
 
 bool bell_gone(int bell) {
-  const char ding = 1;
   // Refused the first time after the peer's socket closed, not connected
   // after that (a ring_notify() may have been the first).
-  return ::send(bell, &ding, 1, MSG_DONTWAIT | MSG_NOSIGNAL) < 0 && (errno == ECONNREFUSED || errno == ENOTCONN);
+  return !ring_once(bell) && (errno == ECONNREFUSED || errno == ENOTCONN);
 }
 
 std::optional<Bell> make_bell(std::mt19937_64& rng) {

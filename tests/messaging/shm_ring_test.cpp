@@ -12,13 +12,13 @@
 
 #include <chrono>
 #include <cstring>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "messaging/shm_ring.hpp"
 #include "messaging/shm_slots.hpp"
 #include "messaging/transport.hpp"
+#include "messaging/shm_helpers.hpp"
 #include "messaging/transport_helpers.hpp"
 
 namespace asgd::messaging {
@@ -170,14 +170,7 @@ class HandMadePeer {
 };
 
 TEST(ShmRing, AMessageMissingFromTheSequenceIsWaitedForThenTakenAsLost) {
-  std::mt19937_64 rng(1);
-  const std::string probe = "/asgd-probe-" + std::to_string(getpid());
-  const int fd = shm_open(probe.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
-  if (fd >= 0) {
-    close(fd);
-    shm_unlink(probe.c_str());
-  }
-  if (fd < 0 || !make_bell(rng)) GTEST_SKIP() << "no POSIX shared memory or no abstract Unix sockets here: no rings";
+  ASGD_REQUIRE_RINGS();
   auto receiver = make_shm_transport(make_zmq_transport());
   auto bound = receiver->bind("tcp://127.0.0.1:0");
   ASSERT_TRUE(bound.ok());

@@ -17,13 +17,13 @@
 #include <future>
 #include <thread>
 #include <optional>
-#include <random>
 #include <string>
 #include <vector>
 
 #include "messaging/shm_ring.hpp"
 #include "messaging/shm_slots.hpp"
 #include "messaging/transport.hpp"
+#include "messaging/shm_helpers.hpp"
 #include "messaging/transport_helpers.hpp"
 
 namespace asgd::messaging {
@@ -58,33 +58,6 @@ std::optional<Incoming> delivered(Transport& from, const PeerId& to, Transport& 
 }
 
 std::unique_ptr<Transport> shm(SharedMemoryOptions o = {}) { return make_shm_transport(make_zmq_transport(), {}, o); }
-
-// Whether a process may create POSIX shared memory here (a container
-// without /dev/shm may not): without it every part goes on the wire, as
-// make_shm_transport says, and the tests of its slots have nothing to test.
-bool shm_usable() {
-  const std::string name = "/asgd-probe-" + std::to_string(getpid());
-  const int fd = shm_open(name.c_str(), O_RDWR | O_CREAT | O_EXCL, 0600);
-  if (fd < 0) return false;
-  close(fd);
-  shm_unlink(name.c_str());
-  return true;
-}
-
-#define ASGD_REQUIRE_SHARED_MEMORY() \
-  if (!shm_usable()) GTEST_SKIP() << "no POSIX shared memory here (/dev/shm)"
-
-// Whether a process may bind a doorbell (a Unix datagram socket in the
-// abstract namespace) here: without one, messages keep to the wire and
-// only large parts go through shared memory, as make_shm_transport says.
-bool bell_usable() {
-  std::mt19937_64 rng(std::random_device{}());
-  return shm_detail::make_bell(rng).has_value();
-}
-
-#define ASGD_REQUIRE_RINGS()        \
-  ASGD_REQUIRE_SHARED_MEMORY();     \
-  if (!bell_usable()) GTEST_SKIP() << "no abstract Unix sockets here: no rings"
 
 // Names this process left in /dev/shm.
 std::vector<std::string> names_left_by(pid_t pid) {
