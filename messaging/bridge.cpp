@@ -155,22 +155,23 @@ Status Bridge::set_bound_limits(std::size_t max_part_bytes, std::size_t max_conn
 void Bridge::send(const PeerId& peer, Message message) { send(peer, std::move(message), RequestSlot()); }
 
 void Bridge::send(const PeerId& peer, Message message, RequestSlot slot) {
-  bool direct = false;
+  bool behind = false;  // frames sent before it still wait: it waits behind them
   {
     std::lock_guard lock(mu_);
     for (const auto& p : message) stats_.bytes_out += p.bytes.size();
-    direct = outbox_.empty() && queued_.load() == 0;  // nothing sent before it waits
+    behind = !outbox_.empty() || queued_.load() != 0;
+    if (behind) outbox_.push_back({peer, std::move(message), std::move(slot)});
   }
-  // From this thread when the transport can (a peer's ring in shared
+  // Else from this thread when the transport can (a peer's ring in shared
   // memory): no hand-off to the I/O thread. The request's slot goes now:
   // the frame's bytes have left.
-  if (direct && transport_->send_now(peer, message)) {
+  if (!behind) {
+    const bool sent = transport_->send_now(peer, message);
     std::lock_guard lock(mu_);
-    ++stats_.frames_out;
-    return;
-  }
-  {
-    std::lock_guard lock(mu_);
+    if (sent) {
+      ++stats_.frames_out;
+      return;
+    }
     outbox_.push_back({peer, std::move(message), std::move(slot)});
   }
   transport_->wake();
