@@ -174,7 +174,9 @@ void Bridge::send(const PeerId& peer, Message message, RequestSlot slot) {
     }
     outbox_.push_back({peer, std::move(message), std::move(slot)});
   }
-  transport_->wake();
+  // The I/O thread itself (a shard served on it) takes the outbox on its
+  // next round without being woken.
+  if (std::this_thread::get_id() != io_id_.load(std::memory_order_relaxed)) transport_->wake();
 }
 
 void Bridge::request(const PeerId& peer, std::uint64_t id, Message message, caf::actor reply_to) {
@@ -284,6 +286,7 @@ void Bridge::send_what_fits(std::deque<Outgoing>& backlog) {
 }
 
 void Bridge::run() {
+  io_id_.store(std::this_thread::get_id(), std::memory_order_relaxed);
   std::deque<Outgoing> backlog;  // accepted but not yet taken by the transport (would block)
   std::uint64_t refused_seen = 0;
   bool paused = false;  // not reading the bound endpoint (max_unanswered)

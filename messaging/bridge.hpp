@@ -29,6 +29,7 @@
 #include <thread>
 #include <variant>
 
+#include "messaging/inline_unit.hpp"
 #include "messaging/messages.hpp"
 #include "messaging/transport.hpp"
 
@@ -205,6 +206,7 @@ class Bridge {
   std::unique_ptr<Transport> transport_;
   std::string endpoint_;
   std::thread io_;
+  std::atomic<std::thread::id> io_id_{};  // io_'s, as it knows it (io_ is assigned after it starts)
   std::atomic<bool> stopping_{false};
   std::atomic<std::uint64_t> next_id_{0};
   std::atomic<TensorCoding> coding_{TensorCoding::float32};
@@ -265,9 +267,11 @@ caf::behavior remote_shard(caf::event_based_actor* self, std::shared_ptr<Bridge>
 /// is kept until the reply is handed to the bridge.
 caf::behavior shard_server(caf::event_based_actor* self, std::shared_ptr<Bridge> bridge, caf::actor shard);
 
-/// Posts an inbound request for a shard to `server` (a shard_server).
-/// Returns false for a message a shard does not serve.
-bool post_to_shard_server(const caf::actor& server, Inbound&& in);
+/// Posts an inbound request for a shard to `server` (a shard_server), through
+/// `unit` when given (which then runs the server, and the shard it asks, on
+/// the calling thread: messaging/inline_unit.hpp). Returns false for a
+/// message a shard does not serve.
+bool post_to_shard_server(const caf::actor& server, Inbound&& in, InlineUnit* unit = nullptr);
 
 }  // namespace asgd::messaging
 

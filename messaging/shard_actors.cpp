@@ -164,25 +164,33 @@ caf::behavior shard_server(caf::event_based_actor* self, std::shared_ptr<Bridge>
   };
 }
 
-bool post_to_shard_server(const caf::actor& server, Inbound&& in) {
+bool post_to_shard_server(const caf::actor& server, Inbound&& in, InlineUnit* unit) {
+  auto post = [&](auto&&... xs) {
+    auto message =
+        caf::make_mailbox_element(nullptr, caf::make_message_id(), {}, std::forward<decltype(xs)>(xs)...);
+    if (unit) {
+      unit->post(server, std::move(message));
+    } else {
+      server->enqueue(std::move(message), nullptr);
+    }
+  };
   return std::visit(
       [&](auto& body) -> bool {
         using T = std::decay_t<decltype(body)>;
         if constexpr (std::is_same_v<T, PushRequest>) {
-          caf::anon_send(server, inbound_atom::value, in.peer, in.request_id, std::move(body), std::move(in.slot));
+          post(inbound_atom::value, in.peer, in.request_id, std::move(body), std::move(in.slot));
         } else if constexpr (std::is_same_v<T, PullRequest>) {
-          caf::anon_send(server, inbound_atom::value, in.peer, in.request_id, body, std::move(in.slot));
+          post(inbound_atom::value, in.peer, in.request_id, body, std::move(in.slot));
         } else if constexpr (std::is_same_v<T, EvaluationRequest>) {
-          caf::anon_send(server, inbound_atom::value, in.peer, in.request_id, snapshot_atom::value, std::move(in.slot));
+          post(inbound_atom::value, in.peer, in.request_id, snapshot_atom::value, std::move(in.slot));
         } else if constexpr (std::is_same_v<T, StatsRequest>) {
-          caf::anon_send(server, inbound_atom::value, in.peer, in.request_id, stats_atom::value, std::move(in.slot));
+          post(inbound_atom::value, in.peer, in.request_id, stats_atom::value, std::move(in.slot));
         } else if constexpr (std::is_same_v<T, ClockNotice>) {
           if (body.leaving) {
-            caf::anon_send(server, inbound_atom::value, in.peer, in.request_id, leave_atom::value, body.worker,
-                           std::move(in.slot));
+            post(inbound_atom::value, in.peer, in.request_id, leave_atom::value, body.worker, std::move(in.slot));
           } else {  // from the coordinator: a worker that had left rejoins at body.clock
-            caf::anon_send(server, inbound_atom::value, in.peer, in.request_id, join_atom::value, body.worker,
-                           body.clock, std::move(in.slot));
+            post(inbound_atom::value, in.peer, in.request_id, join_atom::value, body.worker, body.clock,
+                 std::move(in.slot));
           }
         } else {
           return false;

@@ -37,28 +37,39 @@ struct ServedShard {
     if (options.listen.empty()) options.listen = "tcp://127.0.0.1:0";
     // The server needs the bridge, so the handler learns of it only after
     // start(): through an atomic, as the I/O thread reads it (a request
-    // before that is dropped; nobody knows the endpoint yet).
-    auto handle = std::make_shared<caf::actor>();
-    auto published = std::make_shared<std::atomic<caf::actor*>>(nullptr);
-    auto bridge = messaging::Bridge::start(std::move(options), [handle, published](messaging::Inbound&& in) {
-      if (caf::actor* server = published->load()) messaging::post_to_shard_server(*server, std::move(in));
+    // before that is dropped; nobody knows the endpoint yet). As in a shard
+    // process, the server and the shard run on the I/O thread.
+    auto serving = std::make_shared<Serving>();
+    auto published = std::make_shared<std::atomic<Serving*>>(nullptr);
+    auto bridge = messaging::Bridge::start(std::move(options), [serving, published](messaging::Inbound&& in) {
+      if (Serving* on = published->load()) messaging::post_to_shard_server(on->server, std::move(in), on->unit.get());
     });
     if (!bridge) {
       caf::anon_send_exit(s.shard, caf::exit_reason::user_shutdown);
       return bridge.status();
     }
     s.bridge = *bridge;
-    s.server = *handle = sys.spawn(messaging::shard_server, s.bridge, s.shard);
-    published->store(handle.get());
+    s.server = serving->server = sys.spawn(messaging::shard_server, s.bridge, s.shard);
+    serving->unit = std::make_unique<messaging::InlineUnit>(sys, std::vector<caf::actor>{s.server, s.shard});
+    published->store(serving.get());
+    s.serving_ = serving;
     return s;
   }
 
   /// Stops the bridge, then the actors.
   void stop() {
     if (bridge) bridge->stop();
+    if (serving_) serving_->unit.reset();  // the I/O thread, its one user, has stopped
     for (auto& a : {server, shard})
       if (a) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
   }
+
+ private:
+  struct Serving {
+    caf::actor server;
+    std::unique_ptr<asgd::messaging::InlineUnit> unit;
+  };
+  std::shared_ptr<Serving> serving_;
 };
 
 }  // namespace asgd_test
