@@ -54,6 +54,10 @@ struct OutPeer {
 // process is still there.
 constexpr std::chrono::milliseconds kAskEvery{100};
 
+// Messages a receiver takes from its rings in a row before it looks at the
+// wire (a poll that finds nothing costs a few microseconds).
+constexpr std::size_t kRingTurns = 16;
+
 class ShmTransport final : public Transport {
  public:
   ShmTransport(std::unique_ptr<Transport> inner, TransportLimits limits, SharedMemoryOptions options,
@@ -111,12 +115,32 @@ class ShmTransport final : public Transport {
 
   // The peers' rings first, then the wire; a receiver with rings to wait
   // on says so in them (`sleeping`) before it waits, so their senders ring.
+  // After kRingTurns messages from the rings in a row the wire gets a look:
+  // a receiver that its rings keep busy (a shard applying pushes on this
+  // thread) still reads its socket (the coordinator, peers elsewhere).
   Result<std::optional<Incoming>> receive(std::chrono::milliseconds timeout) override {
     const auto deadline = Clock::now() + std::max(timeout, std::chrono::milliseconds(0));
     std::unique_lock lock(mu_);  // not while it waits: send_now() goes on meanwhile
     while (true) {
       flush_controls();
-      if (auto m = receiver_.from_rings()) return m;
+      if (ring_streak_ >= kRingTurns) {
+        ring_streak_ = 0;
+        lock.unlock();
+        auto in = inner_->receive(std::chrono::milliseconds(0));
+        lock.lock();
+        if (!in.ok()) return in;
+        if (*in) {
+          const std::optional<Control> control = read_control((*in)->message);
+          if (!control) return in;
+          if (auto rebuilt = on_control(**in, *control)) return rebuilt;
+        }
+        continue;
+      }
+      if (auto m = receiver_.from_rings()) {
+        ++ring_streak_;
+        return m;
+      }
+      ring_streak_ = 0;
       const auto left = std::max(std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()),
                                  std::chrono::milliseconds(0));
       if (left.count() > 0 && !receiver_.sleep_on_rings()) continue;  // one was written to meanwhile
@@ -556,6 +580,7 @@ class ShmTransport final : public Transport {
   bool logged_setup_ = false;
   std::size_t bytes_ = 0;  // of every slot this transport made
   TransportStats counts_;
+  std::size_t ring_streak_ = 0;  // messages receive() took from the rings in a row
 };
 
 }  // namespace

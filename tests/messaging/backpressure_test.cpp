@@ -26,7 +26,12 @@ struct BoundedShard {
     // The workers here are bare ZeroMQ transports that read replies only,
     // not the offer of shared memory a bridge sends first.
     so.shared_memory = false;
-    auto s = asgd_test::ServedShard::start(sys, size, so, std::move(policy), workers);
+    // The shard on CAF's threads (where it also runs in a shard process
+    // while a tick or a burst longer than its turn has it there): requests
+    // then wait in its mailbox, unanswered, while the bridge reads on,
+    // which is what the limit bounds. On the I/O thread the shard answers
+    // each as it is read.
+    auto s = asgd_test::ServedShard::start(sys, size, so, std::move(policy), workers, true);
     EXPECT_TRUE(s.ok()) << s.status().to_string();
     served = *s;
     shard = served.shard;

@@ -19,10 +19,12 @@ struct ServedShard {
 
   /// `size` parameters, all 100, sgd at lr 1 with no momentum, `workers`
   /// workers under `policy`; the bridge binds `options.listen` (a free
-  /// local tcp port when empty). Errors as ShardCore::make, Bridge::start.
+  /// local tcp port when empty). The server and the shard run on the
+  /// bridge's I/O thread, as in a shard process, unless `on_caf_threads`.
+  /// Errors as ShardCore::make, Bridge::start.
   static asgd::Result<ServedShard> start(caf::actor_system& sys, std::size_t size,
                                          asgd::messaging::BridgeOptions options, asgd::PolicyConfig policy = {},
-                                         std::uint32_t workers = 1) {
+                                         std::uint32_t workers = 1, bool on_caf_threads = false) {
     using namespace asgd;
     ShardSetup ss;
     ss.range = {0, size};
@@ -37,8 +39,7 @@ struct ServedShard {
     if (options.listen.empty()) options.listen = "tcp://127.0.0.1:0";
     // The server needs the bridge, so the handler learns of it only after
     // start(): through an atomic, as the I/O thread reads it (a request
-    // before that is dropped; nobody knows the endpoint yet). As in a shard
-    // process, the server and the shard run on the I/O thread.
+    // before that is dropped; nobody knows the endpoint yet).
     auto serving = std::make_shared<Serving>();
     auto published = std::make_shared<std::atomic<Serving*>>(nullptr);
     auto bridge = messaging::Bridge::start(std::move(options), [serving, published](messaging::Inbound&& in) {
@@ -50,7 +51,8 @@ struct ServedShard {
     }
     s.bridge = *bridge;
     s.server = serving->server = sys.spawn(messaging::shard_server, s.bridge, s.shard);
-    serving->unit = std::make_unique<messaging::InlineUnit>(sys, std::vector<caf::actor>{s.server, s.shard});
+    if (!on_caf_threads)
+      serving->unit = std::make_unique<messaging::InlineUnit>(sys, std::vector<caf::actor>{s.server, s.shard});
     published->store(serving.get());
     s.serving_ = serving;
     return s;

@@ -72,14 +72,16 @@ std::vector<std::string> names_left_by(pid_t pid) {
 struct Pair {
   std::unique_ptr<Transport> server, client;
   PeerId to_server, to_client;
+  std::string server_endpoint;
 };
 
 // A bound server and a connected client that have said hello both ways, so
 // each has had the other's offer and answered it.
 Pair handshake(SharedMemoryOptions server_options = {}, SharedMemoryOptions client_options = {}) {
-  Pair p{shm(server_options), shm(client_options), {}, {}};
+  Pair p{shm(server_options), shm(client_options), {}, {}, {}};
   auto bound = p.server->bind("tcp://127.0.0.1:0");
   EXPECT_TRUE(bound.ok()) << bound.status().to_string();
+  if (bound.ok()) p.server_endpoint = *bound;
   auto id = p.client->connect(*bound);
   EXPECT_TRUE(id.ok()) << id.status().to_string();
   p.to_server = *id;
@@ -240,6 +242,31 @@ TEST(SharedMemory, AReceiverWaitingIsWokenByTheDoorbell) {
     EXPECT_LT(took, kArrives / 2);
   }
   EXPECT_GE(p.client->stats().ring_sent, 4u);
+}
+
+// A receiver whose rings always hold more (a shard busy with its workers'
+// pushes) still reads the wire between them: a message from a peer without
+// shared memory comes within a few turns, not after every ring message.
+TEST(SharedMemory, AReceiverKeptBusyByItsRingsStillReadsTheWire) {
+  ASGD_REQUIRE_RINGS();
+  Pair p = handshake();
+  SharedMemoryOptions off;
+  off.enabled = false;
+  auto plain = shm(off);  // a peer on the wire alone
+  constexpr int kQueued = 200;
+  for (int i = 0; i < kQueued; ++i) ASSERT_TRUE(p.client->send_now(p.to_server, {text(std::to_string(i))}));
+  auto at = plain->connect(p.server_endpoint);
+  ASSERT_TRUE(at.ok()) << at.status().to_string();
+  ASSERT_TRUE(sent(*plain, *at, {text("wire")}));
+  std::this_thread::sleep_for(200ms);  // on the server's socket by now
+  int before_wire = -1;
+  for (int k = 0; k <= kQueued && before_wire < 0; ++k) {
+    auto in = next(*p.server);
+    ASSERT_TRUE(in) << "after " << k << " messages";
+    if (text_of(in->message[0]) == "wire") before_wire = k;
+  }
+  EXPECT_GE(before_wire, 0);
+  EXPECT_LE(before_wire, 20) << "the wire waited behind the rings";
 }
 
 // send_now() writes the ring from any thread while the owning thread

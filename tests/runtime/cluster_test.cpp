@@ -67,8 +67,9 @@ TEST(ClusterProcesses, TrainMnistWhileAShardIsSentMalformedFramesWhichItCountsAn
   c.epochs = 2;
   c.rpc_timeout_s = 30;
   const ProcessOptions coord = coordinator_options(c, 30);
-  // The rogue stops once epoch 1 is done, so every frame it sent has
-  // arrived long before the shard's statistics are read at the end.
+  // The rogue stops sending once epoch 1 is done (or after 20,000 frames),
+  // so every frame it sent has arrived long before the shard's statistics
+  // are read at the end.
   std::atomic<bool> first_epoch_done = false;
   JobCallbacks callbacks;
   callbacks.on_epoch = [&](const EpochMetrics&) { first_epoch_done = true; };
@@ -94,9 +95,12 @@ TEST(ClusterProcesses, TrainMnistWhileAShardIsSentMalformedFramesWhichItCountsAn
   }
   // A rogue peer: connects to shard 0 and sends every kind of bad frame,
   // over and over, while the job trains.
+  // It stays connected until the job ends: a frame it sent that the shard,
+  // busy training, has not read yet is still delivered (closed early, its
+  // socket would drop what it had not handed over).
   std::uint64_t sent = 0;
+  auto rogue = make_zmq_transport();
   {
-    auto rogue = make_zmq_transport();
     auto peer = rogue->connect(ipc + "0");
     EXPECT_TRUE(peer.ok()) << peer.status().to_string();
     const auto frames = bad_frames();
@@ -111,6 +115,7 @@ TEST(ClusterProcesses, TrainMnistWhileAShardIsSentMalformedFramesWhichItCountsAn
   }
   coordinator.join();
   for (auto& t : roles) t.join();
+  rogue.reset();
   for (int i = 0; i < 2; ++i) std::filesystem::remove(ipc.substr(6) + std::to_string(i));  // the sockets' files
   const auto& outcome = coordinator.outcome;
   ASSERT_TRUE(outcome.has_value());
