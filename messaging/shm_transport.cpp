@@ -122,36 +122,27 @@ class ShmTransport final : public Transport {
     std::unique_lock lock(mu_);  // not while it waits: send_now() goes on meanwhile
     while (true) {
       flush_controls();
-      if (ring_streak_ >= kRingTurns) {
-        ring_streak_ = 0;
-        lock.unlock();
-        auto in = inner_->receive(std::chrono::milliseconds(0));
-        lock.lock();
-        if (!in.ok()) return in;
-        if (*in) {
-          const std::optional<Control> control = read_control((*in)->message);
-          if (!control) return in;
-          if (auto rebuilt = on_control(**in, *control)) return rebuilt;
+      const bool wire_turn = ring_streak_ >= kRingTurns;  // a look at the socket without waiting
+      if (!wire_turn) {
+        if (auto m = receiver_.from_rings()) {
+          ++ring_streak_;
+          return m;
         }
-        continue;
-      }
-      if (auto m = receiver_.from_rings()) {
-        ++ring_streak_;
-        return m;
       }
       ring_streak_ = 0;
-      const auto left = std::max(std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()),
-                                 std::chrono::milliseconds(0));
+      const auto left = wire_turn ? std::chrono::milliseconds(0)
+                                  : std::max(std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()),
+                                             std::chrono::milliseconds(0));
       if (left.count() > 0 && !receiver_.sleep_on_rings()) continue;  // one was written to meanwhile
       lock.unlock();
       auto in = inner_->receive(left);
       lock.lock();
       receiver_.wake_on_rings();
       if (!in.ok()) return in;
-      if (!*in) {  // woken (by wake() or a doorbell), or the time is up
+      if (!*in) {  // woken (by wake() or a doorbell), the time is up, or nothing on the wire at its turn
         const bool rung = left.count() > 0 && receiver_.rung();
         if (auto m = receiver_.from_rings()) return m;
-        if (rung && Clock::now() < deadline) continue;  // rung for what was read already
+        if ((rung || wire_turn) && Clock::now() < deadline) continue;  // rung for what was read already
         return in;
       }
       const std::optional<Control> control = read_control((*in)->message);
