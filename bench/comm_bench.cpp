@@ -170,7 +170,7 @@ int serve_shard(const CommOptions& o) {
     return kExitFailure;
   }
   auto shard = system.spawn(parameter_shard, std::make_shared<ShardCore>(std::move(core).value()));
-  auto server = std::make_shared<caf::actor>();
+  auto server = std::make_shared<std::unique_ptr<ShardServer>>();  // as a shard process runs its server
   BridgeOptions bo;
   bo.listen = "tcp://127.0.0.1:0";
   bo.name = "bench shard";
@@ -178,24 +178,22 @@ int serve_shard(const CommOptions& o) {
   bo.curve = bench_curve(o.auth_keys);
   bo.busy_poll = std::chrono::microseconds(o.busy_poll_us);
   auto ready = std::make_shared<std::atomic<bool>>(false);
-  auto unit = std::make_shared<std::unique_ptr<InlineUnit>>();  // as a shard process runs its server
-  auto bridge = Bridge::start(bo, [server, ready, unit](Inbound&& in) {
-    if (ready->load()) post_to_shard_server(*server, std::move(in), unit->get());
+  auto bridge = Bridge::start(bo, [server, ready](Inbound&& in) {
+    if (ready->load()) (*server)->post(std::move(in));
   });
   if (!bridge) {
     print_error(bridge.status().to_string());
     return kExitFailure;
   }
-  *server = system.spawn(shard_server, *bridge, shard);
-  *unit = std::make_unique<InlineUnit>(system, std::vector<caf::actor>{*server, shard});
+  *server = std::make_unique<ShardServer>(system, *bridge, shard);
   ready->store(true);
   std::printf("listening on %s\n", (*bridge)->endpoint().c_str());
   std::fflush(stdout);
   while (!g_stop.load(std::memory_order_relaxed)) std::this_thread::sleep_for(std::chrono::milliseconds(50));
   ready->store(false);
   (*bridge)->stop();
-  unit->reset();  // the I/O thread is done with it
-  caf::anon_send_exit(*server, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit((*server)->actor(), caf::exit_reason::user_shutdown);
+  server->reset();  // the I/O thread is done with it
   caf::anon_send_exit(shard, caf::exit_reason::user_shutdown);
   return 0;
 }

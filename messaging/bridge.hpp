@@ -267,11 +267,25 @@ caf::behavior remote_shard(caf::event_based_actor* self, std::shared_ptr<Bridge>
 /// is kept until the reply is handed to the bridge.
 caf::behavior shard_server(caf::event_based_actor* self, std::shared_ptr<Bridge> bridge, caf::actor shard);
 
-/// Posts an inbound request for a shard to `server` (a shard_server), through
-/// `unit` when given (which then runs the server, and the shard it asks, on
-/// the calling thread: messaging/inline_unit.hpp). Returns false for a
-/// message a shard does not serve.
-bool post_to_shard_server(const caf::actor& server, Inbound&& in, InlineUnit* unit = nullptr);
+/// A shard_server in front of `shard` over `bridge`, for the bridge's
+/// handler to post inbound requests to. The server and the shard run on the
+/// thread that posts (the bridge's I/O thread: messaging/inline_unit.hpp),
+/// so a push is read, checked, applied and answered there, unless
+/// `on_caf_threads` (tests: requests then wait in the server's mailbox).
+/// post() from one thread alone; the object must outlive those calls (stop
+/// the bridge first).
+class ShardServer {
+ public:
+  ShardServer(caf::actor_system& system, std::shared_ptr<Bridge> bridge, caf::actor shard,
+              bool on_caf_threads = false);
+  /// Posts an inbound request; false for a message a shard does not serve.
+  bool post(Inbound&& in);
+  const caf::actor& actor() const { return actor_; }
+
+ private:
+  caf::actor actor_;                  // the shard_server
+  std::unique_ptr<InlineUnit> unit_;  // null on CAF's threads
+};
 
 }  // namespace asgd::messaging
 

@@ -164,14 +164,20 @@ caf::behavior shard_server(caf::event_based_actor* self, std::shared_ptr<Bridge>
   };
 }
 
-bool post_to_shard_server(const caf::actor& server, Inbound&& in, InlineUnit* unit) {
+ShardServer::ShardServer(caf::actor_system& system, std::shared_ptr<Bridge> bridge, caf::actor shard,
+                         bool on_caf_threads)
+    : actor_(system.spawn(shard_server, std::move(bridge), shard)) {
+  if (!on_caf_threads) unit_ = std::make_unique<InlineUnit>(system, std::vector<caf::actor>{actor_, shard});
+}
+
+bool ShardServer::post(Inbound&& in) {
   auto post = [&](auto&&... xs) {
     auto message =
         caf::make_mailbox_element(nullptr, caf::make_message_id(), {}, std::forward<decltype(xs)>(xs)...);
-    if (unit) {
-      unit->post(server, std::move(message));
+    if (unit_) {
+      unit_->post(actor_, std::move(message));
     } else {
-      server->enqueue(std::move(message), nullptr);
+      actor_->enqueue(std::move(message), nullptr);
     }
   };
   return std::visit(

@@ -294,15 +294,11 @@ Result<ShardCore> assigned_shard(Joined& j, const std::string& name) {
 Status run_shard_process(const ProcessOptions& o, std::stop_token stop) {
   configure_shard_allocator();  // before ZeroMQ's threads start
   // Requests for the shard go straight from the I/O thread to its server,
-  // which runs there with the shard (InlineUnit: no thread wakes per push).
-  struct Server {
-    caf::actor actor;
-    std::unique_ptr<InlineUnit> unit;  // used by the bridge's I/O thread alone
-  };
-  auto server = std::make_shared<std::atomic<Server*>>(nullptr);
+  // which runs there with the shard (no thread wakes per push).
+  auto server = std::make_shared<std::atomic<ShardServer*>>(nullptr);
   auto fast = [server](Inbound& in) {
-    Server* s = server->load();
-    return s && post_to_shard_server(s->actor, std::move(in), s->unit.get());
+    ShardServer* s = server->load();
+    return s && s->post(std::move(in));
   };
   auto joined = join(o, Role::shard, "shard", true, fast, stop);
   if (!joined) return joined.status();
@@ -337,9 +333,7 @@ Status run_shard_process(const ProcessOptions& o, std::stop_token stop) {
   reserve_push_buffers((a.range_end - a.range_begin) * sizeof(float) + kHeaderBytes + 256,
                        shard_max_unanswered(a.workers) + (std::size_t{a.workers} + 1) * (kShardReceiveQueue + 2));
   auto shard = system.spawn(parameter_shard, std::make_shared<ShardCore>(std::move(core).value()));
-  Server serving;
-  serving.actor = system.spawn(shard_server, j.bridge, shard);
-  serving.unit = std::make_unique<InlineUnit>(system, std::vector<caf::actor>{serving.actor, shard});
+  ShardServer serving(system, j.bridge, shard);
   server->store(&serving);
   logger().info("{}: keys [{}, {}) for {} workers, serving at {}", name, a.range_begin, a.range_end, a.workers,
                j.bridge->endpoint());
@@ -351,7 +345,7 @@ Status run_shard_process(const ProcessOptions& o, std::stop_token stop) {
   log_refused(name, st);
   logger().info("{}: at most {} requests were unanswered at once (limit {}); reading stopped at the limit {} times",
                name, st.unanswered_peak, shard_max_unanswered(a.workers), st.read_pauses);
-  caf::anon_send_exit(serving.actor, caf::exit_reason::user_shutdown);
+  caf::anon_send_exit(serving.actor(), caf::exit_reason::user_shutdown);
   caf::anon_send_exit(shard, caf::exit_reason::user_shutdown);
   return s;
 }

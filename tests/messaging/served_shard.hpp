@@ -40,20 +40,19 @@ struct ServedShard {
     // The server needs the bridge, so the handler learns of it only after
     // start(): through an atomic, as the I/O thread reads it (a request
     // before that is dropped; nobody knows the endpoint yet).
-    auto serving = std::make_shared<Serving>();
-    auto published = std::make_shared<std::atomic<Serving*>>(nullptr);
+    auto serving = std::make_shared<std::unique_ptr<messaging::ShardServer>>();
+    auto published = std::make_shared<std::atomic<messaging::ShardServer*>>(nullptr);
     auto bridge = messaging::Bridge::start(std::move(options), [serving, published](messaging::Inbound&& in) {
-      if (Serving* on = published->load()) messaging::post_to_shard_server(on->server, std::move(in), on->unit.get());
+      if (messaging::ShardServer* on = published->load()) on->post(std::move(in));
     });
     if (!bridge) {
       caf::anon_send_exit(s.shard, caf::exit_reason::user_shutdown);
       return bridge.status();
     }
     s.bridge = *bridge;
-    s.server = serving->server = sys.spawn(messaging::shard_server, s.bridge, s.shard);
-    if (!on_caf_threads)
-      serving->unit = std::make_unique<messaging::InlineUnit>(sys, std::vector<caf::actor>{s.server, s.shard});
-    published->store(serving.get());
+    *serving = std::make_unique<messaging::ShardServer>(sys, s.bridge, s.shard, on_caf_threads);
+    s.server = (*serving)->actor();
+    published->store(serving->get());
     s.serving_ = serving;
     return s;
   }
@@ -61,17 +60,13 @@ struct ServedShard {
   /// Stops the bridge, then the actors.
   void stop() {
     if (bridge) bridge->stop();
-    if (serving_) serving_->unit.reset();  // the I/O thread, its one user, has stopped
+    if (serving_) serving_->reset();  // the I/O thread, its one user, has stopped
     for (auto& a : {server, shard})
       if (a) caf::anon_send_exit(a, caf::exit_reason::user_shutdown);
   }
 
  private:
-  struct Serving {
-    caf::actor server;
-    std::unique_ptr<asgd::messaging::InlineUnit> unit;
-  };
-  std::shared_ptr<Serving> serving_;
+  std::shared_ptr<std::unique_ptr<asgd::messaging::ShardServer>> serving_;
 };
 
 }  // namespace asgd_test
