@@ -50,6 +50,15 @@ InPeer* ShmReceiver::find(const PeerId& peer) {
   return it == in_.end() ? nullptr : &it->second;
 }
 
+bool ShmReceiver::unread_from(const PeerId& peer) const {
+  for (const Incoming& in : ready_)
+    if (in.from == peer) return true;
+  auto it = in_.find(peer);
+  if (it == in_.end() || !it->second.ring || it->second.broken) return false;
+  const RingHeader* h = it->second.ring->header();
+  return h->head.load(std::memory_order_relaxed) != h->tail.load(std::memory_order_acquire);
+}
+
 bool ShmReceiver::rung() { return bell_ && drain_bell(bell_->socket->fd) > 0; }
 
 std::optional<Incoming> ShmReceiver::on_data(Incoming& in, const Control& c) {

@@ -81,6 +81,9 @@ class ShmReceiver {
   /// are left unread, as the endpoint is.
   void pause(bool paused) { paused_ = paused; }
   void forget(const PeerId& peer) { in_.erase(peer); }
+  /// Whether `peer`'s ring holds messages not yet read (or read and not
+  /// yet returned by from_rings).
+  bool unread_from(const PeerId& peer) const;
   InPeer* find(const PeerId& peer);
   /// Counts a malformed message from `from` (logged once a peer).
   void reject(const PeerId& from);

@@ -1,8 +1,10 @@
 // Shared memory objects left behind by processes that died
 // (messaging/shm_slots.hpp's remove_orphans and remove_stale_slots).
 
+#include <fcntl.h>
 #include <sys/mman.h>
 
+#include <cerrno>
 #include <charconv>
 #include <cstdint>
 #include <filesystem>
@@ -33,6 +35,25 @@ pid_t offering_pid(std::string_view name) {
 }
 
 }  // namespace
+
+std::optional<OutSlot> make_slot_file(std::uint64_t token, std::size_t index, std::size_t size, std::string* why) {
+  OutSlot s;
+  s.name = "/asgd-" + std::to_string(getpid()) + "-" + std::to_string(token) + "-" + std::to_string(index);
+  const int fd = shm_open(s.name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+  if (fd < 0) {
+    *why = "cannot create shared memory " + s.name + ": " + std::strerror(errno);
+    return std::nullopt;
+  }
+  s.file = std::make_unique<Fd>(fd);
+  // posix_fallocate, not ftruncate: a full /dev/shm is an error here, not a
+  // SIGBUS on the first write.
+  if (posix_fallocate(fd, 0, static_cast<off_t>(size)) != 0 || !(s.region = map_region(fd, size))) {
+    shm_unlink(s.name.c_str());
+    *why = "cannot size shared memory " + s.name;
+    return std::nullopt;
+  }
+  return s;
+}
 
 std::size_t remove_orphans(const std::string& dir, const std::function<pid_t(const std::string& name)>& owner_of) {
   std::size_t removed = 0;

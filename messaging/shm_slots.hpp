@@ -159,6 +159,19 @@ struct Lease {
 
 inline std::size_t round_up(std::size_t n, std::size_t step) { return (n + step - 1) / step * step; }
 
+/// A file this process writes in shared memory: a slot (one per slot file
+/// it offered a peer), or a ring.
+struct OutSlot {
+  std::string name;  // empty once unlinked
+  std::unique_ptr<Fd> file;
+  std::shared_ptr<Region> region;
+};
+
+/// Creates "/asgd-PID-TOKEN-INDEX" (mode 0600; unique among the transports
+/// of a process, and across processes) of `size` bytes, mapped; nullopt,
+/// with why in `*why`, when it cannot (no /dev/shm, a full one).
+std::optional<OutSlot> make_slot_file(std::uint64_t token, std::size_t index, std::size_t size, std::string* why);
+
 /// Removes the POSIX shared memory objects in `dir` (where they live) whose
 /// owner no longer runs: `owner_of` reads the owner's pid of the object
 /// named `name` (a name in `dir`), or 0 for one that is not of its kind,

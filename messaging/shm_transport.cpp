@@ -6,11 +6,9 @@
 
 #include <fcntl.h>
 #include <sys/mman.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <atomic>
-#include <cerrno>
 #include <cstring>
 #include <deque>
 #include <map>
@@ -27,14 +25,6 @@
 namespace asgd::messaging::shm_detail {
 namespace {
 
-// A file this process writes in shared memory: a slot (one per slot file
-// it offered a peer), or the ring.
-struct OutSlot {
-  std::string name;  // empty once unlinked
-  std::unique_ptr<Fd> file;
-  std::shared_ptr<Region> region;
-};
-
 struct OutPeer {
   enum class State { offered, accepted, refused } state = State::offered;
   std::uint64_t token = 0;
@@ -47,6 +37,7 @@ struct OutPeer {
   bool announced = false;  // ring_open sent
   std::uint32_t seq = 0;   // of the last message sent after it
   std::chrono::steady_clock::time_point asked{};  // when a full ring last made it ask whether the peer lives
+  bool gone = false;  // its process is gone (its doorbell refused): let go at the next check
 };
 
 // How often a sender whose peer's ring stays full asks whether the peer's
@@ -122,6 +113,7 @@ class ShmTransport final : public Transport {
     std::unique_lock lock(mu_);  // not while it waits: send_now() goes on meanwhile
     while (true) {
       flush_controls();
+      let_go_of_gone_peers();
       const bool wire_turn = ring_streak_ >= kRingTurns;  // a look at the socket without waiting
       if (!wire_turn) {
         if (auto m = receiver_.from_rings()) {
@@ -157,6 +149,7 @@ class ShmTransport final : public Transport {
     TransportStats s = inner_->stats();
     s.shm_peers = 0;
     for (const auto& [peer, out] : out_) s.shm_peers += out.state == OutPeer::State::accepted;
+    s.shm_peers_gone = counts_.shm_peers_gone;
     s.shm_sent = counts_.shm_sent;
     s.shm_fallbacks = counts_.shm_fallbacks;
     s.ring_sent = counts_.ring_sent;
@@ -249,23 +242,11 @@ class ShmTransport final : public Transport {
     return s;
   }
 
-  // Named by this process, the offer's random token and the file's index:
-  // unique among the transports of a process, and across processes.
   std::optional<OutSlot> make_file(std::uint64_t token, std::size_t index, std::size_t size) {
-    OutSlot s;
-    s.name = "/asgd-" + std::to_string(getpid()) + "-" + std::to_string(token) + "-" + std::to_string(index);
-    const int fd = shm_open(s.name.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (fd < 0) {
-      log_once("cannot create shared memory " + s.name + ": " + std::strerror(errno));
-      return std::nullopt;
-    }
-    s.file = std::make_unique<Fd>(fd);
-    if (posix_fallocate(fd, 0, static_cast<off_t>(size)) != 0 || !(s.region = map_region(fd, size))) {
-      shm_unlink(s.name.c_str());
-      log_once("cannot size shared memory " + s.name);
-      return std::nullopt;
-    }
-    bytes_ += size;
+    std::string why;
+    auto s = make_slot_file(token, index, size, &why);
+    if (s) bytes_ += size;
+    else log_once(why);
     return s;
   }
 
@@ -457,6 +438,29 @@ class ShmTransport final : public Transport {
     logger().info("{}: {} no longer reads its shared-memory ring (its process is gone): the wire takes what follows",
                   log_name_, peer);
     release_ring(out);
+    out.gone = true;
+  }
+
+  // Every options_.peer_check_every: a peer whose doorbell refuses (or refused a sender) is gone, and
+  // once its last messages are read, so go the slots and ring we made for it and those of its we mapped
+  // (a new process at its address later gets a new offer).
+  void let_go_of_gone_peers() {
+    const auto now = std::chrono::steady_clock::now();
+    if (options_.peer_check_every.count() <= 0 || now < next_peer_check_) return;
+    next_peer_check_ = now + options_.peer_check_every;
+    for (auto it = out_.begin(); it != out_.end();) {
+      OutPeer& out = it->second;
+      if (receiver_.unread_from(it->first) ||
+          (!out.gone && !(out.state == OutPeer::State::accepted && out.bell && bell_gone(out.bell->fd)))) {
+        ++it;
+        continue;
+      }
+      logger().info("{}: {}'s process is gone: the shared memory between us is let go", log_name_, it->first);
+      release_slots(out);
+      receiver_.forget(it->first);
+      ++counts_.shm_peers_gone;
+      it = out_.erase(it);
+    }
   }
 
   struct HandBack {
@@ -573,6 +577,7 @@ class ShmTransport final : public Transport {
   std::size_t bytes_ = 0;  // of every slot this transport made
   TransportStats counts_;
   std::size_t ring_streak_ = 0;  // messages receive() took from the rings in a row
+  std::chrono::steady_clock::time_point next_peer_check_{};  // let_go_of_gone_peers
 };
 
 }  // namespace

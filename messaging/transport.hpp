@@ -110,6 +110,7 @@ struct TransportStats {
   std::uint64_t auth_rejected = 0;  ///< of `refused`: in the handshake: a key not allowed, no CURVE, a wrong server key, a bad handshake
   // Shared memory (make_shm_transport; zero for other transports).
   std::uint64_t shm_peers = 0;      ///< peers that accepted this transport's slots
+  std::uint64_t shm_peers_gone = 0; ///< of those: let go since, their process gone (SharedMemoryOptions::peer_check_every)
   std::uint64_t shm_sent = 0;       ///< parts sent through a slot
   std::uint64_t shm_received = 0;   ///< parts received through a peer's slot
   std::uint64_t shm_fallbacks = 0;  ///< large parts to such a peer sent on the wire (every slot held, or over max_bytes)
@@ -263,6 +264,14 @@ struct SharedMemoryOptions {
   /// When false, offers are refused and none are made: every part stays on
   /// the wire (what a process run with shared memory off does).
   bool enabled = true;
+  /// How often the receiving loop asks whether each peer that shares its
+  /// memory still runs (a gone process's doorbell refuses; a live one's
+  /// rings once, which wakes it for nothing): a gone peer's slots and rings,
+  /// both those this process made for it and those it mapped from it, are
+  /// let go, so that a long-running shard whose workers are restarted does
+  /// not keep every dead worker's memory (and its share of max_bytes).
+  /// 0: never asked.
+  std::chrono::milliseconds peer_check_every{2000};
   /// Tests only: called while a part is being copied into its slot, after
   /// half of it (to kill a sender mid-write). Never set in a job.
   void (*mid_write_hook)() = nullptr;

@@ -14,6 +14,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <fstream>
 #include <future>
 #include <thread>
 #include <optional>
@@ -509,6 +510,63 @@ TEST(SharedMemory, ARingWhoseReaderDiedGivesWayToTheWire) {
                       << server.stats().shm_fallbacks;
   EXPECT_EQ(answer->code(), StatusCode::not_found) << answer->to_string();  // the peer is not connected
   EXPECT_FALSE(server.send_now(to, {text("not through the ring")}));
+}
+
+// The shared memory files mapped into this process (slots and rings, ours
+// and our peers'), from /proc/self/maps.
+std::size_t mapped_shm_files() {
+  std::ifstream maps("/proc/self/maps");
+  std::size_t n = 0;
+  for (std::string line; std::getline(maps, line);) n += line.find("/dev/shm/asgd-") != std::string::npos;
+  return n;
+}
+
+// A long-running shard whose workers are restarted: each dead worker's
+// slots and ring, those it made and those the shard made for it, are let
+// go once its doorbell refuses, and a new peer gets shared memory again.
+TEST(SharedMemory, APeerWhoseProcessIsGoneHasTheMemoryBetweenUsLetGoAndTheNextGetsItsOwn) {
+  ASGD_REQUIRE_RINGS();
+  SharedMemoryOptions every_20ms;
+  every_20ms.peer_check_every = 20ms;
+  Pair p = handshake(every_20ms);
+  ASSERT_TRUE(delivered(*p.client, p.to_server, *p.server, "push", big(256 << 10, 1)));
+  ASSERT_TRUE(delivered(*p.server, p.to_client, *p.client, "reply", big(256 << 10, 2)));
+  ASSERT_EQ(p.server->stats().shm_peers, 1u);
+  const auto receive_for = [&](std::chrono::milliseconds how_long) {
+    for (const auto until = Clock::now() + how_long; Clock::now() < until;) (void)p.server->receive(10ms);
+  };
+  receive_for(200ms);  // ten checks of a live peer
+  EXPECT_EQ(p.server->stats().shm_peers_gone, 0u);
+  ASSERT_TRUE(delivered(*p.client, p.to_server, *p.server, "push", big(256 << 10, 3)));
+  ASSERT_GT(mapped_shm_files(), 0u);
+
+  // Its last words are in its ring when it ends: read before anything goes.
+  const auto rings_before = p.client->stats().ring_sent;
+  for (const char* say : {"last", "words"}) ASSERT_TRUE(sent(*p.client, p.to_server, {text(say)}));
+  EXPECT_EQ(p.client->stats().ring_sent, rings_before + 2);
+  p.client.reset();  // its process ends: its doorbell closes
+  std::this_thread::sleep_for(100ms);  // five checks due
+  for (const char* said : {"last", "words"}) {
+    auto in = next(*p.server);
+    ASSERT_TRUE(in && text_of(in->message[0]) == said) << said;
+  }
+  for (const auto until = Clock::now() + kArrives; p.server->stats().shm_peers_gone == 0 && Clock::now() < until;)
+    receive_for(20ms);
+  EXPECT_EQ(p.server->stats().shm_peers_gone, 1u);
+  EXPECT_EQ(p.server->stats().shm_peers, 0u);
+  EXPECT_EQ(mapped_shm_files(), 0u) << "the server still maps what it shared with the client";
+
+  auto next_client = shm();
+  auto id = next_client->connect(p.server_endpoint);
+  ASSERT_TRUE(id.ok());
+  ASSERT_TRUE(sent(*next_client, *id, {text("hello")}));
+  auto hello = next(*p.server);
+  ASSERT_TRUE(hello);
+  ASSERT_TRUE(sent(*p.server, hello->from, {text("hi")}));
+  ASSERT_TRUE(next(*next_client));
+  ASSERT_TRUE(delivered(*next_client, *id, *p.server, "push", big(256 << 10, 4)));
+  EXPECT_EQ(next_client->stats().shm_sent, 1u);
+  EXPECT_EQ(p.server->stats().shm_peers, 1u);
 }
 
 }  // namespace

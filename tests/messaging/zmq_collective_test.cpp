@@ -171,13 +171,13 @@ TEST(ZmqCollective, AGossipWaitsForEachPeersCopyFromTheClockAskedOrLater) {
   ASSERT_TRUE(g[0]->gossip(0, 5, x0, {1, 2}, {1, 2}, 3, s0.ready()).ok());
   ASSERT_TRUE(g[1]->gossip(1, 3, x1, {0, 2}, {0, 2}, 0, s1.ready()).ok());
   ASSERT_TRUE(g[2]->gossip(2, 2, x2, {0, 1}, {0, 1}, 0, s2.ready()).ok());
-  ASSERT_TRUE(s1.wait_for(1));
-  ASSERT_TRUE(s2.wait_for(1));
+  ASSERT_TRUE(s1.wait_for(1)) << g[1]->waiting_for(1);
+  ASSERT_TRUE(s2.wait_for(1)) << g[2]->waiting_for(2);
   std::this_thread::sleep_for(50ms);
   EXPECT_EQ(s0.calls, 0) << "rank 2's copy of clock 2 is too old for clock 5 - 2";
   EXPECT_NE(g[0]->waiting_for(0).find("worker 2 (its copy is from clock 2)"), std::string::npos) << g[0]->waiting_for(0);
   ASSERT_TRUE(g[2]->gossip(2, 3, x2, {0, 1}, {0, 1}, 0, s2.ready()).ok());
-  ASSERT_TRUE(s0.wait_for(1));
+  ASSERT_TRUE(s0.wait_for(1)) << g[0]->waiting_for(0);
   const auto copies = g[0]->peer_copies(0);
   ASSERT_EQ(copies.size(), 2u);
   EXPECT_EQ(copies[0].rank, 1u);
