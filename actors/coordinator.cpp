@@ -129,7 +129,7 @@ Status save_checkpoint(CoordinatorState& st, const EvalResult& test) {
   ckpt.dataset = st.setup.data->name;
   ckpt.input_mean = st.setup.data->normalization.mean;
   ckpt.input_stddev = st.setup.data->normalization.stddev;
-  ckpt.updates = st.core->epochs().updates();
+  ckpt.updates = st.core->updates();
   ckpt.test_accuracy = test.accuracy;
   const Status s = write_checkpoint(cfg.checkpoint_dir, ckpt);
   if (s.ok()) logger().info("checkpoint: {}/{}", cfg.checkpoint_dir, kCheckpointFile);
@@ -255,6 +255,10 @@ struct Perform {
   void operator()(act::Record& a) {
     if (s.setup.on_record) s.setup.on_record(a.record);
   }
+  void operator()(act::StopTraining&) {
+    for (auto& feeder : s.feeders) self->send(feeder, stop_atom::value);
+    if (s.setup.remote) s.setup.remote->stop_workers();
+  }
   void operator()(act::ArmEval& a) {
     self->delayed_send(self, std::chrono::duration_cast<caf::timespan>(a.after), eval_atom::value);
   }
@@ -263,14 +267,6 @@ struct Perform {
 void perform(Self self, CoordinatorActions& out) {
   for (auto& action : out) std::visit(Perform{self, self->state}, action);
 }
-
-}  // namespace
-
-caf::timespan rpc_timeout(const JobConfig& c) {
-  return std::chrono::duration_cast<caf::timespan>(std::chrono::duration<double>(c.rpc_timeout_s));
-}
-
-namespace {
 
 // Every kLiveEvery while training: Progress for the caller and the live
 // status for a status server, from the workers' latest progress; with a

@@ -83,7 +83,9 @@ struct CoordinatorSetup {
 inline constexpr std::chrono::milliseconds kLiveEvery{500};
 
 /// The job's --rpc-timeout as a CAF duration.
-caf::timespan rpc_timeout(const JobConfig& config);
+inline caf::timespan rpc_timeout(const JobConfig& config) {
+  return std::chrono::duration_cast<caf::timespan>(std::chrono::duration<double>(config.rpc_timeout_s));
+}
 
 /// Shards and workers in other processes (runtime/cluster_coordinator.cpp).
 /// The coordinator calls it from its own thread only.
@@ -122,6 +124,8 @@ class RemotePlacement {
   /// allreduce, gossip: worker `w` is lost; tells every other worker's
   /// process, whose collective then no longer waits for it.
   virtual void worker_lost(std::uint32_t w) = 0;
+  /// --stop-at-target: every worker process stops after its current step.
+  virtual void stop_workers() = 0;
 };
 
 // The actor's state: the core, which decides, and what it needs to act on

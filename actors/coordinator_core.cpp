@@ -69,7 +69,7 @@ void CoordinatorCore::complete_epochs(Actions& out) {
 }
 
 void CoordinatorCore::maybe_evaluate(Actions& out) {
-  if (done_) return;
+  if (done_ || stopped_) return;
   if (evals_.begin_epoch()) out.push_back(act::Evaluate{});
 }
 
@@ -77,7 +77,7 @@ void CoordinatorCore::maybe_evaluate(Actions& out) {
 // evaluation is under way. A tick before the point is due (a timer that
 // fired early) waits for the rest.
 void CoordinatorCore::eval_tick(Instant now, Actions& out) {
-  if (done_ || finishing_ || last_epoch_evaluated_) return;
+  if (done_ || finishing_ || last_epoch_evaluated_ || stopped_) return;
   if (!evals_.tick(now)) {
     out.push_back(act::ArmEval{evals_.due() - now});
     return;
@@ -89,12 +89,13 @@ void CoordinatorCore::eval_tick(Instant now, Actions& out) {
 void CoordinatorCore::evaluated(double accuracy, std::optional<std::uint64_t> applied, Instant now, Actions& out) {
   if (done_) return;
   if (const auto at = evals_.point()) {
-    note_accuracy(accuracy, at->at_s);
+    const bool reached = note_accuracy(accuracy, at->at_s);
     const EvalPoint point{at->at_s, accuracy, applied.value_or(at->updates), at->samples,
                           loss_between(last_point_, *at)};
     last_point_ = *at;
     out.push_back(act::PointDone{point});
     evals_.end();
+    if (reached) stop_at_target(accuracy, at->at_s, out);
     maybe_evaluate(out);
     return;
   }
@@ -102,10 +103,11 @@ void CoordinatorCore::evaluated(double accuracy, std::optional<std::uint64_t> ap
   if (!e) return;
   EpochMetrics m = epochs_.evaluated(*e, accuracy);
   if (applied) m.updates = *applied;  // what the evaluated parameters hold
-  note_accuracy(accuracy, m.wall_s);
+  const bool reached = note_accuracy(accuracy, m.wall_s);
   last_point_ = members_.totals(training_seconds(now));
   out.push_back(act::EpochDone{m});
   evals_.end();
+  if (reached && m.epoch < config_.epochs) stop_at_target(accuracy, m.wall_s, out);
   if (m.epoch == config_.epochs) {
     last_epoch_evaluated_ = true;
     maybe_finish(out);
@@ -114,11 +116,26 @@ void CoordinatorCore::evaluated(double accuracy, std::optional<std::uint64_t> ap
   }
 }
 
-void CoordinatorCore::note_accuracy(double accuracy, double at_s) {
+// True when this evaluation is the first to reach the target.
+bool CoordinatorCore::note_accuracy(double accuracy, double at_s) {
   const auto& target = config_.target_accuracy;
-  if (target && !time_to_target_s_ && accuracy >= *target) time_to_target_s_ = at_s;
   last_val_accuracy_ = accuracy;
   ++evaluations_;
+  if (!target || time_to_target_s_ || accuracy < *target) return false;
+  time_to_target_s_ = at_s;
+  return true;
+}
+
+// --stop-at-target: the workers stop after their current steps; once every
+// one has, the job finishes as after its last epoch.
+void CoordinatorCore::stop_at_target(double accuracy, double at_s, Actions& out) {
+  if (!config_.stop_at_target || stopped_ || done_ || finishing_) return;
+  stopped_ = true;
+  logger().info("validation accuracy {:.4f} reached the target {:g} at {:.2f} s of training: the workers stop "
+                "(--stop-at-target)",
+                accuracy, *config_.target_accuracy, at_s);
+  out.push_back(act::StopTraining{});
+  maybe_finish(out);
 }
 
 // ---- membership --------------------------------------------------------------
@@ -166,7 +183,7 @@ void CoordinatorCore::lose(std::uint32_t w, const std::string& why, Actions& out
 void CoordinatorCore::rejoin(std::uint32_t w, bool placeable, Actions& out) {
   auto refuse = [&](const std::string& why) { refuse_rejoin(w, why, out); };
   if (!placeable || w >= config_.workers || w >= members_.size()) return refuse("no such worker");
-  if (done_ || finishing_) return refuse("the job is ending");
+  if (done_ || finishing_ || stopped_) return refuse("the job is ending");
   if (plan_.exchange != Exchange::none)
     return refuse("under policy " + config_.policy +
                   " the workers' ring goes on without it: a new process cannot join it mid-job");
@@ -212,7 +229,7 @@ double CoordinatorCore::shard_restarted(Instant now) {
 // Once the last epoch is evaluated and every worker has stopped (so every
 // last push has reached its shard).
 void CoordinatorCore::maybe_finish(Actions& out) {
-  if (done_ || finishing_ || !last_epoch_evaluated_ || members_.stopped() < config_.workers) return;
+  if (done_ || finishing_ || !(last_epoch_evaluated_ || stopped_) || members_.stopped() < config_.workers) return;
   finishing_ = true;
   out.push_back(act::Finish{});
 }
@@ -285,7 +302,10 @@ JobSummary CoordinatorCore::summary(double test_accuracy, const std::vector<std:
   sum.model = cfg.model_spec ? cfg.model_spec->name() : cfg.model;
   sum.dataset = dataset_;
   sum.epochs = cfg.epochs;
-  sum.train_s = epochs_.train_s();
+  // Stopped at the target: training ended when the last worker stopped
+  // (its last report), in the middle of an epoch.
+  sum.train_s = stopped_ ? epochs_.latest_report_s() : epochs_.train_s();
+  sum.stopped_at_target = stopped_;
   std::uint64_t samples = 0;
   for (const auto& w : epochs_.worker_totals()) {
     samples += w.samples;
@@ -296,7 +316,7 @@ JobSummary CoordinatorCore::summary(double test_accuracy, const std::vector<std:
   sum.samples_per_s = sum.train_s > 0 ? static_cast<double>(samples) / sum.train_s : 0.0;
   sum.final_test_accuracy = test_accuracy;
   sum.time_to_target_s = time_to_target_s_;
-  sum.updates_applied = epochs_.updates();
+  sum.updates_applied = updates();
   const StalenessSummary stale = summarize_staleness(histogram);
   sum.staleness_mean = stale.mean;
   sum.staleness_p99 = stale.p99;

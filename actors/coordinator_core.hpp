@@ -59,6 +59,9 @@ struct EpochDone { EpochMetrics metrics; };     ///< for on_epoch
 struct PointDone { EvalPoint point; };          ///< for on_eval
 struct Record { nlohmann::json record; };       ///< for on_record
 struct ArmEval { std::chrono::steady_clock::duration after; };  ///< call eval_tick() after this long
+/// --stop-at-target: every worker's data feeder serves no more, so each
+/// worker stops after the step it is in (and reports what it did of its epoch).
+struct StopTraining {};
 }  // namespace coordinator_action
 
 using CoordinatorAction =
@@ -66,7 +69,7 @@ using CoordinatorAction =
                  coordinator_action::Finish, coordinator_action::Fail, coordinator_action::Dismiss,
                  coordinator_action::Place, coordinator_action::Join, coordinator_action::StartWorker,
                  coordinator_action::EpochDone, coordinator_action::PointDone, coordinator_action::Record,
-                 coordinator_action::ArmEval>;
+                 coordinator_action::ArmEval, coordinator_action::StopTraining>;
 using CoordinatorActions = std::vector<CoordinatorAction>;
 
 class CoordinatorCore {
@@ -85,6 +88,9 @@ class CoordinatorCore {
   const std::optional<ResumePlan>& resumed() const { return resumed_; }
   bool done() const { return done_; }
   bool finishing() const { return finishing_; }
+  /// The updates applied so far: the evaluated epochs' and, once stopped
+  /// at the target, those reported since (epochs never evaluated).
+  std::uint64_t updates() const { return epochs_.updates() + (stopped_ ? epochs_.pending_updates() : 0); }
   std::optional<double> last_val_accuracy() const { return last_val_accuracy_; }
   /// Seconds since training started at `now`; 0 before.
   double training_seconds(Instant now) const;
@@ -145,7 +151,8 @@ class CoordinatorCore {
   void maybe_evaluate(Actions& out);
   void maybe_finish(Actions& out);
   void lose(std::uint32_t w, const std::string& why, Actions& out);
-  void note_accuracy(double accuracy, double at_s);
+  bool note_accuracy(double accuracy, double at_s);
+  void stop_at_target(double accuracy, double at_s, Actions& out);
   JobSummary summary(double test_accuracy, const std::vector<std::uint64_t>& histogram) const;
   std::string divergence_hint() const;
 
@@ -164,6 +171,7 @@ class CoordinatorCore {
   std::uint64_t evaluations_ = 0;
   std::uint32_t shard_restarts_ = 0;
   bool last_epoch_evaluated_ = false;
+  bool stopped_ = false;  // --stop-at-target: training stops; no epoch or point is evaluated any more
   bool finishing_ = false;
   bool done_ = false;
 };

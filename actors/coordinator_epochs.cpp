@@ -72,6 +72,7 @@ void EpochTracker::report(const EpochReport& r, double at_s) {
   merge_histogram(total.staleness_histogram, r.staleness_histogram);
   auto& e = epochs_seen_[r.epoch];
   e.last_report_s = at_s;
+  latest_report_s_ = std::max(latest_report_s_, at_s);
   e.reported.resize(workers_, false);
   e.reported[r.worker] = true;
   e.sum.samples += r.samples;
@@ -84,6 +85,12 @@ void EpochTracker::report(const EpochReport& r, double at_s) {
   e.busiest_s = std::max(e.busiest_s, r.compute_s + r.comm_s + r.data_wait_s);
   e.phases.resize(workers_);
   e.phases[r.worker] = phases_of(r);
+}
+
+std::uint64_t EpochTracker::pending_updates() const {
+  std::uint64_t n = 0;
+  for (const auto& [e, agg] : epochs_seen_) n += agg.sum.updates;
+  return n;
 }
 
 std::vector<std::uint64_t> EpochTracker::complete(const Membership& members) {

@@ -64,8 +64,10 @@ class EpochTracker {
   const Epoch* epoch(std::uint64_t e) const;
   const std::vector<EpochReport>& worker_totals() const { return totals_; }
   std::uint64_t updates() const { return updates_; }  ///< cumulative over evaluated epochs
+  std::uint64_t pending_updates() const;              ///< reported in epochs not evaluated (yet)
   void set_updates(std::uint64_t u) { updates_ = u; }
   double train_s() const { return train_s_; }         ///< when the last epoch ended; 0 until then
+  double latest_report_s() const { return latest_report_s_; }  ///< the latest report's arrival
 
  private:
   std::uint32_t workers_;
@@ -75,6 +77,7 @@ class EpochTracker {
   std::uint64_t updates_ = 0;
   double last_end_s_ = 0.0;
   double train_s_ = 0.0;
+  double latest_report_s_ = 0.0;
 };
 
 /// What to evaluate next, one evaluation at a time: completed epochs in

@@ -56,7 +56,7 @@ caf::behavior data_feeder(caf::stateful_actor<FeederState>* self, FeederSetup se
   st.source = std::make_unique<BatchSource>(std::move(setup));
   auto schedule = [self] {
     auto& s = self->state;
-    if (!s.producing && !s.source->exhausted() && s.ready.size() < s.capacity) {
+    if (!s.producing && !s.stopped && !s.source->exhausted() && s.ready.size() < s.capacity) {
       s.producing = true;
       self->send(self, produce_atom::value);
     }
@@ -71,15 +71,22 @@ caf::behavior data_feeder(caf::stateful_actor<FeederState>* self, FeederSetup se
           schedule();
           return b;
         }
-        if (s.source->exhausted()) return data::Batch{};
+        if (s.stopped || s.source->exhausted()) return data::Batch{};
         s.waiting.push_back(self->make_response_promise());
         schedule();
         return caf::delegated<data::Batch>();
       },
+      [self](stop_atom) {
+        auto& s = self->state;
+        s.stopped = true;
+        s.ready.clear();
+        for (auto& p : s.waiting) p.deliver(data::Batch{});
+        s.waiting.clear();
+      },
       [self, schedule](produce_atom) {
         auto& s = self->state;
         s.producing = false;
-        if (s.source->exhausted()) {
+        if (s.stopped || s.source->exhausted()) {
           // Whoever still waits gets the end-of-data marker.
           for (auto& p : s.waiting) p.deliver(data::Batch{});
           s.waiting.clear();

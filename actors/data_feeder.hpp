@@ -5,6 +5,9 @@
 //
 // Accepts:
 //   (next_atom)     -> data::Batch   the next batch; size 0 once every epoch is done
+//   (stop_atom)     serve no more: every next_atom from now on (and one
+//                   waiting) gets size 0, as after the last epoch
+//                   (--stop-at-target)
 //   (produce_atom)  self-message: make one more batch if the buffer has room
 
 #include <caf/all.hpp>
@@ -54,6 +57,7 @@ struct FeederState {
   std::uint32_t capacity = 4;
   std::deque<caf::response_promise> waiting;
   bool producing = false;           // a produce_atom is in the mailbox
+  bool stopped = false;             // stop_atom came: nothing more is served
   static inline const char* name = "data_feeder";
 };
 

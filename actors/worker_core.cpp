@@ -88,8 +88,17 @@ void WorkerCore::start(Actions& out) {
   check_overdue(out);
 }
 
-// Out of data: every shard stops waiting for us.
+// Out of data: every shard stops waiting for us. Stopped mid-epoch (the
+// feeder was told to serve no more: --stop-at-target), what it did of that
+// epoch is reported first.
 void WorkerCore::leave(Actions& out) {
+  if (report_.batches > 0) {
+    report_.worker = id_;
+    report_.epoch = step_epoch_;
+    report_.wall_s = std::chrono::duration<double>(now_() - epoch_start_).count();
+    out.emplace_back(worker_action::Report{report_});
+    report_ = EpochReport{};
+  }
   if (shared_) shared_->live[id_].store(false, std::memory_order_release);
   if (collective_) collective_->leave(id_);
   finished_ = true;

@@ -60,6 +60,7 @@ int main(int argc, char** argv) {
   write(dir, "progress", m::encode(asgd::WorkerProgress{1, 40, 0, 2560, 40, 12.5, 2560, 0.1, 1.0, 1}, 15));
   write(dir, "calibration", m::encode(m::Calibration{1, 0.0015, 2.5e-5}, 17));
   write(dir, "worker_ready", m::encode(m::WorkerReady{3}, 18));
+  write(dir, "stop_training", m::encode(m::StopTraining{}, 19));
   write(dir, "restarted", m::encode(m::Restarted{m::Role::shard, 1, "tcp://127.0.0.1:5555"}, 16));
   return 0;
 }

@@ -61,7 +61,7 @@ struct Inbound {
   std::uint64_t request_id = 0;
   std::variant<Registration, Assignment, PushRequest, PullRequest, ClockNotice, Heartbeat, EvaluationRequest,
                CheckpointRequest, Shutdown, EpochReport, Failure, StatsRequest, StartTraining, WorkerProgress, Restarted,
-               Calibration, WorkerReady>
+               Calibration, WorkerReady, StopTraining>
       body;
   std::vector<float> tensor;  ///< an assignment's initial parameters (a push's payload is in the PushRequest)
   RequestSlot slot;           ///< held while this message (or its request) is not answered

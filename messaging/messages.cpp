@@ -31,6 +31,7 @@ const char* to_string(MsgType t) {
     case MsgType::restarted: return "restarted";
     case MsgType::calibration: return "calibration";
     case MsgType::worker_ready: return "worker_ready";
+    case MsgType::stop_training: return "stop_training";
   }
   return "unknown";
 }

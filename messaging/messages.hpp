@@ -51,6 +51,7 @@ enum class MsgType : std::uint16_t {
   restarted = 17,    ///< coordinator to worker: a shard's process was restarted, listening here
   calibration = 18,  ///< worker to coordinator: its samples/s, asked for by an assignment (--worker-weights auto)
   worker_ready = 19,  ///< worker to coordinator: its data is loaded and it can start at once
+  stop_training = 20, ///< coordinator to worker: serve no more batches (--stop-at-target)
 };
 const char* to_string(MsgType t);
 bool is_known(std::uint16_t type);
@@ -198,6 +199,15 @@ decltype(auto) fields(F&& f, StartTraining&) {
   return f();
 }
 
+/// The coordinator to a worker process (--stop-at-target): its data feeder
+/// serves no more, so the worker stops after the step it is in, reports
+/// what it did of its epoch and finishes as after its last epoch.
+struct StopTraining {};
+template <class F>
+decltype(auto) fields(F&& f, StopTraining&) {
+  return f();
+}
+
 /// The shard statistics request; the reply is a ShardStats (stats_reply).
 struct StatsRequest {};
 template <class F>
@@ -222,7 +232,7 @@ using WireMessages =
                On<MsgType::stats, StatsRequest>, On<MsgType::start, StartTraining>,
                On<MsgType::stats_reply, ShardStats>, On<MsgType::progress, WorkerProgress>,
                On<MsgType::restarted, Restarted>, On<MsgType::calibration, Calibration>,
-               On<MsgType::worker_ready, WorkerReady>>;
+               On<MsgType::worker_ready, WorkerReady>, On<MsgType::stop_training, StopTraining>>;
 
 /// The wire type of message M.
 template <class M>

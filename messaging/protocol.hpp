@@ -282,6 +282,7 @@ using ready_atom = caf::atom_constant<caf::atom("ready")>;
 using prepared_atom = caf::atom_constant<caf::atom("prepared")>;
 using prepare_due_atom = caf::atom_constant<caf::atom("prep_due")>;  ///< the registry's --join-timeout for the start
 using exchanged_atom = caf::atom_constant<caf::atom("exchanged")>;
+using stop_atom = caf::atom_constant<caf::atom("stop")>;  ///< a data feeder serves no more (--stop-at-target)
 
 }  // namespace asgd
 

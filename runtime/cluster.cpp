@@ -494,7 +494,9 @@ Result<WorkerPlans> plan_assigned_worker(Joined& j, const data::DatasetSplits& d
 // A worker process's collective, listening where --listen says; its
 // all-reduce goes through shared memory when every worker runs on this host
 // and --shared-memory is on.
+// The one the options give (a test's), or a new one.
 Result<std::shared_ptr<NetworkCollective>> make_worker_collective(const ProcessOptions& o) {
+  if (o.collective) return o.collective;
   auto made = make_zmq_collective(collective_listen(o.listen), o.curve, "worker collective");
   if (made) (*made)->set_shared_memory(o.shared_memory);
   return made;
@@ -505,12 +507,9 @@ Result<std::shared_ptr<NetworkCollective>> make_worker_collective(const ProcessO
 Status run_worker_process(const ProcessOptions& o, std::stop_token stop) {
   // Its collective listens before it registers, so that the coordinator can
   // tell every worker where the others are (the decentralized policies).
-  std::shared_ptr<NetworkCollective> collective = o.collective;
-  if (!collective) {
-    auto made = make_worker_collective(o);
-    if (!made) return made.status();
-    collective = *made;
-  }
+  auto made = make_worker_collective(o);
+  if (!made) return made.status();
+  const std::shared_ptr<NetworkCollective> collective = *made;
   auto joined = join(o, Role::worker, "worker", false, nullptr, stop, collective->endpoint());
   if (!joined) return joined.status();
   Joined& j = *joined;
@@ -568,6 +567,7 @@ Status run_worker_process(const ProcessOptions& o, std::stop_token stop) {
   j.bridge->send(j.coordinator, encode(WorkerReady{a.index}, j.bridge->next_id()));  // the clock starts once all are
   Status s = serve_until_shutdown(j, name, stop, [&](Inbound& in) {
     if (std::holds_alternative<StartTraining>(in.body)) caf::anon_send(worker_actor, start_atom::value);
+    if (std::holds_alternative<StopTraining>(in.body)) caf::anon_send(feeder, stop_atom::value);
     if (auto* r = std::get_if<Restarted>(&in.body); r && r->role == Role::shard && r->index < shard_peers.size())
       reconnect_shard(*j.bridge, name, shard_peers[r->index], *r);
     // allreduce, gossip: a lost worker's part of the exchange is not waited for.

@@ -102,6 +102,7 @@ class ClusterPlacement final : public RemotePlacement {
   }
 
   void worker_lost(std::uint32_t w) override { caf::anon_send(registry_, leave_atom::value, w); }
+  void stop_workers() override { caf::anon_send(registry_, stop_atom::value); }
 
   Result<caf::actor> place_worker(caf::local_actor* self, std::uint32_t w) override {
     const auto silence = std::chrono::duration_cast<caf::timespan>(

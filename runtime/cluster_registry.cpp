@@ -365,6 +365,13 @@ void start_worker(Self self, std::uint32_t w) {
     st.bridge->send(st.workers[w]->peer, encode(StartTraining{}, st.bridge->next_id()));
 }
 
+// --stop-at-target: every worker process stops after its current step.
+void stop_workers(Self self) {
+  auto& st = self->state;
+  for (const auto& m : st.workers)
+    if (m) st.bridge->send(m->peer, encode(StopTraining{}, st.bridge->next_id()));
+}
+
 // Worker w is ready, or its process ended: the job's start no longer waits for it.
 void stop_waiting_for(Self self, std::uint32_t w) {
   auto& st = self->state;
@@ -509,6 +516,7 @@ caf::behavior running(Self self) {
       [self](prepare_atom, std::uint32_t workers) { prepare(self, workers); },
       [self](prepare_due_atom) { preparing_timed_out(self); },
       [self](start_atom, std::uint32_t w) { start_worker(self, w); },
+      [self](stop_atom) { stop_workers(self); },
       [self](dismiss_atom, std::uint32_t w, const std::string& why) {
         auto& s = self->state;
         if (w < s.workers.size() && s.workers[w]) tell_to_stop(self, s.workers[w]->peer, why);

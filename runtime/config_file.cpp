@@ -122,13 +122,25 @@ std::string normalize(std::string key) {
   return key;
 }
 
+Status parse_bool(const std::string& t, bool& out) {
+  if (t == "true" || t == "1") out = true;
+  else if (t == "false" || t == "0") out = false;
+  else return Status::InvalidArgument("expected true or false");
+  return {};
+}
+
+FieldAccess bool_field(bool JobConfig::*member) {
+  return {[member](JobConfig& c, const std::string& t) { return parse_bool(t, c.*member); },
+          [member](const JobConfig& c) -> std::optional<std::string> { return c.*member ? "true" : "false"; }};
+}
+
 // --staleness-aware-lr: true, false or unset (the default by policy).
 FieldAccess staleness_aware_field() {
   return {[](JobConfig& c, const std::string& t) {
-            if (t == "true" || t == "1") c.staleness_aware_lr = true;
-            else if (t == "false" || t == "0") c.staleness_aware_lr = false;
-            else return Status::InvalidArgument("expected true or false");
-            return Status{};
+            bool on = false;
+            Status s = parse_bool(t, on);
+            if (s.ok()) c.staleness_aware_lr = on;
+            return s;
           },
           [](const JobConfig& c) -> std::optional<std::string> {
             if (!c.staleness_aware_lr) return std::nullopt;
@@ -200,6 +212,9 @@ const std::vector<ConfigField>& job_config_fields() {
        uint_field(&JobConfig::seed)},
       {"target-accuracy", "report the training time until validation accuracy reaches A", "A",
        target_accuracy_field()},
+      {"stop-at-target",
+       "true: once an evaluation finds --target-accuracy reached, stop training and test (default false)", "BOOL",
+       bool_field(&JobConfig::stop_at_target)},
       {"eval-every", "also evaluate on the validation split every S seconds of training (default 0: per epoch only)",
        "S", double_field(&JobConfig::eval_every_s)},
       {"metrics-out", "write metrics as JSON Lines to FILE", "FILE", string_field(&JobConfig::metrics_out)},

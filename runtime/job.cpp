@@ -106,6 +106,8 @@ Status validate_config(const JobConfig& c, bool named_dataset, bool devices_here
     return bad("momentum", fmt::format("{:g}", *c.momentum), "must be in [0, 1)");
   if (c.target_accuracy && !(*c.target_accuracy > 0.0 && *c.target_accuracy <= 1.0))
     return bad("target-accuracy", fmt::format("{:g}", *c.target_accuracy), "must be in (0, 1]");
+  if (c.stop_at_target && !c.target_accuracy)
+    return bad("stop-at-target", "true", "needs --target-accuracy (the accuracy to stop at)");
   if (!(c.eval_every_s >= 0.0) || !std::isfinite(c.eval_every_s))
     return bad("eval-every", fmt::format("{:g}", c.eval_every_s), "must be a number of seconds >= 0");
   if (c.validation_size < 1) return bad("validation-size", "0", "must be >= 1");

@@ -67,6 +67,7 @@ nlohmann::json to_json(const JobSummary& s) {
                       {"samples_per_s", s.samples_per_s},
                       {"final_test_accuracy", s.final_test_accuracy},
                       {"time_to_target_s", nullptr},
+                      {"stopped_at_target", s.stopped_at_target},
                       {"updates_applied", s.updates_applied},
                       {"staleness_mean", s.staleness_mean},
                       {"staleness_p99", s.staleness_p99},
@@ -173,6 +174,7 @@ Result<JobSummary> summary_from_json(const nlohmann::json& j) {
     s.samples_per_s = field<double>(j, "samples_per_s");
     s.final_test_accuracy = field<double>(j, "final_test_accuracy");
     if (!j.at("time_to_target_s").is_null()) s.time_to_target_s = j.at("time_to_target_s").get<double>();
+    s.stopped_at_target = j.value("stopped_at_target", false);  // absent before --stop-at-target
     s.updates_applied = field<std::uint64_t>(j, "updates_applied");
     s.staleness_mean = field<double>(j, "staleness_mean");
     s.staleness_p99 = field<double>(j, "staleness_p99");

@@ -87,6 +87,10 @@ struct JobConfig {
   double weight_decay = 0.0;        ///< L2 coefficient added to every gradient, >= 0
   std::uint64_t seed = 1;           ///< seeds initialisation, the validation split and shuffling
   std::optional<double> target_accuracy;  ///< validation accuracy whose first crossing time is reported
+  /// Once an evaluation finds target_accuracy reached: each worker stops
+  /// after the step it is in, and the job ends with the final test
+  /// evaluation as after its last epoch (JobSummary::stopped_at_target).
+  bool stop_at_target = false;
   /// Also evaluate on the validation split every S seconds of training, for
   /// a finer time-to-target and accuracy curve (0: only after each epoch).
   double eval_every_s = 0.0;
@@ -262,6 +266,7 @@ struct JobSummary {
   double samples_per_s = 0.0;     ///< training samples / train_s
   double final_test_accuracy = 0.0;  ///< on the official test set, after training
   std::optional<double> time_to_target_s;  ///< training seconds until val accuracy >= target
+  bool stopped_at_target = false;  ///< --stop-at-target ended training there, before its last epoch
   std::uint64_t updates_applied = 0;  ///< worker pushes applied by the shards
   double staleness_mean = 0.0;    ///< over every (push, shard) application
   double staleness_p99 = 0.0;

@@ -408,5 +408,53 @@ TEST(CoordinatorCore, TheJobFinishesExactlyOnceAfterTheLastEpochsEvaluationAndEv
   EXPECT_TRUE(d.cancel().empty()) << "a finished job is not failed afterwards";
 }
 
+// --stop-at-target: the first evaluation at the target stops the workers,
+// once; nothing more is evaluated; the job finishes when every worker has
+// stopped, with training ending at the last one's report (its part of the
+// epoch it was in) and the updates of the epochs never evaluated counted.
+TEST(CoordinatorCore, AtTheTargetTheWorkersStopOnceAndTheJobFinishesWithoutTheEpochsLeft) {
+  JobConfig c = config(2, 3);
+  c.eval_every_s = 1.0;
+  c.target_accuracy = 0.9;
+  c.stop_at_target = true;
+  Driver d(c);
+  d.report(0, 0, 0.8);
+  d.report(1, 0, 0.9);
+  EXPECT_EQ(count<act::StopTraining>(d.evaluated(0.85, 1.0)), 0u) << "epoch 1 is below the target";
+  d.tick(1.0);
+  const auto& reached = d.evaluated(0.91, 1.6);
+  EXPECT_EQ(count<act::PointDone>(reached), 1u);
+  EXPECT_EQ(count<act::StopTraining>(reached), 1u);
+  EXPECT_EQ(count<act::Finish>(reached), 0u) << "the workers have not stopped yet";
+  EXPECT_TRUE(d.tick(2.0).empty()) << "no more points, no more timers";
+  d.report(0, 1, 1.7, 40);  // what each did of epoch 2 before it stopped
+  EXPECT_EQ(count<act::Evaluate>(d.report(1, 1, 1.8, 50)), 0u) << "epoch 2 is not evaluated";
+  EXPECT_EQ(count<act::StopTraining>(d.evaluated(0.95, 1.9)), 0u) << "stopped once";
+  d.finished(0);
+  EXPECT_EQ(only<act::Dismiss>(d.rejoin(0)).why, "the job is ending");
+  EXPECT_EQ(count<act::Finish>(d.finished(1)), 1u);
+  const JobSummary s = d.core.finished(0.92, {ShardStats{}});
+  EXPECT_TRUE(s.stopped_at_target);
+  EXPECT_DOUBLE_EQ(*s.time_to_target_s, 1.0) << "the point's time: when its parameters were read";
+  EXPECT_DOUBLE_EQ(s.train_s, 1.8) << "the last worker's report";
+  EXPECT_EQ(s.updates_applied, 20u + 9u) << "epoch 1's and the 4 + 5 steps of epoch 2";
+  EXPECT_DOUBLE_EQ(s.samples_per_s, (200.0 + 90.0) / 1.8);
+}
+
+TEST(CoordinatorCore, WithoutStopAtTargetReachingItOnlyRecordsWhen) {
+  JobConfig c = config(1, 2);
+  c.target_accuracy = 0.9;
+  Driver d(c);
+  d.report(0, 0, 1.0);
+  EXPECT_EQ(count<act::StopTraining>(d.evaluated(0.95, 1.1)), 0u);
+  d.report(0, 1, 2.0);
+  d.evaluated(0.96, 2.1);
+  EXPECT_EQ(count<act::Finish>(d.finished(0)), 1u);
+  const JobSummary s = d.core.finished(0.95, {ShardStats{}});
+  EXPECT_FALSE(s.stopped_at_target);
+  EXPECT_DOUBLE_EQ(*s.time_to_target_s, 1.0);
+  EXPECT_DOUBLE_EQ(s.train_s, 2.0);
+}
+
 }  // namespace
 }  // namespace asgd

@@ -1,5 +1,6 @@
 // A data feeder that cannot make a batch (out of memory) answers the worker
-// waiting for it with that error instead of leaving its request open.
+// waiting for it with that error instead of leaving its request open; one
+// told to stop serves the end-of-data marker from then on.
 
 #include <gtest/gtest.h>
 
@@ -9,6 +10,7 @@
 #include <string>
 
 #include "actors/data_feeder.hpp"
+#include "actors/synthetic_data.hpp"
 #include "messaging/protocol.hpp"
 
 namespace asgd {
@@ -43,6 +45,34 @@ TEST(DataFeeder, ABatchThatCannotBeMadeAnswersTheWaitingRequestWithTheError) {
       .receive([&](const data::Batch&) { answer = "a batch"; },
                [&](const caf::error& e) { answer = sys.render(e); });
   EXPECT_NE(answer.find("a data feeder failed: out of memory"), std::string::npos) << answer;
+}
+
+// --stop-at-target: after stop_atom a feeder with batches ready and epochs
+// left answers every request with the end-of-data marker (size 0), as after
+// its last epoch, so its worker stops after the step it is in.
+TEST(DataFeeder, AfterStopEveryRequestGetsTheEndOfDataMarker) {
+  FeederSetup setup;
+  setup.data = asgd_test::synthetic_splits(64);
+  setup.partition = {0, 64};
+  setup.epochs = 3;
+  setup.batch = 8;
+  setup.capacity = 4;
+  caf::actor_system_config cfg;
+  cfg.add_message_types<caf::id_block::asgd>();
+  caf::actor_system sys{cfg};
+  caf::scoped_actor self{sys};
+  auto feeder = sys.spawn(data_feeder, setup);
+  auto next = [&] {
+    std::uint32_t size = 99;
+    self->request(feeder, std::chrono::seconds(10), next_atom::value)
+        .receive([&](const data::Batch& b) { size = b.size; }, [&](const caf::error&) { size = 98; });
+    return size;
+  };
+  EXPECT_EQ(next(), 8u);
+  self->send(feeder, stop_atom::value);
+  EXPECT_EQ(next(), 0u) << "batches were ready and 23 more were due";
+  EXPECT_EQ(next(), 0u);
+  self->send_exit(feeder, caf::exit_reason::user_shutdown);
 }
 
 }  // namespace

@@ -394,6 +394,31 @@ TEST(WorkerCore, OutOfDataWithEverythingPushedLeavesAtOnce) {
   EXPECT_EQ(count<act::Leave>(out), 1u);
 }
 
+// Its feeder stopped mid-epoch (--stop-at-target): what it did of the
+// epoch is reported, then it leaves.
+TEST(WorkerCore, StoppedMidEpochItReportsWhatItDidOfTheEpochThenLeaves) {
+  Driver d(setup("async", 2));
+  d.ready();
+  for (int i = 0; i < 2; ++i) {
+    d.feed(batch(0, false));
+    d.answer_all();
+    d.step();
+  }
+  auto& out = d.feed(batch(0, false, 0.0f, 0));  // the feeder serves no more
+  std::size_t report_at = out.size(), leave_at = out.size();
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    if (std::holds_alternative<act::Report>(out[i])) report_at = i;
+    if (std::holds_alternative<act::Leave>(out[i])) leave_at = i;
+  }
+  ASSERT_LT(leave_at, out.size());
+  ASSERT_LT(report_at, leave_at) << "reported before it leaves";
+  const EpochReport& r = std::get<act::Report>(out[report_at]).report;
+  EXPECT_EQ(r.epoch, 0u);
+  EXPECT_EQ(r.batches, 2u);
+  EXPECT_EQ(r.samples, 2 * kBatch);
+  EXPECT_EQ(r.updates, 2u);
+}
+
 TEST(WorkerCore, HogwildUpdatesTheSharedBufferAndCountsItsStaleness) {
   WorkerSetup s = setup("hogwild", 1);
   auto model = Model::build("mlp", {1, 28, 28}, 10);

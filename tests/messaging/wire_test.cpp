@@ -213,6 +213,7 @@ TEST(WireMessages, EveryMessageTypeRoundTrips) {
   EXPECT_EQ(fl.code, 7);
   EXPECT_EQ(fl.what, "diverged");
   round_trip(StartTraining{});
+  round_trip(StopTraining{});
   round_trip(StatsRequest{});
   auto cal = round_trip(Calibration{4, 0.0015, 2.5e-5});
   EXPECT_EQ(cal.index, 4u);

@@ -225,7 +225,9 @@ int report_outcome(const Result<JobSummary>& result, const JobConfig& config, co
               sum.final_test_accuracy, sum.train_s, sum.wall_s, sum.samples_per_s,
               static_cast<unsigned long long>(sum.updates_applied), sum.staleness_mean, sum.staleness_p99,
               sum.staleness_max);
-  if (sum.time_to_target_s) std::printf("target accuracy reached after %.1f s of training\n", *sum.time_to_target_s);
+  if (sum.time_to_target_s)
+    std::printf("target accuracy reached after %.1f s of training%s\n", *sum.time_to_target_s,
+                sum.stopped_at_target ? "; training stopped there (--stop-at-target)" : "");
   if (!config.metrics_out.empty()) std::printf("metrics: %s\n", config.metrics_out.c_str());
   return kExitOk;
 }

@@ -1,0 +1,71 @@
+// --stop-at-target as a user meets it: the job stops at the first
+// evaluation that reaches --target-accuracy, in one process and across
+// processes, tests what it trained, and says so in its summary.
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <string>
+
+#include <nlohmann/json.hpp>
+
+#include "cli/cli_run.hpp"
+#include "temp_dir.hpp"
+#include "test_data.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+using asgd_test::asgd;
+using asgd_test::expect_one_line_error;
+using asgd_test::slurp;
+
+// The metrics file's last line, the summary.
+nlohmann::json summary_in(const fs::path& metrics) {
+  const std::string m = slurp(metrics);
+  const std::size_t from = m.rfind('\n', m.size() - 2);
+  return nlohmann::json::parse(m.substr(from == std::string::npos ? 0 : from + 1));
+}
+
+// Five epochs planned, a target the mlp passes within the first: the job
+// ends well before its epochs, at the target or just past it.
+void expect_stopped_at_target(const std::string& command, const fs::path& metrics) {
+  const auto r = asgd(command);
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("training stopped there (--stop-at-target)"), std::string::npos) << r.out;
+  EXPECT_EQ(r.out.find("epoch 5/5"), std::string::npos) << "the last epoch was trained:\n" << r.out;
+  const nlohmann::json s = summary_in(metrics);
+  EXPECT_TRUE(s.at("stopped_at_target").get<bool>()) << s.dump();
+  ASSERT_TRUE(s.at("time_to_target_s").is_number()) << s.dump();
+  EXPECT_LE(s.at("time_to_target_s").get<double>(), s.at("train_s").get<double>());
+  EXPECT_GE(s.at("final_test_accuracy").get<double>(), 0.85) << s.dump();
+  EXPECT_GT(s.at("samples_per_s").get<double>(), 0.0) << s.dump();
+  EXPECT_GT(s.at("updates_applied").get<std::uint64_t>(), 0u) << s.dump();
+}
+
+TEST(StopAtTargetCli, InOneProcessTheJobStopsAtTheTargetAndTestsWhatItTrained) {
+  ASGD_REQUIRE_DATASET(mnist, "mnist");
+  const asgd_test::TempDir scratch;
+  const fs::path metrics = scratch / "m.jsonl";
+  expect_stopped_at_target("train --workers 4 --policy bsp --epochs 5 --target-accuracy 0.9 --stop-at-target true "
+                           "--eval-every 0.05 --validation-size 1000 --log-level warn --data-dir " +
+                               mnist.string() + " --metrics-out " + metrics.string(),
+                           metrics);
+}
+
+TEST(StopAtTargetCli, AcrossProcessesEveryWorkerProcessStopsAndTheJobEnds) {
+  ASGD_REQUIRE_DATASET(mnist, "mnist");
+  const asgd_test::TempDir scratch;
+  const fs::path metrics = scratch / "m.jsonl";
+  expect_stopped_at_target("cluster --workers 2 --policy async --epochs 5 --target-accuracy 0.9 --stop-at-target "
+                           "true --eval-every 0.05 --validation-size 1000 --log-level warn --data-dir " +
+                               mnist.string() + " --metrics-out " + metrics.string(),
+                           metrics);
+}
+
+TEST(StopAtTargetCli, WithoutATargetItIsAUsageError) {
+  expect_one_line_error(asgd("train --stop-at-target true --data-dir /tmp"), 2, "needs --target-accuracy");
+}
+
+}  // namespace
