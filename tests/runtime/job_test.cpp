@@ -63,7 +63,9 @@ TEST(RunJob, TrainsMnistAcrossTwoWorkersAndTwoShardsAndWritesTheMetricsFile) {
                                           "malformed_frames", "nonfinite_rejected", "workers_lost",
                                           "shard_restarts", "workers_rejoined", "checkpoint_failures",
                                           // where the time and the energy went (issue 20)
-                                          "worker_phases", "shard_optimizer_s", "evaluation_s", "energy"};
+                                          "worker_phases", "shard_optimizer_s", "evaluation_s", "energy",
+                                          // --stop-at-target
+                                          "stopped_at_target"};
   std::set<std::string> keys;
   for (const auto& [k, v] : s.items()) keys.insert(k);
   EXPECT_EQ(keys, expected);
