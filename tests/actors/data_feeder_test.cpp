@@ -17,8 +17,8 @@ namespace asgd {
 namespace {
 
 TEST(DataFeeder, ABatchThatCannotBeMadeAnswersTheWaitingRequestWithTheError) {
-#if defined(__SANITIZE_ADDRESS__)
-  GTEST_SKIP() << "AddressSanitizer aborts on a 4 PiB request instead of throwing bad_alloc";
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+  GTEST_SKIP() << "the sanitizers' allocators abort on a 4 PiB request instead of throwing bad_alloc";
 #endif
   // Two samples of 2^50 floats each, declared and never stored: making a
   // batch asks for 4 PiB before it reads a value, and gets bad_alloc.

@@ -5,7 +5,9 @@
 #include <gtest/gtest.h>
 
 #include <filesystem>
+#include <sstream>
 #include <string>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
@@ -62,6 +64,37 @@ TEST(StopAtTargetCli, AcrossProcessesEveryWorkerProcessStopsAndTheJobEnds) {
                            "true --eval-every 0.05 --validation-size 1000 --log-level warn --data-dir " +
                                mnist.string() + " --metrics-out " + metrics.string(),
                            metrics);
+}
+
+// The training loss of each epoch in a metrics file, in order.
+std::vector<double> epoch_losses(const fs::path& metrics) {
+  std::vector<double> out;
+  std::istringstream lines(slurp(metrics));
+  for (std::string line; std::getline(lines, line);) {
+    const auto j = nlohmann::json::parse(line);
+    if (j.at("event") == "epoch") out.push_back(j.at("train_loss").get<double>());
+  }
+  return out;
+}
+
+// bsp trains deterministically (its epochs' losses are the same bits from
+// run to run; what an evaluation reads depends on timing): stopped at the
+// target, a run trained as the full run did up to there (the schedule is
+// the one for all its epochs).
+TEST(StopAtTargetCli, UnderBspTheEpochsBeforeTheStopAreTheFullRunsBitForBit) {
+  ASGD_REQUIRE_DATASET(mnist, "mnist");
+  const asgd_test::TempDir scratch;
+  const std::string job = "train --policy bsp --workers 2 --epochs 4 --target-accuracy 0.96 --validation-size 1000 "
+                          "--log-level warn --data-dir " + mnist.string() + " --metrics-out ";
+  ASSERT_EQ(asgd(job + (scratch / "full.jsonl").string()).exit_code, 0);
+  ASSERT_EQ(asgd(job + (scratch / "stop.jsonl").string() + " --stop-at-target true").exit_code, 0);
+  const auto full = epoch_losses(scratch / "full.jsonl");
+  const auto stopped = epoch_losses(scratch / "stop.jsonl");
+  ASSERT_EQ(full.size(), 4u);
+  ASSERT_GE(stopped.size(), 1u);
+  ASSERT_LT(stopped.size(), 4u) << "it trained every epoch";
+  EXPECT_EQ(stopped, std::vector(full.begin(), full.begin() + static_cast<std::ptrdiff_t>(stopped.size())));
+  EXPECT_TRUE(summary_in(scratch / "stop.jsonl").at("stopped_at_target").get<bool>());
 }
 
 TEST(StopAtTargetCli, WithoutATargetItIsAUsageError) {
