@@ -16,6 +16,11 @@
 namespace asgd {
 namespace {
 
+// An actor system's configuration with our message types.
+struct WithOurTypes : caf::actor_system_config {
+  WithOurTypes() { add_message_types<caf::id_block::asgd>(); }
+};
+
 TEST(DataFeeder, ABatchThatCannotBeMadeAnswersTheWaitingRequestWithTheError) {
 #if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
   GTEST_SKIP() << "the sanitizers' allocators abort on a 4 PiB request instead of throwing bad_alloc";
@@ -33,8 +38,7 @@ TEST(DataFeeder, ABatchThatCannotBeMadeAnswersTheWaitingRequestWithTheError) {
   setup.batch = 1;
   setup.capacity = 1;
 
-  caf::actor_system_config cfg;
-  cfg.add_message_types<caf::id_block::asgd>();
+  WithOurTypes cfg;
   caf::actor_system sys{cfg};
   caf::scoped_actor self{sys};
   // Lazily started: the request is in the mailbox before the feeder's first
@@ -57,8 +61,7 @@ TEST(DataFeeder, AfterStopEveryRequestGetsTheEndOfDataMarker) {
   setup.epochs = 3;
   setup.batch = 8;
   setup.capacity = 4;
-  caf::actor_system_config cfg;
-  cfg.add_message_types<caf::id_block::asgd>();
+  WithOurTypes cfg;
   caf::actor_system sys{cfg};
   caf::scoped_actor self{sys};
   auto feeder = sys.spawn(data_feeder, setup);
