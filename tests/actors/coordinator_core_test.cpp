@@ -441,6 +441,26 @@ TEST(CoordinatorCore, AtTheTargetTheWorkersStopOnceAndTheJobFinishesWithoutTheEp
   EXPECT_DOUBLE_EQ(s.samples_per_s, (200.0 + 90.0) / 1.8);
 }
 
+// A worker lost while the others stop at the target is not waited for.
+TEST(CoordinatorCore, AWorkerLostWhileTheOthersStopAtTheTargetIsNotWaitedFor) {
+  JobConfig c = config(3, 3);
+  c.target_accuracy = 0.9;
+  c.stop_at_target = true;
+  Driver d(c);
+  for (std::uint32_t w = 0; w < 3; ++w) d.report(w, 0, 1.0);
+  EXPECT_EQ(count<act::StopTraining>(d.evaluated(0.95, 1.1)), 1u);
+  d.finished(0);
+  d.report(1, 1, 1.3, 20);
+  const auto& lost = d.lost(2);
+  EXPECT_EQ(only<act::Leave>(lost).worker, 2u);
+  EXPECT_EQ(count<act::Evaluate>(lost), 0u) << "nothing is evaluated after the stop";
+  EXPECT_EQ(count<act::Finish>(lost), 0u) << "worker 1 has not stopped yet";
+  EXPECT_EQ(count<act::Finish>(d.finished(1)), 1u);
+  const JobSummary s = d.core.finished(0.93, {ShardStats{}});
+  EXPECT_TRUE(s.stopped_at_target);
+  EXPECT_EQ(s.workers_lost, 1u);
+}
+
 TEST(CoordinatorCore, WithoutStopAtTargetReachingItOnlyRecordsWhen) {
   JobConfig c = config(1, 2);
   c.target_accuracy = 0.9;
