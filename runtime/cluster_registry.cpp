@@ -79,6 +79,14 @@ void tell_to_stop(Self self, const PeerId& peer, const std::string& why) {
   b.send(peer, encode(Shutdown{why}, b.next_id()));
 }
 
+// Sends `message` to every worker process in the job, but the one of worker `but`.
+template <class M>
+void tell_workers(Self self, const M& message, std::optional<std::uint32_t> but = std::nullopt) {
+  auto& st = self->state;
+  for (std::uint32_t i = 0; i < st.workers.size(); ++i)
+    if (st.workers[i] && i != but) st.bridge->send(st.workers[i]->peer, encode(message, st.bridge->next_id()));
+}
+
 template <class... Ts>
 void tell_coordinator(Self self, Ts&&... xs) {
   if (self->state.coordinator) caf::anon_send(self->state.coordinator, std::forward<Ts>(xs)...);
@@ -250,9 +258,7 @@ void shard_served(Self self, const PeerId& peer) {
   if (*resent > 0) logger().info("coordinator: sent {} unanswered request(s) to shard {} again", *resent, u.index);
   st.shards[u.index] = u.member;
   st.said_silent[u.index] = false;
-  for (const auto& w : st.workers)
-    if (w)
-      st.bridge->send(w->peer, encode(Restarted{Role::shard, u.index, u.member.reg.endpoint}, st.bridge->next_id()));
+  tell_workers(self, Restarted{Role::shard, u.index, u.member.reg.endpoint});
   tell_coordinator(self, restarted_atom::value, u.index);
 }
 
@@ -320,8 +326,7 @@ void check_silence(Self self) {
 // the others share.
 void worker_lost(Self self, std::uint32_t w) {
   auto& s = self->state;
-  for (std::size_t i = 0; i < s.workers.size(); ++i)
-    if (i != w && s.workers[i]) s.bridge->send(s.workers[i]->peer, encode(ClockNotice{w, 0, true}, s.bridge->next_id()));
+  tell_workers(self, ClockNotice{w, 0, true}, w);
   if (w >= s.workers.size() || !s.workers[w] || s.ended.count(s.workers[w]->reg.pid) || !s.setup.supervision ||
       !s.setup.supervision->on_silent)
     return;
@@ -363,13 +368,6 @@ void start_worker(Self self, std::uint32_t w) {
   auto& st = self->state;
   if (w < st.workers.size() && st.workers[w])
     st.bridge->send(st.workers[w]->peer, encode(StartTraining{}, st.bridge->next_id()));
-}
-
-// --stop-at-target: every worker process stops after its current step.
-void stop_workers(Self self) {
-  auto& st = self->state;
-  for (const auto& m : st.workers)
-    if (m) st.bridge->send(m->peer, encode(StopTraining{}, st.bridge->next_id()));
 }
 
 // Worker w is ready, or its process ended: the job's start no longer waits for it.
@@ -516,7 +514,7 @@ caf::behavior running(Self self) {
       [self](prepare_atom, std::uint32_t workers) { prepare(self, workers); },
       [self](prepare_due_atom) { preparing_timed_out(self); },
       [self](start_atom, std::uint32_t w) { start_worker(self, w); },
-      [self](stop_atom) { stop_workers(self); },
+      [self](stop_atom) { tell_workers(self, StopTraining{}); },  // --stop-at-target
       [self](dismiss_atom, std::uint32_t w, const std::string& why) {
         auto& s = self->state;
         if (w < s.workers.size() && s.workers[w]) tell_to_stop(self, s.workers[w]->peer, why);
