@@ -92,13 +92,7 @@ void WorkerCore::start(Actions& out) {
 // feeder was told to serve no more: --stop-at-target), what it did of that
 // epoch is reported first.
 void WorkerCore::leave(Actions& out) {
-  if (report_.batches > 0) {
-    report_.worker = id_;
-    report_.epoch = step_epoch_;
-    report_.wall_s = std::chrono::duration<double>(now_() - epoch_start_).count();
-    out.emplace_back(worker_action::Report{report_});
-    report_ = EpochReport{};
-  }
+  if (report_.batches > 0) report_epoch(now_(), out);
   if (shared_) shared_->live[id_].store(false, std::memory_order_release);
   if (collective_) collective_->leave(id_);
   finished_ = true;
@@ -154,6 +148,18 @@ WorkerProgress WorkerCore::progress() const {
   return p;
 }
 
+// The epoch's counts (all of it, or what a worker stopped mid-epoch did of
+// it) go to the coordinator; the next epoch's start from zero at `now`.
+void WorkerCore::report_epoch(Instant now, Actions& out) {
+  report_.worker = id_;
+  report_.epoch = step_epoch_;
+  report_.wall_s = std::chrono::duration<double>(now - epoch_start_).count();
+  epoch_start_ = now;
+  out.emplace_back(worker_action::Report{report_});
+  finished_epochs_ = progress();
+  report_ = EpochReport{};
+}
+
 void WorkerCore::send_progress(Actions& out) {
   last_progress_ = now_();
   out.emplace_back(worker_action::Progress{progress()});
@@ -168,13 +174,7 @@ void WorkerCore::finish_step(Actions& out) {
   // where they are made.
   if (applied_in_step_ == ranges_.size() && !collective_) ++report_.updates;
   if (step_ends_epoch_) {
-    report_.worker = id_;
-    report_.epoch = step_epoch_;
-    report_.wall_s = std::chrono::duration<double>(now - epoch_start_).count();
-    epoch_start_ = now;
-    out.emplace_back(worker_action::Report{report_});
-    finished_epochs_ = progress();
-    report_ = EpochReport{};
+    report_epoch(now, out);
     send_progress(out);
   } else if (now_() - last_progress_ >= kProgressEvery) {
     send_progress(out);

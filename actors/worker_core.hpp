@@ -147,6 +147,7 @@ class WorkerCore {
   void take_peer_copies();
   void after_exchange(Actions& out);
   void record_staleness(Clock staleness);
+  void report_epoch(Instant now, Actions& out);
   void send_progress(Actions& out);
 
   TimeSource now_;
