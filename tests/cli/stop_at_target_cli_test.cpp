@@ -30,10 +30,15 @@ nlohmann::json summary_in(const fs::path& metrics) {
   return nlohmann::json::parse(m.substr(from == std::string::npos ? 0 : from + 1));
 }
 
-// Five epochs planned, a target the mlp passes within the first: the job
-// ends well before its epochs, at the target or just past it.
-void expect_stopped_at_target(const std::string& command, const fs::path& metrics) {
-  const auto r = asgd(command);
+// `job` ("train ..." or "cluster ...") on MNIST with five epochs planned
+// and a target the mlp passes within the first: it ends well before its
+// epochs, at the target or just past it.
+void expect_stopped_at_target(const std::string& job, const fs::path& mnist) {
+  const asgd_test::TempDir scratch;
+  const fs::path metrics = scratch / "m.jsonl";
+  const auto r = asgd(job + " --epochs 5 --target-accuracy 0.9 --stop-at-target true --eval-every 0.05 "
+                            "--validation-size 1000 --log-level warn --data-dir " + mnist.string() +
+                      " --metrics-out " + metrics.string());
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
   EXPECT_NE(r.out.find("training stopped there (--stop-at-target)"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("epoch 5/5"), std::string::npos) << "the last epoch was trained:\n" << r.out;
@@ -51,22 +56,12 @@ void expect_stopped_at_target(const std::string& command, const fs::path& metric
 
 TEST(StopAtTargetCli, InOneProcessTheJobStopsAtTheTargetAndTestsWhatItTrained) {
   ASGD_REQUIRE_DATASET(mnist, "mnist");
-  const asgd_test::TempDir scratch;
-  const fs::path metrics = scratch / "m.jsonl";
-  expect_stopped_at_target("train --workers 4 --policy bsp --epochs 5 --target-accuracy 0.9 --stop-at-target true "
-                           "--eval-every 0.05 --validation-size 1000 --log-level warn --data-dir " +
-                               mnist.string() + " --metrics-out " + metrics.string(),
-                           metrics);
+  expect_stopped_at_target("train --workers 4 --policy bsp", mnist);
 }
 
 TEST(StopAtTargetCli, AcrossProcessesEveryWorkerProcessStopsAndTheJobEnds) {
   ASGD_REQUIRE_DATASET(mnist, "mnist");
-  const asgd_test::TempDir scratch;
-  const fs::path metrics = scratch / "m.jsonl";
-  expect_stopped_at_target("cluster --workers 2 --policy async --epochs 5 --target-accuracy 0.9 --stop-at-target "
-                           "true --eval-every 0.05 --validation-size 1000 --log-level warn --data-dir " +
-                               mnist.string() + " --metrics-out " + metrics.string(),
-                           metrics);
+  expect_stopped_at_target("cluster --workers 2 --policy async", mnist);
 }
 
 // The training loss of each epoch in a metrics file, in order.
