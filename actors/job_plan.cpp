@@ -109,8 +109,8 @@ std::uint64_t planned_clocks(const std::vector<WorkerShare>& shares, std::uint32
   return most;
 }
 
-unsigned compute_threads(const JobConfig& c, unsigned cores) {
-  return c.threads > 0 ? c.threads : std::max(1u, std::max(1u, cores) / std::max(1u, c.workers));
+unsigned compute_threads(const JobConfig& c, unsigned cores, unsigned sharers) {
+  return c.threads > 0 ? c.threads : std::max(1u, std::max(1u, cores) / std::max(1u, sharers));
 }
 
 Result<JobPlan> plan_settings(const JobConfig& c, Placement where, unsigned cores) {
@@ -133,7 +133,7 @@ Result<JobPlan> plan_settings(const JobConfig& c, Placement where, unsigned core
   p.batch = p.training.batch;
   p.calibrate_weights = c.worker_weights == "auto";
   p.worker_count = c.workers;
-  p.compute_threads = compute_threads(c, cores);
+  p.compute_threads = compute_threads(c, cores, c.workers);
   // Workers compute inside their handlers: one scheduler thread each, up
   // to the cores (run_job says why no more).
   p.actor_threads = std::clamp(c.workers, 1u, std::max(1u, cores));

@@ -42,7 +42,7 @@ struct WorkerShare {
 };
 
 /// What a job is planned from beside its config: what the model and the
-/// data say, where the job runs, and how many cores this host has. The
+/// data say, where the job runs, and how many CPUs this process may use. The
 /// caller finds them out; plan_job only reads them.
 struct JobFacts {
   std::size_t num_params = 0;   ///< the model's parameters
@@ -50,7 +50,7 @@ struct JobFacts {
   std::size_t classes = 0;
   Shape sample_shape;           ///< (C, H, W)
   Placement placement = Placement::one_process;
-  unsigned cores = 1;           ///< this host's (std::thread::hardware_concurrency()), for the thread budgets
+  unsigned cores = 1;           ///< the CPUs this process may use (usable_cpus()), for the thread budgets
 };
 
 /// One shard's part of the plan.
@@ -107,7 +107,7 @@ struct JobPlan {
   std::uint32_t worker_count = 0;   ///< also set where `workers` is left empty (plan_settings)
 
   // Threads, timeouts, checkpoints, data.
-  std::size_t compute_threads = 1;  ///< per worker model (--threads; else cores / workers, at least 1)
+  std::size_t compute_threads = 1;  ///< per worker model (--threads; else compute_threads()'s rule)
   std::size_t actor_threads = 1;    ///< the in-process actor system's scheduler: one per worker, up to the cores
   double rpc_timeout_s = 60.0;
   double hold_warning_s = 0.0;      ///< a shard logs a read held this long (half of --rpc-timeout)
@@ -180,9 +180,11 @@ std::uint64_t steps_per_epoch(const WorkerShare& share);
 /// learning-rate schedule, which runs by clock.
 std::uint64_t planned_clocks(const std::vector<WorkerShare>& shares, std::uint32_t epochs);
 
-/// Threads each worker's model computes on: --threads, else this host's
-/// `cores` divided among the workers (at least 1).
-unsigned compute_threads(const JobConfig& config, unsigned cores);
+/// Threads each worker's model computes on: --threads, else `cores` (the
+/// CPUs this process may use) divided among the `sharers` (the workers
+/// computing on them: all of a job's in one process; in a worker process,
+/// the job's worker processes on the same CPUs), at least 1.
+unsigned compute_threads(const JobConfig& config, unsigned cores, unsigned sharers);
 
 /// The policy settings a job's configuration gives.
 PolicyConfig policy_config(const JobConfig& config);

@@ -2,8 +2,8 @@
 
 #include <cassert>
 #include <cmath>
-#include <thread>
 
+#include "base/cpus.hpp"
 #include "compute/denormals.hpp"
 #include "compute/layer_registry.hpp"
 #include "compute/layers/batch_norm2d.hpp"
@@ -213,7 +213,7 @@ Status Model::size_status() const {
 
 void Model::finalize() {
   params_.resize(num_params_);
-  use_compute(std::make_shared<ComputeContext>(std::max(1u, std::thread::hardware_concurrency())));
+  use_compute(std::make_shared<ComputeContext>(usable_cpus()));
   for (const auto& layer : layers_) collect_batchnorms(*layer, batchnorms_);
   grads_.assign(params_.size(), 0.0f);
   bind_layers();

@@ -64,10 +64,13 @@ struct Registration {
   std::string endpoint;   ///< where this process listens (a shard), or its collective does (a worker), or empty
   std::string host;
   std::uint32_t pid = 0;
+  /// The CPUs it computes on (cpu_set_key() in base/cpus.hpp): processes
+  /// with the same key share them.
+  std::string cpu_key;
 };
 template <class F>
 decltype(auto) fields(F&& f, Registration& x) {
-  return f(x.role, x.index, x.endpoint, x.host, x.pid);
+  return f(x.role, x.index, x.endpoint, x.host, x.pid, x.cpu_key);
 }
 
 /// Everything a process needs to play its part. Shards get their initial
@@ -99,12 +102,17 @@ struct Assignment {
   /// worker: where every worker's collective listens (worker w's at [w];
   /// empty for one that announced none), for the decentralized policies.
   std::vector<std::string> peer_endpoints;
+  /// worker: how many of the job's worker processes, itself included, share
+  /// the CPUs it computes on (the same Registration::cpu_key); without
+  /// --threads it computes on its CPUs divided by them.
+  std::uint32_t cpu_sharers = 1;
 };
 template <class F>
 decltype(auto) fields(F&& f, Assignment& x) {
   return f(x.role, x.index, bounded(x.config, kMaxConfig), x.workers, x.range_begin, x.range_end, x.partition_begin,
            x.partition_end, x.batch, x.schedule_steps, bounded(x.shard_endpoints, 1024),
-           bounded(x.range_bounds, 1025), x.restore, x.first_epoch, x.calibrate, bounded(x.peer_endpoints, 4096));
+           bounded(x.range_bounds, 1025), x.restore, x.first_epoch, x.calibrate, bounded(x.peer_endpoints, 4096),
+           x.cpu_sharers);
 }
 
 /// Shard `index`'s process was restarted and listens at `endpoint` now:

@@ -2,6 +2,7 @@
 
 #include <spdlog/fmt/fmt.h>
 #include <malloc.h>
+#include "base/cpus.hpp"
 #include "base/log.hpp"
 #include <unistd.h>
 
@@ -192,8 +193,8 @@ Result<Joined> join(const ProcessOptions& o, Role role, const std::string& name,
   if (!peer) return peer.status();
   j.coordinator = *peer;
   j.bridge->send(j.coordinator, encode(Registration{role, o.index, announce.empty() ? j.bridge->endpoint() : announce,
-                                                    host_name(),
-                                                    static_cast<std::uint32_t>(getpid())},
+                                                    host_name(), static_cast<std::uint32_t>(getpid()),
+                                                    cpu_set_key()},
                                        j.bridge->next_id()));
   const auto deadline = SteadyClock::now() + millis(o.join_timeout_s);
   while (true) {
@@ -262,7 +263,7 @@ Status serve_until_shutdown(Joined& j, const std::string& name, std::stop_token 
 // place of one that died.
 Result<ShardCore> assigned_shard(Joined& j, const std::string& name) {
   const Assignment& a = j.assignment;
-  auto plan = plan_settings(j.config, Placement::processes, std::thread::hardware_concurrency());
+  auto plan = plan_settings(j.config, Placement::processes, usable_cpus());
   if (!plan) return plan.status();
   plan_clocks(*plan, a.schedule_steps);
   const ShardPlan shard = plan_shard(*plan, a.index, {a.range_begin, a.range_end});
@@ -471,8 +472,16 @@ Result<WorkerPlans> plan_assigned_worker(Joined& j, const data::DatasetSplits& d
                                          std::stop_token stop) {
   const Assignment& a = j.assignment;
   const JobConfig& cfg = j.config;
-  auto plan = plan_settings(cfg, Placement::processes, std::thread::hardware_concurrency());
+  const unsigned cpus = usable_cpus();
+  auto plan = plan_settings(cfg, Placement::processes, cpus);
   if (!plan) return plan.status();
+  // Its CPUs are shared by the job's workers that run on them, not by all.
+  plan->compute_threads = compute_threads(cfg, cpus, std::max(1u, a.cpu_sharers));
+  if (cfg.threads > 0)
+    logger().info("worker {}: {} compute thread(s) (--threads)", a.index, plan->compute_threads);
+  else
+    logger().info("worker {}: {} compute thread(s): {} usable CPU(s), shared by {} worker process(es) of this job",
+                  a.index, plan->compute_threads, cpus, std::max(1u, a.cpu_sharers));
   // OpenBLAS's buffers before any model (the calibration's first).
   if (Status s = blas::reserve_buffers(plan->compute_threads); !s.ok()) return s;
   const auto& train = data.train;

@@ -73,6 +73,15 @@ std::size_t filled(const Slots& slots) {
   return static_cast<std::size_t>(std::count_if(slots.begin(), slots.end(), [](const auto& m) { return m.has_value(); }));
 }
 
+// How many of the worker processes hold worker w's CPU key (w included):
+// those computing on the same CPUs, which w's threads are to share.
+std::uint32_t cpu_sharers(const Slots& workers, std::uint32_t w) {
+  if (w >= workers.size() || !workers[w] || workers[w]->reg.cpu_key.empty()) return 1;
+  const std::string& key = workers[w]->reg.cpu_key;
+  return static_cast<std::uint32_t>(
+      std::count_if(workers.begin(), workers.end(), [&](const auto& m) { return m && m->reg.cpu_key == key; }));
+}
+
 // Tells process `peer` to stop, saying why: a refused registration, or the job's end.
 void tell_to_stop(Self self, const PeerId& peer, const std::string& why) {
   auto& b = *self->state.bridge;
@@ -508,6 +517,7 @@ caf::behavior running(Self self) {
         for (const auto& m : s.shards) a.shard_endpoints.push_back(m->reg.endpoint);
         // Where each worker's collective listens (the decentralized policies).
         for (const auto& m : s.workers) a.peer_endpoints.push_back(m ? m->reg.endpoint : std::string());
+        a.cpu_sharers = cpu_sharers(s.workers, a.index);
         s.bridge->send(s.workers.at(a.index)->peer, encode(a, s.bridge->next_id()));
         if (start.start && !a.calibrate) start_worker(self, a.index);
       },

@@ -226,7 +226,7 @@ const std::vector<ConfigField>& job_config_fields() {
        string_field(&JobConfig::resume)},
       {"validation-size", "training images held out for validation (default 5000)", "N",
        uint_field(&JobConfig::validation_size)},
-      {"threads", "BLAS threads per worker (default cores / workers)", "N", uint_field(&JobConfig::threads)},
+      {"threads", "compute threads per worker (default usable CPUs / workers on them)", "N", uint_field(&JobConfig::threads)},
       {"prefetch", "batches each data feeder keeps ready (default 4)", "N", uint_field(&JobConfig::prefetch)},
       {"compress", "tensors between processes: none | fp16 (default none)", "NAME", string_field(&JobConfig::compress),
        true},

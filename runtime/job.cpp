@@ -16,6 +16,7 @@
 
 #include "actors/coordinator.hpp"
 #include "actors/thrown.hpp"
+#include "base/cpus.hpp"
 #include "base/log.hpp"
 #include "compute/device.hpp"
 #include "asgd/job.hpp"
@@ -195,7 +196,7 @@ Result<Planned> plan_for(const JobConfig& config, const data::DatasetSplits& dat
   auto model = Model::build(config.model, config.model_spec.get(), sample_shape, data.num_classes);
   if (!model) return model.status();
   auto plan = plan_job(config, {model->num_params(), train.count, data.num_classes, sample_shape, where,
-                                std::thread::hardware_concurrency()});
+                                usable_cpus()});
   if (!plan) return plan.status();
   return Planned{std::move(model).value(), std::move(plan).value()};
 }

@@ -32,13 +32,14 @@ inline std::string slurp(const std::filesystem::path& p) {
 
 /// `asgd ARGS` with stdin closed; stdout and stderr go to a scratch folder
 /// of the call's own (so calls from several threads do not mix). With
-/// `cwd`, it runs in that folder (relative paths in ARGS are its).
-inline CliRun asgd(const std::string& args, const std::filesystem::path& cwd = {}) {
+/// `cwd`, it runs in that folder (relative paths in ARGS are its); with
+/// `launcher`, under it (`taskset -c 1`).
+inline CliRun asgd(const std::string& args, const std::filesystem::path& cwd = {}, const std::string& launcher = "") {
   static std::atomic<int> calls{0};
   const TempDir dir_holder("_stdio" + std::to_string(calls++));
   const std::filesystem::path& dir = dir_holder.path();
   const std::string cd = cwd.empty() ? "" : "cd '" + cwd.string() + "' && ";
-  const std::string cmd = cd + std::string(asgd_cli_path()) + " " + args + " >" + (dir / "out").string() + " 2>" +
+  const std::string cmd = cd + (launcher.empty() ? "" : launcher + " ") + std::string(asgd_cli_path()) + " " + args + " >" + (dir / "out").string() + " 2>" +
                           (dir / "err").string() + " </dev/null";
   const int status = std::system(cmd.c_str());
   CliRun r;

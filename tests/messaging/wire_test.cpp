@@ -141,13 +141,14 @@ TEST(WireMessages, ABigPushIsCheckedWhereItLiesAndItsValuesReadOnlyWhenItsChecks
 }
 
 TEST(WireMessages, EveryMessageTypeRoundTrips) {
-  Registration reg{Role::shard, 3, "tcp://10.0.0.2:4000", "host-a", 1234};
+  Registration reg{Role::shard, 3, "tcp://10.0.0.2:4000", "host-a", 1234, "boot-id/f0"};
   auto r = round_trip(reg);
   EXPECT_EQ(r.role, Role::shard);
   EXPECT_EQ(r.index, 3u);
   EXPECT_EQ(r.endpoint, reg.endpoint);
   EXPECT_EQ(r.host, "host-a");
   EXPECT_EQ(r.pid, 1234u);
+  EXPECT_EQ(r.cpu_key, "boot-id/f0");
 
   Assignment a;
   a.role = Role::worker;
@@ -164,6 +165,7 @@ TEST(WireMessages, EveryMessageTypeRoundTrips) {
   a.range_bounds = {0, 5, 9};
   a.restore = true;
   a.first_epoch = 3;
+  a.cpu_sharers = 4;
   std::vector<float> initial;
   auto a2 = round_trip(a, {1.0f, 2.0f}, &initial);
   EXPECT_EQ(a2.config, a.config);
@@ -173,6 +175,7 @@ TEST(WireMessages, EveryMessageTypeRoundTrips) {
   EXPECT_EQ(a2.partition_end, 200u);
   EXPECT_TRUE(a2.restore);
   EXPECT_EQ(a2.first_epoch, 3u);
+  EXPECT_EQ(a2.cpu_sharers, 4u);
   EXPECT_EQ(initial, (std::vector<float>{1.0f, 2.0f}));
 
   std::vector<float> payload;
