@@ -110,7 +110,10 @@ struct JobConfig {
   /// finished. Lost work: at most one checkpoint interval. Empty: a new job.
   std::string resume;
   std::uint32_t validation_size = 5000;  ///< training images held out for validation
-  std::uint32_t threads = 0;        ///< compute threads per worker; 0: the CPUs this process may use (its affinity mask, capped by a cgroup CPU limit) / workers (at least 1)
+  /// Compute threads per worker; 0: the CPUs this process may use (its
+  /// affinity mask, capped by a cgroup CPU limit) divided by the workers
+  /// (at least 1).
+  std::uint32_t threads = 0;
   std::uint32_t prefetch = 4;       ///< batches each data feeder keeps ready
   double rpc_timeout_s = 60.0;      ///< longest wait for any reply (shard, feeder) before the job fails
   /// asgd cluster: a worker process silent this long is declared dead and

@@ -39,7 +39,8 @@ Job run_job(const std::string& second_launcher) {
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   auto shard = std::async(std::launch::async, [&] { return asgd("shard --coordinator " + at); });
-  auto first = std::async(std::launch::async, [&] { return asgd("worker --coordinator " + at + " --data-dir " + mnist); });
+  auto first =
+      std::async(std::launch::async, [&] { return asgd("worker --coordinator " + at + " --data-dir " + mnist); });
   CliRun second = asgd("worker --coordinator " + at + " --data-dir " + mnist, {}, second_launcher);
   return {coordinator.get(), shard.get(), first.get(), std::move(second)};
 }
