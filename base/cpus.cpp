@@ -130,11 +130,17 @@ unsigned affinity_cpus() {
 
 namespace {
 
-CgroupCpuLimit own_cgroup_limit() {
-  std::ifstream in("/proc/self/cgroup");
-  std::stringstream text;
-  text << in.rdbuf();
-  return cgroup_cpu_limit(text.str(), "/sys/fs/cgroup");
+// Read once per process: models ask at every build (Model::finalize), and
+// a job's CPU limit seldom changes while it runs (one that does is seen by
+// the next process).
+const CgroupCpuLimit& own_cgroup_limit() {
+  static const CgroupCpuLimit limit = [] {
+    std::ifstream in("/proc/self/cgroup");
+    std::stringstream text;
+    text << in.rdbuf();
+    return cgroup_cpu_limit(text.str(), "/sys/fs/cgroup");
+  }();
+  return limit;
 }
 
 }  // namespace
@@ -150,7 +156,7 @@ std::string cpu_set_key() {
   if (key.empty()) key = "no-boot-id";
   // A limit below the mask's CPUs is the group's own budget: its folder's
   // device and inode name it (the same in every namespace).
-  if (const CgroupCpuLimit limit = own_cgroup_limit(); limit.cpus > 0 && limit.cpus < affinity_cpus()) {
+  if (const CgroupCpuLimit& limit = own_cgroup_limit(); limit.cpus > 0 && limit.cpus < affinity_cpus()) {
     struct stat st {};
     if (stat(limit.group.c_str(), &st) == 0)
       key += "/cgroup-" + std::to_string(st.st_dev) + "-" + std::to_string(st.st_ino);

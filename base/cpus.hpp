@@ -12,7 +12,7 @@
 namespace asgd {
 
 /// The CPUs this process may use: affinity_cpus(), capped by its control
-/// group's CPU limit when it has one. At least 1.
+/// group's CPU limit when it has one (read at the first call). At least 1.
 unsigned usable_cpus();
 
 /// The CPUs the calling thread's affinity mask allows (the host's count
