@@ -294,8 +294,12 @@ TEST(CurveTransport, AClientWithAKeyNotAllowedAndAPlainTextClientGetNothingThrou
       << log.all();
   // The plain-text client fails before ZAP is asked (it hangs up, or the
   // server finds it is not a CURVE client): the line names its address and
-  // port.
-  EXPECT_GE(log.count("test: refused a connection from 127.0.0.1:"), 1u) << log.all();
+  // port or, when it hung up before the server could read them (about one
+  // run in 40 on the 2-core VM), the endpoint it came in on.
+  EXPECT_GE(log.count("test: refused a connection from 127.0.0.1:") +
+                log.count("test: refused a connection from a peer that left at once, on tcp://127.0.0.1:"),
+            1u)
+      << log.all();
 }
 
 TEST(CurveTransport, AFloodOfRefusedAttemptsIsCountedInFullButLogsOnlyAFewLines) {
