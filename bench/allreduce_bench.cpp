@@ -115,16 +115,25 @@ Status allreduce_once(messaging::Collective& c, std::uint32_t rank, messaging::R
   return {};
 }
 
-// Our ranks are bound as mpirun binds its own by default: each to a core of
-// its own when there are at least as many cores as ranks (rank r to core
-// r), unbound otherwise. Before any thread starts, so that all inherit it.
+// Our ranks are bound as mpirun binds its own by default: each to a CPU of
+// its own when the bench may use at least as many CPUs as there are ranks
+// (rank r to the r-th of the CPUs its affinity mask allows, so that a
+// `taskset` around the bench holds), unbound otherwise. Before any thread
+// starts, so that all inherit it.
 void bind_like_mpirun(const AllreduceOptions& o) {
-  const unsigned cores = std::thread::hardware_concurrency();
-  if (cores == 0 || o.processes > cores) return;
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  CPU_SET(o.rank, &set);
-  (void)sched_setaffinity(0, sizeof set, &set);  // best effort: unbound, it only runs slower
+  cpu_set_t allowed;
+  CPU_ZERO(&allowed);
+  if (sched_getaffinity(0, sizeof allowed, &allowed) != 0 || o.processes > static_cast<unsigned>(CPU_COUNT(&allowed)))
+    return;
+  unsigned seen = 0;
+  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
+    if (!CPU_ISSET(cpu, &allowed) || seen++ != o.rank) continue;
+    cpu_set_t one;
+    CPU_ZERO(&one);
+    CPU_SET(cpu, &one);
+    (void)sched_setaffinity(0, sizeof one, &one);  // best effort: unbound, it only runs slower
+    return;
+  }
 }
 
 int run_rank(const AllreduceOptions& o) {
