@@ -120,13 +120,27 @@ CgroupCpuLimit cgroup_cpu_limit(const std::string& proc_self_cgroup, const fs::p
   return lowest;
 }
 
-unsigned affinity_cpus() {
+std::vector<unsigned> allowed_cpus() {
   cpu_set_t set;
   CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof set, &set) == 0 && CPU_COUNT(&set) > 0)
-    return static_cast<unsigned>(CPU_COUNT(&set));
-  return std::max(1u, std::thread::hardware_concurrency());
+  std::vector<unsigned> cpus;
+  if (sched_getaffinity(0, sizeof set, &set) != 0) return cpus;
+  for (unsigned cpu = 0; cpu < CPU_SETSIZE; ++cpu)
+    if (CPU_ISSET(cpu, &set)) cpus.push_back(cpu);
+  return cpus;
 }
+
+namespace {
+
+// How many CPUs `allowed` (allowed_cpus()) holds, the host's count where
+// it is empty (the mask could not be read).
+unsigned count_of(const std::vector<unsigned>& allowed) {
+  return allowed.empty() ? std::max(1u, std::thread::hardware_concurrency()) : static_cast<unsigned>(allowed.size());
+}
+
+}  // namespace
+
+unsigned affinity_cpus() { return count_of(allowed_cpus()); }
 
 namespace {
 
@@ -154,25 +168,21 @@ unsigned usable_cpus() {
 std::string cpu_set_key() {
   std::string key = read_first_line("/proc/sys/kernel/random/boot_id");
   if (key.empty()) key = "no-boot-id";
+  const std::vector<unsigned> cpus = allowed_cpus();
   // A limit below the mask's CPUs is the group's own budget: its folder's
   // device and inode name it (the same in every namespace).
-  if (const CgroupCpuLimit& limit = own_cgroup_limit(); limit.cpus > 0 && limit.cpus < affinity_cpus()) {
+  if (const CgroupCpuLimit& limit = own_cgroup_limit(); limit.cpus > 0 && limit.cpus < count_of(cpus)) {
     struct stat st {};
     if (stat(limit.group.c_str(), &st) == 0)
       key += "/cgroup-" + std::to_string(st.st_dev) + "-" + std::to_string(st.st_ino);
   }
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof set, &set) != 0) return key + "/all";
+  if (cpus.empty()) return key + "/all";
   // The mask as hex, highest CPU first, without leading zeros.
+  std::vector<int> nibbles(cpus.back() / 4 + 1, 0);  // CPUs 0-3 first
+  for (unsigned cpu : cpus) nibbles[cpu / 4] |= 1 << (cpu % 4);
   std::string mask;
-  for (int cpu = CPU_SETSIZE - 4; cpu >= 0; cpu -= 4) {
-    int nibble = 0;
-    for (int b = 0; b < 4; ++b)
-      if (CPU_ISSET(cpu + b, &set)) nibble |= 1 << b;
-    if (nibble != 0 || !mask.empty()) mask += "0123456789abcdef"[nibble];
-  }
-  return key + "/" + (mask.empty() ? "0" : mask);
+  for (auto n = nibbles.rbegin(); n != nibbles.rend(); ++n) mask += "0123456789abcdef"[*n];
+  return key + "/" + mask;
 }
 
 }  // namespace asgd

@@ -8,6 +8,7 @@
 
 #include <filesystem>
 #include <string>
+#include <vector>
 
 namespace asgd {
 
@@ -15,8 +16,12 @@ namespace asgd {
 /// group's CPU limit when it has one (read at the first call). At least 1.
 unsigned usable_cpus();
 
-/// The CPUs the calling thread's affinity mask allows (the host's count
-/// where the mask cannot be read). At least 1.
+/// The numbers of the CPUs the calling thread's affinity mask allows, in
+/// increasing order; empty where the mask cannot be read.
+std::vector<unsigned> allowed_cpus();
+
+/// How many CPUs the calling thread's affinity mask allows (the host's
+/// count where the mask cannot be read). At least 1.
 unsigned affinity_cpus();
 
 /// A control group's CPU limit.

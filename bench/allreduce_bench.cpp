@@ -38,6 +38,7 @@
 #include <thread>
 #include <vector>
 
+#include "base/cpus.hpp"
 #include "messaging/collective.hpp"
 #include "tools/asgd/commands.hpp"
 
@@ -121,19 +122,12 @@ Status allreduce_once(messaging::Collective& c, std::uint32_t rank, messaging::R
 // `taskset` around the bench holds), unbound otherwise. Before any thread
 // starts, so that all inherit it.
 void bind_like_mpirun(const AllreduceOptions& o) {
-  cpu_set_t allowed;
-  CPU_ZERO(&allowed);
-  if (sched_getaffinity(0, sizeof allowed, &allowed) != 0 || o.processes > static_cast<unsigned>(CPU_COUNT(&allowed)))
-    return;
-  unsigned seen = 0;
-  for (int cpu = 0; cpu < CPU_SETSIZE; ++cpu) {
-    if (!CPU_ISSET(cpu, &allowed) || seen++ != o.rank) continue;
-    cpu_set_t one;
-    CPU_ZERO(&one);
-    CPU_SET(cpu, &one);
-    (void)sched_setaffinity(0, sizeof one, &one);  // best effort: unbound, it only runs slower
-    return;
-  }
+  const std::vector<unsigned> allowed = asgd::allowed_cpus();
+  if (o.processes > allowed.size() || o.rank >= allowed.size()) return;
+  cpu_set_t one;
+  CPU_ZERO(&one);
+  CPU_SET(allowed[o.rank], &one);
+  (void)sched_setaffinity(0, sizeof one, &one);  // best effort: unbound, it only runs slower
 }
 
 int run_rank(const AllreduceOptions& o) {

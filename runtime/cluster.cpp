@@ -476,12 +476,13 @@ Result<WorkerPlans> plan_assigned_worker(Joined& j, const data::DatasetSplits& d
   auto plan = plan_settings(cfg, Placement::processes, cpus);
   if (!plan) return plan.status();
   // Its CPUs are shared by the job's workers that run on them, not by all.
-  plan->compute_threads = compute_threads(cfg, cpus, std::max(1u, a.cpu_sharers));
+  const unsigned sharers = std::max(1u, a.cpu_sharers);
+  plan->compute_threads = compute_threads(cfg, cpus, sharers);
   if (cfg.threads > 0)
     logger().info("worker {}: {} compute thread(s) (--threads)", a.index, plan->compute_threads);
   else
     logger().info("worker {}: {} compute thread(s): {} usable CPU(s), shared by {} worker process(es) of this job",
-                  a.index, plan->compute_threads, cpus, std::max(1u, a.cpu_sharers));
+                  a.index, plan->compute_threads, cpus, sharers);
   // OpenBLAS's buffers before any model (the calibration's first).
   if (Status s = blas::reserve_buffers(plan->compute_threads); !s.ok()) return s;
   const auto& train = data.train;
