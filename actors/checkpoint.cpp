@@ -32,36 +32,6 @@ std::uint32_t crc_of(const std::string& bytes) {
   return messaging::crc32c(std::as_bytes(std::span(bytes.data(), bytes.size())));
 }
 
-// write, fsync, rename, fsync the folder.
-Status write_atomically(const fs::path& path, const std::string& bytes) {
-  std::error_code ec;
-  if (path.has_parent_path()) fs::create_directories(path.parent_path(), ec);
-  if (ec) return Status::IOError("cannot create " + path.parent_path().string() + ": " + ec.message());
-  const fs::path tmp = path.string() + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return Status::IOError("cannot write " + tmp.string() + ": " + std::strerror(errno));
-  std::size_t done = 0;
-  while (done < bytes.size()) {
-    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) {
-      const std::string why = std::strerror(errno);
-      ::close(fd);
-      return Status::IOError("cannot write " + tmp.string() + ": " + why);
-    }
-    done += static_cast<std::size_t>(n);
-  }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) return Status::IOError("cannot flush " + tmp.string());
-  fs::rename(tmp, path, ec);
-  if (ec) return Status::IOError("cannot rename " + tmp.string() + " to " + path.string() + ": " + ec.message());
-  const fs::path dir = path.has_parent_path() ? path.parent_path() : fs::path(".");
-  if (const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dfd >= 0) {
-    ::fsync(dfd);
-    ::close(dfd);
-  }
-  return {};
-}
-
 nlohmann::json tensor_list(const std::vector<CheckpointTensor>& tensors) {
   nlohmann::json list = nlohmann::json::array();
   for (const auto& t : tensors) list.push_back({{"name", t.name}, {"shape", t.shape}});
@@ -86,8 +56,8 @@ Checkpoint Checkpoint::of(Model& model) {
   return c;
 }
 
-Status write_framed(const std::string& path, const char (&magic)[8], std::uint32_t version,
-                    const nlohmann::json& header, const std::vector<std::span<const float>>& blocks) {
+std::string framed_bytes(const char (&magic)[8], std::uint32_t version, const nlohmann::json& header,
+                         const std::vector<std::span<const float>>& blocks) {
   const std::string text = json_text(header);
   std::string bytes(magic, sizeof magic);
   put(bytes, version);
@@ -95,7 +65,51 @@ Status write_framed(const std::string& path, const char (&magic)[8], std::uint32
   bytes += text;
   for (const auto& b : blocks) bytes.append(reinterpret_cast<const char*>(b.data()), b.size_bytes());
   put(bytes, crc_of(bytes));
-  return write_atomically(path, bytes);
+  return bytes;
+}
+
+Status write_framed(const std::string& path, const char (&magic)[8], std::uint32_t version,
+                    const nlohmann::json& header, const std::vector<std::span<const float>>& blocks) {
+  return write_atomically(path, framed_bytes(magic, version, header, blocks));
+}
+
+Status write_atomically(const std::string& file, const std::string& bytes) {
+  const fs::path path(file);
+  std::error_code ec;
+  if (path.has_parent_path()) fs::create_directories(path.parent_path(), ec);
+  if (ec) return Status::IOError("cannot create " + path.parent_path().string() + ": " + ec.message());
+  const fs::path tmp = path.string() + ".tmp";
+  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return Status::IOError("cannot write " + tmp.string() + ": " + std::strerror(errno));
+  std::size_t done = 0;
+  while (done < bytes.size()) {
+    const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) {
+      const std::string why = std::strerror(errno);
+      ::close(fd);
+      fs::remove(tmp, ec);
+      return Status::IOError("cannot write " + tmp.string() + ": " + why);
+    }
+    done += static_cast<std::size_t>(n);
+  }
+  // The descriptor is closed whatever fsync says (a failed flush used to
+  // leave it open, one more with every failed checkpoint).
+  std::string why;
+  if (::fsync(fd) != 0) why = std::strerror(errno);
+  if (::close(fd) != 0 && why.empty()) why = std::strerror(errno);
+  if (!why.empty()) {
+    fs::remove(tmp, ec);
+    return Status::IOError("cannot flush " + tmp.string() + ": " + why);
+  }
+  fs::rename(tmp, path, ec);
+  if (ec) return Status::IOError("cannot rename " + tmp.string() + " to " + path.string() + ": " + ec.message());
+  const fs::path dir = path.has_parent_path() ? path.parent_path() : fs::path(".");
+  if (const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dfd >= 0) {
+    ::fsync(dfd);
+    ::close(dfd);
+  }
+  return {};
 }
 
 Result<FramedFile> read_framed(const std::string& path, const char (&magic)[8], std::uint32_t version) {

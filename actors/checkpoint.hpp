@@ -68,6 +68,13 @@ struct FramedFile {
 /// Errors: io_error naming the path.
 Status write_framed(const std::string& path, const char (&magic)[8], std::uint32_t version,
                     const nlohmann::json& header, const std::vector<std::span<const float>>& blocks);
+/// What write_framed writes, in memory: for a caller that takes the
+/// snapshot on one thread and writes it on another (write_atomically).
+std::string framed_bytes(const char (&magic)[8], std::uint32_t version, const nlohmann::json& header,
+                         const std::vector<std::span<const float>>& blocks);
+/// Writes `bytes` to `path` atomically: PATH.tmp, fsync, rename, fsync of
+/// the folder (created if missing). Errors: io_error naming the path.
+Status write_atomically(const std::string& path, const std::string& bytes);
 /// Errors: not_found; corruption naming the file for a wrong magic, version,
 /// length, header or checksum.
 Result<FramedFile> read_framed(const std::string& path, const char (&magic)[8], std::uint32_t version);

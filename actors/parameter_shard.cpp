@@ -395,7 +395,9 @@ std::string shard_checkpoint_path(const std::string& dir, std::uint32_t index) {
   return (std::filesystem::path(dir) / ("shard-" + std::to_string(index) + ".ckpt")).string();
 }
 
-Status ShardCore::save(const std::string& path) const {
+Status ShardCore::save(const std::string& path) const { return write_atomically(path, checkpoint_bytes()); }
+
+std::string ShardCore::checkpoint_bytes() const {
   ShardCore& self = const_cast<ShardCore&>(*this);  // state() hands out writable views; we only read them
   std::vector<std::span<const float>> blocks = {params_};
   for (auto s : self.optimizer_->state()) blocks.emplace_back(s);
@@ -419,7 +421,7 @@ Status ShardCore::save(const std::string& path) const {
       {"nonfinite", stats_.nonfinite},
       {"staleness_histogram", stats_.staleness_histogram},
       {"written_unix_s", unix_seconds_now()}};
-  return write_framed(path, kShardMagic, kShardCheckpointVersion, header, blocks);
+  return framed_bytes(kShardMagic, kShardCheckpointVersion, header, blocks);
 }
 
 Result<ShardCore::Saved> ShardCore::saved(const std::string& path) {

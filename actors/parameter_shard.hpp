@@ -16,6 +16,7 @@
 
 #include <chrono>
 #include <functional>
+#include <future>
 #include <map>
 #include <memory>
 #include <optional>
@@ -119,6 +120,9 @@ class ShardCore {
   /// work is what a restore loses, at most one checkpoint interval.
   /// Errors: io_error naming the path.
   Status save(const std::string& path) const;
+  /// What save() writes, in memory: a snapshot taken in one pass over the
+  /// values, for the actor to write on another thread while it serves on.
+  std::string checkpoint_bytes() const;
   /// Loads what save() wrote into this shard, after checking that it is
   /// this shard's (index, range, workers, optimizer); worker w's clock then
   /// starts again at restart[w] (where the workers resume), every worker
@@ -200,7 +204,15 @@ struct ShardState {
   caf::timespan checkpoint_every{};
   std::uint64_t checkpoint_failures = 0;   // writes that failed, in all
   std::uint64_t failures_in_a_row = 0;     // since the last that succeeded
-  double checkpoint_unix_s = 0.0;          // when the newest good checkpoint was written (or the one reloaded); 0: none
+  double checkpoint_unix_s = 0.0;          // when the newest good checkpoint was taken (or the one reloaded); 0: none
+  // The checkpoint being written on a thread of its own, at most one.
+  std::future<Status> writing;             // not valid(): none
+  const char* writing_what = "";           // "periodic", "final"
+  double writing_taken_unix_s = 0.0;       // when its snapshot was taken
+  std::chrono::steady_clock::time_point writing_since{};
+  double snapshot_s = 0.0;                 // how long its snapshot took
+  const char* queued_what = nullptr;       // a final checkpoint asked for while one was being written
+  std::uint64_t skipped_in_a_row = 0;      // periodic ones skipped because the one before was still being written
   caf::timespan hold_warning{};            // from ShardSetup; zero: held reads are not watched
   bool watching = false;                   // a watch_atom is on its way
   ShardCore::Ticket next_ticket = 0;

@@ -4,7 +4,10 @@
 #include "base/log.hpp"
 
 #include <chrono>
+#include <future>
 #include <optional>
+#include <thread>
+#include <utility>
 
 #include "actors/checkpoint.hpp"
 #include "actors/parameter_shard.hpp"
@@ -14,14 +17,19 @@ namespace asgd {
 
 namespace {
 
-// Writes the shard's checkpoint and keeps count. A failure is the
+using Seconds = std::chrono::duration<double>;
+
+// How often the actor looks whether the write in progress has ended.
+constexpr auto kWrittenPoll = std::chrono::milliseconds(50);
+// How long a shard told to stop waits for its checkpoints to be written.
+constexpr auto kStopWait = std::chrono::seconds(30);
+
+// Keeps count of a checkpoint write that ended. A failure is the
 // operator's to see at once: a restart now loses everything since the last
 // checkpoint that was written, which grows with every failed interval. So
 // the first failure of a run of them is a warning that says so, later ones
 // every tenth, and the first success after them says how many failed.
-void checkpoint_now(ShardState& st, const char* when) {
-  const auto t0 = std::chrono::steady_clock::now();
-  const Status s = st.core->save(st.checkpoint_path);
+void account(ShardState& st, const Status& s, const char* when, double taken_unix_s) {
   const std::uint32_t index = st.core->index();
   if (!s.ok()) {
     ++st.checkpoint_failures;
@@ -39,16 +47,80 @@ void checkpoint_now(ShardState& st, const char* when) {
   if (st.failures_in_a_row > 0)
     logger().info("shard {}: checkpoint written again after {} failed", index, st.failures_in_a_row);
   st.failures_in_a_row = 0;
-  st.checkpoint_unix_s = unix_seconds_now();
-  logger().debug("shard {}: {} checkpoint {} in {:.1f} ms", index, when, st.checkpoint_path,
-                std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count());
+  st.checkpoint_unix_s = taken_unix_s;
+}
+
+// Accounts for the write in progress if it has ended by `until`. Returns
+// whether none is in progress now.
+bool collect(ShardState& st, std::chrono::steady_clock::time_point until = {}) {
+  if (!st.writing.valid()) return true;
+  if (st.writing.wait_until(until) != std::future_status::ready) return false;
+  const Status s = st.writing.get();
+  const double seconds = Seconds(std::chrono::steady_clock::now() - st.writing_since).count();
+  account(st, s, st.writing_what, st.writing_taken_unix_s);
+  logger().debug("shard {}: {} checkpoint: snapshot in {:.1f} ms, written in {:.1f} ms", st.core->index(),
+                 st.writing_what, st.snapshot_s * 1e3, seconds * 1e3);
+  return true;
+}
+
+// Takes the snapshot (one pass over the values, in memory) and writes it
+// on a thread of its own, so the shard serves on while the disk takes its
+// time: seconds for a big shard on a slow or network file system. (A shard
+// process may run this actor on its bridge's thread, which would otherwise
+// neither read nor send for as long, heartbeats included.) The thread is
+// detached: a write stuck in the kernel (a dead network mount) holds no
+// one who gives up waiting for it. One write at a time.
+void start_write(ShardState& st, const char* when) {
+  st.writing_what = when;
+  st.writing_since = std::chrono::steady_clock::now();
+  st.writing_taken_unix_s = unix_seconds_now();
+  std::string bytes = st.core->checkpoint_bytes();
+  st.snapshot_s = Seconds(std::chrono::steady_clock::now() - st.writing_since).count();
+  std::promise<Status> written;
+  st.writing = written.get_future();
+  std::thread([path = st.checkpoint_path, bytes = std::move(bytes), written = std::move(written)]() mutable {
+    written.set_value(write_atomically(path, bytes));
+  }).detach();
+}
+
+// A checkpoint now, or (for a final one) once the write in progress ends;
+// the actor looks for the end every kWrittenPoll.
+void begin_checkpoint(caf::stateful_actor<ShardState>* self, const char* when) {
+  auto& st = self->state;
+  if (collect(st)) {
+    start_write(st, when);
+  } else {
+    st.queued_what = when;
+  }
+  self->delayed_send(self, kWrittenPoll, written_atom::value);
+}
+
+// For a shard told to stop, whose state must be on disk before it goes:
+// the checkpoint of its last state, after the write in progress, waiting
+// for both at most kStopWait.
+void checkpoint_before_stopping(ShardState& st) {
+  const auto deadline = std::chrono::steady_clock::now() + kStopWait;
+  st.queued_what = nullptr;
+  bool written = collect(st, deadline);
+  if (written) {
+    start_write(st, "stopping");
+    written = collect(st, deadline);
+  }
+  if (!written)
+    logger().error("shard {}: stopping without the checkpoint of its last state: the {} checkpoint's write, begun "
+                   "{:.0f} s ago, has not ended (is the disk of {} answering?); a resume loses every update since {}",
+                   st.core->index(), st.writing_what, Seconds(std::chrono::steady_clock::now() - st.writing_since).count(),
+                   st.checkpoint_path,
+                   st.checkpoint_unix_s > 0 ? fmt::format("the checkpoint of {:.0f} s ago", unix_seconds_now() - st.checkpoint_unix_s)
+                                            : std::string("the start"));
 }
 
 // Periodic checkpoints and the watch over held reads, as the setup asks.
 void start_timers(caf::stateful_actor<ShardState>* self) {
   self->state.checkpoint_unix_s = self->state.core->stats().restored_unix_s;  // the one reloaded, if any
-  // Periodic checkpoints, on the shard's own thread between requests: the
-  // parameters cannot change while they are written.
+  // Periodic checkpoints: the snapshot is taken on the shard's own thread
+  // between requests (the parameters cannot change while it is taken) and
+  // written on another.
   const ShardSetup& setup = self->state.core->setup();
   if (!setup.checkpoint_path.empty() && setup.checkpoint_every_s > 0) {
     self->state.checkpoint_path = setup.checkpoint_path;
@@ -59,7 +131,7 @@ void start_timers(caf::stateful_actor<ShardState>* self) {
     // shut down): keep the state reached, so --resume loses nothing of a
     // job stopped on purpose. Only a killed process loses up to an interval.
     self->set_exit_handler([self](caf::exit_msg& msg) {
-      checkpoint_now(self->state, "stopping");
+      checkpoint_before_stopping(self->state);
       self->quit(msg.reason);
     });
   }
@@ -138,16 +210,33 @@ caf::behavior parameter_shard(caf::stateful_actor<ShardState>* self, std::shared
         st.core->leave(worker, std::chrono::steady_clock::now(), st.answers);
         flush(std::nullopt);
         // The last worker is done: this state is final, keep it.
-        if (!st.checkpoint_path.empty() && st.core->view().live_workers == 0) checkpoint_now(st, "final");
+        if (!st.checkpoint_path.empty() && st.core->view().live_workers == 0) begin_checkpoint(self, "final");
       },
       [self](join_atom, WorkerId worker, Clock clock) { self->state.core->rejoin(worker, clock); },
       [self](snapshot_atom) { return self->state.core->snapshot(); },
       [self](tick_atom) {
         auto& st = self->state;
-        checkpoint_now(st, "periodic");
+        if (collect(st)) {
+          st.skipped_in_a_row = 0;
+          begin_checkpoint(self, "periodic");
+        } else if (st.skipped_in_a_row++ % 10 == 0) {
+          logger().warn("shard {}: periodic checkpoint skipped: the one taken {:.1f} s ago is still being written "
+                        "(writing takes longer than --checkpoint-every {:g} s)",
+                        st.core->index(), Seconds(std::chrono::steady_clock::now() - st.writing_since).count(),
+                        Seconds(st.checkpoint_every).count());
+        }
         self->delayed_send(self, st.checkpoint_every, tick_atom::value);
       },
+      [self](written_atom) {
+        auto& st = self->state;
+        if (!collect(st)) {
+          self->delayed_send(self, kWrittenPoll, written_atom::value);
+        } else if (st.queued_what != nullptr) {
+          begin_checkpoint(self, std::exchange(st.queued_what, nullptr));
+        }
+      },
       [self](stats_atom) {
+        collect(self->state);
         const auto& st = self->state;
         ShardStats s = st.core->stats();
         s.queued = self->mailbox().size();

@@ -283,6 +283,7 @@ using prepared_atom = caf::atom_constant<caf::atom("prepared")>;
 using prepare_due_atom = caf::atom_constant<caf::atom("prep_due")>;  ///< the registry's --join-timeout for the start
 using exchanged_atom = caf::atom_constant<caf::atom("exchanged")>;
 using stop_atom = caf::atom_constant<caf::atom("stop")>;  ///< a data feeder serves no more (--stop-at-target)
+using written_atom = caf::atom_constant<caf::atom("written")>;  ///< a shard looks whether its checkpoint is written
 
 }  // namespace asgd
 

@@ -1,0 +1,120 @@
+// The shard actor's periodic checkpoints: taken between requests, written on
+// a thread of their own, so that a slow disk never stops the shard serving
+// (nor, in a shard process, the bridge thread it may run on).
+//
+// The slow disk is a named pipe where the checkpoint's temporary file goes:
+// the write's open() blocks until the test opens the other end, for as long
+// as the test likes, and its fsync() then fails, as on a file system that
+// cannot flush.
+
+#include <fcntl.h>
+#include <gtest/gtest.h>
+#include <poll.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <caf/all.hpp>
+
+#include <chrono>
+#include <thread>
+
+#include "actors/parameter_shard.hpp"
+#include "captured_log.hpp"
+#include "temp_dir.hpp"
+
+namespace asgd {
+namespace {
+
+using namespace std::chrono_literals;
+
+constexpr std::size_t kSize = 1000;
+
+ShardStats stats_of(caf::scoped_actor& self, const caf::actor& shard) {
+  ShardStats out;
+  self->request(shard, 2s, stats_atom::value)
+      .receive([&](const ShardStats& s) { out = s; },
+               [&](const caf::error& e) { ADD_FAILURE() << "no stats from the shard: " << to_string(e); });
+  return out;
+}
+
+// Reads the pipe at `fd` until its writer closes it; false after 10 s.
+bool drain(int fd) {
+  char buf[65536];
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (std::chrono::steady_clock::now() < deadline) {
+    pollfd p{fd, POLLIN, 0};
+    if (::poll(&p, 1, 100) <= 0) continue;
+    const ssize_t n = ::read(fd, buf, sizeof buf);
+    if (n == 0) return true;  // the writer closed it
+    if (n < 0 && errno != EAGAIN && errno != EINTR) return false;
+  }
+  return false;
+}
+
+TEST(ShardCheckpoints, AShardServesOnWhileItsCheckpointIsStuckOnTheDiskAndCountsTheWriteWhenItEnds) {
+  asgd_test::CapturedLog log;
+  asgd_test::TempDir dir;
+  const std::string path = (dir / "shard-0.ckpt").string();
+  ASSERT_EQ(::mkfifo((path + ".tmp").c_str(), 0600), 0);
+
+  ShardSetup setup;
+  setup.range = {0, kSize};
+  setup.initial.assign(kSize, 1.0f);
+  setup.optimizer = {"sgd", 0.1f, 0.0f, 0.0f};
+  setup.checkpoint_path = path;
+  setup.checkpoint_every_s = 0.05;
+  auto core = ShardCore::make(std::move(setup));
+  ASSERT_TRUE(core.ok()) << core.status().to_string();
+
+  caf::actor_system_config cfg;
+  cfg.add_message_types<caf::id_block::asgd>();
+  caf::actor_system sys{cfg};
+  caf::scoped_actor self{sys};
+  auto shard = sys.spawn(parameter_shard, std::make_shared<ShardCore>(std::move(core).value()));
+
+  // The first periodic checkpoint is now stuck in open() on the pipe.
+  std::this_thread::sleep_for(300ms);
+  int answered = 0;
+  for (Clock c = 0; c < 20; ++c) {
+    self->request(shard, 2s, push_atom::value, PushRequest{0, c, c, 1, true, std::vector<float>(kSize, 1.0f)})
+        .receive(
+            [&](const ShardReply& r) {
+              EXPECT_EQ(r.params.size(), kSize);
+              ++answered;
+            },
+            [&](const caf::error& e) { ADD_FAILURE() << "push " << c << " unanswered: " << to_string(e); });
+  }
+  EXPECT_EQ(answered, 20);
+  ShardStats during = stats_of(self, shard);
+  EXPECT_EQ(during.updates_applied, 20u);
+  EXPECT_EQ(during.checkpoint_failures, 0u);
+  EXPECT_EQ(during.checkpoint_unix_s, 0.0);  // none written yet
+  EXPECT_GE(log.count("periodic checkpoint skipped: the one taken"), 1u) << log.all();
+
+  // The disk comes back: the stuck write goes through the pipe, cannot be
+  // flushed, and counts as failed; later ones write a regular file.
+  const int reader = ::open((path + ".tmp").c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  ASSERT_GE(reader, 0);
+  ::unlink((path + ".tmp").c_str());
+  EXPECT_TRUE(drain(reader)) << "the stuck checkpoint write never finished";
+  ::close(reader);
+
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  ShardStats after;
+  while (std::chrono::steady_clock::now() < deadline) {
+    after = stats_of(self, shard);
+    if (after.checkpoint_failures > 0 && after.checkpoint_unix_s > 0) break;
+    std::this_thread::sleep_for(20ms);
+  }
+  EXPECT_EQ(after.checkpoint_failures, 1u);
+  EXPECT_GT(after.checkpoint_unix_s, 0.0) << "no checkpoint written after the stuck one";
+  EXPECT_EQ(log.count("periodic checkpoint failed (1 in a row): cannot flush"), 1u) << log.all();
+  auto saved = ShardCore::saved(path);
+  ASSERT_TRUE(saved.ok()) << saved.status().to_string();
+  EXPECT_EQ(saved->stats.updates_applied, 20u);
+
+  self->send_exit(shard, caf::exit_reason::user_shutdown);
+}
+
+}  // namespace
+}  // namespace asgd
