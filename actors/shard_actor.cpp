@@ -95,6 +95,32 @@ void begin_checkpoint(caf::stateful_actor<ShardState>* self, const char* when) {
   self->delayed_send(self, kWrittenPoll, written_atom::value);
 }
 
+// The timer's tick: a checkpoint, unless the one before is still being
+// written, and the next tick.
+void periodic_checkpoint(caf::stateful_actor<ShardState>* self) {
+  auto& st = self->state;
+  if (collect(st)) {
+    st.skipped_in_a_row = 0;
+    begin_checkpoint(self, "periodic");
+  } else if (st.skipped_in_a_row++ % 10 == 0) {
+    logger().warn("shard {}: periodic checkpoint skipped: the one taken {:.1f} s ago is still being written "
+                  "(writing takes longer than --checkpoint-every {:g} s)",
+                  st.core->index(), Seconds(std::chrono::steady_clock::now() - st.writing_since).count(),
+                  Seconds(st.checkpoint_every).count());
+  }
+  self->delayed_send(self, st.checkpoint_every, tick_atom::value);
+}
+
+// Accounts for the write once it ends, then starts the one queued.
+void look_whether_written(caf::stateful_actor<ShardState>* self) {
+  auto& st = self->state;
+  if (!collect(st)) {
+    self->delayed_send(self, kWrittenPoll, written_atom::value);
+  } else if (st.queued_what != nullptr) {
+    begin_checkpoint(self, std::exchange(st.queued_what, nullptr));
+  }
+}
+
 // For a shard told to stop, whose state must be on disk before it goes:
 // the checkpoint of its last state, after the write in progress, waiting
 // for both at most kStopWait.
@@ -214,27 +240,8 @@ caf::behavior parameter_shard(caf::stateful_actor<ShardState>* self, std::shared
       },
       [self](join_atom, WorkerId worker, Clock clock) { self->state.core->rejoin(worker, clock); },
       [self](snapshot_atom) { return self->state.core->snapshot(); },
-      [self](tick_atom) {
-        auto& st = self->state;
-        if (collect(st)) {
-          st.skipped_in_a_row = 0;
-          begin_checkpoint(self, "periodic");
-        } else if (st.skipped_in_a_row++ % 10 == 0) {
-          logger().warn("shard {}: periodic checkpoint skipped: the one taken {:.1f} s ago is still being written "
-                        "(writing takes longer than --checkpoint-every {:g} s)",
-                        st.core->index(), Seconds(std::chrono::steady_clock::now() - st.writing_since).count(),
-                        Seconds(st.checkpoint_every).count());
-        }
-        self->delayed_send(self, st.checkpoint_every, tick_atom::value);
-      },
-      [self](written_atom) {
-        auto& st = self->state;
-        if (!collect(st)) {
-          self->delayed_send(self, kWrittenPoll, written_atom::value);
-        } else if (st.queued_what != nullptr) {
-          begin_checkpoint(self, std::exchange(st.queued_what, nullptr));
-        }
-      },
+      [self](tick_atom) { periodic_checkpoint(self); },
+      [self](written_atom) { look_whether_written(self); },
       [self](stats_atom) {
         collect(self->state);
         const auto& st = self->state;
