@@ -49,6 +49,11 @@ class Layer {
   /// Per-sample output shape for a per-sample input shape (no batch dim).
   virtual Shape output_shape(const Shape& input) const = 0;
 
+  /// Floats a forward pass keeps per sample of `input` (per-sample shape):
+  /// its output, and for a layer made of layers, theirs too. What sizes
+  /// the chunks an evaluation runs in.
+  virtual std::size_t activation_floats(const Shape& input) const { return numel(output_shape(input)); }
+
   /// Parameters this layer needs, in layout order.
   virtual std::vector<ParamSpec> param_specs() const { return {}; }
 

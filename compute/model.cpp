@@ -219,6 +219,18 @@ void Model::finalize() {
   bind_layers();
   acts_.resize(layers_.size());
   grad_acts_.resize(2);
+  Shape shape = sample_shape_;
+  for (const auto& layer : layers_) {
+    activation_floats_ += layer->activation_floats(shape);
+    shape = layer->output_shape(shape);
+  }
+}
+
+std::size_t Model::inference_chunk() const {
+  constexpr std::size_t kBytes = std::size_t{256} << 20;
+  constexpr std::size_t kMost = 1000;
+  const std::size_t per_sample = std::max<std::size_t>(activation_floats_, 1) * sizeof(float);
+  return std::clamp<std::size_t>(kBytes / per_sample, 1, kMost);
 }
 
 void Model::use_compute(std::shared_ptr<ComputeContext> context) {
@@ -304,13 +316,21 @@ std::vector<LayerBuffer> Model::buffers() {
 std::vector<float> Model::scores(std::span<const float> x) {
   const FlushDenormals flush;
   set_training(false);
-  const Tensor& out = logits(x, x.size() / sample_size());
-  return std::vector<float>(out.span().begin(), out.span().end());
+  const std::size_t n = x.size() / sample_size();
+  const std::size_t chunk = inference_chunk();
+  std::vector<float> out;
+  out.reserve(n * classes_);
+  for (std::size_t begin = 0; begin < n; begin += chunk) {
+    const std::size_t b = std::min(chunk, n - begin);
+    const Tensor& part = logits(x.subspan(begin * sample_size(), b * sample_size()), b);
+    out.insert(out.end(), part.span().begin(), part.span().end());
+  }
+  return out;
 }
 
 std::vector<std::int32_t> Model::classify(std::span<const float> x, std::size_t chunk) {
   const FlushDenormals flush;
-  chunk = std::max<std::size_t>(chunk, 1);
+  if (chunk == 0) chunk = inference_chunk();
   const std::size_t n = x.size() / sample_size();
   std::vector<std::int32_t> out(n);
   set_training(false);
@@ -417,7 +437,7 @@ EvalResult Model::evaluate(std::span<const float> x, std::span<const std::int32_
   const FlushDenormals flush;
   EvalResult r;
   const std::size_t n = y.size();
-  chunk = std::max<std::size_t>(chunk, 1);
+  if (chunk == 0) chunk = inference_chunk();
   const std::size_t per_sample = numel(sample_shape_);
   set_training(false);
   double loss_sum = 0.0;

@@ -130,8 +130,14 @@ class Model {
   float compute_gradients(std::span<const float> x, std::span<const std::int32_t> y);
 
   /// Forward only, in inference mode (running statistics, no dropout), over
-  /// n samples stored back to back, in chunks of `chunk` (0 counts as 1).
-  EvalResult evaluate(std::span<const float> x, std::span<const std::int32_t> y, std::size_t chunk = 1000);
+  /// n samples stored back to back, in chunks of `chunk` (0: inference_chunk()).
+  EvalResult evaluate(std::span<const float> x, std::span<const std::int32_t> y, std::size_t chunk = 0);
+
+  /// The samples an inference pass computes at once by default: as many as
+  /// keep the activations it holds within about 256 MiB, at most 1000 (the
+  /// mlp and lenet take 1000; resnet18 on 28x28 images about 40, where 1000
+  /// held some 8 GB, and kept them for the model's life).
+  std::size_t inference_chunk() const;
 
   /// How long the last compute_gradients took, by phase: forward and
   /// backward (on a GPU, on the device's clock), the copies of parameters
@@ -150,8 +156,9 @@ class Model {
   std::vector<float> scores(std::span<const float> x);
 
   /// The class with the largest score for each of the samples stored back
-  /// to back in `x`, in inference mode, in chunks of `chunk`.
-  std::vector<std::int32_t> classify(std::span<const float> x, std::size_t chunk = 1000);
+  /// to back in `x`, in inference mode, in chunks of `chunk` (0:
+  /// inference_chunk()).
+  std::vector<std::int32_t> classify(std::span<const float> x, std::size_t chunk = 0);
 
   /// A hint that the next compute_gradients will be on this batch: a GPU
   /// starts uploading it now. x and y must stay unchanged until that call.
@@ -198,6 +205,7 @@ class Model {
   std::vector<ParamEntry> layout_;
   std::vector<std::size_t> layer_offset_;  // per layer: first parameter index
   std::vector<std::size_t> layer_size_;    // per layer: parameter count
+  std::size_t activation_floats_ = 0;      // per sample: what a forward pass holds (Layer::activation_floats)
   std::size_t num_params_ = 0;             // planned by add(), allocated by finalize()
   std::string oversized_;                  // the first layer add() found too big
   std::vector<float> params_;

@@ -72,6 +72,18 @@ Shape Residual::output_shape(const Shape& input) const {
   return main_shape;
 }
 
+std::size_t Residual::activation_floats(const Shape& input) const {
+  std::size_t floats = 0;
+  for (const auto* path : {&main_, &shortcut_}) {
+    Shape shape = input;
+    for (const auto& layer : *path) {
+      floats += layer->activation_floats(shape);
+      shape = layer->output_shape(shape);
+    }
+  }
+  return floats + numel(output_shape(input));
+}
+
 std::vector<ParamSpec> Residual::param_specs() const {
   std::vector<ParamSpec> specs;
   auto add = [&](const std::vector<std::unique_ptr<Layer>>& path, const std::string& prefix) {

@@ -21,6 +21,7 @@ class Residual final : public Layer {
   ~Residual() override;
   std::string kind() const override { return "residual"; }
   Shape output_shape(const Shape& input) const override;
+  std::size_t activation_floats(const Shape& input) const override;  // both paths' layers' and the sum
   std::vector<ParamSpec> param_specs() const override;
   void bind(std::span<float> params, std::span<float> grads) override;
   void set_training(bool training) override;
