@@ -229,6 +229,9 @@ void Model::finalize() {
 std::size_t Model::inference_chunk() const {
   constexpr std::size_t kBytes = std::size_t{256} << 20;
   constexpr std::size_t kMost = 1000;
+  // On a device the layers' host activations stay unused, and a GPU wants
+  // large batches: 1000, as it always ran.
+  if (device_model_) return kMost;
   const std::size_t per_sample = std::max<std::size_t>(activation_floats_, 1) * sizeof(float);
   return std::clamp<std::size_t>(kBytes / per_sample, 1, kMost);
 }

@@ -136,7 +136,8 @@ class Model {
   /// The samples an inference pass computes at once by default: as many as
   /// keep the activations it holds within about 256 MiB, at most 1000 (the
   /// mlp and lenet take 1000; resnet18 on 28x28 images about 40, where 1000
-  /// held some 8 GB, and kept them for the model's life).
+  /// held some 6 GB, and kept them for the model's life). On a device
+  /// (set_device), 1000.
   std::size_t inference_chunk() const;
 
   /// How long the last compute_gradients took, by phase: forward and
