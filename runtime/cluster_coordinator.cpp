@@ -9,6 +9,8 @@
 #include <utility>
 
 #include "actors/coordinator.hpp"
+#include "actors/job_plan.hpp"
+#include "base/cpus.hpp"
 #include "messaging/bridge.hpp"
 #include "runtime/cluster.hpp"
 #include "runtime/cluster_internal.hpp"
@@ -231,13 +233,15 @@ Result<JobSummary> run_coordinator_process(const JobConfig& config, const Proces
   // or when `stop` cancels it.
   Status registration;
   std::vector<std::string> shard_endpoints;
+  std::uint32_t workers_here = 0;  // worker processes on this process's CPUs
   {
     std::stop_callback cancel(stop, [registry] { caf::anon_send(registry, cancel_atom::value); });
     main->request(registry, caf::infinite, await_atom::value)
         .receive(
-            [&](std::int32_t code, std::string& what, std::vector<std::string>& endpoints) {
+            [&](std::int32_t code, std::string& what, std::vector<std::string>& endpoints, std::uint32_t here) {
               registration = code == 0 ? Status{} : Status::WithCode(static_cast<StatusCode>(code), what);
               shard_endpoints = std::move(endpoints);
+              workers_here = here;
             },
             [&](caf::error& err) { registration = Status::Internal("the registry failed: " + to_string(err)); });
   }
@@ -254,6 +258,11 @@ Result<JobSummary> run_coordinator_process(const JobConfig& config, const Proces
         std::make_shared<ClusterPlacement>(bridge, registry, config, shard_endpoints, o.join_timeout_s));
   };
   hooks.on_coordinator = [registry](caf::actor c) { caf::anon_send(registry, coordinator_atom::value, std::move(c)); };
+  // Its evaluations share this process's CPUs only with the workers on
+  // them, as a worker process's threads do.
+  hooks.compute_threads = compute_threads(config, usable_cpus(), workers_here);
+  logger().info("coordinator: evaluates on {} thread(s): {} usable CPU(s), shared with {} worker process(es) of this job",
+                hooks.compute_threads, usable_cpus(), workers_here);
   hooks.before_shutdown = [&](const Status& outcome) {
     say_stop(outcome.ok() ? "the job is done" : "the job failed: " + outcome.message());
   };

@@ -8,6 +8,7 @@
 #include <optional>
 #include <set>
 
+#include "base/cpus.hpp"
 #include "messaging/protocol.hpp"
 #include "runtime/cluster_internal.hpp"
 
@@ -104,7 +105,7 @@ void tell_coordinator(Self self, Ts&&... xs) {
 std::string role_name(const Registration& reg) { return reg.role == Role::shard ? "shard" : "worker"; }
 
 // The main thread's await, once registration has ended: (code, what,
-// shard endpoints).
+// shard endpoints, worker processes on this process's CPUs).
 void answer_await(Self self) {
   auto& st = self->state;
   if (!st.awaiting || !st.registration) return;
@@ -112,7 +113,10 @@ void answer_await(Self self) {
   std::vector<std::string> endpoints;
   if (s.ok())
     for (const auto& m : st.shards) endpoints.push_back(m->reg.endpoint);
-  st.awaiting->deliver(static_cast<std::int32_t>(s.code()), s.message(), std::move(endpoints));
+  const std::string here = cpu_set_key();
+  const auto workers_here = static_cast<std::uint32_t>(
+      std::count_if(st.workers.begin(), st.workers.end(), [&](const auto& m) { return m && m->reg.cpu_key == here; }));
+  st.awaiting->deliver(static_cast<std::int32_t>(s.code()), s.message(), std::move(endpoints), workers_here);
   st.awaiting.reset();
 }
 

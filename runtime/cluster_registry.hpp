@@ -22,7 +22,8 @@
 //
 // Accepts:
 //   Post                          from the bridge's handler: one inbound message
-//   (await_atom)                  -> (int32 code, string what, vector<string> shard endpoints):
+//   (await_atom)                  -> (int32 code, string what, vector<string> shard endpoints,
+//                                 uint32 worker processes registered with this process's CPU key):
 //                                 answered once every slot is filled, at --join-timeout, or on cancel
 //   (cancel_atom)                 the job was cancelled while processes registered
 //   (coordinator_atom, actor)     the job's coordinator, to route to

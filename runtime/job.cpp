@@ -390,8 +390,10 @@ Result<JobSummary> run_job_unguarded(const JobConfig& requested, const JobCallba
   }
   const JobPlan& plan = planned->plan;  // until it moves into the coordinator's setup
 
-  // Each worker's share of the cores, in a budget of this job's own.
-  const auto compute = std::make_shared<ComputeContext>(plan.compute_threads);
+  // Each worker's share of the cores, in a budget of this job's own (for a
+  // coordinator process, its evaluations' share).
+  const std::size_t threads = hooks.compute_threads > 0 ? hooks.compute_threads : plan.compute_threads;
+  const auto compute = std::make_shared<ComputeContext>(threads);
   if (hooks.on_compute_context) hooks.on_compute_context(compute);
   planned->model.use_compute(compute);
   planned->model.init_params(config.seed);
@@ -399,10 +401,11 @@ Result<JobSummary> run_job_unguarded(const JobConfig& requested, const JobCallba
     logger().warn("OpenBLAS runs its generic {} kernels on this CPU; set OPENBLAS_CORETYPE={} for faster matrix products",
                  blas::core_name(), better);
   }
-  logger().info("OpenBLAS {} kernels, {} thread(s) per worker", blas::core_name(), plan.compute_threads);
+  logger().info("OpenBLAS {} kernels, {} thread(s) per {}", blas::core_name(), threads,
+                hooks.make_placement ? "evaluation" : "worker");
   // Before the workers' models take the memory (the coordinator evaluates
   // beside them).
-  auto buffers = blas::BufferClaim::make((plan.actor_threads + 1) * plan.compute_threads);
+  auto buffers = blas::BufferClaim::make((plan.actor_threads + 1) * threads);
   if (!buffers) {
     if (hooks.before_shutdown) hooks.before_shutdown(buffers.status());
     return buffers.status();

@@ -23,6 +23,9 @@ struct ClusterHooks {
   /// Called once the outcome is known, while the actor system still runs:
   /// the last moment to stop sending to its actors.
   std::function<void(const Status& outcome)> before_shutdown;
+  /// The coordinator's compute threads (its evaluations); 0: the plan's,
+  /// the usable CPUs divided among all the job's workers.
+  unsigned compute_threads = 0;
   /// Called with the job's compute context once it is made (tests read
   /// what the job's models used of it).
   std::function<void(std::shared_ptr<const ComputeContext>)> on_compute_context;

@@ -1,7 +1,7 @@
 // How many threads a worker process computes on without --threads: the
 // CPUs it may use, divided among the job's worker processes that compute on
 // the same ones, not among all of the job's workers (which on a cluster run
-// on other hosts). Real processes: a coordinator, a shard and two workers,
+// on other hosts). The coordinator process's evaluations likewise. Real processes: a coordinator, a shard and two workers,
 // one of them bound to a CPU of its own with taskset.
 
 #include <gtest/gtest.h>
@@ -50,6 +50,12 @@ std::string threads_line(unsigned threads, unsigned cpus, unsigned sharers) {
                      cpus, sharers);
 }
 
+std::string evaluation_line(unsigned threads, unsigned cpus, unsigned workers) {
+  return fmt::format("coordinator: evaluates on {} thread(s): {} usable CPU(s), shared with {} worker process(es) of "
+                     "this job",
+                     threads, cpus, workers);
+}
+
 TEST(WorkerThreadsCli, AWorkerAloneOnItsCpusComputesOnAllOfThemAndWorkersOnTheSameCpusSplitThem) {
   ASGD_REQUIRE_DATASET(mnist, "mnist");
   const unsigned cpus = asgd::usable_cpus();
@@ -62,6 +68,8 @@ TEST(WorkerThreadsCli, AWorkerAloneOnItsCpusComputesOnAllOfThemAndWorkersOnTheSa
   ASSERT_EQ(apart.coordinator.exit_code, 0) << apart.coordinator.err;
   EXPECT_NE(apart.first.err.find(threads_line(cpus, cpus, 1)), std::string::npos) << apart.first.err;
   EXPECT_NE(apart.second.err.find(threads_line(1, 1, 1)), std::string::npos) << apart.second.err;
+  // The coordinator's evaluations share its CPUs with the first worker only.
+  EXPECT_NE(apart.coordinator.err.find(evaluation_line(cpus, cpus, 1)), std::string::npos) << apart.coordinator.err;
 
   // Both on every CPU: they split them.
   Job together = run_job("");
@@ -69,6 +77,8 @@ TEST(WorkerThreadsCli, AWorkerAloneOnItsCpusComputesOnAllOfThemAndWorkersOnTheSa
   const std::string shared = threads_line(std::max(1u, cpus / 2), cpus, 2);
   EXPECT_NE(together.first.err.find(shared), std::string::npos) << together.first.err;
   EXPECT_NE(together.second.err.find(shared), std::string::npos) << together.second.err;
+  EXPECT_NE(together.coordinator.err.find(evaluation_line(std::max(1u, cpus / 2), cpus, 2)), std::string::npos)
+      << together.coordinator.err;
 }
 
 }  // namespace
