@@ -84,14 +84,14 @@ void start_write(ShardState& st, const char* when) {
 }
 
 // A checkpoint now, or (for a final one) once the write in progress ends;
-// the actor looks for the end every kWrittenPoll.
+// the actor looks for the end of each write every kWrittenPoll.
 void begin_checkpoint(caf::stateful_actor<ShardState>* self, const char* when) {
   auto& st = self->state;
-  if (collect(st)) {
-    start_write(st, when);
-  } else {
-    st.queued_what = when;
+  if (!collect(st)) {
+    st.queued_what = when;  // the write in progress's look starts it
+    return;
   }
+  start_write(st, when);
   self->delayed_send(self, kWrittenPoll, written_atom::value);
 }
 
