@@ -360,7 +360,7 @@ void Model::prefetch(std::span<const float> x, std::span<const std::int32_t> y) 
 void Model::recalibrate_batchnorm(std::span<const float> x, std::size_t chunk) {
   if (batchnorms_.empty()) return;
   const FlushDenormals flush;
-  chunk = std::max<std::size_t>(chunk, 1);
+  if (chunk == 0) chunk = std::min<std::size_t>(256, inference_chunk());
   const std::size_t n = x.size() / sample_size();
   set_training(true);
   for (BatchNorm2D* bn : batchnorms_) bn->begin_recalibration();

@@ -176,8 +176,9 @@ class Model {
   /// back, in chunks of `chunk`), as torch.optim.swa_utils.update_bn does.
   /// Evaluations of parameters that no worker trained (a shard's, an
   /// average) need this: the running statistics a model carries belong to
-  /// other parameters. Does nothing without BatchNorm layers.
-  void recalibrate_batchnorm(std::span<const float> x, std::size_t chunk = 256);
+  /// other parameters. Does nothing without BatchNorm layers. `chunk` 0:
+  /// 256, or fewer where inference_chunk() is smaller (resnet18: about 40).
+  void recalibrate_batchnorm(std::span<const float> x, std::size_t chunk = 0);
 
   /// Non-trained state by name ("1.running_mean", "3.main.1.running_var"),
   /// in layer order, viewing the layers' own storage.
