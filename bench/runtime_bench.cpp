@@ -12,9 +12,9 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
-#include <thread>
 
 #include "actors/coordinator.hpp"
+#include "base/cpus.hpp"
 #include "actors/data_feeder.hpp"
 #include "asgd/job.hpp"
 #include "compute/blas.hpp"
@@ -58,7 +58,7 @@ Result<Planned> planned_model(const JobConfig& c, const data::DatasetSplits& dat
   auto model = Model::build(c.model, shape, data.num_classes);
   if (!model) return model.status();
   auto plan = plan_job(c, {model->num_params(), train.count, data.num_classes, shape, Placement::one_process,
-                           std::thread::hardware_concurrency()});
+                           usable_cpus()});
   if (!plan) return plan.status();
   model->use_compute(std::make_shared<ComputeContext>(plan->compute_threads));
   model->init_params(c.seed);
@@ -126,7 +126,7 @@ int run_bench_runtime(const BenchOptions& o) {
   c.epochs = 1;
   c.batch = o.batch;
   c.seed = o.seed;
-  c.threads = o.threads > 0 ? o.threads : std::max(1u, std::thread::hardware_concurrency());
+  c.threads = o.threads > 0 ? o.threads : usable_cpus();
   if (Status s = validate(c); !s.ok()) {
     print_error(s.message());
     return kExitUsage;

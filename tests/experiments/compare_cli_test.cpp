@@ -18,6 +18,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/cpus.hpp"
 #include "cli/cli_run.hpp"
 #include "temp_dir.hpp"
 #include "test_data.hpp"
@@ -159,6 +160,20 @@ TEST(CompareCli, ADeviceListGivesEachWorkerCountItsFirstDevices) {
   const std::string data = " --data-dir " + mnist.string() + " --out " + (dir / "bad").string();
   expect_one_line_error(asgd("compare --policies async --workers 1,3 --device cpu,cpu" + data), 2,
                         "--device cpu,cpu: 2 devices for 3 workers");
+}
+
+TEST(CompareCli, TheReportSaysHowManyCpusTheRunsHadWhereABindingLeftThemFewerThanTheHost) {
+  ASGD_REQUIRE_DATASET(mnist, "mnist");
+  if (asgd::affinity_cpus() < 2) GTEST_SKIP() << "one CPU: no binding leaves fewer";
+  if (std::system("taskset -c 0 true >/dev/null 2>&1") != 0) GTEST_SKIP() << "taskset cannot bind to CPU 0 here";
+  const asgd_test::TempDir dir;
+  const fs::path out = dir / "cmp";
+  const CliRun r = asgd("compare --policies async --epochs 1 --data-dir " + mnist.string() + " --out " + out.string(),
+                        {}, "taskset -c 0");
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  const std::string report = slurp(out / "report.html");
+  EXPECT_NE(report.find("1 usable CPU of " + std::to_string(std::thread::hardware_concurrency()) + " CPU cores"),
+            std::string::npos);
 }
 
 TEST(CompareCli, RejectsABadListRepeatsOrFolderWithExitCode2NamingTheValue) {

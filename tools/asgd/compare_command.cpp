@@ -15,6 +15,7 @@
 #include <thread>
 
 #include "asgd/job.hpp"
+#include "base/cpus.hpp"
 #include "experiments/compare.hpp"
 #include "experiments/report.hpp"
 #include "policies/registry.hpp"
@@ -37,7 +38,9 @@ struct CompareOptions {
   bool processes = false;  ///< each run as asgd cluster (a process per role) instead of in this process
 };
 
-// Where the timings came from, for the report: "2 CPU cores (Intel Xeon ...)".
+// Where the timings came from, for the report: "2 CPU cores (Intel Xeon
+// ...)", or "1 usable CPU of 2 cores (...)" where a binding or a control
+// group's limit leaves the runs fewer than the host has.
 std::string host_description() {
   std::string model;
   std::ifstream cpuinfo("/proc/cpuinfo");
@@ -47,7 +50,9 @@ std::string host_description() {
     if (colon != std::string::npos) model = line.substr(line.find_first_not_of(" \t", colon + 1));
   }
   const unsigned cores = std::thread::hardware_concurrency();
+  const unsigned usable = usable_cpus();
   std::string out = cores ? std::to_string(cores) + (cores == 1 ? " CPU core" : " CPU cores") : "CPU cores unknown";
+  if (cores && usable < cores) out = std::to_string(usable) + (usable == 1 ? " usable CPU of " : " usable CPUs of ") + out;
   if (!model.empty()) out += " (" + model + ")";
   return out;
 }
