@@ -212,6 +212,9 @@ struct ShardState {
   std::chrono::steady_clock::time_point writing_since{};
   double snapshot_s = 0.0;                 // how long its snapshot took
   const char* queued_what = nullptr;       // a final checkpoint asked for while one was being written
+  std::uint64_t changes = 0;               // messages handled that change what a checkpoint holds
+  std::uint64_t writing_changes = 0;       // `changes` when the write in progress took its snapshot
+  std::optional<std::uint64_t> saved_changes;  // `changes` when the newest good checkpoint took its snapshot
   std::uint64_t skipped_in_a_row = 0;      // periodic ones skipped because the one before was still being written
   caf::timespan hold_warning{};            // from ShardSetup; zero: held reads are not watched
   bool watching = false;                   // a watch_atom is on its way

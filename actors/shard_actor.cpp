@@ -58,6 +58,7 @@ bool collect(ShardState& st, std::chrono::steady_clock::time_point until = {}) {
   const Status s = st.writing.get();
   const double seconds = Seconds(std::chrono::steady_clock::now() - st.writing_since).count();
   account(st, s, st.writing_what, st.writing_taken_unix_s);
+  if (s.ok()) st.saved_changes = st.writing_changes;
   logger().debug("shard {}: {} checkpoint: snapshot in {:.1f} ms, written in {:.1f} ms", st.core->index(),
                  st.writing_what, st.snapshot_s * 1e3, seconds * 1e3);
   return true;
@@ -72,6 +73,7 @@ bool collect(ShardState& st, std::chrono::steady_clock::time_point until = {}) {
 // one who gives up waiting for it. One write at a time.
 void start_write(ShardState& st, const char* when) {
   st.writing_what = when;
+  st.writing_changes = st.changes;
   st.writing_since = std::chrono::steady_clock::now();
   st.writing_taken_unix_s = unix_seconds_now();
   std::string bytes = st.core->checkpoint_bytes();
@@ -123,11 +125,18 @@ void look_whether_written(caf::stateful_actor<ShardState>* self) {
 
 // For a shard told to stop, whose state must be on disk before it goes:
 // the checkpoint of its last state, after the write in progress, waiting
-// for both at most kStopWait.
+// for both at most kStopWait; none when the newest good one holds it
+// already (the final checkpoint of a job that then ends: a big shard on a
+// slow disk wrote the same bytes twice). Under hogwild the workers write
+// the parameters without telling the shard: always written then.
 void checkpoint_before_stopping(ShardState& st) {
   const auto deadline = std::chrono::steady_clock::now() + kStopWait;
   st.queued_what = nullptr;
   bool written = collect(st, deadline);
+  if (written && st.saved_changes == st.changes && !st.core->setup().shared) {
+    logger().debug("shard {}: stopping; its last checkpoint holds this state already", st.core->index());
+    return;
+  }
   if (written) {
     start_write(st, "stopping");
     written = collect(st, deadline);
@@ -213,6 +222,7 @@ caf::behavior parameter_shard(caf::stateful_actor<ShardState>* self, std::shared
       [self, deliver, watch](push_atom, PushRequest& request) {
         auto& st = self->state;
         const auto ticket = st.next_ticket++;
+        ++st.changes;
         st.core->push(std::move(request), ticket, std::chrono::steady_clock::now(), st.answers);
         watch();
         return deliver(ticket);
@@ -233,12 +243,16 @@ caf::behavior parameter_shard(caf::stateful_actor<ShardState>* self, std::shared
       },
       [self, flush](leave_atom, WorkerId worker) {
         auto& st = self->state;
+        ++st.changes;
         st.core->leave(worker, std::chrono::steady_clock::now(), st.answers);
         flush(std::nullopt);
         // The last worker is done: this state is final, keep it.
         if (!st.checkpoint_path.empty() && st.core->view().live_workers == 0) begin_checkpoint(self, "final");
       },
-      [self](join_atom, WorkerId worker, Clock clock) { self->state.core->rejoin(worker, clock); },
+      [self](join_atom, WorkerId worker, Clock clock) {
+        ++self->state.changes;
+        self->state.core->rejoin(worker, clock);
+      },
       [self](snapshot_atom) { return self->state.core->snapshot(); },
       [self](tick_atom) { periodic_checkpoint(self); },
       [self](written_atom) { look_whether_written(self); },

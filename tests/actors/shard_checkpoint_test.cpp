@@ -16,6 +16,7 @@
 #include <caf/all.hpp>
 
 #include <chrono>
+#include <functional>
 #include <thread>
 
 #include "actors/parameter_shard.hpp"
@@ -114,6 +115,65 @@ TEST(ShardCheckpoints, AShardServesOnWhileItsCheckpointIsStuckOnTheDiskAndCounts
   EXPECT_EQ(saved->stats.updates_applied, 20u);
 
   self->send_exit(shard, caf::exit_reason::user_shutdown);
+}
+
+// A shard with one worker checkpointing into `path`, with no periodic
+// checkpoint in the test's time.
+caf::actor spawn_shard(caf::actor_system& sys, const std::string& path) {
+  ShardSetup setup;
+  setup.range = {0, kSize};
+  setup.initial.assign(kSize, 1.0f);
+  setup.optimizer = {"sgd", 0.1f, 0.0f, 0.0f};
+  setup.checkpoint_path = path;
+  setup.checkpoint_every_s = 3600;
+  auto core = ShardCore::make(std::move(setup));
+  EXPECT_TRUE(core.ok()) << core.status().to_string();
+  return sys.spawn(parameter_shard, std::make_shared<ShardCore>(std::move(core).value()));
+}
+
+void push(caf::scoped_actor& self, const caf::actor& shard, Clock c) {
+  self->request(shard, 2s, push_atom::value, PushRequest{0, c, c, 1, true, std::vector<float>(kSize, 1.0f)})
+      .receive([](const ShardReply&) {}, [&](const caf::error& e) { ADD_FAILURE() << to_string(e); });
+}
+
+// The file's inode: a new one for every write (written aside, then renamed).
+ino_t inode_of(const std::string& path) {
+  struct stat st {};
+  return ::stat(path.c_str(), &st) == 0 ? st.st_ino : 0;
+}
+
+// The last worker leaves (the final checkpoint), `after` runs, the shard is
+// told to stop: whether the file was written again.
+bool written_again_at_stop(const std::string& path, const std::function<void(caf::scoped_actor&, const caf::actor&)>& after) {
+  caf::actor_system_config cfg;
+  cfg.add_message_types<caf::id_block::asgd>();
+  caf::actor_system sys{cfg};
+  caf::scoped_actor self{sys};
+  auto shard = spawn_shard(sys, path);
+  for (Clock c = 0; c < 3; ++c) push(self, shard, c);
+  self->send(shard, leave_atom::value, WorkerId{0});
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (stats_of(self, shard).checkpoint_unix_s == 0 && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(10ms);
+  const ino_t final_one = inode_of(path);
+  EXPECT_NE(final_one, 0u) << "no final checkpoint";
+  after(self, shard);
+  self->send_exit(shard, caf::exit_reason::user_shutdown);
+  self->wait_for(shard);
+  return inode_of(path) != final_one;
+}
+
+TEST(ShardCheckpoints, AShardStoppedRightAfterItsFinalCheckpointDoesNotWriteItAgainButOneThatChangedSinceDoes) {
+  asgd_test::TempDir dir;
+  EXPECT_FALSE(written_again_at_stop((dir / "same.ckpt").string(), [](auto&, const auto&) {}));
+  // The worker comes back and pushes once more: the state on disk is old.
+  EXPECT_TRUE(written_again_at_stop((dir / "changed.ckpt").string(), [](caf::scoped_actor& self, const caf::actor& s) {
+    self->send(s, join_atom::value, WorkerId{0}, Clock{3});
+    push(self, s, 3);
+  }));
+  auto saved = ShardCore::saved((dir / "changed.ckpt").string());
+  ASSERT_TRUE(saved.ok()) << saved.status().to_string();
+  EXPECT_EQ(saved->stats.updates_applied, 4u);
 }
 
 }  // namespace
