@@ -52,26 +52,30 @@ bool drain(int fd) {
   return false;
 }
 
+// A shard with one worker checkpointing into `path` every `every_s` seconds.
+caf::actor spawn_shard(caf::actor_system& sys, const std::string& path, double every_s) {
+  ShardSetup setup;
+  setup.range = {0, kSize};
+  setup.initial.assign(kSize, 1.0f);
+  setup.optimizer = {"sgd", 0.1f, 0.0f, 0.0f};
+  setup.checkpoint_path = path;
+  setup.checkpoint_every_s = every_s;
+  auto core = ShardCore::make(std::move(setup));
+  EXPECT_TRUE(core.ok()) << core.status().to_string();
+  return sys.spawn(parameter_shard, std::make_shared<ShardCore>(std::move(core).value()));
+}
+
 TEST(ShardCheckpoints, AShardServesOnWhileItsCheckpointIsStuckOnTheDiskAndCountsTheWriteWhenItEnds) {
   asgd_test::CapturedLog log;
   asgd_test::TempDir dir;
   const std::string path = (dir / "shard-0.ckpt").string();
   ASSERT_EQ(::mkfifo((path + ".tmp").c_str(), 0600), 0);
 
-  ShardSetup setup;
-  setup.range = {0, kSize};
-  setup.initial.assign(kSize, 1.0f);
-  setup.optimizer = {"sgd", 0.1f, 0.0f, 0.0f};
-  setup.checkpoint_path = path;
-  setup.checkpoint_every_s = 0.05;
-  auto core = ShardCore::make(std::move(setup));
-  ASSERT_TRUE(core.ok()) << core.status().to_string();
-
   caf::actor_system_config cfg;
   cfg.add_message_types<caf::id_block::asgd>();
   caf::actor_system sys{cfg};
   caf::scoped_actor self{sys};
-  auto shard = sys.spawn(parameter_shard, std::make_shared<ShardCore>(std::move(core).value()));
+  auto shard = spawn_shard(sys, path, 0.05);
 
   // The first periodic checkpoint is now stuck in open() on the pipe.
   std::this_thread::sleep_for(300ms);
@@ -117,20 +121,6 @@ TEST(ShardCheckpoints, AShardServesOnWhileItsCheckpointIsStuckOnTheDiskAndCounts
   self->send_exit(shard, caf::exit_reason::user_shutdown);
 }
 
-// A shard with one worker checkpointing into `path`, with no periodic
-// checkpoint in the test's time.
-caf::actor spawn_shard(caf::actor_system& sys, const std::string& path) {
-  ShardSetup setup;
-  setup.range = {0, kSize};
-  setup.initial.assign(kSize, 1.0f);
-  setup.optimizer = {"sgd", 0.1f, 0.0f, 0.0f};
-  setup.checkpoint_path = path;
-  setup.checkpoint_every_s = 3600;
-  auto core = ShardCore::make(std::move(setup));
-  EXPECT_TRUE(core.ok()) << core.status().to_string();
-  return sys.spawn(parameter_shard, std::make_shared<ShardCore>(std::move(core).value()));
-}
-
 void push(caf::scoped_actor& self, const caf::actor& shard, Clock c) {
   self->request(shard, 2s, push_atom::value, PushRequest{0, c, c, 1, true, std::vector<float>(kSize, 1.0f)})
       .receive([](const ShardReply&) {}, [&](const caf::error& e) { ADD_FAILURE() << to_string(e); });
@@ -149,7 +139,7 @@ bool written_again_at_stop(const std::string& path, const std::function<void(caf
   cfg.add_message_types<caf::id_block::asgd>();
   caf::actor_system sys{cfg};
   caf::scoped_actor self{sys};
-  auto shard = spawn_shard(sys, path);
+  auto shard = spawn_shard(sys, path, 3600);  // no periodic checkpoint in the test's time
   for (Clock c = 0; c < 3; ++c) push(self, shard, c);
   self->send(shard, leave_atom::value, WorkerId{0});
   const auto deadline = std::chrono::steady_clock::now() + 10s;
