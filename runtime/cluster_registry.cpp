@@ -74,13 +74,18 @@ std::size_t filled(const Slots& slots) {
   return static_cast<std::size_t>(std::count_if(slots.begin(), slots.end(), [](const auto& m) { return m.has_value(); }));
 }
 
+// How many of the worker processes registered CPU key `key`: those that
+// compute on the CPUs it names.
+std::uint32_t workers_with_cpu_key(const Slots& workers, const std::string& key) {
+  return static_cast<std::uint32_t>(
+      std::count_if(workers.begin(), workers.end(), [&](const auto& m) { return m && m->reg.cpu_key == key; }));
+}
+
 // How many of the worker processes hold worker w's CPU key (w included):
 // those computing on the same CPUs, which w's threads are to share.
 std::uint32_t cpu_sharers(const Slots& workers, std::uint32_t w) {
   if (w >= workers.size() || !workers[w] || workers[w]->reg.cpu_key.empty()) return 1;
-  const std::string& key = workers[w]->reg.cpu_key;
-  return static_cast<std::uint32_t>(
-      std::count_if(workers.begin(), workers.end(), [&](const auto& m) { return m && m->reg.cpu_key == key; }));
+  return workers_with_cpu_key(workers, workers[w]->reg.cpu_key);
 }
 
 // Tells process `peer` to stop, saying why: a refused registration, or the job's end.
@@ -113,10 +118,8 @@ void answer_await(Self self) {
   std::vector<std::string> endpoints;
   if (s.ok())
     for (const auto& m : st.shards) endpoints.push_back(m->reg.endpoint);
-  const std::string here = cpu_set_key();
-  const auto workers_here = static_cast<std::uint32_t>(
-      std::count_if(st.workers.begin(), st.workers.end(), [&](const auto& m) { return m && m->reg.cpu_key == here; }));
-  st.awaiting->deliver(static_cast<std::int32_t>(s.code()), s.message(), std::move(endpoints), workers_here);
+  st.awaiting->deliver(static_cast<std::int32_t>(s.code()), s.message(), std::move(endpoints),
+                       workers_with_cpu_key(st.workers, cpu_set_key()));
   st.awaiting.reset();
 }
 
