@@ -318,33 +318,33 @@ std::vector<LayerBuffer> Model::buffers() {
 
 std::vector<float> Model::scores(std::span<const float> x) {
   const FlushDenormals flush;
-  set_training(false);
-  const std::size_t n = x.size() / sample_size();
-  const std::size_t chunk = inference_chunk();
   std::vector<float> out;
-  out.reserve(n * classes_);
+  out.reserve(x.size() / sample_size() * classes_);
+  each_chunk_of_logits(x, inference_chunk(), [&](std::size_t, const Tensor& part) {
+    out.insert(out.end(), part.span().begin(), part.span().end());
+  });
+  return out;
+}
+
+void Model::each_chunk_of_logits(std::span<const float> x, std::size_t chunk,
+                                 const std::function<void(std::size_t, const Tensor&)>& f) {
+  const std::size_t n = x.size() / sample_size();
+  set_training(false);
   for (std::size_t begin = 0; begin < n; begin += chunk) {
     const std::size_t b = std::min(chunk, n - begin);
-    const Tensor& part = logits(x.subspan(begin * sample_size(), b * sample_size()), b);
-    out.insert(out.end(), part.span().begin(), part.span().end());
+    f(begin, logits(x.subspan(begin * sample_size(), b * sample_size()), b));
   }
-  return out;
 }
 
 std::vector<std::int32_t> Model::classify(std::span<const float> x, std::size_t chunk) {
   const FlushDenormals flush;
-  if (chunk == 0) chunk = inference_chunk();
-  const std::size_t n = x.size() / sample_size();
-  std::vector<std::int32_t> out(n);
-  set_training(false);
-  for (std::size_t begin = 0; begin < n; begin += chunk) {
-    const std::size_t b = std::min(chunk, n - begin);
-    const Tensor& scores = logits(x.subspan(begin * sample_size(), b * sample_size()), b);
-    for (std::size_t r = 0; r < b; ++r) {
+  std::vector<std::int32_t> out(x.size() / sample_size());
+  each_chunk_of_logits(x, chunk == 0 ? inference_chunk() : chunk, [&](std::size_t begin, const Tensor& scores) {
+    for (std::size_t r = 0; r < scores.shape()[0]; ++r) {
       const float* z = scores.data() + r * classes_;
       out[begin + r] = static_cast<std::int32_t>(std::max_element(z, z + classes_) - z);
     }
-  }
+  });
   return out;
 }
 

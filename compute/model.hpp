@@ -4,6 +4,7 @@
 // flat vector is what a worker pulls and pushes; keys are its indices.
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -200,6 +201,10 @@ class Model {
   // (B, classes) scores: the CPU layers' last output, or (on a device,
   // which runs inference only through this) the device's in logits_.
   const Tensor& logits(std::span<const float> x, std::size_t batch);
+  // Calls f(first sample, its chunk's (b, classes) logits) for each chunk
+  // of `chunk` samples of `x`, in inference mode.
+  void each_chunk_of_logits(std::span<const float> x, std::size_t chunk,
+                            const std::function<void(std::size_t, const Tensor&)>& f);
 
   std::string name_;
   Shape sample_shape_;
