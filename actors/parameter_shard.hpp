@@ -205,15 +205,16 @@ struct ShardState {
   std::uint64_t checkpoint_failures = 0;   // writes that failed, in all
   std::uint64_t failures_in_a_row = 0;     // since the last that succeeded
   double checkpoint_unix_s = 0.0;          // when the newest good checkpoint was taken (or the one reloaded); 0: none
-  // The checkpoint being written on a thread of its own, at most one.
-  std::future<Status> writing;             // not valid(): none
-  const char* writing_what = "";           // "periodic", "final"
-  double writing_taken_unix_s = 0.0;       // when its snapshot was taken
-  std::chrono::steady_clock::time_point writing_since{};
-  double snapshot_s = 0.0;                 // how long its snapshot took
+  struct Writing {                         // the checkpoint being written on a thread of its own
+    std::future<Status> done;              // not valid(): none is
+    const char* what = "";                 // "periodic", "final", "stopping"
+    double taken_unix_s = 0.0;             // when its snapshot was taken
+    std::chrono::steady_clock::time_point since{};
+    double snapshot_s = 0.0;               // how long the snapshot took
+    std::uint64_t changes = 0;             // `changes` when the snapshot was taken
+  } writing;
   const char* queued_what = nullptr;       // a final checkpoint asked for while one was being written
   std::uint64_t changes = 0;               // messages handled that change what a checkpoint holds
-  std::uint64_t writing_changes = 0;       // `changes` when the write in progress took its snapshot
   std::optional<std::uint64_t> saved_changes;  // `changes` when the newest good checkpoint took its snapshot
   std::uint64_t skipped_in_a_row = 0;      // periodic ones skipped because the one before was still being written
   caf::timespan hold_warning{};            // from ShardSetup; zero: held reads are not watched

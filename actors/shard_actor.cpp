@@ -53,14 +53,14 @@ void account(ShardState& st, const Status& s, const char* when, double taken_uni
 // Accounts for the write in progress if it has ended by `until`. Returns
 // whether none is in progress now.
 bool collect(ShardState& st, std::chrono::steady_clock::time_point until = {}) {
-  if (!st.writing.valid()) return true;
-  if (st.writing.wait_until(until) != std::future_status::ready) return false;
-  const Status s = st.writing.get();
-  const double seconds = Seconds(std::chrono::steady_clock::now() - st.writing_since).count();
-  account(st, s, st.writing_what, st.writing_taken_unix_s);
-  if (s.ok()) st.saved_changes = st.writing_changes;
+  if (!st.writing.done.valid()) return true;
+  if (st.writing.done.wait_until(until) != std::future_status::ready) return false;
+  const Status s = st.writing.done.get();
+  const double seconds = Seconds(std::chrono::steady_clock::now() - st.writing.since).count();
+  account(st, s, st.writing.what, st.writing.taken_unix_s);
+  if (s.ok()) st.saved_changes = st.writing.changes;
   logger().debug("shard {}: {} checkpoint: snapshot in {:.1f} ms, written in {:.1f} ms", st.core->index(),
-                 st.writing_what, st.snapshot_s * 1e3, seconds * 1e3);
+                 st.writing.what, st.writing.snapshot_s * 1e3, seconds * 1e3);
   return true;
 }
 
@@ -72,14 +72,14 @@ bool collect(ShardState& st, std::chrono::steady_clock::time_point until = {}) {
 // detached: a write stuck in the kernel (a dead network mount) holds no
 // one who gives up waiting for it. One write at a time.
 void start_write(ShardState& st, const char* when) {
-  st.writing_what = when;
-  st.writing_changes = st.changes;
-  st.writing_since = std::chrono::steady_clock::now();
-  st.writing_taken_unix_s = unix_seconds_now();
+  st.writing.what = when;
+  st.writing.changes = st.changes;
+  st.writing.since = std::chrono::steady_clock::now();
+  st.writing.taken_unix_s = unix_seconds_now();
   std::string bytes = st.core->checkpoint_bytes();
-  st.snapshot_s = Seconds(std::chrono::steady_clock::now() - st.writing_since).count();
+  st.writing.snapshot_s = Seconds(std::chrono::steady_clock::now() - st.writing.since).count();
   std::promise<Status> written;
-  st.writing = written.get_future();
+  st.writing.done = written.get_future();
   std::thread([path = st.checkpoint_path, bytes = std::move(bytes), written = std::move(written)]() mutable {
     written.set_value(write_atomically(path, bytes));
   }).detach();
@@ -107,7 +107,7 @@ void periodic_checkpoint(caf::stateful_actor<ShardState>* self) {
   } else if (st.skipped_in_a_row++ % 10 == 0) {
     logger().warn("shard {}: periodic checkpoint skipped: the one taken {:.1f} s ago is still being written "
                   "(writing takes longer than --checkpoint-every {:g} s)",
-                  st.core->index(), Seconds(std::chrono::steady_clock::now() - st.writing_since).count(),
+                  st.core->index(), Seconds(std::chrono::steady_clock::now() - st.writing.since).count(),
                   Seconds(st.checkpoint_every).count());
   }
   self->delayed_send(self, st.checkpoint_every, tick_atom::value);
@@ -144,7 +144,7 @@ void checkpoint_before_stopping(ShardState& st) {
   if (!written)
     logger().error("shard {}: stopping without the checkpoint of its last state: the {} checkpoint's write, begun "
                    "{:.0f} s ago, has not ended (is the disk of {} answering?); a resume loses every update since {}",
-                   st.core->index(), st.writing_what, Seconds(std::chrono::steady_clock::now() - st.writing_since).count(),
+                   st.core->index(), st.writing.what, Seconds(std::chrono::steady_clock::now() - st.writing.since).count(),
                    st.checkpoint_path,
                    st.checkpoint_unix_s > 0 ? fmt::format("the checkpoint of {:.0f} s ago", unix_seconds_now() - st.checkpoint_unix_s)
                                             : std::string("the start"));
