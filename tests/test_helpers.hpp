@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <filesystem>
@@ -37,6 +38,15 @@ inline constexpr bool kSanitized = true;
 #else
 inline constexpr bool kSanitized = false;
 #endif
+
+/// The resident memory of process `pid` (VmRSS in /proc/PID/status), or of
+/// this process when `pid` is 0; 0 when it cannot be read.
+inline std::size_t resident_bytes(int pid = 0) {
+  std::ifstream in(pid == 0 ? std::string("/proc/self/status") : "/proc/" + std::to_string(pid) + "/status");
+  for (std::string line; std::getline(in, line);)
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6)) * 1024;  // "VmRSS:   123456 kB"
+  return 0;
+}
 
 /// Limits this process's address space to `bytes` (RLIMIT_AS); exits with
 /// status 90 when it cannot. For a death test's child.

@@ -3,13 +3,11 @@
 // BatchNorm recalibration. Each layer's own gradient check is in
 // conv_layers_test.cpp.
 #include <gtest/gtest.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <fstream>
 #include <string>
 #include <vector>
 
@@ -250,14 +248,6 @@ TEST(ConvModels, EvaluationUsesRunningStatisticsAndLeavesThemAlone) {
   EXPECT_NE(running(), fresh);
 }
 
-// Resident memory of this process, read from /proc/self/statm.
-std::size_t resident_bytes() {
-  std::ifstream statm("/proc/self/statm");
-  std::size_t pages = 0, resident = 0;
-  statm >> pages >> resident;
-  return resident * static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
-}
-
 TEST(ConvModels, AnEvaluationHoldsAboutAQuarterGigabyteOfActivationsNotAThousandSamplesWorth) {
   // The activations stay allocated after the pass (a steady size never
   // reallocates): in 1000-sample chunks resnet18 kept some 6 GB for 1000
@@ -273,10 +263,10 @@ TEST(ConvModels, AnEvaluationHoldsAboutAQuarterGigabyteOfActivationsNotAThousand
   if (asgd_test::kSanitized) GTEST_SKIP() << "resident memory means something else under a sanitizer";
   Rng rng(5);
   const Batch batch = random_batch(rng, 150);
-  const std::size_t before = resident_bytes();
+  const std::size_t before = asgd_test::resident_bytes();
   model.recalibrate_batchnorm(batch.x);  // as the coordinator does first
   const EvalResult r = model.evaluate(batch.x, batch.y);
-  const std::size_t held = resident_bytes() - std::min(before, resident_bytes());
+  const std::size_t held = asgd_test::resident_bytes() - std::min(before, asgd_test::resident_bytes());
   EXPECT_EQ(r.samples, 150u);
   std::printf("resnet18: %zu samples at a time, %zu MiB held after recalibrating and evaluating 150\n",
               model.inference_chunk(), held >> 20);

@@ -20,6 +20,8 @@
 #include <string>
 #include <vector>
 
+#include "test_helpers.hpp"
+
 namespace asgd_test {
 
 /// What RawConnection::send_filler sends, allocated when the program starts
@@ -183,15 +185,6 @@ inline std::size_t announce_and_stall(const std::string& endpoint, int n, std::u
     taken += peers.back().send_filler(sent);
   }
   return taken;
-}
-
-/// The resident memory of process `pid` (VmRSS in /proc/PID/status), or of
-/// this process when `pid` is 0; 0 when it cannot be read.
-inline std::size_t resident_bytes(int pid = 0) {
-  std::ifstream in(pid == 0 ? std::string("/proc/self/status") : "/proc/" + std::to_string(pid) + "/status");
-  for (std::string line; std::getline(in, line);)
-    if (line.rfind("VmRSS:", 0) == 0) return std::stoull(line.substr(6)) * 1024;  // "VmRSS:   123456 kB"
-  return 0;
 }
 
 }  // namespace asgd_test
