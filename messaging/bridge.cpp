@@ -163,9 +163,11 @@ void Bridge::send(const PeerId& peer, Message message, RequestSlot slot) {
     if (behind) outbox_.push_back({peer, std::move(message), std::move(slot)});
   }
   // Else from this thread when the transport can (a peer's ring in shared
-  // memory): no hand-off to the I/O thread. The request's slot goes now:
-  // the frame's bytes have left.
+  // memory, a socket): no hand-off to the I/O thread. The request's slot
+  // goes with the frame's bytes: at once when the ring copied them, once
+  // sent when the socket shares them.
   if (!behind) {
+    if (slot) tie_slot_to_frame(message, slot);
     const bool sent = transport_->send_now(peer, message);
     std::lock_guard lock(mu_);
     if (sent) {

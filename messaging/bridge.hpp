@@ -171,7 +171,7 @@ class Bridge {
 
   /// Queues a frame for `peer`, or sends it from the calling thread when
   /// the transport can (Transport::send_now: a peer's ring in shared
-  /// memory) and nothing queued before it waits. Thread-safe; frames from
+  /// memory, else its socket) and nothing queued before it waits. Thread-safe; frames from
   /// one thread to one peer leave in the order sent.
   void send(const PeerId& peer, Message message);
   /// The same for a reply: `slot` (the request's) is given back once the

@@ -94,11 +94,16 @@ class ShmTransport final : public Transport {
     return send_through_slots(peer, *out, std::move(message));
   }
 
-  // Into the peer's ring from any thread, once ring_open has gone out.
+  // Into the peer's ring from any thread, once ring_open has gone out; on
+  // the wire (the inner transport's send_now) to a peer that gets no slots
+  // (refused, not yet accepted, or shared memory off) while no answer to an
+  // offer waits to go before it.
   bool send_now(const PeerId& peer, const Message& message) override {
     std::lock_guard lock(mu_);
     auto it = out_.find(peer);
-    if (it == out_.end() || !it->second.bell || !it->second.announced) return false;
+    if (it == out_.end()) return !options_.enabled && controls_.empty() && inner_->send_now(peer, message);
+    if (it->second.state != OutPeer::State::accepted) return controls_.empty() && inner_->send_now(peer, message);
+    if (!it->second.bell || !it->second.announced) return false;
     auto sent = send_sequenced(peer, it->second, message, false);
     return sent.ok() && *sent;
   }

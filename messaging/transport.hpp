@@ -174,9 +174,11 @@ class Transport {
   virtual Result<bool> send(const PeerId& peer, Message message) = 0;
 
   /// Sends `message` to `peer` from the calling thread, when this transport
-  /// can without the owning thread (make_shm_transport, to a peer whose
-  /// ring it writes: no socket is touched) and the message goes there whole
-  /// now: true when sent. False when not (nothing sent): the caller gives
+  /// can without the owning thread and the message goes there whole now:
+  /// true when sent. The ZeroMQ transport can (its sockets are guarded by a
+  /// lock that its owning thread lets go while it waits); make_shm_transport
+  /// writes a peer's ring, and passes a message for a peer that gets no
+  /// shared memory to the transport it wraps. False when not (nothing sent): the caller gives
   /// it to send() on the owning thread as usual, and must give it there all
   /// it sends to that peer until that has been sent, to keep their order.
   /// The one call besides wake() that is thread-safe. The default sends

@@ -5,6 +5,8 @@
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
+#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 #include <zmq.hpp>
@@ -114,32 +116,24 @@ Part from_zmq(zmq::message_t&& msg, bool exclusive) {
 class ZmqTransport final : public Transport {
  public:
   ZmqTransport(TransportLimits limits, std::optional<CurveOptions> curve, std::string name)
-      : limits_(limits), curve_(std::move(curve)), name_(std::move(name)) {
-    // A PAIR of inproc sockets lets other threads interrupt a poll.
-    const std::string wake_at = "inproc://asgd-wake-" + std::to_string(reinterpret_cast<std::uintptr_t>(this));
-    wake_rx_.bind(wake_at);
-    wake_tx_.connect(wake_at);
-    wake_rx_.set(zmq::sockopt::linger, 0);
-    wake_tx_.set(zmq::sockopt::linger, 0);
-  }
+      : limits_(limits), curve_(std::move(curve)), name_(std::move(name)),
+        wake_fd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {}
 
   ~ZmqTransport() override {
     // The ROUTER goes before its gatekeeper (see Gatekeeper).
     router_.reset();
     guard_.reset();
+    if (wake_fd_ >= 0) close(wake_fd_);
   }
 
   void wake() override {
-    std::lock_guard lock(wake_mu_);
-    zmq::message_t ping(1);
-    try {
-      // A full queue already holds a wake-up: nothing is lost.
-      (void)wake_tx_.send(ping, zmq::send_flags::dontwait);
-    } catch (const zmq::error_t&) {
-    }
+    const std::uint64_t one = 1;
+    // A counter at its limit already holds a wake-up: nothing is lost.
+    [[maybe_unused]] const ssize_t n = write(wake_fd_, &one, sizeof one);
   }
 
   Result<std::string> bind(const std::string& endpoint) override {
+    std::lock_guard lock(mu_);
     try {
       if (!router_) {
         zmq::socket_t router(context_, zmq::socket_type::router);
@@ -165,16 +159,18 @@ class ZmqTransport final : public Transport {
   Result<PeerId> connect(const std::string& given) override {
     auto dealer = open_dealer(given);
     if (!dealer) return dealer.status();
+    std::lock_guard lock(mu_);
     PeerId id = "c:" + std::to_string(connections_.size());
     connections_.push_back({id, std::move(dealer->first), std::move(dealer->second)});
     return id;
   }
 
   Status reconnect(const PeerId& peer, const std::string& given) override {
-    Connection* c = connection(peer);
-    if (c == nullptr) return Status::NotFound("reconnect " + peer + ": no such connection");
     auto dealer = open_dealer(given);
     if (!dealer) return dealer.status();
+    std::lock_guard lock(mu_);
+    Connection* c = connection(peer);
+    if (c == nullptr) return Status::NotFound("reconnect " + peer + ": no such connection");
     // The old socket closes with what it still queued (linger: kLingerMs).
     c->endpoint = std::move(dealer->first);
     c->socket = std::move(dealer->second);
@@ -182,6 +178,115 @@ class ZmqTransport final : public Transport {
   }
 
   Result<bool> send(const PeerId& peer, Message message) override {
+    std::lock_guard lock(mu_);
+    return send_locked(peer, message);
+  }
+
+  // From the caller's thread, the sockets being guarded by mu_: whatever
+  // the owning thread is doing, it is not in a call on them (its waits are
+  // poll() on their descriptors, outside the lock). A send may take the
+  // signal that a message arrived on that socket (libzmq handles its
+  // mailbox in every call): the owning thread is then woken to read it.
+  bool send_now(const PeerId& peer, const Message& message) override {
+    if (message.empty()) return false;
+    std::lock_guard lock(mu_);
+    zmq::socket_t* socket = socket_of(peer);
+    if (socket == nullptr) return false;
+    auto sent = send_locked(peer, message);
+    try {
+      if (socket->get(zmq::sockopt::events) & ZMQ_POLLIN) wake();
+    } catch (const zmq::error_t&) {
+      wake();  // the owning thread finds out what
+    }
+    return sent.ok() && *sent;
+  }
+
+  // The sockets' events are read under mu_, the wait is poll() on their
+  // descriptors (libzmq's ZMQ_FD, readable when the socket has news) with
+  // the lock let go, so send_now() goes on meanwhile.
+  Result<std::optional<Incoming>> receive(std::chrono::milliseconds timeout) override {
+    const auto deadline = Clock::now() + std::max(timeout, std::chrono::milliseconds(0));
+    try {
+      std::vector<pollfd> fds;
+      while (true) {
+        fds.clear();
+        {
+          std::lock_guard lock(mu_);
+          std::optional<Incoming> in = read_any();
+          if (in) return in;
+          for (zmq::socket_t* s : readable_sockets()) fds.push_back({s->get(zmq::sockopt::fd), POLLIN, 0});
+        }
+        const auto left = std::max(std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()),
+                                   std::chrono::milliseconds(0));
+        const std::size_t first_watched = fds.size();
+        for (int fd : watched_) fds.push_back({fd, POLLIN, 0});
+        fds.push_back({wake_fd_, POLLIN, 0});  // last: not a peer
+        if (::poll(fds.data(), fds.size(), static_cast<int>(std::min<std::int64_t>(left.count(), 1 << 30))) < 0 &&
+            errno != EINTR)
+          return Status::IOError(std::string("receive: poll: ") + std::strerror(errno));
+        // A doorbell: the caller reads it. Before wake()'s counter, which
+        // stays unread then, so that the caller can tell the two apart.
+        for (std::size_t k = first_watched; k + 1 < fds.size(); ++k)
+          if (fds[k].revents & POLLIN) return std::optional<Incoming>();
+        if (fds.back().revents & POLLIN) {  // woken: drain, and return to the caller
+          std::uint64_t count = 0;
+          [[maybe_unused]] const ssize_t n = read(wake_fd_, &count, sizeof count);
+          std::lock_guard lock(mu_);
+          return read_any();  // a send_now() may have woken it for a message
+        }
+        if (left.count() == 0) {  // the time is up: a last look at what the sockets signalled
+          std::lock_guard lock(mu_);
+          return read_any();
+        }
+      }
+    } catch (const zmq::error_t& e) {
+      return Status::IOError("receive: " + describe(e));
+    }
+  }
+
+  void pause_bound(bool paused) override {
+    std::lock_guard lock(mu_);
+    bound_paused_ = paused;
+  }
+
+  bool watch(int fd) override {
+    watched_.push_back(fd);  // the owning thread's alone
+    return true;
+  }
+
+  Status set_bound_limits(std::size_t max_part_bytes, std::size_t max_connections) override {
+    std::lock_guard lock(mu_);
+    const bool part_changed = part_limit(max_part_bytes) != part_limit(limits_.bound_max_part_bytes);
+    limits_.bound_max_part_bytes = max_part_bytes;
+    limits_.bound_max_connections = max_connections;
+    if (!router_) return {};
+    guard_->set_max_connections(max_connections);
+    guard_->set_max_part_bytes(part_limit(max_part_bytes));
+    try {
+      router_->set(zmq::sockopt::maxmsgsize, static_cast<std::int64_t>(part_limit(max_part_bytes)));
+    } catch (const zmq::error_t& e) {
+      return Status::IOError("limiting parts on " + bound_ + ": " + describe(e));
+    }
+    // ZeroMQ checks no part limit over inproc.
+    if (!part_changed || bound_.empty() || router_inproc_) return {};
+    return listen_again();
+  }
+
+  TransportStats stats() const override {
+    std::lock_guard lock(mu_);
+    TransportStats s = stats_;
+    if (guard_) guard_->add_to(s);
+    return s;
+  }
+
+ private:
+  struct Connection {
+    PeerId id;
+    std::string endpoint;
+    zmq::socket_t socket;
+  };
+
+  Result<bool> send_locked(const PeerId& peer, const Message& message) {
     if (message.empty()) return Status::InvalidArgument("send to " + peer + ": a message needs at least one part");
     std::string where = peer;
     try {
@@ -204,91 +309,45 @@ class ZmqTransport final : public Transport {
     }
   }
 
-  Result<std::optional<Incoming>> receive(std::chrono::milliseconds timeout) override {
-    const auto deadline = Clock::now() + std::max(timeout, std::chrono::milliseconds(0));
-    try {
-      std::vector<zmq_pollitem_t> items;
-      std::vector<zmq::socket_t*> sockets;
-      const bool with_router = router_ && !bound_paused_;
-      if (with_router) sockets.push_back(&*router_);
-      for (auto& c : connections_) sockets.push_back(&c.socket);
-      for (auto* s : sockets) items.push_back({s->handle(), 0, ZMQ_POLLIN, 0});
-      for (int fd : watched_) items.push_back({nullptr, fd, ZMQ_POLLIN, 0});
-      items.push_back({wake_rx_.handle(), 0, ZMQ_POLLIN, 0});  // last: not a peer
-      while (true) {
-        const auto left = std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now());
-        try {
-          zmq::poll(items, std::max(left, std::chrono::milliseconds(0)));
-        } catch (const zmq::error_t& e) {
-          if (e.num() != EINTR) throw;
+  zmq::socket_t* socket_of(const PeerId& peer) {
+    if (peer.starts_with("c:")) {
+      Connection* c = connection(peer);
+      return c ? &c->socket : nullptr;
+    }
+    return peer.starts_with("r:") && router_ ? &*router_ : nullptr;
+  }
+
+  // The sockets receive() reads: the bound endpoint's unless paused, then
+  // the connections.
+  std::vector<zmq::socket_t*> readable_sockets() {
+    std::vector<zmq::socket_t*> sockets;
+    if (router_ && !bound_paused_) sockets.push_back(&*router_);
+    for (auto& c : connections_) sockets.push_back(&c.socket);
+    return sockets;
+  }
+
+  // The next whole message any socket holds, starting after the socket
+  // served last time, so one busy peer cannot starve the others. Under mu_.
+  std::optional<Incoming> read_any() {
+    const std::vector<zmq::socket_t*> sockets = readable_sockets();
+    const bool with_router = router_ && !bound_paused_;
+    for (std::size_t k = 0; k < sockets.size(); ++k) {
+      const std::size_t i = (next_first_ + k) % sockets.size();
+      const bool is_router = with_router && i == 0;
+      // Until it holds no more: one dropped (over the limits) may be
+      // followed by one already here, which its descriptor no longer signals.
+      while (sockets[i]->get(zmq::sockopt::events) & ZMQ_POLLIN) {
+        next_first_ = i + 1;
+        std::optional<Incoming> in =
+            read_message(*sockets[i], is_router ? nullptr : &connections_[i - (with_router ? 1 : 0)]);
+        if (in) {
+          ++stats_.received;
+          return in;
         }
-        // A doorbell: the caller reads it. Before wake()'s pipe, which stays
-        // unread then, so that the caller can tell the two apart.
-        for (std::size_t k = sockets.size(); k + 1 < items.size(); ++k)
-          if (items[k].revents & ZMQ_POLLIN) return std::optional<Incoming>();
-        if (items.back().revents & ZMQ_POLLIN) {  // woken: drain, and return to the caller
-          zmq::message_t ping;
-          while (wake_rx_.recv(ping, zmq::recv_flags::dontwait)) {
-          }
-          return std::optional<Incoming>();
-        }
-        // Start after the socket served last time, so one busy peer cannot
-        // starve the others.
-        for (std::size_t k = 0; k < sockets.size(); ++k) {
-          const std::size_t i = (next_first_ + k) % sockets.size();
-          if ((items[i].revents & ZMQ_POLLIN) == 0) continue;
-          next_first_ = i + 1;
-          const bool is_router = with_router && i == 0;
-          std::optional<Incoming> in =
-              read_message(*sockets[i], is_router ? nullptr : &connections_[i - (with_router ? 1 : 0)]);
-          if (in) {
-            ++stats_.received;
-            return in;
-          }
-        }
-        if (Clock::now() >= deadline) return std::optional<Incoming>();
       }
-    } catch (const zmq::error_t& e) {
-      return Status::IOError("receive: " + describe(e));
     }
+    return std::nullopt;
   }
-
-  void pause_bound(bool paused) override { bound_paused_ = paused; }
-
-  bool watch(int fd) override {
-    watched_.push_back(fd);
-    return true;
-  }
-
-  Status set_bound_limits(std::size_t max_part_bytes, std::size_t max_connections) override {
-    const bool part_changed = part_limit(max_part_bytes) != part_limit(limits_.bound_max_part_bytes);
-    limits_.bound_max_part_bytes = max_part_bytes;
-    limits_.bound_max_connections = max_connections;
-    if (!router_) return {};
-    guard_->set_max_connections(max_connections);
-    guard_->set_max_part_bytes(part_limit(max_part_bytes));
-    try {
-      router_->set(zmq::sockopt::maxmsgsize, static_cast<std::int64_t>(part_limit(max_part_bytes)));
-    } catch (const zmq::error_t& e) {
-      return Status::IOError("limiting parts on " + bound_ + ": " + describe(e));
-    }
-    // ZeroMQ checks no part limit over inproc.
-    if (!part_changed || bound_.empty() || router_inproc_) return {};
-    return listen_again();
-  }
-
-  TransportStats stats() const override {
-    TransportStats s = stats_;
-    if (guard_) guard_->add_to(s);
-    return s;
-  }
-
- private:
-  struct Connection {
-    PeerId id;
-    std::string endpoint;
-    zmq::socket_t socket;
-  };
 
   // A DEALER connected to `given` (with CURVE, set up to verify the
   // server's key): the endpoint without its key, and the socket.
@@ -449,9 +508,11 @@ class ZmqTransport final : public Transport {
   std::size_t next_first_ = 0;
   std::vector<int> watched_;  // descriptors a receive() also waits on (watch)
   TransportStats stats_;
-  zmq::socket_t wake_rx_{context_, zmq::socket_type::pair};
-  zmq::socket_t wake_tx_{context_, zmq::socket_type::pair};
-  std::mutex wake_mu_;  // wake() is the one call other threads make
+  int wake_fd_ = -1;  // an eventfd: wake() counts it up, receive() waits on it
+  // Guards the sockets and everything above but watched_: send_now() and
+  // wake() are called from other threads; the owning thread holds it for
+  // every call into libzmq, and lets it go while it waits.
+  mutable std::mutex mu_;
 };
 
 }  // namespace

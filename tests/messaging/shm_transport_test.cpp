@@ -272,7 +272,8 @@ TEST(SharedMemory, AReceiverKeptBusyByItsRingsStillReadsTheWire) {
 
 // send_now() writes the ring from any thread while the owning thread
 // waits in receive(); what it cannot send whole through shared memory (a
-// large part with every slot held; a peer that refused) it leaves alone.
+// large part with every slot held) it leaves alone; to a peer that refused
+// shared memory it sends on the wire.
 TEST(SharedMemory, SendNowGoesThroughTheRingFromAnotherThreadAndLeavesWhatNeedsTheWire) {
   ASGD_REQUIRE_RINGS();
   Pair p = handshake({}, one_slot());
@@ -294,8 +295,11 @@ TEST(SharedMemory, SendNowGoesThroughTheRingFromAnotherThreadAndLeavesWhatNeedsT
   SharedMemoryOptions off;
   off.enabled = false;
   Pair q = handshake(off, {});
-  EXPECT_FALSE(q.client->send_now(q.to_server, {text("x")}));
-  EXPECT_FALSE(next(*q.server, kNothingComes));
+  EXPECT_TRUE(q.client->send_now(q.to_server, {text("x")}));
+  auto in = next(*q.server);
+  ASSERT_TRUE(in);
+  EXPECT_EQ(text_of(in->message[0]), "x");
+  EXPECT_EQ(q.client->stats().ring_sent, 0u);
 }
 
 TEST(SharedMemory, WithEverySlotHeldAPartGoesOnTheWireAndASlotLetGoIsUsedAgain) {

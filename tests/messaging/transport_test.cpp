@@ -5,11 +5,14 @@
 #include <gtest/gtest.h>
 #include <stdlib.h>
 
+#include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstring>
 #include <filesystem>
 #include <future>
 #include <memory>
+#include <mutex>
 #include <optional>
 #include <thread>
 #include <string>
@@ -244,6 +247,67 @@ TEST_P(TransportOver, ReportsWouldBlockAsFalseWhenTheServerRepliesToAClientThatD
     would_block = !*r;
   }
   EXPECT_TRUE(would_block);
+}
+
+// send_now() from another thread while the owning thread waits in
+// receive(): libzmq handles a socket's pending news in every call on it, so
+// a send can take the very signal that a reply came, which the owner's wait
+// was to wake on (and libzmq signals a reader only when its queue was
+// empty: the replies behind it do not signal either). Requests go out while
+// replies to earlier ones arrive, up to 32 in flight. Every reply must
+// come, in order, without the owner sleeping through it (a lost wake-up
+// costs the owner's whole wait, 30 s here, against the 5 s the replies are
+// given).
+TEST_P(TransportOver, SendNowFromAnotherThreadWhileTheOwnerWaitsLosesNoMessageAndNoWakeUp) {
+  Link l = link();
+  ASSERT_FALSE(l.to_server.empty());
+  Transport& client = client_of(l);
+  std::mutex mu;
+  std::condition_variable cv;
+  std::vector<std::string> replies;
+  std::atomic<bool> stop{false};
+  // Answers what reached the bound endpoint, and keeps what came back on
+  // the connection (over inproc one transport does both).
+  auto owner = [&](Transport& t) {
+    while (!stop.load()) {
+      auto r = t.receive(30s);
+      if (!r.ok() || !*r) continue;
+      Incoming& in = **r;
+      if (in.from.starts_with("r:")) {
+        (void)t.send(in.from, Message{text("re " + text_of(in.message.at(0)))});
+        continue;
+      }
+      std::lock_guard lock(mu);
+      replies.push_back(text_of(in.message.at(0)));
+      cv.notify_all();
+    }
+  };
+  std::vector<std::thread> owners;
+  owners.emplace_back(owner, std::ref(client));
+  if (l.client) owners.emplace_back(owner, std::ref(*l.server));
+
+  constexpr int kTrips = 5000;
+  constexpr std::size_t kInFlight = 32;
+  int sent_now = 0;
+  bool late = false;
+  for (int i = 0; i < kTrips && !late; ++i) {
+    sent_now += client.send_now(l.to_server, Message{text(std::to_string(i))});
+    std::unique_lock lock(mu);
+    late = !cv.wait_for(lock, 5s, [&] { return static_cast<std::size_t>(i + 1) <= replies.size() + kInFlight; });
+  }
+  {
+    std::unique_lock lock(mu);
+    late = late || !cv.wait_for(lock, 5s, [&] { return replies.size() >= static_cast<std::size_t>(sent_now); });
+  }
+  int answered = 0;
+  for (std::size_t i = 0; i < replies.size(); ++i) answered += replies[i] == "re " + std::to_string(i);
+  stop = true;
+  client.wake();
+  if (l.client) l.server->wake();
+  for (auto& t : owners) t.join();
+  EXPECT_FALSE(late) << replies.size() << " replies of " << sent_now;
+  EXPECT_EQ(answered, sent_now) << "every message send_now took was answered, in order";
+  EXPECT_EQ(sent_now, kTrips);
 }
 
 INSTANTIATE_TEST_SUITE_P(Endpoints, TransportOver, ::testing::Values("inproc", "ipc", "tcp"),
