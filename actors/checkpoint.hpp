@@ -12,6 +12,7 @@
 // atomically: a temporary file, fsync, rename, fsync of the folder; a crash
 // leaves the old checkpoint or the new one, never half of one.
 
+#include <chrono>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -23,6 +24,11 @@
 #include "compute/tensor.hpp"
 
 namespace asgd {
+
+/// How long a shard actor told to stop may take to write its last
+/// checkpoint (after the one being written, if any) before it gives up on
+/// it and says so; what a supervisor gives a shard process before SIGKILL.
+inline constexpr std::chrono::seconds kShardStopWait{30};
 
 class Model;
 

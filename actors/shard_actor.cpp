@@ -21,8 +21,6 @@ using Seconds = std::chrono::duration<double>;
 
 // How often the actor looks whether the write in progress has ended.
 constexpr auto kWrittenPoll = std::chrono::milliseconds(50);
-// How long a shard told to stop waits for its checkpoints to be written.
-constexpr auto kStopWait = std::chrono::seconds(30);
 
 // Keeps count of a checkpoint write that ended. A failure is the
 // operator's to see at once: a restart now loses everything since the last
@@ -125,12 +123,12 @@ void look_whether_written(caf::stateful_actor<ShardState>* self) {
 
 // For a shard told to stop, whose state must be on disk before it goes:
 // the checkpoint of its last state, after the write in progress, waiting
-// for both at most kStopWait; none when the newest good one holds it
+// for both at most kShardStopWait; none when the newest good one holds it
 // already (the final checkpoint of a job that then ends: a big shard on a
 // slow disk wrote the same bytes twice). Under hogwild the workers write
 // the parameters without telling the shard: always written then.
 void checkpoint_before_stopping(ShardState& st) {
-  const auto deadline = std::chrono::steady_clock::now() + kStopWait;
+  const auto deadline = std::chrono::steady_clock::now() + kShardStopWait;
   st.queued_what = nullptr;
   bool written = collect(st, deadline);
   if (written && st.saved_changes == st.changes && !st.core->setup().shared) {

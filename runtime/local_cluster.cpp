@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <spawn.h>
+#include "actors/checkpoint.hpp"
 #include "base/log.hpp"
 #include <sys/wait.h>
 #include <unistd.h>
@@ -15,6 +16,7 @@
 #include <cstring>
 #include <optional>
 #include <sstream>
+#include <utility>
 
 extern char** environ;
 
@@ -316,9 +318,14 @@ void LocalCluster::stop_all(int signal) {
     if (!c->exited) kill(c->pid, signal);
 }
 
-// Drains and reaps everyone; a process that ignores SIGTERM for 5 s is killed.
+// Drains and reaps everyone. A process still there 5 s after it was told
+// to stop is killed (SIGKILL), but a shard only after kShardStopWait more:
+// told to stop, it writes its last checkpoint, which a big shard on a slow
+// disk may take that long to do (it gives up on it by itself then).
 void LocalCluster::drain_and_reap() {
-  const auto grace = SteadyClock::now() + std::chrono::seconds(5);
+  const auto told = SteadyClock::now();
+  constexpr auto kGrace = std::chrono::seconds(5);
+  bool said = false;
   while (true) {
     bool all = true;
     for (auto& c : children_) {
@@ -326,14 +333,21 @@ void LocalCluster::drain_and_reap() {
         pollfd p{c->out, POLLIN, 0};
         if (poll(&p, 1, 20) > 0) c->pump();
       }
-      all = c->reap(false) && all;
+      if (c->reap(false)) continue;
+      const auto waited = SteadyClock::now() - told;
+      if (waited > kGrace + (c->shard ? kShardStopWait : std::chrono::seconds(0))) {
+        logger().warn("{} (pid {}) has not ended {:.0f} s after it was told to stop: ending it (SIGKILL)", c->name,
+                      c->pid, std::chrono::duration<double>(waited).count());
+        kill(c->pid, SIGKILL);
+        c->reap(true);
+        continue;
+      }
+      if (c->shard && waited > kGrace && !std::exchange(said, true))
+        logger().info("waiting for {} (pid {}) to end: a shard told to stop may take up to {} s to write its last "
+                      "checkpoint", c->name, c->pid, kShardStopWait.count());
+      all = false;
     }
     if (all) break;
-    if (SteadyClock::now() > grace) {
-      stop_all(SIGKILL);
-      for (auto& c : children_) c->reap(true);
-      break;
-    }
   }
   for (auto& c : children_)
     while (c->out >= 0) c->pump();
