@@ -94,10 +94,9 @@ class ShmTransport final : public Transport {
     return send_through_slots(peer, *out, std::move(message));
   }
 
-  // Into the peer's ring from any thread, once ring_open has gone out; on
-  // the wire (the inner transport's send_now) to a peer that gets no slots
-  // (refused, not yet accepted, or shared memory off) while no answer to an
-  // offer waits to go before it.
+  // Into the peer's ring from any thread once ring_open has gone out; to a
+  // peer that gets no slots (refused, not yet accepted, shared memory off),
+  // on the wire (the inner transport's send_now) unless an answer waits.
   bool send_now(const PeerId& peer, const Message& message) override {
     std::lock_guard lock(mu_);
     auto it = out_.find(peer);
@@ -385,11 +384,8 @@ class ShmTransport final : public Transport {
     const std::size_t through = d->used.size() + d->returned.size();
     auto sent = inner_->send(peer, d->take_message(control_part(Kind::data, out.token,
                                                                 static_cast<std::uint32_t>(message.size()))));
-    if (!sent.ok() || !*sent) {
-      d->give_back(out);
-    } else {
-      counts_.shm_sent += through;
-    }
+    if (!sent.ok() || !*sent) d->give_back(out);
+    else counts_.shm_sent += through;
     return sent;
   }
 
