@@ -42,13 +42,18 @@ data::Batch BatchSource::next() {
 }
 
 caf::behavior data_feeder(caf::stateful_actor<FeederState>* self, FeederSetup setup) {
+  // Answers every worker still waiting for a batch: with the end-of-data
+  // marker (an empty batch), or an error.
+  auto answer_waiting = [self](const auto& answer) {
+    for (auto& p : self->state.waiting) p.deliver(answer);
+    self->state.waiting.clear();
+  };
   // A batch that cannot be made (out of memory) still answers the worker
   // waiting for it, with the error: a promise dropped unanswered would
   // leave that worker's request open for good.
-  self->set_exception_handler([self](caf::scheduled_actor*, std::exception_ptr& thrown) -> caf::error {
+  self->set_exception_handler([answer_waiting](caf::scheduled_actor*, std::exception_ptr& thrown) -> caf::error {
     const caf::error failed = thrown_error(thrown, "a data feeder");
-    for (auto& p : self->state.waiting) p.deliver(failed);
-    self->state.waiting.clear();
+    answer_waiting(failed);
     return failed;
   });
   auto& st = self->state;
@@ -76,20 +81,16 @@ caf::behavior data_feeder(caf::stateful_actor<FeederState>* self, FeederSetup se
         schedule();
         return caf::delegated<data::Batch>();
       },
-      [self](stop_atom) {
-        auto& s = self->state;
-        s.stopped = true;
-        s.ready.clear();
-        for (auto& p : s.waiting) p.deliver(data::Batch{});
-        s.waiting.clear();
+      [self, answer_waiting](stop_atom) {
+        self->state.stopped = true;
+        self->state.ready.clear();
+        answer_waiting(data::Batch{});
       },
-      [self, schedule](produce_atom) {
+      [self, schedule, answer_waiting](produce_atom) {
         auto& s = self->state;
         s.producing = false;
         if (s.stopped || s.source->exhausted()) {
-          // Whoever still waits gets the end-of-data marker.
-          for (auto& p : s.waiting) p.deliver(data::Batch{});
-          s.waiting.clear();
+          answer_waiting(data::Batch{});
           return;
         }
         data::Batch b = s.source->next();
