@@ -7,9 +7,11 @@
 #include <sys/un.h>
 #include <unistd.h>
 
+#include <array>
 #include <cerrno>
 #include <cstddef>
 #include <cstring>
+#include <span>
 #include <vector>
 
 namespace asgd::messaging::shm_detail {
@@ -89,7 +91,11 @@ RingEntry ring_peek(const Ring& r, std::size_t max_parts, Message& out, std::uin
   const std::size_t total = round_up(kEntryHeaderBytes + body, kAlign);
   if (parts == 0 || parts > max_parts || total > tail - head || pos + total > cap || 4 * parts > body)
     return RingEntry::malformed;
-  std::vector<std::uint32_t> lengths(parts);
+  // The lengths read once (the writer shares the memory: what was checked
+  // is what is used), on the stack for the usual few parts.
+  std::array<std::uint32_t, 16> few;
+  std::vector<std::uint32_t> many(parts > few.size() ? parts : 0);
+  const std::span<std::uint32_t> lengths(parts > few.size() ? many.data() : few.data(), parts);
   std::uint64_t sum = 4 * parts;
   for (auto& n : lengths) sum += (n = get<std::uint32_t>(at));
   if (sum != body) return RingEntry::malformed;
