@@ -24,6 +24,7 @@
 #include <mutex>
 #include <optional>
 #include <string_view>
+#include <system_error>
 #include <thread>
 #include <unordered_map>
 #include <utility>
@@ -117,7 +118,11 @@ class ZmqTransport final : public Transport {
  public:
   ZmqTransport(TransportLimits limits, std::optional<CurveOptions> curve, std::string name)
       : limits_(limits), curve_(std::move(curve)), name_(std::move(name)),
-        wake_fd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {}
+        wake_fd_(eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC)) {
+    // Without it nothing could interrupt a wait: as fatal as a socket that
+    // cannot be made (out of file descriptors).
+    if (wake_fd_ < 0) throw std::system_error(errno, std::generic_category(), name_ + ": eventfd for wake()");
+  }
 
   ~ZmqTransport() override {
     // The ROUTER goes before its gatekeeper (see Gatekeeper).
