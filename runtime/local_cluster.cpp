@@ -42,6 +42,7 @@ struct LocalCluster::Child {
   std::string partial;  // an unfinished line
   bool exited = false;
   int status = 0;
+  bool said_waiting = false;  // drain_and_reap said why it waits for it
 
   ~Child() {
     if (out >= 0) close(out);
@@ -325,7 +326,6 @@ void LocalCluster::stop_all(int signal) {
 void LocalCluster::drain_and_reap() {
   const auto told = SteadyClock::now();
   constexpr auto kGrace = std::chrono::seconds(5);
-  bool said = false;
   while (true) {
     bool all = true;
     for (auto& c : children_) {
@@ -342,7 +342,7 @@ void LocalCluster::drain_and_reap() {
         c->reap(true);
         continue;
       }
-      if (c->shard && waited > kGrace && !std::exchange(said, true))
+      if (c->shard && waited > kGrace && !std::exchange(c->said_waiting, true))
         logger().info("waiting for {} (pid {}) to end: a shard told to stop may take up to {} s to write its last "
                       "checkpoint", c->name, c->pid, kShardStopWait.count());
       all = false;
