@@ -217,9 +217,10 @@ class ZmqTransport final : public Transport {
         fds.clear();
         {
           std::lock_guard lock(mu_);
-          std::optional<Incoming> in = read_any();
+          const std::vector<zmq::socket_t*> sockets = readable_sockets();
+          std::optional<Incoming> in = read_any(sockets);
           if (in) return in;
-          for (zmq::socket_t* s : readable_sockets()) fds.push_back({s->get(zmq::sockopt::fd), POLLIN, 0});
+          for (zmq::socket_t* s : sockets) fds.push_back({s->get(zmq::sockopt::fd), POLLIN, 0});
         }
         const auto left = std::max(std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()),
                                    std::chrono::milliseconds(0));
@@ -237,11 +238,11 @@ class ZmqTransport final : public Transport {
           std::uint64_t count = 0;
           [[maybe_unused]] const ssize_t n = read(wake_fd_, &count, sizeof count);
           std::lock_guard lock(mu_);
-          return read_any();  // a send_now() may have woken it for a message
+          return read_any(readable_sockets());  // a send_now() may have woken it for a message
         }
         if (left.count() == 0) {  // the time is up: a last look at what the sockets signalled
           std::lock_guard lock(mu_);
-          return read_any();
+          return read_any(readable_sockets());
         }
       }
     } catch (const zmq::error_t& e) {
@@ -323,7 +324,7 @@ class ZmqTransport final : public Transport {
   }
 
   // The sockets receive() reads: the bound endpoint's unless paused, then
-  // the connections.
+  // the connections (read_any counts on that order).
   std::vector<zmq::socket_t*> readable_sockets() {
     std::vector<zmq::socket_t*> sockets;
     if (router_ && !bound_paused_) sockets.push_back(&*router_);
@@ -331,11 +332,11 @@ class ZmqTransport final : public Transport {
     return sockets;
   }
 
-  // The next whole message any socket holds, starting after the socket
-  // served last time, so one busy peer cannot starve the others. Under mu_.
-  std::optional<Incoming> read_any() {
-    const std::vector<zmq::socket_t*> sockets = readable_sockets();
-    const bool with_router = router_ && !bound_paused_;
+  // The next whole message any of `sockets` (readable_sockets()) holds,
+  // starting after the socket served last time, so one busy peer cannot
+  // starve the others. Under mu_.
+  std::optional<Incoming> read_any(const std::vector<zmq::socket_t*>& sockets) {
+    const bool with_router = sockets.size() > connections_.size();
     for (std::size_t k = 0; k < sockets.size(); ++k) {
       const std::size_t i = (next_first_ + k) % sockets.size();
       const bool is_router = with_router && i == 0;
