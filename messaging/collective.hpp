@@ -97,8 +97,11 @@ class NetworkCollective : public Collective {
   /// starts exchanging; once only. Errors: invalid_argument (a rank out of
   /// range, too many ranks, connected already), io_error.
   virtual Status connect(Rank rank, const std::vector<std::string>& endpoints) = 0;
-  /// Malformed messages dropped.
+  /// Messages dropped on the way in: malformed, or out of step.
   virtual std::uint64_t rejected() const = 0;
+  /// Messages dropped on the way out: a rank that took none of its messages
+  /// for a while (messaging/collective_links.hpp), or a send that failed.
+  virtual std::uint64_t unsent() const { return 0; }
   /// --compress fp16: an all-reduce's chunks go as float16 (half the bytes;
   /// sums stay float32, and every rank gets the same bits). Before connect().
   virtual void set_half_precision(bool on) = 0;

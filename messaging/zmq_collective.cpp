@@ -22,17 +22,15 @@
 // new start with the round's result (serve_result).
 //
 // Gossip: a rank sends its copy to the ranks that will average with it and
-// keeps the latest copy each peer sent it. Every message is checked before
-// use (collective_wire::well_formed); a malformed one is dropped and counted.
-// With CURVE (--auth-keys) the PULL socket's gatekeeper admits only allowed
-// keys, its endpoint carries its key, and nothing goes through shared memory.
+// keeps the latest copy each peer sent it. The sockets, and the checks every
+// message passes before use, are messaging/collective_links.hpp's. With
+// CURVE (--auth-keys) nothing goes through shared memory.
 #include <spdlog/fmt/fmt.h>
 #include <zmq.hpp>
 
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
-#include <cstring>
 #include <map>
 #include <mutex>
 #include <optional>
@@ -41,12 +39,10 @@
 
 #include "base/log.hpp"
 #include "messaging/collective.hpp"
+#include "messaging/collective_links.hpp"
 #include "messaging/collective_ring.hpp"
 #include "messaging/collective_wire.hpp"
-#include "messaging/curve_auth.hpp"
 #include "messaging/shm_allreduce.hpp"
-#include "messaging/zmq_curve.hpp"
-#include "messaging/zmq_gatekeeper.hpp"
 
 namespace asgd::messaging {
 
@@ -61,7 +57,7 @@ std::uint64_t bit(Rank r) { return std::uint64_t{1} << r; }
 class ZmqCollective final : public NetworkCollective {
  public:
   ZmqCollective(std::size_t max_values, std::optional<CurveOptions> curve, std::string name)
-      : max_values_(max_values), curve_(std::move(curve)), name_(std::move(name)) {}
+      : max_values_(max_values), curve_(curve.has_value()), links_(max_values, std::move(curve), std::move(name)) {}
 
   ~ZmqCollective() override {
     stop_ = true;
@@ -70,27 +66,9 @@ class ZmqCollective final : public NetworkCollective {
     shm_.reset();  // its thread may call back into this object, which is still whole
   }
 
-  Status bind(const std::string& where) {
-    try {
-      pull_.set(zmq::sockopt::linger, 0);
-      if (curve_) {  // the gatekeeper before anyone can connect; one connection from each other rank
-        set_curve_server(pull_, curve_);
-        guard_ = Gatekeeper::start(context_, pull_, name_, curve_, kMaxRanks - 1,
-                                   sizeof(Header) + max_values_ * sizeof(float));
-      }
-      pull_.bind(where);
-      endpoint_ = pull_.get(zmq::sockopt::last_endpoint);
-      if (curve_) endpoint_ = with_server_key(endpoint_, curve_->public_key);
-      const std::string wake_at = "inproc://asgd-collective-" + std::to_string(reinterpret_cast<std::uintptr_t>(this));
-      wake_rx_.bind(wake_at);
-      wake_tx_.connect(wake_at);
-    } catch (const zmq::error_t& e) {
-      return Status::IOError(fmt::format("the workers' collective cannot listen at {}: {}", where, e.what()));
-    }
-    return {};
-  }
+  Status bind(const std::string& where) { return links_.bind(where); }
 
-  const std::string& endpoint() const override { return endpoint_; }
+  const std::string& endpoint() const override { return links_.endpoint(); }
 
   Status connect(Rank rank, const std::vector<std::string>& endpoints) override {
     const auto ranks = static_cast<Rank>(endpoints.size());
@@ -98,31 +76,13 @@ class ZmqCollective final : public NetworkCollective {
       return Status::InvalidArgument(
           fmt::format("a collective across processes has 1 to 64 ranks, not rank {} of {}", rank, ranks));
     if (io_.joinable()) return Status::InvalidArgument("the collective is connected already");
-    std::vector<CurveTarget> peers(ranks);
-    for (Rank r = 0; r < ranks; ++r) {
-      if (r == rank) continue;
-      auto p = curve_target(fmt::format("worker {}'s collective at", r), endpoints[r], curve_);
-      if (!p) return p.status();
-      peers[r] = std::move(*p);
-    }
+    if (Status s = links_.connect(rank, endpoints); !s.ok()) return s;
     {
       std::lock_guard lock(mu_);
       rank_ = rank;
       n_ = ranks;
       live_ = ranks == kMaxRanks ? ~0ULL : bit(ranks) - 1;
       latest_.assign(ranks, {});
-    }
-    try {
-      for (Rank r = 0; r < n_; ++r) {
-        push_.emplace_back(context_, zmq::socket_type::push);
-        if (r == rank_) continue;
-        // Lingers: a process exiting after its last round still delivers its last chunks (bounded).
-        push_.back().set(zmq::sockopt::linger, 2000);
-        set_curve_client(push_.back(), peers[r], curve_);
-        push_.back().connect(peers[r].endpoint);
-      }
-    } catch (const zmq::error_t& e) {
-      return Status::IOError(fmt::format("collective rank {}: cannot connect to the others: {}", rank_, e.what()));
     }
     if (curve_ && ranks > 1)
       logger().info("worker {}'s collective: authenticated and encrypted (CURVE); its all-reduce goes round the ring "
@@ -242,8 +202,12 @@ class ZmqCollective final : public NetworkCollective {
     return {};
   }
 
-  std::uint64_t rejected() const override { return rejected_.load(); }
-  void set_half_precision(bool on) override { half_ = on; }
+  std::uint64_t rejected() const override { return links_.rejected() + out_of_step_.load(); }
+  std::uint64_t unsent() const override { return links_.unsent(); }
+  void set_half_precision(bool on) override {
+    half_ = on;
+    links_.set_half_precision(on);
+  }
   void set_shared_memory(bool on, std::chrono::milliseconds settle) override {
     shared_memory_ = on;
     settle_ = settle;
@@ -303,34 +267,24 @@ class ZmqCollective final : public NetworkCollective {
 
   bool usable(Rank p, Round min_clock) const { return latest_[p].params && latest_[p].clock >= min_clock; }
 
-  void wake() {
-    std::lock_guard lock(wake_mu_);
-    try {
-      zmq::message_t ping(1);
-      (void)wake_tx_.send(ping, zmq::send_flags::dontwait);
-    } catch (const zmq::error_t&) {
-    }
-  }
+  void wake() { links_.wake(); }
 
   // The I/O thread: local calls and arriving messages, until stopped.
   void run() {
-    std::vector<zmq::pollitem_t> items{{static_cast<void*>(pull_), 0, ZMQ_POLLIN, 0},
-                                       {static_cast<void*>(wake_rx_), 0, ZMQ_POLLIN, 0}};
     while (!stop_) {
       try {
-        zmq::poll(items, std::chrono::milliseconds(200));
+        const bool arrived = links_.wait(std::chrono::milliseconds(200));
         std::vector<Ready> wake_up;
-        if (items[1].revents & ZMQ_POLLIN) {
-          zmq::message_t ping;
-          while (wake_rx_.recv(ping, zmq::recv_flags::dontwait)) {
-          }
-        }
         {
           std::lock_guard lock(mu_);
           for (Op op : ops_) start(op, wake_up);
           ops_.clear();
         }
-        if (items[0].revents & ZMQ_POLLIN) receive_all(wake_up);
+        if (arrived)
+          while (auto m = links_.receive()) {
+            std::lock_guard lock(mu_);
+            handle(m->header, m->values, wake_up);
+          }
         for (auto& r : wake_up) r();
       } catch (const zmq::error_t& e) {
         if (stop_) return;
@@ -393,7 +347,7 @@ class ZmqCollective final : public NetworkCollective {
   // while the next is summed.
   void take_piece(const RingReduce::Piece& piece, std::vector<Ready>& wake_up) {
     if (!ring_.take(piece, ring_send_)) {
-      ++rejected_;  // a peer out of step: the round waits, and times out naming it
+      ++out_of_step_;  // a peer out of step: the round waits, and times out naming it
       return;
     }
     if (ring_.done()) complete_round(wake_up);
@@ -416,7 +370,7 @@ class ZmqCollective final : public NetworkCollective {
 
   void take_result(std::span<const float> values, double total, std::vector<Ready>& wake_up) {
     if (!ring_.take_result(values, total)) {
-      ++rejected_;
+      ++out_of_step_;
       return;
     }
     complete_round(wake_up);
@@ -455,60 +409,11 @@ class ZmqCollective final : public NetworkCollective {
     g = {};
   }
 
-  // `values`, as a copy, or without one when `owner` holds them (ZeroMQ then
-  // holds a reference to it until it has sent them).
-  void send(Rank to, Header h, std::span<const float> values, std::shared_ptr<std::vector<float>> owner = {}) {
-    h.from = static_cast<std::uint16_t>(rank_);
-    h.count = values.size();
-    auto bytes = std::as_bytes(values);
-    if (half_ && h.kind == Kind::chunk) {
-      h.coding = 1;
-      halves_.resize(values.size());
-      to_half(values, halves_);
-      bytes = std::as_bytes(std::span<const std::uint16_t>(halves_));
-      owner = {};
-    }
-    h.crc = crc32c(bytes);
-    try {
-      push_[to].send(zmq::buffer(&h, sizeof h), zmq::send_flags::sndmore);
-      zmq::message_t body = owner ? zmq::message_t(const_cast<std::byte*>(bytes.data()), bytes.size(), release_owner,
-                                                   new std::shared_ptr<std::vector<float>>(std::move(owner)))
-                                  : zmq::message_t(bytes.data(), bytes.size());
-      push_[to].send(body, zmq::send_flags::none);
-    } catch (const zmq::error_t& e) {
-      logger().warn("collective rank {}: a message to rank {} was not sent: {}", rank_, to, e.what());
-    }
+  void send(Rank to, Header h, std::span<const float> values, CollectiveLinks::Owner owner = {}) {
+    (void)links_.send(to, h, values, std::move(owner));
   }
 
-  static void release_owner(void*, void* hint) { delete static_cast<std::shared_ptr<std::vector<float>>*>(hint); }
-
-  void receive_all(std::vector<Ready>& wake_up) {
-    for (;;) {
-      std::vector<zmq::message_t> parts;
-      zmq::message_t part;
-      if (!pull_.recv(part, zmq::recv_flags::dontwait)) return;
-      parts.push_back(std::move(part));
-      while (parts.back().more() && parts.size() < 3) {
-        zmq::message_t next;
-        (void)pull_.recv(next, zmq::recv_flags::none);
-        parts.push_back(std::move(next));
-      }
-      std::lock_guard lock(mu_);
-      handle(parts, wake_up);
-    }
-  }
-
-  void handle(std::vector<zmq::message_t>& parts, std::vector<Ready>& wake_up) {
-    Header h;
-    const bool shaped = parts.size() == 2 && !parts[1].more() && parts[0].size() == sizeof h;
-    if (shaped) std::memcpy(&h, parts[0].data(), sizeof h);
-    if (!shaped || !collective_wire::well_formed(h, {static_cast<const std::byte*>(parts[1].data()), parts[1].size()},
-                                                 n_, rank_, max_values_)) {
-      if (rejected_++ == 0) logger().warn("collective rank {}: dropped a malformed message; further ones are counted", rank_);
-      return;
-    }
-    const std::span<const float> values =
-        collective_wire::read_values(h, {static_cast<const std::byte*>(parts[1].data()), parts[1].size()}, scratch_);
+  void handle(const Header& h, std::span<const float> values, std::vector<Ready>& wake_up) {
     switch (h.kind) {
       case Kind::chunk: {
         Reduce& r = reduce_;
@@ -540,22 +445,12 @@ class ZmqCollective final : public NetworkCollective {
 
   Rank rank_ = 0, n_ = 0;  // set by connect(), under mu_
   const std::size_t max_values_;
-  std::optional<CurveOptions> curve_;
-  const std::string name_;             // in the gatekeeper's log lines
-  zmq::context_t context_{1};
-  std::unique_ptr<Gatekeeper> guard_;  // with CURVE; goes after pull_ closed (see Gatekeeper)
-  zmq::socket_t pull_{context_, zmq::socket_type::pull};
-  zmq::socket_t wake_rx_{context_, zmq::socket_type::pull};
-  zmq::socket_t wake_tx_{context_, zmq::socket_type::push};
-  std::mutex wake_mu_;
-  std::vector<zmq::socket_t> push_;  // push_[r]: to rank r (none to ourselves)
-  std::string endpoint_;
+  const bool curve_;  // authenticated: never through shared memory
+  CollectiveLinks links_;
   std::thread io_;
   std::atomic<bool> stop_{false};
-  std::atomic<std::uint64_t> rejected_{0};
-  bool half_ = false;                  // chunks as float16 (set before the I/O thread starts)
-  std::vector<std::uint16_t> halves_;  // the I/O thread's: a piece on its way out, as float16
-  std::vector<float> scratch_;         // and one that came in, when it cannot be read in place
+  std::atomic<std::uint64_t> out_of_step_{0};  // well-formed pieces the ring could not take
+  bool half_ = false;  // chunks as float16 (set before the I/O thread starts)
 
   mutable std::mutex mu_;
   std::vector<Op> ops_;       // local calls the I/O thread has not begun

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "messaging/collective.hpp"
+#include "messaging/collective_links.hpp"
 #include "messaging/collective_wire.hpp"
 #include "messaging/wire.hpp"
 #include "collective_helpers.hpp"
@@ -285,6 +286,62 @@ TEST(ZmqCollective, MalformedMessagesAreDroppedAndCountedAndTheRoundStillComplet
   EXPECT_NEAR(means[0][5], (data[0][5] + 2 * data[1][5]) / 3.0, 1e-6);
   for (int i = 0; i < 100 && g[0]->rejected() < 2; ++i) std::this_thread::sleep_for(10ms);
   EXPECT_EQ(g[0]->rejected(), 2u);
+}
+
+// A rank that takes none of its messages (stopped, swapping, in a
+// debugger) fills its queue; the I/O thread, which serves every other rank
+// too, then waits kSendWait for it once, drops what it cannot send, counts
+// it, and sends to it again once it reads. Rank 1 is a socket here that
+// reads nothing (a receive queue of one message) until the test lets it.
+TEST(ZmqCollective, ARankThatTakesNothingCostsOneSendWaitAndItsMessagesAreCountedNotAHang) {
+  zmq::context_t ctx;
+  zmq::socket_t stuck(ctx, zmq::socket_type::pull);
+  stuck.set(zmq::sockopt::linger, 0);
+  stuck.set(zmq::sockopt::rcvhwm, 1);
+  stuck.bind("tcp://127.0.0.1:*");
+  auto rank0 = ring_rank();
+  ASSERT_TRUE(rank0->connect(0, {rank0->endpoint(), stuck.get(zmq::sockopt::last_endpoint)}).ok());
+  // Reads what waits until a copy of clock `clock` came: false if it never does.
+  const auto drain_until = [&](Round clock) {
+    const auto until = std::chrono::steady_clock::now() + 10s;
+    while (std::chrono::steady_clock::now() < until) {
+      zmq::message_t part;
+      if (!stuck.recv(part, zmq::recv_flags::dontwait)) {
+        std::this_thread::sleep_for(1ms);
+        continue;
+      }
+      collective_wire::Header h;
+      if (part.size() == sizeof h && (std::memcpy(&h, part.data(), sizeof h), h.round == clock)) return true;
+    }
+    return false;
+  };
+  const std::vector<float> copy(16 << 10, 0.5f);  // 64 KiB: ZeroMQ's 1000 queued and the kernel's buffers fill in ~70 MB
+  Signal sent;
+  Round clock = 0;
+  const auto limit = messaging::kSendWait + 3s;
+  while (rank0->unsent() == 0 && clock < 5000) {
+    ASSERT_TRUE(rank0->gossip(0, clock, copy, {1}, {}, 0, sent.ready()).ok());
+    if (!sent.wait_for(static_cast<int>(++clock), limit)) {
+      ADD_FAILURE() << "gossip " << clock - 1 << " still not sent after " << limit.count() << " ms";
+      drain_until(~Round{0});  // lets a blocked send go, so that the collective can end
+      return;
+    }
+  }
+  ASSERT_EQ(rank0->unsent(), 1u) << "no send found the queue full in " << clock << " copies";
+  // Stuck: the next copies are dropped at once, not after another wait each.
+  const auto begun = std::chrono::steady_clock::now();
+  for (int i = 0; i < 5; ++i) {
+    ASSERT_TRUE(rank0->gossip(0, clock, copy, {1}, {}, 0, sent.ready()).ok());
+    ASSERT_TRUE(sent.wait_for(static_cast<int>(++clock), limit));
+  }
+  EXPECT_LT(std::chrono::steady_clock::now() - begun, messaging::kSendWait / 2);
+  EXPECT_EQ(rank0->unsent(), 6u);
+  // It reads again: what was queued comes, and so does the next copy.
+  ASSERT_TRUE(drain_until(clock - 7)) << "the copies queued before it stopped reading are delivered";
+  ASSERT_TRUE(rank0->gossip(0, clock, copy, {1}, {}, 0, sent.ready()).ok());
+  ASSERT_TRUE(sent.wait_for(static_cast<int>(++clock), limit));
+  EXPECT_TRUE(drain_until(clock - 1)) << "a copy sent once it reads again is delivered";
+  EXPECT_EQ(rank0->unsent(), 6u);
 }
 
 TEST(ZmqCollective, CallsOutOfStepAreRefused) {

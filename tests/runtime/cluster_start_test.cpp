@@ -40,6 +40,7 @@ class SlowToConnect final : public NetworkCollective {
     return real_->connect(rank, endpoints);
   }
   std::uint64_t rejected() const override { return real_->rejected(); }
+  std::uint64_t unsent() const override { return real_->unsent(); }
   void set_half_precision(bool on) override { real_->set_half_precision(on); }
   void set_shared_memory(bool on, std::chrono::milliseconds settle) override { real_->set_shared_memory(on, settle); }
   Rank size() const override { return real_->size(); }
