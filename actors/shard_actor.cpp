@@ -95,13 +95,19 @@ void begin_checkpoint(caf::stateful_actor<ShardState>* self, const char* when) {
   self->delayed_send(self, kWrittenPoll, written_atom::value);
 }
 
+// Whether the newest good checkpoint holds the state as it is. Under
+// hogwild the workers write the parameters without telling the shard: never.
+bool saved_as_is(const ShardState& st) { return st.saved_changes == st.changes && !st.core->setup().shared; }
+
 // The timer's tick: a checkpoint, unless the one before is still being
-// written, and the next tick.
+// written or holds this state already (an idle shard, a job between
+// phases: the same bytes again, seconds of disk for a big shard), and the
+// next tick.
 void periodic_checkpoint(caf::stateful_actor<ShardState>* self) {
   auto& st = self->state;
   if (collect(st)) {
     st.skipped_in_a_row = 0;
-    begin_checkpoint(self, "periodic");
+    if (!saved_as_is(st)) begin_checkpoint(self, "periodic");
   } else if (st.skipped_in_a_row++ % 10 == 0) {
     logger().warn("shard {}: periodic checkpoint skipped: the one taken {:.1f} s ago is still being written "
                   "(writing takes longer than --checkpoint-every {:g} s)",
@@ -125,13 +131,12 @@ void look_whether_written(caf::stateful_actor<ShardState>* self) {
 // the checkpoint of its last state, after the write in progress, waiting
 // for both at most kShardStopWait; none when the newest good one holds it
 // already (the final checkpoint of a job that then ends: a big shard on a
-// slow disk wrote the same bytes twice). Under hogwild the workers write
-// the parameters without telling the shard: always written then.
+// slow disk wrote the same bytes twice).
 void checkpoint_before_stopping(ShardState& st) {
   const auto deadline = std::chrono::steady_clock::now() + kShardStopWait;
   st.queued_what = nullptr;
   bool written = collect(st, deadline);
-  if (written && st.saved_changes == st.changes && !st.core->setup().shared) {
+  if (written && saved_as_is(st)) {
     logger().debug("shard {}: stopping; its last checkpoint holds this state already", st.core->index());
     return;
   }

@@ -166,5 +166,41 @@ TEST(ShardCheckpoints, AShardStoppedRightAfterItsFinalCheckpointDoesNotWriteItAg
   EXPECT_EQ(saved->stats.updates_applied, 4u);
 }
 
+TEST(ShardCheckpoints, APeriodicCheckpointIsWrittenOnlyWhenTheStateChangedSinceTheLastOne) {
+  asgd_test::TempDir dir;
+  const std::string path = (dir / "shard-0.ckpt").string();
+  caf::actor_system_config cfg;
+  cfg.add_message_types<caf::id_block::asgd>();
+  caf::actor_system sys{cfg};
+  caf::scoped_actor self{sys};
+  auto shard = spawn_shard(sys, path, 0.02);
+  for (Clock c = 0; c < 3; ++c) push(self, shard, c);
+  // The written file's inode once it holds `updates`; 0 if it does not within 10 s.
+  const auto written_with = [&](std::uint64_t updates) -> ino_t {
+    const auto deadline = std::chrono::steady_clock::now() + 10s;
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (auto saved = ShardCore::saved(path); saved.ok() && saved->stats.updates_applied == updates) return inode_of(path);
+      std::this_thread::sleep_for(10ms);
+    }
+    return 0;
+  };
+  const ino_t first = written_with(3);
+  ASSERT_NE(first, 0u) << "no periodic checkpoint of the three updates";
+  // (A file written twice since could have the first inode back: its time too.)
+  const auto modified = [&] {
+    struct stat st {};
+    return ::stat(path.c_str(), &st) == 0 ? st.st_mtim.tv_sec * 1000000000LL + st.st_mtim.tv_nsec : 0LL;
+  };
+  const long long first_time = modified();
+  std::this_thread::sleep_for(300ms);  // fifteen periods with nothing new
+  EXPECT_EQ(inode_of(path), first) << "the same state was written again";
+  EXPECT_EQ(modified(), first_time) << "the same state was written again";
+  push(self, shard, 3);
+  const ino_t second = written_with(4);
+  EXPECT_NE(second, 0u) << "the update after it never reached a checkpoint";
+  EXPECT_NE(second, first);
+  self->send_exit(shard, caf::exit_reason::user_shutdown);
+}
+
 }  // namespace
 }  // namespace asgd
