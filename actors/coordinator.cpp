@@ -103,7 +103,8 @@ void snapshot(Self self, std::function<void(std::optional<std::uint64_t>)> then)
 // The shards' parameters were never in a model that ran forward, so any
 // BatchNorm running statistics the coordinator's model holds belong to
 // other parameters: recompute them on a fixed slice of the training split
-// (never the split being scored) before evaluating.
+// (never the split being scored) before evaluating, in chunks of the
+// workers' batch, the size training normalised by, on every device.
 constexpr std::size_t kRecalibrationSamples = 2048;
 
 EvalResult evaluate_on(CoordinatorState& st, const data::LabeledImages& split) {
@@ -112,7 +113,7 @@ EvalResult evaluate_on(CoordinatorState& st, const data::LabeledImages& split) {
     const auto& train = st.setup.data->train;
     const std::size_t per_sample = train.pixels.size() / std::max<std::size_t>(train.labels.size(), 1);
     const std::size_t n = std::min(kRecalibrationSamples, train.labels.size());
-    st.model->recalibrate_batchnorm(std::span<const float>(train.pixels).first(n * per_sample));
+    st.model->recalibrate_batchnorm(std::span<const float>(train.pixels).first(n * per_sample), st.core->plan().batch);
   }
   return st.model->evaluate(split.pixels, split.labels);
 }

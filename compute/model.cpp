@@ -25,6 +25,8 @@ const std::vector<std::string>& known_models() {
 
 namespace {
 
+constexpr std::size_t kMostAtOnce = 1000;  // samples an inference pass computes at once, at most
+
 template <class... L>
 Layers sequence(std::unique_ptr<L>... layers) {
   Layers out;
@@ -227,13 +229,15 @@ void Model::finalize() {
 }
 
 std::size_t Model::inference_chunk() const {
-  constexpr std::size_t kBytes = std::size_t{256} << 20;
-  constexpr std::size_t kMost = 1000;
   // On a device the layers' host activations stay unused, and a GPU wants
   // large batches: 1000, as it always ran.
-  if (device_model_) return kMost;
+  return device_model_ ? kMostAtOnce : host_chunk();
+}
+
+std::size_t Model::host_chunk() const {
+  constexpr std::size_t kBytes = std::size_t{256} << 20;
   const std::size_t per_sample = std::max<std::size_t>(activation_floats_, 1) * sizeof(float);
-  return std::clamp<std::size_t>(kBytes / per_sample, 1, kMost);
+  return std::clamp<std::size_t>(kBytes / per_sample, 1, kMostAtOnce);
 }
 
 void Model::use_compute(std::shared_ptr<ComputeContext> context) {
@@ -360,8 +364,11 @@ void Model::prefetch(std::span<const float> x, std::span<const std::int32_t> y) 
 void Model::recalibrate_batchnorm(std::span<const float> x, std::size_t chunk) {
   if (batchnorms_.empty()) return;
   const FlushDenormals flush;
-  if (chunk == 0) chunk = std::min<std::size_t>(256, inference_chunk());
-  const std::size_t n = x.size() / sample_size();
+  chunk = std::min(chunk == 0 ? kRecalibrationChunk : chunk, host_chunk());
+  // Whole chunks only: a last, smaller one would weigh as much in the
+  // average as a whole one (and one sample alone has no variance).
+  std::size_t n = x.size() / sample_size();
+  if (n > chunk) n -= n % chunk;
   set_training(true);
   for (BatchNorm2D* bn : batchnorms_) bn->begin_recalibration();
   for (std::size_t begin = 0; begin < n; begin += chunk) {

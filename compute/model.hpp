@@ -140,6 +140,9 @@ class Model {
   /// held some 6 GB, and kept them for the model's life). On a device
   /// (set_device), 1000.
   std::size_t inference_chunk() const;
+  /// The same bound on the host, on any device: the samples whose
+  /// activations fit in about 256 MiB, at most 1000.
+  std::size_t host_chunk() const;
 
   /// How long the last compute_gradients took, by phase: forward and
   /// backward (on a GPU, on the device's clock), the copies of parameters
@@ -177,9 +180,16 @@ class Model {
   /// back, in chunks of `chunk`), as torch.optim.swa_utils.update_bn does.
   /// Evaluations of parameters that no worker trained (a shard's, an
   /// average) need this: the running statistics a model carries belong to
-  /// other parameters. Does nothing without BatchNorm layers. `chunk` 0:
-  /// 256, or fewer where inference_chunk() is smaller (resnet18: about 40).
+  /// other parameters. Does nothing without BatchNorm layers. The
+  /// statistics depend on the chunk (each chunk is normalised by its own
+  /// statistics on the way to the next layer), so it is the same on every
+  /// device: `chunk` (0: kRecalibrationChunk; the coordinator passes the
+  /// job's batch, the size training normalised by), or host_chunk() where
+  /// that is smaller (resnet18 on 28x28 images: about 40). Only whole
+  /// chunks are used (the samples of a last, smaller one are left out),
+  /// unless `x` holds less than one.
   void recalibrate_batchnorm(std::span<const float> x, std::size_t chunk = 0);
+  static constexpr std::size_t kRecalibrationChunk = 64;
 
   /// Non-trained state by name ("1.running_mean", "3.main.1.running_var"),
   /// in layer order, viewing the layers' own storage.

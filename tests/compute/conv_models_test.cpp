@@ -251,8 +251,8 @@ TEST(ConvModels, EvaluationUsesRunningStatisticsAndLeavesThemAlone) {
 TEST(ConvModels, AnEvaluationHoldsAboutAQuarterGigabyteOfActivationsNotAThousandSamplesWorth) {
   // The activations stay allocated after the pass (a steady size never
   // reallocates): in 1000-sample chunks resnet18 kept some 6 GB for 1000
-  // samples of 28x28, 1 GB for these 150 (recalibrating 256 at a time, the
-  // same).
+  // samples of 28x28, 1 GB for these 150 (recalibrating, it takes 64 at a
+  // time or, for resnet18, as few as inference holds at once).
   Model model = build("resnet18");
   EXPECT_LT(model.inference_chunk(), 100u);
   // Small models still run 1000 samples at a time.
@@ -297,6 +297,29 @@ TEST(ConvModels, RecalibratedStatisticsMakeInferenceMatchTrainingModeOnTheSameDa
   std::size_t k = 0;
   for (const auto& b : model.buffers())
     for (float v : b.values) EXPECT_FLOAT_EQ(v, whole[k++]) << b.name;
+}
+
+TEST(ConvModels, RecalibrationAveragesWholeChunksOnlyAndTakesTheSameChunkOnEveryDevice) {
+  Model model = build("resnet-mini");
+  Rng rng(7);
+  const Batch batch = random_batch(rng, 64 + 5);
+  const auto buffers = [&] {
+    std::vector<float> all;
+    for (const auto& b : model.buffers()) all.insert(all.end(), b.values.begin(), b.values.end());
+    return all;
+  };
+  model.recalibrate_batchnorm(std::span<const float>(batch.x).first(64 * 28 * 28), 64);
+  const std::vector<float> first_chunk = buffers();
+  model.recalibrate_batchnorm(batch.x, 64);
+  EXPECT_EQ(buffers(), first_chunk) << "the 5 samples after the first 64 weighed as much as the 64";
+  model.recalibrate_batchnorm(batch.x);  // the default chunk, whatever inference_chunk() is on this device
+  EXPECT_EQ(Model::kRecalibrationChunk, 64u);
+  EXPECT_EQ(buffers(), first_chunk);
+  // Fewer samples than a chunk: all of them, as one.
+  model.recalibrate_batchnorm(std::span<const float>(batch.x).first(5 * 28 * 28), 64);
+  EXPECT_NE(buffers(), first_chunk);
+  // A model whose activations would pass 256 MiB in a chunk takes fewer at a time, on every device alike.
+  EXPECT_LT(build("resnet18").host_chunk(), 64u);
 }
 
 TEST(ConvModels, RecalibrationIsANoOpWithoutBatchNorm) {
