@@ -395,9 +395,11 @@ std::string shard_checkpoint_path(const std::string& dir, std::uint32_t index) {
   return (std::filesystem::path(dir) / ("shard-" + std::to_string(index) + ".ckpt")).string();
 }
 
-Status ShardCore::save(const std::string& path) const { return write_atomically(path, checkpoint_bytes()); }
+Status ShardCore::save(const std::string& path) const {
+  return write_atomically(path, checkpoint_bytes(unix_seconds_now()));
+}
 
-std::string ShardCore::checkpoint_bytes() const {
+std::string ShardCore::checkpoint_bytes(double taken_unix_s) const {
   ShardCore& self = const_cast<ShardCore&>(*this);  // state() hands out writable views; we only read them
   std::vector<std::span<const float>> blocks = {params_};
   for (auto s : self.optimizer_->state()) blocks.emplace_back(s);
@@ -420,7 +422,7 @@ std::string ShardCore::checkpoint_bytes() const {
       {"refused_departed", stats_.refused_departed},
       {"nonfinite", stats_.nonfinite},
       {"staleness_histogram", stats_.staleness_histogram},
-      {"written_unix_s", unix_seconds_now()}};
+      {"written_unix_s", taken_unix_s}};
   return framed_bytes(kShardMagic, kShardCheckpointVersion, header, blocks);
 }
 

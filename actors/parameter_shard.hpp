@@ -121,8 +121,10 @@ class ShardCore {
   /// Errors: io_error naming the path.
   Status save(const std::string& path) const;
   /// What save() writes, in memory: a snapshot taken in one pass over the
-  /// values, for the actor to write on another thread while it serves on.
-  std::string checkpoint_bytes() const;
+  /// values, for the actor to write on another thread while it serves on,
+  /// stamped `taken_unix_s` (the time the actor keeps as its newest
+  /// checkpoint's, so that the file and the actor's account agree).
+  std::string checkpoint_bytes(double taken_unix_s) const;
   /// Loads what save() wrote into this shard, after checking that it is
   /// this shard's (index, range, workers, optimizer); worker w's clock then
   /// starts again at restart[w] (where the workers resume), every worker

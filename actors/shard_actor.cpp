@@ -74,7 +74,7 @@ void start_write(ShardState& st, const char* when) {
   st.writing.changes = st.changes;
   st.writing.since = std::chrono::steady_clock::now();
   st.writing.taken_unix_s = unix_seconds_now();
-  std::string bytes = st.core->checkpoint_bytes();
+  std::string bytes = st.core->checkpoint_bytes(st.writing.taken_unix_s);
   st.writing.snapshot_s = Seconds(std::chrono::steady_clock::now() - st.writing.since).count();
   std::promise<Status> written;
   st.writing.done = written.get_future();

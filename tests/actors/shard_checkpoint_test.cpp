@@ -186,6 +186,9 @@ TEST(ShardCheckpoints, APeriodicCheckpointIsWrittenOnlyWhenTheStateChangedSinceT
   };
   const ino_t first = written_with(3);
   ASSERT_NE(first, 0u) << "no periodic checkpoint of the three updates";
+  auto saved = ShardCore::saved(path);
+  ASSERT_TRUE(saved.ok()) << saved.status().to_string();
+  EXPECT_EQ(stats_of(self, shard).checkpoint_unix_s, saved->written_unix_s) << "the file and the shard disagree on its time";
   // (A file written twice since could have the first inode back: its time too.)
   const auto modified = [&] {
     struct stat st {};
