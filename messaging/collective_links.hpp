@@ -13,10 +13,11 @@
 // and the I/O thread, which serves every other rank too, does not wait on
 // it. The message is dropped and counted (unsent()), the rank is named in
 // the log, and later sends to it do not wait at all until one goes through
-// again. Only gossip can fill a queue: a ring round stops at a rank that
-// reads nothing, with far fewer than 1000 pieces sent to it, while a
-// gossiping rank may go on sending copies to a peer it does not wait for;
-// a copy dropped is one the next supersedes (a peer keeps the latest).
+// again. It is mostly gossip that fills a queue: a ring round stops at a
+// rank that reads nothing after a step's pieces to it (under 1000 unless a
+// chunk passes 256M floats), while a gossiping rank may go on sending
+// copies to a peer it does not wait for; a copy dropped is one the next
+// supersedes (a peer keeps the latest).
 //
 // Every call but wake() is the I/O thread's (after bind and connect).
 
