@@ -395,12 +395,13 @@ int run_comm(const CommOptions& o) {
 
   nlohmann::json results = nlohmann::json::array();
   if (!o.json)
-    std::printf("%-6s %10s %10s %10s %7s %10s %11s %7s %12s\n", "floats", "bytes/dir", "raw GB/s", "ours GB/s",
-                "ratio", "shm GB/s", "memcpy GB/s", "of it", "wire MB/dir");
+    std::printf("%-6s %10s %10s %10s %7s %10s %11s %7s %12s %10s\n", "floats", "bytes/dir", "raw GB/s", "ours GB/s",
+                "ratio", "shm GB/s", "memcpy GB/s", "of it", "wire MB/dir", "update ms");
   // Ours with `shards` shard processes, shard i owning a contiguous slice
   // of the n parameters; raw with one echo process moving all n.
   struct Seconds {
     double raw, ours, shm, copy;  // per round trip; shm 0 without it
+    double update;                // the slowest shard's update of its slice per push (its optimizer_s)
   };
   auto measure_size = [&](std::uint64_t n, int trips, std::size_t shards) -> std::optional<Seconds> {
     std::vector<std::unique_ptr<Server>> servers;
@@ -440,9 +441,22 @@ int run_comm(const CommOptions& o) {
       shm_s.push_back(t_shm);
       copy_s.push_back(2.0 * memcpy_once(raw_buffer, copy_buffer, n * sizeof(float), trips));
     }
+    // The work raw's echo does not do: each shard folds a push into its
+    // slice and checksums the reply in that pass (its optimizer_s), the
+    // shards in parallel, so a round trip waits for the slowest.
+    double update = 0.0;
+    caf::scoped_actor self{system};
+    for (auto& shard : remote)
+      self->request(shard, std::chrono::seconds(10), stats_atom::value)
+          .receive(
+              [&](const ShardStats& st) {
+                if (st.updates_applied > 0)
+                  update = std::max(update, st.optimizer_s / static_cast<double>(st.updates_applied));
+              },
+              [&](const caf::error& e) { print_error("bench comm: no stats from a shard: " + to_string(e)); });
     for (auto& shard : remote) caf::anon_send_exit(shard, caf::exit_reason::user_shutdown);
     for (auto& shard : remote_shm) caf::anon_send_exit(shard, caf::exit_reason::user_shutdown);
-    return Seconds{median(raw_s), median(ours_s), median(shm_s), median(copy_s)};
+    return Seconds{median(raw_s), median(ours_s), median(shm_s), median(copy_s), update};
   };
   for (std::uint64_t n : sizes) {
     const std::size_t bytes = n * sizeof(float);
@@ -458,11 +472,11 @@ int run_comm(const CommOptions& o) {
                        {"memcpy_gb_per_s", copy_gbs},
                        {"shm_to_memcpy", with_shm ? nlohmann::json(shm_gbs / copy_gbs) : nlohmann::json()},
                        {"wire_mb_per_direction", wire_mb}, {"raw_round_trip_s", m->raw},
-                       {"ours_round_trip_s", m->ours}});
+                       {"ours_round_trip_s", m->ours}, {"shard_update_s", m->update}});
     if (!o.json)
-      std::printf("%-6s %10zu %10.2f %10.2f %7.2f %10.2f %11.2f %7.2f %12.1f\n",
+      std::printf("%-6s %10zu %10.2f %10.2f %7.2f %10.2f %11.2f %7.2f %12.1f %10.2f\n",
                   std::to_string(n >> 20 ? n >> 20 : n).append(n >> 20 ? "M" : "").c_str(), bytes, raw_gbs, ours_gbs,
-                  ours_gbs / raw_gbs, shm_gbs, copy_gbs, shm_gbs / copy_gbs, wire_mb);
+                  ours_gbs / raw_gbs, shm_gbs, copy_gbs, shm_gbs / copy_gbs, wire_mb, m->update * 1e3);
   }
   // Small messages: one float each way, many round trips.
   auto small = measure_size(1, 2000, 1);
@@ -491,6 +505,9 @@ int run_comm(const CommOptions& o) {
     std::printf("shm = ours through shared memory (%s); memcpy = copying the bytes once each way in one process, "
                 "the least a round trip through shared memory costs; of it = shm/memcpy\n",
                 with_shm ? "--shared-memory on" : "none with --auth");
+    std::printf("update ms = the slowest shard's time folding one push into its slice, the reply's checksum in "
+                "that pass (its optimizer_s per update, tcp and shm runs together): work in ours' round trip that "
+                "raw's echo does not do\n");
   }
   (*bridge)->stop();
   (*shm_bridge)->stop();

@@ -34,6 +34,9 @@ TEST(BenchCommCli, MeasuresOursRawAndSharedMemoryPerSizeAndTheOneFloatRoundTrip)
     EXPECT_GT(row[field].get<double>(), 0.0) << field << ": " << row.dump();
   EXPECT_NEAR(row["ratio"].get<double>(), row["ours_gb_per_s"].get<double>() / row["raw_gb_per_s"].get<double>(),
               1e-9);
+  // The shard's update of its slice is part of ours' round trip, not more than it.
+  EXPECT_GT(row["shard_update_s"].get<double>(), 0.0) << row.dump();
+  EXPECT_LT(row["shard_update_s"].get<double>(), row["ours_round_trip_s"].get<double>()) << row.dump();
   EXPECT_GT(j["small_round_trip_us"]["raw"].get<double>(), 0.0) << j.dump();
   EXPECT_GT(j["small_round_trip_us"]["ours"].get<double>(), 0.0) << j.dump();
   EXPECT_EQ(j["busy_poll_us"], 0);
