@@ -1,7 +1,7 @@
 #!/usr/bin/python3
 """How fast a two-process ring all-reduce over plain tcp sockets goes here.
 
-  bench/raw_socket_ring.py [--sizes 1M,4M] [--iterations 25] [--port 45000]
+  bench/raw_socket_ring.py [--sizes 1M,4M] [--iterations 25] [--port P]
 
 An experiment for issue 28's comparison with Open MPI over tcp, not part of
 asgd: two processes on 127.0.0.1 (pinned to cores 0 and 1, as `asgd bench
@@ -39,7 +39,10 @@ def connect(rank, port):
     if rank == 0:
         listener = socket.socket()
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        listener.bind(("127.0.0.1", port))
+        try:
+            listener.bind(("127.0.0.1", port))
+        except OSError as e:
+            sys.exit(f"rank 0: cannot listen at 127.0.0.1:{port}: {e}")
         listener.listen(1)
         listener.settimeout(10)
         s, _ = listener.accept()
@@ -122,7 +125,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="1M,4M")
     ap.add_argument("--iterations", type=int, default=25)
-    ap.add_argument("--port", type=int, default=45000)
+    ap.add_argument("--port", type=int, default=0, help="the port rank 0 listens on (default: a free one)")
     ap.add_argument("--rank", type=int, help=argparse.SUPPRESS)
     a = ap.parse_args()
     sizes = [parse_size(t) for t in a.sizes.split(",")]
@@ -131,6 +134,10 @@ def main():
     if a.rank is not None:
         rank_main(a.rank, sizes, a.iterations, a.port)
         return
+    if a.port == 0:  # a free port now (another process could take it before rank 0 does: then say so)
+        with socket.socket() as probe:
+            probe.bind(("127.0.0.1", 0))
+            a.port = probe.getsockname()[1]
     print("    floats    median   bus bandwidth (2 processes, plain tcp sockets)")
     args = [sys.executable, os.path.abspath(__file__), "--sizes", a.sizes, "--iterations", str(a.iterations),
             "--port", str(a.port), "--rank"]
