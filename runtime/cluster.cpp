@@ -589,7 +589,7 @@ Status run_worker_process(const ProcessOptions& o, std::stop_token stop) {
   if (const std::uint64_t dropped = collective->rejected(); dropped > 0)
     logger().warn("{}: its collective dropped {} malformed or out-of-step message(s)", name, dropped);
   if (const std::uint64_t unsent = collective->unsent(); unsent > 0)
-    logger().warn("{}: its collective dropped {} message(s) to a worker that took none for seconds", name, unsent);
+    logger().warn("{}: its collective dropped {} message(s) it could not send (see the warnings above)", name, unsent);
   for (auto& x : shards) caf::anon_send_exit(x, caf::exit_reason::user_shutdown);
   for (const caf::actor& x : {worker_actor, feeder, watcher}) caf::anon_send_exit(x, caf::exit_reason::user_shutdown);
   return s;
