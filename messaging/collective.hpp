@@ -31,6 +31,9 @@ namespace asgd::messaging {
 
 using Rank = std::uint32_t;
 using Round = std::uint64_t;
+/// Ranks a collective across processes takes at most (a round's membership
+/// is a 64-bit mask, and the shared-memory segment has as many areas).
+constexpr Rank kMaxCollectiveRanks = 64;
 
 /// A peer's parameters as it published them.
 struct PeerCopy {

@@ -20,8 +20,8 @@ Status CollectiveLinks::bind(const std::string& where) {
     pull_.set(zmq::sockopt::linger, 0);
     if (curve_) {  // the gatekeeper before anyone can connect; one connection from each other rank
       set_curve_server(pull_, curve_);
-      constexpr std::size_t kMaxRanks = 64;
-      guard_ = Gatekeeper::start(context_, pull_, name_, curve_, kMaxRanks - 1, sizeof(Header) + max_values_ * sizeof(float));
+      guard_ = Gatekeeper::start(context_, pull_, name_, curve_, kMaxCollectiveRanks - 1,
+                                 sizeof(Header) + max_values_ * sizeof(float));
     }
     pull_.bind(where);
     endpoint_ = pull_.get(zmq::sockopt::last_endpoint);

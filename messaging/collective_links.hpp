@@ -83,6 +83,10 @@ class CollectiveLinks {
   void wake();
 
   void set_half_precision(bool on) { half_ = on; }
+  bool half_precision() const { return half_; }
+  /// With CURVE: authenticated and encrypted (and never through shared memory).
+  bool authenticated() const { return curve_.has_value(); }
+  std::size_t max_values() const { return max_values_; }
   std::uint64_t rejected() const { return rejected_.load(); }
   std::uint64_t unsent() const { return unsent_.load(); }
 

@@ -55,7 +55,6 @@ namespace {  // its names differ from those of the files the unity build puts be
 using SteadyClock = std::chrono::steady_clock;
 constexpr std::uint32_t kSegmentMagic = 0x52415341;  // "ASAR"
 constexpr std::uint32_t kSegmentVersion = 1;
-constexpr Rank kMaxRanks = 64;
 constexpr std::size_t kSumBlock = 2048;  // floats summed over every area at a time (stays in L1)
 constexpr auto kSpin = std::chrono::microseconds(50);
 enum : std::uint32_t { kUnsettled = 0, kShared = 1, kRing = 2, kBroken = 3 };
@@ -103,8 +102,8 @@ struct ShmAllreduce::Segment {
   std::atomic<std::uint64_t> claimed;       // round + 1 whose contributors someone is fixing
   std::atomic<std::uint64_t> frozen;        // round + 1 whose contributors are fixed
   std::atomic<std::uint64_t> contributors;  // and who they are
-  RankLine rank[kMaxRanks];
-  SliceLine slice[kMaxRanks];
+  RankLine rank[kMaxCollectiveRanks];
+  SliceLine slice[kMaxCollectiveRanks];
 };
 
 namespace {
@@ -450,7 +449,7 @@ std::unique_ptr<ShmAllreduce> ShmAllreduce::join(const std::vector<std::string>&
     if (const std::size_t n = remove_stale_segments())
       logger().debug("collective: removed {} all-reduce segments whose rank 0 no longer runs", n);
   });
-  if (endpoints.size() < 2 || endpoints.size() > kMaxRanks || rank >= endpoints.size()) return nullptr;
+  if (endpoints.size() < 2 || endpoints.size() > kMaxCollectiveRanks || rank >= endpoints.size()) return nullptr;
   std::uint64_t h = 1469598103934665603ULL;  // FNV-1a of the endpoints: the group's name
   for (const auto& e : endpoints) {
     for (unsigned char c : e) h = (h ^ c) * 1099511628211ULL;

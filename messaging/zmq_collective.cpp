@@ -57,7 +57,7 @@ std::uint64_t bit(Rank r) { return std::uint64_t{1} << r; }
 class ZmqCollective final : public NetworkCollective {
  public:
   ZmqCollective(std::size_t max_values, std::optional<CurveOptions> curve, std::string name)
-      : max_values_(max_values), curve_(curve.has_value()), links_(max_values, std::move(curve), std::move(name)) {}
+      : links_(max_values, std::move(curve), std::move(name)) {}
 
   ~ZmqCollective() override {
     stop_ = true;
@@ -72,19 +72,20 @@ class ZmqCollective final : public NetworkCollective {
 
   Status connect(Rank rank, const std::vector<std::string>& endpoints) override {
     const auto ranks = static_cast<Rank>(endpoints.size());
-    if (ranks == 0 || ranks > kMaxRanks || rank >= ranks)
+    if (ranks == 0 || ranks > kMaxCollectiveRanks || rank >= ranks)
       return Status::InvalidArgument(
-          fmt::format("a collective across processes has 1 to 64 ranks, not rank {} of {}", rank, ranks));
+          fmt::format("a collective across processes has 1 to {} ranks, not rank {} of {}", kMaxCollectiveRanks, rank,
+                      ranks));
     if (io_.joinable()) return Status::InvalidArgument("the collective is connected already");
     if (Status s = links_.connect(rank, endpoints); !s.ok()) return s;
     {
       std::lock_guard lock(mu_);
       rank_ = rank;
       n_ = ranks;
-      live_ = ranks == kMaxRanks ? ~0ULL : bit(ranks) - 1;
+      live_ = ranks == kMaxCollectiveRanks ? ~0ULL : bit(ranks) - 1;
       latest_.assign(ranks, {});
     }
-    if (curve_ && ranks > 1)
+    if (links_.authenticated() && ranks > 1)
       logger().info("worker {}'s collective: authenticated and encrypted (CURVE); its all-reduce goes round the ring "
                     "over tcp, never through shared memory", rank_);
     else if (shared_memory_ && ranks > 1)
@@ -102,7 +103,7 @@ class ZmqCollective final : public NetworkCollective {
     {
       std::lock_guard lock(mu_);
       if (Status s = check_call(rank); !s.ok()) return s;
-      if (data.size() > max_values_)
+      if (data.size() > links_.max_values())
         return Status::InvalidArgument(fmt::format("rank {}: an all-reduce of {} values is over the limit", rank, data.size()));
       if (shm_ && !ring_only_) {
         in_shm_ = true;
@@ -151,7 +152,7 @@ class ZmqCollective final : public NetworkCollective {
         if (p >= n_ || p == rank_) return Status::InvalidArgument(fmt::format("rank {} named peer {} of {}", rank, p, n_));
       for (Rank p : audience)
         if (p >= n_ || p == rank_) return Status::InvalidArgument(fmt::format("rank {} sends to rank {} of {}", rank, p, n_));
-      if (params.size() > max_values_)
+      if (params.size() > links_.max_values())
         return Status::InvalidArgument(fmt::format("rank {}: a copy of {} values is over the limit", rank, params.size()));
       gossip_ = {true, clock, params, audience, peers, min_clock, std::move(ready)};
       delivered_.clear();
@@ -204,10 +205,7 @@ class ZmqCollective final : public NetworkCollective {
 
   std::uint64_t rejected() const override { return links_.rejected() + out_of_step_.load(); }
   std::uint64_t unsent() const override { return links_.unsent(); }
-  void set_half_precision(bool on) override {
-    half_ = on;
-    links_.set_half_precision(on);
-  }
+  void set_half_precision(bool on) override { links_.set_half_precision(on); }
   void set_shared_memory(bool on, std::chrono::milliseconds settle) override {
     shared_memory_ = on;
     settle_ = settle;
@@ -215,7 +213,6 @@ class ZmqCollective final : public NetworkCollective {
 
  private:
   enum class Op { reduce, gossip, leave, gone };
-  static constexpr Rank kMaxRanks = 64;
 
   void start_ring(Round round, std::span<const float> data, double weight, Ready ready) {
     Reduce& r = reduce_;  // reset when its last round completed (complete_round)
@@ -334,7 +331,7 @@ class ZmqCollective final : public NetworkCollective {
     std::vector<Rank> ring;
     for (Rank p = 0; p < n_; ++p)
       if (live_ & bit(p)) ring.push_back(p);
-    ring_.begin(std::move(ring), rank_, r.data, r.weight, half_, ring_send_);
+    ring_.begin(std::move(ring), rank_, r.data, r.weight, links_.half_precision(), ring_send_);
     if (ring_.done()) {
       complete_round(wake_up);
       return;
@@ -444,13 +441,10 @@ class ZmqCollective final : public NetworkCollective {
   }
 
   Rank rank_ = 0, n_ = 0;  // set by connect(), under mu_
-  const std::size_t max_values_;
-  const bool curve_;  // authenticated: never through shared memory
   CollectiveLinks links_;
   std::thread io_;
   std::atomic<bool> stop_{false};
   std::atomic<std::uint64_t> out_of_step_{0};  // well-formed pieces the ring could not take
-  bool half_ = false;  // chunks as float16 (set before the I/O thread starts)
 
   mutable std::mutex mu_;
   std::vector<Op> ops_;       // local calls the I/O thread has not begun
