@@ -111,11 +111,11 @@ EvalResult evaluate_on(CoordinatorState& st, const data::LabeledImages& split) {
   const ScopedSeconds timed(st.evaluation_s);
   if (st.model->has_batchnorm()) {
     const auto& train = st.setup.data->train;
-    const std::size_t per_sample = train.pixels.size() / std::max<std::size_t>(train.labels.size(), 1);
-    const std::size_t n = std::min(kRecalibrationSamples, train.labels.size());
-    st.model->recalibrate_batchnorm(std::span<const float>(train.pixels).first(n * per_sample), st.core->plan().batch);
+    st.model->recalibrate_batchnorm(train.samples(0, std::min(kRecalibrationSamples, train.count)),
+                                    st.core->plan().batch);
   }
-  return st.model->evaluate(split.pixels, split.labels);
+  return st.model->evaluate_from([&](std::size_t first, std::size_t n, float* out) { split.copy_samples(first, n, out); },
+                            split.labels);
 }
 
 // The evaluated model (its BatchNorm statistics just recalibrated) as

@@ -444,19 +444,36 @@ float Model::compute_gradients(std::span<const float> x, std::span<const std::in
 }
 
 EvalResult Model::evaluate(std::span<const float> x, std::span<const std::int32_t> y, std::size_t chunk) {
+  const std::size_t per_sample = numel(sample_shape_);
+  return evaluate_chunks([&](std::size_t first, std::size_t n) { return x.subspan(first * per_sample, n * per_sample); },
+                         y, chunk);
+}
+
+EvalResult Model::evaluate_from(const SampleFill& fill, std::span<const std::int32_t> y, std::size_t chunk) {
+  const std::size_t per_sample = numel(sample_shape_);
+  std::vector<float> buffer;
+  return evaluate_chunks(
+      [&](std::size_t first, std::size_t n) {
+        buffer.resize(n * per_sample);
+        fill(first, n, buffer.data());
+        return std::span<const float>(buffer);
+      },
+      y, chunk);
+}
+
+EvalResult Model::evaluate_chunks(const std::function<std::span<const float>(std::size_t, std::size_t)>& chunk_at,
+                                  std::span<const std::int32_t> y, std::size_t chunk) {
   const FlushDenormals flush;
   EvalResult r;
   const std::size_t n = y.size();
   if (chunk == 0) chunk = inference_chunk();
-  const std::size_t per_sample = numel(sample_shape_);
   set_training(false);
   double loss_sum = 0.0;
   std::size_t hits = 0;
   for (std::size_t begin = 0; begin < n; begin += chunk) {
     const std::size_t b = std::min(chunk, n - begin);
     auto labels = y.subspan(begin, b);
-    loss_sum += static_cast<double>(forward(x.subspan(begin * per_sample, b * per_sample), b, labels)) *
-                static_cast<double>(b);
+    loss_sum += static_cast<double>(forward(chunk_at(begin, b), b, labels)) * static_cast<double>(b);
     hits += loss_.correct(labels);
   }
   r.samples = n;

@@ -133,6 +133,11 @@ class Model {
   /// Forward only, in inference mode (running statistics, no dropout), over
   /// n samples stored back to back, in chunks of `chunk` (0: inference_chunk()).
   EvalResult evaluate(std::span<const float> x, std::span<const std::int32_t> y, std::size_t chunk = 0);
+  /// The same over y.size() samples that `fill(first, n, out)` writes as
+  /// floats into `out`, a chunk at a time: for samples not held as floats
+  /// (a dataset's bytes), whatever their number, in one chunk's memory.
+  using SampleFill = std::function<void(std::size_t first, std::size_t n, float* out)>;
+  EvalResult evaluate_from(const SampleFill& fill, std::span<const std::int32_t> y, std::size_t chunk = 0);
 
   /// The samples an inference pass computes at once by default: as many as
   /// keep the activations it holds within about 256 MiB, at most 1000 (the
@@ -207,6 +212,9 @@ class Model {
   void set_training(bool training);
   std::size_t sample_size() const { return numel(sample_shape_); }
   float forward(std::span<const float> x, std::size_t batch, std::span<const std::int32_t> y);
+  // evaluate() over the chunks that `chunk_at(first, n)` gives.
+  EvalResult evaluate_chunks(const std::function<std::span<const float>(std::size_t, std::size_t)>& chunk_at,
+                             std::span<const std::int32_t> y, std::size_t chunk);
   void forward_layers(std::span<const float> x, std::size_t batch);
   // (B, classes) scores: the CPU layers' last output, or (on a device,
   // which runs inference only through this) the device's in logits_.

@@ -38,27 +38,21 @@ Result<std::filesystem::path> find_idx_file(const std::filesystem::path& dir, co
   return Status::NotFound(gz.string() + ": no such file (nor an uncompressed " + base + ")");
 }
 
-// The pixels of `images` at `indices` (ascending), through the byte -> float
-// table of each channel, `lut[c]`.
+// The images at `indices` (ascending), their bytes as they are, decoded
+// through `decode` (a table per channel) when read.
 LabeledImages select(const IdxImages& images, const std::vector<std::uint8_t>& labels,
-                     const std::vector<std::size_t>& indices, const std::vector<std::array<float, 256>>& lut) {
+                     const std::vector<std::size_t>& indices, const std::vector<std::array<float, 256>>& decode) {
   LabeledImages out;
   out.count = indices.size();
   out.channels = images.channels;
   out.rows = images.rows;
   out.cols = images.cols;
+  out.decode = decode;
   const std::size_t ss = out.sample_size();
-  const std::size_t plane = out.rows * out.cols;
-  out.pixels.resize(out.count * ss);
+  out.bytes.resize(out.count * ss);
   out.labels.resize(out.count);
-  float* dst = out.pixels.data();
   for (std::size_t k = 0; k < indices.size(); ++k) {
-    const std::uint8_t* src = images.pixels.data() + indices[k] * ss;
-    for (std::size_t c = 0; c < out.channels; ++c) {
-      const std::array<float, 256>& table = lut[c];
-      for (std::size_t p = c * plane; p < (c + 1) * plane; ++p) dst[p] = table[src[p]];
-    }
-    dst += ss;
+    std::copy_n(images.pixels.data() + indices[k] * ss, ss, out.bytes.data() + k * ss);
     out.labels[k] = labels[indices[k]];
   }
   return out;
@@ -242,17 +236,17 @@ Result<DatasetSplits> load_dataset(const std::string& name, const std::filesyste
   splits.num_classes = kNumClasses;
   splits.normalization.mean.clear();
   splits.normalization.stddev.clear();
-  std::vector<std::array<float, 256>> lut(train_images.channels);
+  std::vector<std::array<float, 256>> decode(train_images.channels);
   for (std::size_t c = 0; c < train_images.channels; ++c) {
     const PixelStatistics norm = pixel_statistics(train_images, train_idx, c);
     for (std::size_t v = 0; v < 256; ++v)
-      lut[c][v] = static_cast<float>((static_cast<double>(v) / 255.0 - norm.mean) / norm.stddev);
+      decode[c][v] = static_cast<float>((static_cast<double>(v) / 255.0 - norm.mean) / norm.stddev);
     splits.normalization.mean.push_back(static_cast<float>(norm.mean));
     splits.normalization.stddev.push_back(static_cast<float>(norm.stddev));
   }
-  splits.train = select(train_images, train->labels, train_idx, lut);
-  splits.validation = select(train_images, train->labels, validation_idx, lut);
-  splits.test = select(test_images, test->labels, iota(test_images.count), lut);
+  splits.train = select(train_images, train->labels, train_idx, decode);
+  splits.validation = select(train_images, train->labels, validation_idx, decode);
+  splits.test = select(test_images, test->labels, iota(test_images.count), decode);
   return splits;
 }
 
@@ -292,9 +286,35 @@ void gather_batch(const LabeledImages& images, std::span<const std::size_t> indi
   for (std::size_t k = 0; k < indices.size(); ++k) {
     const std::size_t i = indices[k];
     assert(i < images.count);
-    std::copy_n(images.pixels.data() + i * ss, ss, batch.x.data() + k * ss);
+    images.copy_samples(i, 1, batch.x.data() + k * ss);
     batch.y[k] = images.labels[i];
   }
+}
+
+void LabeledImages::copy_samples(std::size_t first, std::size_t n, float* out) const {
+  assert(first + n <= count);
+  const std::size_t ss = sample_size();
+  if (bytes.empty()) {
+    std::copy_n(pixels.data() + first * ss, n * ss, out);
+    return;
+  }
+  assert(decode.size() == channels);
+  const std::size_t plane = rows * cols;
+  const std::uint8_t* src = bytes.data() + first * ss;
+  for (std::size_t k = 0; k < n; ++k) {
+    for (std::size_t c = 0; c < channels; ++c) {
+      const std::array<float, 256>& table = decode[c];
+      for (std::size_t p = 0; p < plane; ++p) out[p] = table[src[p]];
+      src += plane;
+      out += plane;
+    }
+  }
+}
+
+std::vector<float> LabeledImages::samples(std::size_t first, std::size_t n) const {
+  std::vector<float> out(n * sample_size());
+  copy_samples(first, n, out.data());
+  return out;
 }
 
 }  // namespace asgd::data

@@ -2,6 +2,7 @@
 // In-memory labelled image datasets, their train/validation/test splits, and
 // the seeded orderings and batches that workers train on.
 
+#include <array>
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
@@ -14,16 +15,28 @@
 
 namespace asgd::data {
 
-/// Images as normalised float32 and their integer labels.
+/// Images and their integer labels. A dataset read from image files keeps
+/// each pixel as the file's byte (a quarter of the memory of float32: every
+/// process of a job holds the whole training split) with a table per channel
+/// that gives the byte's normalised float; a user's dataset keeps its
+/// floats. Either way copy_samples() gives the normalised floats, the same
+/// bit for bit.
 struct LabeledImages {
   std::size_t count = 0;
   std::size_t channels = 1;
   std::size_t rows = 0;
   std::size_t cols = 0;
-  std::vector<float> pixels;          // (count, channels, rows, cols), normalised
+  std::vector<float> pixels;          // (count, channels, rows, cols), normalised; empty when `bytes` holds them
+  std::vector<std::uint8_t> bytes;    // (count, channels, rows, cols), the files' bytes; or empty
+  std::vector<std::array<float, 256>> decode;  // with `bytes`: channel c's byte v is decode[c][v]
   std::vector<std::int32_t> labels;   // (count,), each in [0, num_classes)
 
   std::size_t sample_size() const { return channels * rows * cols; }
+  /// Samples [first, first + n) as normalised floats, back to back, into
+  /// `out` (room for n * sample_size()). first + n must not pass count.
+  void copy_samples(std::size_t first, std::size_t n, float* out) const;
+  /// The same, as a vector.
+  std::vector<float> samples(std::size_t first, std::size_t n) const;
 };
 
 /// Per-channel normalisation x' = (x / 255 - mean[c]) / stddev[c], with mean

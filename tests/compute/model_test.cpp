@@ -360,6 +360,34 @@ TEST(Model, EvaluateInSmallChunksGivesTheSameResultAsOneChunk) {
   EXPECT_EQ(chunked.accuracy, whole.accuracy);
 }
 
+// evaluate_from: what the coordinator evaluates a dataset held as bytes with: the samples
+// written chunk by chunk, asked for in order, never past the end.
+TEST(Model, EvaluateOverSamplesWrittenAChunkAtATimeIsTheSameBitForBit) {
+  auto built = Model::build("mlp", kMnist, kClasses);
+  ASSERT_TRUE(built.ok());
+  Model& model = built.value();
+  model.init_params(13);
+  Rng rng(14);
+  const Batch batch = random_batch(rng, 10);
+  const std::size_t per_sample = batch.x.size() / batch.y.size();
+  std::vector<std::pair<std::size_t, std::size_t>> asked;
+  const Model::SampleFill fill = [&](std::size_t first, std::size_t n, float* out) {
+    asked.emplace_back(first, n);
+    ASSERT_LE((first + n) * per_sample, batch.x.size());
+    std::copy_n(batch.x.data() + first * per_sample, n * per_sample, out);
+  };
+  for (std::size_t chunk : {std::size_t{0}, std::size_t{4}}) {
+    asked.clear();
+    const EvalResult from_span = model.evaluate(batch.x, batch.y, chunk);
+    const EvalResult filled = model.evaluate_from(fill, batch.y, chunk);
+    EXPECT_EQ(filled.samples, from_span.samples);
+    EXPECT_EQ(filled.loss, from_span.loss) << "chunk " << chunk;
+    EXPECT_EQ(filled.accuracy, from_span.accuracy) << "chunk " << chunk;
+    using Asked = std::vector<std::pair<std::size_t, std::size_t>>;
+    EXPECT_EQ(asked, (chunk == 0 ? Asked{{0, 10}} : Asked{{0, 4}, {4, 4}, {8, 2}}));
+  }
+}
+
 TEST(Model, EvaluateOnNoSamplesReportsZeroSamples) {
   auto built = Model::build("mlp", kMnist, kClasses);
   ASSERT_TRUE(built.ok());

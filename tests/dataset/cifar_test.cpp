@@ -33,12 +33,13 @@ TEST(Cifar10, LoadsTheBatchesAsThreeChannelImagesNormalisedPerChannel) {
   ASSERT_EQ(d->normalization.mean.size(), 3u);
   ASSERT_EQ(d->normalization.stddev.size(), 3u);
   // Per channel, the training split is centred and scaled to unit spread.
+  const std::vector<float> pixels = d->train.samples(0, d->train.count);
   for (std::size_t c = 0; c < 3; ++c) {
     double sum = 0, sq = 0;
     std::size_t n = 0;
     for (std::size_t i = 0; i < d->train.count; ++i)
       for (std::size_t p = 0; p < 1024; ++p) {
-        const double v = d->train.pixels[i * 3072 + c * 1024 + p];
+        const double v = pixels[i * 3072 + c * 1024 + p];
         sum += v;
         sq += v * v;
         ++n;
@@ -53,7 +54,7 @@ TEST(Cifar10, LoadsTheBatchesAsThreeChannelImagesNormalisedPerChannel) {
     for (int r = 0; r < 20; ++r) asgd_test::cifar_record(static_cast<std::uint8_t>(r % 10), state);
   const auto first = asgd_test::cifar_record(0, state);
   EXPECT_EQ(d->test.labels[3], 3);
-  const float x = d->test.pixels[0];
+  const float x = d->test.samples(0, 1)[0];
   EXPECT_EQ(std::lround((x * d->normalization.stddev[0] + d->normalization.mean[0]) * 255.0), first[1]);
 }
 

@@ -88,8 +88,9 @@ int raw_pixel(const DatasetSplits& d, float x) {
 // first two pixels.
 std::vector<std::size_t> original_indices(const DatasetSplits& d, const LabeledImages& split) {
   std::vector<std::size_t> out;
+  const std::vector<float> pixels = split.samples(0, split.count);
   for (std::size_t k = 0; k < split.count; ++k) {
-    const float* px = split.pixels.data() + k * split.sample_size();
+    const float* px = pixels.data() + k * split.sample_size();
     out.push_back(static_cast<std::size_t>(raw_pixel(d, px[0]) + 256 * raw_pixel(d, px[1])));
   }
   return out;
@@ -117,7 +118,7 @@ TEST(LoadDataset, RealMnistSplitsInto55000Train5000ValidationAnd10000Test) {
     EXPECT_EQ(split->channels, 1u);
     EXPECT_EQ(split->rows, 28u);
     EXPECT_EQ(split->cols, 28u);
-    EXPECT_EQ(split->pixels.size(), split->count * 784);
+    EXPECT_EQ(split->bytes.size(), split->count * 784);
     EXPECT_EQ(split->labels.size(), split->count);
   }
   EXPECT_EQ(d->train.count, 55000u);
@@ -149,11 +150,12 @@ TEST(LoadDataset, RealMnistTrainingPixelsAreNormalisedToMeanZeroAndStddevOne) {
   ASSERT_TRUE(d.ok()) << d.status().to_string();
   double sum = 0.0;
   double sum_sq = 0.0;
-  for (float x : d->train.pixels) {
+  const std::vector<float> pixels = d->train.samples(0, d->train.count);
+  for (float x : pixels) {
     sum += x;
     sum_sq += static_cast<double>(x) * x;
   }
-  const double n = static_cast<double>(d->train.pixels.size());
+  const double n = static_cast<double>(pixels.size());
   const double mean = sum / n;
   EXPECT_NEAR(mean, 0.0, 1e-4);
   EXPECT_NEAR(std::sqrt(sum_sq / n - mean * mean), 1.0, 1e-4);
@@ -210,8 +212,8 @@ TEST(LoadDataset, TheSameSeedGivesTheSameSplitAndADifferentSeedAnother) {
   auto b = load_dataset("mnist", tmp.path(), 50, 42);
   auto c = load_dataset("mnist", tmp.path(), 50, 43);
   ASSERT_TRUE(a.ok() && b.ok() && c.ok());
-  EXPECT_EQ(a->validation.pixels, b->validation.pixels);
-  EXPECT_EQ(a->train.pixels, b->train.pixels);
+  EXPECT_EQ(a->validation.samples(0, a->validation.count), b->validation.samples(0, b->validation.count));
+  EXPECT_EQ(a->train.samples(0, a->train.count), b->train.samples(0, b->train.count));
   EXPECT_EQ(a->train.labels, b->train.labels);
   EXPECT_NE(original_indices(*a, a->validation), original_indices(*c, c->validation));
 }
@@ -241,7 +243,7 @@ TEST(LoadDataset, NormalisationIsMeasuredOnTheTrainingSplitOnly) {
   // Validation and test are normalised with the same numbers.
   const std::size_t v0 = original_indices(*d, d->validation)[0];
   const float expected = static_cast<float>((file[16 + v0 * kSide * kSide + 5] / 255.0 - mean) / stddev);
-  EXPECT_NEAR(d->validation.pixels[5], expected, 1e-5);
+  EXPECT_NEAR(d->validation.samples(0, 1)[5], expected, 1e-5);
 }
 
 TEST(LoadDataset, AcceptsUncompressedFilesAndPrefersGzWhenBothExist) {
@@ -405,6 +407,60 @@ TEST(GatherBatch, CopiesTheRowsAndLabelsAtTheIndices) {
   EXPECT_EQ(batch.y, (std::vector<std::int32_t>{5, 0, 7}));
   for (std::size_t k = 0; k < indices.size(); ++k) {
     for (std::size_t p = 0; p < 6; ++p) EXPECT_EQ(batch.x[k * 6 + p], static_cast<float>(indices[k] * 10 + p));
+  }
+}
+
+// Two channels of 2x3 bytes per image, each channel with its own table.
+TEST(GatherBatch, DecodesImagesHeldAsBytesThroughTheirChannelsTables) {
+  LabeledImages images;
+  images.count = 4;
+  images.channels = 2;
+  images.rows = 2;
+  images.cols = 3;
+  images.decode.resize(2);
+  for (std::size_t v = 0; v < 256; ++v) {
+    images.decode[0][v] = static_cast<float>(v) * 0.5f;
+    images.decode[1][v] = -static_cast<float>(v);
+  }
+  for (std::size_t i = 0; i < images.count; ++i) {
+    for (std::size_t p = 0; p < 12; ++p) images.bytes.push_back(static_cast<std::uint8_t>(i * 20 + p));
+    images.labels.push_back(static_cast<std::int32_t>(i));
+  }
+  Batch batch;
+  const std::vector<std::size_t> indices = {3, 1};
+  gather_batch(images, indices, batch);
+  ASSERT_EQ(batch.x.size(), 2u * 12);
+  EXPECT_EQ(batch.y, (std::vector<std::int32_t>{3, 1}));
+  for (std::size_t k = 0; k < indices.size(); ++k) {
+    for (std::size_t p = 0; p < 12; ++p) {
+      const float byte = static_cast<float>(indices[k] * 20 + p);
+      EXPECT_EQ(batch.x[k * 12 + p], p < 6 ? byte * 0.5f : -byte) << "sample " << k << " value " << p;
+    }
+  }
+  // samples() decodes a run of them the same way.
+  const std::vector<float> run = images.samples(1, 3);
+  ASSERT_EQ(run.size(), 3u * 12);
+  EXPECT_TRUE(std::equal(batch.x.begin() + 12, batch.x.end(), run.begin()));
+}
+
+TEST(LoadDataset, KeepsEachSplitsPixelsAsTheFilesBytesAQuarterOfFloats) {
+  TempDir tmp;
+  write_tiny_dataset(tmp.path(), 300, 20);
+  auto d = load_dataset("mnist", tmp.path(), 50, 3);
+  ASSERT_TRUE(d.ok()) << d.status().to_string();
+  const Bytes file = tiny_images(300);
+  const std::size_t ss = kSide * kSide;
+  for (const LabeledImages* split : {&d->train, &d->validation, &d->test}) {
+    EXPECT_TRUE(split->pixels.empty());
+    ASSERT_EQ(split->bytes.size(), split->count * ss);
+    ASSERT_EQ(split->decode.size(), 1u);
+  }
+  // The train split's bytes are the file's, in the order the split takes them.
+  const std::vector<std::size_t> originals = original_indices(*d, d->train);
+  for (std::size_t k : {std::size_t{0}, d->train.count - 1}) {
+    EXPECT_TRUE(std::equal(d->train.bytes.begin() + static_cast<std::ptrdiff_t>(k * ss),
+                           d->train.bytes.begin() + static_cast<std::ptrdiff_t>((k + 1) * ss),
+                           file.begin() + static_cast<std::ptrdiff_t>(16 + originals[k] * ss)));
   }
 }
 

@@ -291,7 +291,7 @@ TEST(UserData, ACnnFromAModelSpecTrainsOnMnistHandedInAsUserData) {
   auto take = [](const data::LabeledImages& from, std::size_t n) {
     n = std::min(n, from.count);
     LabeledSamples s;
-    s.values.assign(from.pixels.begin(), from.pixels.begin() + static_cast<std::ptrdiff_t>(n * from.sample_size()));
+    s.values = from.samples(0, n);
     s.labels.assign(from.labels.begin(), from.labels.begin() + static_cast<std::ptrdiff_t>(n));
     return s;
   };
