@@ -4,6 +4,7 @@
 #include <spdlog/sinks/dist_sink.h>
 #include <spdlog/sinks/stdout_sinks.h>
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <string_view>
@@ -80,7 +81,16 @@ class CallbackSink : public spdlog::sinks::base_sink<std::mutex> {
 
 }  // namespace
 
-spdlog::logger& logger() { return library_logger().logger; }
+namespace {
+std::atomic<spdlog::logger*> host_logger{nullptr};  // use_host_logger's
+}  // namespace
+
+spdlog::logger& logger() {
+  if (spdlog::logger* host = host_logger.load(std::memory_order_acquire)) return *host;
+  return library_logger().logger;
+}
+
+void use_host_logger(spdlog::logger* host) { host_logger.store(host, std::memory_order_release); }
 
 std::vector<spdlog::sink_ptr> replace_log_sinks(std::vector<spdlog::sink_ptr> sinks) {
   auto& dist = *library_logger().sinks;

@@ -12,14 +12,15 @@ include(CMakePackageConfigHelpers)
 
 set(ASGD_INSTALL_CMAKEDIR ${CMAKE_INSTALL_LIBDIR}/cmake/asgd)
 
-set(_asgd_install_targets asgd_lib)
-if(TARGET asgd_cuda_kernels)
-  # asgd_lib links the nvcc-compiled kernels privately: they ship beside it.
-  set_target_properties(asgd_cuda_kernels PROPERTIES EXPORT_NAME cuda_kernels)
-  list(APPEND _asgd_install_targets asgd_cuda_kernels)
-endif()
-install(TARGETS ${_asgd_install_targets} EXPORT asgdTargets
+install(TARGETS asgd_lib EXPORT asgdTargets
   ARCHIVE DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT development)
+if(TARGET asgd_cuda)
+  # The CUDA backend's plugin (compute/cuda_backend.hpp), beside libasgd.a,
+  # where the CLI (../lib from bin/) and a consumer (its run path, from
+  # asgdConfig.cmake) find it; it keeps its run path to the CUDA toolkit.
+  set_target_properties(asgd_cuda PROPERTIES INSTALL_RPATH_USE_LINK_PATH ON)
+  install(TARGETS asgd_cuda LIBRARY DESTINATION ${CMAKE_INSTALL_LIBDIR} COMPONENT runtime)
+endif()
 install(DIRECTORY ${CMAKE_SOURCE_DIR}/include/asgd
   DESTINATION ${CMAKE_INSTALL_INCLUDEDIR} COMPONENT development)
 # The installed CLI keeps the run path to libraries outside the system's
@@ -43,5 +44,5 @@ write_basic_package_version_file(${CMAKE_BINARY_DIR}/asgdConfigVersion.cmake
   VERSION ${PROJECT_VERSION} COMPATIBILITY SameMinorVersion)
 install(FILES
   ${CMAKE_BINARY_DIR}/asgdConfig.cmake ${CMAKE_BINARY_DIR}/asgdConfigVersion.cmake
-  ${CMAKE_CURRENT_LIST_DIR}/FindCAF.cmake ${CMAKE_CURRENT_LIST_DIR}/FindCUDNN.cmake
+  ${CMAKE_CURRENT_LIST_DIR}/FindCAF.cmake
   DESTINATION ${ASGD_INSTALL_CMAKEDIR} COMPONENT development)

@@ -23,7 +23,7 @@
 // Model::recalibrate_batchnorm runs its forwards there, and the next GPU
 // step uploads the result).
 //
-// Errors: make_cuda_model returns a Status; the per-step calls throw
+// Errors: make_model returns a Status; the per-step calls throw
 // asgd::cuda::Error (a std::runtime_error; see check.hpp).
 
 #include "base/log.hpp"
@@ -44,6 +44,7 @@
 #include "compute/cuda/kernels.cuh"
 #include "compute/cuda/memory.hpp"
 #include "compute/cuda/nodes.hpp"
+#include "compute/cuda_backend.hpp"
 #include "compute/device.hpp"
 #include "compute/layers/batch_norm2d.hpp"
 
@@ -467,9 +468,8 @@ void CudaModel::backward(std::vector<Node>& seq, const float* x, const float* dy
 }
 
 }  // namespace
-}  // namespace cuda
 
-int cuda_device_count(std::string* why) {
+int device_count(std::string* why) {
   int count = 0;
   const cudaError_t err = cudaGetDeviceCount(&count);
   if (err != cudaSuccess) {
@@ -492,15 +492,15 @@ int cuda_device_count(std::string* why) {
   return count;
 }
 
-Result<std::unique_ptr<DeviceModel>> make_cuda_model(const std::vector<Layer*>& layers, const Shape& sample_shape,
-                                                     std::size_t param_count, int device_index) {
+Result<std::unique_ptr<DeviceModel>> make_model(const std::vector<Layer*>& layers, const Shape& sample_shape,
+                                                 std::size_t param_count, int device_index) {
   // The model is checked first: a layer the backend lacks is a mistake on
   // any machine, with or without a GPU.
-  Result<cuda::Plan> plan = cuda::build_plan(layers, sample_shape, param_count);
+  Result<Plan> plan = build_plan(layers, sample_shape, param_count);
   if (!plan.ok()) return plan.status();
 
   std::string why;
-  const int count = cuda_device_count(&why);
+  const int count = device_count(&why);
   const std::string name = "cuda:" + std::to_string(device_index);
   if (count == 0) return Status::Unavailable(name + ": " + why);
   if (device_index < 0 || device_index >= count)
@@ -514,13 +514,24 @@ Result<std::unique_ptr<DeviceModel>> make_cuda_model(const std::vector<Layer*>& 
                                ")");
   }
   try {
-    std::unique_ptr<DeviceModel> model = std::make_unique<cuda::CudaModel>(std::move(plan).value(), device_index);
+    std::unique_ptr<DeviceModel> model = std::make_unique<CudaModel>(std::move(plan).value(), device_index);
     return Result<std::unique_ptr<DeviceModel>>(std::move(model));
-  } catch (const cuda::Error& e) {
+  } catch (const Error& e) {
     return Status::Internal(name + ": " + e.what());
   } catch (const std::bad_alloc&) {
     return Status::Internal(name + ": out of host memory");
   }
 }
 
+}  // namespace cuda
 }  // namespace asgd
+
+// The plugin's one export (compute/cuda_backend.hpp); the rest of the
+// library is local to it (compute/cuda/exports.map).
+extern "C" __attribute__((visibility("default"))) const asgd::CudaBackendApi* asgd_cuda_backend(
+    spdlog::logger* host_logger) {
+  asgd::use_host_logger(host_logger);
+  static const asgd::CudaBackendApi api{asgd::kCudaBackendVersion, asgd::kCudaBackendBuild, &asgd::cuda::device_count,
+                                        &asgd::cuda::make_model};
+  return &api;
+}

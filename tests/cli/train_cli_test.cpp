@@ -2,7 +2,9 @@
 
 #include <gtest/gtest.h>
 
+#include <dlfcn.h>
 #include <sys/wait.h>
+#include <zlib.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -66,6 +68,29 @@ TEST(TrainCli, RefusesCudaWithoutAUsableGpuSayingWhy) {
     expect_one_line_error(asgd("train --device cuda"), 2, "this build of asgd has no CUDA backend");
   else if (!std::filesystem::exists("/dev/nvidiactl", ec))
     expect_one_line_error(asgd("train --device cuda"), 2, "no NVIDIA GPU found");
+}
+
+// The CUDA backend is a plugin (compute/cuda_backend.hpp) that asgd loads
+// only when a job asks for a GPU: the CLI links none of CUDA's libraries,
+// and a plugin that cannot be used is no GPU, with what went wrong named.
+TEST(TrainCli, LinksNoCudaLibraryAndAPluginThatCannotBeUsedIsNoGpuSayingWhy) {
+#ifndef ASGD_CUDA_BACKEND
+  GTEST_SKIP() << "this build has no CUDA backend";
+#endif
+  const asgd_test::TempDir tmp("plugin");
+  const auto listed = tmp.path() / "ldd";
+  ASSERT_EQ(std::system(("ldd " + std::string(asgd_test::asgd_cli_path()) + " >" + listed.string()).c_str()), 0);
+  const std::string ldd = asgd_test::slurp(listed);
+  for (const char* lib : {"libcudart", "libcublas", "libcudnn"})
+    EXPECT_EQ(ldd.find(lib), std::string::npos) << "asgd links " << lib << ":\n" << ldd;
+  const std::string missing = (tmp.path() / "libasgd_cuda.so").string();
+  expect_one_line_error(asgd("train --device cuda", {}, "env ASGD_CUDA_BACKEND=" + missing), 2,
+                        "the CUDA backend (libasgd_cuda.so) could not be loaded: " + missing);
+  // A library that is not asgd's backend: zlib's, which this process has.
+  Dl_info info{};
+  ASSERT_NE(dladdr(reinterpret_cast<void*>(&zlibVersion), &info), 0);
+  expect_one_line_error(asgd("train --device cuda", {}, std::string("env ASGD_CUDA_BACKEND=") + info.dli_fname), 2,
+                        std::string(info.dli_fname) + " has no asgd_cuda_backend");
 }
 
 // Issue 20: the coordinator's host need not have the workers' GPU. A

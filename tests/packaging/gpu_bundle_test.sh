@@ -12,8 +12,7 @@ build=$(cd "$1" && pwd)
 source=$(cd "$2" && pwd)
 [[ -n ${ASGD_DATA_DIR:-} && -d $ASGD_DATA_DIR/mnist ]] || { echo "gpu_bundle_test: no \$ASGD_DATA_DIR/mnist" >&2; exit 77; }
 command -v patchelf >/dev/null || { echo "gpu_bundle_test: no patchelf (scripts/setup installs it)" >&2; exit 77; }
-linked=$(ldd "$build/bin/asgd")
-grep -q 'libcudnn\.so' <<<"$linked" || { echo "gpu_bundle_test: this build has no CUDA backend" >&2; exit 77; }
+[[ -f $build/lib/libasgd_cuda.so ]] || { echo "gpu_bundle_test: this build has no CUDA backend" >&2; exit 77; }
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/asgd-bundle.XXXXXX")
 trap 'rm -rf "$work"' EXIT
@@ -22,8 +21,8 @@ mv "$work/made" "$work/bundle"  # the run path must not name where it was made
 bundle="$work/bundle"
 [[ -x $bundle/gpu-check && -f $bundle/bench/torch_compute.py && -f $bundle/data/mnist/train-images-idx3-ubyte.gz ]]
 
-for b in asgd asgd-bench asgd_tests; do
-  outside=$(env -i ldd "$bundle/bin/$b" | awk '/=>/ {print $1, $3}' | grep -vF -e " $bundle/lib/" -e " $bundle/bin/../lib/" |
+for b in bin/asgd bin/asgd-bench bin/asgd_tests lib/libasgd_cuda.so; do
+  outside=$(env -i ldd "$bundle/$b" | awk '/=>/ {print $1, $3}' | grep -vF -e " $bundle/lib/" -e " $bundle/bin/../lib/" |
     grep -vE '^(libc|libm|libdl|libpthread|librt|libresolv|libutil)\.so|^(libcudart|libcublas|libcublasLt|libcudnn)\.so' || true)
   if [[ -n $outside ]]; then
     echo "gpu_bundle_test: $b loads libraries from outside the bundle:" >&2
@@ -36,6 +35,12 @@ env -i "$bundle/bin/asgd" train --data-dir "$bundle/data/mnist" --device cpu --e
   --metrics-out "$work/run.jsonl" >"$work/train.log" 2>&1 || { cat "$work/train.log" >&2; exit 1; }
 grep -q '"final_test_accuracy":0.9[0-9]' "$work/run.jsonl" || { cat "$work/run.jsonl" >&2; exit 1; }
 env -i "$bundle/bin/asgd_tests" --gtest_filter='Device.*' >"$work/tests.log" 2>&1 || { cat "$work/tests.log" >&2; exit 1; }
+# asgd loads the bundle's CUDA plugin (here it finds no GPU, and says so
+# in the driver's words, not the loader's).
+status=0
+env -i "$bundle/bin/asgd" train --data-dir "$bundle/data/mnist" --device cuda --epochs 1 >"$work/cuda.log" 2>&1 || status=$?
+((status != 0)) && grep -q "no usable CUDA device" "$work/cuda.log" && ! grep -q "could not be loaded" "$work/cuda.log" ||
+  { echo "gpu_bundle_test: asgd --device cuda did not load the bundle's plugin:" >&2; cat "$work/cuda.log" >&2; exit 1; }
 # gpu-check refuses a step it does not know, naming the ones it does.
 status=0
 "$bundle/gpu-check" --steps nosuch >"$work/check.log" 2>&1 || status=$?
