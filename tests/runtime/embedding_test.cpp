@@ -160,10 +160,12 @@ int twenty_thousand_workers_in_4_gib(const std::string& dir) {
 }
 
 // 1000 workers are allowed, but their threads and buffers do not fit in
-// 3 GiB of address space: a thread that cannot start, or memory that is not
-// there, must end the job with an error, not leave it unstoppable.
+// 2 GiB of address space (3 GiB could hold them once CUDA's libraries were
+// no longer mapped into every process): a thread that cannot start, or
+// memory that is not there, must end the job with an error, not leave it
+// unstoppable.
 int too_big_for_its_address_space(const std::string& dir) {
-  limit_address_space(3ull << 30);
+  limit_address_space(2ull << 30);
   const auto t0 = Clock::now();
   auto* rt = new Runtime;
   JobConfig c = small_job(dir, 1, 1);
@@ -180,7 +182,16 @@ int too_big_for_its_address_space(const std::string& dir) {
 }
 
 // 24 jobs on two runtimes, some cancelled; then both runtimes destroyed.
+// Measured from after a first job on a runtime of its own: what the process
+// keeps once for good (OpenBLAS's buffers, CAF's and the allocator's own)
+// is not what a job fails to give back.
 int twenty_four_jobs(const std::string& dir) {
+  {
+    Runtime warm;
+    auto job = warm.submit(small_job(dir, 1, 1));
+    if (!job.ok()) return 2;
+    job->wait();
+  }
   const double before = rss_mib();
   {
     Runtime a;
@@ -197,7 +208,9 @@ int twenty_four_jobs(const std::string& dir) {
   }
   const double after = rss_mib();
   std::fprintf(stderr, "RSS before %.1f MiB, after 24 jobs %.1f MiB\n", before, after);
-  return after <= before * 1.2 ? 0 : 1;
+  // Between rounds RSS moves by a few MiB (26-30 MiB here, 2026-11-28)
+  // without growing; a job that kept 0.4 MiB would cross this.
+  return after <= before * 1.2 + 4.0 ? 0 : 1;
 }
 
 // Bytes in the file behind `fd` so far.
