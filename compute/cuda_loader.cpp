@@ -30,7 +30,8 @@ namespace {
 
 struct Loaded {
   const CudaBackendApi* api = nullptr;
-  std::string why;  // when api is null
+  std::string path;  // where api came from
+  std::string why;   // when api is null
 };
 
 // The paths to try, in order, and where they are, for a message that
@@ -92,6 +93,10 @@ const Loaded& backend() {
       std::string why;
       loaded.api = open_plugin(path, why);
       if (loaded.api) {
+        Dl_info info{};  // the file the loader's search found, when it was by name
+        loaded.path = dladdr(reinterpret_cast<const void*>(loaded.api), &info) != 0 && info.dli_fname
+                          ? info.dli_fname
+                          : path;
         logger().debug("CUDA backend: {}", path);
         return;
       }
@@ -111,6 +116,8 @@ int cuda_device_count(std::string* why) {
   if (why) *why = b.why;
   return 0;
 }
+
+std::string cuda_backend_location() { return backend().path; }
 
 Result<std::unique_ptr<DeviceModel>> make_cuda_model(const std::vector<Layer*>& layers, const Shape& sample_shape,
                                                      std::size_t param_count, int device_index) {

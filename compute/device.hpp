@@ -70,6 +70,11 @@ class DeviceModel {
 /// CUDA, no driver, no GPU) counts as none; `why`, when given, says which.
 int cuda_device_count(std::string* why = nullptr);
 
+/// The file the CUDA backend's plugin was loaded from (compute/cuda_backend.hpp),
+/// loading it as cuda_device_count does; empty when it could not be loaded
+/// and in a build without the backend.
+std::string cuda_backend_location();
+
 /// Builds the GPU version of a sequential model. `layers` are the model's
 /// CPU layers (read for their configuration and buffers; they must outlive
 /// the DeviceModel), `sample_shape` is (C, H, W) or (N,), `param_count` the

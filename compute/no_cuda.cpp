@@ -9,6 +9,8 @@ int cuda_device_count(std::string* why) {
   return 0;
 }
 
+std::string cuda_backend_location() { return {}; }
+
 Result<std::unique_ptr<DeviceModel>> make_cuda_model(const std::vector<Layer*>& /*layers*/,
                                                      const Shape& /*sample_shape*/, std::size_t /*param_count*/,
                                                      int /*device_index*/) {

@@ -9,6 +9,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "base/cpus.hpp"
 #include "cli/cli_run.hpp"
 #include "compute/device.hpp"
 #include "temp_dir.hpp"
@@ -20,6 +21,32 @@ namespace {
 double final_accuracy(const std::string& metrics) {
   const auto summary = nlohmann::json::parse(metrics.substr(metrics.rfind('\n', metrics.size() - 2) + 1));
   return summary.at("final_test_accuracy").get<double>();
+}
+
+// `asgd devices` says what a job can compute on here: the usable CPUs, and
+// each GPU with a model started on it, or why there is none.
+TEST(DevicesCli, ListsTheUsableCpusAndEachGpuOrWhyThereIsNone) {
+  const CliRun r = asgd("devices");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_EQ(r.out.rfind("cpu: " + std::to_string(asgd::usable_cpus()) + " usable CPU(s), OpenBLAS ", 0), 0u) << r.out;
+  std::string why;
+  const int gpus = asgd::cuda_device_count(&why);
+  if (gpus == 0) {
+    EXPECT_NE(r.out.find("\ncuda: none: " + why + "\n"), std::string::npos) << r.out;
+  } else {
+    EXPECT_NE(r.out.find("\ncuda: " + std::to_string(gpus) + " device(s)"), std::string::npos) << r.out;
+    for (int i = 0; i < gpus; ++i)
+      EXPECT_NE(r.out.find("cuda:" + std::to_string(i)), std::string::npos) << r.out;
+  }
+#ifdef ASGD_CUDA_BACKEND
+  // A backend that cannot be loaded is no GPU, with the loader's reason.
+  const CliRun missing = asgd("devices", {}, "env ASGD_CUDA_BACKEND=/nonexistent/libasgd_cuda.so");
+  EXPECT_EQ(missing.exit_code, 0) << missing.err;
+  EXPECT_NE(missing.out.find("cuda: none: the CUDA backend (libasgd_cuda.so) could not be loaded: "
+                             "/nonexistent/libasgd_cuda.so"),
+            std::string::npos)
+      << missing.out;
+#endif
 }
 
 TEST(DevicesCli, AListNeedsOneDevicePerWorkerEachOneKnown) {

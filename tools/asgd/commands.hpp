@@ -61,6 +61,9 @@ std::function<int()> add_export_command(CLI::App& app);
 /// Adds `data fetch` (a dataset downloaded and checked) to `app`.
 std::function<int()> add_data_command(CLI::App& app);
 
+/// Adds `devices` (the CPUs and GPUs a job can use here, or why not) to `app`.
+std::function<int()> add_devices_command(CLI::App& app);
+
 /// Adds `keys generate` (a CurveZMQ keypair for --auth-keys) to `app`.
 std::function<int()> add_keys_command(CLI::App& app);
 

@@ -143,6 +143,7 @@ int main(int argc, char** argv) {
   auto export_model = add_export_command(app);
   auto keys = add_keys_command(app);
   auto data = add_data_command(app);
+  auto devices = add_devices_command(app);
   auto bench = add_bench_passthrough(app);
   // With no arguments at all, `asgd` says what it can do (`asgd train` runs
   // the embedded default job).
@@ -166,6 +167,7 @@ int main(int argc, char** argv) {
     if (sub->get_name() == "export") return export_model();
     if (sub->get_name() == "keys") return keys();
     if (sub->get_name() == "data") return data();
+    if (sub->get_name() == "devices") return devices();
   }
   print_error("no command given; try --help");
   return kExitUsage;
