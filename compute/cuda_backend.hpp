@@ -6,10 +6,10 @@
 // cuBLAS alone costs every process that links it about 210 MB of resident
 // memory and 0.07 s at start-up, before any call.
 //
-// The plugin exports one C function, kCudaBackendEntry, that returns this
-// table. Both sides are built from the same sources by the same compiler
-// (the table passes C++ types), and the loader refuses a plugin whose
-// version or build differs.
+// The plugin exports a C string, kCudaBackendBuildSymbol, and one C
+// function, kCudaBackendEntry, that returns this table. The table passes
+// C++ types, so both sides must come from the same build: the loader reads
+// the string first and calls nothing in a plugin of another build.
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -28,7 +28,6 @@ namespace asgd {
 
 struct CudaBackendApi {
   std::uint32_t version;  // kCudaBackendVersion
-  const char* build;      // the plugin's kCudaBackendBuild
   // cuda_device_count and make_cuda_model (device.hpp) as the backend has them.
   int (*device_count)(std::string* why);
   Result<std::unique_ptr<DeviceModel>> (*make_model)(const std::vector<Layer*>& layers, const Shape& sample_shape,
@@ -48,6 +47,7 @@ inline constexpr const char* kCudaBackendBuild = ASGD_BUILD_ID;
 // lines go where the process's go, at its level) and returns the table.
 using CudaBackendEntry = const CudaBackendApi* (*)(spdlog::logger* host_logger);
 inline constexpr const char* kCudaBackendEntry = "asgd_cuda_backend";
+inline constexpr const char* kCudaBackendBuildSymbol = "asgd_cuda_backend_build";  // char[]: its ASGD_BUILD_ID
 inline constexpr const char* kCudaBackendFile = "libasgd_cuda.so";
 
 }  // namespace asgd

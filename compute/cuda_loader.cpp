@@ -70,14 +70,21 @@ const CudaBackendApi* open_plugin(const std::string& path, std::string& why) {
     return nullptr;
   }
   auto entry = reinterpret_cast<CudaBackendEntry>(dlsym(handle, kCudaBackendEntry));
-  if (!entry) {
+  const auto* build = static_cast<const char*>(dlsym(handle, kCudaBackendBuildSymbol));
+  if (!entry || !build) {
     why = path + " has no " + kCudaBackendEntry + " (not asgd's CUDA backend)";
     return nullptr;
   }
+  // Checked before anything in it is called: its table's C++ types are
+  // this build's only if the plugin is.
+  if (std::string(build) != kCudaBackendBuild) {
+    why = path + " is the CUDA backend of another build of asgd (build " + build + ", this one " +
+          kCudaBackendBuild + "): use the plugin of this build, or set ASGD_CUDA_BACKEND to it";
+    return nullptr;
+  }
   const CudaBackendApi* api = entry(&logger());
-  if (!api || api->version != kCudaBackendVersion || std::string(api->build) != kCudaBackendBuild) {
-    why = path + " is the CUDA backend of another build of asgd (build " + (api ? api->build : "?") +
-          ", this one " + kCudaBackendBuild + "): use the plugin of this build, or set ASGD_CUDA_BACKEND to it";
+  if (!api || api->version != kCudaBackendVersion) {
+    why = path + ": its table is not version " + std::to_string(kCudaBackendVersion);
     return nullptr;
   }
   return api;

@@ -526,12 +526,13 @@ Result<std::unique_ptr<DeviceModel>> make_model(const std::vector<Layer*>& layer
 }  // namespace cuda
 }  // namespace asgd
 
-// The plugin's one export (compute/cuda_backend.hpp); the rest of the
+// The plugin's two exports (compute/cuda_backend.hpp); the rest of the
 // library is local to it (compute/cuda/exports.map).
+extern "C" __attribute__((visibility("default"))) const char asgd_cuda_backend_build[] = ASGD_BUILD_ID;
+
 extern "C" __attribute__((visibility("default"))) const asgd::CudaBackendApi* asgd_cuda_backend(
     spdlog::logger* host_logger) {
   asgd::use_host_logger(host_logger);
-  static const asgd::CudaBackendApi api{asgd::kCudaBackendVersion, asgd::kCudaBackendBuild, &asgd::cuda::device_count,
-                                        &asgd::cuda::make_model};
+  static const asgd::CudaBackendApi api{asgd::kCudaBackendVersion, &asgd::cuda::device_count, &asgd::cuda::make_model};
   return &api;
 }
