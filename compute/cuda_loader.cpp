@@ -59,9 +59,10 @@ Candidates candidates() {
   return c;
 }
 
-// The table of the plugin at `path`, or why not. A plugin that loaded but
-// is refused stays loaded (unloading code that may have started threads is
-// not safe); it is only never called.
+// The table of the plugin at `path`, or why not. A library refused before
+// anything in it was called is unloaded again (with the CUDA libraries it
+// brought); one whose entry point ran stays (unloading code that may have
+// started threads is not safe), never called again.
 const CudaBackendApi* open_plugin(const std::string& path, std::string& why) {
   void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (!handle) {
@@ -73,6 +74,7 @@ const CudaBackendApi* open_plugin(const std::string& path, std::string& why) {
   const auto* build = static_cast<const char*>(dlsym(handle, kCudaBackendBuildSymbol));
   if (!entry || !build) {
     why = path + " has no " + kCudaBackendEntry + " (not asgd's CUDA backend)";
+    dlclose(handle);
     return nullptr;
   }
   // Checked before anything in it is called: its table's C++ types are
@@ -80,6 +82,7 @@ const CudaBackendApi* open_plugin(const std::string& path, std::string& why) {
   if (std::string(build) != kCudaBackendBuild) {
     why = path + " is the CUDA backend of another build of asgd (build " + build + ", this one " +
           kCudaBackendBuild + "): use the plugin of this build, or set ASGD_CUDA_BACKEND to it";
+    dlclose(handle);
     return nullptr;
   }
   const CudaBackendApi* api = entry(&logger());
@@ -104,7 +107,7 @@ const Loaded& backend() {
         loaded.path = dladdr(reinterpret_cast<const void*>(loaded.api), &info) != 0 && info.dli_fname
                           ? info.dli_fname
                           : path;
-        logger().debug("CUDA backend: {}", path);
+        logger().debug("CUDA backend: {}", loaded.path);
         return;
       }
       reasons += (reasons.empty() ? "" : "; ") + why;
