@@ -130,11 +130,24 @@ struct PixelStatistics {
 };
 PixelStatistics pixel_statistics(const IdxImages& images, const std::vector<std::size_t>& idx, std::size_t channel) {
   const std::size_t plane = images.rows * images.cols;
-  std::array<std::uint64_t, 256> hist{};
+  // Four histograms, summed at the end: neighbouring pixels are often the
+  // same byte, and one histogram would make each increment wait for the
+  // last (about twice the time over MNIST's 43 million bytes).
+  std::array<std::array<std::uint64_t, 256>, 4> partial{};
   for (std::size_t i : idx) {
     const std::uint8_t* src = images.pixels.data() + i * images.sample_size() + channel * plane;
-    for (std::size_t p = 0; p < plane; ++p) ++hist[src[p]];
+    std::size_t p = 0;
+    for (; p + 4 <= plane; p += 4) {
+      ++partial[0][src[p]];
+      ++partial[1][src[p + 1]];
+      ++partial[2][src[p + 2]];
+      ++partial[3][src[p + 3]];
+    }
+    for (; p < plane; ++p) ++partial[0][src[p]];
   }
+  std::array<std::uint64_t, 256> hist{};
+  for (const auto& h : partial)
+    for (std::size_t v = 0; v < 256; ++v) hist[v] += h[v];
   const double total = static_cast<double>(idx.size() * plane);
   double mean = 0.0;
   for (std::size_t v = 0; v < 256; ++v) mean += static_cast<double>(hist[v]) * (static_cast<double>(v) / 255.0);
