@@ -114,8 +114,8 @@ EvalResult evaluate_on(CoordinatorState& st, const data::LabeledImages& split) {
     st.model->recalibrate_batchnorm(train.samples(0, std::min(kRecalibrationSamples, train.count)),
                                     st.core->plan().batch);
   }
-  return st.model->evaluate_from([&](std::size_t first, std::size_t n, float* out) { split.copy_samples(first, n, out); },
-                            split.labels);
+  return st.model->evaluate_from(
+      [&](std::size_t first, std::size_t n, float* out) { split.copy_samples(first, n, out); }, split.labels);
 }
 
 // The evaluated model (its BatchNorm statistics just recalibrated) as

@@ -444,13 +444,13 @@ float Model::compute_gradients(std::span<const float> x, std::span<const std::in
 }
 
 EvalResult Model::evaluate(std::span<const float> x, std::span<const std::int32_t> y, std::size_t chunk) {
-  const std::size_t per_sample = numel(sample_shape_);
+  const std::size_t per_sample = sample_size();
   return evaluate_chunks([&](std::size_t first, std::size_t n) { return x.subspan(first * per_sample, n * per_sample); },
                          y, chunk);
 }
 
 EvalResult Model::evaluate_from(const SampleFill& fill, std::span<const std::int32_t> y, std::size_t chunk) {
-  const std::size_t per_sample = numel(sample_shape_);
+  const std::size_t per_sample = sample_size();
   std::vector<float> buffer;
   return evaluate_chunks(
       [&](std::size_t first, std::size_t n) {

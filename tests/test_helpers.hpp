@@ -63,6 +63,15 @@ inline const char* asgd_cli_path() {
   return env != nullptr && *env != '\0' ? env : ASGD_CLI_PATH;
 }
 
+/// A library the tests built (a fake NVML, a fake CUDA plugin): at `built`,
+/// its path in the build tree, or, in a scripts/gpu-bundle folder (whose
+/// tests run far from the build tree), as `file` in the bundle's lib/.
+inline std::string built_test_library(const std::string& built, const std::string& file) {
+  std::error_code ec;
+  if (std::filesystem::exists(built, ec)) return built;
+  return (std::filesystem::read_symlink("/proc/self/exe", ec).parent_path().parent_path() / "lib" / file).string();
+}
+
 /// Polls `done` every 10 ms until it holds (true) or `limit` passes (false).
 template <class F>
 bool eventually(F done, std::chrono::milliseconds limit = std::chrono::seconds(10)) {

@@ -92,14 +92,8 @@ TEST(TrainCli, LinksNoCudaLibraryAndAPluginThatCannotBeUsedIsNoGpuSayingWhy) {
   expect_one_line_error(asgd("train --device cuda", {}, std::string("env ASGD_CUDA_BACKEND=") + info.dli_fname), 2,
                         std::string(info.dli_fname) + " has no asgd_cuda_backend");
   // Another build's plugin is refused before anything in it is called (the
-  // fake's entry point aborts). It is beside the build's tests, or in a
-  // scripts/gpu-bundle folder's lib/.
-  std::error_code ec;
-  const std::string fake = std::filesystem::exists(ASGD_FAKE_CUDA_BACKEND_PATH, ec)
-                               ? ASGD_FAKE_CUDA_BACKEND_PATH
-                               : (std::filesystem::read_symlink("/proc/self/exe").parent_path().parent_path() / "lib" /
-                                  "libfake_cuda_backend.so")
-                                     .string();
+  // fake's entry point aborts).
+  const std::string fake = asgd_test::built_test_library(ASGD_FAKE_CUDA_BACKEND_PATH, "libfake_cuda_backend.so");
   expect_one_line_error(asgd("train --device cuda", {}, "env ASGD_CUDA_BACKEND=" + fake), 2,
                         fake + " is the CUDA backend of another build of asgd (build another-build");
 }

@@ -14,6 +14,7 @@
 
 #include "runtime/energy.hpp"
 #include "temp_dir.hpp"
+#include "test_helpers.hpp"
 
 namespace asgd {
 namespace {
@@ -85,12 +86,7 @@ TEST(EnergyMeter, AddsPackageAndDramJoulesAcrossACounterWrapAndLeavesCoreAndPsys
   EXPECT_NE(e.reason.find("GPU: no NVML"), std::string::npos) << e.reason;  // measured, but not the GPUs
 }
 
-// The fake NVML beside the build's tests, or, in a scripts/gpu-bundle folder
-// (whose tests run far from the build tree), in the bundle's lib/.
-std::string fake_nvml_path() {
-  if (fs::exists(ASGD_FAKE_NVML_PATH)) return ASGD_FAKE_NVML_PATH;
-  return (fs::read_symlink("/proc/self/exe").parent_path().parent_path() / "lib" / "libfake_nvml.so").string();
-}
+std::string fake_nvml_path() { return asgd_test::built_test_library(ASGD_FAKE_NVML_PATH, "libfake_nvml.so"); }
 
 TEST(EnergyMeter, ReadsEachGpusEnergyCounterOrIntegratesItsPower) {
   TempDir tmp;
