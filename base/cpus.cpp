@@ -185,4 +185,21 @@ std::string cpu_set_key() {
   return key + "/" + mask;
 }
 
+bool cpu_keys_overlap(const std::string& a, const std::string& b) {
+  if (a == b) return true;
+  const auto slash_a = a.rfind('/'), slash_b = b.rfind('/');
+  if (slash_a == std::string::npos || slash_b == std::string::npos) return false;
+  if (a.compare(0, slash_a, b, 0, slash_b) != 0) return false;  // another machine or control group
+  const std::string mask_a = a.substr(slash_a + 1), mask_b = b.substr(slash_b + 1);
+  if (mask_a == "all" || mask_b == "all") return true;
+  // Hex digits, highest CPU first: compare from the lowest CPUs up.
+  auto nibble = [](char c) { return c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : -1; };
+  for (std::size_t i = 0; i < std::min(mask_a.size(), mask_b.size()); ++i) {
+    const int x = nibble(mask_a[mask_a.size() - 1 - i]), y = nibble(mask_b[mask_b.size() - 1 - i]);
+    if (x < 0 || y < 0) return false;
+    if ((x & y) != 0) return true;
+  }
+  return false;
+}
+
 }  // namespace asgd

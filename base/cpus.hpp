@@ -46,4 +46,10 @@ CgroupCpuLimit cgroup_cpu_limit(const std::string& proc_self_cgroup, const std::
 /// CPU-limited containers have other keys.
 std::string cpu_set_key();
 
+/// Whether processes with keys `a` and `b` (cpu_set_key()) compete for a
+/// CPU: the same machine and control group, and masks that share a CPU
+/// (two processes bound to CPUs 0-1 and 1, or one unbound and one bound).
+/// Keys that cannot be read that way overlap only when equal.
+bool cpu_keys_overlap(const std::string& a, const std::string& b);
+
 }  // namespace asgd

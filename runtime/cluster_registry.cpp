@@ -74,15 +74,15 @@ std::size_t filled(const Slots& slots) {
   return static_cast<std::size_t>(std::count_if(slots.begin(), slots.end(), [](const auto& m) { return m.has_value(); }));
 }
 
-// How many of the worker processes registered CPU key `key`: those that
-// compute on the CPUs it names.
+// How many of the worker processes compute on any of the CPUs `key` names
+// (cpu_keys_overlap): those whose threads compete with its.
 std::uint32_t workers_with_cpu_key(const Slots& workers, const std::string& key) {
-  return static_cast<std::uint32_t>(
-      std::count_if(workers.begin(), workers.end(), [&](const auto& m) { return m && m->reg.cpu_key == key; }));
+  return static_cast<std::uint32_t>(std::count_if(
+      workers.begin(), workers.end(), [&](const auto& m) { return m && cpu_keys_overlap(m->reg.cpu_key, key); }));
 }
 
-// How many of the worker processes hold worker w's CPU key (w included):
-// those computing on the same CPUs, which w's threads are to share.
+// How many of the worker processes compute on any of worker w's CPUs (w
+// included): those whose threads w's are to share them with.
 std::uint32_t cpu_sharers(const Slots& workers, std::uint32_t w) {
   if (w >= workers.size() || !workers[w] || workers[w]->reg.cpu_key.empty()) return 1;
   return workers_with_cpu_key(workers, workers[w]->reg.cpu_key);

@@ -249,6 +249,8 @@ bool LocalCluster::start_roles(const std::string& endpoint) {
       // With CURVE the endpoint carries the coordinator's public key.
       std::vector<std::string> args = {role, "--coordinator", endpoint, "--index", std::to_string(i)};
       args.insert(args.end(), options_.role_args.begin(), options_.role_args.end());
+      if (role == "worker" && i < options_.worker_args.size())
+        args.insert(args.end(), options_.worker_args[i].begin(), options_.worker_args[i].end());
       auto c = spawn(options_.program, role + " " + std::to_string(i), args);
       if (!c) {
         logger().error("{}", c.status().message());

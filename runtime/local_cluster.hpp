@@ -37,6 +37,9 @@ struct LocalClusterOptions {
   /// Added to every shard's and worker's arguments (after --coordinator
   /// ENDPOINT --index I): the join timeout, the log level, the keys.
   std::vector<std::string> role_args;
+  /// Added to worker i's arguments after role_args where there is an
+  /// entry i (its CPUs: `--cpus LIST`).
+  std::vector<std::vector<std::string>> worker_args;
   std::uint32_t shards = 1;
   std::uint32_t workers = 2;
   /// How long the coordinator has to say where it listens.

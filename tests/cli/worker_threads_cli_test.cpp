@@ -1,8 +1,9 @@
 // How many threads a worker process computes on without --threads: the
 // CPUs it may use, divided among the job's worker processes that compute on
-// the same ones, not among all of the job's workers (which on a cluster run
-// on other hosts). The coordinator process's evaluations likewise. Real processes: a coordinator, a shard and two workers,
-// one of them bound to a CPU of its own with taskset.
+// any of the same ones, not among all of the job's workers (which on a
+// cluster run on other hosts). The coordinator process's evaluations
+// likewise. Real processes: a coordinator, a shard and two workers, bound to
+// CPUs with taskset.
 
 #include <gtest/gtest.h>
 #include <spdlog/fmt/fmt.h>
@@ -26,9 +27,9 @@ struct Job {
   CliRun coordinator, shard, first, second;
 };
 
-// A 2-worker, 1-shard, 1-epoch MNIST job as four processes; the second
-// worker runs under `second_launcher`.
-Job run_job(const std::string& second_launcher) {
+// A 2-worker, 1-shard, 1-epoch MNIST job as four processes; the workers
+// run under `first_launcher` and `second_launcher`.
+Job run_job(const std::string& first_launcher, const std::string& second_launcher) {
   const std::string mnist = asgd_test::dataset_dir("mnist").string();
   const int port = asgd_test::free_port();
   EXPECT_GT(port, 0);
@@ -39,8 +40,9 @@ Job run_job(const std::string& second_launcher) {
   });
   std::this_thread::sleep_for(std::chrono::milliseconds(500));
   auto shard = std::async(std::launch::async, [&] { return asgd("shard --coordinator " + at); });
-  auto first =
-      std::async(std::launch::async, [&] { return asgd("worker --coordinator " + at + " --data-dir " + mnist); });
+  auto first = std::async(std::launch::async, [&] {
+    return asgd("worker --coordinator " + at + " --data-dir " + mnist, {}, first_launcher);
+  });
   CliRun second = asgd("worker --coordinator " + at + " --data-dir " + mnist, {}, second_launcher);
   return {coordinator.get(), shard.get(), first.get(), std::move(second)};
 }
@@ -56,29 +58,65 @@ std::string evaluation_line(unsigned threads, unsigned cpus, unsigned workers) {
                      threads, cpus, workers);
 }
 
-TEST(WorkerThreadsCli, AWorkerAloneOnItsCpusComputesOnAllOfThemAndWorkersOnTheSameCpusSplitThem) {
+TEST(WorkerThreadsCli, WorkersAloneOnTheirCpusComputeOnThemAndWorkersWhoseCpusOverlapSplitThem) {
   ASGD_REQUIRE_DATASET(mnist, "mnist");
   const unsigned cpus = asgd::usable_cpus();
   if (asgd::affinity_cpus() < 2 || cpus < 2) GTEST_SKIP() << "one CPU: no worker can have CPUs of its own";
   if (std::system("taskset -c 1 true >/dev/null 2>&1") != 0) GTEST_SKIP() << "taskset cannot bind to CPU 1 here";
+  const unsigned half = std::max(1u, cpus / 2);
 
-  // The second worker bound to CPU 1: each is alone on its CPUs. (Before,
-  // both divided this host's CPUs by the job's 2 workers.)
-  Job apart = run_job("taskset -c 1");
+  // Each worker bound to a CPU of its own: alone on it. The coordinator's
+  // evaluations share its CPUs with both.
+  Job apart = run_job("taskset -c 0", "taskset -c 1");
   ASSERT_EQ(apart.coordinator.exit_code, 0) << apart.coordinator.err;
-  EXPECT_NE(apart.first.err.find(threads_line(cpus, cpus, 1)), std::string::npos) << apart.first.err;
+  EXPECT_NE(apart.first.err.find(threads_line(1, 1, 1)), std::string::npos) << apart.first.err;
   EXPECT_NE(apart.second.err.find(threads_line(1, 1, 1)), std::string::npos) << apart.second.err;
-  // The coordinator's evaluations share its CPUs with the first worker only.
-  EXPECT_NE(apart.coordinator.err.find(evaluation_line(cpus, cpus, 1)), std::string::npos) << apart.coordinator.err;
+  EXPECT_NE(apart.coordinator.err.find(evaluation_line(half, cpus, 2)), std::string::npos) << apart.coordinator.err;
+
+  // The second on CPU 1, the first on every CPU: CPU 1 is both's. (Before,
+  // only the same CPUs counted, and the first took them all.)
+  Job overlapping = run_job("", "taskset -c 1");
+  ASSERT_EQ(overlapping.coordinator.exit_code, 0) << overlapping.coordinator.err;
+  EXPECT_NE(overlapping.first.err.find(threads_line(half, cpus, 2)), std::string::npos) << overlapping.first.err;
+  EXPECT_NE(overlapping.second.err.find(threads_line(1, 1, 2)), std::string::npos) << overlapping.second.err;
 
   // Both on every CPU: they split them.
-  Job together = run_job("");
+  Job together = run_job("", "");
   ASSERT_EQ(together.coordinator.exit_code, 0) << together.coordinator.err;
-  const std::string shared = threads_line(std::max(1u, cpus / 2), cpus, 2);
+  const std::string shared = threads_line(half, cpus, 2);
   EXPECT_NE(together.first.err.find(shared), std::string::npos) << together.first.err;
   EXPECT_NE(together.second.err.find(shared), std::string::npos) << together.second.err;
-  EXPECT_NE(together.coordinator.err.find(evaluation_line(std::max(1u, cpus / 2), cpus, 2)), std::string::npos)
+  EXPECT_NE(together.coordinator.err.find(evaluation_line(half, cpus, 2)), std::string::npos)
       << together.coordinator.err;
+}
+
+// asgd cluster binds each worker process to CPUs of its own when there are
+// no more workers than CPUs (each then computes on its share alone), and
+// with --bind-workers off leaves them to share every CPU.
+TEST(WorkerThreadsCli, AsgdClusterGivesEachWorkerCpusOfItsOwnUnlessToldNotTo) {
+  ASGD_REQUIRE_DATASET(mnist, "mnist");
+  const unsigned cpus = asgd::usable_cpus();
+  if (asgd::affinity_cpus() < 2 || cpus != asgd::affinity_cpus())
+    GTEST_SKIP() << "fewer than 2 CPUs, or a CPU limit that time-shares them: no binding";
+  const std::string job = "cluster --workers 2 --epochs 1 --validation-size 1000 --data-dir " +
+                          asgd_test::dataset_dir("mnist").string();
+  CliRun bound = asgd(job);
+  ASSERT_EQ(bound.exit_code, 0) << bound.out << bound.err;
+  const unsigned first = cpus - cpus / 2, second = cpus / 2;  // the first gets the odd one
+  EXPECT_NE(bound.out.find("each worker process on CPUs of its own (worker 0 "), std::string::npos) << bound.out;
+  // What each worker process found its affinity mask to allow.
+  EXPECT_NE(bound.out.find("worker 0: " + threads_line(first, first, 1)), std::string::npos) << bound.out;
+  EXPECT_NE(bound.out.find("worker 1: " + threads_line(second, second, 1)), std::string::npos) << bound.out;
+
+  CliRun shared = asgd(job + " --bind-workers off");
+  ASSERT_EQ(shared.exit_code, 0) << shared.out << shared.err;
+  EXPECT_EQ(shared.out.find("CPUs of its own"), std::string::npos) << shared.out;
+  EXPECT_NE(shared.out.find("worker 1: " + threads_line(std::max(1u, cpus / 2), cpus, 2)), std::string::npos)
+      << shared.out;
+
+  CliRun wrong = asgd(job + " --bind-workers some");
+  EXPECT_EQ(wrong.exit_code, 2) << wrong.out << wrong.err;
+  EXPECT_NE(wrong.err.find("--bind-workers"), std::string::npos) << wrong.err;
 }
 
 }  // namespace

@@ -1,0 +1,95 @@
+#include "base/cpu_binding.hpp"
+
+#include <sched.h>
+
+#include <algorithm>
+#include <charconv>
+
+#include "base/cpus.hpp"
+
+namespace asgd {
+
+namespace {
+
+// A CPU number: decimal digits only, below CPU_SETSIZE.
+bool parse_cpu(std::string_view s, unsigned& cpu) {
+  if (s.empty() || s.find_first_not_of("0123456789") != std::string_view::npos) return false;
+  const auto [end, ec] = std::from_chars(s.data(), s.data() + s.size(), cpu);
+  return ec == std::errc() && end == s.data() + s.size() && cpu < CPU_SETSIZE;
+}
+
+}  // namespace
+
+Result<std::vector<unsigned>> parse_cpu_list(std::string_view text) {
+  std::vector<unsigned> cpus;
+  if (text.empty()) return Status::InvalidArgument("an empty CPU list (write it as 0-3,8)");
+  std::size_t at = 0;
+  while (at <= text.size()) {
+    const std::size_t comma = std::min(text.find(',', at), text.size());
+    const std::string_view part = text.substr(at, comma - at);
+    const std::size_t dash = part.find('-');
+    unsigned first = 0, last = 0;
+    const bool ok = dash == std::string_view::npos
+                        ? parse_cpu(part, first) && parse_cpu(part, last)
+                        : parse_cpu(part.substr(0, dash), first) && parse_cpu(part.substr(dash + 1), last);
+    if (!ok || last < first)
+      return Status::InvalidArgument("'" + std::string(part) + "' in the CPU list '" + std::string(text) +
+                                     "' is not a CPU number or a range N-M (write the list as 0-3,8; CPUs below " +
+                                     std::to_string(CPU_SETSIZE) + ")");
+    for (unsigned c = first; c <= last; ++c) cpus.push_back(c);
+    at = comma + 1;
+  }
+  std::sort(cpus.begin(), cpus.end());
+  cpus.erase(std::unique(cpus.begin(), cpus.end()), cpus.end());
+  return cpus;
+}
+
+std::string format_cpu_list(const std::vector<unsigned>& cpus) {
+  std::string out;
+  for (std::size_t i = 0; i < cpus.size();) {
+    std::size_t j = i;
+    while (j + 1 < cpus.size() && cpus[j + 1] == cpus[j] + 1) ++j;
+    if (!out.empty()) out += ',';
+    out += std::to_string(cpus[i]);
+    if (j >= i + 2) {
+      out += '-' + std::to_string(cpus[j]);
+    } else if (j == i + 1) {
+      out += ',' + std::to_string(cpus[j]);
+    }
+    i = j + 1;
+  }
+  return out;
+}
+
+Status bind_to_cpus(const std::vector<unsigned>& cpus) {
+  if (cpus.empty()) return Status::InvalidArgument("no CPUs to bind to");
+  const std::vector<unsigned> allowed = allowed_cpus();
+  std::vector<unsigned> outside;
+  for (unsigned c : cpus)
+    if (!std::binary_search(allowed.begin(), allowed.end(), c)) outside.push_back(c);
+  if (!outside.empty())
+    return Status::InvalidArgument("CPU" + std::string(outside.size() > 1 ? "s " : " ") + format_cpu_list(outside) +
+                                   (outside.size() > 1 ? " are" : " is") +
+                                   " not among the CPUs this process may use (" + format_cpu_list(allowed) + ")");
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (unsigned c : cpus) CPU_SET(c, &set);
+  if (sched_setaffinity(0, sizeof set, &set) != 0)
+    return Status::IOError("binding to CPUs " + format_cpu_list(cpus) + " failed (sched_setaffinity)");
+  return {};
+}
+
+std::vector<std::vector<unsigned>> split_cpus(const std::vector<unsigned>& allowed, unsigned parts) {
+  if (parts == 0 || allowed.size() < parts) return {};
+  std::vector<std::vector<unsigned>> out(parts);
+  const std::size_t base = allowed.size() / parts, extra = allowed.size() % parts;
+  std::size_t at = 0;
+  for (unsigned p = 0; p < parts; ++p) {
+    const std::size_t n = base + (p < extra ? 1 : 0);
+    out[p].assign(allowed.begin() + static_cast<std::ptrdiff_t>(at), allowed.begin() + static_cast<std::ptrdiff_t>(at + n));
+    at += n;
+  }
+  return out;
+}
+
+}  // namespace asgd

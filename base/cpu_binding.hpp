@@ -1,0 +1,34 @@
+#pragma once
+// Binding a process to some of its CPUs: `asgd worker --cpus LIST` and
+// `asgd shard --cpus LIST`, and the sets `asgd cluster` gives its worker
+// processes when each can have CPUs of its own (docs/cluster.md, "CPUs").
+// Lists are written as the kernel writes them (cpuset, taskset -c):
+// "0-3,8,10-11".
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "asgd/status.hpp"
+
+namespace asgd {
+
+/// The CPUs a list names, in increasing order without repeats; an
+/// InvalidArgument error naming the part that is not a CPU number or range.
+Result<std::vector<unsigned>> parse_cpu_list(std::string_view text);
+
+/// `cpus` (increasing) as a list: runs of three or more as ranges, "0-3,8".
+std::string format_cpu_list(const std::vector<unsigned>& cpus);
+
+/// Binds the calling thread, and so every thread it starts afterwards, to
+/// `cpus`; each must be one it may use now (allowed_cpus()), else an
+/// InvalidArgument error names those that are not and the ones it may.
+/// Call it before a process starts its threads.
+Status bind_to_cpus(const std::vector<unsigned>& cpus);
+
+/// `allowed` (increasing) split into `parts` blocks of consecutive entries,
+/// as even as can be (the first ones one larger); empty when there are
+/// fewer CPUs than parts, or none.
+std::vector<std::vector<unsigned>> split_cpus(const std::vector<unsigned>& allowed, unsigned parts);
+
+}  // namespace asgd

@@ -1,0 +1,96 @@
+// base/cpu_binding.hpp: CPU lists as the kernel writes them, binding a
+// thread to some of its CPUs, and splitting CPUs among worker processes;
+// base/cpus.hpp's cpu_keys_overlap, which tells the workers whose CPUs
+// overlap apart from those on other CPUs.
+
+#include "base/cpu_binding.hpp"
+
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "base/cpus.hpp"
+
+namespace asgd {
+namespace {
+
+using Cpus = std::vector<unsigned>;
+
+TEST(CpuBinding, ReadsListsOfNumbersAndRangesAndWritesThemBackShort) {
+  EXPECT_EQ(parse_cpu_list("0").value(), (Cpus{0}));
+  EXPECT_EQ(parse_cpu_list("0-3,8").value(), (Cpus{0, 1, 2, 3, 8}));
+  EXPECT_EQ(parse_cpu_list("8,2-3,3,0").value(), (Cpus{0, 2, 3, 8})) << "sorted, without repeats";
+  EXPECT_EQ(format_cpu_list({0, 1, 2, 3, 8}), "0-3,8");
+  EXPECT_EQ(format_cpu_list({0, 1, 5, 6, 7, 9}), "0,1,5-7,9");
+  EXPECT_EQ(format_cpu_list({}), "");
+  for (const char* list : {"0-3,8", "0,1,5-7,9", "12"})
+    EXPECT_EQ(format_cpu_list(parse_cpu_list(list).value()), list);
+}
+
+TEST(CpuBinding, RefusesWhatIsNotACpuListNamingThePart) {
+  for (const auto& [list, part] : std::vector<std::pair<std::string, std::string>>{
+           {"", ""}, {"1-x", "'1-x'"}, {"3-1", "'3-1'"}, {"0,,1", "''"}, {"0,", "''"}, {"-1", "'-1'"},
+           {"a", "'a'"}, {"99999", "'99999'"}, {" 1", "' 1'"}}) {
+    auto r = parse_cpu_list(list);
+    ASSERT_FALSE(r.ok()) << list;
+    EXPECT_EQ(r.status().code(), StatusCode::invalid_argument);
+    EXPECT_NE(r.status().message().find(part), std::string::npos) << r.status().message();
+  }
+}
+
+TEST(CpuBinding, SplitsCpusIntoEvenBlocksInOrderOrNotAtAllWhenTooFew) {
+  EXPECT_EQ(split_cpus({0, 1}, 2), (std::vector<Cpus>{{0}, {1}}));
+  EXPECT_EQ(split_cpus({0, 1, 2, 3, 4}, 2), (std::vector<Cpus>{{0, 1, 2}, {3, 4}}));
+  EXPECT_EQ(split_cpus({2, 5, 6, 9}, 3), (std::vector<Cpus>{{2, 5}, {6}, {9}}));
+  EXPECT_TRUE(split_cpus({0, 1}, 3).empty()) << "3 workers cannot each have a CPU of 2";
+  EXPECT_TRUE(split_cpus({0, 1}, 0).empty());
+  EXPECT_TRUE(split_cpus({}, 1).empty());
+}
+
+TEST(CpuBinding, BindsAThreadAndTheThreadsItStartsOrSaysWhichCpusItMayNotUse) {
+  const Cpus allowed = allowed_cpus();
+  ASSERT_FALSE(allowed.empty());
+  std::thread t([&] {
+    ASSERT_TRUE(bind_to_cpus({allowed.back()}).ok());
+    EXPECT_EQ(allowed_cpus(), (Cpus{allowed.back()}));
+    Cpus inherited;
+    std::thread([&] { inherited = allowed_cpus(); }).join();
+    EXPECT_EQ(inherited, (Cpus{allowed.back()})) << "a thread started afterwards";
+    // Bound, it may no longer use the others.
+    if (allowed.size() > 1) {
+      const Status s = bind_to_cpus({allowed.front()});
+      EXPECT_EQ(s.code(), StatusCode::invalid_argument);
+      EXPECT_NE(s.message().find("CPU " + std::to_string(allowed.front()) + " is not among the CPUs this process "
+                                 "may use (" + std::to_string(allowed.back()) + ")"),
+                std::string::npos)
+          << s.message();
+    }
+    EXPECT_FALSE(bind_to_cpus({}).ok());
+  });
+  t.join();
+  EXPECT_EQ(allowed_cpus(), allowed) << "the test's own thread is not bound";
+}
+
+TEST(CpuBinding, KeysOverlapOnTheSameMachineWhenTheirMasksShareACpu) {
+  EXPECT_TRUE(cpu_keys_overlap("boot/3", "boot/3"));
+  EXPECT_TRUE(cpu_keys_overlap("boot/3", "boot/2")) << "CPUs 0-1 and CPU 1";
+  EXPECT_FALSE(cpu_keys_overlap("boot/1", "boot/2")) << "CPU 0 and CPU 1";
+  EXPECT_TRUE(cpu_keys_overlap("boot/all", "boot/2"));
+  EXPECT_FALSE(cpu_keys_overlap("boot/100", "boot/1")) << "CPU 8 and CPU 0";
+  EXPECT_TRUE(cpu_keys_overlap("boot/101", "boot/1")) << "CPUs 0 and 8, and CPU 0";
+  EXPECT_FALSE(cpu_keys_overlap("boot/3", "other/3")) << "another machine";
+  EXPECT_FALSE(cpu_keys_overlap("boot/cgroup-1-2/3", "boot/3")) << "a CPU-limited container of its own";
+  EXPECT_FALSE(cpu_keys_overlap("", "boot/3"));
+  EXPECT_FALSE(cpu_keys_overlap("boot/3x", "boot/3y")) << "not hex: only equal keys overlap";
+  // This process's own key against a thread bound to one of its CPUs.
+  const std::string mine = cpu_set_key();
+  std::string bound;
+  std::thread([&] {
+    if (bind_to_cpus({allowed_cpus().front()}).ok()) bound = cpu_set_key();
+  }).join();
+  ASSERT_FALSE(bound.empty());
+  EXPECT_TRUE(cpu_keys_overlap(mine, bound));
+}
+
+}  // namespace
+}  // namespace asgd
