@@ -91,8 +91,9 @@ TEST(WorkerThreadsCli, WorkersAloneOnTheirCpusComputeOnThemAndWorkersWhoseCpusOv
 }
 
 // asgd cluster binds each worker process to CPUs of its own when there are
-// no more workers than CPUs (each then computes on its share alone), and
-// with --bind-workers off leaves them to share every CPU.
+// no more workers than CPUs (each then computes on its share alone), unless
+// --threads asks for more than a share, and with --bind-workers off leaves
+// them to share every CPU.
 TEST(WorkerThreadsCli, AsgdClusterGivesEachWorkerCpusOfItsOwnUnlessToldNotTo) {
   ASGD_REQUIRE_DATASET(mnist, "mnist");
   const unsigned cpus = asgd::usable_cpus();
@@ -113,6 +114,11 @@ TEST(WorkerThreadsCli, AsgdClusterGivesEachWorkerCpusOfItsOwnUnlessToldNotTo) {
   EXPECT_EQ(shared.out.find("CPUs of its own"), std::string::npos) << shared.out;
   EXPECT_NE(shared.out.find("worker 1: " + threads_line(std::max(1u, cpus / 2), cpus, 2)), std::string::npos)
       << shared.out;
+
+  // More threads than a worker's share of the CPUs: left unbound.
+  CliRun threads = asgd(job + " --threads " + std::to_string(first + 1));
+  ASSERT_EQ(threads.exit_code, 0) << threads.out << threads.err;
+  EXPECT_EQ(threads.out.find("CPUs of its own"), std::string::npos) << threads.out;
 
   CliRun wrong = asgd(job + " --bind-workers some");
   EXPECT_EQ(wrong.exit_code, 2) << wrong.out << wrong.err;

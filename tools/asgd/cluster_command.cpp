@@ -204,10 +204,7 @@ int run_role(const ProcessFlags& pf, bool shard) {
   return kExitOk;
 }
 
-// --bind-workers auto: the CPUs of each worker process, when each can have
-// one or more of its own and no control group's CPU limit time-shares them;
-// none otherwise (every process on every CPU). Measured on 2 CPUs: 2 bound
-// workers train 5-10% faster, 4 bound 7% slower (docs/benchmarks.md).
+// "worker 0 0-7, worker 1 8-15"
 std::string join_cpu_sets(const std::vector<std::vector<unsigned>>& sets) {
   std::string out;
   for (std::size_t i = 0; i < sets.size(); ++i)
@@ -215,9 +212,16 @@ std::string join_cpu_sets(const std::vector<std::vector<unsigned>>& sets) {
   return out;
 }
 
-std::vector<std::vector<unsigned>> worker_cpu_sets(const std::string& mode, std::uint32_t workers) {
-  if (mode != "auto" || workers < 2 || usable_cpus() != affinity_cpus()) return {};
-  return split_cpus(allowed_cpus(), workers);
+// --bind-workers auto: the CPUs of each worker process, when each can have
+// one or more of its own (as many as --threads asks for, if it does) and no
+// control group's CPU limit time-shares them; none otherwise (every process
+// on every CPU). Measured on 2 CPUs: 2 bound workers train 5-10% faster, 4
+// bound 7% slower (docs/benchmarks.md).
+std::vector<std::vector<unsigned>> worker_cpu_sets(const std::string& mode, const JobConfig& config) {
+  if (mode != "auto" || config.workers < 2 || usable_cpus() != affinity_cpus()) return {};
+  auto sets = split_cpus(allowed_cpus(), config.workers);
+  if (!sets.empty() && config.threads > sets.back().size()) return {};  // the last share is the smallest
+  return sets;
 }
 
 // How `asgd cluster` starts its processes: each one's arguments, its
@@ -239,7 +243,7 @@ LocalClusterOptions local_cluster_options(const JobOptions& jo, const ProcessFla
   o.role_args = {"--join-timeout", std::to_string(pf.join_timeout_s), "--log-level", jo.log.log_level,
                  "--shared-memory", pf.shared_memory, "--busy-poll-us", std::to_string(pf.busy_poll_us)};
   o.role_args.insert(o.role_args.end(), auth_args.begin(), auth_args.end());
-  const auto cpu_sets = worker_cpu_sets(pf.bind_workers, config.workers);
+  const auto cpu_sets = worker_cpu_sets(pf.bind_workers, config);
   for (const auto& cpus : cpu_sets) o.worker_args.push_back({"--cpus", format_cpu_list(cpus)});
   if (!cpu_sets.empty()) {
     std::printf("asgd cluster: each worker process on CPUs of its own (%s; --bind-workers off: all share them)\n",
