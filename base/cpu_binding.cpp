@@ -4,6 +4,8 @@
 
 #include <algorithm>
 #include <charconv>
+#include <fstream>
+#include <map>
 
 #include "base/cpus.hpp"
 
@@ -79,17 +81,56 @@ Status bind_to_cpus(const std::vector<unsigned>& cpus) {
   return {};
 }
 
-std::vector<std::vector<unsigned>> split_cpus(const std::vector<unsigned>& allowed, unsigned parts) {
-  if (parts == 0 || allowed.size() < parts) return {};
+std::vector<std::vector<unsigned>> cores_of(const std::vector<unsigned>& cpus, const std::filesystem::path& root) {
+  // (package, core) of each CPU; a CPU without them gets a core of its own
+  // after every described one.
+  auto read = [&](unsigned cpu, const char* name) {
+    std::ifstream in(root / ("cpu" + std::to_string(cpu)) / "topology" / name);
+    long long v = -1;
+    return in >> v && v >= 0 ? v : -1;
+  };
+  std::map<std::pair<long long, long long>, std::vector<unsigned>> described;
+  std::vector<std::vector<unsigned>> alone;
+  for (unsigned cpu : cpus) {
+    const long long package = read(cpu, "physical_package_id"), core = read(cpu, "core_id");
+    if (package < 0 || core < 0) {
+      alone.push_back({cpu});
+    } else {
+      described[{package, core}].push_back(cpu);
+    }
+  }
+  std::vector<std::vector<unsigned>> cores;
+  for (auto& [where, on] : described) cores.push_back(std::move(on));
+  for (auto& c : alone) cores.push_back(std::move(c));
+  return cores;
+}
+
+namespace {
+
+// `units` in `parts` blocks of consecutive units, as even as can be.
+std::vector<std::vector<unsigned>> blocks_of(const std::vector<std::vector<unsigned>>& units, unsigned parts) {
   std::vector<std::vector<unsigned>> out(parts);
-  const std::size_t base = allowed.size() / parts, extra = allowed.size() % parts;
+  const std::size_t base = units.size() / parts, extra = units.size() % parts;
   std::size_t at = 0;
   for (unsigned p = 0; p < parts; ++p) {
-    const std::size_t n = base + (p < extra ? 1 : 0);
-    out[p].assign(allowed.begin() + static_cast<std::ptrdiff_t>(at), allowed.begin() + static_cast<std::ptrdiff_t>(at + n));
-    at += n;
+    for (std::size_t n = base + (p < extra ? 1 : 0); n > 0; --n, ++at)
+      out[p].insert(out[p].end(), units[at].begin(), units[at].end());
+    std::sort(out[p].begin(), out[p].end());
   }
   return out;
+}
+
+}  // namespace
+
+std::vector<std::vector<unsigned>> split_cpus(const std::vector<unsigned>& allowed, unsigned parts,
+                                              const std::filesystem::path& root) {
+  if (parts == 0 || allowed.size() < parts) return {};
+  const auto cores = cores_of(allowed, root);
+  if (cores.size() >= parts) return blocks_of(cores, parts);
+  std::vector<std::vector<unsigned>> cpus;  // the CPUs one by one, a core's next to each other
+  for (const auto& core : cores)
+    for (unsigned cpu : core) cpus.push_back({cpu});
+  return blocks_of(cpus, parts);
 }
 
 }  // namespace asgd

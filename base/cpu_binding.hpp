@@ -5,6 +5,7 @@
 // Lists are written as the kernel writes them (cpuset, taskset -c):
 // "0-3,8,10-11".
 
+#include <filesystem>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -26,9 +27,23 @@ std::string format_cpu_list(const std::vector<unsigned>& cpus);
 /// Call it before a process starts its threads.
 Status bind_to_cpus(const std::vector<unsigned>& cpus);
 
-/// `allowed` (increasing) split into `parts` blocks of consecutive entries,
-/// as even as can be (the first ones one larger); empty when there are
+/// Where the kernel describes the CPUs' topology.
+inline const std::filesystem::path kCpuTopologyRoot = "/sys/devices/system/cpu";
+
+/// The cores `cpus` lie on, each as its CPUs among `cpus` (its hardware
+/// threads), in order of package, then core: read from the topology under
+/// `root` (cpuN/topology/physical_package_id and core_id). A CPU whose
+/// topology cannot be read counts as a core of its own.
+std::vector<std::vector<unsigned>> cores_of(const std::vector<unsigned>& cpus,
+                                            const std::filesystem::path& root = kCpuTopologyRoot);
+
+/// `allowed` split into `parts` sets, one per process: when there are at
+/// least as many cores as parts, whole cores each (a core's hardware
+/// threads never go to two processes, which would compete inside it), in
+/// blocks of consecutive cores as even as can be (the first ones one
+/// larger); else blocks of CPUs in the same order. Empty when there are
 /// fewer CPUs than parts, or none.
-std::vector<std::vector<unsigned>> split_cpus(const std::vector<unsigned>& allowed, unsigned parts);
+std::vector<std::vector<unsigned>> split_cpus(const std::vector<unsigned>& allowed, unsigned parts,
+                                              const std::filesystem::path& root = kCpuTopologyRoot);
 
 }  // namespace asgd

@@ -7,14 +7,17 @@
 
 #include <gtest/gtest.h>
 
+#include <fstream>
 #include <thread>
 
 #include "base/cpus.hpp"
+#include "temp_dir.hpp"
 
 namespace asgd {
 namespace {
 
 using Cpus = std::vector<unsigned>;
+namespace fs = std::filesystem;
 
 TEST(CpuBinding, ReadsListsOfNumbersAndRangesAndWritesThemBackShort) {
   EXPECT_EQ(parse_cpu_list("0").value(), (Cpus{0}));
@@ -39,12 +42,41 @@ TEST(CpuBinding, RefusesWhatIsNotACpuListNamingThePart) {
 }
 
 TEST(CpuBinding, SplitsCpusIntoEvenBlocksInOrderOrNotAtAllWhenTooFew) {
-  EXPECT_EQ(split_cpus({0, 1}, 2), (std::vector<Cpus>{{0}, {1}}));
-  EXPECT_EQ(split_cpus({0, 1, 2, 3, 4}, 2), (std::vector<Cpus>{{0, 1, 2}, {3, 4}}));
-  EXPECT_EQ(split_cpus({2, 5, 6, 9}, 3), (std::vector<Cpus>{{2, 5}, {6}, {9}}));
-  EXPECT_TRUE(split_cpus({0, 1}, 3).empty()) << "3 workers cannot each have a CPU of 2";
-  EXPECT_TRUE(split_cpus({0, 1}, 0).empty());
-  EXPECT_TRUE(split_cpus({}, 1).empty());
+  const fs::path none = "/nonexistent-topology";  // no topology: each CPU a core of its own
+  EXPECT_EQ(split_cpus({0, 1}, 2, none), (std::vector<Cpus>{{0}, {1}}));
+  EXPECT_EQ(split_cpus({0, 1, 2, 3, 4}, 2, none), (std::vector<Cpus>{{0, 1, 2}, {3, 4}}));
+  EXPECT_EQ(split_cpus({2, 5, 6, 9}, 3, none), (std::vector<Cpus>{{2, 5}, {6}, {9}}));
+  EXPECT_TRUE(split_cpus({0, 1}, 3, none).empty()) << "3 workers cannot each have a CPU of 2";
+  EXPECT_TRUE(split_cpus({0, 1}, 0, none).empty());
+  EXPECT_TRUE(split_cpus({}, 1, none).empty());
+}
+
+// Two packages of two cores of two hardware threads, numbered as Linux
+// numbers them: CPUs 0-3 the first thread of each core, 4-7 their siblings.
+void write_smt_topology(const fs::path& root) {
+  for (unsigned cpu = 0; cpu < 8; ++cpu) {
+    const fs::path dir = root / ("cpu" + std::to_string(cpu)) / "topology";
+    fs::create_directories(dir);
+    std::ofstream(dir / "physical_package_id") << (cpu % 4) / 2 << "\n";
+    std::ofstream(dir / "core_id") << cpu % 2 << "\n";  // core ids repeat across packages
+  }
+}
+
+TEST(CpuBinding, KeepsACoresHardwareThreadsAndAPackagesCoresTogether) {
+  const asgd_test::TempDir dir;
+  write_smt_topology(dir.path());
+  const Cpus all = {0, 1, 2, 3, 4, 5, 6, 7};
+  EXPECT_EQ(cores_of(all, dir.path()), (std::vector<Cpus>{{0, 4}, {1, 5}, {2, 6}, {3, 7}}));
+  // By number the halves would be 0-3 and 4-7: every core shared by both.
+  EXPECT_EQ(split_cpus(all, 2, dir.path()), (std::vector<Cpus>{{0, 1, 4, 5}, {2, 3, 6, 7}})) << "one package each";
+  EXPECT_EQ(split_cpus(all, 4, dir.path()), (std::vector<Cpus>{{0, 4}, {1, 5}, {2, 6}, {3, 7}}));
+  EXPECT_EQ(split_cpus(all, 3, dir.path()), (std::vector<Cpus>{{0, 1, 4, 5}, {2, 6}, {3, 7}}));
+  // More processes than cores: single CPUs, a core's next to each other.
+  EXPECT_EQ(split_cpus(all, 8, dir.path()), (std::vector<Cpus>{{0}, {4}, {1}, {5}, {2}, {6}, {3}, {7}}));
+  // Part of the machine (a cpuset): the cores it touches.
+  EXPECT_EQ(split_cpus({1, 2, 5, 6}, 2, dir.path()), (std::vector<Cpus>{{1, 5}, {2, 6}}));
+  // A CPU without topology (cpu9) counts as a core of its own, after the others.
+  EXPECT_EQ(cores_of({0, 4, 9}, dir.path()), (std::vector<Cpus>{{0, 4}, {9}}));
 }
 
 TEST(CpuBinding, BindsAThreadAndTheThreadsItStartsOrSaysWhichCpusItMayNotUse) {
