@@ -3,7 +3,9 @@
 #include <sched.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <charconv>
+#include <cstring>
 #include <fstream>
 #include <map>
 
@@ -80,6 +82,15 @@ Status bind_to_cpus(const std::vector<unsigned>& cpus) {
     return Status::IOError("binding to CPUs " + format_cpu_list(cpus) + " failed (sched_setaffinity)");
   return {};
 }
+
+Status use_batch_scheduling() {
+  const sched_param none{};
+  if (sched_setscheduler(0, SCHED_BATCH, &none) != 0)
+    return Status::IOError(std::string("SCHED_BATCH refused: ") + std::strerror(errno));
+  return {};
+}
+
+bool batch_scheduled() { return sched_getscheduler(0) == SCHED_BATCH; }
 
 std::vector<std::vector<unsigned>> cores_of(const std::vector<unsigned>& cpus, const std::filesystem::path& root) {
   // (package, core) of each CPU; a CPU without them gets a core of its own

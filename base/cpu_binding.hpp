@@ -27,6 +27,16 @@ std::string format_cpu_list(const std::vector<unsigned>& cpus);
 /// Call it before a process starts its threads.
 Status bind_to_cpus(const std::vector<unsigned>& cpus);
 
+/// Puts the calling thread, and every thread it starts afterwards, under
+/// Linux's SCHED_BATCH: the same share of the CPU as before, but its
+/// wake-ups do not preempt the thread running on its CPU. For a process
+/// whose threads hand work to each other on CPUs of their own (a worker
+/// process of `asgd cluster`). An IOError saying why where it is refused.
+Status use_batch_scheduling();
+
+/// Whether the calling thread runs under SCHED_BATCH.
+bool batch_scheduled();
+
 /// Where the kernel describes the CPUs' topology.
 inline const std::filesystem::path kCpuTopologyRoot = "/sys/devices/system/cpu";
 

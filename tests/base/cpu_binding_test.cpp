@@ -103,6 +103,19 @@ TEST(CpuBinding, BindsAThreadAndTheThreadsItStartsOrSaysWhichCpusItMayNotUse) {
   EXPECT_EQ(allowed_cpus(), allowed) << "the test's own thread is not bound";
 }
 
+TEST(CpuBinding, BatchSchedulingHoldsForTheThreadAndTheThreadsItStarts) {
+  EXPECT_FALSE(batch_scheduled()) << "the test's own thread runs as it was started";
+  std::thread t([] {
+    ASSERT_TRUE(use_batch_scheduling().ok());
+    EXPECT_TRUE(batch_scheduled());
+    bool inherited = false;
+    std::thread([&] { inherited = batch_scheduled(); }).join();
+    EXPECT_TRUE(inherited) << "a thread started afterwards";
+  });
+  t.join();
+  EXPECT_FALSE(batch_scheduled());
+}
+
 TEST(CpuBinding, KeysOverlapOnTheSameMachineWhenTheirMasksShareACpu) {
   EXPECT_TRUE(cpu_keys_overlap("boot/3", "boot/3"));
   EXPECT_TRUE(cpu_keys_overlap("boot/3", "boot/2")) << "CPUs 0-1 and CPU 1";

@@ -104,7 +104,13 @@ TEST(WorkerThreadsCli, AsgdClusterGivesEachWorkerCpusOfItsOwnUnlessToldNotTo) {
   CliRun bound = asgd(job);
   ASSERT_EQ(bound.exit_code, 0) << bound.out << bound.err;
   const unsigned first = cpus - cpus / 2, second = cpus / 2;  // the first gets the odd one
-  EXPECT_NE(bound.out.find("each worker process on CPUs of its own (worker 0 "), std::string::npos) << bound.out;
+  EXPECT_NE(bound.out.find("each worker process on CPUs of its own, under SCHED_BATCH (worker 0 "), std::string::npos)
+      << bound.out;
+  // What each worker process found its scheduling policy to be.
+  std::size_t batch_lines = 0;
+  for (std::size_t at = 0; (at = bound.out.find("worker: every thread under SCHED_BATCH", at)) != std::string::npos; ++at)
+    ++batch_lines;
+  EXPECT_EQ(batch_lines, 2u) << bound.out;
   // What each worker process found its affinity mask to allow.
   EXPECT_NE(bound.out.find("worker 0: " + threads_line(first, first, 1)), std::string::npos) << bound.out;
   EXPECT_NE(bound.out.find("worker 1: " + threads_line(second, second, 1)), std::string::npos) << bound.out;
@@ -112,6 +118,7 @@ TEST(WorkerThreadsCli, AsgdClusterGivesEachWorkerCpusOfItsOwnUnlessToldNotTo) {
   CliRun shared = asgd(job + " --bind-workers off");
   ASSERT_EQ(shared.exit_code, 0) << shared.out << shared.err;
   EXPECT_EQ(shared.out.find("CPUs of its own"), std::string::npos) << shared.out;
+  EXPECT_EQ(shared.out.find("SCHED_BATCH"), std::string::npos) << shared.out;
   EXPECT_NE(shared.out.find("worker 1: " + threads_line(std::max(1u, cpus / 2), cpus, 2)), std::string::npos)
       << shared.out;
 
