@@ -30,6 +30,7 @@
 #include <string>
 
 #include "asgd/status.hpp"
+#include "base/crc32c.hpp"
 #include "messaging/transport.hpp"
 
 namespace asgd::messaging {
@@ -101,16 +102,9 @@ FrameError parse_frame(const Message& message, Frame& out);
 Message build_frame(std::uint16_t type, std::uint16_t flags, std::uint64_t request_id, std::span<const std::byte> body,
                     Part tensor, std::optional<std::uint32_t> tensor_checksum = std::nullopt);
 
-/// CRC-32C (Castagnoli), continuing from `crc` (0 to start). Folds long
-/// inputs with VPCLMULQDQ where the CPU has it, else uses the SSE4.2
-/// instruction on three interleaved streams where it has that.
-std::uint32_t crc32c(std::span<const std::byte> bytes, std::uint32_t crc = 0);
-
-/// Copies `src` to `dst` (same size, not overlapping) and returns CRC-32C of
-/// the bytes, in one pass over memory. From 16 MiB on, with the AVX-512
-/// fold, `dst` is written with non-temporal stores (completed before it
-/// returns).
-std::uint32_t crc32c_copy(std::byte* dst, std::span<const std::byte> src, std::uint32_t crc = 0);
+// The frames' checksum (base/crc32c.hpp).
+using asgd::crc32c;
+using asgd::crc32c_copy;
 
 /// IEEE half precision, round to nearest even; infinities and NaN kept.
 std::uint16_t to_half(float f);
