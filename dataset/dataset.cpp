@@ -10,6 +10,7 @@
 #include "base/random.hpp"
 #include "dataset/cifar.hpp"
 #include "dataset/idx.hpp"
+#include "dataset/idx_cache.hpp"
 
 namespace asgd::data {
 namespace {
@@ -78,7 +79,7 @@ Result<ImagesAndLabels> read_images_and_labels(const std::filesystem::path& dir,
   if (!images_path.ok()) return images_path.status();
   auto labels_path = find_idx_file(dir, labels_name);
   if (!labels_path.ok()) return labels_path.status();
-  auto images = read_idx_images(*images_path);
+  auto images = read_idx_images_cached(*images_path, idx_cache_dir());
   if (!images.ok()) return images.status();
   auto labels = read_idx_labels(*labels_path, kNumClasses);
   if (!labels.ok()) return labels.status();

@@ -1,0 +1,195 @@
+// dataset/idx_cache.hpp: decompressed copies of gzip'd IDX image files,
+// checked against the CRC-32C in their names; real files in a temporary
+// folder.
+
+#include "dataset/idx_cache.hpp"
+
+#include <gtest/gtest.h>
+#include <zlib.h>
+
+#include <cstdlib>
+#include <fstream>
+#include <string>
+#include <vector>
+
+#include "captured_log.hpp"
+#include "temp_dir.hpp"
+#include "tests/test_data.hpp"
+
+namespace asgd::data {
+namespace {
+
+namespace fs = std::filesystem;
+using Bytes = std::vector<std::uint8_t>;
+
+// An idx3 file of `count` 32x32 images whose pixels depend on `seed`: 1,000
+// images are 1,024,000 bytes, about the smallest the cache keeps.
+Bytes images_file(std::uint32_t count, std::uint32_t seed) {
+  Bytes b;
+  asgd_test::put_be32(b, 0x00000803);
+  asgd_test::put_be32(b, count);
+  asgd_test::put_be32(b, 32);
+  asgd_test::put_be32(b, 32);
+  for (std::uint32_t i = 0; i < count * 1024; ++i) b.push_back(static_cast<std::uint8_t>((i * 2654435761u + seed) >> 13));
+  return b;
+}
+
+void write_gz(const fs::path& path, const Bytes& bytes) {
+  gzFile f = gzopen(path.c_str(), "wb");
+  ASSERT_NE(f, nullptr);
+  ASSERT_EQ(gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size())), static_cast<int>(bytes.size()));
+  ASSERT_EQ(gzclose(f), Z_OK);
+}
+
+std::vector<fs::path> copies(const fs::path& dir) {
+  std::vector<fs::path> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) out.push_back(e.path());
+  return out;
+}
+
+struct IdxCache : ::testing::Test {
+  asgd_test::TempDir tmp;
+  fs::path source = tmp.path() / "train-images-idx3-ubyte.gz";
+  fs::path cache = tmp.path() / "cache";
+};
+
+TEST_F(IdxCache, TheSecondReadComesFromTheCopyBitForBit) {
+  write_gz(source, images_file(1100, 1));
+  const auto direct = read_idx_images(source);
+  ASSERT_TRUE(direct.ok()) << direct.status().to_string();
+  CacheUse use = CacheUse::none;
+  auto first = read_idx_images_cached(source, cache, &use);
+  ASSERT_TRUE(first.ok()) << first.status().to_string();
+  EXPECT_EQ(use, CacheUse::written);
+  const auto kept = copies(cache);
+  ASSERT_EQ(kept.size(), 1u);
+  EXPECT_EQ(kept[0].filename().string().rfind("train-images-idx3-ubyte-", 0), 0u) << kept[0];
+  EXPECT_EQ(fs::file_size(kept[0]), 16u + 1100u * 1024u) << "a plain IDX file";
+  auto second = read_idx_images_cached(source, cache, &use);
+  ASSERT_TRUE(second.ok()) << second.status().to_string();
+  EXPECT_EQ(use, CacheUse::hit);
+  for (const auto* read : {&*first, &*second}) {
+    EXPECT_EQ(read->count, 1100u);
+    EXPECT_EQ(read->rows, 32u);
+    EXPECT_EQ(read->cols, 32u);
+    EXPECT_EQ(read->pixels, direct->pixels);
+  }
+}
+
+TEST_F(IdxCache, ADamagedOrTruncatedCopyIsReportedRemovedAndWrittenAgain) {
+  write_gz(source, images_file(1100, 2));
+  const auto direct = read_idx_images(source);
+  ASSERT_TRUE(direct.ok());
+  ASSERT_TRUE(read_idx_images_cached(source, cache).ok());
+  const fs::path copy = copies(cache).at(0);
+  for (const bool truncate : {false, true}) {
+    if (truncate) {
+      fs::resize_file(copy, fs::file_size(copy) - 100);
+    } else {
+      std::fstream f(copy, std::ios::in | std::ios::out | std::ios::binary);
+      f.seekp(5000);
+      f.put('\x7f');  // one pixel changed
+    }
+    const asgd_test::CapturedLog log;
+    CacheUse use = CacheUse::none;
+    auto read = read_idx_images_cached(source, cache, &use);
+    ASSERT_TRUE(read.ok()) << read.status().to_string();
+    EXPECT_EQ(read->pixels, direct->pixels) << "nothing read from the damaged copy";
+    EXPECT_EQ(use, CacheUse::written);
+    EXPECT_EQ(log.count("the dataset cache's copy of " + source.string() + " is damaged"), 1u);
+    EXPECT_EQ(log.count(truncate ? "truncated" : "CRC-32C of the images"), 1u);
+    ASSERT_EQ(copies(cache).size(), 1u);
+    auto again = read_idx_images_cached(source, cache, &use);
+    EXPECT_EQ(use, CacheUse::hit) << "the copy was written again";
+    EXPECT_EQ(again->pixels, direct->pixels);
+  }
+}
+
+TEST_F(IdxCache, AnEditedSourceGetsACopyOfItsOwnAndTheOldOneGoes) {
+  write_gz(source, images_file(1100, 3));
+  ASSERT_TRUE(read_idx_images_cached(source, cache).ok());
+  const fs::path old = copies(cache).at(0);
+  // Another file of the same size under the same name (a newer download).
+  write_gz(source, images_file(1100, 4));
+  fs::last_write_time(source, fs::last_write_time(source) + std::chrono::seconds(2));
+  const auto direct = read_idx_images(source);
+  CacheUse use = CacheUse::none;
+  auto read = read_idx_images_cached(source, cache, &use);
+  ASSERT_TRUE(read.ok());
+  EXPECT_EQ(use, CacheUse::written);
+  EXPECT_EQ(read->pixels, direct->pixels);
+  const auto kept = copies(cache);
+  ASSERT_EQ(kept.size(), 1u);
+  EXPECT_NE(kept[0], old);
+  // Another source file (another folder) keeps its own copy beside it.
+  const fs::path elsewhere = tmp.path() / "b";
+  fs::create_directories(elsewhere);
+  write_gz(elsewhere / "train-images-idx3-ubyte.gz", images_file(1100, 3));
+  ASSERT_TRUE(read_idx_images_cached(elsewhere / "train-images-idx3-ubyte.gz", cache).ok());
+  EXPECT_EQ(copies(cache).size(), 2u);
+}
+
+TEST_F(IdxCache, SmallPlainOrUncachedFilesAndAFolderThatCannotBeWrittenLoadAsBefore) {
+  CacheUse use = CacheUse::hit;
+  write_gz(source, images_file(10, 5));  // 10 KiB
+  ASSERT_TRUE(read_idx_images_cached(source, cache, &use).ok());
+  EXPECT_EQ(use, CacheUse::none);
+  EXPECT_TRUE(copies(cache).empty());
+
+  const fs::path plain = tmp.path() / "plain-idx3-ubyte";
+  const Bytes bytes = images_file(1100, 5);
+  std::ofstream(plain, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  ASSERT_TRUE(read_idx_images_cached(plain, cache, &use).ok());
+  EXPECT_EQ(use, CacheUse::none) << "nothing to inflate";
+
+  write_gz(source, bytes);
+  ASSERT_TRUE(read_idx_images_cached(source, std::nullopt, &use).ok());
+  EXPECT_EQ(use, CacheUse::none);
+
+  // A "folder" under a regular file cannot be made (root or not).
+  auto read = read_idx_images_cached(source, plain / "cache", &use);
+  ASSERT_TRUE(read.ok()) << read.status().to_string();
+  EXPECT_EQ(use, CacheUse::unwritten);
+  EXPECT_EQ(read->count, 1100u);
+
+  // A damaged source is the same error as without the cache.
+  std::ofstream(tmp.path() / "bad.gz", std::ios::binary) << "\x1f\x8b not really gzip";
+  auto bad = read_idx_images_cached(tmp.path() / "bad.gz", cache, &use);
+  ASSERT_FALSE(bad.ok());
+  EXPECT_EQ(bad.status().to_string(), read_idx_images(tmp.path() / "bad.gz").status().to_string());
+}
+
+TEST(IdxCacheDir, ComesFromAsgdCacheDirThenXdgThenHomeAndOffTurnsItOff) {
+  struct Saved {
+    const char* name;
+    std::optional<std::string> value;
+  };
+  std::vector<Saved> saved;
+  for (const char* name : {"ASGD_CACHE_DIR", "XDG_CACHE_HOME", "HOME"}) {
+    const char* v = std::getenv(name);
+    saved.push_back({name, v ? std::optional<std::string>(v) : std::nullopt});
+  }
+  setenv("ASGD_CACHE_DIR", "/srv/cache", 1);
+  setenv("XDG_CACHE_HOME", "/xdg", 1);
+  setenv("HOME", "/home/u", 1);
+  EXPECT_EQ(idx_cache_dir(), fs::path("/srv/cache"));
+  setenv("ASGD_CACHE_DIR", "off", 1);
+  EXPECT_EQ(idx_cache_dir(), std::nullopt);
+  unsetenv("ASGD_CACHE_DIR");
+  EXPECT_EQ(idx_cache_dir(), fs::path("/xdg/asgd"));
+  unsetenv("XDG_CACHE_HOME");
+  EXPECT_EQ(idx_cache_dir(), fs::path("/home/u/.cache/asgd"));
+  unsetenv("HOME");
+  EXPECT_EQ(idx_cache_dir(), std::nullopt);
+  for (const auto& s : saved) {
+    if (s.value) {
+      setenv(s.name, s.value->c_str(), 1);
+    } else {
+      unsetenv(s.name);
+    }
+  }
+}
+
+}  // namespace
+}  // namespace asgd::data
