@@ -90,10 +90,18 @@ TEST(WorkerThreadsCli, WorkersAloneOnTheirCpusComputeOnThemAndWorkersWhoseCpusOv
       << together.coordinator.err;
 }
 
+// How many worker processes said they run under SCHED_BATCH.
+std::size_t batch_lines(const std::string& out) {
+  std::size_t n = 0;
+  for (std::size_t at = 0; (at = out.find("worker: every thread under SCHED_BATCH", at)) != std::string::npos; ++at) ++n;
+  return n;
+}
+
 // asgd cluster binds each worker process to CPUs of its own when there are
 // no more workers than CPUs (each then computes on its share alone), unless
 // --threads asks for more than a share, and with --bind-workers off leaves
-// them to share every CPU.
+// them to share every CPU; either way under SCHED_BATCH, unless
+// --worker-scheduling normal.
 TEST(WorkerThreadsCli, AsgdClusterGivesEachWorkerCpusOfItsOwnUnlessToldNotTo) {
   ASGD_REQUIRE_DATASET(mnist, "mnist");
   const unsigned cpus = asgd::usable_cpus();
@@ -104,13 +112,10 @@ TEST(WorkerThreadsCli, AsgdClusterGivesEachWorkerCpusOfItsOwnUnlessToldNotTo) {
   CliRun bound = asgd(job);
   ASSERT_EQ(bound.exit_code, 0) << bound.out << bound.err;
   const unsigned first = cpus - cpus / 2, second = cpus / 2;  // the first gets the odd one
-  EXPECT_NE(bound.out.find("each worker process on CPUs of its own, under SCHED_BATCH (worker 0 "), std::string::npos)
-      << bound.out;
+  EXPECT_NE(bound.out.find("each worker process on CPUs of its own (worker 0 "), std::string::npos) << bound.out;
+  EXPECT_NE(bound.out.find("), under SCHED_BATCH; --bind-workers off"), std::string::npos) << bound.out;
   // What each worker process found its scheduling policy to be.
-  std::size_t batch_lines = 0;
-  for (std::size_t at = 0; (at = bound.out.find("worker: every thread under SCHED_BATCH", at)) != std::string::npos; ++at)
-    ++batch_lines;
-  EXPECT_EQ(batch_lines, 2u) << bound.out;
+  EXPECT_EQ(batch_lines(bound.out), 2u) << bound.out;
   // What each worker process found its affinity mask to allow.
   EXPECT_NE(bound.out.find("worker 0: " + threads_line(first, first, 1)), std::string::npos) << bound.out;
   EXPECT_NE(bound.out.find("worker 1: " + threads_line(second, second, 1)), std::string::npos) << bound.out;
@@ -118,14 +123,17 @@ TEST(WorkerThreadsCli, AsgdClusterGivesEachWorkerCpusOfItsOwnUnlessToldNotTo) {
   CliRun shared = asgd(job + " --bind-workers off");
   ASSERT_EQ(shared.exit_code, 0) << shared.out << shared.err;
   EXPECT_EQ(shared.out.find("CPUs of its own"), std::string::npos) << shared.out;
-  EXPECT_EQ(shared.out.find("SCHED_BATCH"), std::string::npos) << shared.out;
+  EXPECT_NE(shared.out.find("the worker processes under SCHED_BATCH, on every CPU"), std::string::npos) << shared.out;
+  EXPECT_EQ(batch_lines(shared.out), 2u) << shared.out;
   EXPECT_NE(shared.out.find("worker 1: " + threads_line(std::max(1u, cpus / 2), cpus, 2)), std::string::npos)
       << shared.out;
 
-  // More threads than a worker's share of the CPUs: left unbound.
-  CliRun threads = asgd(job + " --threads " + std::to_string(first + 1));
+  // More threads than a worker's share of the CPUs: left unbound; and
+  // scheduled as started when asked.
+  CliRun threads = asgd(job + " --threads " + std::to_string(first + 1) + " --worker-scheduling normal");
   ASSERT_EQ(threads.exit_code, 0) << threads.out << threads.err;
   EXPECT_EQ(threads.out.find("CPUs of its own"), std::string::npos) << threads.out;
+  EXPECT_EQ(threads.out.find("SCHED_BATCH"), std::string::npos) << threads.out;
 
   CliRun wrong = asgd(job + " --bind-workers some");
   EXPECT_EQ(wrong.exit_code, 2) << wrong.out << wrong.err;

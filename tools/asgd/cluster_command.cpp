@@ -40,6 +40,7 @@ struct ProcessFlags {
   std::string cpus;                  // shard, worker: --cpus LIST
   std::string scheduling = "normal";  // shard, worker: --scheduling normal|batch
   std::string bind_workers = "auto";  // asgd cluster: --bind-workers auto|off
+  std::string worker_scheduling = "batch";  // asgd cluster: --worker-scheduling batch|normal
 };
 
 void add_shared_memory_flag(CLI::App* cmd, std::string& value) {
@@ -58,13 +59,19 @@ void add_busy_poll_flag(CLI::App* cmd, std::uint32_t& value) {
       ->check(quietly(CLI::Range(0u, 1'000'000u)));
 }
 
-void add_bind_workers_flag(CLI::App* cmd, std::string& value) {
-  cmd->add_option("--bind-workers", value,
+// Where asgd cluster's worker processes run: --bind-workers, --worker-scheduling.
+void add_worker_placement_flags(CLI::App* cmd, ProcessFlags& f) {
+  cmd->add_option("--bind-workers", f.bind_workers,
                   "auto: when there are no more workers than CPUs, bind each worker process to CPUs of its own "
                   "(shards and the coordinator run anywhere); off: every process on every CPU (default auto; a "
                   "launcher's ranks are bound by the launcher)")
       ->type_name("auto|off")
       ->check(quietly(CLI::IsMember({"auto", "off"})));
+  cmd->add_option("--worker-scheduling", f.worker_scheduling,
+                  "batch: the worker processes' threads under Linux's SCHED_BATCH, whose wake-ups do not preempt "
+                  "what runs; normal: as started (default batch)")
+      ->type_name("batch|normal")
+      ->check(quietly(CLI::IsMember({"batch", "normal"})));
 }
 
 void add_auth_flags(CLI::App* cmd, ProcessFlags& f, bool needs_coordinator) {
@@ -257,17 +264,22 @@ LocalClusterOptions local_cluster_options(const JobOptions& jo, const ProcessFla
                  "--shared-memory", pf.shared_memory, "--busy-poll-us", std::to_string(pf.busy_poll_us)};
   o.role_args.insert(o.role_args.end(), auth_args.begin(), auth_args.end());
   const auto cpu_sets = worker_cpu_sets(pf.bind_workers, config);
-  // Bound workers also run under SCHED_BATCH: their threads hand each step
-  // to each other (the reply's decoding, the next batch), and a wake-up
-  // that preempts the shard or the computing thread costs more than it
-  // gains (docs/benchmarks.md: 1.02-1.08x in six alternations).
-  for (const auto& cpus : cpu_sets) o.worker_args.push_back({"--cpus", format_cpu_list(cpus), "--scheduling", "batch"});
-  if (!cpu_sets.empty()) {
-    std::printf("asgd cluster: each worker process on CPUs of its own, under SCHED_BATCH (%s; --bind-workers off: "
-                "all share them)\n",
-                join_cpu_sets(cpu_sets).c_str());
-    std::fflush(stdout);
+  // The workers under SCHED_BATCH: their threads hand each step to each
+  // other (the reply's decoding, the next batch), and a wake-up that
+  // preempts the shard or the computing thread costs more than it gains
+  // (docs/benchmarks.md: bound, 1.02-1.08x in six alternations).
+  const bool batch = pf.worker_scheduling == "batch";
+  o.worker_args.resize(config.workers);
+  for (std::uint32_t i = 0; i < config.workers; ++i) {
+    if (i < cpu_sets.size()) o.worker_args[i] = {"--cpus", format_cpu_list(cpu_sets[i])};
+    if (batch) o.worker_args[i].insert(o.worker_args[i].end(), {"--scheduling", "batch"});
   }
+  if (!cpu_sets.empty())
+    std::printf("asgd cluster: each worker process on CPUs of its own (%s)%s; --bind-workers off: all share them\n",
+                join_cpu_sets(cpu_sets).c_str(), batch ? ", under SCHED_BATCH" : "");
+  else if (batch)
+    std::printf("asgd cluster: the worker processes under SCHED_BATCH, on every CPU\n");
+  std::fflush(stdout);
   o.shards = config.shards;
   o.workers = config.workers;
   o.join_timeout_s = pf.join_timeout_s;
@@ -358,7 +370,7 @@ std::function<int(const std::string&)> add_cluster_commands(CLI::App& app) {
   add_auth_flags(cluster, all->cluster, true);  // --coordinator-key: under a launcher
   add_shared_memory_flag(cluster, all->cluster.shared_memory);
   add_busy_poll_flag(cluster, all->cluster.busy_poll_us);
-  add_bind_workers_flag(cluster, all->cluster.bind_workers);
+  add_worker_placement_flags(cluster, all->cluster);
   const std::string launched = "Under a launcher (each rank runs this same command)";
   cluster->add_option("--launcher", all->launch.launcher,
                       "who started this process: auto | local | env | slurm | mpi | kubernetes | torchrun "
