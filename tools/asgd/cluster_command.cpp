@@ -145,7 +145,7 @@ void add_process_flags(CLI::App* cmd, ProcessFlags& f, bool listens, bool needs_
         ->type_name("LIST");
     cmd->add_option("--scheduling", f.scheduling,
                     "normal, or batch: Linux's SCHED_BATCH for every thread, whose wake-ups then do not preempt "
-                    "what runs (asgd cluster's bound workers; default normal)")
+                    "what runs (asgd cluster starts its workers so; default normal)")
         ->type_name("normal|batch")
         ->check(quietly(CLI::IsMember({"normal", "batch"})));
   }
