@@ -5,6 +5,7 @@
 #include <cassert>
 #include <cmath>
 #include <system_error>
+#include <optional>
 #include <utility>
 
 #include "base/random.hpp"
@@ -74,12 +75,13 @@ struct ImagesAndLabels {
 };
 
 Result<ImagesAndLabels> read_images_and_labels(const std::filesystem::path& dir, const std::string& images_name,
-                                               const std::string& labels_name) {
+                                               const std::string& labels_name,
+                                               const std::optional<std::filesystem::path>& image_cache) {
   auto images_path = find_idx_file(dir, images_name);
   if (!images_path.ok()) return images_path.status();
   auto labels_path = find_idx_file(dir, labels_name);
   if (!labels_path.ok()) return labels_path.status();
-  auto images = read_idx_images_cached(*images_path, idx_cache_dir());
+  auto images = read_idx_images_cached(*images_path, image_cache);
   if (!images.ok()) return images.status();
   auto labels = read_idx_labels(*labels_path, kNumClasses);
   if (!labels.ok()) return labels.status();
@@ -98,9 +100,10 @@ Result<ImagesAndLabels> read_cifar10(const std::filesystem::path& dir, const std
 }
 
 // The official training and test sets of `name` in `dir` (or in the
-// dataset's own folder under it).
-Result<std::pair<ImagesAndLabels, ImagesAndLabels>> read_train_and_test(const std::string& name,
-                                                                        const std::filesystem::path& dir) {
+// dataset's own folder under it), IDX images through `image_cache`.
+Result<std::pair<ImagesAndLabels, ImagesAndLabels>> read_train_and_test(
+    const std::string& name, const std::filesystem::path& dir,
+    const std::optional<std::filesystem::path>& image_cache) {
   if (name == "cifar10") {
     auto from = find_cifar10_folder(dir);
     if (!from) return from.status();
@@ -115,9 +118,9 @@ Result<std::pair<ImagesAndLabels, ImagesAndLabels>> read_train_and_test(const st
   std::filesystem::path from = dir;
   if (!find_idx_file(dir, "train-images-idx3-ubyte").ok() && find_idx_file(dir / name, "train-images-idx3-ubyte").ok())
     from = dir / name;
-  auto train = read_images_and_labels(from, "train-images-idx3-ubyte", "train-labels-idx1-ubyte");
+  auto train = read_images_and_labels(from, "train-images-idx3-ubyte", "train-labels-idx1-ubyte", image_cache);
   if (!train) return train.status();
-  auto test = read_images_and_labels(from, "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte");
+  auto test = read_images_and_labels(from, "t10k-images-idx3-ubyte", "t10k-labels-idx1-ubyte", image_cache);
   if (!test) return test.status();
   return std::pair{std::move(train).value(), std::move(test).value()};
 }
@@ -200,7 +203,8 @@ DatasetSplits from_user_dataset(const UserDataset& data) {
 }
 
 Result<DatasetSplits> load_dataset(const std::string& name, const std::filesystem::path& dir,
-                                   std::size_t validation_size, std::uint64_t seed) {
+                                   std::size_t validation_size, std::uint64_t seed,
+                                   const std::filesystem::path& image_cache) {
   if (!is_known_dataset(name)) {
     return Status::InvalidArgument("unknown dataset \"" + name + "\" (known: " + known_names() + ")");
   }
@@ -212,7 +216,7 @@ Result<DatasetSplits> load_dataset(const std::string& name, const std::filesyste
     return Status::NotFound("data directory " + dir.string() + " is not a directory");
   }
 
-  auto read = read_train_and_test(name, dir);
+  auto read = read_train_and_test(name, dir, image_cache.empty() ? std::nullopt : std::optional(image_cache));
   if (!read) return read.status();
   const ImagesAndLabels* train = &read->first;
   const ImagesAndLabels* test = &read->second;

@@ -75,11 +75,14 @@ bool is_known_dataset(const std::string& name);
 /// batches (dataset/cifar.hpp has where it looks). `validation_size` images
 /// are held out of the training set, chosen by a permutation seeded with
 /// `seed`, so the split is reproducible. Each channel is normalised by its
-/// own mean and stddev, measured on the training split.
+/// own mean and stddev, measured on the training split. `image_cache`, when
+/// not empty, is the folder where decompressed copies of gzip'd image files
+/// are kept and read (dataset/idx_cache.hpp).
 /// Errors: invalid_argument (unknown name, validation_size >= train count),
 /// not_found (missing directory or file, the message names it), corruption.
 Result<DatasetSplits> load_dataset(const std::string& name, const std::filesystem::path& dir,
-                                   std::size_t validation_size, std::uint64_t seed);
+                                   std::size_t validation_size, std::uint64_t seed,
+                                   const std::filesystem::path& image_cache = {});
 
 /// `data` (checked by asgd::validate(const UserDataset&)) in the runtime's
 /// layout: a copy of every split, images (C, H, W) as they are, vectors (N)

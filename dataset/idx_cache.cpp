@@ -6,7 +6,6 @@
 #include <array>
 #include <atomic>
 #include <cstdio>
-#include <cstdlib>
 #include <fstream>
 #include <string>
 #include <system_error>
@@ -122,21 +121,6 @@ Status write_copy(const fs::path& dir, const fs::path& file, const std::string& 
 
 }  // namespace
 
-std::optional<fs::path> idx_cache_dir() {
-  auto env = [](const char* name) -> std::optional<std::string> {
-    const char* v = std::getenv(name);
-    if (v == nullptr || *v == '\0') return std::nullopt;
-    return std::string(v);
-  };
-  if (auto dir = env("ASGD_CACHE_DIR")) {
-    if (*dir == "off") return std::nullopt;
-    return fs::path(*dir);
-  }
-  if (auto xdg = env("XDG_CACHE_HOME")) return fs::path(*xdg) / "asgd";
-  if (auto home = env("HOME")) return fs::path(*home) / ".cache" / "asgd";
-  return std::nullopt;
-}
-
 Result<IdxImages> read_idx_images_cached(const fs::path& path, const std::optional<fs::path>& cache,
                                          CacheUse* use) {
   CacheUse ignored;
@@ -150,6 +134,7 @@ Result<IdxImages> read_idx_images_cached(const fs::path& path, const std::option
     auto images = read_copy(*copy);
     if (images.ok()) {
       how = CacheUse::hit;
+      logger().debug("dataset cache: {} read from {}", path.string(), copy->string());
       return images;
     }
     logger().warn("the dataset cache's copy of {} is damaged ({}): it is removed, and the images read from {}",

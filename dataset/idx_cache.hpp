@@ -8,8 +8,8 @@
 // copy and check it against the checksum in its name. A copy that fails
 // the check is reported, removed and replaced: nothing trains on it.
 //
-// The folder: $ASGD_CACHE_DIR, else $XDG_CACHE_HOME/asgd, else
-// $HOME/.cache/asgd; ASGD_CACHE_DIR=off turns the cache off. A copy is
+// The folder is the caller's (the runtime's resolve_image_cache(): from
+// the environment, at the edge of the program). A copy is
 // named <file>-<where>-<version>-<crc>.idx: `where` hashes the source's
 // canonical path, `version` its size, modification time, device and inode,
 // so an edited or replaced source gets a copy of its own, and the older
@@ -24,10 +24,6 @@
 
 namespace asgd::data {
 
-/// The cache folder the environment names (see above); nullopt when
-/// ASGD_CACHE_DIR=off or no variable names one.
-std::optional<std::filesystem::path> idx_cache_dir();
-
 /// How read_idx_images_cached found the images.
 enum class CacheUse {
   none,     ///< not through the cache: no folder, not gzip, or under 1 MiB
@@ -36,8 +32,8 @@ enum class CacheUse {
   unwritten ///< inflated from the source; the copy could not be written
 };
 
-/// read_idx_images(path), through the cache in `cache` when `path` is a
-/// gzip file: the same images, bit for bit. A copy that is damaged (a bad
+/// read_idx_images(path), through the cache in folder `cache` (none when
+/// nullopt) when `path` is a gzip file: the same images, bit for bit. A copy that is damaged (a bad
 /// checksum, a truncated or malformed file) is logged as a warning,
 /// removed and written again from the source. `use`, if given, says how.
 Result<IdxImages> read_idx_images_cached(const std::filesystem::path& path,

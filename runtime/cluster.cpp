@@ -537,7 +537,8 @@ Status run_worker_process(const ProcessOptions& o, std::stop_token stop) {
   auto device = device_of_worker(cfg, a.index);
   if (!device) return fail_early(device.status());
 
-  auto loaded = data::load_dataset(cfg.dataset, resolve_data_dir(cfg), cfg.validation_size, cfg.seed);
+  auto loaded =
+      data::load_dataset(cfg.dataset, resolve_data_dir(cfg), cfg.validation_size, cfg.seed, resolve_image_cache());
   if (!loaded) return fail_early(loaded.status());
   auto data = std::make_shared<const data::DatasetSplits>(std::move(loaded).value());
   auto plans = plan_assigned_worker(j, *data, *device, stop);
@@ -557,8 +558,7 @@ Status run_worker_process(const ProcessOptions& o, std::stop_token stop) {
     shards.push_back(system.spawn(remote_shard, j.bridge, *peer, static_cast<std::uint32_t>(i)));
     plan->ranges.push_back({a.range_bounds[i], a.range_bounds[i + 1]});
   }
-  auto feeder =
-      system.spawn<caf::detached>(data_feeder, feeder_setup(*plan, worker_plan, data, a.first_epoch));
+  auto feeder = system.spawn<caf::detached>(data_feeder, feeder_setup(*plan, worker_plan, data, a.first_epoch));
   // A worker process that rejoins a running job starts at an epoch's first
   // step (plan_worker).
   WorkerSetup ws = worker_setup(*plan, worker_plan);

@@ -210,6 +210,18 @@ std::string resolve_data_dir(const JobConfig& c) {
   return (std::filesystem::path("data") / c.dataset).string();
 }
 
+std::string resolve_image_cache() {
+  auto env = [](const char* name) -> std::string {
+    const char* v = std::getenv(name);
+    return v != nullptr ? v : "";
+  };
+  if (const std::string dir = env("ASGD_CACHE_DIR"); !dir.empty()) return dir == "off" ? "" : dir;
+  if (const std::string xdg = env("XDG_CACHE_HOME"); !xdg.empty()) return (std::filesystem::path(xdg) / "asgd").string();
+  if (const std::string home = env("HOME"); !home.empty())
+    return (std::filesystem::path(home) / ".cache" / "asgd").string();
+  return "";
+}
+
 Result<JobSummary> run_job(const JobConfig& config, const JobCallbacks& callbacks, std::stop_token stop) {
   return run_job_with(config, callbacks, stop, {});
 }
@@ -289,7 +301,7 @@ Result<std::shared_ptr<const data::DatasetSplits>> job_data(const JobConfig& con
     return data;
   }
   const std::string dir = resolve_data_dir(config);
-  auto loaded = data::load_dataset(config.dataset, dir, config.validation_size, config.seed);
+  auto loaded = data::load_dataset(config.dataset, dir, config.validation_size, config.seed, resolve_image_cache());
   if (!loaded) return loaded.status();
   auto data = std::make_shared<const data::DatasetSplits>(std::move(loaded).value());
   logger().info("loaded {} from {}: {} train, {} validation, {} test images", config.dataset, dir, data->train.count,

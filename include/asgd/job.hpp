@@ -175,6 +175,12 @@ TrainingSettings training_settings(const JobConfig& config, Placement where = Pl
 /// else ./data/<dataset>.
 std::string resolve_data_dir(const JobConfig& config);
 
+/// Where loading a dataset keeps decompressed copies of its gzip'd image
+/// files (docs/user-guide.md, "Data"): $ASGD_CACHE_DIR, else
+/// $XDG_CACHE_HOME/asgd, else $HOME/.cache/asgd; empty (no cache) when
+/// ASGD_CACHE_DIR is "off" or none of them is set. Read at each call.
+std::string resolve_image_cache();
+
 /// One line of progress, reported when every worker has finished an epoch.
 /// Where one worker's time went, in seconds, over an epoch or the whole
 /// job. The phases do not overlap, and together they make its wall time:

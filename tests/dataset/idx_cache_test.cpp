@@ -7,7 +7,6 @@
 #include <gtest/gtest.h>
 #include <zlib.h>
 
-#include <cstdlib>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -158,37 +157,6 @@ TEST_F(IdxCache, SmallPlainOrUncachedFilesAndAFolderThatCannotBeWrittenLoadAsBef
   auto bad = read_idx_images_cached(tmp.path() / "bad.gz", cache, &use);
   ASSERT_FALSE(bad.ok());
   EXPECT_EQ(bad.status().to_string(), read_idx_images(tmp.path() / "bad.gz").status().to_string());
-}
-
-TEST(IdxCacheDir, ComesFromAsgdCacheDirThenXdgThenHomeAndOffTurnsItOff) {
-  struct Saved {
-    const char* name;
-    std::optional<std::string> value;
-  };
-  std::vector<Saved> saved;
-  for (const char* name : {"ASGD_CACHE_DIR", "XDG_CACHE_HOME", "HOME"}) {
-    const char* v = std::getenv(name);
-    saved.push_back({name, v ? std::optional<std::string>(v) : std::nullopt});
-  }
-  setenv("ASGD_CACHE_DIR", "/srv/cache", 1);
-  setenv("XDG_CACHE_HOME", "/xdg", 1);
-  setenv("HOME", "/home/u", 1);
-  EXPECT_EQ(idx_cache_dir(), fs::path("/srv/cache"));
-  setenv("ASGD_CACHE_DIR", "off", 1);
-  EXPECT_EQ(idx_cache_dir(), std::nullopt);
-  unsetenv("ASGD_CACHE_DIR");
-  EXPECT_EQ(idx_cache_dir(), fs::path("/xdg/asgd"));
-  unsetenv("XDG_CACHE_HOME");
-  EXPECT_EQ(idx_cache_dir(), fs::path("/home/u/.cache/asgd"));
-  unsetenv("HOME");
-  EXPECT_EQ(idx_cache_dir(), std::nullopt);
-  for (const auto& s : saved) {
-    if (s.value) {
-      setenv(s.name, s.value->c_str(), 1);
-    } else {
-      unsetenv(s.name);
-    }
-  }
 }
 
 }  // namespace
