@@ -5,7 +5,6 @@
 #include <cassert>
 #include <cmath>
 #include <system_error>
-#include <optional>
 #include <utility>
 
 #include "base/random.hpp"
@@ -75,8 +74,7 @@ struct ImagesAndLabels {
 };
 
 Result<ImagesAndLabels> read_images_and_labels(const std::filesystem::path& dir, const std::string& images_name,
-                                               const std::string& labels_name,
-                                               const std::optional<std::filesystem::path>& image_cache) {
+                                               const std::string& labels_name, const std::filesystem::path& image_cache) {
   auto images_path = find_idx_file(dir, images_name);
   if (!images_path.ok()) return images_path.status();
   auto labels_path = find_idx_file(dir, labels_name);
@@ -101,9 +99,9 @@ Result<ImagesAndLabels> read_cifar10(const std::filesystem::path& dir, const std
 
 // The official training and test sets of `name` in `dir` (or in the
 // dataset's own folder under it), IDX images through `image_cache`.
-Result<std::pair<ImagesAndLabels, ImagesAndLabels>> read_train_and_test(
-    const std::string& name, const std::filesystem::path& dir,
-    const std::optional<std::filesystem::path>& image_cache) {
+Result<std::pair<ImagesAndLabels, ImagesAndLabels>> read_train_and_test(const std::string& name,
+                                                                        const std::filesystem::path& dir,
+                                                                        const std::filesystem::path& image_cache) {
   if (name == "cifar10") {
     auto from = find_cifar10_folder(dir);
     if (!from) return from.status();
@@ -216,7 +214,7 @@ Result<DatasetSplits> load_dataset(const std::string& name, const std::filesyste
     return Status::NotFound("data directory " + dir.string() + " is not a directory");
   }
 
-  auto read = read_train_and_test(name, dir, image_cache.empty() ? std::nullopt : std::optional(image_cache));
+  auto read = read_train_and_test(name, dir, image_cache);
   if (!read) return read.status();
   const ImagesAndLabels* train = &read->first;
   const ImagesAndLabels* test = &read->second;

@@ -7,6 +7,7 @@
 #include <atomic>
 #include <cstdio>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <system_error>
 
@@ -40,8 +41,9 @@ bool gzip_magic(const fs::path& path) {
   return in.read(reinterpret_cast<char*>(m.data()), 2) && m[0] == 0x1f && m[1] == 0x8b;
 }
 
-// "<file>-<where>-<version>-": the start of every name a copy of `path`
-// has; nullopt where the file cannot be looked at.
+// How the names of `path`'s copies start: every copy's "<file>-<where>-",
+// and a copy of its present version's "<file>-<where>-<version>-";
+// nullopt where the file cannot be looked at.
 std::optional<std::pair<std::string, std::string>> copy_prefixes(const fs::path& path) {
   std::error_code ec;
   const fs::path canonical = fs::canonical(path, ec);
@@ -121,16 +123,15 @@ Status write_copy(const fs::path& dir, const fs::path& file, const std::string& 
 
 }  // namespace
 
-Result<IdxImages> read_idx_images_cached(const fs::path& path, const std::optional<fs::path>& cache,
-                                         CacheUse* use) {
+Result<IdxImages> read_idx_images_cached(const fs::path& path, const fs::path& cache, CacheUse* use) {
   CacheUse ignored;
   CacheUse& how = use != nullptr ? *use : ignored;
   how = CacheUse::none;
-  if (!cache || !gzip_magic(path)) return read_idx_images(path);
+  if (cache.empty() || !gzip_magic(path)) return read_idx_images(path);
   const auto prefixes = copy_prefixes(path);
   if (!prefixes) return read_idx_images(path);
   const auto& [where, version] = *prefixes;
-  if (auto copy = find_copy(*cache, version)) {
+  if (auto copy = find_copy(cache, version)) {
     auto images = read_copy(*copy);
     if (images.ok()) {
       how = CacheUse::hit;
@@ -144,8 +145,8 @@ Result<IdxImages> read_idx_images_cached(const fs::path& path, const std::option
   }
   auto images = read_idx_images(path);
   if (!images.ok() || images->pixels.size() < kMinCachedBytes) return images;
-  const fs::path file = *cache / (version + hex(crc_of(images->pixels)) + ".idx");
-  if (Status written = write_copy(*cache, file, where, *images); !written.ok()) {
+  const fs::path file = cache / (version + hex(crc_of(images->pixels)) + ".idx");
+  if (Status written = write_copy(cache, file, where, *images); !written.ok()) {
     how = CacheUse::unwritten;
     logger().info("dataset cache: {} not kept ({}); each load inflates it (ASGD_CACHE_DIR names another folder)",
                   path.string(), written.message());

@@ -17,7 +17,6 @@
 // cannot be written (or has too little space) leaves loading as it was.
 
 #include <filesystem>
-#include <optional>
 
 #include "asgd/status.hpp"
 #include "dataset/idx.hpp"
@@ -33,11 +32,10 @@ enum class CacheUse {
 };
 
 /// read_idx_images(path), through the cache in folder `cache` (none when
-/// nullopt) when `path` is a gzip file: the same images, bit for bit. A copy that is damaged (a bad
+/// empty) when `path` is a gzip file: the same images, bit for bit. A copy that is damaged (a bad
 /// checksum, a truncated or malformed file) is logged as a warning,
 /// removed and written again from the source. `use`, if given, says how.
-Result<IdxImages> read_idx_images_cached(const std::filesystem::path& path,
-                                         const std::optional<std::filesystem::path>& cache,
+Result<IdxImages> read_idx_images_cached(const std::filesystem::path& path, const std::filesystem::path& cache,
                                          CacheUse* use = nullptr);
 
 }  // namespace asgd::data

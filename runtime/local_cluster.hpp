@@ -38,7 +38,7 @@ struct LocalClusterOptions {
   /// ENDPOINT --index I): the join timeout, the log level, the keys.
   std::vector<std::string> role_args;
   /// Added to worker i's arguments after role_args where there is an
-  /// entry i (its CPUs: `--cpus LIST`).
+  /// entry i (its CPUs and scheduling: `--cpus LIST`, `--scheduling batch`).
   std::vector<std::vector<std::string>> worker_args;
   std::uint32_t shards = 1;
   std::uint32_t workers = 2;

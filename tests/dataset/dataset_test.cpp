@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include "dataset/idx_files.hpp"
 #include "temp_dir.hpp"
 #include <unistd.h>
 #include <zlib.h>
@@ -24,6 +25,8 @@ namespace {
 
 namespace fs = std::filesystem;
 using Bytes = std::vector<std::uint8_t>;
+using asgd_test::write_gz;
+using asgd_test::write_raw;
 using asgd_test::put_be32;
 using asgd_test::TempDir;
 
@@ -56,19 +59,6 @@ Bytes tiny_labels(std::uint32_t count) {
   put_be32(b, count);
   for (std::uint32_t i = 0; i < count; ++i) b.push_back(static_cast<std::uint8_t>(i % 10));
   return b;
-}
-
-void write_gz(const fs::path& path, const Bytes& bytes) {
-  gzFile f = gzopen(path.c_str(), "wb");
-  ASSERT_NE(f, nullptr) << path;
-  ASSERT_EQ(gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size())), static_cast<int>(bytes.size()));
-  ASSERT_EQ(gzclose(f), Z_OK);
-}
-
-void write_raw(const fs::path& path, const Bytes& bytes) {
-  std::ofstream out(path, std::ios::binary);
-  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-  ASSERT_TRUE(out.good()) << path;
 }
 
 // The four official files of a tiny dataset, gzipped.

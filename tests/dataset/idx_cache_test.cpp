@@ -5,13 +5,13 @@
 #include "dataset/idx_cache.hpp"
 
 #include <gtest/gtest.h>
-#include <zlib.h>
 
 #include <fstream>
 #include <string>
 #include <vector>
 
 #include "captured_log.hpp"
+#include "dataset/idx_files.hpp"
 #include "temp_dir.hpp"
 #include "tests/test_data.hpp"
 
@@ -20,6 +20,8 @@ namespace {
 
 namespace fs = std::filesystem;
 using Bytes = std::vector<std::uint8_t>;
+using asgd_test::write_gz;
+using asgd_test::write_raw;
 
 // An idx3 file of `count` 32x32 images whose pixels depend on `seed`: 1,000
 // images are 1,024,000 bytes, about the smallest the cache keeps.
@@ -31,13 +33,6 @@ Bytes images_file(std::uint32_t count, std::uint32_t seed) {
   asgd_test::put_be32(b, 32);
   for (std::uint32_t i = 0; i < count * 1024; ++i) b.push_back(static_cast<std::uint8_t>((i * 2654435761u + seed) >> 13));
   return b;
-}
-
-void write_gz(const fs::path& path, const Bytes& bytes) {
-  gzFile f = gzopen(path.c_str(), "wb");
-  ASSERT_NE(f, nullptr);
-  ASSERT_EQ(gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size())), static_cast<int>(bytes.size()));
-  ASSERT_EQ(gzclose(f), Z_OK);
 }
 
 std::vector<fs::path> copies(const fs::path& dir) {
@@ -138,12 +133,12 @@ TEST_F(IdxCache, SmallPlainOrUncachedFilesAndAFolderThatCannotBeWrittenLoadAsBef
 
   const fs::path plain = tmp.path() / "plain-idx3-ubyte";
   const Bytes bytes = images_file(1100, 5);
-  std::ofstream(plain, std::ios::binary).write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  write_raw(plain, bytes);
   ASSERT_TRUE(read_idx_images_cached(plain, cache, &use).ok());
   EXPECT_EQ(use, CacheUse::none) << "nothing to inflate";
 
   write_gz(source, bytes);
-  ASSERT_TRUE(read_idx_images_cached(source, std::nullopt, &use).ok());
+  ASSERT_TRUE(read_idx_images_cached(source, {}, &use).ok());
   EXPECT_EQ(use, CacheUse::none);
 
   // A "folder" under a regular file cannot be made (root or not).

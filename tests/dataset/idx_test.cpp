@@ -2,6 +2,7 @@
 
 #include <gtest/gtest.h>
 
+#include "dataset/idx_files.hpp"
 #include "temp_dir.hpp"
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -27,6 +28,8 @@ namespace {
 
 namespace fs = std::filesystem;
 using Bytes = std::vector<std::uint8_t>;
+using asgd_test::write_gz;
+using asgd_test::write_raw;
 using asgd_test::put_be32;
 using asgd_test::TempDir;
 
@@ -49,19 +52,6 @@ Bytes idx1(const Bytes& labels) {
   put_be32(b, static_cast<std::uint32_t>(labels.size()));
   b.insert(b.end(), labels.begin(), labels.end());
   return b;
-}
-
-void write_raw(const fs::path& path, const Bytes& bytes) {
-  std::ofstream out(path, std::ios::binary);
-  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
-  ASSERT_TRUE(out.good()) << path;
-}
-
-void write_gz(const fs::path& path, const Bytes& bytes) {
-  gzFile f = gzopen(path.c_str(), "wb");
-  ASSERT_NE(f, nullptr) << path;
-  ASSERT_EQ(gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size())), static_cast<int>(bytes.size()));
-  ASSERT_EQ(gzclose(f), Z_OK);
 }
 
 Bytes read_raw(const fs::path& path) {

@@ -235,7 +235,7 @@ std::string join_cpu_sets(const std::vector<std::vector<unsigned>>& sets) {
 // --bind-workers auto: the CPUs of each worker process, when each can have
 // one or more of its own (as many as --threads asks for, if it does) and no
 // control group's CPU limit time-shares them; none otherwise (every process
-// on every CPU). Measured on 2 CPUs: 2 bound workers train 5-10% faster, 4
+// on every CPU). Measured on 2 CPUs: 2 bound workers train 7-19% faster, 4
 // bound 7% slower (docs/benchmarks.md).
 std::vector<std::vector<unsigned>> worker_cpu_sets(const std::string& mode, const JobConfig& config) {
   if (mode != "auto" || config.workers < 2 || usable_cpus() != affinity_cpus()) return {};
