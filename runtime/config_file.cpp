@@ -189,9 +189,12 @@ const std::vector<ConfigField>& job_config_fields() {
        "LIST", string_field(&JobConfig::augment)},
       {"workers", "worker actors (default 2)", "N", uint_field(&JobConfig::workers)},
       {"shards", "parameter shards (default 1)", "M", uint_field(&JobConfig::shards)},
-      {"device", "where workers compute: cpu | cuda | cuda:K (default cpu)", "DEV", string_field(&JobConfig::device)},
+      {"device", "where workers compute: cpu | cuda | cuda:K, or a list with one per worker (cuda:0,cpu) (default cpu)",
+       "DEV", string_field(&JobConfig::device)},
       {"epochs", "passes over the training data (default 3)", "E", uint_field(&JobConfig::epochs)},
-      {"batch", "samples per worker step (default 64; under async and ssp with more than 4 workers, 256 / workers)",
+      {"batch",
+       "samples per worker step (default 64; under async and ssp with more than 4 workers, 256 / workers, at least 8, "
+       "unless --lr or --momentum is given)",
        "B", optional_field(&JobConfig::batch)},
       {"lr",
        "base learning rate (default 0.02; bsp, allreduce and gossip 0.02 x workers; beyond 2 workers averaging "

@@ -19,20 +19,61 @@ OUT = ROOT / "docs" / "api.md"
 TYPE = re.compile(r"^\s*(?:template\s*<[^>]*>\s*)?(class|struct|enum class|enum)\s+(\w+)")
 
 
-def declaration(lines, i):
-    """The declaration starting at line i, up to its ';' or '{', one line."""
-    parts = []
+def code_of(line):
+    return line.split("//")[0].rstrip()
+
+
+def body_end(lines, i):
+    """The last line of the body that opens on line i (i when none does or
+    it closes there)."""
+    depth = 0
     while i < len(lines):
-        text = lines[i].split("//")[0].rstrip()
+        text = code_of(lines[i])
+        depth += text.count("{") - text.count("}")
+        if depth <= 0:
+            return i
+        i += 1
+    return i
+
+
+def declaration(lines, i, skip_body=True):
+    """The declaration starting at line i, up to its ';' or '{', one line,
+    and the line it ends on (an inline body's last line). An enum keeps its
+    values."""
+    parts, start = [], i
+    while i < len(lines):
+        text = code_of(lines[i])
         parts.append(text.strip())
         opens_body = "{" in text.replace("{}", "")  # "= {}" is a default argument, not a body
-        if opens_body or text.endswith(";") or text.endswith(")") and i + 1 < len(lines) and lines[i + 1].strip().startswith("{"):
+        if opens_body or text.endswith(";") or text.endswith("{}") or text.endswith(")") and i + 1 < len(lines) and lines[i + 1].strip().startswith("{"):
             break
         i += 1
     decl = " ".join(p for p in parts if p)
+    enum = TYPE.match(lines[start])
+    if enum and enum.group(1).startswith("enum"):
+        end = body_end(lines, i)
+        values = " ".join(code_of(l).strip() for l in lines[i + 1:end + 1]) if end > i else ""
+        decl = re.sub(r"\s+", " ", decl + " " + values).strip().rstrip(";")
+        return decl.replace(",}", " }").replace(", }", " }"), end
     decl = re.split(r"\{(?!\})", decl, maxsplit=1)[0].rstrip()
-    decl = re.sub(r"\s*=\s*0\s*;?$", "", decl)  # pure virtual marker
-    return re.sub(r"\s+", " ", decl).rstrip(";").strip(), i
+    decl = re.sub(r"\s*\{\}$", "", decl)  # an empty inline body
+    decl = re.sub(r"\)(\s*const)?(\s*override)?\s*=\s*0\s*;?$", r")\1\2", decl)  # pure virtual marker
+    decl = re.sub(r"\s*:\s*\w+\(.*$", "", decl) if ") :" in decl else decl  # a constructor's initialisers
+    return re.sub(r"\s+", " ", decl).rstrip(";").strip(), body_end(lines, i) if skip_body else i
+
+
+def group(lines, i):
+    """The declaration at line i and those right below it that the same
+    comment covers (no blank line, comment or access label between)."""
+    decls = []
+    while True:
+        decl, i = declaration(lines, i)
+        decls.append(decl)
+        nxt = lines[i + 1].strip() if i + 1 < len(lines) else ""
+        if (not nxt or nxt.startswith("//") or nxt.startswith("}") or nxt.endswith(":") or "///<" in nxt
+                or TYPE.match(lines[i + 1])):
+            return decls, i
+        i += 1
 
 
 def header_doc(path):
@@ -67,6 +108,8 @@ def header_doc(path):
             i += 1
             continue
         m = TYPE.match(lines[i])
+        if not m and s.startswith("template") and i + 1 < len(lines):
+            m = TYPE.match(s + " " + lines[i + 1].strip())
         if "///<" in s:
             code, note = s.split("///<", 1)
             code = code.split("//")[0].strip().rstrip(";")
@@ -78,13 +121,21 @@ def header_doc(path):
             continue
         if doc and s and not s.startswith("//"):
             flush_fields()
-            decl, i = declaration(lines, i)
-            if m and not decl.endswith(";") and "(" not in decl:
+            commented_values = m and "///<" in "".join(lines[i:body_end(lines, i) + 1])
+            if m and (not m.group(1).startswith("enum") or commented_values):
+                decl, i = declaration(lines, i, skip_body=False)
                 owner = m.group(2)
                 out += [f"### `{owner}`", "", "```cpp", decl, "```", "", " ".join(doc), ""]
             else:
-                out += ["```cpp", decl + ";", "```", "", " ".join(doc), ""]
+                decls, i = group(lines, i)
+                if m:  # an enum: a heading of its own when it has one line
+                    out += [f"### `{m.group(2)}`", ""]
+                out += ["```cpp"] + [d + ";" for d in decls] + ["```", "", " ".join(doc), ""]
             doc = []
+        elif m and m.group(1).startswith("enum") and "{" in lines[i] and not doc and "///<" not in "".join(lines[i:body_end(lines, i) + 1]):
+            flush_fields()  # an enum without comments: its values, under the type it is in
+            decl, i = declaration(lines, i)
+            out += ["```cpp", decl + ";", "```", ""]
         elif m and "{" in lines[i] and not doc:
             flush_fields()
             owner = m.group(2)

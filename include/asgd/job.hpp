@@ -26,8 +26,11 @@ inline constexpr std::uint32_t kMaxWorkers = 1024;
 inline constexpr std::uint32_t kMaxShards = 1024;
 
 /// Everything that defines one job. Each field is also a TOML key and a
-/// command-line flag of `asgd train` (the flag is the field name with '_'
-/// written as '-'). Plain data: copy it freely.
+/// command-line flag of `asgd train`: the flag is the field name with '_'
+/// written as '-', and the key the field name, both without a unit suffix
+/// ("_s", "_epochs": `--eval-every` and `eval_every` for eval_every_s,
+/// `--lr-warmup` and `lr_warmup` for lr_warmup_epochs); policy_options are
+/// the policies' own knobs (`--staleness`, ...). Plain data: copy it freely.
 struct JobConfig {
   std::string dataset = "mnist";    ///< mnist | fashion-mnist | cifar10
   std::string data_dir;             ///< the dataset's own folder; empty: $ASGD_DATA_DIR/<dataset>, else ./data/<dataset>
@@ -156,7 +159,7 @@ struct TrainingSettings {
   /// (averaging's local-steps beyond 8 workers, easgd's moving-rate).
   std::map<std::string, double> policy_options;
   /// The defaults that differ from the two-worker ones, each saying why:
-  /// "lr 0.08 (0.02 x 8 workers / 2: the linear scaling rule)". Empty when
+  /// "lr 0.08 (0.02 x 8 workers / 2, the linear scaling rule)". Empty when
   /// none do (or every one is set).
   std::vector<std::string> adjusted;
 };
@@ -181,7 +184,6 @@ std::string resolve_data_dir(const JobConfig& config);
 /// ASGD_CACHE_DIR is "off" or none of them is set. Read at each call.
 std::string resolve_image_cache();
 
-/// One line of progress, reported when every worker has finished an epoch.
 /// Where one worker's time went, in seconds, over an epoch or the whole
 /// job. The phases do not overlap, and together they make its wall time:
 /// every moment from its first step to its last is in exactly one of them.
@@ -205,6 +207,7 @@ struct WorkerPhases {
   double other_s = 0.0;
 };
 
+/// One line of progress, reported when every worker has finished an epoch.
 struct EpochMetrics {
   std::uint32_t epoch = 0;        ///< 1-based
   double wall_s = 0.0;            ///< seconds since training started
@@ -300,7 +303,7 @@ struct JobSummary {
 
 /// Called from a runtime thread, one call at a time, in epoch order.
 struct JobCallbacks {
-  std::function<void(const EpochMetrics&)> on_epoch;
+  std::function<void(const EpochMetrics&)> on_epoch;  ///< each epoch's line, when every worker has finished it
   std::function<void(const EvalPoint&)> on_eval;  ///< --eval-every evaluations
   std::function<void(const Progress&)> on_progress;  ///< about twice a second while training
   /// Once, after training and before the summary: the final parameters in

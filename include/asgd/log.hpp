@@ -8,6 +8,8 @@
 
 namespace asgd {
 
+/// The levels, least severe first: a sink gets the lines at or above the
+/// level given to set_log_sink; off silences asgd.
 enum class LogLevel { trace, debug, info, warn, error, off };
 
 /// One log line: its level and its text (no time stamp, no newline).

@@ -74,6 +74,7 @@ class ModelSpec {
     l.bias = bias;
     return *this;
   }
+  /// y = max(x, 0), elementwise (torch.nn.ReLU).
   ModelSpec& relu() {
     push(Layer::Kind::relu);
     return *this;
@@ -111,6 +112,8 @@ class ModelSpec {
     push(Layer::Kind::dropout).p = p;
     return *this;
   }
+  /// (C, H, W) -> (C * H * W) (torch.nn.Flatten); dense layers flatten by
+  /// themselves, so this only names the step.
   ModelSpec& flatten() {
     push(Layer::Kind::flatten);
     return *this;
@@ -131,7 +134,9 @@ class ModelSpec {
     return *this;
   }
 
+  /// The name given to the constructor.
   const std::string& name() const { return name_; }
+  /// The layers added so far, in order.
   const std::vector<Layer>& layers() const { return layers_; }
 
   /// The spec as JSON text (what a checkpoint records), and back. from_json

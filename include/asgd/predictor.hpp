@@ -76,10 +76,13 @@ class Predictor {
   /// resnet18 on 28x28 images).
   Result<std::vector<int>> predict(std::span<const float> samples);
 
+  /// The model's name (ModelSpec's, or a built-in model's: "mlp", ...).
   const std::string& model() const;
+  /// Classes the model scores: predictions are in [0, classes()).
   std::size_t classes() const;
   /// Values per sample: C * H * W.
   std::size_t sample_size() const;
+  /// A sample's shape, (C, H, W).
   const std::vector<std::size_t>& sample_shape() const;
 
  private:

@@ -21,6 +21,7 @@ class JobHandle {
   const Result<JobSummary>& wait() const;
   /// Waits at most `timeout`; true when the job has ended.
   bool wait_for(std::chrono::milliseconds timeout) const;
+  /// True once the job has ended (wait() would not block).
   bool done() const;
   /// Asks the job to stop; it ends soon after (within about 100 ms) with
   /// StatusCode::cancelled. Does nothing once it has ended.

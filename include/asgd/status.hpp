@@ -32,6 +32,7 @@ class Status {
  public:
   Status() = default;  // ok
 
+  /// One factory per code: `return Status::NotFound("file " + path);`.
   static Status InvalidArgument(std::string msg) { return {StatusCode::invalid_argument, std::move(msg)}; }
   static Status NotFound(std::string msg) { return {StatusCode::not_found, std::move(msg)}; }
   static Status Corruption(std::string msg) { return {StatusCode::corruption, std::move(msg)}; }
@@ -47,6 +48,7 @@ class Status {
     return {code == StatusCode::ok ? StatusCode::internal : code, std::move(msg)};
   }
 
+  /// The code, and the message (empty when ok).
   bool ok() const { return code_ == StatusCode::ok; }
   StatusCode code() const { return code_; }
   const std::string& message() const { return message_; }
@@ -69,13 +71,16 @@ class Result {
     assert(!std::get<Status>(v_).ok() && "Result built from an ok Status");
   }
 
+  /// Whether it holds a value; `if (result)` asks the same.
   bool ok() const { return std::holds_alternative<T>(v_); }
   explicit operator bool() const { return ok(); }
 
+  /// The error, or an ok Status when it holds a value.
   const Status& status() const {
     static const Status kOk;
     return ok() ? kOk : std::get<Status>(v_);
   }
+  /// The value (ok() only); `->` and `*` reach it too.
   T& value() & { assert(ok()); return std::get<T>(v_); }
   const T& value() const& { assert(ok()); return std::get<T>(v_); }
   T&& value() && { assert(ok()); return std::get<T>(std::move(v_)); }

@@ -122,6 +122,30 @@ TEST(ClusterCli, TheDeviceIsCheckedWhereTheWorkerRunsNotOnTheCoordinatorsHost) {
   EXPECT_NE(coord.err.find("(on "), std::string::npos) << "the worker's host is not named: " << coord.err;
 }
 
+// `asgd worker --device D` computes on D whatever the job's --device
+// says for its index: here on the CPU of a job meant for GPUs, which then
+// finishes on any machine.
+TEST(ClusterCli, AWorkersDeviceFlagReplacesTheJobsItemForIt) {
+  const std::string mnist = asgd_test::dataset_dir("mnist").string();
+  expect_one_line_error(asgd("worker --coordinator tcp://127.0.0.1:1 --device gpu"), 2,
+                        "--device: unknown device 'gpu' (expected cpu, cuda or cuda:K)");
+  const int port = asgd_test::free_port();
+  ASSERT_GT(port, 0);
+  const std::string at = "tcp://127.0.0.1:" + std::to_string(port);
+  auto coordinator = std::async(std::launch::async, [&] {
+    return asgd("coordinator --device cuda:7 --workers 1 --shards 1 --epochs 1 --join-timeout 30 --listen " + at +
+                " --data-dir " + mnist);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  auto shard = std::async(std::launch::async, [&] { return asgd("shard --coordinator " + at); });
+  const CliRun worker = asgd("worker --device cpu --coordinator " + at + " --data-dir " + mnist);
+  const CliRun coord = coordinator.get();
+  shard.get();
+  EXPECT_EQ(worker.exit_code, 0) << worker.err;
+  ASSERT_EQ(coord.exit_code, 0) << coord.err;
+  EXPECT_NE(coord.out.find("done: test accuracy"), std::string::npos) << coord.out;
+}
+
 TEST(TrainCli, RefusesAJobWhoseWorkersGetLessThanABatchEachWithAdvice) {
   const CliRun r = asgd("train --data-dir " + asgd_test::dataset_dir("mnist").string() + " --workers 64 --batch 4096");
   // (After the data has loaded: its size decides.)

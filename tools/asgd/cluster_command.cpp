@@ -14,6 +14,7 @@
 #include "base/cpu_binding.hpp"
 #include "base/log.hpp"
 #include "base/cpus.hpp"
+#include "compute/device.hpp"
 #include "messaging/curve_auth.hpp"
 #include "runtime/cluster.hpp"
 #include "runtime/local_cluster.hpp"
@@ -38,6 +39,7 @@ struct ProcessFlags {
   std::string shared_memory = "on";  // --shared-memory on|off
   std::uint32_t busy_poll_us = 0;    // --busy-poll-us N
   std::string cpus;                  // shard, worker: --cpus LIST
+  std::string device;                // worker: --device D, instead of its item of the job's --device
   std::string scheduling = "normal";  // shard, worker: --scheduling normal|batch
   std::string bind_workers = "auto";  // asgd cluster: --bind-workers auto|off
   std::string worker_scheduling = "batch";  // asgd cluster: --worker-scheduling batch|normal
@@ -157,6 +159,7 @@ ProcessOptions process_options(const ProcessFlags& pf) {
   po.listen = pf.listen;
   po.join_timeout_s = pf.join_timeout_s;
   po.data_dir = pf.data_dir;
+  po.device = pf.device;
   if (pf.index >= 0) po.index = static_cast<std::uint32_t>(pf.index);
   po.shared_memory = pf.shared_memory == "on";
   po.busy_poll = std::chrono::microseconds(pf.busy_poll_us);
@@ -418,6 +421,16 @@ std::function<int(const std::string&)> add_cluster_commands(CLI::App& app) {
   add_auth_flags(worker, all->worker, true);
   worker->add_option("--data-dir", all->worker.data_dir, "the dataset's folder on this host (default: the job's)")
       ->type_name("DIR");
+  worker->add_option("--device", all->worker.device,
+                     "compute here on cpu, cuda (GPU 0) or cuda:K instead of the job's --device item for this "
+                     "worker's index")
+      ->type_name("DEVICE")
+      ->check(CLI::Validator(
+          [](std::string& text) {
+            auto device = Device::parse(text);
+            return device ? std::string() : device.status().message();
+          },
+          "", "device"));
   add_log_flags(worker, all->worker.log);
   return [all](const std::string& name) {
     if (name == "cluster") return run_cluster(all->cluster_job, all->cluster, all->launch);

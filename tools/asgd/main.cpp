@@ -95,7 +95,7 @@ std::string explain_parse_error(CLI::App& app, const std::vector<std::string>& t
 // built beside asgd) so that building asgd does not wait for them: every
 // argument after `bench` is passed on unread, --help included.
 std::function<int()> add_bench_passthrough(CLI::App& app) {
-  auto* bench = app.add_subcommand("bench", "benchmarks: runtime, comm, compute, load (the program asgd-bench)");
+  auto* bench = app.add_subcommand("bench", "benchmarks: runtime, comm, compute, load, allreduce (the program asgd-bench)");
   bench->prefix_command();
   bench->set_help_flag();
   bench->allow_extras();
