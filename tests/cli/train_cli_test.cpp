@@ -98,52 +98,52 @@ TEST(TrainCli, LinksNoCudaLibraryAndAPluginThatCannotBeUsedIsNoGpuSayingWhy) {
                         fake + " is the CUDA backend of another build of asgd (build another-build");
 }
 
+// A job of one shard and one worker as three processes started by hand:
+// the coordinator's and the worker's runs.
+struct ByHand {
+  CliRun coordinator, worker;
+};
+ByHand run_by_hand(const std::string& coordinator_flags, const std::string& worker_flags) {
+  const std::string mnist = asgd_test::dataset_dir("mnist").string();
+  const int port = asgd_test::free_port();
+  EXPECT_GT(port, 0);
+  const std::string at = "tcp://127.0.0.1:" + std::to_string(port);
+  auto coordinator = std::async(std::launch::async, [&] {
+    return asgd("coordinator " + coordinator_flags + " --workers 1 --shards 1 --join-timeout 30 --listen " + at +
+                " --data-dir " + mnist);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  auto shard = std::async(std::launch::async, [&] { return asgd("shard --coordinator " + at); });
+  ByHand runs;
+  runs.worker = asgd("worker " + worker_flags + " --coordinator " + at + " --data-dir " + mnist);
+  runs.coordinator = coordinator.get();
+  shard.get();
+  return runs;
+}
+
 // Issue 20: the coordinator's host need not have the workers' GPU. A
 // coordinator for --device cuda starts here without one; the worker that
 // lacks the GPU refuses, naming its host, and the job ends with that.
 TEST(ClusterCli, TheDeviceIsCheckedWhereTheWorkerRunsNotOnTheCoordinatorsHost) {
   if (asgd::cuda_device_count() > 0) GTEST_SKIP() << "this machine has a GPU";
-  const std::string mnist = asgd_test::dataset_dir("mnist").string();
-  const int port = asgd_test::free_port();
-  ASSERT_GT(port, 0);
-  const std::string at = "tcp://127.0.0.1:" + std::to_string(port);
-  auto coordinator = std::async(std::launch::async, [&] {
-    return asgd("coordinator --device cuda --workers 1 --shards 1 --join-timeout 30 --listen " + at +
-                " --data-dir " + mnist);
-  });
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
-  auto shard = std::async(std::launch::async, [&] { return asgd("shard --coordinator " + at); });
-  const CliRun worker = asgd("worker --coordinator " + at + " --data-dir " + mnist);
-  const CliRun coord = coordinator.get();
-  shard.get();
-  EXPECT_EQ(worker.exit_code, 2) << worker.err;
-  EXPECT_EQ(coord.exit_code, 2) << coord.err;
-  EXPECT_NE(coord.err.find("worker 0: --device cuda: no usable CUDA device"), std::string::npos) << coord.err;
-  EXPECT_NE(coord.err.find("(on "), std::string::npos) << "the worker's host is not named: " << coord.err;
+  const ByHand r = run_by_hand("--device cuda", "");
+  EXPECT_EQ(r.worker.exit_code, 2) << r.worker.err;
+  EXPECT_EQ(r.coordinator.exit_code, 2) << r.coordinator.err;
+  EXPECT_NE(r.coordinator.err.find("worker 0: --device cuda: no usable CUDA device"), std::string::npos)
+      << r.coordinator.err;
+  EXPECT_NE(r.coordinator.err.find("(on "), std::string::npos) << "the worker's host is not named: " << r.coordinator.err;
 }
 
 // `asgd worker --device D` computes on D whatever the job's --device
 // says for its index: here on the CPU of a job meant for GPUs, which then
 // finishes on any machine.
 TEST(ClusterCli, AWorkersDeviceFlagReplacesTheJobsItemForIt) {
-  const std::string mnist = asgd_test::dataset_dir("mnist").string();
   expect_one_line_error(asgd("worker --coordinator tcp://127.0.0.1:1 --device gpu"), 2,
                         "--device: unknown device 'gpu' (expected cpu, cuda or cuda:K)");
-  const int port = asgd_test::free_port();
-  ASSERT_GT(port, 0);
-  const std::string at = "tcp://127.0.0.1:" + std::to_string(port);
-  auto coordinator = std::async(std::launch::async, [&] {
-    return asgd("coordinator --device cuda:7 --workers 1 --shards 1 --epochs 1 --join-timeout 30 --listen " + at +
-                " --data-dir " + mnist);
-  });
-  std::this_thread::sleep_for(std::chrono::milliseconds(500));
-  auto shard = std::async(std::launch::async, [&] { return asgd("shard --coordinator " + at); });
-  const CliRun worker = asgd("worker --device cpu --coordinator " + at + " --data-dir " + mnist);
-  const CliRun coord = coordinator.get();
-  shard.get();
-  EXPECT_EQ(worker.exit_code, 0) << worker.err;
-  ASSERT_EQ(coord.exit_code, 0) << coord.err;
-  EXPECT_NE(coord.out.find("done: test accuracy"), std::string::npos) << coord.out;
+  const ByHand r = run_by_hand("--device cuda:7 --epochs 1", "--device cpu");
+  EXPECT_EQ(r.worker.exit_code, 0) << r.worker.err;
+  ASSERT_EQ(r.coordinator.exit_code, 0) << r.coordinator.err;
+  EXPECT_NE(r.coordinator.out.find("done: test accuracy"), std::string::npos) << r.coordinator.out;
 }
 
 TEST(TrainCli, RefusesAJobWhoseWorkersGetLessThanABatchEachWithAdvice) {

@@ -353,6 +353,42 @@ int run_cluster(const JobOptions& jo, const ProcessFlags& pf, LaunchFlags lf) {
 
 }  // namespace
 
+// asgd cluster's flags for a rank a launcher started (Slurm, MPI, ...).
+void add_launch_flags(CLI::App* cluster, LaunchFlags& launch) {
+  const std::string launched = "Under a launcher (each rank runs this same command)";
+  cluster->add_option("--launcher", launch.launcher,
+                      "who started this process: auto | local | env | slurm | mpi | kubernetes | torchrun "
+                      "(default auto: read from the environment; local: start the processes here)")
+      ->type_name("NAME")
+      ->group(launched);
+  cluster->add_option("--port", launch.port,
+                      "the coordinator's port when the launcher gives none (default: derived from Slurm's job id)")
+      ->type_name("P")
+      ->group(launched);
+  cluster->add_option("--rendezvous", launch.rendezvous,
+                      "a file on a filesystem every rank shares: rank 0 writes its endpoint there, the others wait "
+                      "for it (MPI without ASGD_COORDINATOR)")
+      ->type_name("FILE")
+      ->group(launched);
+  cluster->add_option("--address", launch.address,
+                      "this rank's address to listen on and announce (default $ASGD_ADDRESS, else the one that "
+                      "routes to the coordinator)")
+      ->type_name("ADDR")
+      ->group(launched);
+  cluster->add_option("--interface", launch.interface,
+                      "listen on and announce the address of this network interface (eth0, ib0, ...)")
+      ->type_name("NAME")
+      ->group(launched);
+  cluster->add_option("--collective", launch.collective,
+                      "allreduce's all-reduce among the workers: own (asgd's ring, or shared memory on one host) | "
+                      "mpi (Open MPI's MPI_Allreduce; under mpirun) (default own)")
+      ->type_name("NAME")
+      ->group(launched);
+  cluster->add_flag("--print-layout", launch.print_layout,
+                    "print what this rank detected (launcher, rank, role, coordinator, address) and exit")
+      ->group(launched);
+}
+
 std::function<int(const std::string&)> add_cluster_commands(CLI::App& app) {
   struct All {
     JobOptions cluster_job, coord_job;
@@ -374,38 +410,7 @@ std::function<int(const std::string&)> add_cluster_commands(CLI::App& app) {
   add_shared_memory_flag(cluster, all->cluster.shared_memory);
   add_busy_poll_flag(cluster, all->cluster.busy_poll_us);
   add_worker_placement_flags(cluster, all->cluster);
-  const std::string launched = "Under a launcher (each rank runs this same command)";
-  cluster->add_option("--launcher", all->launch.launcher,
-                      "who started this process: auto | local | env | slurm | mpi | kubernetes | torchrun "
-                      "(default auto: read from the environment; local: start the processes here)")
-      ->type_name("NAME")
-      ->group(launched);
-  cluster->add_option("--port", all->launch.port,
-                      "the coordinator's port when the launcher gives none (default: derived from Slurm's job id)")
-      ->type_name("P")
-      ->group(launched);
-  cluster->add_option("--rendezvous", all->launch.rendezvous,
-                      "a file on a filesystem every rank shares: rank 0 writes its endpoint there, the others wait "
-                      "for it (MPI without ASGD_COORDINATOR)")
-      ->type_name("FILE")
-      ->group(launched);
-  cluster->add_option("--address", all->launch.address,
-                      "this rank's address to listen on and announce (default $ASGD_ADDRESS, else the one that "
-                      "routes to the coordinator)")
-      ->type_name("ADDR")
-      ->group(launched);
-  cluster->add_option("--interface", all->launch.interface,
-                      "listen on and announce the address of this network interface (eth0, ib0, ...)")
-      ->type_name("NAME")
-      ->group(launched);
-  cluster->add_option("--collective", all->launch.collective,
-                      "allreduce's all-reduce among the workers: own (asgd's ring, or shared memory on one host) | "
-                      "mpi (Open MPI's MPI_Allreduce; under mpirun) (default own)")
-      ->type_name("NAME")
-      ->group(launched);
-  cluster->add_flag("--print-layout", all->launch.print_layout,
-                    "print what this rank detected (launcher, rank, role, coordinator, address) and exit")
-      ->group(launched);
+  add_launch_flags(cluster, all->launch);
   auto* coord = app.add_subcommand("coordinator", "run the coordinator of a job whose shards and workers connect to it");
   add_job_flags(coord, all->coord_job, false);
   add_process_flags(coord, all->coord, true, false);
