@@ -621,7 +621,7 @@ int run_load(const LoadOptions& o) {
     }
   }
   if (unanswered.load() > 0) problems.push_back(std::to_string(unanswered.load()) + " pushes were never answered");
-  for (const auto& s : shards) bridge->send(s->peer, encode(Shutdown{"the load bench is done"}, bridge->next_id()));
+  for (const auto& s : shards) bridge->send(s->peer, encode(Shutdown{std::string(messaging::kJobDone)}, bridge->next_id()));
   std::vector<std::string> shard_lines;
   for (std::uint32_t i = 0; i < o.shards; ++i) {
     const int code = shards[i]->stop(std::chrono::seconds(10));

@@ -24,6 +24,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "messaging/protocol.hpp"
@@ -164,6 +165,9 @@ decltype(auto) fields(F&& f, CheckpointRequest& x) {
 struct Shutdown {
   std::string reason;
 };
+/// Shutdown's reason when the job has finished; any other reason (a
+/// failure, a cancellation, a refusal) makes the process exit with a failure.
+inline constexpr std::string_view kJobDone = "the job is done";
 template <class F>
 decltype(auto) fields(F&& f, Shutdown& x) {
   return f(x.reason);

@@ -77,6 +77,14 @@ class Supervision {
   /// allreduce or gossip (the others' collective no longer waits for it, so
   /// it must not write to their shared all-reduce after all).
   std::function<void(bool shard, std::uint32_t index, std::uint32_t pid)> on_silent;
+  /// Set by the supervisor's side; the coordinator calls it once, before it
+  /// tells the processes that the job has ended (done, failed or
+  /// cancelled): from then on a process that exits is not started again.
+  std::function<void()> on_stopping;
+  /// Set by the supervisor's side; called (from read_supervision's thread)
+  /// when the supervisor is gone: nobody restarts or ends the processes
+  /// any more, so the coordinator should stop the job.
+  std::function<void()> on_supervisor_gone;
 
  private:
   std::mutex mu_;

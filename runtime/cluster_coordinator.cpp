@@ -222,7 +222,10 @@ Result<JobSummary> run_coordinator_process(const JobConfig& config, const Proces
   bool stopped = false;
   auto say_stop = [&](const std::string& why) {
     if (std::exchange(stopped, true)) return;
-    if (o.supervision) o.supervision->listen(nullptr);
+    if (o.supervision) {
+      o.supervision->listen(nullptr);
+      if (o.supervision->on_stopping) o.supervision->on_stopping();
+    }
     main->request(registry, std::chrono::seconds(10), stop_atom::value, why)
         .receive([](bool) {},
                  [](caf::error& err) { logger().warn("coordinator: the registry did not stop: {}", to_string(err)); });
@@ -264,10 +267,10 @@ Result<JobSummary> run_coordinator_process(const JobConfig& config, const Proces
   logger().info("coordinator: evaluates on {} thread(s): {} usable CPU(s), shared with {} worker process(es) of this job",
                 hooks.compute_threads, usable_cpus(), workers_here);
   hooks.before_shutdown = [&](const Status& outcome) {
-    say_stop(outcome.ok() ? "the job is done" : "the job failed: " + outcome.message());
+    say_stop(outcome.ok() ? std::string(kJobDone) : "the job failed: " + outcome.message());
   };
   auto result = run_job_with(config, callbacks, stop, hooks);
-  say_stop(result.ok() ? "the job is done" : "the job failed: " + result.status().message());
+  say_stop(result.ok() ? std::string(kJobDone) : "the job failed: " + result.status().message());
   log_refused("coordinator", bridge->stats());
   return result;
 }

@@ -22,6 +22,7 @@ using alive_atom = caf::atom_constant<caf::atom("alive")>;
 using done_atom = caf::atom_constant<caf::atom("done")>;
 
 inline constexpr auto kHeartbeatEvery = std::chrono::seconds(1);
+using messaging::kJobDone;
 // A process that registers for a shard's slot during the job takes it only
 // once the process there has missed this many seconds of heartbeats.
 inline constexpr auto kPresumedDead = std::chrono::milliseconds(2500);

@@ -419,7 +419,7 @@ void exited(Self self, const ProcessExit& e) {
     const auto& slot = e.index < st.workers.size() ? st.workers[e.index] : std::nullopt;
     if (slot && slot->reg.pid == e.pid) tell_coordinator(self, lost_atom::value, e.index, e.what);
   } else if (!e.restarting) {
-    tell_coordinator(self, failed_atom::value, static_cast<std::int32_t>(StatusCode::internal),
+    tell_coordinator(self, failed_atom::value, static_cast<std::int32_t>(StatusCode::unavailable),
                      e.what + "; the job stops");
   } else {
     logger().warn("{}; its supervisor starts it again", e.what);

@@ -25,8 +25,12 @@ namespace asgd {
 
 namespace {
 
+constexpr std::string_view kSupervision = "asgd supervision: ";  // lines for the supervisor, not shown
 constexpr std::string_view kSilent = "asgd supervision: silent ";
+constexpr std::string_view kAlive = "asgd supervision: alive";
+constexpr std::string_view kStopping = "asgd supervision: stopping";
 constexpr std::string_view kListening = "coordinator listening on ";
+constexpr auto kAliveEvery = std::chrono::seconds(1);
 using SteadyClock = std::chrono::steady_clock;
 
 }  // namespace
@@ -68,7 +72,8 @@ struct LocalCluster::Child {
         partial.erase(0, nl + 1);
       }
     }
-    for (const auto& l : lines) std::printf("[%s] %s\n", name.c_str(), l.c_str());
+    for (const auto& l : lines)
+      if (!l.starts_with(kSupervision)) std::printf("[%s] %s\n", name.c_str(), l.c_str());
     std::fflush(stdout);
     return lines;
   }
@@ -154,14 +159,18 @@ Result<int> LocalCluster::run(std::stop_token stop) {
   children_.push_back(std::move(coordinator).value());
   supervise(stop);
   drain_and_reap();
+  const Child& ended = *children_[0];
+  if (WIFSIGNALED(ended.status)) logger().error("the coordinator (pid {}) {}", ended.pid, ended.how_it_ended());
   int failed = 0;
   for (std::size_t i = 1; i < children_.size(); ++i)
     if (children_[i]->exit_status() != 0 && !children_[i]->replaced) ++failed;
-  if (failed > 0) logger().warn("{} of the shard and worker processes did not exit cleanly", failed);
+  // (When the job failed, the others were told so and exit with a failure too.)
+  if (failed > 0 && ended.exit_status() == 0)
+    logger().warn("{} of the shard and worker processes did not exit cleanly", failed);
   for (const auto& [role, counts] : {std::pair{"shard", &shard_restarts_}, std::pair{"worker", &worker_restarts_}})
     for (std::uint32_t i = 0; i < counts->size(); ++i)
       if ((*counts)[i] > 0) logger().info("{} {}'s process was restarted {} time(s)", role, i, (*counts)[i]);
-  return children_[0]->exit_status();
+  return ended.exit_status();
 }
 
 // Waits for the coordinator's endpoint, starts the others, and keeps them
@@ -188,6 +197,14 @@ void LocalCluster::supervise(std::stop_token stop) {
     }
     if (stop.stop_requested()) {
       // Ctrl-C: the coordinator stops the job and tells the others.
+      stop_all(SIGTERM);
+      return;
+    }
+    if (started && coordinator_silent()) {
+      logger().error("the coordinator (pid {}) has said nothing for {:g} s (--heartbeat-timeout): it is stopped or "
+                     "hung; ending it (SIGKILL) and the job",
+                     coordinator.pid, options_.coordinator_silence_s);
+      kill(coordinator.pid, SIGKILL);
       stop_all(SIGTERM);
       return;
     }
@@ -219,6 +236,8 @@ void LocalCluster::read_output(std::string& endpoint, std::vector<std::string>& 
       if (c != children_[0]) continue;
       if (endpoint.empty() && line.starts_with(kListening)) endpoint = line.substr(kListening.size());
       if (line.starts_with(kSilent)) silent.push_back(line.substr(kSilent.size()));
+      if (line.starts_with(kAlive)) last_alive_ = SteadyClock::now();
+      if (line.starts_with(kStopping)) stopping_ = true;
     }
   }
 }
@@ -271,18 +290,25 @@ bool LocalCluster::start_roles(const std::string& endpoint) {
 // a process dies").
 void LocalCluster::restart_dead(std::stop_token stop) {
   std::vector<std::unique_ptr<Child>> restarted;
+  // A process that gave up on a coordinator gone quiet is not restarted
+  // while it is quiet: it may be stopped (then it is ended), not slow.
+  const bool coordinator_heard =
+      last_alive_ && SteadyClock::now() - *last_alive_ < 2 * kAliveEvery + std::chrono::milliseconds(500);
   for (auto& c : children_) {
-    if (!(c->shard || c->worker) || !c->exited || c->replaced || children_[0]->exited || stop.stop_requested())
+    if (!(c->shard || c->worker) || !c->exited || c->replaced || children_[0]->exited || stop.stop_requested() ||
+        (!coordinator_heard && !stopping_))
       continue;
     c->replaced = true;
     if (WIFEXITED(c->status) && WEXITSTATUS(c->status) == 0) continue;
+    const bool usage_error = WIFEXITED(c->status) && WEXITSTATUS(c->status) == options_.usage_exit_status;
+    if (stopping_ && !usage_error) continue;  // the job has ended: told to stop, it said why itself
     std::string what = c->name + " (pid " + std::to_string(c->pid) + ") " + c->how_it_ended();
     std::uint32_t& count = (c->shard ? shard_restarts_ : worker_restarts_)[c->index];
     // Why it stays dead, if it does.
     std::string given_up;
     if (c->shard && !options_.shards_restartable)
       given_up = "the job writes no checkpoints (--checkpoint-dir), so it cannot be restarted";
-    else if (WIFEXITED(c->status) && WEXITSTATUS(c->status) == options_.usage_exit_status)
+    else if (usage_error)
       given_up = "that status is a usage error (its arguments or this host refused), which a restart would repeat";
     else if (count >= options_.max_restarts)
       given_up = fmt::format("it was restarted {} time(s) already and --max-restarts is {}", count,
@@ -307,6 +333,14 @@ void LocalCluster::restart_dead(std::stop_token stop) {
     restarted.push_back(std::move(again).value());
   }
   for (auto& c : restarted) children_.push_back(std::move(c));
+}
+
+// Whether the coordinator, which says it is alive each second, has said
+// nothing for --heartbeat-timeout (only once it has said it at all: before,
+// it is starting, and --join-timeout applies).
+bool LocalCluster::coordinator_silent() const {
+  if (!last_alive_ || children_[0]->exited) return false;
+  return SteadyClock::now() - *last_alive_ > std::chrono::duration<double>(options_.coordinator_silence_s);
 }
 
 void LocalCluster::tell_coordinator(const Child& c, bool restarting, std::string what) {
@@ -360,6 +394,20 @@ void LocalCluster::drain_and_reap() {
     while (c->out >= 0) c->pump();
 }
 
+std::string stopping_line() { return std::string(kStopping); }
+
+void say_alive(std::stop_token stop) {
+  auto next = SteadyClock::now();
+  while (!stop.stop_requested()) {
+    if (SteadyClock::now() >= next) {
+      std::printf("%.*s\n", static_cast<int>(kAlive.size()), kAlive.data());
+      std::fflush(stdout);
+      next += kAliveEvery;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+}
+
 std::string silent_process_line(bool shard, std::uint32_t index, std::uint32_t pid) {
   return std::string(kSilent) + (shard ? "shard " : "worker ") + std::to_string(index) + " pid " + std::to_string(pid);
 }
@@ -371,7 +419,10 @@ void read_supervision(std::stop_token stop, const std::shared_ptr<Supervision>& 
     pollfd p{STDIN_FILENO, POLLIN, 0};
     if (poll(&p, 1, 200) <= 0) continue;
     const ssize_t n = read(STDIN_FILENO, buf, sizeof buf);
-    if (n <= 0) return;  // the supervisor is gone
+    if (n <= 0) {  // the supervisor is gone
+      if (supervision->on_supervisor_gone) supervision->on_supervisor_gone();
+      return;
+    }
     pending.append(buf, static_cast<std::size_t>(n));
     std::size_t nl;
     while ((nl = pending.find('\n')) != std::string::npos) {

@@ -13,10 +13,17 @@
 //   exited shard|worker INDEX PID restarting|final TEXT
 // and the coordinator prints on stdout
 //   asgd supervision: silent shard|worker INDEX pid PID
-// (read_supervision and silent_process_line below are the coordinator's side).
+//   asgd supervision: alive        (each second; not shown)
+//   asgd supervision: stopping     (the job has ended: restart nothing)
+// (read_supervision, say_alive, stopping_line and silent_process_line below
+// are the coordinator's side). A coordinator that says nothing for
+// --heartbeat-timeout (stopped, hung) is ended, and the job with it; a
+// coordinator whose supervisor is gone (its stdin closed) stops the job.
 
+#include <chrono>
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <stop_token>
 #include <string>
 #include <string_view>
@@ -52,6 +59,10 @@ struct LocalClusterOptions {
   /// host (asgd's usage errors: a bad flag, a device it lacks). Such a
   /// process is not started again: it would refuse the same way.
   int usage_exit_status = 2;
+  /// How long the coordinator may say nothing before it is taken for
+  /// stopped or hung (the job's --heartbeat-timeout, at least 3 s, as the
+  /// shards and workers wait for it).
+  double coordinator_silence_s = 10.0;
 };
 
 class LocalCluster {
@@ -78,13 +89,23 @@ class LocalCluster {
   void stop_all(int signal);
   void drain_and_reap();
   void tell_coordinator(const Child& c, bool restarting, std::string what);
+  bool coordinator_silent() const;
 
   LocalClusterOptions options_;
   std::vector<std::unique_ptr<Child>> children_;  // [0]: the coordinator
   std::vector<std::uint32_t> shard_restarts_;
   std::vector<std::uint32_t> worker_restarts_;
   int to_coordinator_ = -1;  // the write end of the coordinator's stdin
+  std::optional<std::chrono::steady_clock::time_point> last_alive_;  // the coordinator's last "alive" line
+  bool stopping_ = false;  // the coordinator said the job has ended
 };
+
+/// The line a supervised coordinator prints before it tells the processes
+/// that the job has ended.
+std::string stopping_line();
+
+/// A supervised coordinator's "alive" line, printed each second until `stop`.
+void say_alive(std::stop_token stop);
 
 /// The line a supervised coordinator prints when shard `index`'s process
 /// `pid` is silent past --heartbeat-timeout.

@@ -246,6 +246,13 @@ TEST(ShardKilledWithoutCheckpoints, TheJobStopsWithinTheHeartbeatTimeoutNamingTh
   EXPECT_NE(text.find("shard 0 (pid " + std::to_string(*victim) + ") was killed by signal 9"), std::string::npos)
       << text;
   EXPECT_NE(text.find("cannot be restarted"), std::string::npos) << text;
+  // The others were told the job failed: they exit with a failure, saying
+  // why, and are not started again (nor is the failure called a bug).
+  for (const char* worker : {"worker 0", "worker 1"})
+    EXPECT_NE(text.find(std::string(worker) + ": the coordinator stopped it: the job failed: shard 0"), std::string::npos)
+        << text;
+  EXPECT_EQ(text.find("starting it again"), std::string::npos) << text;
+  EXPECT_EQ(text.find("internal error"), std::string::npos) << text;
   std::printf("shard 0 killed without checkpoints: the job stopped %.1f s later, exit %d\n", took, *code);
 }
 

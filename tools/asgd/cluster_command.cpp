@@ -3,6 +3,8 @@
 
 #include <spdlog/spdlog.h>
 
+#include <algorithm>
+#include <csignal>
 #include <cstdio>
 #include <filesystem>
 #include <memory>
@@ -178,14 +180,23 @@ int run_coordinator(const JobOptions& jo, const ProcessFlags& pf) {
   Interrupts interrupts;
   po.shards = config.shards;
   po.workers = config.workers;
-  std::jthread supervisor_lines;
+  std::jthread supervisor_lines, alive;
   if (pf.supervised) {
     po.supervision = std::make_shared<Supervision>();
     po.supervision->on_silent = [](bool shard, std::uint32_t index, std::uint32_t pid) {
       std::printf("%s\n", silent_process_line(shard, index, pid).c_str());
       std::fflush(stdout);
     };
+    po.supervision->on_stopping = [] {
+      std::printf("%s\n", stopping_line().c_str());
+      std::fflush(stdout);
+    };
+    po.supervision->on_supervisor_gone = [] {
+      logger().error("coordinator: the asgd cluster that started it has ended: stopping the job");
+      std::raise(SIGTERM);  // as if told to stop: the others are told too
+    };
     supervisor_lines = std::jthread(read_supervision, po.supervision);
+    alive = std::jthread(say_alive);
   }
   auto result = run_coordinator_process(config, po, progress_callbacks(config), interrupts.token(),
                                         [](const std::string& endpoint) {
@@ -266,6 +277,7 @@ LocalClusterOptions local_cluster_options(const JobOptions& jo, const ProcessFla
   o.role_args = {"--join-timeout", std::to_string(pf.join_timeout_s), "--log-level", jo.log.log_level,
                  "--shared-memory", pf.shared_memory, "--busy-poll-us", std::to_string(pf.busy_poll_us)};
   o.role_args.insert(o.role_args.end(), auth_args.begin(), auth_args.end());
+  o.coordinator_silence_s = std::max(config.heartbeat_timeout_s, 3.0);
   const auto cpu_sets = worker_cpu_sets(pf.bind_workers, config);
   // The workers under SCHED_BATCH: their threads hand each step to each
   // other (the reply's decoding, the next batch), and a wake-up that

@@ -1,0 +1,108 @@
+// `asgd cluster` and its coordinator watch each other: a coordinator that
+// is stopped or hung is ended within --heartbeat-timeout, naming it, and a
+// coordinator whose `asgd cluster` died stops the job, so that no process
+// of it trains on unsupervised. When the job fails, the shard and worker
+// processes say so in their exit status, and none is started again.
+
+#include <gtest/gtest.h>
+#include <signal.h>
+#include <sys/types.h>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "runtime/asgd_processes.hpp"
+#include "temp_dir.hpp"
+#include "test_data.hpp"
+
+namespace asgd {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+
+using asgd_test::child_with_args;
+using asgd_test::read_file;
+using asgd_test::start_asgd;
+using asgd_test::wait_exit;
+using asgd_test::wait_for_text;
+
+// A long default job as processes (2 workers, 1 shard), --heartbeat-timeout 3.
+pid_t start_long_cluster(const fs::path& data, const fs::path& log) {
+  return start_asgd({"cluster", "--epochs", "40", "--data-dir", data.string(), "--heartbeat-timeout", "3"}, log);
+}
+
+// Whether process `pid` has ended: gone, or a zombie nobody reaped yet
+// (an orphan's new parent may be slow to).
+bool ended(pid_t pid) {
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return true;
+  const auto close = line.rfind(')');
+  return close == std::string::npos || close + 2 >= line.size() || line[close + 2] == 'Z';
+}
+
+TEST(CoordinatorSupervision, AStoppedCoordinatorIsEndedWithinTheHeartbeatTimeoutAndNamed) {
+  ASGD_REQUIRE_DATASET(dir, "mnist");
+  const asgd_test::TempDir scratch;
+  const fs::path log = scratch / "cluster.log";
+  const pid_t cluster = start_long_cluster(dir, log);
+  ASSERT_GT(cluster, 0);
+  ASSERT_TRUE(wait_for_text(log, "worker 0: finished epoch 1:", std::chrono::seconds(120), cluster)) << read_file(log);
+  const auto coordinator = child_with_args(cluster, {"coordinator", "--supervised"});
+  ASSERT_TRUE(coordinator);
+  const auto stopped = Clock::now();
+  ASSERT_EQ(kill(*coordinator, SIGSTOP), 0);
+  const auto code = wait_exit(cluster, std::chrono::seconds(60));
+  const double took = std::chrono::duration<double>(Clock::now() - stopped).count();
+  const std::string text = read_file(log);
+  ASSERT_TRUE(code) << "asgd cluster waited on a stopped coordinator: " << text;
+  EXPECT_EQ(*code, 1) << text;
+  EXPECT_LE(took, 10.0) << text;  // 3 s of silence, then at most the others' 5 s to stop
+  EXPECT_NE(text.find("the coordinator (pid " + std::to_string(*coordinator) + ") has said nothing for 3 s"),
+            std::string::npos)
+      << text;
+  EXPECT_EQ(text.find("starting it again"), std::string::npos) << "restarted a process while the coordinator was stopped: "
+                                                              << text;
+  EXPECT_EQ(text.find("asgd supervision:"), std::string::npos) << "the supervisor's own lines were shown: " << text;
+  std::printf("a stopped coordinator: asgd cluster ended %.1f s later, exit %d\n", took, *code);
+}
+
+TEST(CoordinatorSupervision, WhenAsgdClusterDiesItsProcessesStopTheJobAndEnd) {
+  ASGD_REQUIRE_DATASET(dir, "mnist");
+  const asgd_test::TempDir scratch;
+  const fs::path log = scratch / "cluster.log";
+  const pid_t cluster = start_long_cluster(dir, log);
+  ASSERT_GT(cluster, 0);
+  ASSERT_TRUE(wait_for_text(log, "worker 0: finished epoch 1:", std::chrono::seconds(120), cluster)) << read_file(log);
+  std::vector<pid_t> processes;
+  for (const std::vector<std::string>& words : std::vector<std::vector<std::string>>{
+           {"coordinator", "--supervised"}, {"shard", "--index", "0"}, {"worker", "--index", "0"}, {"worker", "--index", "1"}}) {
+    const auto pid = child_with_args(cluster, words);
+    ASSERT_TRUE(pid) << words[0];
+    processes.push_back(*pid);
+  }
+  ASSERT_EQ(kill(cluster, SIGKILL), 0);
+  ASSERT_TRUE(wait_exit(cluster, std::chrono::seconds(10)));
+  const auto killed = Clock::now();
+  const auto all_ended = [&] {
+    for (pid_t p : processes)
+      if (!ended(p)) return false;
+    return true;
+  };
+  while (!all_ended() && Clock::now() - killed < std::chrono::seconds(30))
+    std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  const double took = std::chrono::duration<double>(Clock::now() - killed).count();
+  for (pid_t p : processes) {
+    EXPECT_TRUE(ended(p)) << "process " << p << " trains on without asgd cluster";
+    if (!ended(p)) kill(p, SIGKILL);
+  }
+  std::printf("asgd cluster killed: its 4 processes ended %.1f s later\n", took);
+}
+
+}  // namespace
+}  // namespace asgd
