@@ -247,12 +247,9 @@ Status serve_until_shutdown(Joined& j, const std::string& name, std::stop_token 
     auto in = j.inbox->pop(std::chrono::milliseconds(100));
     if (!in) continue;
     last_heard = SteadyClock::now();
-    if (auto* s = std::get_if<Shutdown>(&in->body)) {
-      if (s->reason == kJobDone) return {};
-      // The job failed, was cancelled, or let this process go: the
-      // process's exit status says so (a launcher's, systemd's view).
-      return Status::Cancelled(fmt::format("{}: the coordinator stopped it: {}", name, s->reason));
-    }
+    // The job failed, was cancelled, or let this process go: its exit status says so.
+    if (auto* s = std::get_if<Shutdown>(&in->body))
+      return s->reason == kJobDone ? Status{} : Status::Cancelled(name + ": the coordinator stopped it: " + s->reason);
     if (Status s = on_message(*in); !s.ok()) return s;
   }
   // Told to stop (SIGINT, SIGTERM): a clean end for a shard or worker.

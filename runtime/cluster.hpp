@@ -58,6 +58,12 @@ class Supervision {
     lock.unlock();
     listener(std::move(e));
   }
+  /// Coordinator side: the job is over; exits are no longer heard, and the
+  /// supervisor is told (on_stopping).
+  void job_over() {
+    listen(nullptr);
+    if (on_stopping) on_stopping();
+  }
   /// Coordinator side: `listener` hears every exit from now on (and at
   /// once those that came before); null stops it. It is called on the
   /// supervisor's thread and must not block.

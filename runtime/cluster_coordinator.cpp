@@ -222,10 +222,7 @@ Result<JobSummary> run_coordinator_process(const JobConfig& config, const Proces
   bool stopped = false;
   auto say_stop = [&](const std::string& why) {
     if (std::exchange(stopped, true)) return;
-    if (o.supervision) {
-      o.supervision->listen(nullptr);
-      if (o.supervision->on_stopping) o.supervision->on_stopping();
-    }
+    if (o.supervision) o.supervision->job_over();
     main->request(registry, std::chrono::seconds(10), stop_atom::value, why)
         .receive([](bool) {},
                  [](caf::error& err) { logger().warn("coordinator: the registry did not stop: {}", to_string(err)); });
