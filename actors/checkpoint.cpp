@@ -103,7 +103,11 @@ Status write_atomically(const std::string& file, const std::string& bytes) {
     return Status::IOError("cannot flush " + tmp.string() + ": " + why);
   }
   fs::rename(tmp, path, ec);
-  if (ec) return Status::IOError("cannot rename " + tmp.string() + " to " + path.string() + ": " + ec.message());
+  if (ec) {
+    const std::string failed = ec.message();
+    fs::remove(tmp, ec);  // nothing left behind
+    return Status::IOError("cannot rename " + tmp.string() + " to " + path.string() + ": " + failed);
+  }
   const fs::path dir = path.has_parent_path() ? path.parent_path() : fs::path(".");
   if (const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dfd >= 0) {
     ::fsync(dfd);

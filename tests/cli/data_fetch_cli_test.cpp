@@ -8,6 +8,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
 #include <string>
@@ -26,7 +27,7 @@ const char* kMnistFiles[] = {"train-images-idx3-ubyte.gz", "train-labels-idx1-ub
 // tests/cli/file_server.py serving `root`, stopped when this goes.
 class FileServer {
  public:
-  FileServer(const fs::path& root, const fs::path& log, long cut_first = 0) {
+  FileServer(const fs::path& root, const fs::path& log, long cut_first = 0, bool endless = false) {
     int out[2];
     if (::pipe(out) != 0) return;
     pid_ = ::fork();
@@ -36,7 +37,7 @@ class FileServer {
       const std::string script = std::string(ASGD_SOURCE_DIR) + "/tests/cli/file_server.py";
       const std::string cut = std::to_string(cut_first);
       ::execl("/usr/bin/python3", "python3", script.c_str(), root.c_str(), "--log", log.c_str(), "--cut-first",
-              cut.c_str(), static_cast<char*>(nullptr));
+              cut.c_str(), endless ? "--endless" : static_cast<char*>(nullptr), static_cast<char*>(nullptr));
       ::_exit(127);
     }
     ::close(out[1]);
@@ -116,6 +117,24 @@ TEST(DataFetch, ACorruptCopyOnTheServerFailsNamingTheFileAndLeavesNothingUnderIt
   EXPECT_FALSE(fs::exists(dir / "t10k-labels-idx1-ubyte.gz"));
   EXPECT_FALSE(fs::exists(dir / "t10k-labels-idx1-ubyte.gz.part"));
   EXPECT_TRUE(same_bytes(dir / "train-images-idx3-ubyte.gz", mnist / "train-images-idx3-ubyte.gz"));
+}
+
+// A mirror that sends more than a file has (no length, no end) is cut off
+// at the file's size: the disk does not fill, and nothing is kept.
+TEST(DataFetch, AMirrorThatSendsWithoutEndIsCutOffAtTheFilesSize) {
+  ASGD_REQUIRE_DATASET(mnist, "mnist");
+  TempDir tmp;
+  FileServer server(mnist.parent_path(), tmp / "requests.log", 0, /*endless=*/true);
+  ASSERT_GT(server.port(), 0);
+  const fs::path dir = tmp / "mnist";
+  const auto start = std::chrono::steady_clock::now();
+  const CliRun r = asgd("data fetch mnist --mirror " + server.url("mnist") + " --data-dir " + dir.string());
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  expect_one_line_error(r, 1, "train-images-idx3-ubyte.gz");
+  EXPECT_NE(r.err.find("sent more than the file's 9912422 bytes"), std::string::npos) << r.err;
+  EXPECT_LT(took, 60.0);
+  EXPECT_FALSE(fs::exists(dir / "train-images-idx3-ubyte.gz"));
+  EXPECT_FALSE(fs::exists(dir / "train-images-idx3-ubyte.gz.part"));
 }
 
 TEST(DataFetch, AnInterruptedDownloadResumesWhereItStopped) {

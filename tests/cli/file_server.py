@@ -5,9 +5,11 @@ Serves the files under ROOT with byte ranges (206 Partial Content), which
 Python's own http.server does not. Prints its port on stdout once it
 listens; logs each request ("GET PATH RANGE") to --log. With --cut-first N,
 the first response it sends carries N bytes of its body and then drops the
-connection, as a network failure would.
+connection, as a network failure would. With --endless, every file it
+has is answered with 200, no length, and bytes without end, as a broken or
+hostile mirror might.
 
-Usage: file_server.py ROOT [--log FILE] [--cut-first N]
+Usage: file_server.py ROOT [--log FILE] [--cut-first N] [--endless]
 """
 
 import argparse
@@ -23,6 +25,7 @@ def main():
     p.add_argument("root")
     p.add_argument("--log", default=os.devnull)
     p.add_argument("--cut-first", type=int, default=0)
+    p.add_argument("--endless", action="store_true")
     a = p.parse_args()
     cuts_left = [1 if a.cut_first > 0 else 0]
     lock = threading.Lock()
@@ -41,6 +44,16 @@ def main():
             if not os.path.isfile(path):
                 self.send_error(404)
                 return
+            if a.endless:
+                self.send_response(200)
+                self.send_header("Connection", "close")
+                self.end_headers()
+                block = b"\x1f" * (1 << 16)
+                try:
+                    while True:
+                        self.wfile.write(block)
+                except OSError:  # the client hung up
+                    return
             size = os.path.getsize(path)
             start = 0
             m = re.fullmatch(r"bytes=(\d+)-", rng)

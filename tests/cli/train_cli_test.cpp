@@ -1,6 +1,7 @@
 // The asgd binary as a user meets it: exit codes and one-line errors.
 
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <dlfcn.h>
 #include <sys/wait.h>
@@ -197,6 +198,26 @@ TEST(ExportCli, AMissingCheckpointIsExitCode2AndADamagedOneExitCode1) {
   expect_one_line_error(asgd("export --checkpoint " + dir.path().string() + " --out x.safetensors"), 1,
                         "model.ckpt");
   expect_one_line_error(asgd("export --out x.safetensors"), 2, "--checkpoint");
+}
+
+// --out is checked before anything is read or written: a folder, a pipe
+// or device (which the write's rename would replace), the checkpoint being
+// exported, or a file in a folder that does not exist is a usage error,
+// and nothing is created or replaced.
+TEST(ExportCli, RefusesAnOutputThatIsNotANewOrRegularFileOrIsTheCheckpointItself) {
+  const asgd_test::TempDir dir;
+  const std::string d = dir.path().string();
+  std::ofstream(dir.path() / "model.ckpt") << "ASGDCKPT but not really";
+  ASSERT_EQ(mkfifo((dir.path() / "pipe").c_str(), 0600), 0);
+  const std::string from = "export --checkpoint " + d + " --out ";
+  expect_one_line_error(asgd(from + d), 2, "is not a regular file (a folder)");
+  expect_one_line_error(asgd(from + d + "/pipe"), 2, "is not a regular file (a device, pipe or socket)");
+  expect_one_line_error(asgd(from + d + "/model.ckpt"), 2, "is the checkpoint being exported");
+  expect_one_line_error(asgd(from + d + "/missing/x.safetensors"), 2, "the folder " + d + "/missing does not exist");
+  EXPECT_FALSE(fs::exists(dir.path() / "missing"));
+  EXPECT_TRUE(fs::is_fifo(dir.path() / "pipe"));
+  EXPECT_EQ(slurp(dir.path() / "model.ckpt"), "ASGDCKPT but not really");
+  EXPECT_EQ(std::distance(fs::directory_iterator(dir.path()), fs::directory_iterator()), 2) << "litter left behind";
 }
 
 TEST(TrainCli, RejectsAnUnwritableMetricsFileWithExitCode2) {

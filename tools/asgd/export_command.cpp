@@ -9,6 +9,33 @@
 
 namespace asgd::cli {
 
+namespace {
+
+namespace fs = std::filesystem;
+
+// Where --out may go: a new file or a regular one (replaced), in a folder
+// that exists, and not the checkpoint it is made from.
+Status check_export_path(const std::string& out, const std::string& checkpoint) {
+  if (out.empty()) return Status::InvalidArgument("--out: empty; give the .safetensors file to write");
+  std::error_code ec;
+  const fs::path path(out);
+  const fs::file_status st = fs::status(path, ec);
+  if (fs::exists(st) && !fs::is_regular_file(st))
+    return Status::InvalidArgument("--out " + out + ": exists and is not a regular file (" +
+                                   (fs::is_directory(st) ? "a folder" : "a device, pipe or socket") +
+                                   "); give a file name");
+  const fs::path folder = path.has_parent_path() ? path.parent_path() : fs::path(".");
+  if (!fs::is_directory(folder, ec))
+    return Status::InvalidArgument("--out " + out + ": the folder " + folder.string() + " does not exist");
+  fs::path source(checkpoint);
+  if (fs::is_directory(source, ec)) source /= kCheckpointFile;
+  if (fs::exists(st) && fs::equivalent(path, source, ec))
+    return Status::InvalidArgument("--out " + out + ": is the checkpoint being exported; give another file");
+  return {};
+}
+
+}  // namespace
+
 std::function<int()> add_export_command(CLI::App& app) {
   struct Options {
     std::string checkpoint;
@@ -21,6 +48,10 @@ std::function<int()> add_export_command(CLI::App& app) {
       ->required();
   cmd->add_option("--out", o->out, "the .safetensors file to write")->type_name("FILE")->required();
   return [o] {
+    if (Status s = check_export_path(o->out, o->checkpoint); !s.ok()) {
+      print_error(s.message());
+      return kExitUsage;
+    }
     auto ckpt = read_checkpoint(o->checkpoint);
     if (!ckpt) {
       print_error(ckpt.status().message());

@@ -133,13 +133,21 @@ struct Transfer {
   std::uint64_t total = 0;
   std::chrono::steady_clock::time_point start = std::chrono::steady_clock::now();
   std::chrono::steady_clock::time_point drawn{};
+  std::uint64_t received = 0;  // this transfer's bytes
   bool write_failed = false;
+  bool too_long = false;  // the server sent more than the file has: nothing past `total` is written
 
   static std::size_t write(char* data, std::size_t size, std::size_t count, void* self) {
     auto* t = static_cast<Transfer*>(self);
-    const std::size_t n = std::fwrite(data, size, count, t->out);
-    if (n != count) t->write_failed = true;
-    return n * size;
+    const std::size_t bytes = size * count;
+    if (t->offset + t->received + bytes > t->total) {
+      t->too_long = true;
+      return 0;  // ends the transfer (CURLE_WRITE_ERROR)
+    }
+    const std::size_t n = std::fwrite(data, 1, bytes, t->out);
+    t->received += n;
+    if (n != bytes) t->write_failed = true;
+    return n;
   }
 
   static int progress(void* self, curl_off_t, curl_off_t now, curl_off_t, curl_off_t) {
@@ -202,6 +210,11 @@ std::string download(const std::string& url, const std::filesystem::path& part, 
     if (rc == CURLE_RANGE_ERROR && offset > 0) {  // the server cannot resume: start again from byte 0
       offset = 0;
       continue;
+    }
+    if (t.too_long) {
+      out.reset();
+      std::filesystem::remove(part, ec);
+      return fmt::format("the server sent more than the file's {} bytes: not {}", file.bytes, file.name);
     }
     if (t.write_failed || !flushed) return "cannot write " + part.string() + " (is the disk full?)";
     if (rc != CURLE_OK) {
