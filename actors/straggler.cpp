@@ -21,6 +21,16 @@ double Straggler::delay_s(std::uint64_t step, double compute_s) const {
   return delay;
 }
 
+namespace {
+
+// Beyond these a step's delay overflows the clock it is slept on (which
+// silently slept not at all); no experiment needs more.
+constexpr double kMaxStragglerFactor = 1e6;
+constexpr double kMaxPauseS = 86400;
+constexpr const char* kFactorRange = "needs a factor of at least 1 and at most 1000000";
+
+}  // namespace
+
 Result<std::vector<Straggler>> parse_stragglers(const std::string& text, std::uint32_t workers, std::uint64_t seed) {
   std::vector<Straggler> out(workers);
   for (std::uint32_t w = 0; w < workers; ++w) out[w].stream = mix_seed(seed, w, 0x5354524147474c52ULL);
@@ -40,7 +50,7 @@ Result<std::vector<Straggler>> parse_stragglers(const std::string& text, std::ui
       double p = 0, factor = 0;
       if (f.size() != 3 || !parse_number(f[1], p) || !parse_number(f[2], factor)) return bad("is not random:P:FACTOR");
       if (!(p > 0 && p <= 1)) return bad("needs a chance P in (0, 1]");
-      if (!(factor >= 1)) return bad("needs a factor of at least 1");
+      if (!(factor >= 1 && factor <= kMaxStragglerFactor)) return bad(kFactorRange);
       for (Straggler& s : out) {
         s.chance = p;
         s.chance_factor = factor;
@@ -53,7 +63,7 @@ Result<std::vector<Straggler>> parse_stragglers(const std::string& text, std::ui
         return bad("is not pause:WORKER:EVERY:SECONDS");
       if (Status s = worker(f[1], w); !s.ok()) return s;
       if (every < 1) return bad("needs a pause every 1 step or more");
-      if (!(seconds > 0)) return bad("needs a pause of more than 0 s");
+      if (!(seconds > 0 && seconds <= kMaxPauseS)) return bad("needs a pause of more than 0 s and at most 1 day");
       out[w].pause_every = every;
       out[w].pause_s = seconds;
     } else {
@@ -62,7 +72,7 @@ Result<std::vector<Straggler>> parse_stragglers(const std::string& text, std::ui
       if (f.size() != 2 || !parse_number(f[1], factor))
         return bad("is not WORKER:FACTOR, random:P:FACTOR or pause:WORKER:EVERY:SECONDS");
       if (Status s = worker(f[0], w); !s.ok()) return s;
-      if (!(factor >= 1)) return bad("needs a factor of at least 1");
+      if (!(factor >= 1 && factor <= kMaxStragglerFactor)) return bad(kFactorRange);
       out[w].factor = factor;
     }
   }

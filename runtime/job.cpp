@@ -109,17 +109,24 @@ Status validate_config(const JobConfig& c, bool named_dataset, bool devices_here
     return bad("target-accuracy", fmt::format("{:g}", *c.target_accuracy), "must be in (0, 1]");
   if (c.stop_at_target && !c.target_accuracy)
     return bad("stop-at-target", "true", "needs --target-accuracy (the accuracy to stop at)");
-  if (!(c.eval_every_s >= 0.0) || !std::isfinite(c.eval_every_s))
-    return bad("eval-every", fmt::format("{:g}", c.eval_every_s), "must be a number of seconds >= 0");
+  // (Waits longer than a week overflow the clocks they are measured on.)
+  constexpr double kWeek = 7 * 86400.0;
+  if (!(c.eval_every_s >= 0.0 && c.eval_every_s <= kWeek))
+    return bad("eval-every", fmt::format("{:g}", c.eval_every_s), "must be a number of seconds from 0 to a week (604800)");
   if (c.validation_size < 1) return bad("validation-size", "0", "must be >= 1");
   if (c.prefetch < 1) return bad("prefetch", "0", "must be >= 1");
   if (c.compress != "none" && c.compress != "fp16") return bad("compress", c.compress, "expected none or fp16");
-  if (!(c.rpc_timeout_s > 0.0) || !std::isfinite(c.rpc_timeout_s))
-    return bad("rpc-timeout", fmt::format("{:g}", c.rpc_timeout_s), "must be a positive number of seconds");
-  if (!(c.heartbeat_timeout_s > 0.0) || !std::isfinite(c.heartbeat_timeout_s))
-    return bad("heartbeat-timeout", fmt::format("{:g}", c.heartbeat_timeout_s), "must be a positive number of seconds");
-  if (!(c.checkpoint_every_s >= 0.0) || !std::isfinite(c.checkpoint_every_s))
-    return bad("checkpoint-every", fmt::format("{:g}", c.checkpoint_every_s), "must be 0 (off) or a number of seconds");
+  if (!(c.rpc_timeout_s > 0.0 && c.rpc_timeout_s <= kWeek))
+    return bad("rpc-timeout", fmt::format("{:g}", c.rpc_timeout_s), "must be more than 0 s and at most a week (604800)");
+  // Heartbeats go every second: a shorter timeout declares healthy processes dead.
+  if (!(c.heartbeat_timeout_s >= 2.0 && c.heartbeat_timeout_s <= kWeek))
+    return bad("heartbeat-timeout", fmt::format("{:g}", c.heartbeat_timeout_s),
+               "must be at least 2 s (heartbeats go every second) and at most a week (604800)");
+  if (c.threads > kMaxThreads)
+    return bad("threads", std::to_string(c.threads),
+               "must be at most " + std::to_string(kMaxThreads) + " (compute threads per worker; 0: the usable CPUs' share)");
+  if (!(c.checkpoint_every_s >= 0.0 && c.checkpoint_every_s <= kWeek))
+    return bad("checkpoint-every", fmt::format("{:g}", c.checkpoint_every_s), "must be 0 (off) or a number of seconds up to a week (604800)");
   if (!c.resume.empty() && !std::filesystem::is_directory(c.resume))
     return bad("resume", c.resume, "is not a folder of checkpoints");
   if (c.heartbeat_timeout_s >= c.rpc_timeout_s)

@@ -24,6 +24,9 @@ namespace asgd {
 /// job spends its time and memory on bookkeeping, not training.
 inline constexpr std::uint32_t kMaxWorkers = 1024;
 inline constexpr std::uint32_t kMaxShards = 1024;
+/// Compute threads per worker, at most (--threads): more than a machine has
+/// cores only time-shares them.
+inline constexpr std::uint32_t kMaxThreads = 256;
 
 /// Everything that defines one job. Each field is also a TOML key and a
 /// command-line flag of `asgd train`: the flag is the field name with '_'

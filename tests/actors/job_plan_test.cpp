@@ -109,7 +109,7 @@ TEST(JobPlan, BadSettingsAreRefusedNamingTheFlag) {
   c.straggler = "5:2";
   EXPECT_EQ(refusal(c), "--straggler 5:2: '5:2' names worker 5 of 2 (workers count from 0)");
   c.straggler = "0:0.5";
-  EXPECT_EQ(refusal(c), "--straggler 0:0.5: '0:0.5' needs a factor of at least 1");
+  EXPECT_EQ(refusal(c), "--straggler 0:0.5: '0:0.5' needs a factor of at least 1 and at most 1000000");
   c = {};
   c.policy = "no-such-policy";
   EXPECT_FALSE(refusal(c).empty());

@@ -224,6 +224,24 @@ TEST(TrainCli, RejectsAnUnwritableMetricsFileWithExitCode2) {
   expect_one_line_error(asgd("train --metrics-out /nonexistent/dir/m.jsonl"), 2, "/nonexistent/dir/m.jsonl");
 }
 
+// Values past what a clock or a machine can take are refused, naming the
+// flag: they used to overflow (an --rpc-timeout of 1e10 s timed out at
+// once, a straggler factor of 1e30 slowed nothing) or to harm (a
+// --heartbeat-timeout under the 1 s heartbeat killed healthy processes,
+// 100000 threads a worker ran 280 times slower).
+TEST(TrainCli, RefusesValuesThatWouldOverflowAClockOrHarmTheJob) {
+  const std::pair<const char*, const char*> cases[] = {
+      {"--heartbeat-timeout 0.5", "--heartbeat-timeout 0.5: must be at least 2 s"},
+      {"--rpc-timeout 1e10", "--rpc-timeout 1e+10: must be more than 0 s and at most a week"},
+      {"--eval-every 1e300", "--eval-every 1e+300: must be a number of seconds from 0 to a week"},
+      {"--threads 100000", "--threads 100000: must be at most 256"},
+      {"--straggler 0:1e30", "needs a factor of at least 1 and at most 1000000"},
+      {"--straggler pause:0:100:1e10", "needs a pause of more than 0 s and at most 1 day"}};
+  for (const auto& [flags, error] : cases) expect_one_line_error(asgd(std::string("train ") + flags), 2, error);
+  expect_one_line_error(asgd("cluster --join-timeout -1"), 2, "--join-timeout: expected a number above 0 and at most 604800");
+  expect_one_line_error(asgd("worker --coordinator tcp://127.0.0.1:5 --join-timeout 1e30"), 2, "got 1e30");
+}
+
 TEST(TrainCli, RejectsAnUnknownFlagWithExitCode2) {
   expect_one_line_error(asgd("train --wrokers 2"), 2, "wrokers");
 }

@@ -138,7 +138,8 @@ void add_process_flags(CLI::App* cmd, ProcessFlags& f, bool listens, bool needs_
                     "(default tcp://127.0.0.1:0)")
         ->type_name("ENDPOINT");
   cmd->add_option("--join-timeout", f.join_timeout_s, "seconds to wait for the other processes (default 60)")
-      ->type_name("S");
+      ->type_name("S")
+      ->check(positive(true, kLongestWaitS));
   if (needs_coordinator)
     cmd->add_option("--index", f.index, "ask for this index (default: the first free one)")->type_name("K");
   add_shared_memory_flag(cmd, f.shared_memory);
@@ -412,7 +413,8 @@ std::function<int(const std::string&)> add_cluster_commands(CLI::App& app) {
   add_job_flags(cluster, all->cluster_job, false);
   cluster->add_option("--join-timeout", all->cluster.join_timeout_s,
                       "seconds to wait for the processes to start and register (default 60)")
-      ->type_name("S");
+      ->type_name("S")
+      ->check(positive(true, kLongestWaitS));
   cluster->add_option("--max-restarts", all->cluster.max_restarts,
                       "start a worker process that died again (it rejoins at the next epoch), and with "
                       "--checkpoint-dir a shard process (it reloads its checkpoint): at most N times each "

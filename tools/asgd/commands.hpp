@@ -4,6 +4,7 @@
 // configuration error.
 
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
 
 #include <cstdlib>
 #include <filesystem>
@@ -34,19 +35,25 @@ inline CLI::Validator quietly(CLI::Validator v) {
   return v;
 }
 
-/// A number above 0 (`strictly`) or at least 0, refused in plain words (CLI11's
-/// own say "not in range 0.000000 to 1.797e308").
-inline CLI::Validator positive(bool strictly = true) {
+/// A number above 0 (`strictly`) or at least 0, and at most `most` when
+/// given, refused in plain words (CLI11's own say "not in range 0.000000 to
+/// 1.797e308").
+inline CLI::Validator positive(bool strictly = true, std::optional<double> most = std::nullopt) {
   return CLI::Validator(
-      [strictly](std::string& text) -> std::string {
+      [strictly, most](std::string& text) -> std::string {
         char* end = nullptr;
         const double v = std::strtod(text.c_str(), &end);
         const bool number = end != text.c_str() && *end == '\0';
-        if (number && (strictly ? v > 0 : v >= 0)) return {};
-        return std::string("expected a number ") + (strictly ? "above 0" : "of 0 or more") + ", got " + text;
+        if (number && (strictly ? v > 0 : v >= 0) && (!most || v <= *most)) return {};
+        return std::string("expected a number ") + (strictly ? "above 0" : "of 0 or more") +
+               (most ? fmt::format(" and at most {:g}", *most) : std::string()) + ", got " + text;
       },
       "");
 }
+
+/// The longest wait a flag may ask for, in seconds: a week (longer ones
+/// overflow the clocks they are measured on).
+inline constexpr double kLongestWaitS = 7 * 86400.0;
 
 /// Adds `train` to `app`; the returned function runs it after parsing.
 std::function<int()> add_train_command(CLI::App& app);
