@@ -313,6 +313,9 @@ std::string describe_toml_error(const std::exception& e) {
 
 Status apply_toml_file(const std::string& path, JobConfig& config) {
   if (!std::filesystem::exists(path)) return Status::NotFound("config file " + path + " does not exist");
+  // (A folder reads as a huge stream, a device as an endless one.)
+  if (!std::filesystem::is_regular_file(path))
+    return Status::InvalidArgument("config file " + path + " is not a regular file");
   toml::value root;
   try {
     root = toml::parse(path);

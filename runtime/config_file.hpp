@@ -37,6 +37,8 @@ const std::vector<ConfigField>& job_config_fields();
 /// DIR/job.toml: the settings a checkpointing job writes beside its shard
 /// checkpoints; `--resume DIR` starts from them.
 inline constexpr const char* kJobSettingsFile = "job.toml";
+/// The last line of a job.toml: one without it was cut short.
+inline constexpr const char* kJobSettingsEnd = "# end of the settings";
 
 /// Sets one field by key ("workers" or "workers" spelled "workers"; '_' and
 /// '-' are interchangeable). Errors name the key and the value.

@@ -286,7 +286,8 @@ Status prepare_checkpoint_dir(const JobConfig& config, bool user_data) {
   for (std::string* path : {&saved.checkpoint_dir, &saved.metrics_out, &saved.data_dir})
     if (!path->empty()) *path = std::filesystem::absolute(*path).lexically_normal().string();
   std::ofstream toml(std::filesystem::path(config.checkpoint_dir) / kJobSettingsFile);
-  toml << "# The settings of the job checkpointed here; asgd train --resume reads them.\n" << to_toml(saved);
+  toml << "# The settings of the job checkpointed here; asgd train --resume reads them.\n"
+       << to_toml(saved) << kJobSettingsEnd << "\n";
   if (!toml) return Status::IOError("cannot write " + config.checkpoint_dir + "/" + kJobSettingsFile);
   return {};
 }

@@ -117,4 +117,23 @@ TEST(ResumeCli, AFolderInPlaceOfACheckpointFileIsRefusedByName) {
                         "shard-0.ckpt: is a folder");
 }
 
+// The checkpoints count each worker's steps: a resume with another batch
+// (or batch weights) would skip epochs or repeat them, and a job.toml cut
+// short would silently lose settings. Both are refused by name.
+TEST(ResumeCli, AChangedBatchOrASettingsFileCutShortIsRefused) {
+  ASGD_REQUIRE_DATASET(mnist, "mnist");
+  const asgd_test::TempDir scratch;
+  const fs::path ck = scratch / "ck";
+  ASSERT_EQ(asgd("train --epochs 1 --data-dir " + mnist.string() + " --checkpoint-dir " + ck.string() + kJob)
+                .exit_code,
+            0);
+  const std::string resume = "train --resume " + ck.string() + " --epochs 2 --log-level off";
+  expect_one_line_error(asgd(resume + " --batch 32"), 2, "the checkpointed job's --batch (64) cannot change");
+  expect_one_line_error(asgd(resume + " --worker-weights 1,2"), 2,
+                        "the checkpointed job's --worker-weights (equal) cannot change");
+  const std::string whole = slurp(ck / "job.toml");
+  std::ofstream(ck / "job.toml") << whole.substr(0, whole.find("epochs ="));
+  expect_one_line_error(asgd(resume), 2, "job.toml is cut short");
+}
+
 }  // namespace

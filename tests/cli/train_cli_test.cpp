@@ -292,6 +292,9 @@ TEST(TrainCli, ReportsABadConfigFileWithExitCode2) {
   const fs::path cfg = scratch / "bad.toml";
   std::ofstream(cfg) << "epochs = \"three\"\n";
   expect_one_line_error(asgd("train --config " + cfg.string()), 2, "epochs");
+  // (A folder used to read as a huge stream: std::bad_alloc; a device as an endless one.)
+  expect_one_line_error(asgd("train --config " + scratch.path().string()), 2, "is not a regular file");
+  expect_one_line_error(asgd("train --config /dev/zero"), 2, "config file /dev/zero is not a regular file");
 }
 
 TEST(TrainCli, ATomlSyntaxErrorNamesTheFileLineAndColumnInOneLine) {

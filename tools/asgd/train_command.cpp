@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <atomic>
 #include <filesystem>
+#include <fstream>
 #include <iostream>
 #include <map>
 #include <thread>
@@ -44,11 +45,32 @@ Status setup_logging(const LogOptions& o) {
   return {};
 }
 
+namespace {
+
+// A job.toml that ends with its end line (one cut short lost settings).
+Status whole_settings_file(const std::string& path) {
+  std::ifstream in(path);
+  std::string line, last;
+  while (std::getline(in, line))
+    if (!line.empty()) last = line;
+  if (last != kJobSettingsEnd)
+    return Status::Corruption(path + " is cut short (its last line is not '" + kJobSettingsEnd +
+                              "'): its settings cannot be trusted");
+  return {};
+}
+
+std::string batch_text(const std::optional<std::uint32_t>& batch) {
+  return batch ? std::to_string(*batch) : "the default";
+}
+
+}  // namespace
+
 std::optional<int> load_job(const JobOptions& o, JobConfig& config, bool devices_here) {
   if (Status s = setup_logging(o.log); !s.ok()) {
     print_error(s.message());
     return kExitUsage;
   }
+  std::optional<std::pair<std::optional<std::uint32_t>, std::string>> resumed_steps;  // its batch and weights
   // --resume DIR: the checkpointed job's own settings come first; a config
   // file and flags may still change some (more epochs, a new metrics file).
   if (auto r = o.options.find("resume"); r != o.options.end() && r->second->count() > 0) {
@@ -59,10 +81,15 @@ std::optional<int> load_job(const JobOptions& o, JobConfig& config, bool devices
                   " there (was the job run with --checkpoint-dir and --checkpoint-every?)");
       return kExitUsage;
     }
+    if (Status s = whole_settings_file(saved); !s.ok()) {
+      print_error("--resume " + dir + ": " + s.message());
+      return kExitUsage;
+    }
     if (Status s = apply_toml_file(saved, config); !s.ok()) {
       print_error(s.message());
       return kExitUsage;
     }
+    resumed_steps = {config.batch, config.worker_weights};
     // The resumed folder is where the job goes on checkpointing, wherever
     // it was first written from (a --checkpoint-dir flag may still say
     // otherwise).
@@ -80,6 +107,15 @@ std::optional<int> load_job(const JobOptions& o, JobConfig& config, bool devices
       print_error(s.message());
       return kExitUsage;
     }
+  }
+  // The checkpoints count each worker's steps: another batch would skip or
+  // repeat epochs.
+  if (resumed_steps && (config.batch != resumed_steps->first || config.worker_weights != resumed_steps->second)) {
+    print_error("--resume " + o.flags.at("resume") + ": the checkpointed job's " +
+                (config.batch != resumed_steps->first ? "--batch (" + batch_text(resumed_steps->first) + ")"
+                                                       : "--worker-weights (" + (resumed_steps->second.empty() ? std::string("equal") : resumed_steps->second) + ")") +
+                " cannot change: its checkpoints count steps of that size");
+    return kExitUsage;
   }
   if (Status s = validate_settings(config, devices_here); !s.ok()) {
     print_error(s.message());
