@@ -8,6 +8,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <limits>
 #include <fstream>
 #include <future>
 #include <thread>
@@ -134,6 +135,23 @@ Status validate_config(const JobConfig& c, bool named_dataset, bool devices_here
                fmt::format("must be below --rpc-timeout ({:g} s), or workers held by a dead one give up first",
                            c.rpc_timeout_s));
   return {};
+}
+
+}  // namespace
+
+namespace {
+
+// Downpour's n_push and n_fetch past a worker's steps in the whole job:
+// almost surely a mistake, though a legal one.
+void warn_of_rare_exchanges(const JobConfig& config, const JobPlan& plan) {
+  std::uint64_t steps = std::numeric_limits<std::uint64_t>::max();
+  for (const WorkerPlan& w : plan.workers) steps = std::min(steps, w.steps_per_epoch * config.epochs);
+  for (const char* knob : {"push-every", "fetch-every"}) {
+    const auto it = config.policy_options.find(knob);
+    if (it != config.policy_options.end() && it->second > static_cast<double>(steps))
+      logger().warn("--{} {:g} is more than a worker's {} steps in the whole job: it {} once, at its end", knob,
+                    it->second, steps, std::string(knob) == "push-every" ? "pushes its summed gradients" : "pulls");
+  }
 }
 
 }  // namespace
@@ -409,6 +427,7 @@ Result<JobSummary> run_job_unguarded(const JobConfig& requested, const JobCallba
     return planned.status();
   }
   const JobPlan& plan = planned->plan;  // until it moves into the coordinator's setup
+  warn_of_rare_exchanges(config, plan);
 
   // Each worker's share of the cores, in a budget of this job's own (for a
   // coordinator process, its evaluations' share).

@@ -383,6 +383,26 @@ TEST(WorkerCore, OutOfDataUnderAveragingPushesTheLastPartialRoundThenLeaves) {
   EXPECT_TRUE(d.core->finished());
 }
 
+// Downpour's n_push past the steps it had: the summed gradients go at the
+// end tagged with the clock of their last step, not with the far later one
+// the plan would have pushed at (which made them count 99999 clocks stale).
+TEST(WorkerCore, OutOfDataUnderAsyncPushesTheSummedGradientsAtTheirLastStepsClock) {
+  WorkerSetup s = setup("async", 1);
+  s.policy.options["push-every"] = 100000;
+  s.policy.options["fetch-every"] = 100000;
+  Driver d(s);
+  d.ready();
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(count<act::Push>(d.feed(batch(0, false))), 0u);
+    d.step();
+  }
+  auto& out = d.feed(batch(0, false, 0.0f, 0));  // every epoch done
+  const auto* push = first<act::Push>(out);
+  ASSERT_NE(push, nullptr);
+  EXPECT_EQ(push->request.clock, 2u);  // steps 0, 1, 2
+  EXPECT_EQ(push->request.samples, 3 * kBatch);
+}
+
 TEST(WorkerCore, OutOfDataWithEverythingPushedLeavesAtOnce) {
   Driver d(setup("async", 2));
   d.ready();
