@@ -59,9 +59,11 @@ bool is_known(std::uint16_t type);
 
 enum class Role : std::uint8_t { coordinator = 0, shard = 1, worker = 2 };
 
+/// Registration::index when the process asks for no particular one.
+inline constexpr std::uint32_t kAnyIndex = UINT32_MAX;
 struct Registration {
   Role role = Role::worker;
-  std::uint32_t index = 0;
+  std::uint32_t index = 0;  ///< the index it asks for (--index), or kAnyIndex
   std::string endpoint;   ///< where this process listens (a shard), or its collective does (a worker), or empty
   std::string host;
   std::uint32_t pid = 0;

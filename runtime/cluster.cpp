@@ -201,15 +201,15 @@ Result<Joined> join(const ProcessOptions& o, Role role, const std::string& name,
     if (stop.stop_requested()) return Status::Cancelled(name + ": stopped before it was assigned a part");
     if (SteadyClock::now() > deadline)
       return Status::Timeout(fmt::format(
-          "{}: no assignment from the coordinator at {} within {:g} s (--join-timeout){}", name, o.coordinator,
-          o.join_timeout_s,
+          "{}: no assignment from the coordinator at {} within {:g} s (--join-timeout){}", name, o.coordinator, o.join_timeout_s,
           o.curve ? "; with --auth-keys, check that the coordinator's folder has this process's .pub and that the "
                     "coordinator's key is right"
                   : ""));
     auto in = j.inbox->pop(std::chrono::milliseconds(100));
     if (!in) continue;
     if (auto* s = std::get_if<Shutdown>(&in->body))
-      return Status::Cancelled(name + ": the coordinator said stop before assigning a part: " + s->reason);
+      return Status::WithCode(s->reason.starts_with("--index") ? StatusCode::invalid_argument : StatusCode::cancelled,
+                              name + ": the coordinator said stop before assigning a part: " + s->reason);
     if (auto* a = std::get_if<Assignment>(&in->body)) {
       if (a->role != role) return Status::Internal(name + ": assigned a different role");
       j.assignment = std::move(*a);

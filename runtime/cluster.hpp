@@ -109,7 +109,7 @@ struct ProcessOptions {
   /// Coordinator under a launcher: the host each rank was put on (rank 0
   /// first), for naming the hosts of ranks that never registered; may be empty.
   std::vector<std::string> rank_hosts;
-  std::uint32_t index = UINT32_MAX;    ///< shard, worker: the index to ask for (default: any free one)
+  std::uint32_t index = UINT32_MAX;    ///< shard, worker: the index to ask for (default, messaging::kAnyIndex: any free one)
   /// Every process: authentication and encryption (docs/security.md); unset:
   /// plain tcp. With it a shard's endpoint carries its public key, and
   /// `coordinator` either carries the coordinator's or curve->server_key is it.

@@ -138,7 +138,15 @@ void registered(Self self, const PeerId& peer, const Registration& reg) {
   auto& st = self->state;
   if (reg.role == Role::coordinator) return tell_to_stop(self, peer, "a coordinator cannot join a job");
   Slots& slots = reg.role == Role::shard ? st.shards : st.workers;
-  std::size_t slot = reg.index < slots.size() && !slots[reg.index] ? reg.index : slots.size();
+  if (reg.index != kAnyIndex && reg.index >= slots.size())  // --index K
+    return tell_to_stop(self, peer,
+                        fmt::format("--index {}: the job has {} {} process(es), 0 to {}", reg.index, slots.size(),
+                                    role_name(reg), slots.size() - 1));
+  if (reg.index != kAnyIndex && slots[reg.index])
+    return tell_to_stop(self, peer,
+                        fmt::format("--index {}: {} {} is taken (pid {} on {})", reg.index, role_name(reg), reg.index,
+                                    slots[reg.index]->reg.pid, slots[reg.index]->reg.host));
+  std::size_t slot = reg.index < slots.size() ? reg.index : slots.size();
   for (std::size_t i = 0; slot == slots.size() && i < slots.size(); ++i)
     if (!slots[i]) slot = i;
   if (slot == slots.size()) return tell_to_stop(self, peer, "the job needs no more of these");

@@ -53,6 +53,29 @@ std::string join(const std::vector<std::string>& names) {
 
 namespace {
 
+// The bounds of the waits and of --threads (validate_config's part).
+Status validate_limits(const JobConfig& c) {
+  auto bad = [](const std::string& flag, const std::string& value, const std::string& why) {
+    return Status::InvalidArgument("--" + flag + " " + value + ": " + why);
+  };
+  // (Waits longer than a week overflow the clocks they are measured on.)
+  constexpr double kWeek = 7 * 86400.0;
+  if (!(c.eval_every_s >= 0.0 && c.eval_every_s <= kWeek))
+    return bad("eval-every", fmt::format("{:g}", c.eval_every_s), "must be a number of seconds from 0 to a week (604800)");
+  if (!(c.rpc_timeout_s > 0.0 && c.rpc_timeout_s <= kWeek))
+    return bad("rpc-timeout", fmt::format("{:g}", c.rpc_timeout_s), "must be more than 0 s and at most a week (604800)");
+  // Heartbeats go every second: a shorter timeout declares healthy processes dead.
+  if (!(c.heartbeat_timeout_s >= 2.0 && c.heartbeat_timeout_s <= kWeek))
+    return bad("heartbeat-timeout", fmt::format("{:g}", c.heartbeat_timeout_s),
+               "must be at least 2 s (heartbeats go every second) and at most a week (604800)");
+  if (c.threads > kMaxThreads)
+    return bad("threads", std::to_string(c.threads),
+               "must be at most " + std::to_string(kMaxThreads) + " (compute threads per worker; 0: the usable CPUs' share)");
+  if (!(c.checkpoint_every_s >= 0.0 && c.checkpoint_every_s <= kWeek))
+    return bad("checkpoint-every", fmt::format("{:g}", c.checkpoint_every_s), "must be 0 (off) or a number of seconds up to a week (604800)");
+  return {};
+}
+
 // validate(), with the dataset-name check only for jobs that load one, and
 // the device checked on this machine only when the workers run here.
 Status validate_config(const JobConfig& c, bool named_dataset, bool devices_here = true) {
@@ -110,24 +133,10 @@ Status validate_config(const JobConfig& c, bool named_dataset, bool devices_here
     return bad("target-accuracy", fmt::format("{:g}", *c.target_accuracy), "must be in (0, 1]");
   if (c.stop_at_target && !c.target_accuracy)
     return bad("stop-at-target", "true", "needs --target-accuracy (the accuracy to stop at)");
-  // (Waits longer than a week overflow the clocks they are measured on.)
-  constexpr double kWeek = 7 * 86400.0;
-  if (!(c.eval_every_s >= 0.0 && c.eval_every_s <= kWeek))
-    return bad("eval-every", fmt::format("{:g}", c.eval_every_s), "must be a number of seconds from 0 to a week (604800)");
   if (c.validation_size < 1) return bad("validation-size", "0", "must be >= 1");
   if (c.prefetch < 1) return bad("prefetch", "0", "must be >= 1");
   if (c.compress != "none" && c.compress != "fp16") return bad("compress", c.compress, "expected none or fp16");
-  if (!(c.rpc_timeout_s > 0.0 && c.rpc_timeout_s <= kWeek))
-    return bad("rpc-timeout", fmt::format("{:g}", c.rpc_timeout_s), "must be more than 0 s and at most a week (604800)");
-  // Heartbeats go every second: a shorter timeout declares healthy processes dead.
-  if (!(c.heartbeat_timeout_s >= 2.0 && c.heartbeat_timeout_s <= kWeek))
-    return bad("heartbeat-timeout", fmt::format("{:g}", c.heartbeat_timeout_s),
-               "must be at least 2 s (heartbeats go every second) and at most a week (604800)");
-  if (c.threads > kMaxThreads)
-    return bad("threads", std::to_string(c.threads),
-               "must be at most " + std::to_string(kMaxThreads) + " (compute threads per worker; 0: the usable CPUs' share)");
-  if (!(c.checkpoint_every_s >= 0.0 && c.checkpoint_every_s <= kWeek))
-    return bad("checkpoint-every", fmt::format("{:g}", c.checkpoint_every_s), "must be 0 (off) or a number of seconds up to a week (604800)");
+  if (Status s = validate_limits(c); !s.ok()) return s;
   if (!c.resume.empty() && !std::filesystem::is_directory(c.resume))
     return bad("resume", c.resume, "is not a folder of checkpoints");
   if (c.heartbeat_timeout_s >= c.rpc_timeout_s)
@@ -223,6 +232,7 @@ Result<Planned> plan_for(const JobConfig& config, const data::DatasetSplits& dat
   auto plan = plan_job(config, {model->num_params(), train.count, data.num_classes, sample_shape, where,
                                 usable_cpus()});
   if (!plan) return plan.status();
+  warn_of_rare_exchanges(config, *plan);
   return Planned{std::move(model).value(), std::move(plan).value()};
 }
 
@@ -427,7 +437,6 @@ Result<JobSummary> run_job_unguarded(const JobConfig& requested, const JobCallba
     return planned.status();
   }
   const JobPlan& plan = planned->plan;  // until it moves into the coordinator's setup
-  warn_of_rare_exchanges(config, plan);
 
   // Each worker's share of the cores, in a budget of this job's own (for a
   // coordinator process, its evaluations' share).

@@ -147,6 +147,26 @@ TEST(ClusterCli, AWorkersDeviceFlagReplacesTheJobsItemForIt) {
   EXPECT_NE(r.coordinator.out.find("done: test accuracy"), std::string::npos) << r.coordinator.out;
 }
 
+// An --index past the job's processes, or one another process holds, is
+// refused by name (it used to become another index without a word).
+TEST(ClusterCli, AnIndexOutOfRangeOrTakenIsRefusedByName) {
+  const std::string mnist = asgd_test::dataset_dir("mnist").string();
+  const int port = asgd_test::free_port();
+  ASSERT_GT(port, 0);
+  const std::string at = "tcp://127.0.0.1:" + std::to_string(port);
+  auto coordinator = std::async(std::launch::async, [&] {
+    return asgd("coordinator --workers 2 --shards 1 --join-timeout 8 --listen " + at + " --data-dir " + mnist);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  auto shard = std::async(std::launch::async, [&] { return asgd("shard --coordinator " + at + " --index 0"); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  expect_one_line_error(asgd("worker --coordinator " + at + " --index 5"), 2,
+                        "--index 5: the job has 2 worker process(es), 0 to 1");
+  expect_one_line_error(asgd("shard --coordinator " + at + " --index 0"), 2, "--index 0: shard 0 is taken (pid ");
+  coordinator.get();  // (no worker ever came: it gives up at --join-timeout)
+  shard.get();
+}
+
 TEST(TrainCli, RefusesAJobWhoseWorkersGetLessThanABatchEachWithAdvice) {
   const CliRun r = asgd("train --data-dir " + asgd_test::dataset_dir("mnist").string() + " --workers 64 --batch 4096");
   // (After the data has loaded: its size decides.)
