@@ -260,6 +260,10 @@ TEST(TrainCli, RefusesValuesThatWouldOverflowAClockOrHarmTheJob) {
   for (const auto& [flags, error] : cases) expect_one_line_error(asgd(std::string("train ") + flags), 2, error);
   expect_one_line_error(asgd("cluster --join-timeout -1"), 2, "--join-timeout: expected a number above 0 and at most 604800");
   expect_one_line_error(asgd("worker --coordinator tcp://127.0.0.1:5 --join-timeout 1e30"), 2, "got 1e30");
+  // Endpoints: ZeroMQ bound port 99999 as 34463, and an empty host waited out --join-timeout.
+  expect_one_line_error(asgd("coordinator --listen tcp://127.0.0.1:99999"), 2,
+                        "--listen: tcp://127.0.0.1:99999: expected tcp://HOST:PORT with a port from 1 to 65535 (or 0");
+  expect_one_line_error(asgd("worker --coordinator tcp://:5"), 2, "--coordinator: tcp://:5: expected tcp://HOST:PORT");
 }
 
 TEST(TrainCli, RejectsAnUnknownFlagWithExitCode2) {

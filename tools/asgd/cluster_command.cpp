@@ -124,19 +124,40 @@ std::optional<int> load_auth(const ProcessFlags& pf, ProcessOptions& po) {
   return std::nullopt;
 }
 
+// --coordinator and --listen: a tcp endpoint needs a host and a port in
+// range (ZeroMQ took port 99999 as 34463, and an empty host waited out
+// --join-timeout); other transports (ipc://) are ZeroMQ's to check.
+CLI::Validator endpoint_check(bool any_port) {
+  return CLI::Validator(
+      [any_port](std::string& text) -> std::string {
+        auto bare = messaging::split_server_key(text);  // with --auth-keys it may carry a key
+        if (!bare) return bare.status().message();
+        const std::string& endpoint = bare->first;
+        if (!endpoint.starts_with("tcp://")) return endpoint.find("://") == std::string::npos ? "expected tcp://HOST:PORT" : "";
+        auto split = split_tcp_endpoint(any_port && endpoint.ends_with(":0") ? endpoint.substr(0, endpoint.size() - 1) + "1"
+                                                                            : endpoint);
+        if (!split) return split.status().message() + (any_port ? " (or 0: a free one)" : "");
+        return split->first.empty() ? "expected tcp://HOST:PORT: the host is missing" : "";
+      },
+      "");
+}
+
 void add_process_flags(CLI::App* cmd, ProcessFlags& f, bool listens, bool needs_coordinator) {
   if (needs_coordinator)
     cmd->add_option("--coordinator", f.coordinator, "the coordinator's endpoint, tcp://HOST:PORT")
         ->type_name("ENDPOINT")
-        ->required();
+        ->required()
+        ->check(endpoint_check(false));
   if (listens)
     cmd->add_option("--listen", f.listen, "where to listen (default tcp://127.0.0.1:0, a free port)")
-        ->type_name("ENDPOINT");
+        ->type_name("ENDPOINT")
+        ->check(endpoint_check(true));
   else
     cmd->add_option("--listen", f.listen,
                     "allreduce, gossip: the host its collective listens on for the other workers, on a free port "
                     "(default tcp://127.0.0.1:0)")
-        ->type_name("ENDPOINT");
+        ->type_name("ENDPOINT")
+        ->check(endpoint_check(true));
   cmd->add_option("--join-timeout", f.join_timeout_s, "seconds to wait for the other processes (default 60)")
       ->type_name("S")
       ->check(positive(true, kLongestWaitS));
