@@ -15,6 +15,7 @@
 
 #include <unistd.h>
 
+#include "actors/checkpoint.hpp"
 #include "actors/coordinator.hpp"
 #include "actors/thrown.hpp"
 #include "base/cpus.hpp"
@@ -303,6 +304,10 @@ Status prepare_checkpoint_dir(const JobConfig& config, bool user_data) {
   if (ec || ::access(config.checkpoint_dir.c_str(), W_OK) != 0)
     return Status::InvalidArgument("--checkpoint-dir " + config.checkpoint_dir + ": cannot write there" +
                                    (ec ? " (" + ec.message() + ")" : ""));
+  const std::filesystem::path model = std::filesystem::path(config.checkpoint_dir) / kCheckpointFile;
+  if (std::filesystem::exists(model, ec) && !std::filesystem::is_regular_file(model, ec))
+    return Status::InvalidArgument("--checkpoint-dir " + config.checkpoint_dir + ": " + model.string() +
+                                   " is not a regular file, so the trained model could not be written there");
   if (config.checkpoint_every_s <= 0) return {};
   // The settings beside the shard checkpoints, so --resume DIR needs nothing else.
   JobConfig saved = config;

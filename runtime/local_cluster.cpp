@@ -214,7 +214,10 @@ void LocalCluster::supervise(std::stop_token stop) {
         std::all_of(children_.begin(), children_.end(), [](const auto& c) { return c->exited && c->out < 0; });
     if (all_done) return;
     // The others stop when the coordinator says so; give them a few seconds.
-    if (coordinator_done && SteadyClock::now() - *coordinator_done > std::chrono::seconds(10)) {
+    // A coordinator that ended without telling them (it failed before the
+    // job started: a bad --metrics-out) leaves nobody to wait for.
+    if ((coordinator_done && coordinator.out < 0 && !stopping_) ||
+        (coordinator_done && SteadyClock::now() - *coordinator_done > std::chrono::seconds(10))) {
       stop_all(SIGTERM);
       return;
     }

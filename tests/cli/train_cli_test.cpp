@@ -266,6 +266,24 @@ TEST(TrainCli, RefusesValuesThatWouldOverflowAClockOrHarmTheJob) {
   expect_one_line_error(asgd("worker --coordinator tcp://:5"), 2, "--coordinator: tcp://:5: expected tcp://HOST:PORT");
 }
 
+// Outputs that cannot be written are refused before training, not after
+// it: a folder in place of the model's checkpoint (train), a folder for
+// the metrics file (cluster: at once, not after waiting for the others).
+TEST(ClusterCli, AnUnwritableOutputIsRefusedBeforeTrainingAndAtOnce) {
+  const asgd_test::TempDir dir;
+  const std::string mnist = asgd_test::dataset_dir("mnist").string();
+  fs::create_directories(dir.path() / "ck" / "model.ckpt");
+  expect_one_line_error(asgd("train --data-dir " + mnist + " --checkpoint-dir " + (dir.path() / "ck").string()), 2,
+                        "model.ckpt is not a regular file");
+  const auto start = std::chrono::steady_clock::now();
+  const CliRun r = asgd("cluster --epochs 1 --data-dir " + mnist + " --metrics-out " + dir.path().string());
+  const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  EXPECT_EQ(r.exit_code, 2) << r.err << r.out;
+  EXPECT_NE((r.out + r.err).find("--metrics-out " + dir.path().string() + ": cannot write it"), std::string::npos)
+      << r.out << r.err;
+  EXPECT_LT(took, 8.0) << "waited out the others' grace" << r.out;
+}
+
 TEST(TrainCli, RejectsAnUnknownFlagWithExitCode2) {
   expect_one_line_error(asgd("train --wrokers 2"), 2, "wrokers");
 }
