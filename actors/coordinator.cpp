@@ -457,7 +457,7 @@ void on_down(Self self, caf::down_msg& dm) {
     return;
   }
   if (w != s.workers.end()) {
-    const std::string why = self->system().render(dm.reason);
+    const std::string why = reason_text(self->system(), dm.reason);
     drive(self, [&](CoordinatorCore& core, CoordinatorActions& out) { core.worker_lost(i, why, out); });
     return;
   }

@@ -26,4 +26,10 @@ caf::error thrown_error(const std::exception_ptr& thrown, const std::string& who
   return caf::make_error(caf::sec::runtime_error, thrown_status(thrown, who).message());
 }
 
+std::string reason_text(const caf::actor_system& system, const caf::error& reason) {
+  const caf::message& context = reason.context();
+  if (context.size() == 1 && context.match_element<std::string>(0)) return context.get_as<std::string>(0);
+  return system.render(reason);
+}
+
 }  // namespace asgd

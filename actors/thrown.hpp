@@ -20,4 +20,8 @@ Status thrown_status(const std::exception_ptr& thrown, const std::string& who);
 /// (CAF's default handler keeps only "runtime_error").
 caf::error thrown_error(const std::exception_ptr& thrown, const std::string& who);
 
+/// An actor's exit reason as a sentence: the text it was made with
+/// (caf::make_error(code, "...")), else CAF's rendering of it.
+std::string reason_text(const caf::actor_system& system, const caf::error& reason);
+
 }  // namespace asgd

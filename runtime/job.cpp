@@ -118,16 +118,16 @@ Status validate_config(const JobConfig& c, bool named_dataset, bool devices_here
     return bad("staleness-aware-lr", "true", "applies to --policy async and ssp only, not to " + (*policy)->name());
   if (c.epochs < 1) return bad("epochs", std::to_string(c.epochs), "must be >= 1");
   if (c.batch && *c.batch < 1) return bad("batch", std::to_string(*c.batch), "must be >= 1");
-  if (c.lr && (!(*c.lr > 0.0) || !std::isfinite(*c.lr)))
-    return bad("lr", fmt::format("{:g}", *c.lr), "must be a positive number");
+  if (c.lr && !(*c.lr >= 1e-30 && *c.lr <= 1e6))  // (computed in float: 1e39 is inf there, 1e-50 zero)
+    return bad("lr", fmt::format("{:g}", *c.lr), "must be a positive number from 1e-30 to 1e6");
   if (c.lr_warmup_epochs && (!(*c.lr_warmup_epochs >= 0.0) || !std::isfinite(*c.lr_warmup_epochs)))
     return bad("lr-warmup", fmt::format("{:g}", *c.lr_warmup_epochs), "must be a number of epochs >= 0");
   if (LrSchedule::Kind kind; !LrSchedule::parse(c.lr_schedule, kind))
     return bad("lr-schedule", c.lr_schedule, "unknown schedule (known: constant, cosine, step)");
   if (!contains(known_optimizers(), c.optimizer))
     return bad("optimizer", c.optimizer, "unknown optimizer (known: " + join(known_optimizers()) + ")");
-  if (!(c.weight_decay >= 0.0) || !std::isfinite(c.weight_decay))
-    return bad("weight-decay", fmt::format("{:g}", c.weight_decay), "must be a number >= 0");
+  if (!(c.weight_decay >= 0.0 && c.weight_decay <= 1e6))
+    return bad("weight-decay", fmt::format("{:g}", c.weight_decay), "must be a number from 0 to 1e6");
   if (c.momentum && !(*c.momentum >= 0.0 && *c.momentum < 1.0))
     return bad("momentum", fmt::format("{:g}", *c.momentum), "must be in [0, 1)");
   if (c.target_accuracy && !(*c.target_accuracy > 0.0 && *c.target_accuracy <= 1.0))
