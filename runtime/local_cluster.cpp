@@ -294,9 +294,11 @@ bool LocalCluster::start_roles(const std::string& endpoint) {
 void LocalCluster::restart_dead(std::stop_token stop) {
   std::vector<std::unique_ptr<Child>> restarted;
   // A process that gave up on a coordinator gone quiet is not restarted
-  // while it is quiet: it may be stopped (then it is ended), not slow.
+  // while it is quiet: it may be stopped (then it is ended), not slow. (A
+  // process gives up 3 s after its last echo, at least 2 s after the last
+  // "alive" line; a late line only delays a restart.)
   const bool coordinator_heard =
-      last_alive_ && SteadyClock::now() - *last_alive_ < 2 * kAliveEvery + std::chrono::milliseconds(500);
+      last_alive_ && SteadyClock::now() - *last_alive_ < kAliveEvery + std::chrono::milliseconds(500);
   for (auto& c : children_) {
     if (!(c->shard || c->worker) || !c->exited || c->replaced || children_[0]->exited || stop.stop_requested() ||
         (!coordinator_heard && !stopping_))

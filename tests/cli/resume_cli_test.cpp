@@ -95,15 +95,20 @@ TEST(ResumeCli, ADamagedShardCheckpointIsAUsageErrorAndLeavesTheMetricsFileAlone
   EXPECT_EQ(slurp(metrics), before) << "a failed resume wrote to the old job's metrics file";
 }
 
+// One epoch of kJob checkpointed into `ck`.
+void train_one_epoch_into(const fs::path& mnist, const fs::path& ck) {
+  ASSERT_EQ(asgd("train --epochs 1 --data-dir " + mnist.string() + " --checkpoint-dir " + ck.string() + kJob)
+                .exit_code,
+            0);
+}
+
 // A folder where a checkpoint file should be is refused by name, not with
 // an internal error or an abort.
 TEST(ResumeCli, AFolderInPlaceOfACheckpointFileIsRefusedByName) {
   ASGD_REQUIRE_DATASET(mnist, "mnist");
   const asgd_test::TempDir scratch;
   const fs::path ck = scratch / "ck";
-  ASSERT_EQ(asgd("train --epochs 1 --data-dir " + mnist.string() + " --checkpoint-dir " + ck.string() + kJob)
-                .exit_code,
-            0);
+  ASSERT_NO_FATAL_FAILURE(train_one_epoch_into(mnist, ck));
   ASSERT_TRUE(fs::exists(ck / "model.ckpt"));
 
   fs::remove(ck / "model.ckpt");
@@ -111,6 +116,7 @@ TEST(ResumeCli, AFolderInPlaceOfACheckpointFileIsRefusedByName) {
   expect_one_line_error(asgd("export --checkpoint " + ck.string() + " --out " + (scratch / "x.safetensors").string()),
                         1, "model.ckpt: is a folder");
 
+  fs::remove(ck / "model.ckpt");  // (a folder there is refused before training, ClusterCli.AnUnwritableOutput...)
   fs::remove(ck / "shard-0.ckpt");
   fs::create_directories(ck / "shard-0.ckpt");
   expect_one_line_error(asgd("train --resume " + ck.string() + " --epochs 2 --log-level off"), 2,
@@ -124,9 +130,7 @@ TEST(ResumeCli, AChangedBatchOrASettingsFileCutShortIsRefused) {
   ASGD_REQUIRE_DATASET(mnist, "mnist");
   const asgd_test::TempDir scratch;
   const fs::path ck = scratch / "ck";
-  ASSERT_EQ(asgd("train --epochs 1 --data-dir " + mnist.string() + " --checkpoint-dir " + ck.string() + kJob)
-                .exit_code,
-            0);
+  ASSERT_NO_FATAL_FAILURE(train_one_epoch_into(mnist, ck));
   const std::string resume = "train --resume " + ck.string() + " --epochs 2 --log-level off";
   expect_one_line_error(asgd(resume + " --batch 32"), 2, "the checkpointed job's --batch (64) cannot change");
   expect_one_line_error(asgd(resume + " --worker-weights 1,2"), 2,

@@ -31,9 +31,15 @@ using asgd_test::start_asgd;
 using asgd_test::wait_exit;
 using asgd_test::wait_for_text;
 
-// A long default job as processes (2 workers, 1 shard), --heartbeat-timeout 3.
+// A long default job as processes (2 workers, 1 shard), --heartbeat-timeout
+// 3, once its first epoch is done: the pid of its `asgd cluster`.
 pid_t start_long_cluster(const fs::path& data, const fs::path& log) {
-  return start_asgd({"cluster", "--epochs", "40", "--data-dir", data.string(), "--heartbeat-timeout", "3"}, log);
+  const pid_t cluster =
+      start_asgd({"cluster", "--epochs", "40", "--data-dir", data.string(), "--heartbeat-timeout", "3"}, log);
+  EXPECT_GT(cluster, 0);
+  EXPECT_TRUE(cluster > 0 && wait_for_text(log, "worker 0: finished epoch 1:", std::chrono::seconds(120), cluster))
+      << read_file(log);
+  return cluster;
 }
 
 // Whether process `pid` has ended: gone, or a zombie nobody reaped yet
@@ -51,8 +57,7 @@ TEST(CoordinatorSupervision, AStoppedCoordinatorIsEndedWithinTheHeartbeatTimeout
   const asgd_test::TempDir scratch;
   const fs::path log = scratch / "cluster.log";
   const pid_t cluster = start_long_cluster(dir, log);
-  ASSERT_GT(cluster, 0);
-  ASSERT_TRUE(wait_for_text(log, "worker 0: finished epoch 1:", std::chrono::seconds(120), cluster)) << read_file(log);
+  ASSERT_FALSE(::testing::Test::HasFailure());
   const auto coordinator = child_with_args(cluster, {"coordinator", "--supervised"});
   ASSERT_TRUE(coordinator);
   const auto stopped = Clock::now();
@@ -77,8 +82,7 @@ TEST(CoordinatorSupervision, WhenAsgdClusterDiesItsProcessesStopTheJobAndEnd) {
   const asgd_test::TempDir scratch;
   const fs::path log = scratch / "cluster.log";
   const pid_t cluster = start_long_cluster(dir, log);
-  ASSERT_GT(cluster, 0);
-  ASSERT_TRUE(wait_for_text(log, "worker 0: finished epoch 1:", std::chrono::seconds(120), cluster)) << read_file(log);
+  ASSERT_FALSE(::testing::Test::HasFailure());
   std::vector<pid_t> processes;
   for (const std::vector<std::string>& words : std::vector<std::vector<std::string>>{
            {"coordinator", "--supervised"}, {"shard", "--index", "0"}, {"worker", "--index", "0"}, {"worker", "--index", "1"}}) {
