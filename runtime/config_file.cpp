@@ -23,8 +23,10 @@ Status parse_uint(const std::string& text, Int& out) {
   std::uint64_t v = 0;
   const char* end = text.data() + text.size();
   auto [ptr, ec] = std::from_chars(text.data(), end, v);
-  if (text.empty() || ec != std::errc() || ptr != end || v > std::numeric_limits<Int>::max())
-    return Status::InvalidArgument("expected a non-negative integer");
+  const bool integer = !text.empty() && ptr == end && (ec == std::errc() || ec == std::errc::result_out_of_range);
+  if (integer && (ec != std::errc() || v > std::numeric_limits<Int>::max()))
+    return Status::InvalidArgument("expected an integer from 0 to " + std::to_string(std::numeric_limits<Int>::max()));
+  if (!integer) return Status::InvalidArgument("expected a non-negative integer");
   out = static_cast<Int>(v);
   return {};
 }

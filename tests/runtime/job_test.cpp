@@ -185,6 +185,12 @@ TEST(ConfigFile, ParsesFlagValuesStrictly) {
   EXPECT_EQ(c.batch, 128u);
   EXPECT_TRUE(set_job_field(c, "data_dir", "/x").ok());
   EXPECT_EQ(c.data_dir, "/x");
+  // An integer too large for its field says so, not that it is negative.
+  const Status big = set_job_field(c, "status-port", "70000");
+  EXPECT_NE(big.message().find("expected an integer from 0 to 65535"), std::string::npos) << big.message();
+  const Status huge = set_job_field(c, "epochs", "99999999999999999999999");
+  EXPECT_NE(huge.message().find("expected an integer from 0 to 4294967295"), std::string::npos) << huge.message();
+  EXPECT_NE(set_job_field(c, "epochs", "-1").message().find("non-negative"), std::string::npos);
 }
 
 TEST(RunJob, ReportsProgressTwiceASecondWithGrowingSamplesAnEtaAndTheEpoch) {
