@@ -157,6 +157,10 @@ TEST(CompareCli, ADeviceListGivesEachWorkerCountItsFirstDevices) {
   EXPECT_NE(csv.find("async-w1-r0,async,,1,1,cpu,"), std::string::npos) << csv;
   EXPECT_NE(csv.find("async-w2-r0,async,,2,1,\"cpu,cpu\","), std::string::npos) << csv;
   EXPECT_NE(r.out.find("2 workers: speedup"), std::string::npos) << r.out;
+  // The same folder again: refused, the first comparison left whole.
+  expect_one_line_error(asgd("compare --policies bsp --epochs 1 --data-dir " + mnist.string() + " --out " + out.string()),
+                        2, "holds an earlier comparison");
+  EXPECT_EQ(slurp(out / "results.csv"), csv);
   const std::string data = " --data-dir " + mnist.string() + " --out " + (dir / "bad").string();
   expect_one_line_error(asgd("compare --policies async --workers 1,3 --device cpu,cpu" + data), 2,
                         "--device cpu,cpu: 2 devices for 3 workers");

@@ -334,6 +334,13 @@ int run_compare(const CompareOptions& o) {
   if (auto code = plan_comparison(o, c)) return *code;
   const fs::path dir(o.out);
   std::error_code ec;
+  // Another comparison's files would be replaced in part (its runs/ kept):
+  // a folder that no longer matches itself.
+  if (fs::exists(dir / "results.csv", ec) || fs::exists(dir / "curves.csv", ec)) {
+    print_error("--out " + o.out + ": holds an earlier comparison (results.csv); give a new folder, or remove that "
+                "one first");
+    return kExitUsage;
+  }
   fs::create_directories(dir / "runs", ec);
   if (ec) {
     print_error("--out " + o.out + ": cannot create " + (dir / "runs").string() + ": " + ec.message());
