@@ -54,25 +54,26 @@ std::string join(const std::vector<std::string>& names) {
 
 namespace {
 
+// "--flag value: why", a usage error.
+Status bad_flag(const std::string& flag, const std::string& value, const std::string& why) {
+  return Status::InvalidArgument("--" + flag + " " + value + ": " + why);
+}
+
 // The bounds of the waits and of --threads (validate_config's part).
 Status validate_limits(const JobConfig& c) {
-  auto bad = [](const std::string& flag, const std::string& value, const std::string& why) {
-    return Status::InvalidArgument("--" + flag + " " + value + ": " + why);
-  };
-  // (Waits longer than a week overflow the clocks they are measured on.)
-  constexpr double kWeek = 7 * 86400.0;
-  if (!(c.eval_every_s >= 0.0 && c.eval_every_s <= kWeek))
+  const auto& bad = bad_flag;
+  if (!(c.eval_every_s >= 0.0 && c.eval_every_s <= kMaxWaitS))
     return bad("eval-every", fmt::format("{:g}", c.eval_every_s), "must be a number of seconds from 0 to a week (604800)");
-  if (!(c.rpc_timeout_s > 0.0 && c.rpc_timeout_s <= kWeek))
+  if (!(c.rpc_timeout_s > 0.0 && c.rpc_timeout_s <= kMaxWaitS))
     return bad("rpc-timeout", fmt::format("{:g}", c.rpc_timeout_s), "must be more than 0 s and at most a week (604800)");
   // Heartbeats go every second: a shorter timeout declares healthy processes dead.
-  if (!(c.heartbeat_timeout_s >= 2.0 && c.heartbeat_timeout_s <= kWeek))
+  if (!(c.heartbeat_timeout_s >= 2.0 && c.heartbeat_timeout_s <= kMaxWaitS))
     return bad("heartbeat-timeout", fmt::format("{:g}", c.heartbeat_timeout_s),
                "must be at least 2 s (heartbeats go every second) and at most a week (604800)");
   if (c.threads > kMaxThreads)
     return bad("threads", std::to_string(c.threads),
                "must be at most " + std::to_string(kMaxThreads) + " (compute threads per worker; 0: the usable CPUs' share)");
-  if (!(c.checkpoint_every_s >= 0.0 && c.checkpoint_every_s <= kWeek))
+  if (!(c.checkpoint_every_s >= 0.0 && c.checkpoint_every_s <= kMaxWaitS))
     return bad("checkpoint-every", fmt::format("{:g}", c.checkpoint_every_s), "must be 0 (off) or a number of seconds up to a week (604800)");
   return {};
 }
@@ -80,9 +81,7 @@ Status validate_limits(const JobConfig& c) {
 // validate(), with the dataset-name check only for jobs that load one, and
 // the device checked on this machine only when the workers run here.
 Status validate_config(const JobConfig& c, bool named_dataset, bool devices_here = true) {
-  auto bad = [](const std::string& flag, const std::string& value, const std::string& why) {
-    return Status::InvalidArgument("--" + flag + " " + value + ": " + why);
-  };
+  const auto& bad = bad_flag;
   if (named_dataset && !data::is_known_dataset(c.dataset))
     return bad("dataset", c.dataset, "unknown dataset (known: " + join(data::known_datasets()) + ")");
   if (c.model_spec) {
@@ -147,20 +146,17 @@ Status validate_config(const JobConfig& c, bool named_dataset, bool devices_here
   return {};
 }
 
-}  // namespace
-
-namespace {
-
 // Downpour's n_push and n_fetch past a worker's steps in the whole job:
 // almost surely a mistake, though a legal one.
 void warn_of_rare_exchanges(const JobConfig& config, const JobPlan& plan) {
   std::uint64_t steps = std::numeric_limits<std::uint64_t>::max();
   for (const WorkerPlan& w : plan.workers) steps = std::min(steps, w.steps_per_epoch * config.epochs);
-  for (const char* knob : {"push-every", "fetch-every"}) {
+  for (const auto& [knob, what] :
+       {std::pair{"push-every", "pushes its summed gradients"}, std::pair{"fetch-every", "pulls"}}) {
     const auto it = config.policy_options.find(knob);
     if (it != config.policy_options.end() && it->second > static_cast<double>(steps))
       logger().warn("--{} {:g} is more than a worker's {} steps in the whole job: it {} once, at its end", knob,
-                    it->second, steps, std::string(knob) == "push-every" ? "pushes its summed gradients" : "pulls");
+                    it->second, steps, what);
   }
 }
 

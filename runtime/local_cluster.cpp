@@ -216,8 +216,8 @@ void LocalCluster::supervise(std::stop_token stop) {
     // The others stop when the coordinator says so; give them a few seconds.
     // A coordinator that ended without telling them (it failed before the
     // job started: a bad --metrics-out) leaves nobody to wait for.
-    if ((coordinator_done && coordinator.out < 0 && !stopping_) ||
-        (coordinator_done && SteadyClock::now() - *coordinator_done > std::chrono::seconds(10))) {
+    if (coordinator_done &&
+        ((coordinator.out < 0 && !stopping_) || SteadyClock::now() - *coordinator_done > std::chrono::seconds(10))) {
       stop_all(SIGTERM);
       return;
     }
@@ -399,22 +399,32 @@ void LocalCluster::drain_and_reap() {
     while (c->out >= 0) c->pump();
 }
 
-std::string stopping_line() { return std::string(kStopping); }
+namespace {
+
+// One line to the supervisor on stdout, at once (one write: whole among
+// the other threads' lines).
+void say(const std::string& line) {
+  std::printf("%s\n", line.c_str());
+  std::fflush(stdout);
+}
+
+}  // namespace
+
+void say_stopping() { say(std::string(kStopping)); }
 
 void say_alive(std::stop_token stop) {
   auto next = SteadyClock::now();
   while (!stop.stop_requested()) {
     if (SteadyClock::now() >= next) {
-      std::printf("%.*s\n", static_cast<int>(kAlive.size()), kAlive.data());
-      std::fflush(stdout);
+      say(std::string(kAlive));
       next += kAliveEvery;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
 }
 
-std::string silent_process_line(bool shard, std::uint32_t index, std::uint32_t pid) {
-  return std::string(kSilent) + (shard ? "shard " : "worker ") + std::to_string(index) + " pid " + std::to_string(pid);
+void say_silent(bool shard, std::uint32_t index, std::uint32_t pid) {
+  say(std::string(kSilent) + (shard ? "shard " : "worker ") + std::to_string(index) + " pid " + std::to_string(pid));
 }
 
 void read_supervision(std::stop_token stop, const std::shared_ptr<Supervision>& supervision) {

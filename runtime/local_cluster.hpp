@@ -15,7 +15,7 @@
 //   asgd supervision: silent shard|worker INDEX pid PID
 //   asgd supervision: alive        (each second; not shown)
 //   asgd supervision: stopping     (the job has ended: restart nothing)
-// (read_supervision, say_alive, stopping_line and silent_process_line below
+// (read_supervision, say_alive, say_stopping and say_silent below
 // are the coordinator's side). A coordinator that says nothing for
 // --heartbeat-timeout (stopped, hung) is ended, and the job with it; a
 // coordinator whose supervisor is gone (its stdin closed) stops the job.
@@ -100,16 +100,16 @@ class LocalCluster {
   bool stopping_ = false;  // the coordinator said the job has ended
 };
 
-/// The line a supervised coordinator prints before it tells the processes
+/// A supervised coordinator's line, printed before it tells the processes
 /// that the job has ended.
-std::string stopping_line();
+void say_stopping();
 
 /// A supervised coordinator's "alive" line, printed each second until `stop`.
 void say_alive(std::stop_token stop);
 
-/// The line a supervised coordinator prints when shard `index`'s process
-/// `pid` is silent past --heartbeat-timeout.
-std::string silent_process_line(bool shard, std::uint32_t index, std::uint32_t pid);
+/// A supervised coordinator's line when shard `index`'s process `pid` is
+/// silent past --heartbeat-timeout (or worker `index`'s was declared lost).
+void say_silent(bool shard, std::uint32_t index, std::uint32_t pid);
 
 /// The coordinator's side: reads the supervisor's lines from standard input
 /// into `supervision` until `stop` or the supervisor is gone.

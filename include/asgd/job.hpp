@@ -27,6 +27,9 @@ inline constexpr std::uint32_t kMaxShards = 1024;
 /// Compute threads per worker, at most (--threads): more than a machine has
 /// cores only time-shares them.
 inline constexpr std::uint32_t kMaxThreads = 256;
+/// The longest wait a setting or flag may ask for, in seconds (a week):
+/// longer ones overflow the clocks they are measured on.
+inline constexpr double kMaxWaitS = 7 * 86400.0;
 
 /// Everything that defines one job. Each field is also a TOML key and a
 /// command-line flag of `asgd train`: the flag is the field name with '_'

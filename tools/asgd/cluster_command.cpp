@@ -160,7 +160,7 @@ void add_process_flags(CLI::App* cmd, ProcessFlags& f, bool listens, bool needs_
         ->check(endpoint_check(true));
   cmd->add_option("--join-timeout", f.join_timeout_s, "seconds to wait for the other processes (default 60)")
       ->type_name("S")
-      ->check(positive(true, kLongestWaitS));
+      ->check(positive(true, kMaxWaitS));
   if (needs_coordinator)
     cmd->add_option("--index", f.index, "ask for this index (default: the first free one)")->type_name("K");
   add_shared_memory_flag(cmd, f.shared_memory);
@@ -205,14 +205,8 @@ int run_coordinator(const JobOptions& jo, const ProcessFlags& pf) {
   std::jthread supervisor_lines, alive;
   if (pf.supervised) {
     po.supervision = std::make_shared<Supervision>();
-    po.supervision->on_silent = [](bool shard, std::uint32_t index, std::uint32_t pid) {
-      std::printf("%s\n", silent_process_line(shard, index, pid).c_str());
-      std::fflush(stdout);
-    };
-    po.supervision->on_stopping = [] {
-      std::printf("%s\n", stopping_line().c_str());
-      std::fflush(stdout);
-    };
+    po.supervision->on_silent = say_silent;
+    po.supervision->on_stopping = say_stopping;
     po.supervision->on_supervisor_gone = [] {
       logger().error("coordinator: the asgd cluster that started it has ended: stopping the job");
       std::raise(SIGTERM);  // as if told to stop: the others are told too
@@ -435,7 +429,7 @@ std::function<int(const std::string&)> add_cluster_commands(CLI::App& app) {
   cluster->add_option("--join-timeout", all->cluster.join_timeout_s,
                       "seconds to wait for the processes to start and register (default 60)")
       ->type_name("S")
-      ->check(positive(true, kLongestWaitS));
+      ->check(positive(true, kMaxWaitS));
   cluster->add_option("--max-restarts", all->cluster.max_restarts,
                       "start a worker process that died again (it rejoins at the next epoch), and with "
                       "--checkpoint-dir a shard process (it reloads its checkpoint): at most N times each "

@@ -51,10 +51,6 @@ inline CLI::Validator positive(bool strictly = true, std::optional<double> most 
       "");
 }
 
-/// The longest wait a flag may ask for, in seconds: a week (longer ones
-/// overflow the clocks they are measured on).
-inline constexpr double kLongestWaitS = 7 * 86400.0;
-
 /// Adds `train` to `app`; the returned function runs it after parsing.
 std::function<int()> add_train_command(CLI::App& app);
 

@@ -59,8 +59,18 @@ Status whole_settings_file(const std::string& path) {
   return {};
 }
 
-std::string batch_text(const std::optional<std::uint32_t>& batch) {
-  return batch ? std::to_string(*batch) : "the default";
+// The checkpoints count each worker's steps: another batch (or batch
+// weights) than the resumed job's would skip or repeat epochs.
+Status same_steps(const JobConfig& resumed, const JobConfig& now) {
+  std::string changed;
+  if (now.batch != resumed.batch)
+    changed = "--batch (" + (resumed.batch ? std::to_string(*resumed.batch) : std::string("the default")) + ")";
+  else if (now.worker_weights != resumed.worker_weights)
+    changed = "--worker-weights (" + (resumed.worker_weights.empty() ? std::string("equal") : resumed.worker_weights) +
+              ")";
+  if (changed.empty()) return {};
+  return Status::InvalidArgument("the checkpointed job's " + changed + " cannot change: its checkpoints count steps "
+                                 "of that size");
 }
 
 }  // namespace
@@ -70,7 +80,7 @@ std::optional<int> load_job(const JobOptions& o, JobConfig& config, bool devices
     print_error(s.message());
     return kExitUsage;
   }
-  std::optional<std::pair<std::optional<std::uint32_t>, std::string>> resumed_steps;  // its batch and weights
+  std::optional<JobConfig> resumed;  // the checkpointed job's settings
   // --resume DIR: the checkpointed job's own settings come first; a config
   // file and flags may still change some (more epochs, a new metrics file).
   if (auto r = o.options.find("resume"); r != o.options.end() && r->second->count() > 0) {
@@ -89,7 +99,7 @@ std::optional<int> load_job(const JobOptions& o, JobConfig& config, bool devices
       print_error(s.message());
       return kExitUsage;
     }
-    resumed_steps = {config.batch, config.worker_weights};
+    resumed = config;
     // The resumed folder is where the job goes on checkpointing, wherever
     // it was first written from (a --checkpoint-dir flag may still say
     // otherwise).
@@ -108,13 +118,8 @@ std::optional<int> load_job(const JobOptions& o, JobConfig& config, bool devices
       return kExitUsage;
     }
   }
-  // The checkpoints count each worker's steps: another batch would skip or
-  // repeat epochs.
-  if (resumed_steps && (config.batch != resumed_steps->first || config.worker_weights != resumed_steps->second)) {
-    print_error("--resume " + o.flags.at("resume") + ": the checkpointed job's " +
-                (config.batch != resumed_steps->first ? "--batch (" + batch_text(resumed_steps->first) + ")"
-                                                       : "--worker-weights (" + (resumed_steps->second.empty() ? std::string("equal") : resumed_steps->second) + ")") +
-                " cannot change: its checkpoints count steps of that size");
+  if (Status s = resumed ? same_steps(*resumed, config) : Status{}; !s.ok()) {
+    print_error("--resume " + o.flags.at("resume") + ": " + s.message());
     return kExitUsage;
   }
   if (Status s = validate_settings(config, devices_here); !s.ok()) {
