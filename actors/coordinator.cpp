@@ -317,8 +317,8 @@ void start_training(Self self) {
   const JobConfig& cfg = st.setup.config;
   const JobPlan& plan = st.core->plan();
   st.live_shards.assign(st.shards.size(), {});
-  if (st.setup.remote) return st.setup.remote->prepare_workers(plan);
   const std::uint32_t first_epoch = st.core->resumed() ? st.core->resumed()->first_epoch : 0u;
+  if (st.setup.remote) return st.setup.remote->prepare_workers(plan, first_epoch);
   // A feeder on a thread of its own makes batches while its worker computes. Past kFeederThreads workers
   // the feeders share the scheduler's threads: a job of a thousand workers must not ask the host for a
   // thousand threads (one that cannot start would leave an actor the actor system waits for forever).
@@ -359,19 +359,6 @@ void calibrate(Self self, std::size_t next, std::shared_ptr<std::vector<StepCost
           });
 }
 
-// --resume: where each worker starts again, read from the shards'
-// checkpoints. False once the job has failed.
-bool resume(Self self) {
-  auto& st = self->state;
-  auto plan = plan_resume(st.setup.config, st.core->plan());
-  if (!plan) {
-    fail(self, plan.status());
-    return false;
-  }
-  st.core->resume(std::move(plan).value());
-  return true;
-}
-
 // The plan's shards, each on its slice of the model's initial parameters
 // (or its checkpoint, when the job resumes), spawned here or placed in
 // their processes. False once the job has failed.
@@ -380,6 +367,7 @@ bool start_shards(Self self) {
   const JobConfig& cfg = st.setup.config;
   const JobPlan& job = st.core->plan();
   const auto params = st.model->params();
+  const auto& resumed = st.core->resumed();
   for (const ShardPlan& plan : job.shards) {
     std::vector<float> initial;
     if (!st.shared)
@@ -392,7 +380,9 @@ bool start_shards(Self self) {
       fail(self, core.status());
       return false;
     }
-    if (const auto& resumed = st.core->resumed()) {
+    // A resumed job's checkpoints are checked here, whether this process or
+    // the shard's reloads them (on one host or a shared folder, the same).
+    if (resumed) {
       if (const Status s = core->restore(shard_checkpoint_path(cfg.resume, plan.index), resumed->restart); !s.ok()) {
         fail(self, resume_refused(cfg, s));
         return false;
@@ -400,7 +390,7 @@ bool start_shards(Self self) {
     }
     caf::actor shard;
     if (st.setup.remote) {
-      auto placed = st.setup.remote->place_shard(self, ss);
+      auto placed = st.setup.remote->place_shard(self, ss, resumed ? resumed->restart : std::vector<Clock>{});
       if (!placed) {
         fail(self, placed.status());
         return false;
@@ -524,7 +514,7 @@ bool start_job(Self self) {
   }
   if (st.core->plan().exchange != Exchange::none && !st.setup.remote)
     st.collective = messaging::make_local_collective(st.setup.config.workers);
-  if (!st.setup.config.resume.empty() && !resume(self)) return false;
+  if (st.setup.resumed) st.core->resume(std::move(*st.setup.resumed));
   if (!start_shards(self)) return false;
   // Shards in other processes say when they serve (ready_atom); the
   // coordinator goes on answering meanwhile.

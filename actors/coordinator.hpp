@@ -36,6 +36,7 @@
 #include <optional>
 
 #include "actors/coordinator_core.hpp"
+#include "actors/coordinator_resume.hpp"
 #include "actors/job_plan.hpp"
 #include "actors/key_range.hpp"
 #include "messaging/collective.hpp"
@@ -76,6 +77,9 @@ struct CoordinatorSetup {
   /// shards' initial parameters, then the coordinator's for evaluation. The
   /// coordinator takes it over.
   std::shared_ptr<Model> model;
+  /// --resume: where the workers start again (plan_resume), read before
+  /// the job's settings beside the checkpoints were replaced.
+  std::optional<ResumePlan> resumed;
 };
 
 /// How often the coordinator refreshes Progress and the live status (and
@@ -94,8 +98,11 @@ class RemotePlacement {
   virtual ~RemotePlacement() = default;
   /// Hands shard setup.index its setup (range, initial parameters, ...) and
   /// returns the local actor that stands for it, without waiting for the
-  /// process to take it (await_shards does).
-  virtual Result<caf::actor> place_shard(caf::local_actor* coordinator, const ShardSetup& setup) = 0;
+  /// process to take it (await_shards does). `restart`, for a resumed job:
+  /// each worker's clock where it starts again, the process reloading the
+  /// shard's checkpoint; empty for a new job.
+  virtual Result<caf::actor> place_shard(caf::local_actor* coordinator, const ShardSetup& setup,
+                                         const std::vector<Clock>& restart) = 0;
   /// Once every placed shard's process serves, or one did not take its
   /// assignment in time, sends `coordinator` (ready_atom, int32 StatusCode,
   /// std::string what); code 0: every shard serves. Never blocks.
@@ -107,12 +114,12 @@ class RemotePlacement {
   /// schedule's length), at epoch `first_epoch` (0-based): a worker process
   /// that rejoins a running job.
   virtual void start_worker(const JobPlan& plan, std::uint32_t w, std::uint32_t first_epoch) = 0;
-  /// The job's start: hands every worker of `plan` its assignment (epoch 0)
-  /// without starting it. Once every worker's process has loaded its data
+  /// The job's start: hands every worker of `plan` its assignment (epoch
+  /// `first_epoch`, 0 unless the job resumes) without starting it. Once every worker's process has loaded its data
   /// and made its actors (WorkerReady), or at --join-timeout, sends the
   /// coordinator (prepared_atom), which starts its clock and then each
   /// worker (begin_worker).
-  virtual void prepare_workers(const JobPlan& plan) = 0;
+  virtual void prepare_workers(const JobPlan& plan, std::uint32_t first_epoch) = 0;
   virtual void begin_worker(std::uint32_t w) = 0;
   /// --worker-weights auto: asks worker `w`'s process for its samples/s
   /// (an assignment that says calibrate); the answer reaches the

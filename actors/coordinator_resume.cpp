@@ -4,6 +4,7 @@
 #include "base/log.hpp"
 
 #include <algorithm>
+#include <filesystem>
 #include <limits>
 
 #include "actors/coordinator_resume.hpp"
@@ -16,21 +17,45 @@ Status resume_refused(const JobConfig& cfg, const Status& why) {
   return Status::InvalidArgument("--resume " + cfg.resume + ": " + why.message());
 }
 
+namespace {
+
+// The checkpoints of as many shards as the job has (or more, from an
+// earlier job in the same folder): a model's parameters are cut into shards
+// by their count, so another --shards cannot read them.
+Status same_shards(const JobConfig& cfg) {
+  std::uint32_t found = 0;
+  while (found <= kMaxShards && std::filesystem::exists(shard_checkpoint_path(cfg.resume, found))) ++found;
+  // None: plan_resume names the missing file. More: the key ranges tell.
+  if (found == 0 || found >= cfg.shards) return {};
+  return Status::InvalidArgument("--resume " + cfg.resume + ": it holds the checkpoints of " + std::to_string(found) +
+                                 " shard(s), this job has " + std::to_string(cfg.shards) +
+                                 ": the shard count cannot change on resume (use --shards " + std::to_string(found) +
+                                 ")");
+}
+
+}  // namespace
+
 Result<ResumePlan> plan_resume(const JobConfig& cfg, const JobPlan& job) {
   const std::vector<WorkerPlan>& workers = job.workers;
   ResumePlan plan;
   std::vector<Clock> done(workers.size(), std::numeric_limits<Clock>::max());  // per worker: steps every shard has
   plan.updates = std::numeric_limits<std::uint64_t>::max();
   plan.written_unix_s = std::numeric_limits<double>::max();
-  for (std::uint32_t i = 0; i < cfg.shards; ++i) {
-    const std::string path = shard_checkpoint_path(cfg.resume, i);
+  if (Status s = same_shards(cfg); !s.ok()) return s;
+  for (const ShardPlan& shard : job.shards) {
+    const std::string path = shard_checkpoint_path(cfg.resume, shard.index);
     auto saved = ShardCore::saved(path);
     if (!saved) {
       if (saved.status().code() == StatusCode::not_found)
-        return Status::NotFound("--resume " + cfg.resume + ": no checkpoint of shard " + std::to_string(i) + " (" +
-                                path + "); was the job run with --checkpoint-dir and --checkpoint-every?");
+        return Status::NotFound("--resume " + cfg.resume + ": no checkpoint of shard " + std::to_string(shard.index) +
+                                " (" + path + "); was the job run with --checkpoint-dir and --checkpoint-every?");
       return resume_refused(cfg, saved.status());
     }
+    if (saved->stats.keys != shard.range.size())
+      return Status::InvalidArgument("--resume " + cfg.resume + ": " + path + " holds " +
+                                     std::to_string(saved->stats.keys) + " parameters, this job's shard " +
+                                     std::to_string(shard.index) + " has " + std::to_string(shard.range.size()) +
+                                     ": the checkpointed job had another model or --shards");
     const auto& clocks = saved->stats.worker_clock;
     if (clocks.size() != workers.size())
       return Status::InvalidArgument("--resume " + cfg.resume + ": " + path + " is of a job with " +

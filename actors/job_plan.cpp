@@ -164,11 +164,8 @@ Result<JobPlan> plan_job(const JobConfig& c, const JobFacts& f) {
   if (!weights) return weights.status();
   auto stragglers = parse_stragglers(c.straggler, c.workers, c.seed);
   if (!stragglers) return stragglers.status();
-  if (!c.resume.empty() && (f.placement == Placement::processes || p.calibrate_weights))
-    return Status::InvalidArgument(std::string("--resume: not available ") +
-                                   (f.placement == Placement::processes
-                                        ? "for asgd cluster yet; resume with asgd train"
-                                        : "with --worker-weights auto (give the weights)"));
+  if (!c.resume.empty() && p.calibrate_weights)
+    return Status::InvalidArgument("--resume: not available with --worker-weights auto (give the weights)");
   p.sample_shape = f.sample_shape;
   p.classes = f.classes;
   p.num_params = f.num_params;

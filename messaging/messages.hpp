@@ -95,6 +95,10 @@ struct Assignment {
   /// reloads the shard's checkpoint (--checkpoint-dir) over the tensor
   /// (the initial parameters, kept when no checkpoint was written yet).
   bool restore = false;
+  /// shard, with `restore`, of a resumed job (--resume): each worker's
+  /// clock where it starts again (ShardCore::restore), the checkpoint being
+  /// the resumed job's. Empty for a process that takes a lost one's place.
+  std::vector<std::uint64_t> restart;
   /// worker: the epoch (0-based) it starts at; > 0 for a worker process
   /// that rejoins a running job in place of a lost one.
   std::uint32_t first_epoch = 0;
@@ -115,7 +119,7 @@ decltype(auto) fields(F&& f, Assignment& x) {
   return f(x.role, x.index, bounded(x.config, kMaxConfig), x.workers, x.range_begin, x.range_end, x.partition_begin,
            x.partition_end, x.batch, x.schedule_steps, bounded(x.shard_endpoints, 1024),
            bounded(x.range_bounds, 1025), x.restore, x.first_epoch, x.calibrate, bounded(x.peer_endpoints, 4096),
-           x.cpu_sharers);
+           x.cpu_sharers, bounded(x.restart, 4096));
 }
 
 /// Shard `index`'s process was restarted and listens at `endpoint` now:

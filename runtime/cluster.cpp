@@ -20,6 +20,7 @@
 #include <thread>
 
 #include "actors/coordinator.hpp"
+#include "actors/coordinator_resume.hpp"
 #include "actors/data_feeder.hpp"
 #include "actors/parameter_shard.hpp"
 #include "actors/worker.hpp"
@@ -61,7 +62,6 @@ namespace {
 using namespace messaging;
 using namespace cluster_detail;
 
-
 // Backpressure in a shard process (docs/cluster.md, "Queues and their
 // bounds"). ZeroMQ counts messages, not bytes, and a push is the size of
 // the shard's key range: a few per peer are plenty when the bridge keeps
@@ -76,8 +76,6 @@ constexpr int kShardSendQueue = 32;    // per peer, replies ZeroMQ has not sent 
 // stays well above that. More would only be memory: a worker has one
 // request in flight per shard.
 std::size_t shard_max_unanswered(std::uint32_t workers) { return 4 * std::size_t{workers} + 64; }
-
-
 
 // A shard process's memory is mostly push buffers (a push is the size of
 // its key range; ZeroMQ's I/O thread allocates each, and frees it once the
@@ -112,14 +110,11 @@ void reserve_push_buffers(std::size_t push_bytes, std::size_t buffers) {
   for (void* b : blocks) std::free(b);
 }
 
-
 std::string host_name() {
   char buf[256] = {};
   if (gethostname(buf, sizeof buf - 1) != 0) return "?";
   return buf;
 }
-
-
 
 caf::actor_system_config actor_config(std::size_t threads, std::chrono::microseconds busy_poll) {
   caf::actor_system_config cfg;
@@ -135,8 +130,7 @@ caf::actor_system_config actor_config(std::size_t threads, std::chrono::microsec
 // Stands for the coordinator inside a worker process. Each epoch the
 // worker finishes is also logged here: on its own host, a worker's log
 // says how far it got, whatever the coordinator makes of it.
-caf::behavior remote_coordinator(caf::event_based_actor* self, std::shared_ptr<Bridge> bridge, PeerId peer) {
-  (void)self;
+caf::behavior remote_coordinator(caf::event_based_actor*, std::shared_ptr<Bridge> bridge, PeerId peer) {
   return {
       [bridge, peer](EpochReport& r) {
         const std::uint64_t kept = r.samples - r.dropped_samples;
@@ -261,8 +255,8 @@ Status serve_until_shutdown(Joined& j, const std::string& name, std::stop_token 
 
 // The shard the coordinator's plan assigned this process: its keys and the
 // schedule's length as assigned, the rest planned from the same settings by
-// the same rules; reloaded from its checkpoint when the process takes the
-// place of one that died.
+// the same rules; reloaded from its checkpoint when the job resumes or the
+// process takes the place of one that died.
 Result<ShardCore> assigned_shard(Joined& j, const std::string& name) {
   const Assignment& a = j.assignment;
   auto plan = plan_settings(j.config, Placement::processes, usable_cpus());
@@ -277,6 +271,12 @@ Result<ShardCore> assigned_shard(Joined& j, const std::string& name) {
     // A new job: a checkpoint left by an earlier one in this folder must
     // not be reloaded if this shard is restarted before it writes its own.
     if (!checkpoint.empty()) std::filesystem::remove(checkpoint, ec);
+    return core;
+  }
+  if (!a.restart.empty()) {  // a resumed job's: the coordinator checked the same file
+    const std::string resumed = shard_checkpoint_path(j.config.resume, a.index);
+    if (Status s = core->restore(resumed, a.restart); !s.ok()) return resume_refused(j.config, s);
+    logger().info("{}: resumed from {}", name, resumed);
     return core;
   }
   if (checkpoint.empty())
@@ -457,7 +457,7 @@ Status assignment_fits(const Assignment& a, std::size_t train_count, std::uint32
 void log_share(const std::string& name, const Assignment& a, std::size_t shards) {
   logger().info("{}: samples [{}, {}) in batches of {}, {} shard(s){}", name, a.partition_begin, a.partition_end,
                a.batch, shards,
-               a.first_epoch > 0 ? fmt::format(", from epoch {} (in place of a lost process)", a.first_epoch + 1) : "");
+               a.first_epoch > 0 ? fmt::format(", from epoch {}", a.first_epoch + 1) : "");
 }
 
 struct WorkerPlans {

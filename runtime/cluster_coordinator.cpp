@@ -6,6 +6,7 @@
 #include <spdlog/fmt/fmt.h>
 #include "base/log.hpp"
 
+#include <filesystem>
 #include <utility>
 
 #include "actors/coordinator.hpp"
@@ -62,6 +63,16 @@ caf::behavior remote_worker(caf::event_based_actor* self, caf::timespan silence_
   };
 }
 
+// A resumed job goes on checkpointing where it resumed from (as run_job
+// has it), and its shard processes reload their checkpoints from there.
+// Absolute, for processes started elsewhere.
+JobConfig checkpointing_where_resumed(JobConfig c) {
+  if (c.resume.empty()) return c;
+  c.resume = std::filesystem::absolute(c.resume).lexically_normal().string();
+  if (c.checkpoint_dir.empty()) c.checkpoint_dir = c.resume;
+  return c;
+}
+
 // Where the job's shards and workers are: the processes the registry
 // holds. Called from the coordinator's thread; everything that concerns a
 // process's slot goes to the registry, which alone keeps them.
@@ -71,15 +82,18 @@ class ClusterPlacement final : public RemotePlacement {
                    std::vector<std::string> shard_endpoints, double join_timeout_s)
       : bridge_(std::move(bridge)),
         registry_(std::move(registry)),
-        config_(std::move(config)),
+        config_(checkpointing_where_resumed(std::move(config))),
         config_text_(to_toml(config_)),
         shard_endpoints_(std::move(shard_endpoints)),
         join_timeout_s_(join_timeout_s) {
     bounds_.assign(shard_endpoints_.size() + 1, 0);
   }
 
-  Result<caf::actor> place_shard(caf::local_actor* self, const ShardSetup& setup) override {
+  Result<caf::actor> place_shard(caf::local_actor* self, const ShardSetup& setup,
+                                 const std::vector<Clock>& restart) override {
     auto a = std::make_shared<Assignment>();
+    a->restore = !restart.empty();
+    a->restart = restart;
     a->role = Role::shard;
     a->index = setup.index;
     a->config = config_text_;
@@ -121,9 +135,9 @@ class ClusterPlacement final : public RemotePlacement {
     send_assignment(plan, w, first_epoch, false, true);
   }
 
-  void prepare_workers(const JobPlan& plan) override {
+  void prepare_workers(const JobPlan& plan, std::uint32_t first_epoch) override {
     caf::anon_send(registry_, prepare_atom::value, static_cast<std::uint32_t>(plan.workers.size()));
-    for (std::uint32_t w = 0; w < plan.workers.size(); ++w) send_assignment(plan, w, 0, false, false);
+    for (std::uint32_t w = 0; w < plan.workers.size(); ++w) send_assignment(plan, w, first_epoch, false, false);
   }
 
   void begin_worker(std::uint32_t w) override { caf::anon_send(registry_, start_atom::value, w); }

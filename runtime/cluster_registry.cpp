@@ -216,6 +216,7 @@ void take_place(Self self, const Member& fresh, const Member& old) {
   st.heard.erase(old.peer);
   Assignment a = *st.placed[reg.index]->assignment;
   a.restore = true;
+  a.restart.clear();  // its latest checkpoint's own clocks, not a resume's
   st.unready[fresh.peer] =
       Unready{reg.index, true, SteadyClock::now() + millis(st.setup.join_timeout_s), fresh};
   st.bridge->send(fresh.peer, encode(a, st.bridge->next_id(), *st.placed[reg.index]->initial, st.bridge->coding()));

@@ -293,8 +293,8 @@ Result<std::unique_ptr<StatusServer>> start_status_server(const JobConfig& confi
 }
 
 // Refuses a checkpoint folder it cannot write now, not after hours of
-// training, and writes the job's settings there for --resume.
-Status prepare_checkpoint_dir(const JobConfig& config, bool user_data) {
+// training.
+Status prepare_checkpoint_dir(const JobConfig& config) {
   std::error_code ec;
   std::filesystem::create_directories(config.checkpoint_dir, ec);
   if (ec || ::access(config.checkpoint_dir.c_str(), W_OK) != 0)
@@ -304,8 +304,15 @@ Status prepare_checkpoint_dir(const JobConfig& config, bool user_data) {
   if (std::filesystem::exists(model, ec) && !std::filesystem::is_regular_file(model, ec))
     return Status::InvalidArgument("--checkpoint-dir " + config.checkpoint_dir + ": " + model.string() +
                                    " is not a regular file, so the trained model could not be written there");
+  return {};
+}
+
+// The job's settings beside its shard checkpoints, so that --resume DIR
+// needs nothing else. A resumed job's replace them only once its
+// checkpoints were found to be its own (plan_resume): a resume refused
+// leaves the folder as it was.
+Status write_job_settings(const JobConfig& config, bool user_data) {
   if (config.checkpoint_every_s <= 0) return {};
-  // The settings beside the shard checkpoints, so --resume DIR needs nothing else.
   JobConfig saved = config;
   saved.resume.clear();
   saved.status_port = 0;
@@ -319,6 +326,22 @@ Status prepare_checkpoint_dir(const JobConfig& config, bool user_data) {
        << to_toml(saved) << kJobSettingsEnd << "\n";
   if (!toml) return Status::IOError("cannot write " + config.checkpoint_dir + "/" + kJobSettingsFile);
   return {};
+}
+
+// --resume: where the workers start again, from checkpoints found to be
+// this job's; then the settings beside them (write_job_settings).
+Result<std::optional<ResumePlan>> resume_and_save_settings(const JobConfig& config, const JobPlan& plan,
+                                                           bool user_data) {
+  std::optional<ResumePlan> resumed;
+  if (!config.resume.empty()) {
+    auto r = plan_resume(config, plan);
+    if (!r) return r.status();
+    resumed = std::move(r).value();
+  }
+  if (!config.checkpoint_dir.empty()) {
+    if (Status s = write_job_settings(config, user_data); !s.ok()) return s;
+  }
+  return resumed;
 }
 
 // The job's data: the user's (moved out of `user_data`, which the job no
@@ -427,8 +450,9 @@ Result<JobSummary> run_job_unguarded(const JobConfig& requested, const JobCallba
     status_server = std::move(server).value();
   }
   if (!config.checkpoint_dir.empty()) {
-    if (Status s = prepare_checkpoint_dir(config, user_data != nullptr); !s.ok()) return s;
+    if (Status s = prepare_checkpoint_dir(config); !s.ok()) return s;
   }
+  const bool own_data = user_data != nullptr;
   auto data = job_data(config, user_data);
   if (!data) return data.status();
   auto planned = plan_for(config, **data, hooks.make_placement ? Placement::processes : Placement::one_process);
@@ -438,6 +462,11 @@ Result<JobSummary> run_job_unguarded(const JobConfig& requested, const JobCallba
     return planned.status();
   }
   const JobPlan& plan = planned->plan;  // until it moves into the coordinator's setup
+  auto resumed = resume_and_save_settings(config, plan, own_data);
+  if (!resumed) {
+    if (hooks.before_shutdown) hooks.before_shutdown(resumed.status());
+    return resumed.status();
+  }
 
   // Each worker's share of the cores, in a budget of this job's own (for a
   // coordinator process, its evaluations' share).
@@ -471,7 +500,7 @@ Result<JobSummary> run_job_unguarded(const JobConfig& requested, const JobCallba
   auto on_record = [&](const nlohmann::json& record) { metrics.write(record); };
   CoordinatorSetup setup{config,   *data,   on_epoch,  on_eval, callbacks.on_progress, callbacks.on_final_params,
                          nullptr,  nullptr, live,      on_record, compute,             std::move(planned->plan),
-                         std::make_shared<Model>(std::move(planned->model))};
+                         std::make_shared<Model>(std::move(planned->model)), std::move(resumed).value()};
   EnergyMeter meter(EnergyMeter::from_environment());
   auto result = run_coordinator(std::move(setup), hooks, stop);
   if (!result) return result;

@@ -115,8 +115,7 @@ TEST(JobPlan, BadSettingsAreRefusedNamingTheFlag) {
   EXPECT_FALSE(refusal(c).empty());
   c = {};
   c.resume = "/some/checkpoints";
-  EXPECT_EQ(refusal(c, facts(1000, 1000, Placement::processes)),
-            "--resume: not available for asgd cluster yet; resume with asgd train");
+  EXPECT_TRUE(plan_job(c, facts(1000, 1000, Placement::processes)).ok());  // asgd cluster resumes too
   c.worker_weights = "auto";
   EXPECT_EQ(refusal(c), "--resume: not available with --worker-weights auto (give the weights)");
 }

@@ -140,4 +140,75 @@ TEST(ResumeCli, AChangedBatchOrASettingsFileCutShortIsRefused) {
   expect_one_line_error(asgd(resume), 2, "job.toml is cut short");
 }
 
+// The checkpoints hold the model's parameters cut into --shards pieces:
+// another model or shard count is refused by name, by the command line
+// when a flag changes it, by the job itself when the settings file does
+// (as a library user's JobConfig would). A resume refused leaves the
+// folder's settings as they were, so the right command still resumes it
+// (a refused resume used to write its own settings there first).
+TEST(ResumeCli, AnotherModelOrShardCountIsRefusedAndARefusedResumeLeavesTheSettingsAlone) {
+  ASGD_REQUIRE_DATASET(mnist, "mnist");
+  const asgd_test::TempDir scratch;
+  const fs::path ck = scratch / "ck";
+  ASSERT_NO_FATAL_FAILURE(train_one_epoch_into(mnist, ck));
+  const std::string resume = "train --resume " + ck.string() + " --epochs 2 --log-level off";
+  const std::string settings = slurp(ck / "job.toml");
+  expect_one_line_error(asgd(resume + " --model lenet"), 2, "the checkpointed job's --model (mlp) cannot change");
+  expect_one_line_error(asgd(resume + " --shards 2"), 2, "the checkpointed job's --shards (1) cannot change");
+  expect_one_line_error(asgd(resume + " --workers 3"), 2, "shard-0.ckpt is of a job with 2 workers, not 3");
+  EXPECT_EQ(slurp(ck / "job.toml"), settings) << "a refused resume replaced the checkpointed job's settings";
+
+  auto edited = [&](const std::string& key, const std::string& value) {
+    std::string text = settings;
+    const auto at = text.find("\n" + key + " = ") + 1;
+    text.replace(at, text.find('\n', at) - at, key + " = \"" + value + "\"");
+    std::ofstream(ck / "job.toml") << text;
+  };
+  edited("shards", "2");
+  expect_one_line_error(asgd(resume), 2,
+                        "it holds the checkpoints of 1 shard(s), this job has 2: the shard count cannot change");
+  edited("model", "lenet");
+  expect_one_line_error(asgd(resume), 2, "this job's shard 0 has");
+  std::ofstream(ck / "job.toml") << settings;
+  const CliRun resumed = asgd(resume);
+  EXPECT_EQ(resumed.exit_code, 0) << resumed.err;
+  EXPECT_NE(slurp(ck / "job.toml").find("epochs = \"2\""), std::string::npos) << "the resumed job's settings";
+}
+
+// asgd cluster resumes its own checkpoints: the coordinator checks them and
+// tells each shard process to reload its own (the folder is on one host
+// here) at the workers' clocks, and the worker processes start at the
+// epoch not every worker had finished. Where a job was trained does not
+// matter: the same checkpoints then go on in one process.
+TEST(ResumeCli, AClusterJobResumesAsAClusterAndThenInOneProcess) {
+  ASGD_REQUIRE_DATASET(mnist, "mnist");
+  const asgd_test::TempDir scratch;
+  const fs::path ck = scratch / "ck";
+  const fs::path metrics = scratch / "m.jsonl";
+  const std::string job = " --shards 2 --data-dir " + mnist.string() + kJob;
+  const CliRun first = asgd("cluster --epochs 1 --checkpoint-dir " + ck.string() + " --metrics-out " +
+                            metrics.string() + job);
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  const std::uint64_t one_epoch = read_jsonl(metrics).back()["updates_applied"].get<std::uint64_t>();
+
+  const CliRun second = asgd("cluster --resume " + ck.string() + " --epochs 2 --log-level info");
+  ASSERT_EQ(second.exit_code, 0) << second.out << second.err;
+  const std::string said = second.out + second.err;
+  for (const std::string shard : {"shard 0", "shard 1"})
+    EXPECT_NE(said.find(shard + ": resumed from " + (ck / ("shard-" + shard.substr(6) + ".ckpt")).string()),
+              std::string::npos)
+        << said;
+  EXPECT_NE(said.find("epoch 2/2"), std::string::npos) << said;
+  EXPECT_EQ(said.find("epoch 1/2"), std::string::npos) << "epoch 1 was trained again:\n" << said;
+  auto lines = read_jsonl(metrics);
+  EXPECT_EQ(epochs_in(lines), (std::vector<std::uint32_t>{1, 2}));
+  EXPECT_EQ(lines.back()["updates_applied"].get<std::uint64_t>(), 2 * one_epoch) << "the resumed shards lost or redid updates";
+
+  const CliRun third = asgd("train --resume " + ck.string() + " --epochs 3");
+  ASSERT_EQ(third.exit_code, 0) << third.err;
+  lines = read_jsonl(metrics);
+  EXPECT_EQ(epochs_in(lines), (std::vector<std::uint32_t>{1, 2, 3}));
+  EXPECT_GE(lines.back()["final_test_accuracy"].get<double>(), 0.95);
+}
+
 }  // namespace

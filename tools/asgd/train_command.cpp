@@ -59,18 +59,23 @@ Status whole_settings_file(const std::string& path) {
   return {};
 }
 
-// The checkpoints count each worker's steps: another batch (or batch
-// weights) than the resumed job's would skip or repeat epochs.
-Status same_steps(const JobConfig& resumed, const JobConfig& now) {
-  std::string changed;
+// What the checkpoints were cut by: each worker's steps of its batch (or
+// batch weights), and the model's parameters into shards. Another value
+// than the resumed job's would skip or repeat epochs, or not fit.
+Status same_checkpointed_layout(const JobConfig& resumed, const JobConfig& now) {
+  auto refuse = [](const std::string& flag, const std::string& was, const std::string& why) {
+    return Status::InvalidArgument("the checkpointed job's " + flag + " (" + was + ") cannot change: " + why);
+  };
   if (now.batch != resumed.batch)
-    changed = "--batch (" + (resumed.batch ? std::to_string(*resumed.batch) : std::string("the default")) + ")";
-  else if (now.worker_weights != resumed.worker_weights)
-    changed = "--worker-weights (" + (resumed.worker_weights.empty() ? std::string("equal") : resumed.worker_weights) +
-              ")";
-  if (changed.empty()) return {};
-  return Status::InvalidArgument("the checkpointed job's " + changed + " cannot change: its checkpoints count steps "
-                                 "of that size");
+    return refuse("--batch", resumed.batch ? std::to_string(*resumed.batch) : "the default",
+                  "its checkpoints count steps of that size");
+  if (now.worker_weights != resumed.worker_weights)
+    return refuse("--worker-weights", resumed.worker_weights.empty() ? "equal" : resumed.worker_weights,
+                  "its checkpoints count steps of those sizes");
+  if (now.model != resumed.model) return refuse("--model", resumed.model, "its checkpoints hold that model's parameters");
+  if (now.shards != resumed.shards)
+    return refuse("--shards", std::to_string(resumed.shards), "its checkpoints hold the parameters cut that many ways");
+  return {};
 }
 
 }  // namespace
@@ -118,7 +123,7 @@ std::optional<int> load_job(const JobOptions& o, JobConfig& config, bool devices
       return kExitUsage;
     }
   }
-  if (Status s = resumed ? same_steps(*resumed, config) : Status{}; !s.ok()) {
+  if (Status s = resumed ? same_checkpointed_layout(*resumed, config) : Status{}; !s.ok()) {
     print_error("--resume " + o.flags.at("resume") + ": " + s.message());
     return kExitUsage;
   }
