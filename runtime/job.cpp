@@ -328,6 +328,16 @@ Status write_job_settings(const JobConfig& config, bool user_data) {
   return {};
 }
 
+// Which OpenBLAS kernels compute, on how many threads per worker (or per
+// evaluation, in a coordinator process), and a better choice if there is one.
+void log_blas(std::size_t threads, const char* per) {
+  if (const std::string better = blas::suggested_coretype(); !better.empty()) {
+    logger().warn("OpenBLAS runs its generic {} kernels on this CPU; set OPENBLAS_CORETYPE={} for faster matrix products",
+                 blas::core_name(), better);
+  }
+  logger().info("OpenBLAS {} kernels, {} thread(s) per {}", blas::core_name(), threads, per);
+}
+
 // --resume: where the workers start again, from checkpoints found to be
 // this job's; then the settings beside them (write_job_settings).
 Result<std::optional<ResumePlan>> resume_and_save_settings(const JobConfig& config, const JobPlan& plan,
@@ -456,17 +466,15 @@ Result<JobSummary> run_job_unguarded(const JobConfig& requested, const JobCallba
   auto data = job_data(config, user_data);
   if (!data) return data.status();
   auto planned = plan_for(config, **data, hooks.make_placement ? Placement::processes : Placement::one_process);
-  if (!planned) {
-    // Ends as a job its coordinator failed: the processes of a cluster are told.
-    if (hooks.before_shutdown) hooks.before_shutdown(planned.status());
-    return planned.status();
-  }
+  // Ends as a job its coordinator failed: the processes of a cluster are told.
+  auto failed = [&hooks](const Status& why) {
+    if (hooks.before_shutdown) hooks.before_shutdown(why);
+    return why;
+  };
+  if (!planned) return failed(planned.status());
   const JobPlan& plan = planned->plan;  // until it moves into the coordinator's setup
   auto resumed = resume_and_save_settings(config, plan, own_data);
-  if (!resumed) {
-    if (hooks.before_shutdown) hooks.before_shutdown(resumed.status());
-    return resumed.status();
-  }
+  if (!resumed) return failed(resumed.status());
 
   // Each worker's share of the cores, in a budget of this job's own (for a
   // coordinator process, its evaluations' share).
@@ -475,19 +483,11 @@ Result<JobSummary> run_job_unguarded(const JobConfig& requested, const JobCallba
   if (hooks.on_compute_context) hooks.on_compute_context(compute);
   planned->model.use_compute(compute);
   planned->model.init_params(config.seed);
-  if (const std::string better = blas::suggested_coretype(); !better.empty()) {
-    logger().warn("OpenBLAS runs its generic {} kernels on this CPU; set OPENBLAS_CORETYPE={} for faster matrix products",
-                 blas::core_name(), better);
-  }
-  logger().info("OpenBLAS {} kernels, {} thread(s) per {}", blas::core_name(), threads,
-                hooks.make_placement ? "evaluation" : "worker");
+  log_blas(threads, hooks.make_placement ? "evaluation" : "worker");
   // Before the workers' models take the memory (the coordinator evaluates
   // beside them).
   auto buffers = blas::BufferClaim::make((plan.actor_threads + 1) * threads);
-  if (!buffers) {
-    if (hooks.before_shutdown) hooks.before_shutdown(buffers.status());
-    return buffers.status();
-  }
+  if (!buffers) return failed(buffers.status());
 
   auto on_epoch = [&](const EpochMetrics& m) {
     metrics.write(to_json(m));
