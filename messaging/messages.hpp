@@ -170,13 +170,16 @@ decltype(auto) fields(F&& f, CheckpointRequest& x) {
 
 struct Shutdown {
   std::string reason;
+  /// The process itself was refused before it had a part (an index out of
+  /// range or taken, a slot the job does not have): a usage error, exit 2.
+  bool refused = false;
 };
 /// Shutdown's reason when the job has finished; any other reason (a
 /// failure, a cancellation, a refusal) makes the process exit with a failure.
 inline constexpr std::string_view kJobDone = "the job is done";
 template <class F>
 decltype(auto) fields(F&& f, Shutdown& x) {
-  return f(x.reason);
+  return f(x.reason, x.refused);
 }
 
 struct Failure {

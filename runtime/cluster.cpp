@@ -202,7 +202,7 @@ Result<Joined> join(const ProcessOptions& o, Role role, const std::string& name,
     auto in = j.inbox->pop(std::chrono::milliseconds(100));
     if (!in) continue;
     if (auto* s = std::get_if<Shutdown>(&in->body))
-      return Status::WithCode(s->reason.starts_with("--index") ? StatusCode::invalid_argument : StatusCode::cancelled,
+      return Status::WithCode(s->refused ? StatusCode::invalid_argument : StatusCode::cancelled,
                               name + ": the coordinator said stop before assigning a part: " + s->reason);
     if (auto* a = std::get_if<Assignment>(&in->body)) {
       if (a->role != role) return Status::Internal(name + ": assigned a different role");

@@ -88,11 +88,13 @@ std::uint32_t cpu_sharers(const Slots& workers, std::uint32_t w) {
   return workers_with_cpu_key(workers, workers[w]->reg.cpu_key);
 }
 
-// Tells process `peer` to stop, saying why: a refused registration, or the job's end.
-void tell_to_stop(Self self, const PeerId& peer, const std::string& why) {
+// Tells process `peer` to stop, saying why: the job's end, or a
+// registration refused (`refused`: the process's own mistake, exit 2).
+void tell_to_stop(Self self, const PeerId& peer, const std::string& why, bool refused = false) {
   auto& b = *self->state.bridge;
-  b.send(peer, encode(Shutdown{why}, b.next_id()));
+  b.send(peer, encode(Shutdown{why, refused}, b.next_id()));
 }
+void refuse(Self self, const PeerId& peer, const std::string& why) { tell_to_stop(self, peer, why, true); }
 
 // Sends `message` to every worker process in the job, but the one of worker `but`.
 template <class M>
@@ -136,28 +138,24 @@ void end_registration(Self self, Status s) {
 // first free one).
 void registered(Self self, const PeerId& peer, const Registration& reg) {
   auto& st = self->state;
-  if (reg.role == Role::coordinator) return tell_to_stop(self, peer, "a coordinator cannot join a job");
+  if (reg.role == Role::coordinator) return refuse(self, peer, "a coordinator cannot join a job");
   Slots& slots = reg.role == Role::shard ? st.shards : st.workers;
   if (reg.index != kAnyIndex && reg.index >= slots.size())  // --index K
-    return tell_to_stop(self, peer,
-                        fmt::format("--index {}: the job has {} {} process(es), 0 to {}", reg.index, slots.size(),
-                                    role_name(reg), slots.size() - 1));
+    return refuse(self, peer, fmt::format("--index {}: the job has {} {} process(es), 0 to {}", reg.index,
+                                          slots.size(), role_name(reg), slots.size() - 1));
   if (reg.index != kAnyIndex && slots[reg.index])
-    return tell_to_stop(self, peer,
-                        fmt::format("--index {}: {} {} is taken (pid {} on {})", reg.index, role_name(reg), reg.index,
-                                    slots[reg.index]->reg.pid, slots[reg.index]->reg.host));
+    return refuse(self, peer, fmt::format("--index {}: {} {} is taken (pid {} on {})", reg.index, role_name(reg),
+                                          reg.index, slots[reg.index]->reg.pid, slots[reg.index]->reg.host));
   std::size_t slot = reg.index < slots.size() ? reg.index : slots.size();
   for (std::size_t i = 0; slot == slots.size() && i < slots.size(); ++i)
     if (!slots[i]) slot = i;
-  if (slot == slots.size()) return tell_to_stop(self, peer, "the job needs no more of these");
-  if (reg.role == Role::shard && reg.endpoint.empty()) return tell_to_stop(self, peer, "a shard must give its endpoint");
+  if (slot == slots.size()) return refuse(self, peer, "the job needs no more of these");
+  if (reg.role == Role::shard && reg.endpoint.empty()) return refuse(self, peer, "a shard must give its endpoint");
   logger().info("{} {} registered: pid {} on {}{}", role_name(reg), slot, reg.pid, reg.host,
                reg.endpoint.empty() ? "" : ", at " + reg.endpoint);
   slots[slot] = Member{peer, reg};
   if (filled(st.shards) == st.shards.size() && filled(st.workers) == st.workers.size()) end_registration(self, {});
 }
-
-void settle_newcomers(Self self);
 
 // "shard 1, worker 0 (rank 3 under a launcher)": the slots nobody took.
 std::string missing_slots(const RegistryState& st) {
@@ -174,29 +172,20 @@ std::string missing_slots(const RegistryState& st) {
   return out;
 }
 
-// During the job: a process registers for a slot, to take a dead one's place.
-void registered_during_job(Self self, const PeerId& peer, const Registration& reg) {
-  auto& st = self->state;
-  const bool shard = reg.role == Role::shard && reg.index < st.shards.size() && !reg.endpoint.empty();
-  const bool worker = reg.role == Role::worker && reg.index < st.workers.size();
-  if (!shard && !worker) return tell_to_stop(self, peer, "the job has started and needs no more of these");
-  if (!st.registration || !st.registration->ok() || !st.ready_waiter || (shard && (reg.index >= st.placed.size() || !st.placed[reg.index])))
-    return tell_to_stop(self, peer, "the job is not placed yet; try again");
-  const auto& cfg = st.setup.config;
-  if (shard && (cfg.checkpoint_dir.empty() || cfg.checkpoint_every_s <= 0))
-    return tell_to_stop(self, peer,
-                  "shard " + std::to_string(reg.index) +
-                      " cannot be restarted: the job writes no checkpoints (--checkpoint-dir, --checkpoint-every)");
-  st.newcomers.push_back({Member{peer, reg}, SteadyClock::now() + millis(cfg.heartbeat_timeout_s)});
-  settle_newcomers(self);
-}
-
 // A newcomer's old process is dead: the supervisor saw it end, or it
 // missed kPresumedDead of heartbeats.
 bool dead(const RegistryState& st, const Member& old) {
   if (st.ended.count(old.reg.pid) > 0) return true;
   const auto h = st.heard.find(old.peer);
   return h == st.heard.end() || SteadyClock::now() - h->second > kPresumedDead;
+}
+
+// A second process for a live one's slot: refused, saying why.
+void refuse_second(Self self, const PeerId& peer, const Registration& reg, const Member& old) {
+  logger().warn("{} {} registered again (pid {} on {}), but its process pid {} still sends heartbeats: refused",
+               role_name(reg), reg.index, reg.pid, reg.host, old.reg.pid);
+  refuse(self, peer, fmt::format("{} {} is alive (pid {} on {}); a second process for it is refused",
+                                       role_name(reg), reg.index, old.reg.pid, old.reg.host));
 }
 
 // The newcomer takes the slot: a worker rejoins at once (the coordinator
@@ -231,17 +220,31 @@ void settle_newcomers(Self self) {
     if (dead(st, old)) {
       take_place(self, n.member, old);
     } else if (SteadyClock::now() > n.refuse_at) {
-      const std::string what = role_name(reg) + " " + std::to_string(reg.index);
-      logger().warn("{} registered again (pid {} on {}), but its process pid {} still sends heartbeats: refused", what,
-                   reg.pid, reg.host, old.reg.pid);
-      tell_to_stop(self, n.member.peer,
-             what + " is alive (pid " + std::to_string(old.reg.pid) + " on " + old.reg.host +
-                 "); a second process for it is refused");
+      refuse_second(self, n.member.peer, reg, old);
     } else {
       waiting.push_back(std::move(n));
     }
   }
   st.newcomers = std::move(waiting);
+}
+
+// During the job: a process registers for a slot, to take a dead one's place.
+void registered_during_job(Self self, const PeerId& peer, const Registration& reg) {
+  auto& st = self->state;
+  const bool shard = reg.role == Role::shard && reg.index < st.shards.size() && !reg.endpoint.empty();
+  const bool worker = reg.role == Role::worker && reg.index < st.workers.size();
+  if (!shard && !worker) return refuse(self, peer, "the job has started and needs no more of these");
+  if (!st.registration || !st.registration->ok() || !st.ready_waiter ||
+      (shard && (reg.index >= st.placed.size() || !st.placed[reg.index])))
+    return tell_to_stop(self, peer, "the job is not placed yet; try again");
+  const auto& cfg = st.setup.config;
+  if (shard && (cfg.checkpoint_dir.empty() || cfg.checkpoint_every_s <= 0)) {
+    if (const Member& old = *st.shards[reg.index]; !dead(st, old)) return refuse_second(self, peer, reg, old);
+    return refuse(self, peer, "shard " + std::to_string(reg.index) + " cannot be restarted: the job writes no "
+                                    "checkpoints (--checkpoint-dir, --checkpoint-every)");
+  }
+  st.newcomers.push_back({Member{peer, reg}, SteadyClock::now() + millis(cfg.heartbeat_timeout_s)});
+  settle_newcomers(self);
 }
 
 bool every_shard_serves(const RegistryState& st) {

@@ -167,6 +167,29 @@ TEST(ClusterCli, AnIndexOutOfRangeOrTakenIsRefusedByName) {
   shard.get();
 }
 
+// During the job, a second process for a live shard is refused at once
+// when the job writes no checkpoints (it used to be told the shard 'cannot
+// be restarted', as if it were dead), with exit status 2 like every
+// refusal of the process's own doing (the shutdown's refused flag).
+TEST(ClusterCli, ASecondProcessForALiveShardDuringTheJobIsRefusedAsAUsageError) {
+  const std::string mnist = asgd_test::dataset_dir("mnist").string();
+  const int port = asgd_test::free_port();
+  ASSERT_GT(port, 0);
+  const std::string at = "tcp://127.0.0.1:" + std::to_string(port);
+  auto coordinator = std::async(std::launch::async, [&] {
+    return asgd("coordinator --workers 1 --shards 1 --epochs 6 --join-timeout 20 --listen " + at + " --data-dir " +
+                mnist);
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  auto shard = std::async(std::launch::async, [&] { return asgd("shard --coordinator " + at); });
+  auto worker = std::async(std::launch::async, [&] { return asgd("worker --coordinator " + at); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(2500));  // training
+  expect_one_line_error(asgd("shard --coordinator " + at + " --index 0"), 2, "shard 0 is alive (pid ");
+  EXPECT_EQ(coordinator.get().exit_code, 0);
+  EXPECT_EQ(shard.get().exit_code, 0);
+  EXPECT_EQ(worker.get().exit_code, 0);
+}
+
 TEST(TrainCli, RefusesAJobWhoseWorkersGetLessThanABatchEachWithAdvice) {
   const CliRun r = asgd("train --data-dir " + asgd_test::dataset_dir("mnist").string() + " --workers 64 --batch 4096");
   // (After the data has loaded: its size decides.)
