@@ -289,6 +289,18 @@ TEST(TrainCli, RefusesValuesThatWouldOverflowAClockOrHarmTheJob) {
   expect_one_line_error(asgd("worker --coordinator tcp://:5"), 2, "--coordinator: tcp://:5: expected tcp://HOST:PORT");
 }
 
+// An empty path is an unset shell variable, not "none": `--metrics-out
+// "$OUT"` trained without a metrics file. Every FILE, DIR or PATH flag of
+// every command refuses it.
+TEST(TrainCli, AnEmptyPathFlagIsRefusedInEveryCommand) {
+  for (const char* command : {"train --metrics-out", "train --config", "train --log-file", "cluster --checkpoint-dir",
+                              "train --resume", "export --checkpoint", "compare --out", "data fetch mnist --data-dir",
+                              "worker --coordinator tcp://127.0.0.1:5 --data-dir"}) {
+    const std::string flag = std::string(command).substr(std::string(command).rfind(" --") + 1);
+    expect_one_line_error(asgd(std::string(command) + " ''"), 2, flag + ": an empty path (leave the flag out for none)");
+  }
+}
+
 // Outputs that cannot be written are refused before training, not after
 // it: a folder in place of the model's checkpoint (train), a folder for
 // the metrics file (cluster: at once, not after waiting for the others).

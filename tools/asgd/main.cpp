@@ -53,6 +53,19 @@ std::vector<std::string> flags_of(const CLI::App& scope) {
   return flags;
 }
 
+// Every flag that names a file or folder (FILE, DIR, PATH), in every
+// command, refuses an empty one: `--metrics-out "$OUT"` with OUT unset
+// used to mean no metrics file, silently. (A TOML file may still say "":
+// job.toml writes the defaults so.)
+void refuse_empty_paths(CLI::App& scope) {
+  for (CLI::Option* o : scope.get_options({}))
+    if (const std::string t = o->get_type_name(); t == "FILE" || t == "DIR" || t == "PATH")
+      o->check(CLI::Validator(
+          [](std::string& v) { return v.empty() ? std::string("an empty path (leave the flag out for none)") : ""; },
+          ""));
+  for (CLI::App* sub : scope.get_subcommands({})) refuse_empty_paths(*sub);
+}
+
 // The parser's complaint in words that say what to do: an unknown flag
 // with the nearest one the command has and where the list is; a missing
 // command with the list of commands.
@@ -145,6 +158,7 @@ int main(int argc, char** argv) {
   auto data = add_data_command(app);
   auto devices = add_devices_command(app);
   auto bench = add_bench_passthrough(app);
+  refuse_empty_paths(app);
   // With no arguments at all, `asgd` says what it can do (`asgd train` runs
   // the embedded default job).
   std::vector<std::string> args(argv + 1, argv + argc);
