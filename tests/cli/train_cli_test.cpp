@@ -301,6 +301,18 @@ TEST(TrainCli, AnEmptyPathFlagIsRefusedInEveryCommand) {
   }
 }
 
+// A log file that cannot be written (a full disk) is said once on stderr;
+// the job goes on (it used to lose the lines silently).
+TEST(TrainCli, ALogFileThatCannotBeWrittenIsSaidOnceAndTheJobGoesOn) {
+  if (!fs::exists("/dev/full")) GTEST_SKIP() << "no /dev/full here";
+  const CliRun r = asgd("train --epochs 1 --log-file /dev/full --data-dir " + asgd_test::dataset_dir("mnist").string());
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  const std::string said = "asgd: warning: --log-file /dev/full: Failed flush to file /dev/full";
+  const auto first = r.err.find(said);
+  EXPECT_NE(first, std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find(said, first + 1), std::string::npos) << "said more than once:\n" << r.err;
+}
+
 // Outputs that cannot be written are refused before training, not after
 // it: a folder in place of the model's checkpoint (train), a folder for
 // the metrics file (cluster: at once, not after waiting for the others).

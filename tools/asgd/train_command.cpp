@@ -42,6 +42,16 @@ Status setup_logging(const LogOptions& o) {
   replace_log_sinks(std::move(sinks));
   logger().set_level(level);
   logger().set_pattern("[%H:%M:%S.%e] %^%l%$ %v");
+  // Each line reaches the file as it is logged (a `tail -f` sees it, a
+  // killed process loses none), and a file that cannot be written (a full
+  // disk) is said once on stderr instead of nowhere.
+  logger().flush_on(spdlog::level::trace);
+  logger().set_error_handler([file = o.log_file](const std::string& what) {
+    static std::atomic<bool> said{false};
+    if (!said.exchange(true))
+      std::fprintf(stderr, "asgd: warning: --log-file %s: %s; its later lines may be missing\n", file.c_str(),
+                   what.c_str());
+  });
   return {};
 }
 
