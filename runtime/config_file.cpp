@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <limits>
+#include <map>
 #include <sstream>
 #include <type_traits>
 
@@ -261,6 +262,13 @@ namespace {
 
 Status apply_toml_value(const toml::value& root, const std::string& origin, JobConfig& config) {
   if (!root.is_table()) return Status::InvalidArgument("config file " + origin + ": not a TOML table");
+  // data_dir and data-dir are one key: given both, which one won depended
+  // on the table's hash order.
+  std::map<std::string, std::string> spelled;  // normalized key -> as written
+  for (const auto& [key, value] : root.as_table())
+    if (auto [at, fresh] = spelled.emplace(normalize(key), key); !fresh)
+      return Status::InvalidArgument("config file " + origin + ": '" + at->second + "' and '" + key +
+                                     "' are the same key, given twice");
   for (const auto& [key, value] : root.as_table()) {
     std::string text;
     if (value.is_string()) {
@@ -268,6 +276,10 @@ Status apply_toml_value(const toml::value& root, const std::string& origin, JobC
     } else if (value.is_boolean()) {
       text = value.as_boolean() ? "true" : "false";
     } else if (value.is_integer()) {
+      // toml11 reads an integer past 64 bits as the largest (or smallest) one.
+      if (const auto i = value.as_integer(); i == std::numeric_limits<std::int64_t>::max() ||
+                                              i == std::numeric_limits<std::int64_t>::min())
+        return Status::InvalidArgument("config file " + origin + ": key '" + key + "': the integer is out of range");
       text = std::to_string(value.as_integer());
     } else if (value.is_floating()) {
       text = number_text(value.as_floating());

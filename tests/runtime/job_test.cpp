@@ -173,6 +173,15 @@ TEST(ConfigFile, RejectsUnknownKeysAndWrongTypesNamingThem) {
   std::ofstream(path) << "workers = -2\n";
   EXPECT_FALSE(apply_toml_file(path.string(), c).ok());
   EXPECT_EQ(apply_toml_file("/nonexistent.toml", c).code(), StatusCode::not_found);
+  // One key spelled both ways (which one won depended on hash order), and
+  // an integer past 64 bits (toml11 reads it as the largest one).
+  std::ofstream(path) << "data_dir = \"/x\"\ndata-dir = \"/y\"\n";
+  s = apply_toml_file(path.string(), c);
+  EXPECT_EQ(s.code(), StatusCode::invalid_argument);
+  EXPECT_NE(s.message().find("are the same key, given twice"), std::string::npos) << s.message();
+  std::ofstream(path) << "workers = 99999999999999999999\n";
+  s = apply_toml_file(path.string(), c);
+  EXPECT_NE(s.message().find("key 'workers': the integer is out of range"), std::string::npos) << s.message();
 }
 
 TEST(ConfigFile, ParsesFlagValuesStrictly) {
