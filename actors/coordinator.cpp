@@ -219,7 +219,7 @@ struct Perform {
     for (auto& shard : s.shards) self->send(shard, leave_atom::value, static_cast<WorkerId>(a.worker));
     if (s.shared) s.shared->live[a.worker].store(false, std::memory_order_release);
     if (s.collective) s.collective->leave(a.worker);  // allreduce, gossip: the others' ring goes on without it
-    if (s.setup.remote && s.core->plan().exchange != Exchange::none) s.setup.remote->worker_lost(a.worker);
+    if (s.setup.remote) s.setup.remote->worker_lost(a.worker);  // its process, if stopped or hung, is ended
   }
   void operator()(act::Kill& a) {
     if (a.worker >= s.workers.size()) return;

@@ -128,8 +128,9 @@ class RemotePlacement {
   /// Worker `w`'s new process (registered in place of a lost one) is not
   /// taken: tells it to stop, saying why.
   virtual void dismiss_worker(std::uint32_t w, const std::string& why) = 0;
-  /// allreduce, gossip: worker `w` is lost; tells every other worker's
-  /// process, whose collective then no longer waits for it.
+  /// Worker `w` is lost: under allreduce and gossip, tells every other
+  /// worker's process, whose collective then no longer waits for it; a
+  /// process of its that has not exited is ended by its supervisor.
   virtual void worker_lost(std::uint32_t w) = 0;
   /// --stop-at-target: every worker process stops after its current step.
   virtual void stop_workers() = 0;
