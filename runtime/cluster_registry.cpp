@@ -349,10 +349,9 @@ void check_silence(Self self) {
 }
 
 // Worker w is lost: under allreduce and gossip the others' collectives stop
-// waiting for it; and its process, if it has not exited (stopped, hung),
-// is ended (its supervisor may start another, which rejoins), so that it
-// cannot wake up and write into an all-reduce the others share, nor hold
-// the supervisor after the job's end.
+// waiting for it; its process, if it has not exited (stopped, hung), is
+// ended (another may rejoin), so that it cannot wake up and write into an
+// all-reduce the others share, nor hold the supervisor after the job.
 void worker_lost(Self self, std::uint32_t w) {
   auto& s = self->state;
   tell_workers(self, ClockNotice{w, 0, true}, w);
