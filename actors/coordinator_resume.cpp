@@ -4,7 +4,7 @@
 #include "base/log.hpp"
 
 #include <algorithm>
-#include <filesystem>
+#include <optional>
 #include <limits>
 
 #include "actors/coordinator_resume.hpp"
@@ -19,17 +19,29 @@ Status resume_refused(const JobConfig& cfg, const Status& why) {
 
 namespace {
 
-// The checkpoints of as many shards as the job has (or more, from an
-// earlier job in the same folder): a model's parameters are cut into shards
-// by their count, so another --shards cannot read them.
-Status same_shards(const JobConfig& cfg) {
-  std::uint32_t found = 0;
-  while (found <= kMaxShards && std::filesystem::exists(shard_checkpoint_path(cfg.resume, found))) ++found;
-  // None: plan_resume names the missing file. More: the key ranges tell.
-  if (found == 0 || found >= cfg.shards) return {};
-  return Status::InvalidArgument("--resume " + cfg.resume + ": it holds the checkpoints of " + std::to_string(found) +
+// How many shards the checkpoints in `dir` were cut into, when shard-0 to
+// shard-(K-1) hold every one of the model's `params` between them; nullopt
+// when they do not (a file missing or another model's).
+std::optional<std::uint32_t> checkpointed_shards(const std::string& dir, std::uint64_t params) {
+  std::uint64_t keys = 0;
+  for (std::uint32_t k = 0; k < kMaxShards && keys < params; ++k) {
+    auto saved = ShardCore::saved(shard_checkpoint_path(dir, k));
+    if (!saved) return std::nullopt;
+    keys += saved->stats.keys;
+    if (keys == params) return k + 1;
+  }
+  return std::nullopt;
+}
+
+// Why shard `index`'s checkpoint is not this job's: another shard count
+// (a model's parameters are cut into shards by their count), when the
+// folder holds a whole set of another; else `otherwise`.
+Status not_this_jobs(const JobConfig& cfg, const JobPlan& job, Status otherwise) {
+  const auto k = checkpointed_shards(cfg.resume, job.num_params);
+  if (!k || *k == cfg.shards) return otherwise;
+  return Status::InvalidArgument("--resume " + cfg.resume + ": it holds the checkpoints of " + std::to_string(*k) +
                                  " shard(s), this job has " + std::to_string(cfg.shards) +
-                                 ": the shard count cannot change on resume (use --shards " + std::to_string(found) +
+                                 ": the shard count cannot change on resume (use --shards " + std::to_string(*k) +
                                  ")");
 }
 
@@ -41,21 +53,24 @@ Result<ResumePlan> plan_resume(const JobConfig& cfg, const JobPlan& job) {
   std::vector<Clock> done(workers.size(), std::numeric_limits<Clock>::max());  // per worker: steps every shard has
   plan.updates = std::numeric_limits<std::uint64_t>::max();
   plan.written_unix_s = std::numeric_limits<double>::max();
-  if (Status s = same_shards(cfg); !s.ok()) return s;
   for (const ShardPlan& shard : job.shards) {
     const std::string path = shard_checkpoint_path(cfg.resume, shard.index);
     auto saved = ShardCore::saved(path);
     if (!saved) {
       if (saved.status().code() == StatusCode::not_found)
-        return Status::NotFound("--resume " + cfg.resume + ": no checkpoint of shard " + std::to_string(shard.index) +
-                                " (" + path + "); was the job run with --checkpoint-dir and --checkpoint-every?");
+        return not_this_jobs(cfg, job,
+                             Status::NotFound("--resume " + cfg.resume + ": no checkpoint of shard " +
+                                              std::to_string(shard.index) + " (" + path +
+                                              "); was the job run with --checkpoint-dir and --checkpoint-every?"));
       return resume_refused(cfg, saved.status());
     }
     if (saved->stats.keys != shard.range.size())
-      return Status::InvalidArgument("--resume " + cfg.resume + ": " + path + " holds " +
-                                     std::to_string(saved->stats.keys) + " parameters, this job's shard " +
-                                     std::to_string(shard.index) + " has " + std::to_string(shard.range.size()) +
-                                     ": the checkpointed job had another model or --shards");
+      return not_this_jobs(cfg, job,
+                           Status::InvalidArgument("--resume " + cfg.resume + ": " + path + " holds " +
+                                                   std::to_string(saved->stats.keys) + " parameters, this job's shard " +
+                                                   std::to_string(shard.index) + " has " +
+                                                   std::to_string(shard.range.size()) +
+                                                   ": the checkpointed job had another model"));
     const auto& clocks = saved->stats.worker_clock;
     if (clocks.size() != workers.size())
       return Status::InvalidArgument("--resume " + cfg.resume + ": " + path + " is of a job with " +

@@ -170,8 +170,9 @@ decltype(auto) fields(F&& f, CheckpointRequest& x) {
 
 struct Shutdown {
   std::string reason;
-  /// The process itself was refused before it had a part (an index out of
-  /// range or taken, a slot the job does not have): a usage error, exit 2.
+  /// A usage error, exit 2: the process itself was refused (an index out of
+  /// range or taken, a slot the job does not have), or the job was, for
+  /// something the user must fix (a refused --resume).
   bool refused = false;
 };
 /// Shutdown's reason when the job has finished; any other reason (a

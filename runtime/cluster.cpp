@@ -1,7 +1,6 @@
 #include "runtime/cluster.hpp"
 
 #include <spdlog/fmt/fmt.h>
-#include <malloc.h>
 #include "base/cpus.hpp"
 #include "base/log.hpp"
 #include <unistd.h>
@@ -77,38 +76,8 @@ constexpr int kShardSendQueue = 32;    // per peer, replies ZeroMQ has not sent 
 // request in flight per shard.
 std::size_t shard_max_unanswered(std::uint32_t workers) { return 4 * std::size_t{workers} + 64; }
 
-// A shard process's memory is mostly push buffers (a push is the size of
-// its key range; ZeroMQ's I/O thread allocates each, and frees it once the
-// reply written over it has been sent), and the bounds above cap how many
-// are alive at once. Left to itself, glibc hands freed buffers back to the
-// kernel and faults them in again for the next burst, and gives each thread
-// its own heap: under overload, resident memory climbs in steps, to the
-// level the bounds allow, whenever a burst fills every queue further than
-// before, which may take minutes. Instead the process takes that memory
-// when it is assigned its keys and keeps it: one heap for every thread,
-// buffers up to 32 MiB from it, never trimmed, grown at once to what the
-// bounds allow (up to 1 GiB; beyond, it grows as the queues fill, to the
-// same bound). Process-wide settings: a shard process is a process of its
-// own.
-constexpr int kHeapBuffersUpTo = 32 << 20;
-constexpr std::size_t kMaxReserve = std::size_t{1} << 30;
-
-void configure_shard_allocator() {
-  mallopt(M_ARENA_MAX, 1);
-  mallopt(M_MMAP_THRESHOLD, kHeapBuffersUpTo);
-  mallopt(M_TRIM_THRESHOLD, std::numeric_limits<int>::max());
-}
-
-void reserve_push_buffers(std::size_t push_bytes, std::size_t buffers) {
-  if (push_bytes == 0 || push_bytes > kHeapBuffersUpTo || buffers * push_bytes > kMaxReserve) return;
-  std::vector<void*> blocks(buffers, nullptr);
-  for (void*& b : blocks) {
-    b = std::malloc(push_bytes);
-    if (b == nullptr) break;
-    for (std::size_t i = 0; i < push_bytes; i += 4096) static_cast<volatile char*>(b)[i] = 0;  // resident now
-  }
-  for (void* b : blocks) std::free(b);
-}
+// A usage error (exit 2) or a stop: how a Shutdown that is not the job's end ends this process.
+StatusCode stop_code(const Shutdown& s) { return s.refused ? StatusCode::invalid_argument : StatusCode::cancelled; }
 
 std::string host_name() {
   char buf[256] = {};
@@ -202,8 +171,7 @@ Result<Joined> join(const ProcessOptions& o, Role role, const std::string& name,
     auto in = j.inbox->pop(std::chrono::milliseconds(100));
     if (!in) continue;
     if (auto* s = std::get_if<Shutdown>(&in->body))
-      return Status::WithCode(s->refused ? StatusCode::invalid_argument : StatusCode::cancelled,
-                              name + ": the coordinator said stop before assigning a part: " + s->reason);
+      return Status::WithCode(stop_code(*s), name + ": the coordinator said stop before assigning a part: " + s->reason);
     if (auto* a = std::get_if<Assignment>(&in->body)) {
       if (a->role != role) return Status::Internal(name + ": assigned a different role");
       j.assignment = std::move(*a);
@@ -243,7 +211,7 @@ Status serve_until_shutdown(Joined& j, const std::string& name, std::stop_token 
     last_heard = SteadyClock::now();
     // The job failed, was cancelled, or let this process go: its exit status says so.
     if (auto* s = std::get_if<Shutdown>(&in->body))
-      return s->reason == kJobDone ? Status{} : Status::Cancelled(name + ": the coordinator stopped it: " + s->reason);
+      return s->reason == kJobDone ? Status{} : Status::WithCode(stop_code(*s), name + ": the coordinator stopped it: " + s->reason);
     if (Status s = on_message(*in); !s.ok()) return s;
   }
   // Told to stop (SIGINT, SIGTERM): a clean end for a shard or worker.

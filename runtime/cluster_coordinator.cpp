@@ -63,6 +63,12 @@ caf::behavior remote_worker(caf::event_based_actor* self, caf::timespan silence_
   };
 }
 
+// What the user must fix, the codes asgd exits 2 for: a job refused so ends
+// every process with exit 2 (the shutdown's refused flag).
+bool usage_error(const Status& s) {
+  return s.code() == StatusCode::invalid_argument || s.code() == StatusCode::not_found;
+}
+
 // A resumed job goes on checkpointing where it resumed from (as run_job
 // has it), and its shard processes reload their checkpoints from there.
 // Absolute, for processes started elsewhere.
@@ -234,10 +240,10 @@ Result<JobSummary> run_coordinator_process(const JobConfig& config, const Proces
   // Tells every process to stop, once, and waits for the registry to go.
   caf::scoped_actor main{system};
   bool stopped = false;
-  auto say_stop = [&](const std::string& why) {
+  auto say_stop = [&](const std::string& why, bool usage_error = false) {
     if (std::exchange(stopped, true)) return;
     if (o.supervision) o.supervision->job_over();
-    main->request(registry, std::chrono::seconds(10), stop_atom::value, why)
+    main->request(registry, std::chrono::seconds(10), stop_atom::value, why, usage_error)
         .receive([](bool) {},
                  [](caf::error& err) { logger().warn("coordinator: the registry did not stop: {}", to_string(err)); });
     bridge->stop(std::chrono::seconds(2));
@@ -278,10 +284,10 @@ Result<JobSummary> run_coordinator_process(const JobConfig& config, const Proces
   logger().info("coordinator: evaluates on {} thread(s): {} usable CPU(s), shared with {} worker process(es) of this job",
                 hooks.compute_threads, usable_cpus(), workers_here);
   hooks.before_shutdown = [&](const Status& outcome) {
-    say_stop(outcome.ok() ? std::string(kJobDone) : "the job failed: " + outcome.message());
+    say_stop(outcome.ok() ? std::string(kJobDone) : "the job failed: " + outcome.message(), usage_error(outcome));
   };
   auto result = run_job_with(config, callbacks, stop, hooks);
-  say_stop(result.ok() ? std::string(kJobDone) : "the job failed: " + result.status().message());
+  hooks.before_shutdown(result.ok() ? Status{} : result.status());
   log_refused("coordinator", bridge->stats());
   return result;
 }

@@ -39,6 +39,14 @@ void log_refused(const std::string& name, const messaging::BridgeStats& st);
 
 std::chrono::milliseconds millis(double seconds);
 
+// A shard process's memory (runtime/shard_allocator.cpp): one heap, its
+// push buffers kept for reuse, not trimmed. Process-wide; called before
+// ZeroMQ's threads start.
+void configure_shard_allocator();
+// Makes room at once for `buffers` pushes of `push_bytes` each (up to a
+// bound), so that resident memory does not climb in steps under load.
+void reserve_push_buffers(std::size_t push_bytes, std::size_t buffers);
+
 messaging::TensorCoding coding_of(const JobConfig& c);
 
 /// A thread-safe queue the bridge's handler fills and a main thread drains.

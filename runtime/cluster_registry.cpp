@@ -475,12 +475,12 @@ void route(Self self, Inbound& in) {
 }
 
 // Tells every process to stop and forgets the job's actors.
-void stop_all(Self self, const std::string& why) {
+void stop_all(Self self, const std::string& why, bool usage_error) {
   auto& st = self->state;
   for (const Slots* group : {&st.shards, &st.workers})
     for (const auto& m : *group)
-      if (m) tell_to_stop(self, m->peer, why);
-  for (const Newcomer& n : st.newcomers) tell_to_stop(self, n.member.peer, why);
+      if (m) tell_to_stop(self, m->peer, why, usage_error);
+  for (const Newcomer& n : st.newcomers) tell_to_stop(self, n.member.peer, why, usage_error);
   st.newcomers.clear();
   st.coordinator = nullptr;
   st.ready_waiter = nullptr;
@@ -560,8 +560,8 @@ caf::behavior running(Self self) {
         }
         self->delayed_send(self, kCheckEvery, tick_atom::value);
       },
-      [self](stop_atom, const std::string& why) {
-        stop_all(self, why);
+      [self](stop_atom, const std::string& why, bool usage_error) {
+        stop_all(self, why, usage_error);
         self->quit();
         return true;
       },

@@ -3,13 +3,18 @@
 
 #include <gtest/gtest.h>
 
+#include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include <nlohmann/json.hpp>
 
 #include "cli/cli_run.hpp"
+#include "http_client.hpp"
 #include "temp_dir.hpp"
 #include "test_data.hpp"
 #include "test_helpers.hpp"
@@ -209,6 +214,39 @@ TEST(ResumeCli, AClusterJobResumesAsAClusterAndThenInOneProcess) {
   lines = read_jsonl(metrics);
   EXPECT_EQ(epochs_in(lines), (std::vector<std::uint32_t>{1, 2, 3}));
   EXPECT_GE(lines.back()["final_test_accuracy"].get<double>(), 0.95);
+
+  // The last shard's file lost: named, not taken for another shard count.
+  fs::remove(ck / "shard-1.ckpt");
+  expect_one_line_error(asgd("train --resume " + ck.string() + " --epochs 4 --log-level off"), 2,
+                        "no checkpoint of shard 1 (" + (ck / "shard-1.ckpt").string() + ")");
+}
+
+// A resume refused across processes is a usage error on every process, not
+// only the coordinator's: under a launcher the exit status mpirun or Slurm
+// reports is whichever rank ends first (the others used to exit 1).
+TEST(ResumeCli, AResumeRefusedAcrossProcessesEndsEveryProcessWithStatus2) {
+  ASGD_REQUIRE_DATASET(mnist, "mnist");
+  const asgd_test::TempDir scratch;
+  const fs::path ck = scratch / "ck";
+  ASSERT_NO_FATAL_FAILURE(train_one_epoch_into(mnist, ck));
+  const int port = asgd_test::free_port();
+  ASSERT_GT(port, 0);
+  const std::string at = "tcp://127.0.0.1:" + std::to_string(port);
+  auto coordinator = std::async(std::launch::async, [&] {
+    return asgd("coordinator --resume " + ck.string() + " --join-timeout 20 --listen " + at);  // every epoch trained
+  });
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  std::vector<std::future<CliRun>> others;
+  for (const char* role : {"shard", "worker", "worker"})
+    others.push_back(std::async(std::launch::async, [&, role] { return asgd(std::string(role) + " --coordinator " + at); }));
+  const CliRun refused = coordinator.get();
+  EXPECT_EQ(refused.exit_code, 2) << refused.err;
+  EXPECT_NE(refused.err.find("had trained all 1 epochs"), std::string::npos) << refused.err;
+  for (auto& other : others) {
+    const CliRun r = other.get();
+    EXPECT_EQ(r.exit_code, 2) << r.err;
+    EXPECT_NE(r.err.find("had trained all 1 epochs"), std::string::npos) << r.err;
+  }
 }
 
 }  // namespace

@@ -301,6 +301,27 @@ TEST(TrainCli, AnEmptyPathFlagIsRefusedInEveryCommand) {
   }
 }
 
+// Under a launcher (mpirun's variables here), a --rendezvous path that is a
+// folder is refused on every rank at once, and the folder left alone (rank
+// 0 crashed at the end removing a full one, and deleted an empty one); one
+// in a folder that does not exist is refused by rank 0 at once (it waited
+// out --join-timeout).
+TEST(ClusterCli, ARendezvousPathThatCannotBeAFileIsRefusedAtOnceOnEveryRank) {
+  const asgd_test::TempDir dir;
+  fs::create_directories(dir.path() / "folder");
+  std::ofstream(dir.path() / "folder" / "kept") << "x";
+  const std::string job = "cluster --shards 1 --workers 2 --epochs 1 --join-timeout 30 --rendezvous ";
+  for (const char* rank : {"0", "1", "3"}) {
+    const std::string launcher =
+        std::string("env OMPI_COMM_WORLD_RANK=") + rank + " OMPI_COMM_WORLD_SIZE=4 OMPI_COMM_WORLD_LOCAL_RANK=" + rank;
+    expect_one_line_error(asgd(job + (dir.path() / "folder").string(), {}, launcher), 2, "not a regular file");
+  }
+  EXPECT_TRUE(fs::exists(dir.path() / "folder" / "kept"));
+  expect_one_line_error(asgd(job + (dir.path() / "no" / "rv").string(), {},
+                             "env OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=4 OMPI_COMM_WORLD_LOCAL_RANK=0"),
+                        2, "/no does not exist");
+}
+
 // A log file that cannot be written (a full disk) is said once on stderr;
 // the job goes on (it used to lose the lines silently).
 TEST(TrainCli, ALogFileThatCannotBeWrittenIsSaidOnceAndTheJobGoesOn) {

@@ -37,8 +37,35 @@ Status write_rendezvous(const std::string& path, const std::string& endpoint) {
   }
   std::error_code ec;
   std::filesystem::rename(tmp, path, ec);
-  if (ec) return Status::IOError("--rendezvous " + path + ": " + ec.message());
+  if (!ec) return {};
+  std::error_code ignored;
+  std::filesystem::remove(tmp, ignored);
+  return Status::IOError("--rendezvous " + path + ": " + ec.message());
+}
+
+// The rendezvous file can be what it must: a file, not a folder or device,
+// which rank 0 (`writer`) can write into its folder. Checked on every rank
+// before anything starts, so that every rank refuses the same path at once
+// (a folder there crashed rank 0 at the end, and an empty one was deleted).
+Status usable_rendezvous(const std::string& path, bool writer) {
+  std::error_code ec;
+  const auto st = std::filesystem::status(path, ec);
+  if (std::filesystem::exists(st) && !std::filesystem::is_regular_file(st))
+    return Status::InvalidArgument("--rendezvous " + path + ": not a regular file (a folder?); give a file's path");
+  if (!writer) return {};
+  std::filesystem::path folder = std::filesystem::path(path).parent_path();
+  if (folder.empty()) folder = ".";
+  if (!std::filesystem::is_directory(folder, ec))
+    return Status::InvalidArgument("--rendezvous " + path + ": the folder " + folder.string() + " does not exist");
+  if (::access(folder.c_str(), W_OK) != 0)
+    return Status::InvalidArgument("--rendezvous " + path + ": cannot write in " + folder.string());
   return {};
+}
+
+// Rank 0's rendezvous file once the job is over, if it is still a file.
+void remove_rendezvous(const std::string& path) {
+  std::error_code ec;
+  if (!path.empty() && std::filesystem::is_regular_file(path, ec)) std::filesystem::remove(path, ec);
 }
 
 // Rank 0's endpoint from the rendezvous file, waiting for it up to
@@ -149,7 +176,7 @@ int run_rank_coordinator(const JobOptions& jo, const LaunchFlags& lf, const JobC
                                           if (Status s = write_rendezvous(lf.rendezvous, endpoint); !s.ok())
                                             logger().error("{}", s.message());
                                         });
-  if (!lf.rendezvous.empty()) std::filesystem::remove(lf.rendezvous);
+  remove_rendezvous(lf.rendezvous);
   return report_outcome(result, config, jo.log);
 }
 
@@ -205,6 +232,11 @@ int run_launched_rank(const JobOptions& jo, const LaunchFlags& lf, const Launch&
     print_error("launcher " + to_string(launch.kind) +
                 ": where rank 0 listens is not known: give --rendezvous PATH (a file on a filesystem every rank "
                 "shares) or set ASGD_COORDINATOR=tcp://HOST:PORT");
+    return kExitUsage;
+  }
+  if (Status s = lf.rendezvous.empty() ? Status{} : usable_rendezvous(lf.rendezvous, role->role == RankRole::coordinator);
+      !s.ok()) {
+    print_error(s.message());
     return kExitUsage;
   }
   ProcessOptions po;
