@@ -279,6 +279,11 @@ Result<Launch> detect_launch(const Environment& env, const std::string& wanted, 
   }
   if (!s.ok()) return Status::InvalidArgument("launcher " + to_string(l.kind) + ": " + s.message());
   if (const auto c = get(env, "ASGD_COORDINATOR")) {
+    // Checked here, so that every rank refuses a bad one alike (a worker
+    // took port 99999 and waited out --join-timeout). A " curve:KEY"
+    // suffix (--auth-keys) is the key's to check.
+    if (auto split = split_tcp_endpoint(c->substr(0, c->find(' '))); !split)
+      return Status::InvalidArgument("launcher " + to_string(l.kind) + ": ASGD_COORDINATOR " + split.status().message());
     l.coordinator = *c;
     l.from += ", ASGD_COORDINATOR";
   }
@@ -291,13 +296,13 @@ Result<Launch> detect_launch(const Environment& env, const std::string& wanted, 
 Result<RoleOfRank> role_of_rank(const Launch& l, std::uint32_t shards, std::uint32_t workers) {
   const std::uint64_t needed = 1ull + shards + workers;
   if (l.world_size != needed) {
+    auto count = [](std::uint64_t n, const char* what) { return std::to_string(n) + " " + what + (n == 1 ? "" : "s"); };
     const std::string could = l.world_size > 1ull + shards
-                                  ? "--workers " + std::to_string(l.world_size - 1 - shards)
-                                  : "at least " + std::to_string(shards + 2) + " ranks";
-    return Status::InvalidArgument("launcher " + to_string(l.kind) + ": " + std::to_string(l.world_size) +
-                                   " ranks, but 1 coordinator, " + std::to_string(shards) + " shards and " +
-                                   std::to_string(workers) + " workers take " + std::to_string(needed) +
-                                   "; with these ranks give " + could);
+                                  ? "with these ranks give --workers " + std::to_string(l.world_size - 1 - shards)
+                                  : "start at least " + std::to_string(shards + 2) + " ranks";
+    return Status::InvalidArgument("launcher " + to_string(l.kind) + ": " + count(l.world_size, "rank") +
+                                   ", but 1 coordinator, " + count(shards, "shard") + " and " +
+                                   count(workers, "worker") + " take " + std::to_string(needed) + "; " + could);
   }
   if (l.rank == 0) return RoleOfRank{RankRole::coordinator, 0};
   if (l.rank <= shards) return RoleOfRank{RankRole::shard, l.rank - 1};

@@ -162,6 +162,13 @@ TEST(Launcher, MissingOrBadVariablesAreOneLineErrorsNamingThem) {
   expect_error({{"SLURM_PROCID", "x"}, {"SLURM_NTASKS", "2"}}, "auto", "SLURM_PROCID=x: expected a whole number");
   expect_error({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "5"}}, "auto", "SLURM_PROCID=5 is not below SLURM_NTASKS=5");
   expect_error({{"ASGD_RANK", "0"}, {"ASGD_WORLD_SIZE", "2"}}, "auto", "ASGD_COORDINATOR is not set");
+  // A bad ASGD_COORDINATOR, refused alike on every rank (a worker rank took port 99999 and waited).
+  for (const char* rank : {"0", "2"}) {
+    expect_error({{"JOB_COMPLETION_INDEX", rank}, {"ASGD_WORLD_SIZE", "4"}, {"ASGD_COORDINATOR", "tcp://127.0.0.1:99999"}},
+                 "auto", "launcher kubernetes: ASGD_COORDINATOR tcp://127.0.0.1:99999: expected tcp://HOST:PORT");
+    expect_error({{"JOB_COMPLETION_INDEX", rank}, {"ASGD_WORLD_SIZE", "4"}, {"ASGD_COORDINATOR", "pod-0:29500"}},
+                 "auto", "ASGD_COORDINATOR pod-0:29500: expected tcp://HOST:PORT");
+  }
   expect_error({}, "slurm", "launcher slurm: SLURM_PROCID is not set");
   expect_error({}, "pbs", "--launcher pbs: expected auto, local, env, slurm, mpi, kubernetes or torchrun");
 }
