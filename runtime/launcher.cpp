@@ -100,6 +100,8 @@ Status read_mpi(const Environment& env, Launch& l) {
     const char* size = get(env, "OMPI_COMM_WORLD_SIZE") ? "OMPI_COMM_WORLD_SIZE" : "PMI_SIZE";
     return read_ranks(env, l, "PMIX_RANK", size, {"OMPI_COMM_WORLD_LOCAL_RANK", "MPI_LOCALRANKID"});
   }
+  if (!get(env, "PMI_RANK"))
+    return Status::InvalidArgument("none of OMPI_COMM_WORLD_RANK, PMIX_RANK and PMI_RANK is set (not under mpirun?)");
   return read_ranks(env, l, "PMI_RANK", "PMI_SIZE", {"MPI_LOCALRANKID", "PMI_LOCAL_RANK"});
 }
 

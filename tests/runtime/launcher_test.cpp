@@ -170,6 +170,7 @@ TEST(Launcher, MissingOrBadVariablesAreOneLineErrorsNamingThem) {
                  "auto", "ASGD_COORDINATOR pod-0:29500: expected tcp://HOST:PORT");
   }
   expect_error({}, "slurm", "launcher slurm: SLURM_PROCID is not set");
+  expect_error({}, "mpi", "launcher mpi: none of OMPI_COMM_WORLD_RANK, PMIX_RANK and PMI_RANK is set");
   expect_error({}, "pbs", "--launcher pbs: expected auto, local, env, slurm, mpi, kubernetes or torchrun");
 }
 

@@ -365,6 +365,16 @@ int run_cluster(const JobOptions& jo, const ProcessFlags& pf, LaunchFlags lf) {
                 "machine\n", config.shards, config.workers);
     return kExitOk;
   }
+  // No launcher here (--launcher auto found none): flags for ranks under one
+  // mean nothing, and saying so catches a launcher whose variables are missing.
+  const std::pair<bool, const char*> launched_only[] = {{!lf.rendezvous.empty(), "--rendezvous"},
+                                                        {lf.port != 0, "--port"},
+                                                        {!lf.address.empty(), "--address"},
+                                                        {!lf.interface.empty(), "--interface"}};
+  for (const auto& [given, flag] : launched_only)
+    if (given)
+      logger().warn("{} is for ranks under a launcher, and no launcher started this process (--launcher {}): ignored",
+                    flag, lf.launcher);
   print_adjustments(training_settings(config, Placement::processes));
   std::printf("asgd cluster: 1 coordinator, %u shard and %u worker processes on this machine%s\n", config.shards,
               config.workers, checked.curve ? ", authenticated and encrypted (CURVE)" : "");

@@ -8,7 +8,9 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <set>
 #include <thread>
+#include <vector>
 
 #include <unistd.h>
 
@@ -136,6 +138,17 @@ Result<std::string> coordinator_listen(const LaunchFlags& lf, const std::string&
     address = own.ok() ? *own : "127.0.0.1";
   }
   return "tcp://" + (address.empty() ? std::string("*") : address) + ":" + std::to_string(port);
+}
+
+// Rank 0 announcing a loopback address (its host name resolves to one, as
+// Debian's /etc/hosts has it, 127.0.1.1) while the ranks span several hosts:
+// those elsewhere could never reach it.
+void warn_if_unreachable(const std::string& listen, const std::vector<std::string>& rank_hosts) {
+  const std::set<std::string> hosts(rank_hosts.begin(), rank_hosts.end());
+  if (hosts.size() > 1 && listen.starts_with("tcp://127."))
+    logger().warn("rank 0 listens on {}, a loopback address, but the job's ranks run on {} hosts: those on other "
+                  "hosts cannot reach it; give --address or --interface (or set ASGD_ADDRESS)",
+                  listen, hosts.size());
 }
 
 // Where a shard (or a worker's collective) listens: its given address, else
@@ -282,6 +295,7 @@ int run_launched_rank(const JobOptions& jo, const LaunchFlags& lf, const Launch&
   }
   po.listen = *listen;
   po.rank_hosts = launch.rank_hosts;
+  warn_if_unreachable(*listen, launch.rank_hosts);
   return end(run_rank_coordinator(jo, lf, config, std::move(po)));
 }
 
