@@ -159,12 +159,14 @@ Result<Joined> join(const ProcessOptions& o, Role role, const std::string& name,
                                                     host_name(), static_cast<std::uint32_t>(getpid()),
                                                     cpu_set_key()},
                                        j.bridge->next_id()));
-  const auto deadline = SteadyClock::now() + millis(o.join_timeout_s);
+  const auto deadline = SteadyClock::now() + millis(o.join_timeout_s + o.join_grace_s);
   while (true) {
     if (stop.stop_requested()) return Status::Cancelled(name + ": stopped before it was assigned a part");
     if (SteadyClock::now() > deadline)
       return Status::Timeout(fmt::format(
-          "{}: no assignment from the coordinator at {} within {:g} s (--join-timeout){}", name, o.coordinator, o.join_timeout_s,
+          "{}: no assignment from the coordinator at {} within {:g} s (--join-timeout{}){}", name, o.coordinator,
+          o.join_timeout_s + o.join_grace_s,
+          o.join_grace_s > 0 ? fmt::format(" {:g}, and {:g} s to hear rank 0", o.join_timeout_s, o.join_grace_s) : "",
           o.curve ? "; with --auth-keys, check that the coordinator's folder has this process's .pub and that the "
                     "coordinator's key is right"
                   : ""));

@@ -102,6 +102,9 @@ struct ProcessOptions {
   std::string coordinator;             ///< shard, worker: the coordinator's endpoint
   std::string listen = "tcp://127.0.0.1:0";  ///< coordinator, shard: where to listen
   double join_timeout_s = 60.0;        ///< coordinator: wait for registrations; others: for their assignment
+  /// Others under a launcher: how much longer than join_timeout_s they wait,
+  /// so that when a rank never comes they hear rank 0's verdict (naming it).
+  double join_grace_s = 0.0;
   std::uint32_t shards = 0;            ///< coordinator: shard processes to wait for
   std::uint32_t workers = 0;           ///< coordinator: worker processes to wait for
   std::string data_dir;                ///< worker: the dataset's folder here, if not the coordinator's

@@ -320,6 +320,14 @@ TEST(ClusterCli, ARendezvousPathThatCannotBeAFileIsRefusedAtOnceOnEveryRank) {
   expect_one_line_error(asgd(job + (dir.path() / "no" / "rv").string(), {},
                              "env OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=4 OMPI_COMM_WORLD_LOCAL_RANK=0"),
                         2, "/no does not exist");
+  // A rank other than 0 waits 2 s past --join-timeout, to hear rank 0's
+  // verdict first, and says so (it said "within 4 s (--join-timeout)").
+  const auto port = asgd_test::free_port();
+  const CliRun late = asgd("cluster --shards 1 --workers 2 --join-timeout 2", {},
+                           "env OMPI_COMM_WORLD_RANK=2 OMPI_COMM_WORLD_SIZE=4 OMPI_COMM_WORLD_LOCAL_RANK=2 "
+                           "ASGD_COORDINATOR=tcp://127.0.0.1:" + std::to_string(port));
+  EXPECT_EQ(late.exit_code, 1) << late.err;
+  EXPECT_NE(late.err.find("within 4 s (--join-timeout 2, and 2 s to hear rank 0)"), std::string::npos) << late.err;
 }
 
 // A log file that cannot be written (a full disk) is said once on stderr;

@@ -260,7 +260,8 @@ int run_launched_rank(const JobOptions& jo, const LaunchFlags& lf, const Launch&
   po.index = role->index;
   // The others wait a little longer than rank 0, so that when a rank never
   // comes they hear rank 0's verdict (which names it) before giving up.
-  po.join_timeout_s = lf.join_timeout_s + (role->role == RankRole::coordinator ? 0.0 : 2.0);
+  po.join_timeout_s = lf.join_timeout_s;
+  po.join_grace_s = role->role == RankRole::coordinator ? 0.0 : 2.0;
   if (lf.print_layout) {
     print_layout(launch, *role, launch.coordinator, layout_listen(lf, launch, *role, *address), config);
     return kExitOk;
