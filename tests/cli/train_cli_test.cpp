@@ -320,6 +320,13 @@ TEST(ClusterCli, ARendezvousPathThatCannotBeAFileIsRefusedAtOnceOnEveryRank) {
   expect_one_line_error(asgd(job + (dir.path() / "no" / "rv").string(), {},
                              "env OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=4 OMPI_COMM_WORLD_LOCAL_RANK=0"),
                         2, "/no does not exist");
+  // An --address this host cannot listen on: a usage error naming the flag
+  // before anything starts (it was a bind failure, exit 1). 192.0.2.1 is
+  // TEST-NET-1, never a local address.
+  expect_one_line_error(asgd("cluster --shards 1 --workers 2 --address 192.0.2.1 --rendezvous " +
+                                 (dir.path() / "rv").string(),
+                             {}, "env OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=4 OMPI_COMM_WORLD_LOCAL_RANK=0"),
+                        2, "--address 192.0.2.1: this host cannot listen there");
   // A rank other than 0 waits 2 s past --join-timeout, to hear rank 0's
   // verdict first, and says so (it said "within 4 s (--join-timeout)").
   const auto port = asgd_test::free_port();

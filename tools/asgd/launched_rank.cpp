@@ -4,14 +4,19 @@
 
 #include "base/log.hpp"
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <set>
 #include <thread>
 #include <vector>
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include "compute/device.hpp"
@@ -112,14 +117,32 @@ void print_layout(const Launch& l, const RoleOfRank& role, const std::string& co
   std::fflush(stdout);
 }
 
+// `address`, checked before anything starts when it is an IPv4 address:
+// one this host can listen on (a bind that failed later was a runtime
+// failure, exit 1, not naming where the address came from). Other forms
+// are ZeroMQ's to take.
+Result<std::string> own_address(const std::string& address, const std::string& from) {
+  sockaddr_in at{};
+  at.sin_family = AF_INET;
+  if (::inet_pton(AF_INET, address.c_str(), &at.sin_addr) != 1) return address;
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  const bool bound = fd >= 0 && ::bind(fd, reinterpret_cast<const sockaddr*>(&at), sizeof at) == 0;
+  const int err = errno;
+  if (fd >= 0) ::close(fd);
+  if (!bound)
+    return Status::InvalidArgument(from + " " + address + ": this host cannot listen there (" + std::strerror(err) +
+                                   "): give one of its own addresses");
+  return address;
+}
+
 // This rank's own address when the flags or the environment give one:
 // --address, else --interface's, else $ASGD_ADDRESS; empty when none does.
 Result<std::string> given_address(const LaunchFlags& lf) {
-  if (!lf.address.empty()) return lf.address;
+  if (!lf.address.empty()) return own_address(lf.address, "--address");
   if (!lf.interface.empty()) return interface_address(lf.interface);
   const auto env = process_environment();
   auto it = env.find("ASGD_ADDRESS");
-  return it == env.end() ? std::string() : it->second;
+  return it == env.end() || it->second.empty() ? std::string() : own_address(it->second, "ASGD_ADDRESS");
 }
 
 // Where rank 0 listens: the launcher's port (or --port, or any), on its own
