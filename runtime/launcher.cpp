@@ -9,6 +9,7 @@
 #include <cerrno>
 #include <charconv>
 #include <cstring>
+#include <initializer_list>
 #include <optional>
 
 extern char** environ;
@@ -114,6 +115,23 @@ Status read_torchrun(const Environment& env, Launch& l) {
   l.coordinator = tcp(*addr, *port);
   l.from += ", LOCAL_RANK, MASTER_ADDR, MASTER_PORT";
   return {};
+}
+
+std::string run_id(const Environment& env, LauncherKind kind) {
+  auto first = [&env](std::initializer_list<const char*> names) {
+    for (const char* n : names)
+      if (auto v = get(env, n)) return std::string(n) + "=" + *v;
+    return std::string();
+  };
+  switch (kind) {
+    case LauncherKind::slurm: {
+      const std::string job = first({"SLURM_JOB_ID"}), step = first({"SLURM_STEP_ID"});
+      return job.empty() || step.empty() ? job : job + " " + step;
+    }
+    case LauncherKind::mpi: return first({"OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE"});
+    case LauncherKind::torchrun: return first({"TORCHELASTIC_RUN_ID"});
+    default: return {};
+  }
 }
 
 LauncherKind detect_kind(const Environment& env) {
@@ -280,6 +298,7 @@ Result<Launch> detect_launch(const Environment& env, const std::string& wanted, 
     case LauncherKind::torchrun: s = read_torchrun(env, l); break;
   }
   if (!s.ok()) return Status::InvalidArgument("launcher " + to_string(l.kind) + ": " + s.message());
+  l.run_id = run_id(env, l.kind);
   if (const auto c = get(env, "ASGD_COORDINATOR")) {
     // Checked here, so that every rank refuses a bad one alike (a worker
     // took port 99999 and waited out --join-timeout). A " curve:KEY"

@@ -40,6 +40,11 @@ struct Launch {
   /// block distribution: SLURM_TASKS_PER_NODE over the node list); else empty.
   std::vector<std::string> rank_hosts;
   std::string job_id;              ///< Slurm's
+  /// This run's identity, the same on every rank and another for the next
+  /// run, where the launcher gives one (Slurm's job and step, Open MPI's
+  /// job id or PMIx namespace, torchrun's run id); else empty. A rendezvous
+  /// file carries it, so that one left by another run is not read.
+  std::string run_id;
   std::string from;                ///< the variables it was read from, for --print-layout
 };
 

@@ -320,6 +320,18 @@ TEST(ClusterCli, ARendezvousPathThatCannotBeAFileIsRefusedAtOnceOnEveryRank) {
   expect_one_line_error(asgd(job + (dir.path() / "no" / "rv").string(), {},
                              "env OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=4 OMPI_COMM_WORLD_LOCAL_RANK=0"),
                         2, "/no does not exist");
+  // A rendezvous file left by another run (Open MPI's job id says which) is
+  // passed over and named, not read: its endpoint sent a rank to a job that
+  // was gone, or to the wrong one.
+  std::ofstream(dir.path() / "stale") << "tcp://127.0.0.1:1\nrun OMPI_MCA_ess_base_jobid=111\n";
+  const CliRun stale = asgd("cluster --shards 1 --workers 2 --join-timeout 1 --rendezvous " +
+                                (dir.path() / "stale").string(),
+                            {}, "env OMPI_COMM_WORLD_RANK=1 OMPI_COMM_WORLD_SIZE=4 OMPI_MCA_ess_base_jobid=222");
+  EXPECT_EQ(stale.exit_code, 1) << stale.err;
+  EXPECT_NE(stale.err.find("it holds another run's (run OMPI_MCA_ess_base_jobid=111, this one is "
+                           "OMPI_MCA_ess_base_jobid=222)"),
+            std::string::npos)
+      << stale.err;
   // An --address this host cannot listen on: a usage error naming the flag
   // before anything starts (it was a bind failure, exit 1). 192.0.2.1 is
   // TEST-NET-1, never a local address.

@@ -34,12 +34,14 @@ const char* role_name(RankRole r) {
   return r == RankRole::coordinator ? "coordinator" : r == RankRole::shard ? "shard" : "worker";
 }
 
-// Writes `endpoint` to `path` whole or not at all (a temporary, then rename).
-Status write_rendezvous(const std::string& path, const std::string& endpoint) {
+// Writes `endpoint` to `path` whole or not at all (a temporary, then
+// rename), with the run it is of on the next line when the launcher says.
+Status write_rendezvous(const std::string& path, const std::string& endpoint, const std::string& run) {
   const std::string tmp = path + ".tmp" + std::to_string(::getpid());
   {
     std::ofstream out(tmp, std::ios::trunc);
     out << endpoint << "\n";
+    if (!run.empty()) out << "run " << run << "\n";
     if (!out.flush()) return Status::IOError("--rendezvous " + path + ": cannot write " + tmp);
   }
   std::error_code ec;
@@ -76,18 +78,27 @@ void remove_rendezvous(const std::string& path) {
 }
 
 // Rank 0's endpoint from the rendezvous file, waiting for it up to
-// `timeout_s`.
-Result<std::string> await_rendezvous(const std::string& path, double timeout_s, std::uint32_t rank) {
+// `timeout_s`; one written by another run (a file left by an earlier job
+// under the same name) is passed over, when the launcher names the run.
+Result<std::string> await_rendezvous(const std::string& path, double timeout_s, std::uint32_t rank,
+                                     const std::string& run) {
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(timeout_s);
+  std::string other;  // another run's, seen there
   while (std::chrono::steady_clock::now() < deadline) {
     std::ifstream in(path);
-    std::string endpoint;
-    if (in && std::getline(in, endpoint) && !endpoint.empty()) return endpoint;
+    std::string endpoint, of;
+    if (in && std::getline(in, endpoint) && !endpoint.empty()) {
+      std::getline(in, of);
+      if (run.empty() || of == "run " + run) return endpoint;
+      other = of.empty() ? "no run named" : of;
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   return Status::Timeout("rank " + std::to_string(rank) + ": rank 0 wrote no endpoint to --rendezvous " + path +
-                         " within " + std::to_string(static_cast<int>(timeout_s)) +
-                         " s (--join-timeout); is it on a filesystem every rank shares, and did rank 0 start?");
+                         " within " + fmt::format("{:g}", timeout_s) + " s (--join-timeout)" +
+                         (other.empty() ? "; is it on a filesystem every rank shares, and did rank 0 start?"
+                                        : "; it holds another run's (" + other + ", this one is " + run +
+                                              "): a file left by an earlier job? Give each job a fresh name"));
 }
 
 // A worker's device: with --device cuda, the GPU its local rank picks
@@ -200,7 +211,8 @@ std::string layout_listen(const LaunchFlags& lf, const Launch& launch, const Rol
   return (at.ok() ? *at : at.status().message()) + worker;
 }
 
-int run_rank_coordinator(const JobOptions& jo, const LaunchFlags& lf, const JobConfig& config, ProcessOptions po) {
+int run_rank_coordinator(const JobOptions& jo, const LaunchFlags& lf, const Launch& launch, const JobConfig& config,
+                         ProcessOptions po) {
   Interrupts interrupts;
   po.shards = config.shards;
   po.workers = config.workers;
@@ -209,7 +221,7 @@ int run_rank_coordinator(const JobOptions& jo, const LaunchFlags& lf, const JobC
                                           std::printf("coordinator listening on %s\n", endpoint.c_str());
                                           std::fflush(stdout);
                                           if (lf.rendezvous.empty()) return;
-                                          if (Status s = write_rendezvous(lf.rendezvous, endpoint); !s.ok())
+                                          if (Status s = write_rendezvous(lf.rendezvous, endpoint, launch.run_id); !s.ok())
                                             logger().error("{}", s.message());
                                         });
   remove_rendezvous(lf.rendezvous);
@@ -221,7 +233,7 @@ int run_rank_coordinator(const JobOptions& jo, const LaunchFlags& lf, const JobC
 int run_rank_role(const LaunchFlags& lf, const Launch& launch, const RoleOfRank& role, const JobConfig& config,
                   const std::string& address, ProcessOptions po) {
   if (po.coordinator.empty()) {
-    auto found = await_rendezvous(lf.rendezvous, lf.join_timeout_s, launch.rank);
+    auto found = await_rendezvous(lf.rendezvous, lf.join_timeout_s, launch.rank, launch.run_id);
     if (!found) {
       print_error(found.status().message());
       return kExitFailure;
@@ -320,7 +332,7 @@ int run_launched_rank(const JobOptions& jo, const LaunchFlags& lf, const Launch&
   po.listen = *listen;
   po.rank_hosts = launch.rank_hosts;
   warn_if_unreachable(*listen, launch.rank_hosts);
-  return end(run_rank_coordinator(jo, lf, config, std::move(po)));
+  return end(run_rank_coordinator(jo, lf, launch, config, std::move(po)));
 }
 
 }  // namespace asgd::cli
