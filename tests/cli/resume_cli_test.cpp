@@ -161,6 +161,10 @@ TEST(ResumeCli, AnotherModelOrShardCountIsRefusedAndARefusedResumeLeavesTheSetti
   expect_one_line_error(asgd(resume + " --model lenet"), 2, "the checkpointed job's --model (mlp) cannot change");
   expect_one_line_error(asgd(resume + " --shards 2"), 2, "the checkpointed job's --shards (1) cannot change");
   expect_one_line_error(asgd(resume + " --workers 3"), 2, "shard-0.ckpt is of a job with 2 workers, not 3");
+  // Under a launcher with the wrong number of ranks, the advice keeps what a resume keeps.
+  expect_one_line_error(asgd("cluster --resume " + ck.string() + " --epochs 2 --rendezvous " + (scratch / "rv").string(),
+                             {}, "env OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=3"),
+                        2, "3 rank(s), but the resumed job keeps its 1 shard(s) and 2 worker(s): start 4 ranks");
   EXPECT_EQ(slurp(ck / "job.toml"), settings) << "a refused resume replaced the checkpointed job's settings";
 
   auto edited = [&](const std::string& key, const std::string& value) {

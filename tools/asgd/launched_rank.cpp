@@ -271,6 +271,13 @@ int run_launched_rank(const JobOptions& jo, const LaunchFlags& lf, const Launch&
     return kExitUsage;
   }
   auto role = role_of_rank(launch, config.shards, config.workers);
+  if (!role && !config.resume.empty()) {  // its hint would change what a resume keeps
+    print_error("launcher " + to_string(launch.kind) + ": " + std::to_string(launch.world_size) +
+                " rank(s), but the resumed job keeps its " + std::to_string(config.shards) + " shard(s) and " +
+                std::to_string(config.workers) + " worker(s): start " +
+                std::to_string(1ull + config.shards + config.workers) + " ranks");
+    return kExitUsage;
+  }
   auto address = given_address(lf);
   if (!role || !address) {
     print_error((!role ? role.status() : address.status()).message());
