@@ -332,6 +332,14 @@ TEST(ClusterCli, ARendezvousPathThatCannotBeAFileIsRefusedAtOnceOnEveryRank) {
                            "OMPI_MCA_ess_base_jobid=222)"),
             std::string::npos)
       << stale.err;
+  // --print-layout checks a worker rank's device as the worker would.
+  if (asgd::cuda_device_count() == 0) {
+    const CliRun layout = asgd("cluster --shards 1 --workers 2 --device cuda --print-layout --rendezvous " +
+                                   (dir.path() / "rv").string(),
+                               {}, "env OMPI_COMM_WORLD_RANK=2 OMPI_COMM_WORLD_SIZE=4 OMPI_COMM_WORLD_LOCAL_RANK=0");
+    EXPECT_EQ(layout.exit_code, 0) << layout.err;
+    EXPECT_NE(layout.out.find("device: cuda (no usable CUDA device on this host"), std::string::npos) << layout.out;
+  }
   // An --address this host cannot listen on: a usage error naming the flag
   // before anything starts (it was a bind failure, exit 1). 192.0.2.1 is
   // TEST-NET-1, never a local address.

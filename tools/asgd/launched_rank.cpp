@@ -123,7 +123,11 @@ void print_layout(const Launch& l, const RoleOfRank& role, const std::string& co
   std::printf("listens on: %s\n", listen.c_str());
   if (role.role == RankRole::worker) {
     const std::string device = worker_device(l, config);
-    std::printf("device: %s\n", device.empty() ? config.device.c_str() : device.c_str());
+    // Checked here as the worker would check it (a submission checked with
+    // --print-layout said "device: cuda" on a host without one).
+    const bool none = config.device.starts_with("cuda") && cuda_device_count() == 0;
+    std::printf("device: %s%s\n", device.empty() ? config.device.c_str() : device.c_str(),
+                none ? " (no usable CUDA device on this host: the worker would refuse to start)" : "");
   }
   std::fflush(stdout);
 }
