@@ -40,7 +40,7 @@ int main(int argc, char** argv) {
   er.staleness_histogram = {1, 2, 3};
   asgd::ShardStats st;
   st.staleness_histogram = {5};
-  write(dir, "registration", m::encode(m::Registration{m::Role::shard, 1, "tcp://127.0.0.1:1", "h", 1, "boot/3"}, 1));
+  write(dir, "registration", m::encode(m::Registration{m::Role::shard, 1, "tcp://127.0.0.1:1", "h", 1, "boot/3", ""}, 1));
   write(dir, "assignment", m::encode(a, 2, {1.0f, 2.0f}));
   write(dir, "push", m::encode(asgd::PushRequest{0, 1, 0, 64, true, {}}, 3, {0.5f, 0.25f, -1.0f}));
   write(dir, "push_fp16", m::encode(asgd::PushRequest{0, 1, 0, 64, true, {}}, 3, {0.5f, 0.25f, -1.0f},

@@ -70,10 +70,13 @@ struct Registration {
   /// The CPUs it computes on (cpu_set_key() in base/cpus.hpp): processes
   /// with the same key share them.
   std::string cpu_key;
+  /// Where the index came from, as a refusal names it: empty for --index;
+  /// under a launcher, its rank ("rank 2 (OMPI_COMM_WORLD_RANK, ...)").
+  std::string index_from;
 };
 template <class F>
 decltype(auto) fields(F&& f, Registration& x) {
-  return f(x.role, x.index, x.endpoint, x.host, x.pid, x.cpu_key);
+  return f(x.role, x.index, x.endpoint, x.host, x.pid, x.cpu_key, x.index_from);
 }
 
 /// Everything a process needs to play its part. Shards get their initial

@@ -113,6 +113,7 @@ struct ProcessOptions {
   /// first), for naming the hosts of ranks that never registered; may be empty.
   std::vector<std::string> rank_hosts;
   std::uint32_t index = UINT32_MAX;    ///< shard, worker: the index to ask for (default, messaging::kAnyIndex: any free one)
+  std::string index_from;              ///< where `index` came from, for refusals (empty: --index; a launcher's rank)
   /// Every process: authentication and encryption (docs/security.md); unset:
   /// plain tcp. With it a shard's endpoint carries its public key, and
   /// `coordinator` either carries the coordinator's or curve->server_key is it.

@@ -110,6 +110,9 @@ void tell_coordinator(Self self, Ts&&... xs) {
 }
 
 std::string role_name(const Registration& reg) { return reg.role == Role::shard ? "shard" : "worker"; }
+std::string index_from(const Registration& reg) {
+  return reg.index_from.empty() ? "--index " + std::to_string(reg.index) : reg.index_from;
+}
 
 // The main thread's await, once registration has ended: (code, what,
 // shard endpoints, worker processes on this process's CPUs).
@@ -141,10 +144,10 @@ void registered(Self self, const PeerId& peer, const Registration& reg) {
   if (reg.role == Role::coordinator) return refuse(self, peer, "a coordinator cannot join a job");
   Slots& slots = reg.role == Role::shard ? st.shards : st.workers;
   if (reg.index != kAnyIndex && reg.index >= slots.size())  // --index K
-    return refuse(self, peer, fmt::format("--index {}: the job has {} {} process(es), 0 to {}", reg.index,
+    return refuse(self, peer, fmt::format("{}: the job has {} {} process(es), 0 to {}", index_from(reg),
                                           slots.size(), role_name(reg), slots.size() - 1));
   if (reg.index != kAnyIndex && slots[reg.index])
-    return refuse(self, peer, fmt::format("--index {}: {} {} is taken (pid {} on {})", reg.index, role_name(reg),
+    return refuse(self, peer, fmt::format("{}: {} {} is taken (pid {} on {})", index_from(reg), role_name(reg),
                                           reg.index, slots[reg.index]->reg.pid, slots[reg.index]->reg.host));
   std::size_t slot = reg.index < slots.size() ? reg.index : slots.size();
   for (std::size_t i = 0; slot == slots.size() && i < slots.size(); ++i)

@@ -163,8 +163,16 @@ TEST(ClusterCli, AnIndexOutOfRangeOrTakenIsRefusedByName) {
   expect_one_line_error(asgd("worker --coordinator " + at + " --index 5"), 2,
                         "--index 5: the job has 2 worker process(es), 0 to 1");
   expect_one_line_error(asgd("shard --coordinator " + at + " --index 0"), 2, "--index 0: shard 0 is taken (pid ");
-  coordinator.get();  // (no worker ever came: it gives up at --join-timeout)
+  // Under a launcher the index is the rank's: a refusal names the rank.
+  auto worker = std::async(std::launch::async, [&] { return asgd("worker --coordinator " + at + " --index 0"); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));
+  const CliRun twin = asgd("cluster --shards 1 --workers 2", {},
+                           "env ASGD_RANK=2 ASGD_WORLD_SIZE=4 ASGD_COORDINATOR=" + at);
+  EXPECT_EQ(twin.exit_code, 2) << twin.err;
+  EXPECT_NE(twin.err.find("rank 2 (ASGD_RANK): worker 0 is taken (pid "), std::string::npos) << twin.err;
+  coordinator.get();  // (the second worker never came: it gives up at --join-timeout)
   shard.get();
+  worker.get();
 }
 
 // During the job, a second process for a live shard is refused at once

@@ -141,7 +141,7 @@ TEST(WireMessages, ABigPushIsCheckedWhereItLiesAndItsValuesReadOnlyWhenItsChecks
 }
 
 TEST(WireMessages, EveryMessageTypeRoundTrips) {
-  Registration reg{Role::shard, 3, "tcp://10.0.0.2:4000", "host-a", 1234, "boot-id/f0"};
+  Registration reg{Role::shard, 3, "tcp://10.0.0.2:4000", "host-a", 1234, "boot-id/f0", "rank 4 (SLURM_PROCID)"};
   auto r = round_trip(reg);
   EXPECT_EQ(r.role, Role::shard);
   EXPECT_EQ(r.index, 3u);
@@ -149,6 +149,7 @@ TEST(WireMessages, EveryMessageTypeRoundTrips) {
   EXPECT_EQ(r.host, "host-a");
   EXPECT_EQ(r.pid, 1234u);
   EXPECT_EQ(r.cpu_key, "boot-id/f0");
+  EXPECT_EQ(r.index_from, "rank 4 (SLURM_PROCID)");
 
   Assignment a;
   a.role = Role::worker;

@@ -304,6 +304,7 @@ int run_launched_rank(const JobOptions& jo, const LaunchFlags& lf, const Launch&
   po.busy_poll = std::chrono::microseconds(lf.busy_poll_us);
   po.curve = std::move(curve);
   po.index = role->index;
+  po.index_from = "rank " + std::to_string(launch.rank) + " (" + launch.from.substr(0, launch.from.find(',')) + ")";
   // The others wait a little longer than rank 0, so that when a rank never
   // comes they hear rank 0's verdict (which names it) before giving up.
   po.join_timeout_s = lf.join_timeout_s;
