@@ -91,8 +91,7 @@ std::uint32_t cpu_sharers(const Slots& workers, std::uint32_t w) {
 // Tells process `peer` to stop, saying why: the job's end, or a
 // registration refused (`refused`: the process's own mistake, exit 2).
 void tell_to_stop(Self self, const PeerId& peer, const std::string& why, bool refused = false) {
-  auto& b = *self->state.bridge;
-  b.send(peer, encode(Shutdown{why, refused}, b.next_id()));
+  self->state.bridge->send(peer, encode(Shutdown{why, refused}, self->state.bridge->next_id()));
 }
 void refuse(Self self, const PeerId& peer, const std::string& why) { tell_to_stop(self, peer, why, true); }
 
@@ -110,9 +109,6 @@ void tell_coordinator(Self self, Ts&&... xs) {
 }
 
 std::string role_name(const Registration& reg) { return reg.role == Role::shard ? "shard" : "worker"; }
-std::string index_from(const Registration& reg) {
-  return reg.index_from.empty() ? "--index " + std::to_string(reg.index) : reg.index_from;
-}
 
 // The main thread's await, once registration has ended: (code, what,
 // shard endpoints, worker processes on this process's CPUs).
@@ -143,11 +139,12 @@ void registered(Self self, const PeerId& peer, const Registration& reg) {
   auto& st = self->state;
   if (reg.role == Role::coordinator) return refuse(self, peer, "a coordinator cannot join a job");
   Slots& slots = reg.role == Role::shard ? st.shards : st.workers;
+  const std::string from = reg.index_from.empty() ? "--index " + std::to_string(reg.index) : reg.index_from;
   if (reg.index != kAnyIndex && reg.index >= slots.size())  // --index K
-    return refuse(self, peer, fmt::format("{}: the job has {} {} process(es), 0 to {}", index_from(reg),
+    return refuse(self, peer, fmt::format("{}: the job has {} {} process(es), 0 to {}", from,
                                           slots.size(), role_name(reg), slots.size() - 1));
   if (reg.index != kAnyIndex && slots[reg.index])
-    return refuse(self, peer, fmt::format("{}: {} {} is taken (pid {} on {})", index_from(reg), role_name(reg),
+    return refuse(self, peer, fmt::format("{}: {} {} is taken (pid {} on {})", from, role_name(reg),
                                           reg.index, slots[reg.index]->reg.pid, slots[reg.index]->reg.host));
   std::size_t slot = reg.index < slots.size() ? reg.index : slots.size();
   for (std::size_t i = 0; slot == slots.size() && i < slots.size(); ++i)
