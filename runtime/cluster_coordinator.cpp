@@ -63,12 +63,6 @@ caf::behavior remote_worker(caf::event_based_actor* self, caf::timespan silence_
   };
 }
 
-// What the user must fix, the codes asgd exits 2 for: a job refused so ends
-// every process with exit 2 (the shutdown's refused flag).
-bool usage_error(const Status& s) {
-  return s.code() == StatusCode::invalid_argument || s.code() == StatusCode::not_found;
-}
-
 // A resumed job goes on checkpointing where it resumed from (as run_job
 // has it), and its shard processes reload their checkpoints from there.
 // Absolute, for processes started elsewhere.
@@ -284,7 +278,7 @@ Result<JobSummary> run_coordinator_process(const JobConfig& config, const Proces
   logger().info("coordinator: evaluates on {} thread(s): {} usable CPU(s), shared with {} worker process(es) of this job",
                 hooks.compute_threads, usable_cpus(), workers_here);
   hooks.before_shutdown = [&](const Status& outcome) {
-    say_stop(outcome.ok() ? std::string(kJobDone) : "the job failed: " + outcome.message(), usage_error(outcome));
+    say_stop(outcome.ok() ? std::string(kJobDone) : "the job failed: " + outcome.message(), is_usage_error(outcome));
   };
   auto result = run_job_with(config, callbacks, stop, hooks);
   hooks.before_shutdown(result.ok() ? Status{} : result.status());

@@ -309,32 +309,39 @@ TEST(TrainCli, AnEmptyPathFlagIsRefusedInEveryCommand) {
   }
 }
 
-// Under a launcher (mpirun's variables here), a --rendezvous path that is a
-// folder is refused on every rank at once, and the folder left alone (rank
-// 0 crashed at the end removing a full one, and deleted an empty one); one
-// in a folder that does not exist is refused by rank 0 at once (it waited
-// out --join-timeout).
-TEST(ClusterCli, ARendezvousPathThatCannotBeAFileIsRefusedAtOnceOnEveryRank) {
+// As a launcher prefix for asgd(): mpirun's variables for rank `rank` of 4
+// (local rank `local`), and `more` after them.
+std::string under_mpirun(int rank, int local, const std::string& more = "") {
+  return "env OMPI_COMM_WORLD_RANK=" + std::to_string(rank) +
+         " OMPI_COMM_WORLD_SIZE=4 OMPI_COMM_WORLD_LOCAL_RANK=" + std::to_string(local) + " " + more;
+}
+
+// Ranks under a launcher (mpirun's variables here) refuse at once what they
+// cannot use, and say what they waited for. A --rendezvous path that is a
+// folder is refused on every rank, and the folder left alone (rank 0
+// crashed at the end removing a full one, and deleted an empty one); one in
+// a folder that does not exist is refused by rank 0 at once (it waited out
+// --join-timeout); then a stale rendezvous file, a missing GPU in
+// --print-layout, an --address not of this host, and the 2 s a rank gives
+// rank 0's verdict past --join-timeout.
+TEST(ClusterCli, UnderALauncherEachRankRefusesWhatItCannotUseAtOnceAndSaysWhatItWaitedFor) {
   const asgd_test::TempDir dir;
   fs::create_directories(dir.path() / "folder");
   std::ofstream(dir.path() / "folder" / "kept") << "x";
   const std::string job = "cluster --shards 1 --workers 2 --epochs 1 --join-timeout 30 --rendezvous ";
-  for (const char* rank : {"0", "1", "3"}) {
-    const std::string launcher =
-        std::string("env OMPI_COMM_WORLD_RANK=") + rank + " OMPI_COMM_WORLD_SIZE=4 OMPI_COMM_WORLD_LOCAL_RANK=" + rank;
-    expect_one_line_error(asgd(job + (dir.path() / "folder").string(), {}, launcher), 2, "not a regular file");
-  }
+  for (const int rank : {0, 1, 3})
+    expect_one_line_error(asgd(job + (dir.path() / "folder").string(), {}, under_mpirun(rank, rank)), 2,
+                          "not a regular file");
   EXPECT_TRUE(fs::exists(dir.path() / "folder" / "kept"));
-  expect_one_line_error(asgd(job + (dir.path() / "no" / "rv").string(), {},
-                             "env OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=4 OMPI_COMM_WORLD_LOCAL_RANK=0"),
-                        2, "/no does not exist");
+  expect_one_line_error(asgd(job + (dir.path() / "no" / "rv").string(), {}, under_mpirun(0, 0)), 2,
+                        "/no does not exist");
   // A rendezvous file left by another run (Open MPI's job id says which) is
   // passed over and named, not read: its endpoint sent a rank to a job that
   // was gone, or to the wrong one.
   std::ofstream(dir.path() / "stale") << "tcp://127.0.0.1:1\nrun OMPI_MCA_ess_base_jobid=111\n";
   const CliRun stale = asgd("cluster --shards 1 --workers 2 --join-timeout 1 --rendezvous " +
                                 (dir.path() / "stale").string(),
-                            {}, "env OMPI_COMM_WORLD_RANK=1 OMPI_COMM_WORLD_SIZE=4 OMPI_MCA_ess_base_jobid=222");
+                            {}, under_mpirun(1, 1, "OMPI_MCA_ess_base_jobid=222"));
   EXPECT_EQ(stale.exit_code, 1) << stale.err;
   EXPECT_NE(stale.err.find("it holds another run's (run OMPI_MCA_ess_base_jobid=111, this one is "
                            "OMPI_MCA_ess_base_jobid=222)"),
@@ -344,7 +351,7 @@ TEST(ClusterCli, ARendezvousPathThatCannotBeAFileIsRefusedAtOnceOnEveryRank) {
   if (asgd::cuda_device_count() == 0) {
     const CliRun layout = asgd("cluster --shards 1 --workers 2 --device cuda --print-layout --rendezvous " +
                                    (dir.path() / "rv").string(),
-                               {}, "env OMPI_COMM_WORLD_RANK=2 OMPI_COMM_WORLD_SIZE=4 OMPI_COMM_WORLD_LOCAL_RANK=0");
+                               {}, under_mpirun(2, 0));
     EXPECT_EQ(layout.exit_code, 0) << layout.err;
     EXPECT_NE(layout.out.find("device: cuda (no usable CUDA device on this host"), std::string::npos) << layout.out;
   }
@@ -353,14 +360,13 @@ TEST(ClusterCli, ARendezvousPathThatCannotBeAFileIsRefusedAtOnceOnEveryRank) {
   // TEST-NET-1, never a local address.
   expect_one_line_error(asgd("cluster --shards 1 --workers 2 --address 192.0.2.1 --rendezvous " +
                                  (dir.path() / "rv").string(),
-                             {}, "env OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=4 OMPI_COMM_WORLD_LOCAL_RANK=0"),
+                             {}, under_mpirun(0, 0)),
                         2, "--address 192.0.2.1: this host cannot listen there");
   // A rank other than 0 waits 2 s past --join-timeout, to hear rank 0's
   // verdict first, and says so (it said "within 4 s (--join-timeout)").
   const auto port = asgd_test::free_port();
   const CliRun late = asgd("cluster --shards 1 --workers 2 --join-timeout 2", {},
-                           "env OMPI_COMM_WORLD_RANK=2 OMPI_COMM_WORLD_SIZE=4 OMPI_COMM_WORLD_LOCAL_RANK=2 "
-                           "ASGD_COORDINATOR=tcp://127.0.0.1:" + std::to_string(port));
+                           under_mpirun(2, 2, "ASGD_COORDINATOR=tcp://127.0.0.1:" + std::to_string(port)));
   EXPECT_EQ(late.exit_code, 1) << late.err;
   EXPECT_NE(late.err.find("within 4 s (--join-timeout 2, and 2 s to hear rank 0)"), std::string::npos) << late.err;
 }

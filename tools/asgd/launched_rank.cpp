@@ -19,6 +19,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include "actors/checkpoint.hpp"
 #include "compute/device.hpp"
 #include "messaging/curve_auth.hpp"
 #include "runtime/cluster.hpp"
@@ -34,22 +35,11 @@ const char* role_name(RankRole r) {
   return r == RankRole::coordinator ? "coordinator" : r == RankRole::shard ? "shard" : "worker";
 }
 
-// Writes `endpoint` to `path` whole or not at all (a temporary, then
-// rename), with the run it is of on the next line when the launcher says.
+// Writes `endpoint` to `path` whole or not at all (write_atomically), with
+// the run it is of on the next line when the launcher says.
 Status write_rendezvous(const std::string& path, const std::string& endpoint, const std::string& run) {
-  const std::string tmp = path + ".tmp" + std::to_string(::getpid());
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    out << endpoint << "\n";
-    if (!run.empty()) out << "run " << run << "\n";
-    if (!out.flush()) return Status::IOError("--rendezvous " + path + ": cannot write " + tmp);
-  }
-  std::error_code ec;
-  std::filesystem::rename(tmp, path, ec);
-  if (!ec) return {};
-  std::error_code ignored;
-  std::filesystem::remove(tmp, ignored);
-  return Status::IOError("--rendezvous " + path + ": " + ec.message());
+  const Status s = write_atomically(path, endpoint + "\n" + (run.empty() ? "" : "run " + run + "\n"));
+  return s.ok() ? s : Status::IOError("--rendezvous " + path + ": " + s.message());
 }
 
 // The rendezvous file can be what it must: a file, not a folder or device,

@@ -16,6 +16,7 @@
 #include <thread>
 
 #include "compute/blas.hpp"
+#include "runtime/cluster.hpp"
 #include "tools/asgd/commands.hpp"
 
 namespace asgd::cli {
@@ -51,15 +52,7 @@ void print_error(const std::string& message) {
   std::fprintf(stderr, "asgd: error: %s\n", line.c_str());
 }
 
-int exit_code_for(const Status& s) {
-  switch (s.code()) {
-    case StatusCode::invalid_argument:
-    case StatusCode::not_found:
-      return kExitUsage;
-    default:
-      return kExitFailure;
-  }
-}
+int exit_code_for(const Status& s) { return is_usage_error(s) ? kExitUsage : kExitFailure; }
 
 // ZeroMQ allocates every message it receives over tcp and the receiver
 // frees it: a collective's 1 MiB pieces, a gradient. glibc's default
