@@ -12,7 +12,10 @@ set -euo pipefail
 asgd=${1:?usage: $0 ASGD_BINARY MNIST_DIR [OUT_DIR] [BASE_PORT]}
 data=${2:?usage: $0 ASGD_BINARY MNIST_DIR [OUT_DIR] [BASE_PORT]}
 out=${3:-$(mktemp -d)}
-port=${4:-$((20000 + RANDOM % 20000))}
+# Below Linux's ephemeral range (32768-60999): a port drawn there could be
+# taken by any connection another program opens meanwhile (a shard that
+# cannot bind leaves the coordinator waiting out --join-timeout).
+port=${4:-$((10000 + RANDOM % 20000))}
 mkdir -p "$out"
 coordinator=tcp://127.0.0.1:$port
 
