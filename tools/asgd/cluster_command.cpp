@@ -248,7 +248,7 @@ int run_role(const ProcessFlags& pf, bool shard) {
   Interrupts interrupts;
   Status s = shard ? run_shard_process(po, interrupts.token()) : run_worker_process(po, interrupts.token());
   if (!s.ok()) {
-    print_error(s.to_string());
+    print_error(error_text(s));
     return exit_code_for(s);
   }
   return kExitOk;

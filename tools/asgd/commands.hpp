@@ -151,6 +151,10 @@ std::vector<std::string> given_job_flags(const JobOptions& o);
 std::optional<int> load_job(const JobOptions& o, JobConfig& config, bool devices_here = true);
 Status setup_logging(const LogOptions& o);
 int exit_code_for(const Status& s);
+/// What print_error says of a failed status: the message alone for what the
+/// user must fix (exit 2) and for a stop (cancelled), else with its code
+/// ("timeout: ...", "internal: ...").
+std::string error_text(const Status& s);
 std::string logs_at(const LogOptions& o);
 
 /// One line on stdout naming the optimizer defaults adjusted for the job's

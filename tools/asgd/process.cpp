@@ -54,6 +54,10 @@ void print_error(const std::string& message) {
 
 int exit_code_for(const Status& s) { return is_usage_error(s) ? kExitUsage : kExitFailure; }
 
+std::string error_text(const Status& s) {
+  return is_usage_error(s) || s.code() == StatusCode::cancelled ? s.message() : s.to_string();
+}
+
 // ZeroMQ allocates every message it receives over tcp and the receiver
 // frees it: a collective's 1 MiB pieces, a gradient. glibc's default
 // thresholds adjust as it goes (mmap above 128 KiB at first, and the top of

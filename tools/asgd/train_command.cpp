@@ -272,7 +272,7 @@ int report_outcome(const Result<JobSummary>& result, const JobConfig& config, co
       return kExitFailure;
     }
     const int code = exit_code_for(s);
-    print_error(code == kExitUsage ? s.message() : s.to_string() + " (details in " + logs_at(log) + ")");
+    print_error(code == kExitUsage ? error_text(s) : error_text(s) + " (details in " + logs_at(log) + ")");
     return code;
   }
   const JobSummary& sum = *result;
