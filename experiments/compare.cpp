@@ -127,6 +127,7 @@ Result<std::vector<std::string>> parse_policy_list(const std::string& text) {
 
 Result<std::vector<std::uint32_t>> parse_worker_list(const std::string& text) {
   auto bad = [&](const std::string& why) { return Status::InvalidArgument("--workers " + text + ": " + why); };
+  if (trim(text).empty()) return bad("expected whole numbers >= 1 separated by commas, such as 1,2,4");
   std::vector<std::uint32_t> out;
   for (const std::string& raw : split(text, ',')) {
     const std::string entry = trim(raw);
@@ -260,7 +261,7 @@ std::string results_csv(const std::vector<RunRecord>& runs, const std::optional<
   std::string out =
       "run,policy,staleness,workers,shards,device,model,dataset,epochs,seed,repeat,wall_s,train_s,samples_per_s,"
       "final_test_accuracy,target_accuracy,time_to_target_s,updates_applied,staleness_mean,staleness_p99,"
-      "staleness_max,worker_wait_mean_s,energy_j,edp_js\n";
+      "staleness_max,worker_wait_mean_s,energy_j,edp_js,lr,batch\n";
   for (const RunRecord& r : runs) {
     const JobSummary& s = r.summary;
     std::optional<double> ttt;
@@ -290,6 +291,8 @@ std::string results_csv(const std::vector<RunRecord>& runs, const std::optional<
         s.worker_wait_s.empty() ? "" : number(mean_of(s.worker_wait_s)),
         optional_number(r.energy_j),
         optional_number(r.edp_js),
+        number(r.lr),
+        std::to_string(r.batch),
     };
     for (std::size_t i = 0; i < fields.size(); ++i) out += (i ? "," : "") + fields[i];
     out += '\n';

@@ -42,6 +42,10 @@ struct RunRecord {
   std::uint32_t repeat = 0;     ///< 0-based; runs with the same repeat share a seed
   std::uint64_t seed = 0;
   JobSummary summary;
+  /// The run's learning rate and batch per worker step, given or its
+  /// policy's and worker count's defaults (training_settings).
+  double lr = 0.0;
+  std::uint32_t batch = 0;
   std::vector<CurvePoint> curve;  ///< in wall_s order
   /// Joules the run's machine drew (summary.energy, where RAPL or NVML
   /// measured it), and its energy-delay product (joules x seconds).

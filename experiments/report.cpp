@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <numeric>
 
 #include "base/json_text.hpp"
@@ -96,6 +97,26 @@ std::string energy_text(const GroupStats& g, const std::optional<Spread>& baseli
   return out;
 }
 
+// One of the settings whose default depends on the policy and the worker
+// count (lr, batch): the value when every run has the same, else each value
+// with the runs that take it, "0.04 (bsp), 0.02 (async, ssp:3)"; with
+// several worker counts a run is named "bsp x2".
+std::string per_run_setting(const ReportInput& in, const std::function<std::string(const TrainingSettings&)>& value) {
+  std::vector<std::pair<std::string, std::vector<std::string>>> groups;  // value -> runs, in first-seen order
+  for (std::uint32_t w : in.workers)
+    for (const std::string& p : in.policies) {
+      const std::string v = value(training_settings(config_for_run(in.config, p, w, 0), in.placement));
+      const std::string label = in.workers.size() > 1 ? p + " x" + std::to_string(w) : p;
+      auto g = std::find_if(groups.begin(), groups.end(), [&](const auto& x) { return x.first == v; });
+      if (g == groups.end()) groups.push_back({v, {label}});
+      else g->second.push_back(label);
+    }
+  if (groups.size() <= 1) return groups.empty() ? "" : groups.front().first;
+  std::vector<std::string> parts;
+  for (const auto& [v, runs] : groups) parts.push_back(v + " (" + join(runs, ", ") + ")");
+  return join(parts, ", ");
+}
+
 // The header: what ran, where, when.
 std::string header_html(const ReportInput& in) {
   const JobConfig& c = in.config;
@@ -110,11 +131,12 @@ std::string header_html(const ReportInput& in) {
       {"Shards", std::to_string(c.shards)},
       {"Device", html_escape(c.device)},
       {"Epochs", std::to_string(c.epochs)},
-      {"Batch per worker", c.batch ? std::to_string(*c.batch)
-                                   : std::string("64 by default (async and ssp with more than 4 workers: 256 / "
-                                                 "workers)")},
-      {"Optimizer", html_escape(c.optimizer) + ", lr " + html_escape(printf_string("%g", training_settings(c).lr)) + " (" +
-                        html_escape(c.lr_schedule) + ")"},
+      {"Batch per worker",
+       html_escape(per_run_setting(in, [](const TrainingSettings& t) { return std::to_string(t.batch); }))},
+      {"Optimizer", html_escape(c.optimizer) + " (" + html_escape(c.lr_schedule) + "), lr " +
+                        html_escape(per_run_setting(in, [](const TrainingSettings& t) {
+                          return printf_string("%g", t.lr);
+                        }))},
       {"Repeats", std::to_string(in.repeats) + " (seeds " + seeds + ")"},
       {"Evaluated", c.eval_every_s > 0 ? "every " + html_escape(printf_string("%g", c.eval_every_s)) + " s and each epoch"
                                        : std::string("after each epoch")},

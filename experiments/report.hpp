@@ -22,6 +22,7 @@ struct ReportInput {
   std::vector<std::string> policies;   ///< as given, in order
   std::vector<std::uint32_t> workers;  ///< every worker count, ascending
   std::uint32_t repeats = 1;
+  Placement placement = Placement::one_process;  ///< where each run ran (the defaults differ)
   std::vector<RunRecord> runs;         ///< the finished runs, in the order they ran
   std::optional<Target> target;
   std::string command;                 ///< the command line, shown as run

@@ -292,6 +292,8 @@ Result<std::unique_ptr<StatusServer>> start_status_server(const JobConfig& confi
   return StatusServer::start(config.status_address, config.status_port, live, pages::live_status_page_html());
 }
 
+}  // namespace
+
 // Refuses a checkpoint folder it cannot write now, not after hours of
 // training.
 Status prepare_checkpoint_dir(const JobConfig& config) {
@@ -306,6 +308,8 @@ Status prepare_checkpoint_dir(const JobConfig& config) {
                                    " is not a regular file, so the trained model could not be written there");
   return {};
 }
+
+namespace {
 
 // The job's settings beside its shard checkpoints, so that --resume DIR
 // needs nothing else. A resumed job's replace them only once its

@@ -57,6 +57,11 @@ inline constexpr std::size_t kPollsPerBusyMicrosecond = 100;
 /// back). run_coordinator calls it before its system goes out of scope.
 void await_actors(caf::actor_system& system, std::chrono::milliseconds every);
 
+/// Creates config.checkpoint_dir; invalid_argument naming it when it cannot
+/// be written (or its model.ckpt is not a regular file), so that a job
+/// learns it before it trains, not at its first checkpoint.
+Status prepare_checkpoint_dir(const JobConfig& config);
+
 /// validate(config), checking the device on this machine only when
 /// `devices_here` (a coordinator whose workers run on other hosts does not).
 Status validate_settings(const JobConfig& config, bool devices_here);

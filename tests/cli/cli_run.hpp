@@ -56,7 +56,9 @@ inline void expect_one_line_error(const CliRun& r, int code, const std::string& 
   EXPECT_EQ(r.err.rfind("asgd: error: ", 0), 0u) << r.err;
   EXPECT_NE(r.err.find(needle), std::string::npos) << "expected '" << needle << "' in: " << r.err;
   // What the user must fix reads as the message alone, in every command.
-  if (code == 2) EXPECT_EQ(r.err.rfind("asgd: error: invalid argument", 0), std::string::npos) << r.err;
+  if (code == 2) {
+    EXPECT_EQ(r.err.rfind("asgd: error: invalid argument", 0), std::string::npos) << r.err;
+  }
 }
 
 }  // namespace asgd_test

@@ -86,6 +86,10 @@ TEST(CompareCli, RunsEveryPolicyForEveryRepeatAndWritesTheCsvFilesTheReportAndOn
   EXPECT_EQ(policy_seed.size(), 6u);  // seeds 1 and 2 under each policy
   EXPECT_EQ(results[1][column(header, "staleness")], "0");  // bsp
   EXPECT_EQ(results[2][column(header, "staleness")], "2");  // ssp:2
+  // Each run's rate, its policy's default: bsp's sums two workers' gradients.
+  EXPECT_EQ(results[1][column(header, "lr")], "0.04");  // bsp
+  EXPECT_EQ(results[3][column(header, "lr")], "0.02");  // async
+  EXPECT_EQ(results[3][column(header, "batch")], "64");
 
   const auto curves = csv_rows(out / "curves.csv");
   ASSERT_GT(curves.size(), 1u);
@@ -107,6 +111,7 @@ TEST(CompareCli, RunsEveryPolicyForEveryRepeatAndWritesTheCsvFilesTheReportAndOn
   const std::string report = slurp(out / "report.html");
   EXPECT_NE(report.find("Consistency policies compared"), std::string::npos);
   for (const char* id : {"bsp-w2-r0", "ssp:2-w2-r1", "async-w2-r1"}) EXPECT_NE(report.find(id), std::string::npos) << id;
+  EXPECT_NE(report.find("lr 0.04 (bsp), 0.02 (ssp:2, async)"), std::string::npos);
 }
 
 // --processes: each run as asgd cluster (a coordinator, a shard and the
@@ -195,6 +200,17 @@ TEST(CompareCli, RejectsABadListRepeatsOrFolderWithExitCode2NamingTheValue) {
   std::ofstream(dir / "a-file") << "not a folder";
   const std::string unwritable = (dir / "a-file" / "cmp").string();
   expect_one_line_error(asgd("compare --policies bsp" + data + " --out " + unwritable), 2, "--out " + unwritable);
+  expect_one_line_error(asgd("compare --policies ssp,ssp:3" + data + out), 2,
+                        "'ssp' and 'ssp:3' are the same policy with the same settings");
+  expect_one_line_error(asgd("compare --policies ssp:2,ssp:02" + data + out), 2, "'ssp:2' and 'ssp:02'");
+  EXPECT_EQ(asgd("compare --policies ssp,ssp:3 --staleness 5 --epochs 0" + data + out).err.find("same policy"),
+            std::string::npos);  // ssp:5 and ssp:3 differ (the run is refused for --epochs 0)
+  expect_one_line_error(asgd("compare --policies bsp --workers ''" + data + out), 2, "--workers : expected whole numbers");
+  expect_one_line_error(asgd("compare --policies bsp --resume " + dir.path().string() + data + out), 2,
+                        "compare starts every run from the beginning");
+  // Found before the comparison's folder is made, not at the first run.
+  expect_one_line_error(asgd("compare --policies bsp --checkpoint-dir " + (dir / "a-file").string() + data + out), 2,
+                        "--checkpoint-dir " + (dir / "a-file").string() + ": cannot write there");
   EXPECT_FALSE(fs::exists(dir / "out"));  // nothing ran
 }
 
@@ -212,6 +228,32 @@ TEST(CompareCli, AFailingRunExitsWith1AndStillWritesTheFilesSayingTheComparisonI
   EXPECT_NE(r.err.find("asgd: error: run bsp-w2-r0 failed"), std::string::npos) << r.err;
   EXPECT_EQ(csv_rows(out / "results.csv").size(), 1u);  // the header: no run finished
   EXPECT_NE(slurp(out / "report.html").find("Incomplete"), std::string::npos);
+
+  // The same folder is taken again (no run had finished there), and a run
+  // that fails for what the user gave, its metrics file a folder, still
+  // exits 1: the comparison had started.
+  fs::remove(out / "runs" / "bsp-w2-r0.jsonl");
+  fs::create_directories(out / "runs" / "bsp-w2-r0.jsonl");
+  const CliRun again = asgd("compare --policies bsp --epochs 1 --data-dir " + mnist.string() + " --out " + out.string());
+  EXPECT_EQ(again.exit_code, 1) << again.out << again.err;
+  EXPECT_NE(again.err.find("asgd: error: run bsp-w2-r0 failed: --metrics-out " + (out / "runs").string()),
+            std::string::npos) << again.err;
+  EXPECT_EQ(again.err.find("holds an earlier comparison"), std::string::npos) << again.err;
+}
+
+// As processes, a failed run says why in the child's words and where its
+// output is, once.
+TEST(CompareCli, AFailedRunAsProcessesSaysWhyAndNamesItsLog) {
+  ASGD_REQUIRE_DATASET(mnist, "mnist");
+  const asgd_test::TempDir dir;
+  const fs::path out = dir / "cmp";
+  const CliRun r = asgd("compare --processes --policies bsp --epochs 1 --lr 1e6 --data-dir " + mnist.string() +
+                        " --out " + out.string());
+  expect_one_line_error(r, 1, "asgd: error: run bsp-w2-r0 failed: training diverged: ");
+  const std::string log = (out / "runs" / "bsp-w2-r0.log").string();
+  EXPECT_NE(r.err.find("(asgd cluster exited with status 1; its output: " + log + ")"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("details in"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("internal error"), std::string::npos) << r.err;
 }
 
 TEST(CompareCli, AnInterruptStopsAfterTheRunningJobAndKeepsTheFinishedRuns) {

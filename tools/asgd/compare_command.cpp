@@ -21,6 +21,7 @@
 #include "policies/registry.hpp"
 #include "runtime/cluster.hpp"
 #include "runtime/config_file.hpp"
+#include "runtime/job_internal.hpp"
 #include "tools/asgd/commands.hpp"
 
 namespace asgd::cli {
@@ -169,6 +170,31 @@ std::optional<int> refused_flags(const CompareOptions& o) {
     print_error("--policy " + o.job.flags.at("policy") + ": compare runs each policy of --policies; leave --policy out");
     return kExitUsage;
   }
+  if (o.job.options.at("resume")->count() > 0) {
+    print_error("--resume " + o.job.flags.at("resume") +
+                ": compare starts every run from the beginning, under its own policy; resume one job with asgd train "
+                "--resume");
+    return kExitUsage;
+  }
+  return std::nullopt;
+}
+
+// Two entries that name one policy with the same settings here ("ssp" and
+// "ssp:3", "ssp:2" and "ssp:02"): an exit code, else nothing.
+std::optional<int> refused_same_policies(const std::string& text, const Comparison& c) {
+  std::vector<std::pair<std::string, PolicyOptions>> seen;
+  for (const std::string& p : c.policies) {
+    const JobConfig run = experiments::config_for_run(c.base, p, c.worker_counts.front(), 0);
+    auto options = resolve_policy_options(PolicyConfig{run.policy, run.policy_options});
+    if (!options) continue;  // validate() said why already
+    const std::string name = p.substr(0, p.find(':'));
+    for (const auto& [other, other_options] : seen)
+      if (other.substr(0, other.find(':')) == name && other_options == *options) {
+        print_error("--policies " + text + ": '" + other + "' and '" + p + "' are the same policy with the same settings");
+        return kExitUsage;
+      }
+    seen.emplace_back(p, std::move(*options));
+  }
   return std::nullopt;
 }
 
@@ -183,7 +209,8 @@ std::optional<int> plan_comparison(const CompareOptions& o, Comparison& c) {
   c.policies = *policies;
   // --workers may list several counts here; every run gets one of them.
   JobOptions job = o.job;
-  if (job.options.at("workers")->count() > 0) c.workers_text = job.flags.at("workers");
+  const bool workers_given = job.options.at("workers")->count() > 0;
+  if (workers_given) c.workers_text = job.flags.at("workers");
   job.options.erase("workers");
   // So may --device: each run takes the first of its items, one per worker
   // (checked per run below).
@@ -211,7 +238,7 @@ std::optional<int> plan_comparison(const CompareOptions& o, Comparison& c) {
     }
   }
   c.worker_counts = {c.base.workers};
-  if (!c.workers_text.empty()) {
+  if (workers_given) {
     auto parsed = experiments::parse_worker_list(c.workers_text);
     if (!parsed) {
       print_error(parsed.status().message());
@@ -236,6 +263,15 @@ std::optional<int> plan_comparison(const CompareOptions& o, Comparison& c) {
         return kExitUsage;
       }
     }
+  if (auto code = refused_same_policies(o.policies, c)) return *code;
+  // A checkpoint folder that cannot be written fails now, not at the first
+  // run with the comparison's folder already made.
+  if (!c.base.checkpoint_dir.empty()) {
+    if (Status s = prepare_checkpoint_dir(c.base); !s.ok()) {
+      print_error(s.message());
+      return kExitUsage;
+    }
+  }
   return std::nullopt;
 }
 
@@ -264,6 +300,9 @@ Result<RunRecord> run_one(const Comparison& c, const fs::path& dir, const std::s
   rec.repeat = repeat;
   JobConfig config = experiments::config_for_run(c.base, policy, workers, repeat);
   rec.seed = config.seed;
+  const TrainingSettings settings = training_settings(config, processes ? Placement::processes : Placement::one_process);
+  rec.lr = settings.lr;
+  rec.batch = settings.batch;
   id = experiments::run_id(rec);
   config.metrics_out = (dir / "runs" / (id + ".jsonl")).string();
   if (!c.base.checkpoint_dir.empty()) config.checkpoint_dir = (fs::path(c.base.checkpoint_dir) / id).string();
@@ -300,7 +339,7 @@ int finish_comparison(const CompareOptions& o, Outputs& outputs, const fs::path&
   const std::size_t done = outputs.report().runs.size();
   const bool interrupted = !failure && done < total;
   if (failure)
-    outputs.report().incomplete = "run " + failed_run + " failed (" + failure->to_string() + "); " +
+    outputs.report().incomplete = "run " + failed_run + " failed (" + error_text(*failure) + "); " +
                                   std::to_string(done) + " of " + std::to_string(total) + " runs finished.";
   else if (interrupted)
     outputs.report().incomplete =
@@ -314,11 +353,12 @@ int finish_comparison(const CompareOptions& o, Outputs& outputs, const fs::path&
               (dir / "report.html").c_str());
   std::fflush(stdout);
   if (failure) {
-    const int code = exit_code_for(*failure);
-    print_error("run " + failed_run + " failed: " +
-                (code == kExitUsage ? failure->message() : failure->to_string() + " (details in " + logs_at(o.job.log) + ")") +
+    // Runs as processes name their own log (runs/<run>.log) in the status.
+    const bool details = !o.processes && !is_usage_error(*failure);
+    print_error("run " + failed_run + " failed: " + error_text(*failure) +
+                (details ? " (details in " + logs_at(o.job.log) + ")" : "") +
                 (done == 0 ? "; no run finished" : "; the " + std::to_string(done) + " finished runs are in " + o.out));
-    return code;
+    return kExitFailure;  // a run failed: what the user gave was taken (exit 2 is for before anything runs)
   }
   if (interrupted) {
     print_error("interrupted; " + std::to_string(done) + " of " + std::to_string(total) + " runs finished, written to " +
@@ -328,17 +368,33 @@ int finish_comparison(const CompareOptions& o, Outputs& outputs, const fs::path&
   return kExitOk;
 }
 
+// True when `csv` exists and has a line after its header (or cannot be
+// read: then it is not ours to replace).
+bool holds_rows(const fs::path& csv) {
+  std::error_code ec;
+  if (!fs::exists(csv, ec) && !ec) return false;
+  std::ifstream in(csv);
+  if (!in) return true;
+  std::string line;
+  std::getline(in, line);
+  while (std::getline(in, line))
+    if (!line.empty()) return true;
+  return false;
+}
+
 int run_compare(const CompareOptions& o) {
   if (auto code = refused_flags(o)) return *code;
   Comparison c;
   if (auto code = plan_comparison(o, c)) return *code;
   const fs::path dir(o.out);
   std::error_code ec;
-  // Another comparison's files would be replaced in part (its runs/ kept):
-  // a folder that no longer matches itself.
-  if (fs::exists(dir / "results.csv", ec) || fs::exists(dir / "curves.csv", ec)) {
-    print_error("--out " + o.out + ": holds an earlier comparison (results.csv); give a new folder, or remove that "
-                "one first");
+  // Another comparison's results would be replaced in part (its runs/
+  // kept): a folder that no longer matches itself. One in which no run
+  // finished (its files a header each) is taken again.
+  for (const char* name : {"results.csv", "curves.csv"}) {
+    if (!holds_rows(dir / name)) continue;
+    print_error("--out " + o.out + ": holds an earlier comparison (" + name +
+                "); give a new folder, or remove that one first");
     return kExitUsage;
   }
   fs::create_directories(dir / "runs", ec);
@@ -350,6 +406,7 @@ int run_compare(const CompareOptions& o) {
   experiments::ReportInput report;
   report.config = c.base;
   report.config.workers = c.worker_counts.front();
+  report.placement = o.processes ? Placement::processes : Placement::one_process;
   report.policies = c.policies;
   report.workers = c.worker_counts;
   report.repeats = o.repeats;

@@ -41,23 +41,39 @@ std::optional<int> run_child(const std::vector<std::string>& args, const fs::pat
     if (killed_at && Clock::now() - *killed_at > std::chrono::seconds(30)) kill(pid, SIGKILL);
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
-  if (killed_at) return std::nullopt;
-  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  const int code = WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  // A run that had finished when the stop came is kept.
+  if (killed_at && code != 0) return std::nullopt;
+  return code;
 }
 
-// The last lines of a log, for an error message.
-std::string tail(const fs::path& log, std::size_t lines) {
+// Why a child `asgd cluster` that exited with `code` failed, from its
+// "asgd: error: ..." lines in `log`: the coordinator's (it says why the job
+// ended), else the last. Its status code is the one the text starts with
+// ("training diverged: ..."); exit 2 is a usage error.
+Status child_failure(const fs::path& log, int code) {
   std::ifstream in(log);
-  std::vector<std::string> last;
+  const std::string mark = "asgd: error: ";
+  std::string last, coordinator;
   for (std::string line; std::getline(in, line);) {
-    if (line.find('\r') != std::string::npos) line = line.substr(line.rfind('\r') + 1);  // progress bars
-    if (line.empty()) continue;
-    last.push_back(line);
-    if (last.size() > lines) last.erase(last.begin());
+    const auto at = line.find(mark);
+    if (at == std::string::npos) continue;
+    last = line.substr(at + mark.size());
+    if (line.rfind("[coordinator]", 0) == 0) coordinator = last;
   }
-  std::string out;
-  for (const auto& l : last) out += "\n  " + l;
-  return out;
+  std::string why = coordinator.empty() ? last : coordinator;
+  // Its "(details in the log on stderr)": that log is `log`, named below.
+  if (const auto details = why.rfind(" (details in "); details != std::string::npos) why.erase(details);
+  const std::string exited = "asgd cluster exited with status " + std::to_string(code);
+  if (why.empty()) return Status::Internal(exited + " (its output: " + log.string() + ")");
+  const std::string where = " (" + exited + "; its output: " + log.string() + ")";
+  if (code == kExitUsage) return Status::InvalidArgument(why + where);
+  for (StatusCode c : {StatusCode::not_found, StatusCode::corruption, StatusCode::io_error, StatusCode::timeout,
+                       StatusCode::cancelled, StatusCode::diverged, StatusCode::internal, StatusCode::unavailable}) {
+    const std::string prefix = std::string(to_string(c)) + ": ";
+    if (why.rfind(prefix, 0) == 0) return Status::WithCode(c, why.substr(prefix.size()) + where);
+  }
+  return Status::Internal(why + where);
 }
 
 }  // namespace
@@ -74,9 +90,7 @@ Result<experiments::RunRecord> run_as_processes(const JobConfig& config, experim
                                "--metrics-out", config.metrics_out, "--log-level", "warn"},
                               log, stop);
   if (!code) return Status::Cancelled("interrupted");
-  if (*code != 0)
-    return Status::Internal("asgd cluster exited with status " + std::to_string(*code) + " (its output: " +
-                            log.string() + ")" + tail(log, 5));
+  if (*code != 0) return child_failure(log, *code);
   std::ifstream in(config.metrics_out);
   bool summary = false;
   for (std::string line; std::getline(in, line);) {
