@@ -10,6 +10,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/json_text.hpp"
+#include "base/paths.hpp"
 #include "compute/model.hpp"
 #include "messaging/wire.hpp"
 
@@ -196,7 +197,7 @@ Status write_checkpoint(const std::string& dir, const Checkpoint& ckpt) {
 }
 
 Result<Checkpoint> read_checkpoint(const std::string& dir) {
-  const fs::path path = fs::is_directory(dir) ? fs::path(dir) / kCheckpointFile : fs::path(dir);
+  const fs::path path = look_at(dir).kind == PathKind::folder ? fs::path(dir) / kCheckpointFile : fs::path(dir);
   auto file = read_framed(path.string(), kMagic, kCheckpointVersion);
   if (!file) {
     if (file.status().code() == StatusCode::not_found) return Status::NotFound("no checkpoint at " + path.string());
@@ -236,7 +237,7 @@ Result<Checkpoint> read_checkpoint(const std::string& dir) {
   return c;
 }
 
-Status write_safetensors(const std::string& path, const Checkpoint& ckpt) {
+Result<SafetensorsFile> write_safetensors(const std::string& path, const Checkpoint& ckpt) {
   nlohmann::json header = nlohmann::json::object();
   std::string data;
   auto add = [&](const std::string& name, const Shape& shape, const char* dtype, const void* values,
@@ -266,7 +267,8 @@ Status write_safetensors(const std::string& path, const Checkpoint& ckpt) {
   put(bytes, static_cast<std::uint64_t>(text.size()));
   bytes += text;
   bytes += data;
-  return write_atomically(path, bytes);
+  if (Status s = write_atomically(path, bytes); !s.ok()) return s;
+  return SafetensorsFile{header.size() - 1, bytes.size()};  // less __metadata__
 }
 
 }  // namespace asgd

@@ -100,7 +100,11 @@ Result<Checkpoint> read_checkpoint(const std::string& dir);
 /// plus a "num_batches_tracked" (I64, 0-d) beside each BatchNorm's
 /// statistics so torch.nn.Module.load_state_dict accepts it strictly.
 /// Metadata carries the model, dataset and input normalisation. Written
-/// atomically like checkpoints. Errors: io_error naming the path.
-Status write_safetensors(const std::string& path, const Checkpoint& ckpt);
+/// atomically like checkpoints. What it wrote, or io_error naming the path.
+struct SafetensorsFile {
+  std::size_t tensors = 0;  ///< num_batches_tracked included
+  std::size_t bytes = 0;
+};
+Result<SafetensorsFile> write_safetensors(const std::string& path, const Checkpoint& ckpt);
 
 }  // namespace asgd

@@ -13,6 +13,7 @@
 #include <sstream>
 #include <type_traits>
 
+#include "base/paths.hpp"
 #include "policies/registry.hpp"
 
 namespace asgd {
@@ -326,10 +327,12 @@ std::string describe_toml_error(const std::exception& e) {
 }  // namespace
 
 Status apply_toml_file(const std::string& path, JobConfig& config) {
-  if (!std::filesystem::exists(path)) return Status::NotFound("config file " + path + " does not exist");
+  const PathLook file = look_at(path);
+  if (file.kind == PathKind::missing) return Status::NotFound("config file " + path + " does not exist");
+  if (file.kind == PathKind::unreadable)
+    return Status::InvalidArgument("config file " + path + " cannot be read: " + file.error);
   // (A folder reads as a huge stream, a device as an endless one.)
-  if (!std::filesystem::is_regular_file(path))
-    return Status::InvalidArgument("config file " + path + " is not a regular file");
+  if (file.kind != PathKind::file) return Status::InvalidArgument("config file " + path + " is not a regular file");
   toml::value root;
   try {
     root = toml::parse(path);

@@ -20,6 +20,7 @@
 #include "actors/thrown.hpp"
 #include "base/cpus.hpp"
 #include "base/log.hpp"
+#include "base/paths.hpp"
 #include "compute/device.hpp"
 #include "asgd/job.hpp"
 #include "compute/blas.hpp"
@@ -137,8 +138,11 @@ Status validate_config(const JobConfig& c, bool named_dataset, bool devices_here
   if (c.prefetch < 1) return bad("prefetch", "0", "must be >= 1");
   if (c.compress != "none" && c.compress != "fp16") return bad("compress", c.compress, "expected none or fp16");
   if (Status s = validate_limits(c); !s.ok()) return s;
-  if (!c.resume.empty() && !std::filesystem::is_directory(c.resume))
-    return bad("resume", c.resume, "is not a folder of checkpoints");
+  if (!c.resume.empty()) {
+    const PathLook resume = look_at(c.resume);
+    if (resume.kind == PathKind::unreadable) return bad("resume", c.resume, "cannot be read: " + resume.error);
+    if (resume.kind != PathKind::folder) return bad("resume", c.resume, "is not a folder of checkpoints");
+  }
   if (c.heartbeat_timeout_s >= c.rpc_timeout_s)
     return bad("heartbeat-timeout", fmt::format("{:g}", c.heartbeat_timeout_s),
                fmt::format("must be below --rpc-timeout ({:g} s), or workers held by a dead one give up first",
@@ -342,6 +346,23 @@ void log_blas(std::size_t threads, const char* per) {
   logger().info("OpenBLAS {} kernels, {} thread(s) per {}", blas::core_name(), threads, per);
 }
 
+// A new job in a folder that holds an earlier job's trained model: that
+// model goes, as the earlier job's settings and shard checkpoints are
+// replaced, or `asgd export` would take it for this job's until this one
+// ends (or for good, if it never does).
+Status remove_earlier_model(const std::string& dir) {
+  const std::filesystem::path model = std::filesystem::path(dir) / kCheckpointFile;
+  if (look_at(model).kind != PathKind::file) return {};
+  std::error_code ec;
+  std::filesystem::remove(model, ec);
+  if (ec)
+    return Status::IOError("--checkpoint-dir " + dir + ": cannot remove an earlier job's " + model.string() + ": " +
+                           ec.message());
+  logger().warn("--checkpoint-dir {}: removed the earlier job's trained model ({}); this job writes its own at its end",
+                dir, model.string());
+  return {};
+}
+
 // --resume: where the workers start again, from checkpoints found to be
 // this job's; then the settings beside them (write_job_settings).
 Result<std::optional<ResumePlan>> resume_and_save_settings(const JobConfig& config, const JobPlan& plan,
@@ -353,6 +374,9 @@ Result<std::optional<ResumePlan>> resume_and_save_settings(const JobConfig& conf
     resumed = std::move(r).value();
   }
   if (!config.checkpoint_dir.empty()) {
+    if (!resumed) {
+      if (Status s = remove_earlier_model(config.checkpoint_dir); !s.ok()) return s;
+    }
     if (Status s = write_job_settings(config, user_data); !s.ok()) return s;
   }
   return resumed;

@@ -101,8 +101,10 @@ TEST(Checkpoint, SafetensorsHasAlignedContiguousTensorsUnderTorchNames) {
   const asgd_test::TempDir dir;
   const Checkpoint c = resnet_checkpoint();
   const fs::path file = dir.path() / "m.safetensors";
-  ASSERT_TRUE(write_safetensors(file.string(), c).ok());
+  const auto written = write_safetensors(file.string(), c);
+  ASSERT_TRUE(written.ok());
   const std::string bytes = slurp(file);
+  EXPECT_EQ(written->bytes, bytes.size());
   std::uint64_t n = 0;
   std::memcpy(&n, bytes.data(), 8);
   ASSERT_LE(8 + n, bytes.size());
@@ -112,6 +114,7 @@ TEST(Checkpoint, SafetensorsHasAlignedContiguousTensorsUnderTorchNames) {
   header.erase("__metadata__");
   // params + buffers + one num_batches_tracked per BatchNorm (7 of them)
   EXPECT_EQ(header.size(), c.params.size() + c.buffers.size() + 7);
+  EXPECT_EQ(written->tensors, header.size());  // what asgd export says it wrote
   std::vector<std::pair<std::size_t, std::size_t>> spans;
   for (const auto& [name, t] : header.items()) spans.emplace_back(t["data_offsets"][0], t["data_offsets"][1]);
   std::sort(spans.begin(), spans.end());

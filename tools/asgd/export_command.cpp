@@ -57,13 +57,13 @@ std::function<int()> add_export_command(CLI::App& app) {
       print_error(ckpt.status().message());
       return ckpt.status().code() == StatusCode::not_found ? kExitUsage : kExitFailure;
     }
-    if (const Status s = write_safetensors(o->out, *ckpt); !s.ok()) {
-      print_error(s.message());
+    const auto written = write_safetensors(o->out, *ckpt);
+    if (!written) {
+      print_error(written.status().message());
       return kExitFailure;
     }
-    std::size_t tensors = ckpt->params.size() + ckpt->buffers.size();
-    std::printf("wrote %s: %s trained on %s, %zu tensors, %ju bytes\n", o->out.c_str(), ckpt->model.c_str(),
-                ckpt->dataset.c_str(), tensors, static_cast<std::uintmax_t>(std::filesystem::file_size(o->out)));
+    std::printf("wrote %s: %s trained on %s, %zu tensors, %zu bytes\n", o->out.c_str(), ckpt->model.c_str(),
+                ckpt->dataset.c_str(), written->tensors, written->bytes);
     return kExitOk;
   };
 }

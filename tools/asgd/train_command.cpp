@@ -20,6 +20,7 @@
 
 #include "asgd/job.hpp"
 #include "base/log.hpp"
+#include "base/paths.hpp"
 #include "runtime/config_file.hpp"
 #include "runtime/job_internal.hpp"
 #include "dataset/augment.hpp"
@@ -101,9 +102,12 @@ std::optional<int> load_job(const JobOptions& o, JobConfig& config, bool devices
   if (auto r = o.options.find("resume"); r != o.options.end() && r->second->count() > 0) {
     const std::string dir = o.flags.at("resume");
     const std::string saved = (std::filesystem::path(dir) / kJobSettingsFile).string();
-    if (!std::filesystem::exists(saved)) {
+    if (const PathLook look = look_at(saved); look.kind == PathKind::missing) {
       print_error("--resume " + dir + ": no " + kJobSettingsFile +
                   " there (was the job run with --checkpoint-dir and --checkpoint-every?)");
+      return kExitUsage;
+    } else if (look.kind == PathKind::unreadable) {
+      print_error("--resume " + dir + ": cannot read " + saved + ": " + look.error);
       return kExitUsage;
     }
     if (Status s = whole_settings_file(saved); !s.ok()) {
@@ -142,8 +146,11 @@ std::optional<int> load_job(const JobOptions& o, JobConfig& config, bool devices
     return kExitUsage;
   }
   const std::string dir = resolve_data_dir(config);
-  if (!std::filesystem::is_directory(dir)) {
-    print_error("data directory " + dir + " does not exist (set --data-dir, or ASGD_DATA_DIR to the folder holding " +
+  if (const PathLook look = look_at(dir); look.kind != PathKind::folder) {
+    const std::string what = look.kind == PathKind::missing      ? "does not exist"
+                             : look.kind == PathKind::unreadable ? "cannot be read (" + look.error + ")"
+                                                                 : "is not a folder";
+    print_error("data directory " + dir + " " + what + " (set --data-dir, or ASGD_DATA_DIR to the folder holding " +
                 config.dataset + "/; asgd data fetch " + config.dataset + " downloads it there)");
     return kExitUsage;
   }

@@ -1,0 +1,66 @@
+// Paths a user gives that cannot be looked at, and a checkpoint folder used
+// again: one line and an exit status, never an abort, and never an earlier
+// job's model taken for this one's.
+
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <string>
+
+#include "cli/cli_run.hpp"
+#include "temp_dir.hpp"
+#include "test_data.hpp"
+
+namespace {
+
+namespace fs = std::filesystem;
+
+using asgd_test::asgd;
+using asgd_test::CliRun;
+using asgd_test::expect_one_line_error;
+
+// A link to itself: every look at it fails (ELOOP), as a folder without
+// search permission does for a user who is not root. std::filesystem's
+// calls without an error_code threw there, and the uncaught
+// filesystem_error ended asgd with SIGABRT (exit 134).
+TEST(PathsCli, APathThatCannotBeLookedAtIsOneLineNotAnAbort) {
+  ASGD_REQUIRE_DATASET(mnist, "mnist");
+  const asgd_test::TempDir dir;
+  const fs::path loop = dir / "loop";
+  fs::create_symlink(loop, loop);
+  const std::string why = "Too many levels of symbolic links";
+  expect_one_line_error(asgd("train --epochs 1 --data-dir " + loop.string()), 2,
+                        "data directory " + loop.string() + " cannot be read (" + why + ")");
+  expect_one_line_error(asgd("cluster --epochs 1 --data-dir " + loop.string()), 2,
+                        "data directory " + loop.string() + " cannot be read (" + why + ")");
+  expect_one_line_error(asgd("train --config " + loop.string()), 2, "config file " + loop.string() + " cannot be read: " + why);
+  expect_one_line_error(asgd("train --resume " + loop.string()), 2, "--resume " + loop.string() + ": cannot read");
+  expect_one_line_error(asgd("export --checkpoint " + loop.string() + " --out " + (dir / "m.safetensors").string()), 2,
+                        "no checkpoint at " + loop.string());
+  const fs::path file = dir / "a-file";
+  std::ofstream(file) << "not a folder";
+  expect_one_line_error(asgd("train --epochs 1 --data-dir " + file.string()), 2,
+                        "data directory " + file.string() + " is not a folder");
+}
+
+// A new job in a folder that holds an earlier job's model.ckpt: the earlier
+// model goes when the new job replaces the folder's settings, so a new job
+// that does not finish leaves no model to export, not the earlier one
+// under the new settings.
+TEST(PathsCli, ANewJobInACheckpointFolderRemovesTheEarlierJobsModel) {
+  ASGD_REQUIRE_DATASET(mnist, "mnist");
+  const asgd_test::TempDir dir;
+  const std::string ck = (dir / "ck").string(), data = " --data-dir " + mnist.string() + " --log-level warn";
+  const CliRun first = asgd("train --epochs 1 --validation-size 1000 --checkpoint-dir " + ck + data);
+  ASSERT_EQ(first.exit_code, 0) << first.err;
+  ASSERT_TRUE(fs::exists(fs::path(ck) / "model.ckpt"));
+  const CliRun diverged = asgd("train --epochs 1 --lr 1e6 --checkpoint-dir " + ck + data);
+  EXPECT_EQ(diverged.exit_code, 1) << diverged.err;
+  EXPECT_NE(diverged.err.find("removed the earlier job's trained model"), std::string::npos) << diverged.err;
+  EXPECT_FALSE(fs::exists(fs::path(ck) / "model.ckpt"));
+  expect_one_line_error(asgd("export --checkpoint " + ck + " --out " + (dir / "m.safetensors").string()), 2,
+                        "no checkpoint at " + ck + "/model.ckpt");
+}
+
+}  // namespace
