@@ -216,9 +216,10 @@ Status serve_until_shutdown(Joined& j, const std::string& name, std::stop_token 
       return s->reason == kJobDone ? Status{} : Status::WithCode(stop_code(*s), name + ": the coordinator stopped it: " + s->reason);
     if (Status s = on_message(*in); !s.ok()) return s;
   }
-  // Told to stop (SIGINT, SIGTERM): a clean end for a shard or worker.
-  logger().info("{}: stopped", name);
-  return {};
+  // Told to stop by a signal (SIGINT, SIGTERM: Ctrl-C, scancel, a pod's
+  // end) before the coordinator said the job was done: the job did not
+  // finish, and a launcher reading every rank's status must see that.
+  return Status::Cancelled(name + ": interrupted by a signal before the job's end");
 }
 
 }  // namespace

@@ -56,4 +56,33 @@ took=$((SECONDS - t0))
 echo "2. ranks 1-4 all gone $took s after rank 0 was killed"
 grep -h "coordinator sent nothing" "$work"/rank[1-4].log | head -2
 [[ $took -le 8 ]] || { echo "   too slow: more than --heartbeat-timeout 3 s + 5 s"; status=1; }
+
+# 3. Every rank signalled at once mid-training, as scancel does (SIGTERM)
+# and as Slurm's --signal=USR1@N does ahead of a time limit (SIGUSR1):
+# every rank exits 1, the job having not finished (a rank that heard the
+# signal before the coordinator's stop exited 0; SIGUSR1 killed them all),
+# and the shards' checkpoints are there to resume from.
+for sig in TERM USR1; do
+  port=$(free_port)
+  pids=()
+  ck="$work/ck-$sig"
+  for r in 0 1 2 3 4; do
+    start $r "$port" --join-timeout 30 --epochs 50 --checkpoint-dir "$ck" --checkpoint-every 0.5
+    pids+=("$pid")
+  done
+  for _ in $(seq 300); do grep -q "epoch 1/50" "$work/rank0.log" && break; sleep 0.1; done
+  kill -"$sig" "${pids[@]}"
+  codes=()
+  for r in 0 1 2 3 4; do
+    wait "${pids[$r]}"
+    codes+=($?)
+  done
+  echo "3. SIG$sig to every rank: exit statuses ${codes[*]}"
+  for r in 0 1 2 3 4; do
+    [[ ${codes[$r]} -eq 1 ]] || { echo "   rank $r exited ${codes[$r]}, not 1"; tail -3 "$work/rank$r.log"; status=1; }
+  done
+  for k in 0 1; do
+    [[ -f "$ck/shard-$k.ckpt" ]] || { echo "   no checkpoint of shard $k after SIG$sig"; status=1; }
+  done
+done
 exit $status

@@ -195,7 +195,8 @@ Result<experiments::RunRecord> run_as_processes(const JobConfig& config, experim
 int run_launched_rank(const JobOptions& jo, const LaunchFlags& lf, const Launch& launch,
                       std::optional<messaging::CurveOptions> curve);
 
-/// Turns SIGINT and SIGTERM into a stop request while it lives.
+/// Turns SIGINT, SIGTERM, SIGUSR1 and SIGHUP into a stop request while it
+/// lives.
 class Interrupts {
  public:
   Interrupts();

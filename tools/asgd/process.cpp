@@ -33,8 +33,10 @@ extern "C" void on_sigint(int) { g_interrupted.store(true, std::memory_order_rel
 }  // namespace
 
 Interrupts::Interrupts() {
-  std::signal(SIGINT, on_sigint);
-  std::signal(SIGTERM, on_sigint);
+  // SIGUSR1 is what Slurm sends ahead of a time limit (--signal=USR1@120)
+  // and SIGHUP what a closed terminal does: a stop with its final
+  // checkpoints, like the other two, instead of the default end.
+  for (int sig : {SIGINT, SIGTERM, SIGUSR1, SIGHUP}) std::signal(sig, on_sigint);
   watcher_ = std::jthread([this](std::stop_token done) {
     while (!done.stop_requested()) {
       if (g_interrupted.load(std::memory_order_relaxed)) {
