@@ -73,10 +73,13 @@ struct Registration {
   /// Where the index came from, as a refusal names it: empty for --index;
   /// under a launcher, its rank ("rank 2 (OMPI_COMM_WORLD_RANK, ...)").
   std::string index_from;
+  /// The launcher's run id (Launch::run_id: Slurm's job and step, ...), or
+  /// empty: a coordinator of another run refuses the process.
+  std::string run;
 };
 template <class F>
 decltype(auto) fields(F&& f, Registration& x) {
-  return f(x.role, x.index, x.endpoint, x.host, x.pid, x.cpu_key, x.index_from);
+  return f(x.role, x.index, x.endpoint, x.host, x.pid, x.cpu_key, x.index_from, x.run);
 }
 
 /// Everything a process needs to play its part. Shards get their initial

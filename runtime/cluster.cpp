@@ -157,7 +157,7 @@ Result<Joined> join(const ProcessOptions& o, Role role, const std::string& name,
   j.coordinator = *peer;
   j.bridge->send(j.coordinator, encode(Registration{role, o.index, announce.empty() ? j.bridge->endpoint() : announce,
                                                     host_name(), static_cast<std::uint32_t>(getpid()),
-                                                    cpu_set_key(), o.index_from},
+                                                    cpu_set_key(), o.index_from, o.run},
                                        j.bridge->next_id()));
   const auto deadline = SteadyClock::now() + millis(o.join_timeout_s + o.join_grace_s);
   while (true) {

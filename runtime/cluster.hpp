@@ -114,6 +114,10 @@ struct ProcessOptions {
   std::vector<std::string> rank_hosts;
   std::uint32_t index = UINT32_MAX;    ///< shard, worker: the index to ask for (default, messaging::kAnyIndex: any free one)
   std::string index_from;              ///< where `index` came from, for refusals (empty: --index; a launcher's rank)
+  /// Every process under a launcher that names the run (Launch::run_id): the
+  /// coordinator refuses a process of another run, which two runs given
+  /// one port would otherwise mix into one job.
+  std::string run;
   /// Every process: authentication and encryption (docs/security.md); unset:
   /// plain tcp. With it a shard's endpoint carries its public key, and
   /// `coordinator` either carries the coordinator's or curve->server_key is it.

@@ -217,7 +217,7 @@ Result<JobSummary> run_coordinator_process(const JobConfig& config, const Proces
   cfg.set("scheduler.max-threads", 1);
   sleep_when_idle(cfg);
   caf::actor_system system{cfg};
-  caf::actor registry = spawn_registry(system, RegistrySetup{config, o.join_timeout_s, o.supervision, o.rank_hosts});
+  caf::actor registry = spawn_registry(system, RegistrySetup{config, o.join_timeout_s, o.supervision, o.rank_hosts, o.run});
   auto started = start_bridge(config, o, registry);
   if (!started) {
     caf::anon_send_exit(registry, caf::exit_reason::user_shutdown);

@@ -39,6 +39,15 @@ void log_refused(const std::string& name, const messaging::BridgeStats& st);
 
 std::chrono::milliseconds millis(double seconds);
 
+// Why the coordinator of run `ours` refuses `reg`, a process of another
+// run (both named by their launcher: two runs that were given one port,
+// the other's coordinator unable to listen); nothing when it may join.
+inline std::optional<std::string> another_run(const std::string& ours, const messaging::Registration& reg) {
+  if (ours.empty() || reg.run.empty() || ours == reg.run) return std::nullopt;
+  return "this coordinator serves the run " + ours + ", not " + reg.run +
+         ": two runs were given one port (give each its own --port)";
+}
+
 // A shard process's memory (runtime/shard_allocator.cpp): one heap, its
 // push buffers kept for reuse, not trimmed. Process-wide; called before
 // ZeroMQ's threads start.

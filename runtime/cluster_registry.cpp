@@ -447,8 +447,8 @@ void route(Self self, Inbound& in) {
         using T = std::decay_t<decltype(m)>;
         if constexpr (std::is_same_v<T, Registration>) {
           if (st.stopped) return tell_to_stop(self, in.peer, "the job is over");
-          if (st.registering) return registered(self, in.peer, m);
-          registered_during_job(self, in.peer, m);
+          if (auto why = another_run(st.setup.run, m)) return refuse(self, in.peer, *why);
+          st.registering ? registered(self, in.peer, m) : registered_during_job(self, in.peer, m);
         } else if constexpr (std::is_same_v<T, EpochReport> || std::is_same_v<T, WorkerProgress>) {
           tell_coordinator(self, std::move(m));
         } else if constexpr (std::is_same_v<T, WorkerReady>) {

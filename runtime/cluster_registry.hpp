@@ -89,6 +89,7 @@ struct RegistrySetup {
   double join_timeout_s = 60.0;
   std::shared_ptr<Supervision> supervision;  ///< may be null
   std::vector<std::string> rank_hosts;       ///< ProcessOptions::rank_hosts
+  std::string run;                           ///< ProcessOptions::run
 };
 
 /// Spawns the registry in `system`. Until it is sent the bridge (a

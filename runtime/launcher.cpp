@@ -63,20 +63,37 @@ Status read_ranks(const Environment& env, Launch& l, const char* rank, const cha
 std::string tcp(const std::string& host, std::uint32_t port) { return "tcp://" + host + ":" + std::to_string(port); }
 
 Status read_slurm(const Environment& env, Launch& l, std::uint16_t port) {
+  // A batch script has SLURM_PROCID=0 too, but no step: it is not one task
+  // of several, and would wait for ranks that never come.
+  const auto step = get(env, "SLURM_STEP_ID") ? get(env, "SLURM_STEP_ID") : get(env, "SLURM_STEPID");
+  if (!step && get(env, "SLURM_PROCID"))
+    return Status::InvalidArgument("SLURM_STEP_ID is not set: this is a batch script, not a task of an srun step; run "
+                                   "srun asgd cluster ... (a rank per task), or give --launcher local (this "
+                                   "node's processes)");
   if (Status s = read_ranks(env, l, "SLURM_PROCID", "SLURM_NTASKS", {"SLURM_LOCALID"}); !s.ok()) return s;
-  const auto nodes = get(env, "SLURM_JOB_NODELIST") ? get(env, "SLURM_JOB_NODELIST") : get(env, "SLURM_NODELIST");
+  // The step's nodes, where its tasks are (a step may run on part of the
+  // job's allocation).
+  const char* list = "SLURM_STEP_NODELIST";
+  for (const char* name : {"SLURM_STEP_NODELIST", "SLURM_JOB_NODELIST", "SLURM_NODELIST"})
+    if (get(env, name)) {
+      list = name;
+      break;
+    }
+  const auto nodes = get(env, list);
   if (!nodes) return Status::InvalidArgument("SLURM_JOB_NODELIST is not set");
   auto hosts = expand_hostlist(*nodes);
   if (!hosts) return hosts.status();
-  if (hosts->empty()) return Status::InvalidArgument("SLURM_JOB_NODELIST=" + *nodes + " names no host");
+  if (hosts->empty()) return Status::InvalidArgument(std::string(list) + "=" + *nodes + " names no host");
   l.hosts = std::move(hosts).value();
   l.job_id = get(env, "SLURM_JOB_ID").value_or("");
   if (port == 0) {
     if (l.job_id.empty()) return Status::InvalidArgument("SLURM_JOB_ID is not set (or give --port)");
-    port = port_for_job(l.job_id);
+    // Two steps of one job at once each get a port of their own.
+    port = port_for_job(l.job_id + "." + step.value_or(""));
+    l.port_from = "derived from SLURM_JOB_ID=" + l.job_id + " and SLURM_STEP_ID=" + step.value_or("");
   }
   l.coordinator = tcp(l.hosts.front(), port);
-  l.from += ", SLURM_LOCALID, SLURM_JOB_NODELIST, SLURM_JOB_ID";
+  l.from += ", SLURM_LOCALID, " + std::string(list) + ", SLURM_JOB_ID, SLURM_STEP_ID";
   // Which host each rank is on, for messages about ranks that never came:
   // known for the block distribution only (Slurm's default).
   const auto per_node = get(env, "SLURM_STEP_TASKS_PER_NODE") ? get(env, "SLURM_STEP_TASKS_PER_NODE")
@@ -136,6 +153,9 @@ std::string run_id(const Environment& env, LauncherKind kind) {
 
 LauncherKind detect_kind(const Environment& env) {
   if (get(env, "ASGD_RANK")) return LauncherKind::env;
+  // mpirun inside a Slurm allocation: its ranks inherit SLURM_PROCID (of the
+  // batch script, or of the step that started Open MPI's daemons).
+  if (get(env, "OMPI_COMM_WORLD_RANK")) return LauncherKind::mpi;
   if (get(env, "SLURM_PROCID")) return LauncherKind::slurm;
   if (get(env, "OMPI_COMM_WORLD_RANK") || get(env, "PMIX_RANK") || get(env, "PMI_RANK")) return LauncherKind::mpi;
   if (get(env, "JOB_COMPLETION_INDEX")) return LauncherKind::kubernetes;
@@ -265,7 +285,7 @@ Result<std::vector<std::uint32_t>> parse_tasks_per_node(const std::string& text)
 std::uint16_t port_for_job(const std::string& id) {
   std::uint32_t h = 2166136261u;  // FNV-1a: the same on every host and build
   for (unsigned char c : id) h = (h ^ c) * 16777619u;
-  return static_cast<std::uint16_t>(20000 + h % 20000);
+  return static_cast<std::uint16_t>(10000 + h % 20000);  // below Linux's ephemeral ports (32768 on)
 }
 
 Result<Launch> detect_launch(const Environment& env, const std::string& wanted, std::uint16_t port) {

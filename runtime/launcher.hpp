@@ -40,6 +40,9 @@ struct Launch {
   /// block distribution: SLURM_TASKS_PER_NODE over the node list); else empty.
   std::vector<std::string> rank_hosts;
   std::string job_id;              ///< Slurm's
+  /// Where the coordinator's port came from when the launcher derived it
+  /// ("derived from SLURM_JOB_ID=49 and SLURM_STEP_ID=0"); else empty.
+  std::string port_from;
   /// This run's identity, the same on every rank and another for the next
   /// run, where the launcher gives one (Slurm's job and step, Open MPI's
   /// job id or PMIx namespace, torchrun's run id); else empty. A rendezvous
@@ -50,12 +53,13 @@ struct Launch {
 
 /// The launcher `wanted` names (auto | local | env | slurm | mpi |
 /// kubernetes | torchrun). auto takes the first whose variables are set, in
-/// this order: ASGD_RANK (env), SLURM_PROCID (slurm), OMPI_COMM_WORLD_RANK,
+/// this order: ASGD_RANK (env), OMPI_COMM_WORLD_RANK (mpi: mpirun inside a
+/// Slurm allocation), SLURM_PROCID (slurm; an srun task, with SLURM_STEP_ID),
 /// PMIX_RANK or PMI_RANK (mpi), JOB_COMPLETION_INDEX (kubernetes), RANK with
 /// WORLD_SIZE (torchrun); none: local. ASGD_COORDINATOR, when set, is the
 /// coordinator under every launcher; otherwise Slurm's is the first host of
-/// SLURM_JOB_NODELIST at `port` (0: port_for_job of SLURM_JOB_ID), and
-/// torchrun's MASTER_ADDR:MASTER_PORT. Errors: invalid_argument naming the
+/// the step's node list at `port` (0: port_for_job of SLURM_JOB_ID and
+/// SLURM_STEP_ID), and torchrun's MASTER_ADDR:MASTER_PORT. Errors: invalid_argument naming the
 /// variable that is missing or malformed, or an unknown `wanted`.
 Result<Launch> detect_launch(const Environment& env, const std::string& wanted, std::uint16_t port = 0);
 
@@ -68,7 +72,8 @@ Result<std::vector<std::string>> expand_hostlist(const std::string& list);
 /// 1) as tasks per node, in order. Errors: invalid_argument naming it.
 Result<std::vector<std::uint32_t>> parse_tasks_per_node(const std::string& text);
 
-/// A port in [20000, 40000) that every rank of job `id` derives alike.
+/// A port in [10000, 30000), below Linux's ephemeral ports, that every rank
+/// of run `id` derives alike.
 std::uint16_t port_for_job(const std::string& id);
 
 enum class RankRole { coordinator, shard, worker };

@@ -141,7 +141,8 @@ TEST(WireMessages, ABigPushIsCheckedWhereItLiesAndItsValuesReadOnlyWhenItsChecks
 }
 
 TEST(WireMessages, EveryMessageTypeRoundTrips) {
-  Registration reg{Role::shard, 3, "tcp://10.0.0.2:4000", "host-a", 1234, "boot-id/f0", "rank 4 (SLURM_PROCID)"};
+  Registration reg{Role::shard, 3, "tcp://10.0.0.2:4000", "host-a", 1234, "boot-id/f0", "rank 4 (SLURM_PROCID)",
+                   "SLURM_JOB_ID=49 SLURM_STEP_ID=1"};
   auto r = round_trip(reg);
   EXPECT_EQ(r.role, Role::shard);
   EXPECT_EQ(r.index, 3u);
@@ -150,6 +151,7 @@ TEST(WireMessages, EveryMessageTypeRoundTrips) {
   EXPECT_EQ(r.pid, 1234u);
   EXPECT_EQ(r.cpu_key, "boot-id/f0");
   EXPECT_EQ(r.index_from, "rank 4 (SLURM_PROCID)");
+  EXPECT_EQ(r.run, "SLURM_JOB_ID=49 SLURM_STEP_ID=1");
 
   Assignment a;
   a.role = Role::worker;

@@ -189,7 +189,7 @@ TEST(ClusterProcesses, AShardThatNeverTakesItsAssignmentFailsTheJobAtTheJoinTime
     EXPECT_TRUE(b.ok()) << b.status().to_string();
     auto peer = (*b)->connect(at);
     EXPECT_TRUE(peer.ok());
-    (*b)->send(*peer, encode(Registration{role, 0, listen ? (*b)->endpoint() : "", "silent-host", pid, "", ""}, 1));
+    (*b)->send(*peer, encode(Registration{role, 0, listen ? (*b)->endpoint() : "", "silent-host", pid, "", "", ""}, 1));
     return *b;
   };
   auto shard = silent(Role::shard, 4242, true);

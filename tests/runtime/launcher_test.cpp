@@ -92,7 +92,7 @@ TEST(Launcher, MalformedHostListsAreRefusedNamingTheList) {
 
 TEST(Launcher, EachLauncherIsReadFromItsOwnVariables) {
   auto slurm = detect_launch({{"SLURM_PROCID", "3"}, {"SLURM_NTASKS", "5"}, {"SLURM_LOCALID", "1"},
-                              {"SLURM_JOB_NODELIST", "node[07-08]"}, {"SLURM_JOB_ID", "4242"}},
+                              {"SLURM_JOB_NODELIST", "node[07-08]"}, {"SLURM_JOB_ID", "4242"}, {"SLURM_STEP_ID", "0"}},
                              "auto");
   ASSERT_TRUE(slurm.ok()) << slurm.status().to_string();
   EXPECT_EQ(slurm->kind, LauncherKind::slurm);
@@ -100,10 +100,18 @@ TEST(Launcher, EachLauncherIsReadFromItsOwnVariables) {
   EXPECT_EQ(slurm->world_size, 5u);
   EXPECT_EQ(slurm->local_rank, 1u);
   EXPECT_EQ(slurm->hosts, (Hosts{"node07", "node08"}));
-  EXPECT_EQ(slurm->coordinator, "tcp://node07:" + std::to_string(port_for_job("4242")));
+  EXPECT_EQ(slurm->coordinator, "tcp://node07:" + std::to_string(port_for_job("4242.0")));
+  EXPECT_EQ(slurm->port_from, "derived from SLURM_JOB_ID=4242 and SLURM_STEP_ID=0");
+  // A step on part of the allocation: rank 0 is on the step's first node.
+  auto step = detect_launch({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "5"}, {"SLURM_JOB_NODELIST", "node[01-02]"},
+                             {"SLURM_STEP_NODELIST", "node02"}, {"SLURM_JOB_ID", "4242"}, {"SLURM_STEP_ID", "1"}},
+                            "auto");
+  ASSERT_TRUE(step.ok()) << step.status().to_string();
+  EXPECT_EQ(step->coordinator, "tcp://node02:" + std::to_string(port_for_job("4242.1")));
+  EXPECT_NE(port_for_job("4242.1"), port_for_job("4242.0")) << "two steps of one job at once";
   EXPECT_TRUE(slurm->rank_hosts.empty()) << "without SLURM_TASKS_PER_NODE, where the ranks are is unknown";
   auto placed = detect_launch({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "5"}, {"SLURM_JOB_NODELIST", "n[1-3]"},
-                               {"SLURM_JOB_ID", "7"}, {"SLURM_TASKS_PER_NODE", "2(x2),1"}},
+                               {"SLURM_JOB_ID", "7"}, {"SLURM_STEP_ID", "0"}, {"SLURM_TASKS_PER_NODE", "2(x2),1"}},
                               "auto");
   ASSERT_TRUE(placed.ok()) << placed.status().to_string();
   EXPECT_EQ(placed->rank_hosts, (Hosts{"n1", "n1", "n2", "n2", "n3"})) << "block distribution";
@@ -111,7 +119,7 @@ TEST(Launcher, EachLauncherIsReadFromItsOwnVariables) {
   EXPECT_FALSE(parse_tasks_per_node("2(x").ok());
   EXPECT_FALSE(parse_tasks_per_node("").ok());
   EXPECT_EQ(detect_launch({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "5"}, {"SLURM_JOB_NODELIST", "n1"},
-                           {"SLURM_JOB_ID", "1"}},
+                           {"SLURM_JOB_ID", "1"}, {"SLURM_STEP_ID", "0"}},
                           "auto", 31000)
                 ->coordinator,
             "tcp://n1:31000")
@@ -147,6 +155,13 @@ TEST(Launcher, EachLauncherIsReadFromItsOwnVariables) {
                            "auto");
   ASSERT_TRUE(own.ok());
   EXPECT_EQ(own->kind, LauncherKind::env) << "ASGD_* come first";
+  // mpirun inside a Slurm allocation: its ranks inherit the batch script's SLURM_PROCID.
+  auto mpi_in_slurm = detect_launch({{"OMPI_COMM_WORLD_RANK", "1"}, {"OMPI_COMM_WORLD_SIZE", "2"},
+                                     {"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}, {"SLURM_JOB_ID", "5"}},
+                                    "auto");
+  ASSERT_TRUE(mpi_in_slurm.ok()) << mpi_in_slurm.status().to_string();
+  EXPECT_EQ(mpi_in_slurm->kind, LauncherKind::mpi);
+  EXPECT_EQ(mpi_in_slurm->rank, 1u);
   EXPECT_EQ(detect_launch({}, "auto")->kind, LauncherKind::local);
   EXPECT_EQ(detect_launch({{"SLURM_PROCID", "3"}}, "local")->kind, LauncherKind::local) << "--launcher local wins";
 }
@@ -158,9 +173,15 @@ TEST(Launcher, MissingOrBadVariablesAreOneLineErrorsNamingThem) {
     EXPECT_EQ(got.status().code(), StatusCode::invalid_argument);
     EXPECT_NE(got.status().message().find(names), std::string::npos) << got.status().message();
   };
-  expect_error({{"SLURM_PROCID", "1"}}, "auto", "SLURM_NTASKS is not set");
-  expect_error({{"SLURM_PROCID", "x"}, {"SLURM_NTASKS", "2"}}, "auto", "SLURM_PROCID=x: expected a whole number");
-  expect_error({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "5"}}, "auto", "SLURM_PROCID=5 is not below SLURM_NTASKS=5");
+  expect_error({{"SLURM_PROCID", "1"}, {"SLURM_STEP_ID", "0"}}, "auto", "SLURM_NTASKS is not set");
+  expect_error({{"SLURM_PROCID", "x"}, {"SLURM_NTASKS", "2"}, {"SLURM_STEP_ID", "0"}}, "auto",
+               "SLURM_PROCID=x: expected a whole number");
+  expect_error({{"SLURM_PROCID", "5"}, {"SLURM_NTASKS", "5"}, {"SLURM_STEP_ID", "0"}}, "auto",
+               "SLURM_PROCID=5 is not below SLURM_NTASKS=5");
+  // asgd cluster in a batch script (sbatch --wrap): SLURM_PROCID=0 but no
+  // step; it waited out --join-timeout for ranks that never come.
+  expect_error({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "3"}, {"SLURM_JOB_NODELIST", "n1"}, {"SLURM_JOB_ID", "5"}},
+               "auto", "SLURM_STEP_ID is not set: this is a batch script, not a task of an srun step");
   expect_error({{"ASGD_RANK", "0"}, {"ASGD_WORLD_SIZE", "2"}}, "auto", "ASGD_COORDINATOR is not set");
   // A bad ASGD_COORDINATOR, refused alike on every rank (a worker rank took port 99999 and waited).
   for (const char* rank : {"0", "2"}) {
@@ -199,9 +220,9 @@ TEST(Launcher, RanksTakeRolesAndAWrongWorldSizeSaysWhatWouldFit) {
 TEST(Launcher, PortsAndAddressesEveryRankDerivesAlike) {
   EXPECT_EQ(port_for_job("123456"), port_for_job("123456"));
   EXPECT_NE(port_for_job("123456"), port_for_job("123457"));
-  for (const char* id : {"1", "99", "123456", "abc"}) {
-    EXPECT_GE(port_for_job(id), 20000);
-    EXPECT_LT(port_for_job(id), 40000);
+  for (const char* id : {"1", "99", "123456", "abc", "49.0"}) {
+    EXPECT_GE(port_for_job(id), 10000);
+    EXPECT_LT(port_for_job(id), 30000) << "below Linux's ephemeral ports";
   }
   auto local = address_towards("127.0.0.1");
   ASSERT_TRUE(local.ok()) << local.status().to_string();

@@ -219,6 +219,13 @@ int run_rank_coordinator(const JobOptions& jo, const LaunchFlags& lf, const Laun
                                             logger().error("{}", s.message());
                                         });
   remove_rendezvous(lf.rendezvous);
+  // A port the launcher derived may be another job's on this host.
+  if (!result && !launch.port_from.empty() && lf.port == 0 &&
+      result.status().message().find("Address already in use") != std::string::npos) {
+    print_error("rank 0 cannot listen on " + po.listen + ": that port, " + launch.port_from +
+                ", is taken on this host (by another job?); give every rank --port P");
+    return kExitUsage;
+  }
   return report_outcome(result, config, jo.log);
 }
 
@@ -295,6 +302,7 @@ int run_launched_rank(const JobOptions& jo, const LaunchFlags& lf, const Launch&
   po.curve = std::move(curve);
   po.index = role->index;
   po.index_from = "rank " + std::to_string(launch.rank) + " (" + launch.from.substr(0, launch.from.find(',')) + ")";
+  po.run = launch.run_id;
   // The others wait a little longer than rank 0, so that when a rank never
   // comes they hear rank 0's verdict (which names it) before giving up.
   po.join_timeout_s = lf.join_timeout_s;

@@ -1,0 +1,74 @@
+// Ranks under Slurm's variables (the real Slurm runs in
+// tests/launchers/slurm_example_test.sh): two runs that meet on one port do
+// not train as one job, and a derived port another job holds is named.
+
+#include <gtest/gtest.h>
+
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <future>
+#include <string>
+
+#include "cli/cli_run.hpp"
+#include "http_client.hpp"
+#include "runtime/launcher.hpp"
+#include "test_data.hpp"
+
+namespace {
+
+using asgd_test::asgd;
+using asgd_test::CliRun;
+using asgd_test::expect_one_line_error;
+
+// Rank `rank` of 3 (a coordinator, a shard, a worker) of step `step` of
+// Slurm job 77, all on this host.
+std::string slurm_rank(int rank, int step) {
+  return "env SLURM_PROCID=" + std::to_string(rank) + " SLURM_NTASKS=3 SLURM_LOCALID=" + std::to_string(rank) +
+         " SLURM_JOB_NODELIST=127.0.0.1 SLURM_JOB_ID=77 SLURM_STEP_ID=" + std::to_string(step);
+}
+
+// Two steps given one port (by hand here; derived, they had the same one):
+// the second's coordinator cannot listen, and its shard reached the first's,
+// which took it into its job (an audit saw one step train on the other's
+// processes). The coordinator refuses a process of another run now.
+TEST(SlurmRanksCli, AProcessOfAnotherRunIsRefusedByTheCoordinator) {
+  ASGD_REQUIRE_DATASET(mnist, "mnist");
+  const std::string job = "cluster --shards 1 --workers 1 --epochs 1 --join-timeout 4 --data-dir " + mnist.string() +
+                          " --port " + std::to_string(asgd_test::free_port());
+  auto coordinator = std::async(std::launch::async, [&] { return asgd(job, {}, slurm_rank(0, 0)); });
+  const CliRun other = asgd(job, {}, slurm_rank(1, 1));
+  expect_one_line_error(other, 2,
+                        "this coordinator serves the run SLURM_JOB_ID=77 SLURM_STEP_ID=0, not SLURM_JOB_ID=77 "
+                        "SLURM_STEP_ID=1: two runs were given one port (give each its own --port)");
+  const CliRun first = coordinator.get();
+  EXPECT_EQ(first.exit_code, 1) << first.err;  // its own shard and worker never came
+  EXPECT_NE(first.err.find("missing: shard 0"), std::string::npos) << first.err;
+}
+
+// The port rank 0 derives from the job and step, taken by another program:
+// named with where it came from, and --port offered (it was "bind: Address
+// already in use").
+TEST(SlurmRanksCli, ADerivedPortThatIsTakenIsNamedWithWhereItCameFrom) {
+  ASGD_REQUIRE_DATASET(mnist, "mnist");
+  const std::uint16_t port = asgd::port_for_job("77.5");
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(port);
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || ::listen(fd, 1) != 0) {
+    ::close(fd);
+    GTEST_SKIP() << "port " << port << " is in use here already";
+  }
+  const CliRun r = asgd("cluster --shards 1 --workers 1 --epochs 1 --join-timeout 4 --data-dir " + mnist.string(), {},
+                        slurm_rank(0, 5));
+  ::close(fd);
+  expect_one_line_error(r, 2,
+                        "rank 0 cannot listen on tcp://*:" + std::to_string(port) +
+                            ": that port, derived from SLURM_JOB_ID=77 and SLURM_STEP_ID=5, is taken on this host");
+}
+
+}  // namespace
