@@ -4,7 +4,9 @@
 
 #include <gtest/gtest.h>
 #include <poll.h>
+#include <fcntl.h>
 #include <signal.h>
+#include <sys/file.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -170,6 +172,44 @@ TEST(DataFetch, NoServerOrNoSuchFileFailsInOneLineThatSaysWhatToDo) {
   EXPECT_FALSE(fs::exists(tmp / "m" / "train-images-idx3-ubyte.gz.part"));
   const CliRun unknown = asgd("data fetch imagenet");
   expect_one_line_error(unknown, 2, "no such dataset (known: mnist, fashion-mnist, cifar10)");
+}
+
+// What a user meets around a download, each said for what it is: a
+// damaged .part from an earlier run (resumed, it failed its check and the
+// good server was blamed: now fetched whole once more), a file that cannot
+// be written here (it was "check the network"), a second fetch into the
+// same folder (they broke each other's files), an endless --stall-timeout
+// (inf was taken as 1 s).
+TEST(DataFetch, ADamagedPartAFileThatCannotBeWrittenAndASecondFetchAreSaidForWhatTheyAre) {
+  ASGD_REQUIRE_DATASET(mnist, "mnist");
+  TempDir tmp;
+  FileServer server(mnist.parent_path(), tmp / "requests.log");
+  ASSERT_GT(server.port(), 0);
+  const fs::path dir = tmp / "data" / "mnist";
+  fs::create_directories(dir);
+  const std::string fetch = "data fetch mnist --mirror " + server.url("mnist") + " --data-dir " + dir.string();
+  std::ofstream(dir / "t10k-labels-idx1-ubyte.gz.part") << std::string(3000, 'x');
+  const CliRun damaged = asgd(fetch);
+  ASSERT_EQ(damaged.exit_code, 0) << damaged.err << damaged.out;
+  EXPECT_NE(damaged.out.find("t10k-labels-idx1-ubyte.gz: the resumed copy failed its check: fetching it whole"),
+            std::string::npos)
+      << damaged.out;
+  EXPECT_TRUE(same_bytes(dir / "t10k-labels-idx1-ubyte.gz", mnist / "t10k-labels-idx1-ubyte.gz"));
+
+  const fs::path other = tmp / "other";
+  fs::create_directories(other / "train-images-idx3-ubyte.gz.part");  // a folder where the download goes
+  const CliRun unwritable = asgd("data fetch mnist --mirror " + server.url("mnist") + " --data-dir " + other.string());
+  expect_one_line_error(unwritable, 1, "train-images-idx3-ubyte.gz: cannot write " +
+                                           (other / "train-images-idx3-ubyte.gz.part").string() + ": Is a directory");
+  EXPECT_EQ(unwritable.err.find("check the network"), std::string::npos) << unwritable.err;
+
+  const int held = ::open(other.c_str(), O_RDONLY | O_DIRECTORY);
+  ASSERT_GE(held, 0);
+  ASSERT_EQ(::flock(held, LOCK_EX | LOCK_NB), 0);
+  expect_one_line_error(asgd("data fetch mnist --mirror " + server.url("mnist") + " --data-dir " + other.string()), 1,
+                        "another asgd data fetch is writing " + other.string());
+  ::close(held);
+  expect_one_line_error(asgd(fetch + " --stall-timeout inf"), 2, "--stall-timeout");
 }
 
 }  // namespace

@@ -31,9 +31,10 @@ std::function<int()> add_data_command(CLI::App& app) {
   fetch->add_option("--mirror", o->mirror, "download from this base URL instead of the official ones (and mirrors)")
       ->type_name("URL");
   fetch->add_option("--stall-timeout", o->stall_timeout_s,
-                    "give up on a server that sends nothing for this many seconds (default 60)")
+                    "give up on a server that sends nothing for this many seconds, 0.001 to 86400 (default 60)")
       ->type_name("S")
-      ->check(quietly(positive()));
+      ->check(quietly(positive()))
+      ->check(quietly(CLI::Range(0.001, 86400.0)));
   return [o, names] {
     const RemoteDataset* d = find_remote_dataset(o->name);
     if (!d) {

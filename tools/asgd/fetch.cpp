@@ -3,12 +3,15 @@
 #include <curl/curl.h>
 #include <fcntl.h>
 #include <openssl/evp.h>
+#include <sys/file.h>
 #include <unistd.h>
 
 #include <spdlog/fmt/fmt.h>
 
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
+#include <cstring>
 #include <memory>
 #include <mutex>
 #include <system_error>
@@ -98,7 +101,7 @@ std::string megabytes(double bytes) {
 std::string mismatch(const std::filesystem::path& path, const RemoteFile& file) {
   std::error_code ec;
   const std::uintmax_t size = std::filesystem::file_size(path, ec);
-  if (ec) return "cannot read it";
+  if (ec) return "a size that cannot be read (" + ec.message() + ")";
   if (size != file.bytes) return fmt::format("{} bytes where {} were expected", size, file.bytes);
   if (file.digest.empty()) return {};
   auto digest = file_digest(path, file.algorithm);
@@ -170,17 +173,28 @@ struct Transfer {
   }
 };
 
+// How a download ended, beside why: stopped by Ctrl-C, or on this
+// machine's side (the .part could not be written: no server can help).
+struct DownloadEnd {
+  bool cancelled = false;
+  bool local = false;
+  std::uint64_t resumed_from = 0;  ///< a completed transfer that asked for the rest after these bytes
+};
+
 // Downloads `url` into `part`, resuming after what it holds. Empty when the
-// transfer completed, else why not; `cancelled` is set on Ctrl-C.
+// transfer completed, else why not.
 std::string download(const std::string& url, const std::filesystem::path& part, const RemoteFile& file,
-                     const FetchOptions& o, bool& cancelled) {
+                     const FetchOptions& o, DownloadEnd& end) {
   std::error_code ec;
   std::uint64_t offset = std::filesystem::exists(part, ec) ? std::filesystem::file_size(part, ec) : 0;
   if (ec || offset >= file.bytes) offset = 0;  // nothing to resume (a full .part failed its check)
   for (int attempt = 0; attempt < 2; ++attempt) {
     std::unique_ptr<std::FILE, int (*)(std::FILE*)> out(std::fopen(part.c_str(), offset > 0 ? "ab" : "wb"),
                                                         &std::fclose);
-    if (!out) return "cannot write " + part.string();
+    if (!out) {
+      end.local = true;
+      return "cannot write " + part.string() + ": " + std::strerror(errno);
+    }
     Transfer t{out.get(), &o, file.name, offset, file.bytes};
     std::unique_ptr<CURL, void (*)(CURL*)> curl(curl_easy_init(), &curl_easy_cleanup);
     char error[CURL_ERROR_SIZE] = "";
@@ -204,7 +218,7 @@ std::string download(const std::string& url, const std::filesystem::path& part, 
     if (o.progress) std::fprintf(stderr, "\r%*s\r", 100, "");
     const bool flushed = std::fflush(out.get()) == 0 && ::fsync(::fileno(out.get())) == 0;
     if (rc == CURLE_ABORTED_BY_CALLBACK && o.stop.stop_requested()) {
-      cancelled = true;
+      end.cancelled = true;
       return "interrupted";
     }
     if (rc == CURLE_RANGE_ERROR && offset > 0) {  // the server cannot resume: start again from byte 0
@@ -216,14 +230,17 @@ std::string download(const std::string& url, const std::filesystem::path& part, 
       std::filesystem::remove(part, ec);
       return fmt::format("the server sent more than the file's {} bytes: not {}", file.bytes, file.name);
     }
-    if (t.write_failed || !flushed) return "cannot write " + part.string() + " (is the disk full?)";
+    if (t.write_failed || !flushed) {
+      end.local = true;
+      return "cannot write " + part.string() + " (is the disk full?)";
+    }
     if (rc != CURLE_OK) {
       long http = 0;
       curl_easy_getinfo(curl.get(), CURLINFO_RESPONSE_CODE, &http);
       if (rc == CURLE_HTTP_RETURNED_ERROR) return fmt::format("HTTP {}", http);
       return *error ? std::string(error) : std::string(curl_easy_strerror(rc));
     }
-    if (offset > 0 && o.say) o.say(fmt::format("{}: resumed after {}", file.name, megabytes(static_cast<double>(offset))));
+    end.resumed_from = offset;
     return {};
   }
   return "the server refused to resume and to start again";
@@ -264,11 +281,22 @@ Status fetch_file(const RemoteDataset& d, const RemoteFile& file, const FetchOpt
     if (!base.empty() && base.back() != '/') base += '/';
     const std::string url = base + file.name;
     const auto start = std::chrono::steady_clock::now();
-    bool cancelled = false;
-    const std::string why = download(url, part, file, o, cancelled);
-    if (cancelled)
+    const bool resuming = std::filesystem::file_size(part, ec) > 0 && !ec;
+    DownloadEnd end;
+    std::string why = download(url, part, file, o, end);
+    // A resumed copy that fails its check may be a damaged .part, not a bad
+    // server: once more from byte 0 before the server is blamed.
+    if (why.empty() && resuming && !mismatch(part, file).empty()) {
+      std::filesystem::remove(part, ec);
+      if (o.say) o.say(fmt::format("{}: {}: the resumed copy failed its check: fetching it whole", d.name, file.name));
+      why = download(url, part, file, o, end);
+    }
+    if (end.cancelled)
       return Status::Cancelled(fmt::format("{}: interrupted; {} keeps what arrived: run the same command again to resume",
                                            file.name, part.string()));
+    if (end.local) return Status::IOError(fmt::format("{}: {}", file.name, why));
+    if (why.empty() && end.resumed_from > 0 && o.say)
+      o.say(fmt::format("{}: {}: resumed after {}", d.name, file.name, megabytes(static_cast<double>(end.resumed_from))));
     if (!why.empty()) {
       if (std::filesystem::exists(part, ec) && std::filesystem::file_size(part, ec) == 0) std::filesystem::remove(part, ec);
       failures.push_back(url + " (" + why + ")");
@@ -320,6 +348,20 @@ Status fetch_dataset(const RemoteDataset& d, const FetchOptions& o) {
   std::error_code ec;
   std::filesystem::create_directories(o.dir, ec);
   if (ec) return Status::IOError(fmt::format("cannot create the folder {}: {}", o.dir.string(), ec.message()));
+  // One fetch at a time per folder: two wrote the same .part files and
+  // renamed them from under each other (on a shared file system, nodes
+  // fetching at once).
+  struct FolderLock {
+    int fd = -1;
+    ~FolderLock() {
+      if (fd >= 0) ::close(fd);  // and the lock with it
+    }
+  } lock{::open(o.dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
+  if (lock.fd < 0) return Status::IOError(fmt::format("cannot open the folder {}: {}", o.dir.string(), std::strerror(errno)));
+  if (::flock(lock.fd, LOCK_EX | LOCK_NB) != 0)
+    return Status::Unavailable(fmt::format("{}: another asgd data fetch is writing {}; wait for it to end (it holds "
+                                           "the folder's lock), then run this one again to check the files",
+                                           d.name, o.dir.string()));
   for (const RemoteFile& file : d.files)
     if (Status s = fetch_file(d, file, o); !s.ok()) return s;
   if (!d.unpack.empty()) return unpack_members(d, o);

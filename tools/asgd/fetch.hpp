@@ -56,9 +56,11 @@ struct FetchOptions {
 
 /// Fetches every file of `dataset` that is not already present and valid.
 /// Errors (each message names the file and what to do): unavailable (no
-/// base URL answered, naming each and why), corruption (a checksum that did
-/// not match from every base), io_error (the folder is not writable),
-/// cancelled (interrupted: run again to resume).
+/// base URL answered, naming each and why; or another fetch holds the
+/// folder), corruption (a checksum that did not match from every base, a
+/// resumed copy having been fetched whole once more), io_error (the folder
+/// or a file in it cannot be written: no other server is tried), cancelled
+/// (interrupted: run again to resume).
 Status fetch_dataset(const RemoteDataset& dataset, const FetchOptions& options);
 
 /// The hex digest (`algorithm`: "sha256" or "md5") of the file at `path`.
