@@ -26,6 +26,7 @@ constexpr auto kCheckEvery = std::chrono::milliseconds(200);
 struct Member {
   PeerId peer;
   Registration reg;
+  SteadyClock::time_point since = SteadyClock::now();  ///< when it registered
 };
 
 // A process that registered during the job for a slot whose process may
@@ -133,8 +134,7 @@ void end_registration(Self self, Status s) {
   answer_await(self);
 }
 
-// Before the job: a process asks for a slot (a given --index, else the
-// first free one).
+// Before the job: a process asks for a slot (a given --index, else the first free one).
 void registered(Self self, const PeerId& peer, const Registration& reg) {
   auto& st = self->state;
   if (reg.role == Role::coordinator) return refuse(self, peer, "a coordinator cannot join a job");
@@ -172,8 +172,7 @@ std::string missing_slots(const RegistryState& st) {
   return out;
 }
 
-// A newcomer's old process is dead: the supervisor saw it end, or it
-// missed kPresumedDead of heartbeats.
+// A newcomer's old process is dead: the supervisor saw it end, or it missed kPresumedDead of heartbeats.
 bool dead(const RegistryState& st, const Member& old) {
   if (st.ended.count(old.reg.pid) > 0) return true;
   const auto h = st.heard.find(old.peer);
@@ -236,7 +235,7 @@ void registered_during_job(Self self, const PeerId& peer, const Registration& re
   if (!shard && !worker) return refuse(self, peer, "the job has started and needs no more of these");
   if (!st.registration || !st.registration->ok() || !st.ready_waiter ||
       (shard && (reg.index >= st.placed.size() || !st.placed[reg.index])))
-    return tell_to_stop(self, peer, "the job is not placed yet; try again");
+    return tell_to_stop(self, peer, "the job's processes are still being placed: start this one again in a moment");
   const auto& cfg = st.setup.config;
   if (shard && (cfg.checkpoint_dir.empty() || cfg.checkpoint_every_s <= 0)) {
     if (const Member& old = *st.shards[reg.index]; !dead(st, old)) return refuse_second(self, peer, reg, old);
@@ -254,8 +253,7 @@ bool every_shard_serves(const RegistryState& st) {
          std::all_of(st.placed.begin(), st.placed.end(), [](const auto& p) { return p.has_value(); });
 }
 
-// Tells the coordinator, once, that every shard serves or that one did not
-// take its assignment.
+// Tells the coordinator, once, that every shard serves or that one did not take its assignment.
 void tell_ready_waiter(Self self) {
   auto& st = self->state;
   if (!st.ready_waiter || st.ready_told) return;
@@ -351,20 +349,22 @@ void check_silence(Self self) {
 // Worker w is lost: under allreduce and gossip the others' collectives stop
 // waiting for it; its process, if it has not exited (stopped, hung), is
 // ended (another may rejoin), so that it cannot wake up and write into an
-// all-reduce the others share, nor hold the supervisor after the job.
+// all-reduce the others share, nor hold the supervisor after the job. A
+// process that registered within --heartbeat-timeout is not the one lost
+// but its replacement, which took the slot before the loss was told.
 void worker_lost(Self self, std::uint32_t w) {
   auto& s = self->state;
   tell_workers(self, ClockNotice{w, 0, true}, w);
   if (w >= s.workers.size() || !s.workers[w] || s.ended.count(s.workers[w]->reg.pid) || !s.setup.supervision ||
-      !s.setup.supervision->on_silent)
+      !s.setup.supervision->on_silent ||
+      SteadyClock::now() - s.workers[w]->since < millis(s.setup.config.heartbeat_timeout_s))
     return;
   logger().warn("worker {}'s process (pid {}) was declared lost but has not exited: asking the supervisor to end it", w,
                 s.workers[w]->reg.pid);
   s.setup.supervision->on_silent(false, w, s.workers[w]->reg.pid);
 }
 
-// Every worker the job's start waits for is ready, or gone: the
-// coordinator starts its clock and then the workers.
+// Every worker the job's start waits for is ready, or gone: the coordinator starts its clock and then the workers.
 void settle_preparing(Self self) {
   auto& st = self->state;
   if (!st.preparing || !st.preparing->empty()) return;
