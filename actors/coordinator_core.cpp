@@ -237,7 +237,11 @@ void CoordinatorCore::maybe_finish(Actions& out) {
 void CoordinatorCore::fail(Status status, Actions& out) {
   if (done_) return;
   done_ = true;
-  logger().error("job failed: {}", status.message());
+  // A stop asked for (Ctrl-C, cancel()) is not an error of the job's.
+  if (status.code() == StatusCode::cancelled)
+    logger().info("job stopped: {}", status.message());
+  else
+    logger().error("job failed: {}", status.message());
   out.push_back(act::Fail{std::move(status)});
 }
 

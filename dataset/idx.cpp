@@ -263,6 +263,16 @@ Result<std::vector<std::uint8_t>> read_declared(DecompressingReader& in, std::si
   auto more = in.read(&past_end, 1);
   if (!more.ok()) return more.status();
   if (*more != 0) {
+    // A damaged deflate stream may inflate to more than its header says
+    // before its checksum, at the end, gives it away: read on (64 MiB at
+    // most) so that the damage is named rather than the length.
+    std::vector<std::uint8_t> scratch(64 * 1024);
+    for (std::size_t read = 0; read < (std::size_t{64} << 20);) {
+      auto rest = in.read(scratch.data(), scratch.size());
+      if (!rest.ok()) return rest.status();
+      if (*rest == 0) break;
+      read += *rest;
+    }
     return Status::Corruption(name + ": trailing bytes after " + dims + ": the file holds more than the " +
                               std::to_string(expected) + " bytes its header declares");
   }

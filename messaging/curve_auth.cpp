@@ -242,6 +242,12 @@ Result<CurveOptions> load_auth_keys(const AuthKeysSpec& spec) {
   }
   auto own = read_secret_key_file(key_file);
   if (!own) return own.status();
+  // A public key copied to NAME.key reads as a secret one of another
+  // identity, which every peer then refuses.
+  if (std::find(o.allowed.begin(), o.allowed.end(), own->secret_key) != o.allowed.end())
+    return Status::InvalidArgument(key_file.string() + ": holds a public key of " + flag +
+                                   " (one of its *.pub files), not a secret key; give the NAME.key that `asgd keys "
+                                   "generate` wrote beside NAME.pub");
   o.public_key = own->public_key;
   o.secret_key = own->secret_key;
 

@@ -6,6 +6,7 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
+#include <array>
 #include <chrono>
 #include <thread>
 
@@ -80,11 +81,26 @@ class Session : public std::enable_shared_from_this<Session> {
 
  private:
   void on_read(beast::error_code ec) {
-    if (ec) {
-      close();  // timed out, too large or not HTTP: nothing to answer
+    if (ec == http::error::header_limit || ec == http::error::body_limit) {
+      // Too large: said, so that a client does not take it for a crash.
+      const bool header = ec == http::error::header_limit;
+      response_ = {header ? http::status::request_header_fields_too_large : http::status::payload_too_large, 11};
+      response_.set(http::field::server, "asgd");
+      response_.set(http::field::content_type, "text/plain; charset=utf-8");
+      response_.keep_alive(false);
+      response_.body() = std::string(header ? "request headers" : "request body") + " over " +
+                         std::to_string(kMaxRequestBytes / 1024) + " KiB\n";
+      response_.prepare_payload();
+      stream_.expires_after(kRequestTimeout);
+      http::async_write(stream_, response_,
+                        [self = shared_from_this()](beast::error_code, std::size_t) { self->drain_and_close(); });
       return;
+    } else if (ec) {
+      close();  // timed out or not HTTP: nothing to answer
+      return;
+    } else {
+      response_ = respond(*content_, parser_.get());
     }
-    response_ = respond(*content_, parser_.get());
     stream_.expires_after(kRequestTimeout);
     http::async_write(stream_, response_, [self = shared_from_this()](beast::error_code, std::size_t) { self->close(); });
   }
@@ -95,11 +111,31 @@ class Session : public std::enable_shared_from_this<Session> {
     stream_.close();
   }
 
+  // After answering a request it did not read whole: the rest is read and
+  // dropped (up to 1 MiB, a second at most) before closing, since closing
+  // with unread bytes resets the connection, and the client may lose the
+  // answer.
+  void drain_and_close() {
+    beast::error_code ignored;
+    stream_.socket().shutdown(tcp::socket::shutdown_send, ignored);
+    stream_.expires_after(std::chrono::seconds(1));
+    stream_.async_read_some(asio::buffer(scratch_), [self = shared_from_this()](beast::error_code ec, std::size_t n) {
+      self->drained_ += n;
+      if (ec || self->drained_ > (std::size_t{1} << 20)) {
+        self->stream_.close();
+        return;
+      }
+      self->drain_and_close();
+    });
+  }
+
   beast::tcp_stream stream_;
   beast::flat_buffer buffer_;
   http::request_parser<http::string_body> parser_;
   http::response<http::string_body> response_;
   std::shared_ptr<const Content> content_;
+  std::array<char, 4096> scratch_{};
+  std::size_t drained_ = 0;
 };
 
 }  // namespace

@@ -210,6 +210,11 @@ TEST(DataFetch, ADamagedPartAFileThatCannotBeWrittenAndASecondFetchAreSaidForWha
                         "another asgd data fetch is writing " + other.string());
   ::close(held);
   expect_one_line_error(asgd(fetch + " --stall-timeout inf"), 2, "--stall-timeout");
+  // The parser's complaints name the command they are about (they named
+  // asgd data, whose --help does not list fetch's flags).
+  expect_one_line_error(asgd(fetch + " --mirorr x"), 2,
+                        "unknown flag --mirorr; did you mean --mirror? (asgd data fetch --help lists them)");
+  expect_one_line_error(asgd("data lst"), 2, "unknown command lst; the commands: fetch (asgd data --help");
 }
 
 }  // namespace

@@ -444,6 +444,23 @@ TEST(IdxReader, ReportsACrcMismatchInAFileOfExactlyTheDeclaredSize) {
   expect_error(images.status(), StatusCode::corruption, path, "incorrect data check");
 }
 
+// A damaged stream that inflates to more than its header declares (as a
+// flipped byte inside the deflate data can) is reported as damaged, which
+// its checksum at the end shows, not as a file too long.
+TEST(IdxReader, ADamagedStreamThatInflatesPastItsDeclaredSizeIsReportedAsDamaged) {
+  TempDir dir;
+  const auto path = dir.path() / "images.gz";
+  Bytes file = three_images();
+  file.insert(file.end(), 5, 0);
+  write_gz(path, file);
+  Bytes gz = read_raw(path);
+  gz[gz.size() - 8] ^= 0x01;  // the CRC-32 in the trailer
+  write_raw(path, gz);
+  auto images = read_idx_images(path);
+  ASSERT_FALSE(images.ok());
+  expect_error(images.status(), StatusCode::corruption, path, "incorrect data check");
+}
+
 TEST(IdxReader, ReadsAnImageFileWhoseHeaderAndPixelsSpanSeveralGzipMembers) {
   TempDir dir;
   const Bytes file = three_images();

@@ -286,13 +286,15 @@ TEST(Csv, ResultsHaveOneRowPerRunWithTheSummaryAndTheTimeToTarget) {
   b.summary.model = "my,model";  // a field that needs quoting
   b.energy_j = 1234.5;
   b.edp_js = 2469.0;
+  b.lr = 0.04;
+  b.batch = 32;
   const auto rows = parse_csv(results_csv({a, b}, Target{0.97, true, ""}));
   ASSERT_EQ(rows.size(), 3u);
   const std::vector<std::string> header = {
       "run", "policy", "staleness", "workers", "shards", "device", "model", "dataset", "epochs", "seed", "repeat",
       "wall_s", "train_s", "samples_per_s", "final_test_accuracy", "target_accuracy", "time_to_target_s",
       "updates_applied", "staleness_mean", "staleness_p99", "staleness_max", "worker_wait_mean_s", "energy_j",
-      "edp_js"};
+      "edp_js", "lr", "batch"};
   EXPECT_EQ(rows[0], header);
   auto col = [&](const std::string& name) {
     return static_cast<std::size_t>(std::find(header.begin(), header.end(), name) - header.begin());
@@ -313,6 +315,8 @@ TEST(Csv, ResultsHaveOneRowPerRunWithTheSummaryAndTheTimeToTarget) {
   EXPECT_EQ(rows[2][col("model")], "my,model");
   EXPECT_EQ(rows[2][col("energy_j")], "1234.5");
   EXPECT_EQ(rows[2][col("edp_js")], "2469");
+  EXPECT_EQ(rows[2][col("lr")], "0.04");
+  EXPECT_EQ(rows[2][col("batch")], "32");
   for (const auto& row : rows) EXPECT_EQ(row.size(), header.size());
 }
 

@@ -246,7 +246,8 @@ TEST(ClusterAuthCli, KeysGenerateWritesAnOwnerOnlySecretAndRefusesToReplaceIt) {
   EXPECT_NE(read_public_key_file(keys / "host-a.pub").value(), *pub);
   expect_one_line_error(asgd("keys generate --out " + keys.string()), 2, "--name");
   expect_one_line_error(asgd("keys generate --out " + keys.string() + " --name ../x"), 2, "--name '../x'");
-  expect_one_line_error(asgd("keys"), 2, "subcommand");
+  expect_one_line_error(asgd("keys"), 2, "the commands: generate (asgd keys --help says what each does)");
+  expect_one_line_error(asgd("keys list"), 2, "unknown command list; the commands: generate");
 }
 
 TEST(ClusterAuthCli, MissingOrInvalidKeysAreUsageErrorsNamingTheFile) {
@@ -269,6 +270,14 @@ TEST(ClusterAuthCli, MissingOrInvalidKeysAreUsageErrorsNamingTheFile) {
   expect_one_line_error(asgd("worker --coordinator tcp://127.0.0.1:9 --auth-keys " + keys.string()), 2,
                         (keys / "broken.pub").string() + ": line 2 is not a CURVE key");
   fs::remove(keys / "broken.pub");
+  // A public key copied to NAME.key: another identity, which every peer
+  // refused later (it was taken as this process's secret key).
+  fs::copy_file(keys / "self.pub", keys / "copied.key");
+  fs::permissions(keys / "copied.key", fs::perms::owner_read | fs::perms::owner_write);
+  expect_one_line_error(asgd("coordinator --workers 1 --shards 1 --auth-keys " + keys.string() + " --key " +
+                             (keys / "copied.key").string() + data),
+                        2, (keys / "copied.key").string() + ": holds a public key of --auth-keys");
+  fs::remove(keys / "copied.key");
   ASSERT_EQ(asgd("keys generate --out " + keys.string() + " --name second").exit_code, 0);
   expect_one_line_error(asgd("coordinator --workers 1 --shards 1 --auth-keys " + keys.string() + data), 2,
                         "several secret keys (second.key, self.key)");

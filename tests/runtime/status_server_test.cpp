@@ -85,6 +85,9 @@ TEST(StatusServer, ServesMetricsStatusAndThePageAndRefusesTheRest) {
 
   EXPECT_EQ(http(port, "GET", "/nope").status, 404);
   EXPECT_EQ(http(port, "POST", "/status", "{}").status, 405);
+  // Over 16 KiB: said (the connection was closed without an answer).
+  EXPECT_EQ(http(port, "GET", "/" + std::string(100'000, 'a')).status, 431);
+  EXPECT_EQ(http(port, "POST", "/status", std::string(100'000, 'b')).status, 413);
 
   // A later snapshot is what the next scrape sees.
   live->update([](LiveSnapshot& s) { s.samples = 100; });

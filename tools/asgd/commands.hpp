@@ -147,8 +147,12 @@ std::vector<std::string> given_job_flags(const JobOptions& o);
 /// Sets up logging and builds the job's configuration from defaults, the
 /// config file and the flags; an exit code when that fails (the error is
 /// printed). The device is checked on this machine only when
-/// `devices_here` (not for a coordinator whose workers run elsewhere).
-std::optional<int> load_job(const JobOptions& o, JobConfig& config, bool devices_here = true);
+/// `devices_here` (not for a coordinator whose workers run elsewhere), and
+/// its data folder when `data_here` (refuse_missing_data).
+std::optional<int> load_job(const JobOptions& o, JobConfig& config, bool devices_here = true, bool data_here = true);
+/// An exit code, the error printed, when the job's data folder
+/// (resolve_data_dir) is not a folder on this host; else nothing.
+std::optional<int> refuse_missing_data(const JobConfig& config);
 Status setup_logging(const LogOptions& o);
 int exit_code_for(const Status& s);
 /// What print_error says of a failed status: the message alone for what the

@@ -266,7 +266,10 @@ int run_rank_role(const LaunchFlags& lf, const Launch& launch, const RoleOfRank&
 int run_launched_rank(const JobOptions& jo, const LaunchFlags& lf, const Launch& launch,
                       std::optional<messaging::CurveOptions> curve) {
   JobConfig config;
-  if (auto code = load_job(jo, config, /*devices_here=*/false)) return *code;
+  // The data folder is checked after --print-layout, which runs where it may
+  // not be (a login node); on every rank, a shard's too (which never reads
+  // it), so that a folder missing everywhere ends every rank at once.
+  if (auto code = load_job(jo, config, /*devices_here=*/false, /*data_here=*/false)) return *code;
   if (Status s = validate_for_cluster(config, WorkersOn::their_hosts); !s.ok()) {
     print_error(s.message());
     return kExitUsage;
@@ -311,6 +314,7 @@ int run_launched_rank(const JobOptions& jo, const LaunchFlags& lf, const Launch&
     print_layout(launch, *role, launch.coordinator, layout_listen(lf, launch, *role, *address), config);
     return kExitOk;
   }
+  if (auto code = refuse_missing_data(config)) return *code;
   // --collective mpi: every rank takes part in MPI for as long as it runs
   // (MPI_Init and MPI_Finalize are collective), a worker trains with it.
   std::unique_ptr<MpiSession> mpi;

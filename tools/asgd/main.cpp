@@ -71,9 +71,14 @@ void refuse_empty_paths(CLI::App& scope) {
 // command with the list of commands.
 std::string explain_parse_error(CLI::App& app, const std::vector<std::string>& typed,
                                 const CLI::ParseError& e) {
+  // The deepest command given ("asgd data fetch"): its flags and commands.
   CLI::App* command = nullptr;
-  for (auto* sub : app.get_subcommands()) command = sub;
-  const std::string where = command ? "asgd " + command->get_name() : std::string("asgd");
+  std::string where = "asgd";
+  for (CLI::App* at = &app; !at->get_subcommands().empty();) {
+    at = at->get_subcommands().back();
+    command = at;
+    where += " " + at->get_name();
+  }
   if (dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr) {
     const std::vector<std::string> flags = flags_of(command ? *command : app);
     // The first argument the command did not take that looks like a flag.
@@ -87,19 +92,22 @@ std::string explain_parse_error(CLI::App& app, const std::vector<std::string>& t
     }
     return std::string(e.what()) + " (" + where + " --help lists what it takes)";
   }
-  if (command == nullptr && std::string(e.what()).find("subcommand is required") != std::string::npos) {
+  if (std::string(e.what()).find("subcommand is required") != std::string::npos) {
+    const CLI::App& scope = command ? *command : app;
     std::vector<std::string> commands;
     std::string names;
-    for (const CLI::App* sub : app.get_subcommands({})) {
+    for (const CLI::App* sub : scope.get_subcommands({})) {
       commands.push_back(sub->get_name());
       names += (names.empty() ? "" : ", ") + sub->get_name();
     }
-    if (typed.empty()) return "the commands: " + names + " (asgd --help says what each does)";
-    const std::string& given = typed.front();
+    // The first word past the commands given ("list" in asgd keys list).
+    const std::size_t depth = static_cast<std::size_t>(std::count(where.begin(), where.end(), ' '));
+    if (typed.size() <= depth) return "the commands: " + names + " (" + where + " --help says what each does)";
+    const std::string& given = typed[depth];
     const std::string best = nearest(given, commands);
     return (given.starts_with("-") ? "unknown flag " : "unknown command ") + given + "; " +
-           (best.empty() ? "" : "did you mean " + best + "? ") + "the commands: " + names +
-           " (asgd --help says what each does)";
+           (best.empty() ? "" : "did you mean " + best + "? ") + "the commands: " + names + " (" + where +
+           " --help says what each does)";
   }
   return e.what();
 }

@@ -91,7 +91,19 @@ Status same_checkpointed_layout(const JobConfig& resumed, const JobConfig& now) 
 
 }  // namespace
 
-std::optional<int> load_job(const JobOptions& o, JobConfig& config, bool devices_here) {
+std::optional<int> refuse_missing_data(const JobConfig& config) {
+  const std::string dir = resolve_data_dir(config);
+  const PathLook look = look_at(dir);
+  if (look.kind == PathKind::folder) return std::nullopt;
+  const std::string what = look.kind == PathKind::missing      ? "does not exist"
+                           : look.kind == PathKind::unreadable ? "cannot be read (" + look.error + ")"
+                                                               : "is not a folder";
+  print_error("data directory " + dir + " " + what + " (set --data-dir, or ASGD_DATA_DIR to the folder holding " +
+              config.dataset + "/; asgd data fetch " + config.dataset + " downloads it there)");
+  return kExitUsage;
+}
+
+std::optional<int> load_job(const JobOptions& o, JobConfig& config, bool devices_here, bool data_here) {
   if (Status s = setup_logging(o.log); !s.ok()) {
     print_error(s.message());
     return kExitUsage;
@@ -145,16 +157,7 @@ std::optional<int> load_job(const JobOptions& o, JobConfig& config, bool devices
     print_error(s.message());
     return kExitUsage;
   }
-  const std::string dir = resolve_data_dir(config);
-  if (const PathLook look = look_at(dir); look.kind != PathKind::folder) {
-    const std::string what = look.kind == PathKind::missing      ? "does not exist"
-                             : look.kind == PathKind::unreadable ? "cannot be read (" + look.error + ")"
-                                                                 : "is not a folder";
-    print_error("data directory " + dir + " " + what + " (set --data-dir, or ASGD_DATA_DIR to the folder holding " +
-                config.dataset + "/; asgd data fetch " + config.dataset + " downloads it there)");
-    return kExitUsage;
-  }
-  return std::nullopt;
+  return data_here ? refuse_missing_data(config) : std::nullopt;
 }
 
 std::string logs_at(const LogOptions& o) {
