@@ -71,4 +71,14 @@ TEST(SlurmRanksCli, ADerivedPortThatIsTakenIsNamedWithWhereItCameFrom) {
                             ": that port, derived from SLURM_JOB_ID=77 and SLURM_STEP_ID=5, is taken on this host");
 }
 
+// --print-layout checks a submission where the data may not be (a login
+// node): it does not look for the data folder; the rank itself does.
+TEST(SlurmRanksCli, PrintLayoutRunsWithoutTheDataFolderAndTheRankRefusesWithoutIt) {
+  const std::string job = "cluster --shards 1 --workers 1 --data-dir /nonexistent/mnist";
+  const CliRun layout = asgd(job + " --print-layout", {}, slurm_rank(2, 0));
+  EXPECT_EQ(layout.exit_code, 0) << layout.err;
+  EXPECT_NE(layout.out.find("role: worker 0"), std::string::npos) << layout.out;
+  expect_one_line_error(asgd(job, {}, slurm_rank(2, 0)), 2, "data directory /nonexistent/mnist does not exist");
+}
+
 }  // namespace
