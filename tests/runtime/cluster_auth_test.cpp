@@ -11,6 +11,7 @@
 #include <atomic>
 #include <cmath>
 #include <fstream>
+#include <future>
 #include <thread>
 
 #include <nlohmann/json.hpp>
@@ -19,6 +20,7 @@
 #include "actors/parameter_shard.hpp"
 #include "cli/cli_run.hpp"
 #include "coordinator_thread.hpp"
+#include "http_client.hpp"
 #include "messaging/bridge.hpp"
 #include "messaging/curve_auth.hpp"
 #include "messaging/curve_keys.hpp"
@@ -298,6 +300,44 @@ TEST(ClusterAuthCli, AClusterWithKeysFromOneKeysGenerateTrainsMnist) {
   const auto summary = nlohmann::json::parse(last);
   EXPECT_EQ(summary["event"], "summary");
   EXPECT_GE(summary["final_test_accuracy"].get<double>(), 0.9) << last;
+}
+
+// A shard whose --auth-keys folder lacks the worker's key refuses the
+// worker's connection, and nothing of that reaches the worker: its timeout
+// said only that the shard's process died, stopped or hung.
+TEST(ClusterAuthCli, AWorkerAShardDoesNotAllowIsToldItsKeyMayBeWhy) {
+  ASGD_REQUIRE_DATASET(mnist, "mnist");
+  const asgd_test::TempDir scratch;
+  const fs::path all = scratch / "all";
+  for (const char* name : {"coordinator", "shard", "worker"})
+    ASSERT_EQ(asgd("keys generate --out " + all.string() + " --name " + name).exit_code, 0);
+  // Each process's folder: its own key, and the public keys it admits.
+  auto folder = [&](const char* own, std::vector<const char*> admits) {
+    const fs::path dir = scratch / own;
+    fs::create_directories(dir);
+    fs::copy_file(all / (std::string(own) + ".key"), dir / (std::string(own) + ".key"));
+    fs::permissions(dir / (std::string(own) + ".key"), fs::perms::owner_read | fs::perms::owner_write);
+    for (const char* p : admits) fs::copy_file(all / (std::string(p) + ".pub"), dir / (std::string(p) + ".pub"));
+    return dir.string();
+  };
+  const std::string kc = folder("coordinator", {"coordinator", "shard", "worker"});
+  const std::string ks = folder("shard", {"coordinator", "shard"});  // not the worker's
+  const std::string kw = folder("worker", {"coordinator", "shard", "worker"});
+  const std::string at = "tcp://127.0.0.1:" + std::to_string(asgd_test::free_port());
+  auto coordinator = std::async(std::launch::async, [&] {
+    return asgd("coordinator --listen " + at + " --workers 1 --shards 1 --epochs 1 --rpc-timeout 4 "
+                "--heartbeat-timeout 2 --join-timeout 30 --data-dir " + mnist.string() + " --auth-keys " + kc);
+  });
+  std::this_thread::sleep_for(500ms);
+  auto shard = std::async(std::launch::async, [&] { return asgd("shard --coordinator " + at + " --auth-keys " + ks); });
+  const CliRun worker = asgd("worker --coordinator " + at + " --auth-keys " + kw);
+  EXPECT_EQ(worker.exit_code, 1) << worker.err;
+  const CliRun c = coordinator.get();
+  EXPECT_EQ(c.exit_code, 1) << c.err;
+  EXPECT_NE(c.err.find("no reply from shard(s) 0 within 4 s (--rpc-timeout)"), std::string::npos) << c.err;
+  EXPECT_NE(c.err.find("or that shard's --auth-keys folder lacks this worker's key"), std::string::npos) << c.err;
+  const CliRun s = shard.get();
+  EXPECT_NE((s.out + s.err).find("refused a connection"), std::string::npos) << s.out << s.err;
 }
 
 // The decentralized policies with keys: the workers' collective speaks
