@@ -261,6 +261,24 @@ int run_rank_role(const LaunchFlags& lf, const Launch& launch, const RoleOfRank&
   return kExitOk;
 }
 
+// What every role's process takes from the launcher and the flags.
+ProcessOptions rank_process_options(const LaunchFlags& lf, const Launch& launch, const RoleOfRank& role,
+                                    std::optional<messaging::CurveOptions> curve) {
+  ProcessOptions po;
+  po.coordinator = launch.coordinator;
+  po.shared_memory = lf.shared_memory;
+  po.busy_poll = std::chrono::microseconds(lf.busy_poll_us);
+  po.curve = std::move(curve);
+  po.index = role.index;
+  po.index_from = "rank " + std::to_string(launch.rank) + " (" + launch.from.substr(0, launch.from.find(',')) + ")";
+  po.run = launch.run_id;
+  // The others wait a little longer than rank 0, so that when a rank never
+  // comes they hear rank 0's verdict (which names it) before giving up.
+  po.join_timeout_s = lf.join_timeout_s;
+  po.join_grace_s = role.role == RankRole::coordinator ? 0.0 : 2.0;
+  return po;
+}
+
 }  // namespace
 
 int run_launched_rank(const JobOptions& jo, const LaunchFlags& lf, const Launch& launch,
@@ -298,18 +316,7 @@ int run_launched_rank(const JobOptions& jo, const LaunchFlags& lf, const Launch&
     print_error(s.message());
     return kExitUsage;
   }
-  ProcessOptions po;
-  po.coordinator = launch.coordinator;
-  po.shared_memory = lf.shared_memory;
-  po.busy_poll = std::chrono::microseconds(lf.busy_poll_us);
-  po.curve = std::move(curve);
-  po.index = role->index;
-  po.index_from = "rank " + std::to_string(launch.rank) + " (" + launch.from.substr(0, launch.from.find(',')) + ")";
-  po.run = launch.run_id;
-  // The others wait a little longer than rank 0, so that when a rank never
-  // comes they hear rank 0's verdict (which names it) before giving up.
-  po.join_timeout_s = lf.join_timeout_s;
-  po.join_grace_s = role->role == RankRole::coordinator ? 0.0 : 2.0;
+  ProcessOptions po = rank_process_options(lf, launch, *role, std::move(curve));
   if (lf.print_layout) {
     print_layout(launch, *role, launch.coordinator, layout_listen(lf, launch, *role, *address), config);
     return kExitOk;
