@@ -194,6 +194,8 @@ TEST(CompareCli, RejectsABadListRepeatsOrFolderWithExitCode2NamingTheValue) {
   expect_one_line_error(asgd("compare --policies bsp,,async" + data + out), 2, "--policies bsp,,async");
   expect_one_line_error(asgd("compare --policies ssp:x" + data + out), 2, "ssp:x");
   expect_one_line_error(asgd("compare --policies bsp --repeats 0" + data + out), 2, "--repeats 0");
+  expect_one_line_error(asgd("compare --policies bsp --repeats -1" + data + out), 2,
+                        "--repeats -1: not a valid R: runs per policy");  // was CLI11's "Could not convert"
   expect_one_line_error(asgd("compare --policies bsp" + data), 2, "--out");
   expect_one_line_error(asgd("compare --policies bsp --workers 1,0" + data + out), 2, "--workers 1,0");
   expect_one_line_error(asgd("compare --policies bsp --metrics-out m.jsonl" + data + out), 2, "--metrics-out");

@@ -92,6 +92,18 @@ std::string explain_parse_error(CLI::App& app, const std::vector<std::string>& t
     }
     return std::string(e.what()) + " (" + where + " --help lists what it takes)";
   }
+  // CLI11's "Could not convert: --repeats = -1": the flag, the value and what it takes.
+  if (const std::string what = e.what(); dynamic_cast<const CLI::ConversionError*>(&e) != nullptr) {
+    const std::string mark = "Could not convert: ";
+    const auto eq = what.find(" = ");
+    if (what.rfind(mark, 0) == 0 && eq != std::string::npos) {
+      const std::string flag = what.substr(mark.size(), eq - mark.size());
+      const CLI::App& scope = command ? *command : app;
+      if (const CLI::Option* o = scope.get_option_no_throw(flag); o != nullptr && !o->get_type_name().empty())
+        return flag + " " + what.substr(eq + 3) + ": not a valid " + o->get_type_name() + ": " + o->get_description();
+      return flag + " " + what.substr(eq + 3) + ": not a value it takes (" + where + " --help says what it takes)";
+    }
+  }
   if (std::string(e.what()).find("subcommand is required") != std::string::npos) {
     const CLI::App& scope = command ? *command : app;
     std::vector<std::string> commands;
