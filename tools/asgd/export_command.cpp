@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "actors/checkpoint.hpp"
+#include "runtime/config_file.hpp"
 #include "tools/asgd/commands.hpp"
 
 namespace asgd::cli {
@@ -31,6 +32,12 @@ Status check_export_path(const std::string& out, const std::string& checkpoint) 
   if (fs::is_directory(source, ec)) source /= kCheckpointFile;
   if (fs::exists(st) && fs::equivalent(path, source, ec))
     return Status::InvalidArgument("--out " + out + ": is the checkpoint being exported; give another file");
+  // Nor the files beside it that a --resume needs.
+  const std::string name = path.filename().string();
+  const bool resume_file = name == kJobSettingsFile || (name.starts_with("shard-") && name.ends_with(".ckpt"));
+  if (fs::exists(st) && resume_file && fs::equivalent(folder, source.parent_path(), ec))
+    return Status::InvalidArgument("--out " + out + ": is a file of the checkpointed job (--resume reads it); give "
+                                   "another file");
   return {};
 }
 
