@@ -207,8 +207,12 @@ Result<CurveOptions> load_auth_keys(const AuthKeysSpec& spec) {
   if (spec.dir.empty() || !fs::is_directory(spec.dir, ec)) return Status::NotFound(flag + ": no such folder");
   std::vector<fs::path> pubs, secrets;
   for (const auto& entry : fs::directory_iterator(spec.dir, ec)) {
-    if (!entry.is_regular_file(ec)) continue;
     const auto ext = entry.path().extension();
+    // A key the user meant that is not a file (a folder named x.pub) is
+    // said, not passed over: its peer would be refused without a word why.
+    if (!entry.is_regular_file(ec) && (ext == ".pub" || ext == ".key"))
+      return Status::InvalidArgument(entry.path().string() + ": not a key file (not a regular file)");
+    if (!entry.is_regular_file(ec)) continue;
     if (ext == ".pub") pubs.push_back(entry.path());
     if (ext == ".key") secrets.push_back(entry.path());
   }

@@ -280,6 +280,10 @@ TEST(ClusterAuthCli, MissingOrInvalidKeysAreUsageErrorsNamingTheFile) {
                              (keys / "copied.key").string() + data),
                         2, (keys / "copied.key").string() + ": holds a public key of --auth-keys");
   fs::remove(keys / "copied.key");
+  fs::create_directories(keys / "folder.pub");
+  expect_one_line_error(asgd("coordinator --workers 1 --shards 1 --auth-keys " + keys.string() + data), 2,
+                        (keys / "folder.pub").string() + ": not a key file (not a regular file)");
+  fs::remove(keys / "folder.pub");
   ASSERT_EQ(asgd("keys generate --out " + keys.string() + " --name second").exit_code, 0);
   expect_one_line_error(asgd("coordinator --workers 1 --shards 1 --auth-keys " + keys.string() + data), 2,
                         "several secret keys (second.key, self.key)");
