@@ -95,7 +95,7 @@ void snapshot(Self self, std::function<void(std::optional<std::uint64_t>)> then)
             },
             [self, i](caf::error& err) {
               fail(self, Status::Timeout("coordinator: no snapshot from shard " + std::to_string(i) + ": " +
-                                         self->system().render(err)));
+                                         reason_text(self->system(), err)));
             });
   }
 }
@@ -165,7 +165,7 @@ void finish(Self self) {
               },
               [self, i](caf::error& err) {
                 fail(self, Status::Timeout("coordinator: no statistics from shard " + std::to_string(i) + ": " +
-                                           self->system().render(err)));
+                                           reason_text(self->system(), err)));
               });
     }
   });
@@ -205,7 +205,7 @@ void join_shards(Self self, const act::Join& join) {
             },
             [self, w = join.worker](caf::error& err) {
               fail(self, Status::Timeout("coordinator: a shard did not confirm worker " + std::to_string(w) +
-                                         "'s rejoining: " + self->system().render(err)));
+                                         "'s rejoining: " + reason_text(self->system(), err)));
             });
   }
 }
@@ -355,7 +355,7 @@ void calibrate(Self self, std::size_t next, std::shared_ptr<std::vector<StepCost
           },
           [self, w](caf::error& err) {
             fail(self, Status::Timeout("coordinator: no calibration from worker " + std::to_string(w) + ": " +
-                                       self->system().render(err)));
+                                       reason_text(self->system(), err)));
           });
 }
 
@@ -474,7 +474,7 @@ void shard_restarted(Self self, std::uint32_t shard) {
       .then([shard, at_s, record](
                 ShardStats& reloaded) { record(shard_restart_record(shard, at_s, &reloaded, {}, unix_seconds_now())); },
             [self, shard, at_s, record](caf::error& err) {
-              record(shard_restart_record(shard, at_s, nullptr, self->system().render(err), unix_seconds_now()));
+              record(shard_restart_record(shard, at_s, nullptr, reason_text(self->system(), err), unix_seconds_now()));
             });
 }
 

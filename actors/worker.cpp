@@ -29,7 +29,7 @@ void perform_one(Self self, WorkerAction& action) {
           };
           auto on_error = [self, shard](caf::error& err) {
             WorkerActions out;
-            self->state.core->request_failed(is_pull ? "pull" : "push", shard, self->system().render(err), out);
+            self->state.core->request_failed(is_pull ? "pull" : "push", shard, reason_text(self->system(), err), out);
             perform(self, out);
           };
           // No CAF timeout on the hot path (each would wake CAF's timer

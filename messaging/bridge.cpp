@@ -1,6 +1,7 @@
 #include "messaging/bridge.hpp"
 
 #include "base/log.hpp"
+#include "messaging/curve_auth.hpp"
 
 #include <algorithm>
 #include <deque>
@@ -182,12 +183,56 @@ void Bridge::send(const PeerId& peer, Message message, RequestSlot slot) {
 }
 
 void Bridge::request(const PeerId& peer, std::uint64_t id, Message message, caf::actor reply_to) {
+  std::optional<std::string> refused;
   {
     // Registered before the frame is queued, so the reply always finds it.
     std::lock_guard lock(mu_);
-    pending_[id] = Pending{std::move(reply_to), peer, message};
+    if (auto it = refusals_.find(peer); it != refusals_.end())
+      refused = it->second;
+    else
+      pending_[id] = Pending{reply_to, peer, message};
+  }
+  if (refused) {
+    caf::anon_send(reply_to, refused_atom::value, id, std::move(*refused));
+    return;
   }
   send(peer, std::move(message));
+}
+
+std::optional<std::string> Bridge::refusal(const PeerId& peer) const {
+  std::lock_guard lock(mu_);
+  if (auto it = refusals_.find(peer); it != refusals_.end()) return it->second;
+  return std::nullopt;
+}
+
+// The peer at r.endpoint refused this process's key: every request
+// waiting on it would wait out its timeout, and every later one too:
+// the connection stays refused (libzmq does not try it again).
+void Bridge::note_refusal(const Refusal& r) {
+  const std::string key = options_.curve ? " " + key_fingerprint(options_.curve->public_key) : "";
+  const std::string why =
+      r.zap_status == 400
+          ? fmt::format("{} refused this process's key{}: the --auth-keys folder of the process there lacks this "
+                        "process's .pub",
+                        r.endpoint, key)
+          : fmt::format("{} refused this process's connection (ZAP status {})", r.endpoint, r.zap_status);
+  std::vector<std::pair<std::uint64_t, caf::actor>> waiting;
+  {
+    std::lock_guard lock(mu_);
+    refusals_[r.peer] = why;
+    for (auto it = pending_.begin(); it != pending_.end();) {
+      if (it->second.peer != r.peer) {
+        ++it;
+        continue;
+      }
+      waiting.emplace_back(it->first, std::move(it->second.reply_to));
+      it = pending_.erase(it);
+    }
+  }
+  // Whoever waits on the peer is told, and says it (at debug here: said once).
+  logger().debug("{}: {}", options_.name, why);
+  for (auto& [id, to] : waiting)
+    if (to) caf::anon_send(to, refused_atom::value, id, why);
 }
 
 BridgeStats Bridge::stats() const {
@@ -237,6 +282,10 @@ void Bridge::take_requests(std::deque<Outgoing>& backlog) {
     if (!s.ok()) {
       r.done.set_value(std::move(s));
       continue;
+    }
+    {
+      std::lock_guard lock(mu_);
+      refusals_.erase(r.peer);
     }
     {
       // In id order, the order they were first sent in. Frames for the
@@ -291,6 +340,7 @@ void Bridge::run() {
   io_id_.store(std::this_thread::get_id(), std::memory_order_relaxed);
   std::deque<Outgoing> backlog;  // accepted but not yet taken by the transport (would block)
   std::uint64_t refused_seen = 0;
+  std::uint64_t refusals_seen = 0;  // TransportStats::refused_by_peers
   bool paused = false;  // not reading the bound endpoint (max_unanswered)
   // BridgeOptions::busy_poll: the clock is read only where it is on.
   const bool may_poll = options_.busy_poll.count() > 0;
@@ -324,7 +374,12 @@ void Bridge::run() {
                                   : blocked || stopping_ ? std::chrono::milliseconds(1)
                                   : paused              ? kPausedPoll
                                                         : std::chrono::milliseconds(200));
-    if (const TransportStats ts = transport_->stats(); ts.refused != refused_seen) {
+    const TransportStats ts = transport_->stats();
+    if (ts.refused_by_peers != refusals_seen) {
+      refusals_seen = ts.refused_by_peers;
+      for (const Refusal& r : transport_->take_refusals()) note_refusal(r);
+    }
+    if (ts.refused != refused_seen) {
       refused_seen = ts.refused;
       std::lock_guard lock(mu_);
       stats_.refused = ts.refused;

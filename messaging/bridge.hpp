@@ -185,8 +185,16 @@ class Bridge {
   /// Queues a request whose reply (a parameters or stats_reply frame with
   /// the same id) goes to `reply_to` as (reply_atom, id, ShardReply) or
   /// (reply_atom, id, ShardStats). The frame is kept until the reply comes,
-  /// for reconnect(). Thread-safe.
+  /// for reconnect(). When `peer` refused this process's key (refusal())
+  /// no reply will come: `reply_to` gets (refused_atom, id, why) instead,
+  /// at once or when the refusal comes. Thread-safe.
   void request(const PeerId& peer, std::uint64_t id, Message message, caf::actor reply_to);
+
+  /// Why the connection `peer` (from connect()) is refused: with CURVE,
+  /// the process there does not admit this process's key (a sentence
+  /// naming the endpoint, the key and what to fix);
+  /// nullopt while it is not. Cleared by reconnect(). Thread-safe.
+  std::optional<std::string> refusal(const PeerId& peer) const;
 
   BridgeStats stats() const;
 
@@ -249,12 +257,15 @@ class Bridge {
   };
   std::map<std::uint64_t, Pending> pending_;  // request id -> who waits for the reply
   std::map<PeerId, bool> logged_;                // senders already logged for a bad frame
+  std::map<PeerId, std::string> refusals_;       // connections refused, and why (refusal())
+  void note_refusal(const Refusal& r);
   std::chrono::steady_clock::time_point linger_until_;
   BridgeStats stats_;
 };
 
 using inbound_atom = caf::atom_constant<caf::atom("inbound")>;
 using reply_atom = caf::atom_constant<caf::atom("reply")>;
+using refused_atom = caf::atom_constant<caf::atom("refused")>;
 
 /// A local stand-in for shard `index` reachable at `peer`: accepts what
 /// parameter_shard accepts (push, pull, leave, snapshot, stats) and answers

@@ -91,6 +91,7 @@ class FaultyTransport final : public Transport {
 
   void wake() override { inner_->wake(); }
   bool watch(int fd) override { return inner_->watch(fd); }
+  std::vector<Refusal> take_refusals() override { return inner_->take_refusals(); }
 
   TransportStats stats() const override {
     TransportStats s = inner_->stats();

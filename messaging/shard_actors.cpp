@@ -63,6 +63,13 @@ caf::behavior remote_shard(caf::event_based_actor* self, std::shared_ptr<Bridge>
           waiting->replies.erase(it);
         }
       },
+      // The bridge: no reply will come (refused_atom; the message says why).
+      [waiting](refused_atom, std::uint64_t id, std::string& why) {
+        if (auto it = waiting->replies.find(id); it != waiting->replies.end()) {
+          it->second.deliver(caf::make_error(caf::sec::runtime_error, std::move(why)));
+          waiting->replies.erase(it);
+        }
+      },
   };
 }
 

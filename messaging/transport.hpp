@@ -108,6 +108,10 @@ struct TransportStats {
   // CURVE (zero without it): connection attempts to our bound endpoint.
   std::uint64_t auth_accepted = 0;  ///< handshakes completed with an allowed key
   std::uint64_t auth_rejected = 0;  ///< of `refused`: in the handshake: a key not allowed, no CURVE, a wrong server key, a bad handshake
+  /// Connections this transport made (connect) whose peer's endpoint
+  /// refused this process's CURVE key in the handshake: each connection
+  /// counted once, its details in take_refusals().
+  std::uint64_t refused_by_peers = 0;
   // Shared memory (make_shm_transport; zero for other transports).
   std::uint64_t shm_peers = 0;      ///< peers that accepted this transport's slots
   std::uint64_t shm_peers_gone = 0; ///< of those: let go since, their process gone (SharedMemoryOptions::peer_check_every)
@@ -143,6 +147,15 @@ struct CurveOptions {
   CurveKey secret_key{};
   std::vector<CurveKey> allowed;        ///< the allow-list: peers' public keys
   std::optional<CurveKey> server_key;   ///< for connect() to an endpoint that carries no key (the coordinator's)
+};
+
+/// A connection this transport made whose peer refused it in the
+/// handshake: with CURVE, the peer's ZAP handler said no to this process's
+/// key (its allow-list lacks it).
+struct Refusal {
+  PeerId peer;           ///< the connection, as connect() named it
+  std::string endpoint;  ///< where it connects to (without the server's key)
+  int zap_status = 0;    ///< the peer's answer: 400 (not allowed), 300 (try later), 500 (its error)
 };
 
 class Transport {
@@ -236,6 +249,14 @@ class Transport {
     (void)fd;
     return false;
   }
+
+  /// The refusals (Refusal) since the last call, each connection's first
+  /// only (libzmq 4.3 does not try such a connection again; were it to,
+  /// and be refused again, that would go unreported). A receive() returns
+  /// early, with nothing,
+  /// when one comes. TransportStats::refused_by_peers counts them. A
+  /// transport that cannot tell returns none (the default).
+  virtual std::vector<Refusal> take_refusals() { return {}; }
 };
 
 /// ZeroMQ: one ROUTER for the bound endpoint, one DEALER per connection,

@@ -1,6 +1,8 @@
 #include "messaging/zmq_curve.hpp"
 
 #include <algorithm>
+#include <cstdint>
+#include <cstring>
 
 #include "messaging/zmq_gatekeeper.hpp"  // kHandshakeMs
 
@@ -43,6 +45,35 @@ void set_curve_server(zmq::socket_t& socket, const std::optional<CurveOptions>& 
     socket.set(zmq::sockopt::curve_secretkey, zmq::buffer(curve->secret_key));
   }
   socket.set(zmq::sockopt::zap_domain, "asgd");
+}
+
+RefusalWatch::RefusalWatch(zmq::context_t& context, zmq::socket_t& socket, std::string_view tag)
+    : watched_(socket.handle()), monitor_(context, zmq::socket_type::pair) {
+  const std::string at = "inproc://asgd-refusals-" + std::string(tag);
+  if (zmq_socket_monitor(watched_, at.c_str(), ZMQ_EVENT_HANDSHAKE_FAILED_AUTH) != 0) throw zmq::error_t();
+  monitor_.set(zmq::sockopt::linger, 0);
+  // Connected before the socket can fail a handshake: libzmq's monitor
+  // waits for a reader to send an event.
+  monitor_.connect(at);
+}
+
+RefusalWatch::~RefusalWatch() {
+  if (watched_ != nullptr) (void)zmq_socket_monitor(watched_, nullptr, 0);
+}
+
+int RefusalWatch::fd() { return monitor_.get(zmq::sockopt::fd); }
+
+std::optional<int> RefusalWatch::take() {
+  if (watched_ == nullptr) return std::nullopt;
+  zmq::message_t head, where;
+  // An event: a u16 event and a u32 value (the ZAP status), then the endpoint.
+  if (!monitor_.recv(head, zmq::recv_flags::dontwait)) return std::nullopt;
+  if (head.more()) (void)monitor_.recv(where, zmq::recv_flags::dontwait);  // sent with it: already here
+  std::uint32_t status = 0;
+  if (head.size() >= 6) std::memcpy(&status, static_cast<const char*>(head.data()) + 2, sizeof status);
+  (void)zmq_socket_monitor(watched_, nullptr, 0);
+  watched_ = nullptr;
+  return static_cast<int>(status);
 }
 
 }  // namespace asgd::messaging

@@ -7,6 +7,7 @@
 
 #include <optional>
 #include <string>
+#include <string_view>
 
 #include "asgd/status.hpp"
 #include "messaging/curve_auth.hpp"
@@ -38,5 +39,34 @@ void set_curve_client(zmq::socket_t& socket, const CurveTarget& target, const st
 /// key, and the ZAP domain that makes libzmq ask the context's gatekeeper
 /// about every peer, which must then run before the socket binds.
 void set_curve_server(zmq::socket_t& socket, const std::optional<CurveOptions>& curve);
+
+/// Tells a CURVE client when the server refused its key: the ZAP handler
+/// there answered 300, 400 or 500, which the server sends back in the
+/// handshake (ZMTP 3.1) and libzmq reports to the client only through a
+/// monitor of its socket. Made before the socket connects; destroyed
+/// before the socket closes. After the first refusal the socket is no
+/// longer watched.
+class RefusalWatch {
+ public:
+  /// Watches `socket` of `context`, naming its monitor after `tag`
+  /// (unique in the context). Throws zmq::error_t.
+  RefusalWatch(zmq::context_t& context, zmq::socket_t& socket, std::string_view tag);
+  ~RefusalWatch();
+  RefusalWatch(const RefusalWatch&) = delete;
+  RefusalWatch& operator=(const RefusalWatch&) = delete;
+
+  /// A descriptor that becomes readable when the monitor has news (its
+  /// ZMQ_FD); poll it, then call take().
+  int fd();
+  /// The ZAP status of the refusal, the first time one is there; nullopt
+  /// otherwise. Never blocks.
+  std::optional<int> take();
+  /// False once a refusal was taken.
+  bool watching() const { return watched_ != nullptr; }
+
+ private:
+  void* watched_;  // the socket's handle; null once no longer watched
+  zmq::socket_t monitor_;
+};
 
 }  // namespace asgd::messaging

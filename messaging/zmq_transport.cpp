@@ -165,9 +165,9 @@ class ZmqTransport final : public Transport {
     auto dealer = open_dealer(given);
     if (!dealer) return dealer.status();
     std::lock_guard lock(mu_);
-    PeerId id = "c:" + std::to_string(connections_.size());
-    connections_.push_back({id, std::move(dealer->first), std::move(dealer->second)});
-    return id;
+    dealer->id = "c:" + std::to_string(connections_.size());
+    connections_.push_back(std::move(*dealer));
+    return connections_.back().id;
   }
 
   Status reconnect(const PeerId& peer, const std::string& given) override {
@@ -176,9 +176,11 @@ class ZmqTransport final : public Transport {
     std::lock_guard lock(mu_);
     Connection* c = connection(peer);
     if (c == nullptr) return Status::NotFound("reconnect " + peer + ": no such connection");
-    // The old socket closes with what it still queued (linger: kLingerMs).
-    c->endpoint = std::move(dealer->first);
-    c->socket = std::move(dealer->second);
+    // The old socket closes with what it still queued (linger: kLingerMs),
+    // no longer watched.
+    dealer->id = c->id;
+    c->watch.reset();
+    *c = std::move(*dealer);
     return {};
   }
 
@@ -221,6 +223,9 @@ class ZmqTransport final : public Transport {
           std::optional<Incoming> in = read_any(sockets);
           if (in) return in;
           for (zmq::socket_t* s : sockets) fds.push_back({s->get(zmq::sockopt::fd), POLLIN, 0});
+          if (note_refusals()) return std::optional<Incoming>();  // the caller takes them
+          for (auto& c : connections_)
+            if (c.watch && c.watch->watching()) fds.push_back({c.watch->fd(), POLLIN, 0});
         }
         const auto left = std::max(std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()),
                                    std::chrono::milliseconds(0));
@@ -253,6 +258,11 @@ class ZmqTransport final : public Transport {
   void pause_bound(bool paused) override {
     std::lock_guard lock(mu_);
     bound_paused_ = paused;
+  }
+
+  std::vector<Refusal> take_refusals() override {
+    std::lock_guard lock(mu_);
+    return std::exchange(refusals_, {});
   }
 
   bool watch(int fd) override {
@@ -290,7 +300,21 @@ class ZmqTransport final : public Transport {
     PeerId id;
     std::string endpoint;
     zmq::socket_t socket;
+    std::unique_ptr<RefusalWatch> watch;  // with CURVE; after socket: stops watching before it closes
   };
+
+  // Moves the refusals the connections' watches have into refusals_; true
+  // when any are waiting there to be taken. Under mu_.
+  bool note_refusals() {
+    for (auto& c : connections_) {
+      if (!c.watch) continue;
+      if (const std::optional<int> status = c.watch->take()) {
+        refusals_.push_back({c.id, c.endpoint, *status});
+        ++stats_.refused_by_peers;
+      }
+    }
+    return !refusals_.empty();
+  }
 
   Result<bool> send_locked(const PeerId& peer, const Message& message) {
     if (message.empty()) return Status::InvalidArgument("send to " + peer + ": a message needs at least one part");
@@ -356,8 +380,9 @@ class ZmqTransport final : public Transport {
   }
 
   // A DEALER connected to `given` (with CURVE, set up to verify the
-  // server's key): the endpoint without its key, and the socket.
-  Result<std::pair<std::string, zmq::socket_t>> open_dealer(const std::string& given) {
+  // server's key, and watched for the server's refusing ours): the
+  // endpoint without its key, and the socket; no id yet.
+  Result<Connection> open_dealer(const std::string& given) {
     auto target = curve_target("connect", given, curve_, "; for the coordinator give --coordinator-key");
     if (!target) return target.status();
     const std::string& endpoint = target->endpoint;
@@ -365,8 +390,11 @@ class ZmqTransport final : public Transport {
       zmq::socket_t dealer(context_, zmq::socket_type::dealer);
       configure(dealer, limits_.max_message_bytes);
       set_curve_client(dealer, *target, curve_);
+      std::unique_ptr<RefusalWatch> watch;
+      if (target->key && !endpoint.starts_with("inproc:"))  // inproc has no handshake
+        watch = std::make_unique<RefusalWatch>(context_, dealer, std::to_string(++dealers_opened_));
       dealer.connect(endpoint);
-      return std::pair<std::string, zmq::socket_t>(endpoint, std::move(dealer));
+      return Connection{{}, endpoint, std::move(dealer), std::move(watch)};
     } catch (const zmq::error_t& e) {
       const std::string msg = "connect " + endpoint + ": " + describe(e);
       switch (e.num()) {
@@ -511,6 +539,8 @@ class ZmqTransport final : public Transport {
   bool router_inproc_ = false;  // bound to an inproc endpoint: what it receives may be the sender's bytes
   bool bound_paused_ = false;   // pause_bound: receive() leaves the router unread
   std::vector<Connection> connections_;
+  std::uint64_t dealers_opened_ = 0;  // names each watch's monitor
+  std::vector<Refusal> refusals_;     // noted, not yet taken
   std::size_t next_first_ = 0;
   std::vector<int> watched_;  // descriptors a receive() also waits on (watch)
   TransportStats stats_;

@@ -99,11 +99,7 @@ caf::actor_system_config actor_config(std::size_t threads, std::chrono::microsec
 // Stands for the coordinator inside a worker process. Each epoch the
 // worker finishes is also logged here: on its own host, a worker's log
 // says how far it got, whatever the coordinator makes of it.
-// With `authenticated` (--auth-keys), a shard that never answers may be one
-// whose allow-list lacks this worker's key: its endpoint refuses the
-// connection, and nothing of that reaches the worker, so the timeout says it.
-caf::behavior remote_coordinator(caf::event_based_actor*, std::shared_ptr<Bridge> bridge, PeerId peer,
-                                 bool authenticated) {
+caf::behavior remote_coordinator(caf::event_based_actor*, std::shared_ptr<Bridge> bridge, PeerId peer) {
   return {
       [bridge, peer](EpochReport& r) {
         const std::uint64_t kept = r.samples - r.dropped_samples;
@@ -112,15 +108,8 @@ caf::behavior remote_coordinator(caf::event_based_actor*, std::shared_ptr<Bridge
         bridge->send(peer, encode(r, bridge->next_id()));
       },
       [bridge, peer](WorkerProgress& p) { bridge->send(peer, encode(p, bridge->next_id())); },
-      [bridge, peer, authenticated](failed_atom, std::int32_t code, const std::string& what) {
-        const bool unanswered = code == static_cast<std::int32_t>(StatusCode::timeout) &&
-                                what.find("no reply from shard") != std::string::npos;
-        bridge->send(peer, encode(Failure{code, authenticated && unanswered
-                                                    ? what + "; or that shard's --auth-keys folder lacks this "
-                                                             "worker's key (its log then says it refused a "
-                                                             "connection with that key)"
-                                                    : what},
-                                  bridge->next_id()));
+      [bridge, peer](failed_atom, std::int32_t code, const std::string& what) {
+        bridge->send(peer, encode(Failure{code, what}, bridge->next_id()));
       },
   };
 }
@@ -173,6 +162,8 @@ Result<Joined> join(const ProcessOptions& o, Role role, const std::string& name,
   const auto deadline = SteadyClock::now() + millis(o.join_timeout_s + o.join_grace_s);
   while (true) {
     if (stop.stop_requested()) return Status::Cancelled(name + ": stopped before it was assigned a part");
+    if (auto why = j.bridge->refusal(j.coordinator))
+      return Status::InvalidArgument(name + ": the coordinator at " + *why);
     if (SteadyClock::now() > deadline)
       return Status::Timeout(fmt::format(
           "{}: no assignment from the coordinator at {} within {:g} s (--join-timeout{}){}", name, o.coordinator,
@@ -549,7 +540,7 @@ Status run_worker_process(const ProcessOptions& o, std::stop_token stop) {
   ws.compute = compute;
   ws.shards = shards;
   ws.feeder = feeder;
-  ws.coordinator = system.spawn(remote_coordinator, j.bridge, j.coordinator, o.curve.has_value());
+  ws.coordinator = system.spawn(remote_coordinator, j.bridge, j.coordinator);
   if (plan->exchange != Exchange::none) {
     if (Status s = connect_collective(*collective, a, name, cfg.compress == "fp16"); !s.ok()) return fail_early(s);
     ws.collective = collective;

@@ -302,6 +302,41 @@ TEST(CurveTransport, AClientWithAKeyNotAllowedAndAPlainTextClientGetNothingThrou
       << log.all();
 }
 
+// The client learns that the server refused its key (the server's ZAP
+// answer comes back in the handshake), once per connection, naming it:
+// the bridge tells whoever waits on that peer instead of letting them wait
+// out their timeouts.
+TEST(CurveTransport, AClientWhoseKeyIsRefusedIsToldOnceWhichConnectionAndWhy) {
+  CurveLink l;
+  auto rogue = l.client(curve_keypair());
+  auto good = l.client(l.client_keys);
+  ASSERT_TRUE(good->connect(l.endpoint).ok());
+  auto rogue_peer = rogue->connect(l.endpoint);
+  ASSERT_TRUE(rogue_peer.ok());
+  EXPECT_TRUE(rogue->send(*rogue_peer, {text("rogue")}).ok());
+  std::vector<Refusal> told;
+  const auto until = Clock::now() + kArrives;
+  while (told.empty() && Clock::now() < until) {
+    auto in = rogue->receive(200ms);
+    ASSERT_TRUE(in.ok());
+    EXPECT_FALSE(*in);
+    told = rogue->take_refusals();
+  }
+  ASSERT_EQ(told.size(), 1u) << "no refusal within " << kArrives.count() << " s";
+  EXPECT_EQ(told[0].peer, *rogue_peer);
+  EXPECT_EQ(told[0].endpoint, bare(l.endpoint));
+  EXPECT_EQ(told[0].zap_status, 400);
+  EXPECT_EQ(rogue->stats().refused_by_peers, 1u);
+  // Once: nothing more is reported for that connection.
+  EXPECT_TRUE(rogue->send(*rogue_peer, {text("rogue")}).ok());
+  EXPECT_FALSE(*rogue->receive(300ms));
+  EXPECT_TRUE(rogue->take_refusals().empty());
+  EXPECT_EQ(rogue->stats().refused_by_peers, 1u);
+  EXPECT_FALSE(*good->receive(10ms));
+  EXPECT_TRUE(good->take_refusals().empty());
+  EXPECT_EQ(good->stats().refused_by_peers, 0u);
+}
+
 TEST(CurveTransport, AFloodOfRefusedAttemptsIsCountedInFullButLogsOnlyAFewLines) {
   CapturedLog log;
   CurveLink l;

@@ -18,6 +18,7 @@
 
 #include "captured_log.hpp"
 #include "actors/parameter_shard.hpp"
+#include "actors/thrown.hpp"
 #include "cli/cli_run.hpp"
 #include "coordinator_thread.hpp"
 #include "http_client.hpp"
@@ -132,6 +133,49 @@ TEST(ClusterAuth, AShardGivesAPeerWithoutAnAllowedKeyNoUpdateAndNoParametersAndC
   self->send_exit(remote, caf::exit_reason::user_shutdown);
 }
 
+
+// A worker whose key a shard does not admit hears it at once: the
+// request waiting on the shard, and every later one, fails with the reason,
+// instead of waiting out its timeout.
+TEST(ClusterAuth, ARequestToAShardThatRefusesThisProcesssKeyFailsAtOnceSayingWhy) {
+  caf::actor_system_config cfg;
+  cfg.add_message_types<caf::id_block::asgd>();
+  caf::actor_system sys{cfg};
+  const CurveKeypair shard_keys = curve_keypair(), worker_keys = curve_keypair();
+  BridgeOptions so;
+  so.name = "auth shard";
+  so.curve = curve_options(shard_keys, {});  // admits nobody
+  auto served = asgd_test::ServedShard::start(sys, 4, so);
+  ASSERT_TRUE(served.ok()) << served.status().to_string();
+  BridgeOptions wo;
+  wo.name = "auth worker";
+  wo.curve = curve_options(worker_keys, {shard_keys.public_key});
+  auto worker_side = Bridge::start(wo, nullptr);
+  ASSERT_TRUE(worker_side.ok());
+  auto peer = (*worker_side)->connect(served->bridge->endpoint());
+  ASSERT_TRUE(peer.ok()) << peer.status().to_string();
+  auto remote = sys.spawn(remote_shard, *worker_side, *peer, 0u);
+  caf::scoped_actor self{sys};
+  auto push = [&] {
+    std::string why;
+    self->request(remote, std::chrono::seconds(30), push_atom::value, PushRequest{0, 0, 0, 1, true, {1, 1, 1, 1}})
+        .receive([&](ShardReply&) { ADD_FAILURE() << "a shard that admits nobody answered"; },
+                 [&](caf::error& e) { why = reason_text(sys, e); });
+    return why;
+  };
+  const std::string expected = split_server_key(served->bridge->endpoint())->first + " refused this process's key " +
+                               key_fingerprint(worker_keys.public_key) +
+                               ": the --auth-keys folder of the process there lacks this process's .pub";
+  const auto start = Clock::now();
+  EXPECT_EQ(push(), expected);
+  EXPECT_LT(Clock::now() - start, 10s) << "told by the handshake, not by a timeout";
+  EXPECT_EQ((*worker_side)->refusal(*peer), expected);
+  EXPECT_EQ(push(), expected) << "a later request is told at once";
+  EXPECT_EQ(served->bridge->stats().frames_in, 0u);
+  (*worker_side)->stop();
+  served->stop();
+  self->send_exit(remote, caf::exit_reason::user_shutdown);
+}
 
 TEST(ClusterAuth, AJobWithKeysTrainsMnistWhileRoguesKnockOnAShardInVain) {
   ASGD_REQUIRE_DATASET(dir, "mnist");
@@ -307,9 +351,11 @@ TEST(ClusterAuthCli, AClusterWithKeysFromOneKeysGenerateTrainsMnist) {
 }
 
 // A shard whose --auth-keys folder lacks the worker's key refuses the
-// worker's connection, and nothing of that reaches the worker: its timeout
-// said only that the shard's process died, stopped or hung.
-TEST(ClusterAuthCli, AWorkerAShardDoesNotAllowIsToldItsKeyMayBeWhy) {
+// worker's connection in the handshake. The worker hears it and the job
+// stops at once saying so; it waited out --rpc-timeout, which said only
+// that the shard's process died, stopped or hung. A worker the
+// coordinator does not admit is told as soon as it registers.
+TEST(ClusterAuthCli, AWorkerAShardOrTheCoordinatorDoesNotAllowIsToldSoAtOnce) {
   ASGD_REQUIRE_DATASET(mnist, "mnist");
   const asgd_test::TempDir scratch;
   const fs::path all = scratch / "all";
@@ -329,19 +375,38 @@ TEST(ClusterAuthCli, AWorkerAShardDoesNotAllowIsToldItsKeyMayBeWhy) {
   const std::string kw = folder("worker", {"coordinator", "shard", "worker"});
   const std::string at = "tcp://127.0.0.1:" + std::to_string(asgd_test::free_port());
   auto coordinator = std::async(std::launch::async, [&] {
-    return asgd("coordinator --listen " + at + " --workers 1 --shards 1 --epochs 1 --rpc-timeout 4 "
+    return asgd("coordinator --listen " + at + " --workers 1 --shards 1 --epochs 1 --rpc-timeout 120 "
                 "--heartbeat-timeout 2 --join-timeout 30 --data-dir " + mnist.string() + " --auth-keys " + kc);
   });
   std::this_thread::sleep_for(500ms);
+  const auto start = Clock::now();
   auto shard = std::async(std::launch::async, [&] { return asgd("shard --coordinator " + at + " --auth-keys " + ks); });
   const CliRun worker = asgd("worker --coordinator " + at + " --auth-keys " + kw);
   EXPECT_EQ(worker.exit_code, 1) << worker.err;
   const CliRun c = coordinator.get();
+  EXPECT_LT(Clock::now() - start, 60s) << "the refusal was told, not waited out (--rpc-timeout 120)";
   EXPECT_EQ(c.exit_code, 1) << c.err;
-  EXPECT_NE(c.err.find("no reply from shard(s) 0 within 4 s (--rpc-timeout)"), std::string::npos) << c.err;
-  EXPECT_NE(c.err.find("or that shard's --auth-keys folder lacks this worker's key"), std::string::npos) << c.err;
+  const std::string refused = " refused this process's key " + key_fingerprint(*read_public_key_file(all / "worker.pub")) +
+                              ": the --auth-keys folder of the process there lacks this process's .pub";
+  EXPECT_NE(c.err.find("worker 0: no pull reply from shard 0 at step 0: tcp://"), std::string::npos) << c.err;
+  EXPECT_NE(c.err.find(refused), std::string::npos) << c.err;
+  EXPECT_NE(worker.err.find(refused), std::string::npos) << worker.err;
   const CliRun s = shard.get();
   EXPECT_NE((s.out + s.err).find("refused a connection"), std::string::npos) << s.out << s.err;
+
+  // The coordinator's folder lacks the worker's key: exit 2, one line.
+  const fs::path kc2 = scratch / "coordinator2";
+  fs::copy(kc, kc2);
+  fs::remove(kc2 / "worker.pub");
+  const std::string at2 = "tcp://127.0.0.1:" + std::to_string(asgd_test::free_port());
+  auto coordinator2 = std::async(std::launch::async, [&] {
+    return asgd("coordinator --listen " + at2 + " --workers 1 --shards 1 --epochs 1 --join-timeout 8 --data-dir " +
+                mnist.string() + " --auth-keys " + kc2.string());
+  });
+  std::this_thread::sleep_for(500ms);
+  const CliRun refused_worker = asgd("worker --coordinator " + at2 + " --auth-keys " + kw + " --join-timeout 60");
+  expect_one_line_error(refused_worker, 2, "worker: the coordinator at " + at2 + refused);
+  (void)coordinator2.get();
 }
 
 // The decentralized policies with keys: the workers' collective speaks
