@@ -179,7 +179,6 @@ class ShmTransport final : public Transport {
   }
 
   void wake() override { inner_->wake(); }
-  std::vector<Refusal> take_refusals() override { return inner_->take_refusals(); }
 
  private:
   bool has_large_part(const Message& m) const {
