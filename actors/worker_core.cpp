@@ -502,6 +502,15 @@ void WorkerCore::check_overdue(Actions& out) {
          out);
     return;
   }
+  if (exchanging_) {
+    // Another worker does not admit this one's key: no exchange with it completes.
+    if (std::string why = collective_->refused(); !why.empty()) {
+      fail(StatusCode::invalid_argument,
+           fmt::format("no exchange with the other workers at step {} under policy {}: {}", step_, policy_->name(), why),
+           out);
+      return;
+    }
+  }
   if (exchanging_ && seconds_since(exchange_start_) > limit) {
     fail(StatusCode::timeout,
          fmt::format("no exchange with the other workers within {:g} s (--rpc-timeout) at step {} under policy {}: "

@@ -209,7 +209,8 @@ std::optional<std::string> Bridge::refusal(const PeerId& peer) const {
 // waiting on it would wait out its timeout, and every later one too:
 // the connection stays refused (libzmq does not try it again).
 void Bridge::note_refusal(const Refusal& r) {
-  const std::string key = options_.curve ? " " + key_fingerprint(options_.curve->public_key) : "";
+  const std::string key =
+      options_.curve ? fmt::format(" {}", key_fingerprint(options_.curve->public_key)) : std::string();
   const std::string why =
       r.zap_status == 400
           ? fmt::format("{} refused this process's key{}: the --auth-keys folder of the process there lacks this "

@@ -49,6 +49,10 @@ class Collective {
 
   /// Ranks in the group, departed ones included.
   virtual Rank size() const = 0;
+  /// Across processes with CURVE: why another rank refused this rank's connection (its
+  /// --auth-keys folder lacks this rank's key), naming it: no exchange
+  /// with it can complete. Empty while none did. Thread-safe.
+  virtual std::string refused() const { return {}; }
 
   /// Rank `rank`'s contribution to round `round`: `data` (unchanged until
   /// `ready`) with weight `weight` (its samples; 0: nothing to add, a step

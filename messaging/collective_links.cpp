@@ -50,11 +50,14 @@ Status CollectiveLinks::connect(Rank rank, const std::vector<std::string>& endpo
   try {
     for (Rank r = 0; r < n_; ++r) {
       push_.emplace_back(context_, zmq::socket_type::push);
+      watches_.emplace_back();
       if (r == rank_) continue;
       // Lingers: a process exiting after its last round still delivers its last chunks (bounded).
       push_.back().set(zmq::sockopt::linger, 2000);
       push_.back().set(zmq::sockopt::sndtimeo, static_cast<int>(kSendWait.count()));
       set_curve_client(push_.back(), peers[r], curve_);
+      if (peers[r].key && !peers[r].endpoint.starts_with("inproc:"))  // inproc has no handshake
+        watches_.back() = std::make_unique<RefusalWatch>(context_, push_.back(), std::to_string(r));
       push_.back().connect(peers[r].endpoint);
     }
   } catch (const zmq::error_t& e) {
@@ -106,15 +109,40 @@ bool CollectiveLinks::send(Rank to, Header h, std::span<const float> values, Own
 void CollectiveLinks::release_owner(void*, void* hint) { delete static_cast<Owner*>(hint); }
 
 bool CollectiveLinks::wait(std::chrono::milliseconds timeout) {
-  std::array<zmq::pollitem_t, 2> items{{{static_cast<void*>(pull_), 0, ZMQ_POLLIN, 0},
-                                        {static_cast<void*>(wake_rx_), 0, ZMQ_POLLIN, 0}}};
+  std::vector<zmq::pollitem_t> items{{static_cast<void*>(pull_), 0, ZMQ_POLLIN, 0},
+                                     {static_cast<void*>(wake_rx_), 0, ZMQ_POLLIN, 0}};
+  for (auto& w : watches_)
+    if (w && w->watching()) items.push_back({nullptr, w->fd(), ZMQ_POLLIN, 0});
   zmq::poll(items.data(), items.size(), timeout);
+  if (items.size() > 2) note_refusals();
   if (items[1].revents & ZMQ_POLLIN) {
     zmq::message_t ping;
     while (wake_rx_.recv(ping, zmq::recv_flags::dontwait)) {
     }
   }
   return items[0].revents & ZMQ_POLLIN;
+}
+
+void CollectiveLinks::note_refusals() {
+  for (Rank r = 0; r < watches_.size(); ++r) {
+    if (!watches_[r]) continue;
+    const std::optional<int> status = watches_[r]->take();
+    if (!status) continue;
+    const std::string key = curve_ ? fmt::format(" {}", key_fingerprint(curve_->public_key)) : std::string();
+    const std::string why =
+        *status == 400 ? fmt::format("worker {}'s collective refused this worker's key{}: worker {}'s --auth-keys "
+                                     "folder lacks this process's .pub",
+                                     r, key, r)
+                       : fmt::format("worker {}'s collective refused this worker's connection (ZAP status {})", r, *status);
+    logger().debug("worker {}'s collective: {}", rank_, why);
+    std::lock_guard lock(refused_mu_);
+    if (refused_.empty()) refused_ = why;
+  }
+}
+
+std::string CollectiveLinks::refused() const {
+  std::lock_guard lock(refused_mu_);
+  return refused_;
 }
 
 std::optional<CollectiveLinks::Message> CollectiveLinks::receive() {

@@ -37,6 +37,7 @@
 #include "messaging/collective.hpp"
 #include "messaging/collective_wire.hpp"
 #include "messaging/curve_auth.hpp"
+#include "messaging/zmq_curve.hpp"
 #include "messaging/zmq_gatekeeper.hpp"
 
 namespace asgd::messaging {
@@ -89,6 +90,8 @@ class CollectiveLinks {
   std::size_t max_values() const { return max_values_; }
   std::uint64_t rejected() const { return rejected_.load(); }
   std::uint64_t unsent() const { return unsent_.load(); }
+  /// Collective::refused(): noted by wait(). Any thread.
+  std::string refused() const;
 
  private:
   static void release_owner(void*, void* hint);
@@ -105,6 +108,10 @@ class CollectiveLinks {
   std::mutex wake_mu_;
   std::vector<zmq::socket_t> push_;  // push_[r]: to rank r (none to ourselves)
   std::vector<bool> stuck_;          // stuck_[r]: the last send to rank r found no room for kSendWait
+  std::vector<std::unique_ptr<RefusalWatch>> watches_;  // watches_[r]: push_[r]'s, with CURVE; after push_
+  mutable std::mutex refused_mu_;
+  std::string refused_;  // the first refusal, as Collective::refused() says it
+  void note_refusals();
   std::string endpoint_;
   std::atomic<std::uint64_t> rejected_{0}, unsent_{0};
   bool half_ = false;                  // chunks as float16 (set before connect())

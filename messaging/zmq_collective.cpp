@@ -205,6 +205,7 @@ class ZmqCollective final : public NetworkCollective {
 
   std::uint64_t rejected() const override { return links_.rejected() + out_of_step_.load(); }
   std::uint64_t unsent() const override { return links_.unsent(); }
+  std::string refused() const override { return links_.refused(); }
   void set_half_precision(bool on) override { links_.set_half_precision(on); }
   void set_shared_memory(bool on, std::chrono::milliseconds settle) override {
     shared_memory_ = on;

@@ -119,6 +119,36 @@ TEST(ZmqCollectiveCurve, AStrangerGetsNothingInAndTheRoundCompletesWithoutIt) {
   EXPECT_TRUE(asgd_test::eventually([&] { return logged("collective 0: refused a connection"); })) << log.all();
 }
 
+// Rank 1 does not allow rank 0's key: rank 0 hears it in the handshake
+// and says so (the worker then stops the step with that, instead of
+// waiting out --rpc-timeout); rank 1 is refused nothing.
+TEST(ZmqCollectiveCurve, ARankWhoseKeyAPeerRefusesIsToldWhichPeerAndWhy) {
+  if (!curve_supported()) GTEST_SKIP() << "libzmq without CURVE";
+  KeyedGroup g;
+  for (Rank r = 0; r < 2; ++r) g.keys.push_back(curve_keypair());
+  const std::vector<std::vector<CurveKey>> allows = {{g.keys[0].public_key, g.keys[1].public_key},
+                                                     {g.keys[1].public_key}};
+  for (Rank r = 0; r < 2; ++r) {
+    auto c = make_zmq_collective("tcp://127.0.0.1:*", curve_options(g.keys[r], allows[r]), "collective " + std::to_string(r));
+    ASSERT_TRUE(c.ok()) << c.status().to_string();
+    g.ranks.push_back(*c);
+    g.endpoints.push_back((*c)->endpoint());
+  }
+  ASSERT_TRUE(g.ranks[0]->connect(0, g.endpoints).ok());
+  // Rank 1 cannot connect to rank 0, whose key it does not allow: it is
+  // refused at connect() (the test above), and left out here.
+  EXPECT_EQ(g.ranks[0]->refused(), "");
+  const auto data = random_vectors(2, 16, 5);
+  Signal done;
+  ASSERT_TRUE(g.ranks[0]->allreduce_mean(0, 0, data[0], 1.0, done.ready()).ok());
+  EXPECT_TRUE(asgd_test::eventually([&] { return !g.ranks[0]->refused().empty(); }));
+  EXPECT_EQ(g.ranks[0]->refused(), "worker 1's collective refused this worker's key " +
+                                       key_fingerprint(g.keys[0].public_key) +
+                                       ": worker 1's --auth-keys folder lacks this process's .pub");
+  EXPECT_EQ(g.ranks[1]->refused(), "");
+  g.ranks[0]->leave(0);
+}
+
 TEST(ZmqCollectiveCurve, ARankRefusesAPeerWithoutAKeyOrWithAKeyItDoesNotAllowAndAPlainRankRefusesAKeyedPeer) {
   if (!curve_supported()) GTEST_SKIP() << "libzmq without CURVE";
   KeyedGroup g = keyed_group(2);
