@@ -5,9 +5,28 @@
 
 namespace asgd {
 
+namespace {
+
+std::string what_of(const std::exception_ptr& thrown) {
+  try {
+    std::rethrow_exception(thrown);
+  } catch (const std::exception& e) {
+    return e.what();
+  } catch (...) {
+    return "an exception of unknown type";
+  }
+}
+
+}  // namespace
+
+CallbackThrew::CallbackThrew(const std::string& callback, const std::exception_ptr& thrown)
+    : std::runtime_error("the job's " + callback + " callback threw (" + what_of(thrown) + "); the job stopped") {}
+
 Status thrown_status(const std::exception_ptr& thrown, const std::string& who) {
   try {
     std::rethrow_exception(thrown);
+  } catch (const CallbackThrew& e) {
+    return Status::Cancelled(e.what());
   } catch (const std::bad_alloc&) {
     return Status::Unavailable(who + " failed: out of memory (a job of fewer workers or a smaller model may fit)");
   } catch (const std::system_error& e) {

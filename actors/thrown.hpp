@@ -6,11 +6,37 @@
 #include <caf/all.hpp>
 
 #include <exception>
+#include <functional>
+#include <stdexcept>
 #include <string>
+#include <utility>
 
 #include "asgd/status.hpp"
 
 namespace asgd {
+
+/// Thrown in place of what a host's callback (JobCallbacks) threw: the job
+/// stops, said as the host's doing (thrown_status: cancelled), not as a
+/// fault of asgd's.
+class CallbackThrew : public std::runtime_error {
+ public:
+  /// `callback`: "on_epoch", ...; `thrown`: what it threw.
+  CallbackThrew(const std::string& callback, const std::exception_ptr& thrown);
+};
+
+/// `callback` (a JobCallbacks member, maybe empty) wrapped so that what it
+/// throws comes out as CallbackThrew naming it `name`.
+template <class... Args>
+std::function<void(Args...)> guard_callback(const char* name, std::function<void(Args...)> callback) {
+  if (!callback) return callback;
+  return [name, callback = std::move(callback)](Args... args) {
+    try {
+      callback(std::forward<Args>(args)...);
+    } catch (...) {
+      throw CallbackThrew(name, std::current_exception());
+    }
+  };
+}
 
 /// `who` ("the coordinator", "worker 3") failed with `thrown`: unavailable
 /// for memory or a thread the host would not give, internal otherwise.

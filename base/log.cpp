@@ -30,9 +30,12 @@ struct LibraryLogger {
   }
 };
 
+// The process's, like stderr, and never destroyed: a job still running
+// while the host's statics are destroyed (a global asgd::Runtime, exit()
+// with a job in flight) logs as it stops, after any static would be gone.
 LibraryLogger& library_logger() {
-  static LibraryLogger instance;  // the process's, like stderr
-  return instance;
+  static LibraryLogger* const instance = new LibraryLogger;
+  return *instance;
 }
 
 LogLevel to_log_level(spdlog::level::level_enum level) {

@@ -53,6 +53,10 @@ inline float channel_value(const std::vector<float>& values, std::size_t c) {
   return values[values.size() == 1 ? 0 : c];
 }
 
+/// Values in one sample at most (2^31, 8 GiB of floats): a larger shape is
+/// a mistake, not data (user data, a Predictor's shape).
+inline constexpr std::size_t kMaxSampleValues = std::size_t{1} << 31;
+
 /// The three splits of one dataset.
 struct DatasetSplits {
   std::string name;            // "mnist", "fashion-mnist", "cifar10"

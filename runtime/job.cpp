@@ -9,16 +9,19 @@
 #include <cstdlib>
 #include <filesystem>
 #include <limits>
+#include <optional>
 #include <fstream>
 #include <future>
 #include <thread>
 
+#include <arpa/inet.h>
 #include <unistd.h>
 
 #include "actors/checkpoint.hpp"
 #include "actors/coordinator.hpp"
 #include "actors/thrown.hpp"
 #include "base/cpus.hpp"
+#include "base/folder_lock.hpp"
 #include "base/log.hpp"
 #include "base/paths.hpp"
 #include "compute/device.hpp"
@@ -134,9 +137,15 @@ Status validate_config(const JobConfig& c, bool named_dataset, bool devices_here
     return bad("target-accuracy", fmt::format("{:g}", *c.target_accuracy), "must be in (0, 1]");
   if (c.stop_at_target && !c.target_accuracy)
     return bad("stop-at-target", "true", "needs --target-accuracy (the accuracy to stop at)");
-  if (c.validation_size < 1) return bad("validation-size", "0", "must be >= 1");
+  // User data brings its own validation split.
+  if (named_dataset && c.validation_size < 1) return bad("validation-size", "0", "must be >= 1");
   if (c.prefetch < 1) return bad("prefetch", "0", "must be >= 1");
   if (c.compress != "none" && c.compress != "fp16") return bad("compress", c.compress, "expected none or fp16");
+  if (c.status_port != 0) {
+    in6_addr any{};
+    if (inet_pton(AF_INET, c.status_address.c_str(), &any) != 1 && inet_pton(AF_INET6, c.status_address.c_str(), &any) != 1)
+      return bad("status-address", c.status_address, "not an IP address (such as 127.0.0.1, 0.0.0.0 or ::1)");
+  }
   if (Status s = validate_limits(c); !s.ok()) return s;
   if (!c.resume.empty()) {
     const PathLook resume = look_at(c.resume);
@@ -212,7 +221,17 @@ Status validate(const JobConfig& c, const UserDataset& data) {
   if (Status s = validate(data); !s.ok()) return s;
   if (c.model_spec) {
     if (auto n = validate(*c.model_spec, data.sample_shape, data.classes); !n) return n.status();
+    return {};
   }
+  if (auto a = data::parse_augment(c.augment, c.dataset); a && a->any() && data.sample_shape.size() != 3)
+    return Status::InvalidArgument("--augment " + data::to_string(*a) +
+                                   " shifts and mirrors images; this job's own samples are vectors (" +
+                                   std::to_string(data.sample_shape.at(0)) + " values): use --augment none");
+  // A named model on these samples (vectors reach it as (1, 1, N)): built
+  // once here, unfilled, so that one that does not fit is refused before
+  // anything starts.
+  const Shape shape = data.sample_shape.size() == 1 ? Shape{1, 1, data.sample_shape[0]} : Shape(data.sample_shape);
+  if (auto m = Model::build(c.model, nullptr, shape, data.classes); !m) return m.status();
   return {};
 }
 
@@ -386,12 +405,7 @@ Result<std::optional<ResumePlan>> resume_and_save_settings(const JobConfig& conf
 // longer needs) or the named dataset, loaded.
 Result<std::shared_ptr<const data::DatasetSplits>> job_data(const JobConfig& config,
                                                             std::shared_ptr<const UserDataset>& user_data) {
-  if (user_data) {
-    if (auto a = data::parse_augment(config.augment, config.dataset);
-        a && a->any() && user_data->sample_shape.size() != 3)
-      return Status::InvalidArgument("--augment " + data::to_string(*a) +
-                                     " shifts and mirrors images; this job's own samples are vectors (" +
-                                     std::to_string(user_data->sample_shape.at(0)) + " values): use --augment none");
+  if (user_data) {  // validate(config, *user_data) passed
     auto data = std::make_shared<const data::DatasetSplits>(data::from_user_dataset(*user_data));
     user_data.reset();
     logger().info("user data {}: {} train, {} validation, {} test samples", data->name, data->train.count,
@@ -487,8 +501,19 @@ Result<JobSummary> run_job_unguarded(const JobConfig& requested, const JobCallba
     if (!server) return server.status();
     status_server = std::move(server).value();
   }
+  // One job at a time writes a checkpoint folder: two at once (in this
+  // process or another) overwrote each other's shard checkpoints, and the
+  // folder held whichever finished last.
+  std::optional<FolderLock> checkpoint_lock;
   if (!config.checkpoint_dir.empty()) {
     if (Status s = prepare_checkpoint_dir(config); !s.ok()) return s;
+    auto held = FolderLock::try_hold(config.checkpoint_dir);
+    if (!held && held.status().code() == StatusCode::unavailable)
+      return Status::InvalidArgument("--checkpoint-dir " + config.checkpoint_dir +
+                                     ": another job is writing its checkpoints there (in this process or another); "
+                                     "give each job a folder of its own");
+    if (!held) return held.status();
+    checkpoint_lock.emplace(std::move(held).value());
   }
   const bool own_data = user_data != nullptr;
   auto data = job_data(config, user_data);
@@ -517,22 +542,28 @@ Result<JobSummary> run_job_unguarded(const JobConfig& requested, const JobCallba
   auto buffers = blas::BufferClaim::make((plan.actor_threads + 1) * threads);
   if (!buffers) return failed(buffers.status());
 
+  // What a host's callback throws stops the job as the host's doing.
+  const JobCallbacks guarded{guard_callback("on_epoch", callbacks.on_epoch), guard_callback("on_eval", callbacks.on_eval),
+                             guard_callback("on_progress", callbacks.on_progress),
+                             guard_callback("on_final_params", callbacks.on_final_params)};
   auto on_epoch = [&](const EpochMetrics& m) {
     metrics.write(to_json(m));
-    if (callbacks.on_epoch) callbacks.on_epoch(m);
+    if (guarded.on_epoch) guarded.on_epoch(m);
   };
   auto on_eval = [&](const EvalPoint& e) {
     metrics.write(to_json(e));
-    if (callbacks.on_eval) callbacks.on_eval(e);
+    if (guarded.on_eval) guarded.on_eval(e);
   };
   auto on_record = [&](const nlohmann::json& record) { metrics.write(record); };
-  CoordinatorSetup setup{config,   *data,   on_epoch,  on_eval, callbacks.on_progress, callbacks.on_final_params,
+  CoordinatorSetup setup{config,   *data,   on_epoch,  on_eval, guarded.on_progress, guarded.on_final_params,
                          nullptr,  nullptr, live,      on_record, compute,             std::move(planned->plan),
                          std::make_shared<Model>(std::move(planned->model)), std::move(resumed).value()};
   EnergyMeter meter(EnergyMeter::from_environment());
   auto result = run_coordinator(std::move(setup), hooks, stop);
   if (!result) return result;
   JobSummary summary = std::move(result).value();
+  summary.input_mean = (*data)->normalization.mean;
+  summary.input_stddev = (*data)->normalization.stddev;
   summary.energy = meter.stop();
   summary.wall_s = std::chrono::duration<double>(std::chrono::steady_clock::now() - job_start).count();
   metrics.write(to_json(summary));

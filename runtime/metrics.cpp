@@ -84,7 +84,9 @@ nlohmann::json to_json(const JobSummary& s) {
                       {"workers_lost", s.workers_lost},
                       {"shard_restarts", s.shard_restarts},
                       {"workers_rejoined", s.workers_rejoined},
-                      {"checkpoint_failures", s.checkpoint_failures}};
+                      {"checkpoint_failures", s.checkpoint_failures},
+                      {"input_mean", s.input_mean},
+                      {"input_stddev", s.input_stddev}};
   if (s.staleness) j["staleness"] = *s.staleness;
   if (s.time_to_target_s) j["time_to_target_s"] = *s.time_to_target_s;
   return j;
@@ -197,6 +199,10 @@ Result<JobSummary> summary_from_json(const nlohmann::json& j) {
     s.shard_restarts = field<std::uint32_t>(j, "shard_restarts");
     s.workers_rejoined = field<std::uint32_t>(j, "workers_rejoined");
     s.checkpoint_failures = field<std::uint64_t>(j, "checkpoint_failures");
+    if (j.contains("input_mean")) {  // written since 2026-11-28
+      s.input_mean = j.at("input_mean").get<std::vector<float>>();
+      s.input_stddev = j.at("input_stddev").get<std::vector<float>>();
+    }
     return s;
   });
 }

@@ -28,8 +28,15 @@ namespace {
 
 Status check_inputs(const Shape& sample_shape, std::size_t classes, const std::vector<float>& mean,
                     const std::vector<float>& stddev) {
-  if (sample_shape.size() != 3 || numel(sample_shape) == 0)
-    return Status::InvalidArgument("sample shape must be (C, H, W) with no zero dimension");
+  if (sample_shape.size() != 3) return Status::InvalidArgument("sample shape must be (C, H, W) with no zero dimension");
+  // Checked before anything is multiplied out: {2^62, 4, 4} wraps to 0.
+  std::size_t values = 1;
+  for (const std::size_t d : sample_shape) {
+    if (d == 0) return Status::InvalidArgument("sample shape must be (C, H, W) with no zero dimension");
+    if (__builtin_mul_overflow(values, d, &values) || values > data::kMaxSampleValues)
+      return Status::InvalidArgument("sample shape " + shape_string(sample_shape) + " has more than " +
+                                     std::to_string(data::kMaxSampleValues) + " values per sample");
+  }
   if (classes < 2) return Status::InvalidArgument("a classifier needs at least 2 classes");
   for (const std::vector<float>* v : {&mean, &stddev})
     if (v->size() != 1 && v->size() != sample_shape[0])
@@ -39,6 +46,8 @@ Status check_inputs(const Shape& sample_shape, std::size_t classes, const std::v
   for (const float s : stddev)
     if (!(s > 0.0f) || !std::isfinite(s))
       return Status::InvalidArgument("input stddev must be a positive number, got " + std::to_string(s));
+  for (const float m : mean)
+    if (!std::isfinite(m)) return Status::InvalidArgument("input mean must be a finite number, got " + std::to_string(m));
   return {};
 }
 
@@ -68,6 +77,10 @@ Result<Predictor> Predictor::from_params_impl(const std::string& model, const Mo
   if (params.size() != built->num_params())
     return Status::InvalidArgument(model + " has " + std::to_string(built->num_params()) + " parameters, got " +
                                    std::to_string(params.size()));
+  for (std::size_t i = 0; i < params.size(); ++i)
+    if (!std::isfinite(params[i]))
+      return Status::InvalidArgument("parameter " + std::to_string(i) + " of " + model +
+                                     " is not finite (NaN or infinity): the training it came from diverged?");
   std::copy(params.begin(), params.end(), built->params().begin());
   return Predictor(std::unique_ptr<Impl>(new Impl{std::move(built).value(), {input_mean}, {input_stddev}, {}}));
 }
@@ -114,6 +127,7 @@ Result<Predictor> Predictor::from_checkpoint(const std::string& dir) {
 }
 
 Result<std::vector<int>> Predictor::predict(std::span<const float> samples) {
+  if (!impl_) return Status::InvalidArgument("this Predictor was moved from: use the one it was moved to");
   Impl& s = *impl_;
   const std::size_t per_sample = sample_size();
   if (samples.size() % per_sample != 0)
@@ -134,9 +148,16 @@ Result<std::vector<int>> Predictor::predict(std::span<const float> samples) {
   return std::vector<int>(best.begin(), best.end());
 }
 
-const std::string& Predictor::model() const { return impl_->model.name(); }
-std::size_t Predictor::classes() const { return impl_->model.classes(); }
-std::size_t Predictor::sample_size() const { return numel(impl_->model.sample_shape()); }
-const std::vector<std::size_t>& Predictor::sample_shape() const { return impl_->model.sample_shape(); }
+// A moved-from Predictor has no model: empty answers.
+const std::string& Predictor::model() const {
+  static const std::string none;
+  return impl_ ? impl_->model.name() : none;
+}
+std::size_t Predictor::classes() const { return impl_ ? impl_->model.classes() : 0; }
+std::size_t Predictor::sample_size() const { return impl_ ? numel(impl_->model.sample_shape()) : 0; }
+const std::vector<std::size_t>& Predictor::sample_shape() const {
+  static const std::vector<std::size_t> none;
+  return impl_ ? impl_->model.sample_shape() : none;
+}
 
 }  // namespace asgd

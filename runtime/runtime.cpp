@@ -6,10 +6,33 @@
 #include <cstdlib>
 #include <mutex>
 #include <optional>
+#include <functional>
 #include <thread>
+#include <utility>
 #include <vector>
 
 namespace asgd {
+
+namespace {
+
+// The job (its JobHandle::State) whose callback this thread is running, if
+// any: Runtime::start marks every callback. That job waits for its
+// callback, so waiting for the job from there would never end.
+thread_local const void* t_in_callback_of = nullptr;
+
+template <class... Args>
+std::function<void(Args...)> marked(const void* job, std::function<void(Args...)> callback) {
+  if (!callback) return callback;
+  return [job, callback = std::move(callback)](Args... args) {
+    struct Mark {
+      const void* outer;
+      ~Mark() { t_in_callback_of = outer; }
+    } mark{std::exchange(t_in_callback_of, job)};
+    callback(std::forward<Args>(args)...);
+  };
+}
+
+}  // namespace
 
 struct JobHandle::State {
   std::stop_source stop;
@@ -19,6 +42,9 @@ struct JobHandle::State {
 };
 
 const Result<JobSummary>& JobHandle::wait() const {
+  static const Result<JobSummary> kOwnCallback = Status::InvalidArgument(
+      "JobHandle::wait() from the job's own callback would never return (the job waits for its callback)");
+  if (t_in_callback_of == state_.get()) return kOwnCallback;
   std::unique_lock lock(state_->mu);
   state_->cv.wait(lock, [&] { return state_->result.has_value(); });
   return *state_->result;
@@ -26,6 +52,7 @@ const Result<JobSummary>& JobHandle::wait() const {
 
 bool JobHandle::wait_for(std::chrono::milliseconds timeout) const {
   std::unique_lock lock(state_->mu);
+  if (t_in_callback_of == state_.get()) return state_->result.has_value();  // it cannot end meanwhile
   return state_->cv.wait_for(lock, timeout, [&] { return state_->result.has_value(); });
 }
 
@@ -82,11 +109,46 @@ void give_freed_memory_back() {
   });
 }
 
+// Every Runtime alive, for exit(): a job still running when the program
+// exits would compute while the libraries' statics are torn down (OpenBLAS
+// frees its buffers under a worker's sgemm: a SIGSEGV). An atexit handler,
+// registered after those libraries started and so run before they end,
+// stops every Runtime first. Never destroyed, like the log.
+struct LiveRuntimes {
+  std::mutex mu;
+  std::vector<Runtime*> all;
+};
+
+LiveRuntimes& live_runtimes() {
+  static LiveRuntimes* const live = new LiveRuntimes;
+  return *live;
+}
+
+void stop_every_runtime_at_exit() {
+  auto& live = live_runtimes();
+  std::lock_guard lock(live.mu);
+  for (Runtime* r : live.all) r->stop();
+}
+
 }  // namespace
 
-Runtime::Runtime() : impl_(std::make_unique<Impl>()) { give_freed_memory_back(); }
+Runtime::Runtime() : impl_(std::make_unique<Impl>()) {
+  give_freed_memory_back();
+  static std::once_flag once;
+  std::call_once(once, [] { std::atexit(stop_every_runtime_at_exit); });
+  auto& live = live_runtimes();
+  std::lock_guard lock(live.mu);
+  live.all.push_back(this);
+}
 
-Runtime::~Runtime() { stop(); }
+Runtime::~Runtime() {
+  {
+    auto& live = live_runtimes();
+    std::lock_guard lock(live.mu);
+    std::erase(live.all, this);
+  }
+  stop();
+}
 
 Result<JobHandle> Runtime::submit(const JobConfig& config, JobCallbacks callbacks) {
   return start(config, nullptr, std::move(callbacks));
@@ -103,7 +165,13 @@ Result<JobHandle> Runtime::submit(const JobConfig& config, std::shared_ptr<const
 Result<JobHandle> Runtime::start(const JobConfig& config, std::shared_ptr<const UserDataset> data,
                                  JobCallbacks callbacks) {
   if (Status s = data ? validate(config, *data) : validate(config); !s.ok()) return s;
+  // The caller may change or free its data once this returns (the job
+  // reads it later, on its thread): the job gets a copy of its own.
+  if (data) data = std::make_shared<const UserDataset>(*data);
   auto state = std::make_shared<JobHandle::State>();
+  callbacks = {marked(state.get(), std::move(callbacks.on_epoch)), marked(state.get(), std::move(callbacks.on_eval)),
+               marked(state.get(), std::move(callbacks.on_progress)),
+               marked(state.get(), std::move(callbacks.on_final_params))};
   std::lock_guard lock(impl_->mu);
   if (impl_->stopped) return Status::Cancelled("the runtime has been stopped");
   impl_->reap();
@@ -137,7 +205,13 @@ std::size_t Runtime::running() const {
 }
 
 void Runtime::stop() {
-  std::lock_guard stopping(impl_->stopping);
+  // From a job's callback: that job waits for the callback, so it is
+  // cancelled and left to end on its own once the callback returns (its
+  // handles see the end); and a stop() under way elsewhere, which may be
+  // waiting for that very job, is not waited for.
+  const bool in_callback = t_in_callback_of != nullptr;
+  std::unique_lock stopping(impl_->stopping, std::defer_lock);
+  if (!in_callback) stopping.lock();
   std::vector<Impl::Job> jobs;
   {
     std::lock_guard lock(impl_->mu);
@@ -145,7 +219,12 @@ void Runtime::stop() {
     for (const auto& job : impl_->jobs) job.state->stop.request_stop();
     jobs.swap(impl_->jobs);
   }
-  for (Impl::Job& job : jobs) job.thread.join();
+  for (Impl::Job& job : jobs) {
+    if (job.state.get() == t_in_callback_of)
+      job.thread.detach();  // it holds nothing of this Runtime's
+    else
+      job.thread.join();
+  }
 }
 
 }  // namespace asgd

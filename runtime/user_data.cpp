@@ -9,14 +9,6 @@
 
 namespace asgd {
 
-namespace {
-
-// Values in one sample at most (2^31, 8 GiB of floats): a larger shape is a
-// mistake, not data.
-constexpr std::size_t kMaxSampleValues = std::size_t{1} << 31;
-
-}  // namespace
-
 Status validate(const UserDataset& data) {
   const std::string who = "user data '" + data.name + "': ";
   const auto& shape = data.sample_shape;
@@ -26,9 +18,9 @@ Status validate(const UserDataset& data) {
   // Checked before anything is multiplied out: {2^61 + 1, 8, 1} wraps to 8.
   std::size_t per_sample = 1;
   for (std::size_t d : shape)
-    if (__builtin_mul_overflow(per_sample, d, &per_sample) || per_sample > kMaxSampleValues)
+    if (__builtin_mul_overflow(per_sample, d, &per_sample) || per_sample > data::kMaxSampleValues)
       return Status::InvalidArgument(who + "sample_shape " + shape_string(shape) + " has more than " +
-                                     std::to_string(kMaxSampleValues) + " values per sample");
+                                     std::to_string(data::kMaxSampleValues) + " values per sample");
   if (per_sample == 0) return Status::InvalidArgument(who + "sample_shape " + shape_string(shape) + " has a zero dimension");
   if (data.classes < 2) return Status::InvalidArgument(who + "classes must be >= 2, got " + std::to_string(data.classes));
   const std::pair<const char*, const LabeledSamples*> splits[] = {

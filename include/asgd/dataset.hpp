@@ -24,10 +24,10 @@ struct LabeledSamples {
 };
 
 /// A labelled dataset the user filled from their own source. Plain data:
-/// the runtime copies it once, when a job starts (into its own layout), and
-/// never keeps a reference, so the caller may change or free it afterwards.
-/// Jobs take it as std::shared_ptr<const UserDataset> so that several jobs
-/// can share one copy while they start.
+/// run_job copies it once, when the job starts (into its own layout), and
+/// Runtime::submit copies it before it returns (the job starts later, on
+/// its own thread; for a moment the job holds both copies); neither keeps
+/// a reference, so the caller may change or free it once the call returns.
 struct UserDataset {
   std::string name = "user";  ///< for logs, JobSummary::dataset and checkpoints
   /// One sample's shape: (C, H, W) images, or (N) vectors. Vectors are

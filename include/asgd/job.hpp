@@ -305,6 +305,12 @@ struct JobSummary {
   /// Shard checkpoint writes that failed (--checkpoint-dir): while they
   /// fail, a restart or a resume loses more than one interval.
   std::uint64_t checkpoint_failures = 0;
+  /// The normalisation the job gave its inputs, x' = (x - mean) / stddev
+  /// for pixels x in [0, 1]: one value per channel, measured on the
+  /// training split (mean 0 and stddev 1 for user data, which is taken as
+  /// normalised). What Predictor::from_params needs with on_final_params.
+  std::vector<float> input_mean;
+  std::vector<float> input_stddev;
 };
 
 /// Called from a runtime thread, one call at a time, in epoch order.

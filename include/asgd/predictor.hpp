@@ -24,8 +24,9 @@ namespace asgd {
 /// the normalisation training used, (x - mean) / stddev, itself, so callers
 /// never need the dataset's statistics.
 ///
-/// Owns its model (a private copy of the parameters). Move-only. Not
-/// thread-safe: predict() reuses scratch buffers, so one thread at a time
+/// Owns its model (a private copy of the parameters). Move-only; a
+/// moved-from Predictor's predict() answers invalid_argument and its
+/// accessors empty values (0, ""). Not thread-safe: predict() reuses scratch buffers, so one thread at a time
 /// per Predictor (guard it with a mutex, or give each thread its own).
 /// Different Predictors share nothing.
 class Predictor {
@@ -43,12 +44,14 @@ class Predictor {
   /// (C, H, W) and `classes` outputs, with `params` in the model's flat
   /// layout (copied) and the normalisation training used, one value for
   /// every channel (for MNIST and Fashion-MNIST jobs it is measured on the
-  /// training split; a checkpoint records it, per channel for colour
-  /// images such as CIFAR-10's, which from_checkpoint applies). BatchNorm statistics keep their initial values (mean 0,
+  /// training split: the job's JobSummary::input_mean and input_stddev
+  /// hold it; a checkpoint records it, per channel for colour images such
+  /// as CIFAR-10's, which from_checkpoint applies). BatchNorm statistics keep their initial values (mean 0,
   /// variance 1), so for models with BatchNorm (resnet-mini, resnet18) prefer
   /// from_checkpoint, which carries the trained statistics.
   /// Errors: invalid_argument for an unknown model, a bad shape, a
-  /// parameter count that does not match, or input_stddev <= 0.
+  /// parameter count that does not match, a parameter that is not finite,
+  /// input_stddev <= 0 or a mean or stddev that is not finite.
   static Result<Predictor> from_params(const std::string& model, const std::vector<std::size_t>& sample_shape,
                                        std::size_t classes, std::span<const float> params,
                                        float input_mean = 0.0f, float input_stddev = 1.0f);
@@ -68,7 +71,8 @@ class Predictor {
 
   /// The class (in [0, classes())) with the largest score for each of the
   /// n = samples.size() / sample_size() samples in `samples` (n, C, H, W),
-  /// raw pixels in [0, 1]. An empty span gives an empty vector. Errors:
+  /// before normalisation (raw pixels in [0, 1] for the built-in datasets;
+  /// see above). An empty span gives an empty vector. Errors:
   /// invalid_argument when samples.size() is not a multiple of
   /// sample_size(), or when a value is not finite. Cost: one inference
   /// forward pass over the samples, in chunks that keep its activations

@@ -18,6 +18,9 @@ namespace asgd {
 class JobHandle {
  public:
   /// Blocks until the job has ended; every call returns the same result.
+  /// From the job's own callback (where the job waits for the callback)
+  /// it returns at once with invalid_argument, and wait_for() says whether
+  /// the job has ended without waiting.
   const Result<JobSummary>& wait() const;
   /// Waits at most `timeout`; true when the job has ended.
   bool wait_for(std::chrono::milliseconds timeout) const;
@@ -39,7 +42,8 @@ class JobHandle {
 class Runtime {
  public:
   Runtime();
-  /// stop().
+  /// stop(). exit() stops every Runtime still alive too (cancelling its
+  /// jobs), before the libraries that jobs use are torn down.
   ~Runtime();
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;
@@ -51,9 +55,9 @@ class Runtime {
   Result<JobHandle> submit(const JobConfig& config, JobCallbacks callbacks = {});
 
   /// As above, training on `data` instead of config.dataset (see
-  /// run_job(config, data, ...)); `data` is checked before submit returns
-  /// (invalid_argument: nothing starts, also for a null `data`) and shared
-  /// with the job, which copies it once as it starts.
+  /// run_job(config, data, ...)); `data` is checked and copied before
+  /// submit returns (invalid_argument: nothing starts, also for a null
+  /// `data`): the caller may change or free it then.
   Result<JobHandle> submit(const JobConfig& config, std::shared_ptr<const UserDataset> data,
                            JobCallbacks callbacks = {});
 
@@ -65,7 +69,10 @@ class Runtime {
 
   /// Cancels every running job, waits until all have ended and refuses
   /// new ones. Idempotent; a call made while another is under way returns
-  /// when that one does, once every job has ended.
+  /// when that one does, once every job has ended. Called from a job's
+  /// callback it waits for the other jobs only: that job (which waits for
+  /// its callback) ends once the callback returns, cancelled. The same
+  /// holds for destroying the Runtime there.
   void stop();
 
  private:

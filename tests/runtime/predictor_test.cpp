@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <limits>
 #include <random>
 
 #include "compute/model.hpp"
@@ -118,6 +119,14 @@ TEST(Predictor, IsMovable) {
   std::vector<float> x(kPixels, 0.0f);
   x[5] = 1.0f;
   EXPECT_EQ(moved.predict(x).value(), std::vector<int>{5});
+  // The one moved from answers, emptily (it crashed: SIGSEGV).
+  Predictor again = std::move(moved);
+  EXPECT_EQ(moved.predict(x).status().message(), "this Predictor was moved from: use the one it was moved to");
+  EXPECT_EQ(moved.model(), "");
+  EXPECT_EQ(moved.classes(), 0u);
+  EXPECT_EQ(moved.sample_size(), 0u);
+  EXPECT_TRUE(moved.sample_shape().empty());
+  EXPECT_EQ(again.predict(x).value(), std::vector<int>{5});
 }
 
 TEST(Predictor, RejectsSamplesThatAreNotAWholeNumberOfImages) {
@@ -141,6 +150,17 @@ TEST(Predictor, RejectsParametersThatDoNotFitTheModel) {
   EXPECT_EQ(Predictor::from_params("mlp", {784}, 10, params).status().code(), StatusCode::invalid_argument);
   EXPECT_EQ(Predictor::from_params("mlp", {1, 28, 28}, 10, params, 0.0f, 0.0f).status().code(),
             StatusCode::invalid_argument);
+  // A NaN mean made every prediction one class, silently; a NaN parameter
+  // the same; a shape whose size wraps around to 0 was called "a zero
+  // dimension".
+  EXPECT_EQ(Predictor::from_params("mlp", {1, 28, 28}, 10, params, std::nanf(""), 1.0f).status().message(),
+            "input mean must be a finite number, got nan");
+  std::vector<float> diverged = params;
+  diverged[7] = std::numeric_limits<float>::infinity();
+  EXPECT_EQ(Predictor::from_params("mlp", {1, 28, 28}, 10, diverged).status().message(),
+            "parameter 7 of mlp is not finite (NaN or infinity): the training it came from diverged?");
+  EXPECT_EQ(Predictor::from_params("mlp", {std::size_t{1} << 62, 4, 4}, 10, params).status().message(),
+            "sample shape (4611686018427387904, 4, 4) has more than 2147483648 values per sample");
 }
 
 TEST(Predictor, ReportsAMissingCheckpointAsNotFound) {

@@ -4,8 +4,17 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <vector>
 
+#include "temp_dir.hpp"
 #include "test_data.hpp"
+#include "test_helpers.hpp"
 
 namespace asgd {
 namespace {
@@ -74,6 +83,115 @@ TEST(Runtime, StoppingCancelsRunningJobsAndRefusesNewOnes) {
   ASSERT_FALSE(late.ok());
   EXPECT_EQ(late.status().code(), StatusCode::cancelled);
   rt.stop();  // idempotent
+}
+
+// From the embedding API audit (2026-11-28): stop() from a job's callback
+// waited for that job, which waited for the callback, for ever; wait()
+// there the same. Now the job is cancelled and ends once the callback
+// returns, and wait() says why it cannot wait.
+TEST(Runtime, StopAndWaitFromAJobsOwnCallbackDoNotWaitForThatJob) {
+  ASGD_REQUIRE_DATASET(dir, "mnist");
+  Runtime rt;
+  std::optional<JobHandle> self;
+  std::mutex mu;
+  std::atomic<bool> stopped = false;
+  std::string waited;
+  JobCallbacks cb;
+  cb.on_progress = [&](const Progress&) {
+    if (stopped.exchange(true)) return;
+    std::lock_guard lock(mu);
+    waited = self->wait().status().to_string();
+    EXPECT_FALSE(self->wait_for(10ms));
+    rt.stop();
+  };
+  {
+    std::lock_guard lock(mu);
+    auto job = rt.submit(mnist_job(dir.string(), 200, 1), cb);
+    ASSERT_TRUE(job.ok());
+    self = *job;
+  }
+  ASSERT_TRUE(self->wait_for(60s)) << "the job stopped from its own callback did not end";
+  EXPECT_TRUE(stopped);
+  EXPECT_EQ(self->wait().status().code(), StatusCode::cancelled);
+  EXPECT_NE(waited.find("JobHandle::wait() from the job's own callback would never return"), std::string::npos)
+      << waited;
+  EXPECT_EQ(rt.submit(mnist_job(dir.string(), 1, 1)).status().code(), StatusCode::cancelled);
+}
+
+// A callback that throws stops the job as the host's doing (cancelled,
+// naming the callback), not as asgd's ("internal error: the coordinator
+// failed: ...").
+TEST(Runtime, ACallbackThatThrowsStopsItsJobSayingWhichAndWhat) {
+  ASGD_REQUIRE_DATASET(dir, "mnist");
+  JobCallbacks cb;
+  cb.on_epoch = [](const EpochMetrics&) { throw std::runtime_error("the host's database is down"); };
+  const auto r = run_job(mnist_job(dir.string(), 3, 1), cb);
+  EXPECT_EQ(r.status().code(), StatusCode::cancelled);
+  EXPECT_EQ(r.status().message(),
+            "the job's on_epoch callback threw (the host's database is down); the job stopped");
+}
+
+// A job still training when the program exits (exit(), or main returning
+// with a static Runtime): exit() cancels it before the libraries it uses
+// are torn down; the job used to crash the exit (SIGSEGV in OpenBLAS's
+// sgemm, or in the log once its statics were gone).
+TEST(RuntimeDeathTest, ExitWhileAJobTrainsEndsTheProgramCleanly) {
+  ASGD_REQUIRE_DATASET(dir, "mnist");
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  for (int repeat = 0; repeat < 3; ++repeat) {
+    EXPECT_EXIT(
+        {
+          Runtime rt;
+          static Runtime kept;  // destroyed by exit(), its job still training
+          (void)rt.submit(mnist_job(dir.string(), 200, 1));
+          (void)kept.submit(mnist_job(dir.string(), 200, 2));
+          std::this_thread::sleep_for(1500ms);
+          std::exit(0);
+        },
+        testing::ExitedWithCode(0), "");
+  }
+}
+
+TEST(Runtime, AJobsSummaryCarriesTheNormalisationAPredictorNeeds) {
+  ASGD_REQUIRE_DATASET(dir, "mnist");
+  std::vector<float> params;
+  JobCallbacks cb;
+  cb.on_final_params = [&](std::span<const float> p) { params.assign(p.begin(), p.end()); };
+  const auto r = run_job(mnist_job(dir.string(), 1, 1), cb);
+  ASSERT_TRUE(r.ok()) << r.status().to_string();
+  ASSERT_EQ(r->input_mean.size(), 1u);
+  ASSERT_EQ(r->input_stddev.size(), 1u);
+  EXPECT_NEAR(r->input_mean[0], 0.1307, 0.002);  // MNIST's training split
+  EXPECT_NEAR(r->input_stddev[0], 0.3081, 0.002);
+}
+
+// Two jobs writing one checkpoint folder at once overwrote each other's
+// shard checkpoints (one's write failed, renamed from under it), and the
+// folder held whichever finished last: the second is refused now, in this
+// process as in another; once the first has ended the folder is free.
+TEST(Runtime, OneJobAtATimeWritesACheckpointFolder) {
+  ASGD_REQUIRE_DATASET(dir, "mnist");
+  const asgd_test::TempDir scratch;
+  Runtime rt;
+  std::atomic<bool> training = false;
+  JobCallbacks cb;
+  cb.on_progress = [&](const Progress&) { training = true; };
+  JobConfig first = mnist_job(dir.string(), 200, 1);
+  first.checkpoint_dir = (scratch / "ckpt").string();
+  auto job = rt.submit(first, cb);
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE(asgd_test::eventually([&] { return training.load(); }, 60s));
+  JobConfig second = mnist_job(dir.string(), 1, 2);
+  second.checkpoint_dir = first.checkpoint_dir;
+  const auto refused = run_job(second);
+  EXPECT_EQ(refused.status().code(), StatusCode::invalid_argument);
+  EXPECT_EQ(refused.status().message(), "--checkpoint-dir " + first.checkpoint_dir +
+                                            ": another job is writing its checkpoints there (in this process or "
+                                            "another); give each job a folder of its own");
+  job->cancel();
+  ASSERT_TRUE(job->wait_for(60s));
+  const auto after = run_job(second);
+  EXPECT_TRUE(after.ok()) << after.status().to_string();
 }
 
 TEST(Runtime, ABadConfigurationStartsNothing) {

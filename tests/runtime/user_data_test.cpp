@@ -98,6 +98,61 @@ TEST(UserData, ARuntimeRunsAJobOnUserDataAndTheCallerMayDropItsCopyAtOnce) {
   EXPECT_GE(result->final_test_accuracy, 0.97);
 }
 
+// The docs promise the data is the caller's again once submit returns; the
+// job started later, on its thread, and read whatever the caller had put
+// there by then (a race: trained on the negated values, or refused the
+// cleared ones as "no samples"). From the embedding API audit, 2026-11-28.
+TEST(UserData, WhatTheCallerDoesToItsDataAfterSubmitReturnsDoesNotReachTheJob) {
+  Runtime runtime;
+  auto data = blob_dataset();
+  auto handle = runtime.submit(small_job(), data);
+  ASSERT_TRUE(handle.ok()) << handle.status().to_string();
+  for (float& v : data->train.values) v = -v;  // would teach the opposite labels
+  data->validation = {};
+  data->test.labels.clear();
+  const auto& result = handle->wait();
+  ASSERT_TRUE(result.ok()) << result.status().to_string();
+  EXPECT_GE(result->final_test_accuracy, 0.97);
+  EXPECT_EQ(result->input_mean, std::vector<float>{0.0f}) << "user data is taken as normalised";
+  EXPECT_EQ(result->input_stddev, std::vector<float>{1.0f});
+}
+
+// What validate(config, data) promises ("checks every field"): no setting
+// that a job on this data refuses once started passes it, and the one
+// setting such a job ignores (validation_size) is not checked.
+TEST(UserData, ValidateRefusesWhatTheJobWouldAndIgnoresTheValidationSize) {
+  auto data = blob_dataset();
+  JobConfig c = small_job();
+  c.validation_size = 0;
+  EXPECT_TRUE(validate(c, *data).ok()) << validate(c, *data).to_string();
+  struct Case {
+    const char* what;
+    std::function<void(JobConfig&)> spoil;
+    const char* expected;
+  };
+  const std::vector<Case> cases = {
+      {"a status address that is none", [](JobConfig& j) { j.status_port = 1; j.status_address = "not an address"; },
+       "--status-address not an address: not an IP address"},
+      {"crops of vectors", [](JobConfig& j) { j.augment = "crop,flip"; }, "this job's own samples are vectors"},
+      {"lenet on vectors", [](JobConfig& j) { j.model = "lenet"; }, "model 'lenet' needs image samples"},
+  };
+  for (const Case& k : cases) {
+    JobConfig bad = small_job();
+    k.spoil(bad);
+    const Status s = validate(bad, *data);
+    EXPECT_EQ(s.code(), StatusCode::invalid_argument) << k.what;
+    EXPECT_NE(s.message().find(k.expected), std::string::npos) << k.what << ": " << s.message();
+    Runtime runtime;
+    EXPECT_EQ(runtime.submit(bad, data).status().code(), StatusCode::invalid_argument) << k.what;
+  }
+  JobConfig named;
+  named.status_port = 1;
+  named.status_address = "localhost";  // a name, not an address: the server binds addresses
+  EXPECT_EQ(validate(named).code(), StatusCode::invalid_argument);
+  named.status_address = "::1";
+  EXPECT_TRUE(validate(named).ok()) << validate(named).to_string();
+}
+
 TEST(UserData, BadDataIsRefusedWithAMessageNamingTheProblem) {
   struct Case {
     const char* what;

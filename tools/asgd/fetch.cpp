@@ -16,6 +16,7 @@
 #include <mutex>
 #include <system_error>
 
+#include "base/folder_lock.hpp"
 #include "dataset/archive.hpp"
 
 namespace asgd::cli {
@@ -351,17 +352,12 @@ Status fetch_dataset(const RemoteDataset& d, const FetchOptions& o) {
   // One fetch at a time per folder: two wrote the same .part files and
   // renamed them from under each other (on a shared file system, nodes
   // fetching at once).
-  struct FolderLock {
-    int fd = -1;
-    ~FolderLock() {
-      if (fd >= 0) ::close(fd);  // and the lock with it
-    }
-  } lock{::open(o.dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
-  if (lock.fd < 0) return Status::IOError(fmt::format("cannot open the folder {}: {}", o.dir.string(), std::strerror(errno)));
-  if (::flock(lock.fd, LOCK_EX | LOCK_NB) != 0)
+  auto lock = FolderLock::try_hold(o.dir);
+  if (!lock && lock.status().code() == StatusCode::unavailable)
     return Status::Unavailable(fmt::format("{}: another asgd data fetch is writing {}; wait for it to end (it holds "
                                            "the folder's lock), then run this one again to check the files",
                                            d.name, o.dir.string()));
+  if (!lock) return lock.status();
   for (const RemoteFile& file : d.files)
     if (Status s = fetch_file(d, file, o); !s.ok()) return s;
   if (!d.unpack.empty()) return unpack_members(d, o);
