@@ -477,6 +477,29 @@ Result<JobSummary> run_coordinator(CoordinatorSetup setup, const ClusterHooks& h
 
 namespace {
 
+// The job's checkpoint folder (none without one), ready and held: one job
+// at a time writes it. Two at once (in this process or another) overwrote
+// each other's shard checkpoints, and the folder kept whichever finished
+// last.
+Result<std::optional<FolderLock>> hold_checkpoint_dir(const JobConfig& config) {
+  if (config.checkpoint_dir.empty()) return std::optional<FolderLock>();
+  if (Status s = prepare_checkpoint_dir(config); !s.ok()) return s;
+  auto held = FolderLock::try_hold(config.checkpoint_dir);
+  if (!held && held.status().code() == StatusCode::unavailable)
+    return Status::InvalidArgument("--checkpoint-dir " + config.checkpoint_dir +
+                                   ": another job is writing its checkpoints there (in this process or another); "
+                                   "give each job a folder of its own");
+  if (!held) return held.status();
+  return std::optional<FolderLock>(std::move(held).value());
+}
+
+// The host's callbacks, each stopping the job as the host's doing when it
+// throws (CallbackThrew).
+JobCallbacks guarded_callbacks(const JobCallbacks& c) {
+  return {guard_callback("on_epoch", c.on_epoch), guard_callback("on_eval", c.on_eval),
+          guard_callback("on_progress", c.on_progress), guard_callback("on_final_params", c.on_final_params)};
+}
+
 Result<JobSummary> run_job_unguarded(const JobConfig& requested, const JobCallbacks& callbacks, std::stop_token stop,
                                      const ClusterHooks& hooks, std::shared_ptr<const UserDataset> user_data) {
   const auto job_start = std::chrono::steady_clock::now();
@@ -501,20 +524,8 @@ Result<JobSummary> run_job_unguarded(const JobConfig& requested, const JobCallba
     if (!server) return server.status();
     status_server = std::move(server).value();
   }
-  // One job at a time writes a checkpoint folder: two at once (in this
-  // process or another) overwrote each other's shard checkpoints, and the
-  // folder held whichever finished last.
-  std::optional<FolderLock> checkpoint_lock;
-  if (!config.checkpoint_dir.empty()) {
-    if (Status s = prepare_checkpoint_dir(config); !s.ok()) return s;
-    auto held = FolderLock::try_hold(config.checkpoint_dir);
-    if (!held && held.status().code() == StatusCode::unavailable)
-      return Status::InvalidArgument("--checkpoint-dir " + config.checkpoint_dir +
-                                     ": another job is writing its checkpoints there (in this process or another); "
-                                     "give each job a folder of its own");
-    if (!held) return held.status();
-    checkpoint_lock.emplace(std::move(held).value());
-  }
+  auto checkpoint_lock = hold_checkpoint_dir(config);
+  if (!checkpoint_lock) return checkpoint_lock.status();
   const bool own_data = user_data != nullptr;
   auto data = job_data(config, user_data);
   if (!data) return data.status();
@@ -542,10 +553,7 @@ Result<JobSummary> run_job_unguarded(const JobConfig& requested, const JobCallba
   auto buffers = blas::BufferClaim::make((plan.actor_threads + 1) * threads);
   if (!buffers) return failed(buffers.status());
 
-  // What a host's callback throws stops the job as the host's doing.
-  const JobCallbacks guarded{guard_callback("on_epoch", callbacks.on_epoch), guard_callback("on_eval", callbacks.on_eval),
-                             guard_callback("on_progress", callbacks.on_progress),
-                             guard_callback("on_final_params", callbacks.on_final_params)};
+  const JobCallbacks guarded = guarded_callbacks(callbacks);
   auto on_epoch = [&](const EpochMetrics& m) {
     metrics.write(to_json(m));
     if (guarded.on_epoch) guarded.on_epoch(m);

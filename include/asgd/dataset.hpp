@@ -20,7 +20,7 @@ struct LabeledSamples {
   std::vector<float> values;
   std::vector<std::int32_t> labels;  ///< (count,), each in [0, classes)
 
-  std::size_t count() const { return labels.size(); }
+  std::size_t count() const { return labels.size(); }  ///< samples: labels.size()
 };
 
 /// A labelled dataset the user filled from their own source. Plain data:

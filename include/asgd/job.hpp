@@ -40,7 +40,7 @@ inline constexpr double kMaxWaitS = 7 * 86400.0;
 struct JobConfig {
   std::string dataset = "mnist";    ///< mnist | fashion-mnist | cifar10
   std::string data_dir;             ///< the dataset's own folder; empty: $ASGD_DATA_DIR/<dataset>, else ./data/<dataset>
-  std::string model = "mlp";        ///< see known_models(); ignored when model_spec is set
+  std::string model = "mlp";        ///< mlp, lenet, resnet-mini or resnet18 (docs/user-guide.md); ignored when model_spec is set
   /// A model described from code (asgd/model_spec.hpp), used instead of
   /// `model` wherever the job builds one; checkpoints record it. Not a TOML
   /// key or flag, and not carried across processes (asgd cluster refuses
@@ -157,10 +157,10 @@ Status validate(const JobConfig& config, const UserDataset& data);
 /// that chose them are in docs/benchmarks.md).
 struct TrainingSettings {
   std::uint32_t batch = 64;  ///< samples per worker step (before --worker-weights)
-  double lr = 0.02;
-  double momentum = 0.9;
-  double lr_warmup_epochs = 0.0;
-  bool staleness_aware_lr = false;
+  double lr = 0.02;                 ///< the learning rate (JobConfig::lr when set)
+  double momentum = 0.9;            ///< the optimizer's momentum (JobConfig::momentum when set)
+  double lr_warmup_epochs = 0.0;    ///< epochs over which lr ramps up from lr / workers
+  bool staleness_aware_lr = false;  ///< stale gradients' steps divided by their staleness
   /// Policy settings not given whose default the worker count changes
   /// (averaging's local-steps beyond 8 workers, easgd's moving-rate).
   std::map<std::string, double> policy_options;
@@ -228,7 +228,7 @@ struct EpochMetrics {
 /// file's "eval" record.
 struct EvalPoint {
   double wall_s = 0.0;            ///< seconds since training started, when the parameters were read
-  double val_accuracy = 0.0;
+  double val_accuracy = 0.0;      ///< on the validation split, in [0, 1]
   std::uint64_t updates = 0;      ///< gradient updates the shards had applied to those parameters
   std::uint64_t samples = 0;      ///< training samples the workers had reported by then
   /// Mean training loss over the batches reported since the previous
@@ -251,8 +251,8 @@ struct Progress {
 
 /// Joules one device used: "cpu package 0", "dram 0" (RAPL), "gpu 0" (NVML).
 struct DeviceEnergy {
-  std::string device;
-  double joules = 0.0;
+  std::string device;   ///< "cpu package 0", "cuda:0", ...
+  double joules = 0.0;  ///< what it used over the window measured
 };
 
 /// The energy this machine used while the job trained and evaluated
@@ -260,25 +260,25 @@ struct DeviceEnergy {
 /// can be read; `reason` then says why (and, when only one of them could,
 /// why not the other).
 struct EnergyUse {
-  bool measured = false;
-  std::string reason;
-  std::vector<DeviceEnergy> devices;
+  bool measured = false;              ///< false where nothing could be read: see reason
+  std::string reason;                 ///< why not (or why not every device); empty when all were read
+  std::vector<DeviceEnergy> devices;  ///< each device read
   double joules = 0.0;    ///< every device together
   double seconds = 0.0;   ///< the window measured
-  double mean_power_w() const { return seconds > 0 ? joules / seconds : 0.0; }
+  double mean_power_w() const { return seconds > 0 ? joules / seconds : 0.0; }  ///< joules / seconds, watts
   double edp_js() const { return joules * seconds; }  ///< energy-delay product, joule-seconds
 };
 
 /// The job's outcome; the metrics file's "summary" record.
 struct JobSummary {
-  std::string policy;
+  std::string policy;                      ///< as JobConfig::policy named it ("ssp:3")
   std::optional<std::uint32_t> staleness;  ///< the policy's staleness bound; none for async
-  std::uint32_t workers = 0;
-  std::uint32_t shards = 0;
-  std::string device;
-  std::string model;
-  std::string dataset;
-  std::uint32_t epochs = 0;
+  std::uint32_t workers = 0;               ///< worker actors or processes
+  std::uint32_t shards = 0;                ///< parameter shards
+  std::string device;                      ///< JobConfig::device
+  std::string model;                       ///< the model's name (a ModelSpec's for a spec)
+  std::string dataset;                     ///< the dataset's, or UserDataset::name
+  std::uint32_t epochs = 0;                ///< JobConfig::epochs (stopped_at_target says when it ended sooner)
   double wall_s = 0.0;            ///< whole job: loading data, training, final evaluation
   double train_s = 0.0;           ///< training only: first step to the last worker's last step
   double samples_per_s = 0.0;     ///< training samples / train_s
@@ -287,8 +287,8 @@ struct JobSummary {
   bool stopped_at_target = false;  ///< --stop-at-target ended training there, before its last epoch
   std::uint64_t updates_applied = 0;  ///< worker pushes applied by the shards
   double staleness_mean = 0.0;    ///< over every (push, shard) application
-  double staleness_p99 = 0.0;
-  double staleness_max = 0.0;
+  double staleness_p99 = 0.0;     ///< 99th percentile of the same
+  double staleness_max = 0.0;     ///< the stalest application
   /// [s] = updates applied with staleness s (clocks; see docs/policies.md).
   std::vector<std::uint64_t> staleness_histogram;
   std::vector<std::uint32_t> worker_batch;  ///< per worker: its batch size (after weights)

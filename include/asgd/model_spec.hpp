@@ -40,7 +40,7 @@ class ModelSpec {
       sigmoid,
       leaky_relu,
     };
-    Kind kind = Kind::relu;
+    Kind kind = Kind::relu;  ///< what the layer is; the fields below that it uses say the rest
     std::size_t units = 0;    ///< dense: outputs; conv2d: output channels
     std::size_t kernel = 0;   ///< conv2d, max_pool: the square window's side
     std::size_t stride = 1;   ///< conv2d, max_pool (0 for max_pool: the kernel)

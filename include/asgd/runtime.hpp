@@ -41,6 +41,7 @@ class JobHandle {
 /// Thread-safe: submit, run and stop may be called from any thread.
 class Runtime {
  public:
+  /// A runtime with no jobs yet.
   Runtime();
   /// stop(). exit() stops every Runtime still alive too (cancelling its
   /// jobs), before the libraries that jobs use are torn down.
