@@ -65,7 +65,9 @@ TEST(RunJob, TrainsMnistAcrossTwoWorkersAndTwoShardsAndWritesTheMetricsFile) {
                                           // where the time and the energy went (issue 20)
                                           "worker_phases", "shard_optimizer_s", "evaluation_s", "energy",
                                           // --stop-at-target
-                                          "stopped_at_target"};
+                                          "stopped_at_target",
+                                          // what a Predictor from the final parameters needs
+                                          "input_mean", "input_stddev"};
   std::set<std::string> keys;
   for (const auto& [k, v] : s.items()) keys.insert(k);
   EXPECT_EQ(keys, expected);
