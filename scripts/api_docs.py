@@ -76,6 +76,35 @@ def group(lines, i):
         i += 1
 
 
+def intro_doc(intro):
+    """A header's opening comment as markdown: its paragraphs (split at
+    empty comment lines) joined into lines, and its indented lines (an
+    example) kept as a code block."""
+    out, words, code = [], [], []
+
+    def flush():
+        if words:
+            out.extend([" ".join(words), ""])
+            words.clear()
+        if code:
+            out.extend(["```cpp"] + code + ["```", ""])
+            code.clear()
+
+    for line in intro:
+        if line.startswith("  "):
+            if words:
+                flush()
+            code.append(line[2:].rstrip())
+        elif line.strip() == "":
+            flush()
+        else:
+            if code:
+                flush()
+            words.append(line.strip())
+    flush()
+    return out
+
+
 def header_doc(path):
     lines = path.read_text().splitlines()
     out = [f"## `<asgd/{path.name}>`", ""]
@@ -85,13 +114,12 @@ def header_doc(path):
         if s.startswith("#pragma"):
             continue
         if s.startswith("//") and not s.startswith("///"):
-            intro.append(s[2:].strip())
+            intro.append(s[3:] if s.startswith("// ") else s[2:])
         elif s == "" and not intro:
             continue
         else:
             break
-    if intro:
-        out += [" ".join(intro), ""]
+    out += intro_doc(intro)
     doc, fields, owner = [], [], None
 
     def flush_fields():
