@@ -29,7 +29,12 @@ void perform_one(Self self, WorkerAction& action) {
           };
           auto on_error = [self, shard](caf::error& err) {
             WorkerActions out;
-            self->state.core->request_failed(is_pull ? "pull" : "push", shard, reason_text(self->system(), err), out);
+            // A runtime_error is the bridge's word that the shard refused
+            // this process's key (remote_shard): the keys' folders to fix.
+            const StatusCode code =
+                err == caf::sec::runtime_error ? StatusCode::invalid_argument : StatusCode::timeout;
+            self->state.core->request_failed(is_pull ? "pull" : "push", shard, reason_text(self->system(), err), out,
+                                             code);
             perform(self, out);
           };
           // No CAF timeout on the hot path (each would wake CAF's timer

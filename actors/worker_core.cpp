@@ -186,8 +186,9 @@ void WorkerCore::finish_step(Actions& out) {
   out.emplace_back(worker_action::NextStep{});
 }
 
-void WorkerCore::request_failed(const char* what, std::size_t shard, const std::string& error, Actions& out) {
-  fail(StatusCode::timeout, fmt::format("no {} reply from shard {} at step {}: {}", what, shard, step_, error), out);
+void WorkerCore::request_failed(const char* what, std::size_t shard, const std::string& error, Actions& out,
+                                StatusCode code) {
+  fail(code, fmt::format("no {} reply from shard {} at step {}: {}", what, shard, step_, error), out);
 }
 
 void WorkerCore::feeder_failed(const std::string& error, Actions& out) {

@@ -104,8 +104,9 @@ class WorkerCore {
   /// Shard `shard` answered the Pull or Push sent to it.
   void reply(std::size_t shard, ShardReply& reply, Actions& out);
   /// The Pull or Push to shard `shard` failed (`what`: "pull" or "push");
-  /// `error` is the transport's description.
-  void request_failed(const char* what, std::size_t shard, const std::string& error, Actions& out);
+  /// `error` is the transport's description; the worker fails with `code`.
+  void request_failed(const char* what, std::size_t shard, const std::string& error, Actions& out,
+                      StatusCode code = StatusCode::timeout);
   /// The feeder did not answer RequestBatch.
   void feeder_failed(const std::string& error, Actions& out);
   /// NextStep's turn.

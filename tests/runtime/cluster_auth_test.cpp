@@ -382,10 +382,11 @@ TEST(ClusterAuthCli, AWorkerAShardOrTheCoordinatorDoesNotAllowIsToldSoAtOnce) {
   const auto start = Clock::now();
   auto shard = std::async(std::launch::async, [&] { return asgd("shard --coordinator " + at + " --auth-keys " + ks); });
   const CliRun worker = asgd("worker --coordinator " + at + " --auth-keys " + kw);
-  EXPECT_EQ(worker.exit_code, 1) << worker.err;
+  EXPECT_EQ(worker.exit_code, 2) << worker.err;  // the keys' folders to fix
   const CliRun c = coordinator.get();
   EXPECT_LT(Clock::now() - start, 60s) << "the refusal was told, not waited out (--rpc-timeout 120)";
-  EXPECT_EQ(c.exit_code, 1) << c.err;
+  EXPECT_EQ(c.exit_code, 2) << c.err;
+  EXPECT_EQ(c.err.find("timeout"), std::string::npos) << c.err;
   const std::string refused = " refused this process's key " + key_fingerprint(*read_public_key_file(all / "worker.pub")) +
                               ": the --auth-keys folder of the process there lacks this process's .pub";
   EXPECT_NE(c.err.find("worker 0: no pull reply from shard 0 at step 0: tcp://"), std::string::npos) << c.err;
