@@ -20,8 +20,8 @@ int main(int argc, char** argv) {
       if (!sub->get_group().empty()) names += (names.empty() ? "" : ", ") + sub->get_name();
     const std::string first = typed.empty() ? "" : typed.front();
     const bool unknown = !first.empty() && !first.starts_with("-") && app.get_subcommands().empty();
-    return (unknown ? "unknown benchmark " + first + "; the benchmarks: " + names : std::string(e.what())) +
-           " (asgd bench --help says what each measures)";
+    if (unknown) return "unknown benchmark " + first + "; the benchmarks: " + names + " (asgd bench --help says what each measures)";
+    return explain_parse_error(app, typed, e);  // an unknown flag of a benchmark: the nearest one
   };
   if (const auto code = parse_arguments(app, std::vector<std::string>(argv + 1, argv + argc), explain)) return *code;
   return run();

@@ -83,4 +83,16 @@ TEST(BenchComputeCli, RejectsZeroThreadsAndANonPositiveBatch) {
   expect_refused(asgd("bench compute --models mlp --batches 0"), 2, "--batches");
 }
 
+// A mistyped flag of a benchmark is named with the nearest one, as in
+// every other command (it was CLI11's "The following arguments were not
+// expected: 64 --batchs"); a missing benchmark lists those a user runs.
+TEST(BenchComputeCli, AMistypedFlagOrAMissingBenchmarkSaysWhatToType) {
+  if (!has_bench_compute()) GTEST_SKIP() << "asgd built without benchmarks";
+  const CliRun typo = asgd("bench compute --batchs 64");
+  expect_refused(typo, 2, "unknown flag --batchs; did you mean --batches? (asgd bench compute --help lists them)");
+  const CliRun none = asgd("bench");
+  expect_refused(none, 2, "the commands: runtime, comm, compute, load, allreduce (asgd bench --help says what each does)");
+  expect_refused(asgd("bench frob"), 2, "unknown benchmark frob; the benchmarks: runtime, comm, compute, load, allreduce");
+}
+
 }  // namespace

@@ -120,6 +120,13 @@ std::optional<int> parse_arguments(
     CLI::App& app, std::vector<std::string> args,
     const std::function<std::string(const std::vector<std::string>& typed, const CLI::ParseError&)>& explain);
 
+/// The parser's complaint in words that say what to do, naming the deepest
+/// command given ("asgd data fetch", "asgd bench comm"): an unknown flag
+/// with the nearest one that command has and where the list is, a value
+/// it cannot convert with what the flag takes, a missing or unknown
+/// command with the list of commands. For parse_arguments' `explain`.
+std::string explain_parse_error(CLI::App& app, const std::vector<std::string>& typed, const CLI::ParseError& e);
+
 /// The path of the program `name` in the folder this program runs from
 /// (asgd and asgd-bench are built and installed side by side).
 std::string sibling_program(const std::string& name);

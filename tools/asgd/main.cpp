@@ -17,42 +17,6 @@
 
 namespace {
 
-// The edit distance between two flags, for "did you mean".
-std::size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<std::size_t> row(b.size() + 1);
-  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (std::size_t i = 1; i <= a.size(); ++i) {
-    std::size_t diagonal = row[0];
-    row[0] = i;
-    for (std::size_t j = 1; j <= b.size(); ++j) {
-      const std::size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diagonal = up;
-    }
-  }
-  return row[b.size()];
-}
-
-// Of `names`, the nearest to `given` within two edits; empty when none is.
-std::string nearest(const std::string& given, const std::vector<std::string>& names) {
-  std::string best;
-  std::size_t best_distance = 3;  // farther than this is no suggestion
-  for (const std::string& name : names)
-    if (const std::size_t d = edit_distance(given, name); d < best_distance) {
-      best_distance = d;
-      best = name;
-    }
-  return best;
-}
-
-// The long flags `scope` takes, as typed ("--workers").
-std::vector<std::string> flags_of(const CLI::App& scope) {
-  std::vector<std::string> flags;
-  for (const CLI::Option* o : scope.get_options())
-    for (const std::string& name : o->get_lnames()) flags.push_back("--" + name);
-  return flags;
-}
-
 // Every flag that names a file or folder (FILE, DIR, PATH), in every
 // command, refuses an empty one: `--metrics-out "$OUT"` with OUT unset
 // used to mean no metrics file, silently. (A TOML file may still say "":
@@ -64,64 +28,6 @@ void refuse_empty_paths(CLI::App& scope) {
           [](std::string& v) { return v.empty() ? std::string("an empty path (leave the flag out for none)") : ""; },
           ""));
   for (CLI::App* sub : scope.get_subcommands({})) refuse_empty_paths(*sub);
-}
-
-// The parser's complaint in words that say what to do: an unknown flag
-// with the nearest one the command has and where the list is; a missing
-// command with the list of commands.
-std::string explain_parse_error(CLI::App& app, const std::vector<std::string>& typed,
-                                const CLI::ParseError& e) {
-  // The deepest command given ("asgd data fetch"): its flags and commands.
-  CLI::App* command = nullptr;
-  std::string where = "asgd";
-  for (CLI::App* at = &app; !at->get_subcommands().empty();) {
-    at = at->get_subcommands().back();
-    command = at;
-    where += " " + at->get_name();
-  }
-  if (dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr) {
-    const std::vector<std::string> flags = flags_of(command ? *command : app);
-    // The first argument the command did not take that looks like a flag.
-    for (auto it = typed.begin(); it != typed.end(); ++it) {
-      if (!it->starts_with("--")) continue;
-      const std::string flag = it->substr(0, it->find('='));
-      if (std::find(flags.begin(), flags.end(), flag) != flags.end()) continue;
-      const std::string best = nearest(flag, flags);
-      return "unknown flag " + flag + (best.empty() ? "" : "; did you mean " + best + "?") + " (" + where +
-             " --help lists them)";
-    }
-    return std::string(e.what()) + " (" + where + " --help lists what it takes)";
-  }
-  // CLI11's "Could not convert: --repeats = -1": the flag, the value and what it takes.
-  if (const std::string what = e.what(); dynamic_cast<const CLI::ConversionError*>(&e) != nullptr) {
-    const std::string mark = "Could not convert: ";
-    const auto eq = what.find(" = ");
-    if (what.rfind(mark, 0) == 0 && eq != std::string::npos) {
-      const std::string flag = what.substr(mark.size(), eq - mark.size());
-      const CLI::App& scope = command ? *command : app;
-      if (const CLI::Option* o = scope.get_option_no_throw(flag); o != nullptr && !o->get_type_name().empty())
-        return flag + " " + what.substr(eq + 3) + ": not a valid " + o->get_type_name() + ": " + o->get_description();
-      return flag + " " + what.substr(eq + 3) + ": not a value it takes (" + where + " --help says what it takes)";
-    }
-  }
-  if (std::string(e.what()).find("subcommand is required") != std::string::npos) {
-    const CLI::App& scope = command ? *command : app;
-    std::vector<std::string> commands;
-    std::string names;
-    for (const CLI::App* sub : scope.get_subcommands({})) {
-      commands.push_back(sub->get_name());
-      names += (names.empty() ? "" : ", ") + sub->get_name();
-    }
-    // The first word past the commands given ("list" in asgd keys list).
-    const std::size_t depth = static_cast<std::size_t>(std::count(where.begin(), where.end(), ' '));
-    if (typed.size() <= depth) return "the commands: " + names + " (" + where + " --help says what each does)";
-    const std::string& given = typed[depth];
-    const std::string best = nearest(given, commands);
-    return (given.starts_with("-") ? "unknown flag " : "unknown command ") + given + "; " +
-           (best.empty() ? "" : "did you mean " + best + "? ") + "the commands: " + names + " (" + where +
-           " --help says what each does)";
-  }
-  return e.what();
 }
 
 // `asgd bench ...` runs the benchmarks, a program of their own (asgd-bench,
