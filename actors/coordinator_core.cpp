@@ -165,8 +165,10 @@ void CoordinatorCore::lose(std::uint32_t w, const std::string& why, Actions& out
     fail(Status::Internal("every worker was lost; the last, worker " + std::to_string(w) + ": " + why), out);
     return;
   }
+  // A supervisor (asgd cluster) may start a new process for it at once:
+  // then "worker w rejoined" follows.
   logger().warn("worker {} is lost ({}): the job goes on with {} live worker(s) under policy {}; its data share "
-               "is not trained further",
+               "is not trained further unless a new process takes its place",
                w, why, live, config_.policy);
   // The shards stop counting it: a barrier re-forms over the live workers
   // (under allreduce and gossip, the workers' ring).
