@@ -6,6 +6,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <filesystem>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -56,6 +57,17 @@ inline float channel_value(const std::vector<float>& values, std::size_t c) {
 /// Values in one sample at most (2^31, 8 GiB of floats): a larger shape is
 /// a mistake, not data (user data, a Predictor's shape).
 inline constexpr std::size_t kMaxSampleValues = std::size_t{1} << 31;
+
+/// The values in one sample of `shape` (its dimensions multiplied; 0 with
+/// a zero dimension), or nullopt past kMaxSampleValues. Checked as it
+/// multiplies, so a shape whose product wraps around ({2^61 + 1, 8, 1} to
+/// 8) is caught.
+inline std::optional<std::size_t> sample_values(std::span<const std::size_t> shape) {
+  std::size_t values = 1;
+  for (const std::size_t d : shape)
+    if (__builtin_mul_overflow(values, d, &values) || values > kMaxSampleValues) return std::nullopt;
+  return values;
+}
 
 /// The three splits of one dataset.
 struct DatasetSplits {

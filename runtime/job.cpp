@@ -14,7 +14,6 @@
 #include <future>
 #include <thread>
 
-#include <arpa/inet.h>
 #include <unistd.h>
 
 #include "actors/checkpoint.hpp"
@@ -141,11 +140,8 @@ Status validate_config(const JobConfig& c, bool named_dataset, bool devices_here
   if (named_dataset && c.validation_size < 1) return bad("validation-size", "0", "must be >= 1");
   if (c.prefetch < 1) return bad("prefetch", "0", "must be >= 1");
   if (c.compress != "none" && c.compress != "fp16") return bad("compress", c.compress, "expected none or fp16");
-  if (c.status_port != 0) {
-    in6_addr any{};
-    if (inet_pton(AF_INET, c.status_address.c_str(), &any) != 1 && inet_pton(AF_INET6, c.status_address.c_str(), &any) != 1)
-      return bad("status-address", c.status_address, "not an IP address (such as 127.0.0.1, 0.0.0.0 or ::1)");
-  }
+  if (c.status_port != 0 && !StatusServer::is_address(c.status_address))
+    return bad("status-address", c.status_address, "not an IP address (such as 127.0.0.1, 0.0.0.0 or ::1)");
   if (Status s = validate_limits(c); !s.ok()) return s;
   if (!c.resume.empty()) {
     const PathLook resume = look_at(c.resume);

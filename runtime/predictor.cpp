@@ -28,15 +28,12 @@ namespace {
 
 Status check_inputs(const Shape& sample_shape, std::size_t classes, const std::vector<float>& mean,
                     const std::vector<float>& stddev) {
-  if (sample_shape.size() != 3) return Status::InvalidArgument("sample shape must be (C, H, W) with no zero dimension");
-  // Checked before anything is multiplied out: {2^62, 4, 4} wraps to 0.
-  std::size_t values = 1;
-  for (const std::size_t d : sample_shape) {
-    if (d == 0) return Status::InvalidArgument("sample shape must be (C, H, W) with no zero dimension");
-    if (__builtin_mul_overflow(values, d, &values) || values > data::kMaxSampleValues)
-      return Status::InvalidArgument("sample shape " + shape_string(sample_shape) + " has more than " +
-                                     std::to_string(data::kMaxSampleValues) + " values per sample");
-  }
+  const std::optional<std::size_t> values = data::sample_values(sample_shape);  // {2^62, 4, 4} would wrap to 0
+  if (sample_shape.size() != 3 || (values && *values == 0))
+    return Status::InvalidArgument("sample shape must be (C, H, W) with no zero dimension");
+  if (!values)
+    return Status::InvalidArgument("sample shape " + shape_string(sample_shape) + " has more than " +
+                                   std::to_string(data::kMaxSampleValues) + " values per sample");
   if (classes < 2) return Status::InvalidArgument("a classifier needs at least 2 classes");
   for (const std::vector<float>* v : {&mean, &stddev})
     if (v->size() != 1 && v->size() != sample_shape[0])

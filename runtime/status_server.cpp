@@ -157,6 +157,12 @@ struct StatusServer::Impl {
 
 StatusServer::StatusServer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 
+bool StatusServer::is_address(const std::string& address) {
+  beast::error_code ec;
+  (void)asio::ip::make_address(address, ec);
+  return !ec;
+}
+
 Result<std::unique_ptr<StatusServer>> StatusServer::start(const std::string& address, std::uint16_t port,
                                                          std::shared_ptr<const LiveStatus> status,
                                                          std::string page_html) {

@@ -19,6 +19,10 @@ namespace asgd {
 
 class StatusServer {
  public:
+  /// Whether start() takes `address`: an IPv4 or IPv6 address (with a
+  /// scope for a link-local one), not a host name.
+  static bool is_address(const std::string& address);
+
   /// Binds address:port (port 0: any free one) and starts serving
   /// `status`, with `page_html` at /. Errors: io_error naming the address
   /// when it cannot bind.

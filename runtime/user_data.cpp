@@ -15,12 +15,11 @@ Status validate(const UserDataset& data) {
   if (shape.size() != 1 && shape.size() != 3)
     return Status::InvalidArgument(who + "sample_shape " + shape_string(shape) +
                                    " must be (C, H, W) for images or (N) for vectors");
-  // Checked before anything is multiplied out: {2^61 + 1, 8, 1} wraps to 8.
-  std::size_t per_sample = 1;
-  for (std::size_t d : shape)
-    if (__builtin_mul_overflow(per_sample, d, &per_sample) || per_sample > data::kMaxSampleValues)
-      return Status::InvalidArgument(who + "sample_shape " + shape_string(shape) + " has more than " +
-                                     std::to_string(data::kMaxSampleValues) + " values per sample");
+  const std::optional<std::size_t> values = data::sample_values(shape);
+  if (!values)
+    return Status::InvalidArgument(who + "sample_shape " + shape_string(shape) + " has more than " +
+                                   std::to_string(data::kMaxSampleValues) + " values per sample");
+  const std::size_t per_sample = *values;
   if (per_sample == 0) return Status::InvalidArgument(who + "sample_shape " + shape_string(shape) + " has a zero dimension");
   if (data.classes < 2) return Status::InvalidArgument(who + "classes must be >= 2, got " + std::to_string(data.classes));
   const std::pair<const char*, const LabeledSamples*> splits[] = {

@@ -3,7 +3,6 @@
 #include <curl/curl.h>
 #include <fcntl.h>
 #include <openssl/evp.h>
-#include <sys/file.h>
 #include <unistd.h>
 
 #include <spdlog/fmt/fmt.h>
