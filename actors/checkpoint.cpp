@@ -74,14 +74,10 @@ Status write_framed(const std::string& path, const char (&magic)[8], std::uint32
   return write_atomically(path, framed_bytes(magic, version, header, blocks));
 }
 
-Status write_atomically(const std::string& file, const std::string& bytes) {
-  const fs::path path(file);
+Status write_synced(const std::string& file, const std::string& bytes) {
+  const int fd = ::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  if (fd < 0) return Status::IOError("cannot write " + file + ": " + std::strerror(errno));
   std::error_code ec;
-  if (path.has_parent_path()) fs::create_directories(path.parent_path(), ec);
-  if (ec) return Status::IOError("cannot create " + path.parent_path().string() + ": " + ec.message());
-  const fs::path tmp = path.string() + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return Status::IOError("cannot write " + tmp.string() + ": " + std::strerror(errno));
   std::size_t done = 0;
   while (done < bytes.size()) {
     const ssize_t n = ::write(fd, bytes.data() + done, bytes.size() - done);
@@ -89,8 +85,8 @@ Status write_atomically(const std::string& file, const std::string& bytes) {
     if (n <= 0) {
       const std::string why = std::strerror(errno);
       ::close(fd);
-      fs::remove(tmp, ec);
-      return Status::IOError("cannot write " + tmp.string() + ": " + why);
+      fs::remove(file, ec);
+      return Status::IOError("cannot write " + file + ": " + why);
     }
     done += static_cast<std::size_t>(n);
   }
@@ -100,21 +96,42 @@ Status write_atomically(const std::string& file, const std::string& bytes) {
   if (::fsync(fd) != 0) why = std::strerror(errno);
   if (::close(fd) != 0 && why.empty()) why = std::strerror(errno);
   if (!why.empty()) {
-    fs::remove(tmp, ec);
-    return Status::IOError("cannot flush " + tmp.string() + ": " + why);
+    fs::remove(file, ec);
+    return Status::IOError("cannot flush " + file + ": " + why);
   }
-  fs::rename(tmp, path, ec);
+  return {};
+}
+
+Status rename_synced(const std::string& from, const std::string& to) {
+  std::error_code ec;
+  fs::rename(from, to, ec);
   if (ec) {
     const std::string failed = ec.message();
-    fs::remove(tmp, ec);  // nothing left behind
-    return Status::IOError("cannot rename " + tmp.string() + " to " + path.string() + ": " + failed);
+    fs::remove(from, ec);  // nothing left behind
+    return Status::IOError("cannot rename " + from + " to " + to + ": " + failed);
   }
+  const fs::path path(to);
   const fs::path dir = path.has_parent_path() ? path.parent_path() : fs::path(".");
   if (const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC); dfd >= 0) {
     ::fsync(dfd);
     ::close(dfd);
   }
   return {};
+}
+
+Status create_parent(const std::string& file) {
+  const fs::path path(file);
+  std::error_code ec;
+  if (path.has_parent_path()) fs::create_directories(path.parent_path(), ec);
+  if (ec) return Status::IOError("cannot create " + path.parent_path().string() + ": " + ec.message());
+  return {};
+}
+
+Status write_atomically(const std::string& file, const std::string& bytes) {
+  if (Status s = create_parent(file); !s.ok()) return s;
+  const std::string tmp = file + ".tmp";
+  if (Status s = write_synced(tmp, bytes); !s.ok()) return s;
+  return rename_synced(tmp, file);
 }
 
 Result<FramedFile> read_framed(const std::string& path, const char (&magic)[8], std::uint32_t version) {

@@ -81,6 +81,13 @@ std::string framed_bytes(const char (&magic)[8], std::uint32_t version, const nl
 /// Writes `bytes` to `path` atomically: PATH.tmp, fsync, rename, fsync of
 /// the folder (created if missing). Errors: io_error naming the path.
 Status write_atomically(const std::string& path, const std::string& bytes);
+/// write_atomically's steps, for a writer that must decide between them
+/// (checkpoint_claim.hpp): the folder of `file` made if missing; `bytes`
+/// written to `file` and flushed (the file removed on failure); `from`
+/// renamed to `to` and the folder flushed. Errors: io_error naming the path.
+Status create_parent(const std::string& file);
+Status write_synced(const std::string& file, const std::string& bytes);
+Status rename_synced(const std::string& from, const std::string& to);
 /// Errors: not_found; corruption naming the file for a wrong magic, version,
 /// length, header or checksum.
 Result<FramedFile> read_framed(const std::string& path, const char (&magic)[8], std::uint32_t version);

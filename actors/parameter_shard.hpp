@@ -203,6 +203,8 @@ struct ShardState {
   std::unique_ptr<ShardCore> core;
   std::map<ShardCore::Ticket, caf::response_promise> promises;  // replies owed for held reads
   std::string checkpoint_path;             // from ShardSetup; empty: no periodic checkpoints
+  std::uint64_t claim = 0;                 // this actor's claim on checkpoint_path (checkpoint_claim.hpp); 0: none yet
+  bool superseded = false;                 // a newer claim was taken: another process took this shard's place
   caf::timespan checkpoint_every{};
   std::uint64_t checkpoint_failures = 0;   // writes that failed, in all
   std::uint64_t failures_in_a_row = 0;     // since the last that succeeded

@@ -10,6 +10,7 @@
 #include <utility>
 
 #include "actors/checkpoint.hpp"
+#include "actors/checkpoint_claim.hpp"
 #include "actors/parameter_shard.hpp"
 #include "actors/thrown.hpp"
 
@@ -29,6 +30,11 @@ constexpr auto kWrittenPoll = std::chrono::milliseconds(50);
 // every tenth, and the first success after them says how many failed.
 void account(ShardState& st, const Status& s, const char* when, double taken_unix_s) {
   const std::uint32_t index = st.core->index();
+  if (s.code() == StatusCode::cancelled) {  // write_claimed: another process took this shard's place
+    st.superseded = true;
+    logger().error("shard {}: {} checkpoint not written, nor any after it: {}", index, when, s.message());
+    return;
+  }
   if (!s.ok()) {
     ++st.checkpoint_failures;
     ++st.failures_in_a_row;
@@ -78,8 +84,16 @@ void start_write(ShardState& st, const char* when) {
   st.writing.snapshot_s = Seconds(std::chrono::steady_clock::now() - st.writing.since).count();
   std::promise<Status> written;
   st.writing.done = written.get_future();
-  std::thread([path = st.checkpoint_path, bytes = std::move(bytes), written = std::move(written)]() mutable {
-    written.set_value(write_atomically(path, bytes));
+  if (st.claim == 0) {  // start_timers could not take it
+    auto claim = claim_checkpoint(st.checkpoint_path);
+    if (!claim) {
+      written.set_value(claim.status());
+      return;
+    }
+    st.claim = *claim;
+  }
+  std::thread([path = st.checkpoint_path, claim = st.claim, bytes = std::move(bytes), written = std::move(written)]() mutable {
+    written.set_value(write_claimed(path, claim, bytes));
   }).detach();
 }
 
@@ -87,7 +101,9 @@ void start_write(ShardState& st, const char* when) {
 // the actor looks for the end of each write every kWrittenPoll.
 void begin_checkpoint(caf::stateful_actor<ShardState>* self, const char* when) {
   auto& st = self->state;
-  if (!collect(st)) {
+  const bool idle = collect(st);
+  if (st.superseded) return;
+  if (!idle) {
     st.queued_what = when;  // the write in progress's look starts it
     return;
   }
@@ -105,7 +121,9 @@ bool saved_as_is(const ShardState& st) { return st.saved_changes == st.changes &
 // next tick.
 void periodic_checkpoint(caf::stateful_actor<ShardState>* self) {
   auto& st = self->state;
-  if (collect(st)) {
+  const bool idle = collect(st);
+  if (st.superseded) return;  // no more ticks: its checkpoints are another process's now
+  if (idle) {
     st.skipped_in_a_row = 0;
     if (!saved_as_is(st)) begin_checkpoint(self, "periodic");
   } else if (st.skipped_in_a_row++ % 10 == 0) {
@@ -136,6 +154,7 @@ void checkpoint_before_stopping(ShardState& st) {
   const auto deadline = std::chrono::steady_clock::now() + kShardStopWait;
   st.queued_what = nullptr;
   bool written = collect(st, deadline);
+  if (st.superseded) return;  // said when it was learnt
   if (written && saved_as_is(st)) {
     logger().debug("shard {}: stopping; its last checkpoint holds this state already", st.core->index());
     return;
@@ -162,6 +181,14 @@ void start_timers(caf::stateful_actor<ShardState>* self) {
   const ShardSetup& setup = self->state.core->setup();
   if (!setup.checkpoint_path.empty() && setup.checkpoint_every_s > 0) {
     self->state.checkpoint_path = setup.checkpoint_path;
+    // Claimed before the first request: from now on a process of this
+    // shard that was given up for dead no longer writes over this one's.
+    if (auto claim = claim_checkpoint(setup.checkpoint_path)) {
+      self->state.claim = *claim;
+    } else {
+      logger().warn("shard {}: {}; its first checkpoint tries again", self->state.core->index(),
+                    claim.status().message());
+    }
     self->state.checkpoint_every =
         std::chrono::duration_cast<caf::timespan>(std::chrono::duration<double>(setup.checkpoint_every_s));
     self->delayed_send(self, self->state.checkpoint_every, tick_atom::value);

@@ -16,9 +16,12 @@
 #include <caf/all.hpp>
 
 #include <chrono>
+#include <filesystem>
+#include <fstream>
 #include <functional>
 #include <thread>
 
+#include "actors/checkpoint_claim.hpp"
 #include "actors/parameter_shard.hpp"
 #include "captured_log.hpp"
 #include "temp_dir.hpp"
@@ -53,8 +56,10 @@ bool drain(int fd) {
   return false;
 }
 
-// A shard with one worker checkpointing into `path` every `every_s` seconds.
-caf::actor spawn_shard(caf::actor_system& sys, const std::string& path, double every_s) {
+// A shard with one worker checkpointing into `path` every `every_s` seconds;
+// with `reload`, restarted from the checkpoint there, as a shard process
+// that takes the place of one given up for dead.
+caf::actor spawn_shard(caf::actor_system& sys, const std::string& path, double every_s, bool reload = false) {
   ShardSetup setup;
   setup.range = {0, kSize};
   setup.initial.assign(kSize, 1.0f);
@@ -63,6 +68,9 @@ caf::actor spawn_shard(caf::actor_system& sys, const std::string& path, double e
   setup.checkpoint_every_s = every_s;
   auto core = ShardCore::make(std::move(setup));
   EXPECT_TRUE(core.ok()) << core.status().to_string();
+  if (reload) {
+    EXPECT_TRUE(core->restore(path, {}).ok());
+  }
   return sys.spawn(parameter_shard, std::make_shared<ShardCore>(std::move(core).value()));
 }
 
@@ -70,7 +78,7 @@ TEST(ShardCheckpoints, AShardServesOnWhileItsCheckpointIsStuckOnTheDiskAndCounts
   asgd_test::CapturedLog log;
   asgd_test::TempDir dir;
   const std::string path = (dir / "shard-0.ckpt").string();
-  ASSERT_EQ(::mkfifo((path + ".tmp").c_str(), 0600), 0);
+  ASSERT_EQ(::mkfifo((path + ".1.tmp").c_str(), 0600), 0);
 
   caf::actor_system_config cfg;
   cfg.add_message_types<caf::id_block::asgd>();
@@ -99,9 +107,9 @@ TEST(ShardCheckpoints, AShardServesOnWhileItsCheckpointIsStuckOnTheDiskAndCounts
 
   // The disk comes back: the stuck write goes through the pipe, cannot be
   // flushed, and counts as failed; later ones write a regular file.
-  const int reader = ::open((path + ".tmp").c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  const int reader = ::open((path + ".1.tmp").c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
   ASSERT_GE(reader, 0);
-  ::unlink((path + ".tmp").c_str());
+  ::unlink((path + ".1.tmp").c_str());
   EXPECT_TRUE(drain(reader)) << "the stuck checkpoint write never finished";
   ::close(reader);
 
@@ -207,6 +215,80 @@ TEST(ShardCheckpoints, APeriodicCheckpointIsWrittenOnlyWhenTheStateChangedSinceT
   EXPECT_NE(second, 0u) << "the update after it never reached a checkpoint";
   EXPECT_NE(second, first);
   self->send_exit(shard, caf::exit_reason::user_shutdown);
+}
+
+// The number of updates the checkpoint at `path` holds once it holds
+// `updates`, within 10 s; what it holds then otherwise.
+std::uint64_t saved_updates(const std::string& path, std::uint64_t updates) {
+  std::uint64_t seen = 0;
+  asgd_test::eventually([&] {
+    auto saved = ShardCore::saved(path);
+    seen = saved.ok() ? saved->stats.updates_applied : 0;
+    return seen == updates;
+  });
+  return seen;
+}
+
+// A shard process given up for dead (stopped, not killed) and replaced by
+// another that reloaded its checkpoint: when the first one wakes, neither
+// its periodic checkpoints nor the one it writes when told to stop reach
+// the file, which stays the newer process's (a restart or --resume from it
+// would otherwise go back in time without a word).
+TEST(ShardCheckpoints, AShardWhosePlaceAnotherTookNoLongerWritesOverItsCheckpoint) {
+  asgd_test::CapturedLog log;
+  asgd_test::TempDir dir;
+  const std::string path = (dir / "shard-0.ckpt").string();
+  caf::actor_system_config cfg;
+  cfg.add_message_types<caf::id_block::asgd>();
+  caf::actor_system sys{cfg};
+  caf::scoped_actor self{sys};
+  auto first = spawn_shard(sys, path, 0.02);
+  for (Clock c = 0; c < 3; ++c) push(self, first, c);
+  ASSERT_EQ(saved_updates(path, 3), 3u);
+  auto second = spawn_shard(sys, path, 0.02, true);
+  for (Clock c = 3; c < 5; ++c) push(self, second, c);
+  ASSERT_EQ(saved_updates(path, 5), 5u);
+  push(self, first, 3);  // the first wakes: its state changes, its timer ticks
+  std::this_thread::sleep_for(200ms);
+  self->send_exit(first, caf::exit_reason::user_shutdown);
+  self->wait_for(first);
+  EXPECT_EQ(saved_updates(path, 5), 5u) << "the stale shard wrote over the newer one's checkpoint";
+  EXPECT_EQ(log.count("shard 0: periodic checkpoint not written, nor any after it: " + path +
+                      " was claimed by another process after this one (its claim 2, this one's 1)"),
+            1u)
+      << log.all();
+  push(self, second, 5);  // the newer one goes on checkpointing
+  EXPECT_EQ(saved_updates(path, 6), 6u);
+  self->send_exit(second, caf::exit_reason::user_shutdown);
+}
+
+TEST(CheckpointClaims, EachClaimSupersedesTheOnesBeforeAndClearsTheirTemporaryFiles) {
+  asgd_test::TempDir dir;
+  const std::string file = (dir / "sub" / "shard-1.ckpt").string();
+  const auto contents = [&] {
+    std::ifstream in(file);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  auto one = claim_checkpoint(file);
+  ASSERT_TRUE(one.ok()) << one.status().to_string();
+  EXPECT_EQ(*one, 1u);
+  ASSERT_TRUE(write_claimed(file, 1, "first").ok());
+  {
+    std::ofstream left(file + ".1.tmp");  // a write killed half-way
+    left << "half";
+  }
+  auto two = claim_checkpoint(file);
+  ASSERT_TRUE(two.ok()) << two.status().to_string();
+  EXPECT_EQ(*two, 2u);
+  EXPECT_FALSE(std::filesystem::exists(file + ".1.tmp"));
+  const Status stale = write_claimed(file, 1, "stale");
+  EXPECT_EQ(stale.code(), StatusCode::cancelled) << stale.to_string();
+  EXPECT_EQ(contents(), "first");
+  EXPECT_TRUE(write_claimed(file, 2, "second").ok());
+  EXPECT_EQ(contents(), "second");
+  // A claim file that holds no number is refused, not taken as none.
+  { std::ofstream(file + ".claim") << "x"; }
+  EXPECT_EQ(claim_checkpoint(file).status().code(), StatusCode::corruption);
 }
 
 }  // namespace

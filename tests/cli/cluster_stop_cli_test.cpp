@@ -31,7 +31,7 @@ TEST(ClusterStopCli, AShardWritingItsLastCheckpointIsGivenTheTimeItTakesNotKille
   const asgd_test::TempDir dir;
   const std::filesystem::path ck = dir.path() / "ck";
   std::filesystem::create_directories(ck);
-  ASSERT_EQ(::mkfifo((ck / "shard-0.ckpt.tmp").c_str(), 0600), 0);
+  ASSERT_EQ(::mkfifo((ck / "shard-0.ckpt.1.tmp").c_str(), 0600), 0);  // its first claim's
   const auto start = std::chrono::steady_clock::now();
   const auto r = asgd("cluster --workers 1 --epochs 1 --batch 128 --validation-size 1000 --log-level info --data-dir '" +
                       data.string() + "' --checkpoint-dir '" + ck.string() + "' --checkpoint-every 0.5");

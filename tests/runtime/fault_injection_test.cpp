@@ -329,7 +329,7 @@ TEST(ShardRestartedWithoutACheckpoint, ReportsThatItLostEverythingItHadApplied) 
   const asgd_test::TempDir scratch;
   const fs::path log = scratch / "cluster.log";
   const fs::path metrics = scratch / "run.jsonl";
-  fs::create_directories(scratch / "ck" / "shard-1.ckpt.tmp");  // every write of shard 1 fails
+  fs::create_directories(scratch / "ck" / "shard-1.ckpt.claim");  // every write of shard 1 fails: no claim
   const pid_t cluster = start_cluster(dir, "async", "5", log, metrics,
                                       {"--checkpoint-dir", (scratch / "ck").string(), "--checkpoint-every", "0.5"});
   ASSERT_GT(cluster, 0);

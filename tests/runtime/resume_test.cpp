@@ -228,13 +228,13 @@ TEST(Resume, AFolderWithoutShardCheckpointsIsRefusedSayingWhatIsMissing) {
 }
 
 // A shard whose checkpoints cannot be written (here a folder stands where
-// its temporary file goes) says so while the job runs (/status) and after
+// its claim file goes) says so while the job runs (/status) and after
 // it (the summary).
 TEST(CheckpointFailures, AreCountedOnStatusAndInTheSummary) {
   ASGD_REQUIRE_DATASET(data, "mnist");
   const asgd_test::TempDir dir;
   const fs::path ckpt = dir / "ckpt";
-  fs::create_directories(ckpt / "shard-0.ckpt.tmp");
+  fs::create_directories(ckpt / "shard-0.ckpt.claim");
   const int port = asgd_test::free_port();
   ASSERT_GT(port, 0);
   JobConfig c;
