@@ -14,12 +14,12 @@ Progress LiveView::tick(const Membership& members, const ProgressTotals& now, st
   p.wall_s = now.at_s;
   p.epochs = epochs;
   p.epoch = p.epochs;
-  for (const auto& w : members.workers())
-    if (!w.finished) p.epoch = std::min<std::uint32_t>(p.epoch, static_cast<std::uint32_t>(w.latest.epoch + 1));
+  for (const auto& w : members.workers())  // a lost worker's epoch holds no one back
+    if (!w.finished && !w.lost) p.epoch = std::min<std::uint32_t>(p.epoch, static_cast<std::uint32_t>(w.latest.epoch + 1));
   p.samples = now.samples;
   p.total_samples = total_samples_;
   p.train_loss = loss_between(last_, now);
-  p.samples_per_s = dt > 0 ? static_cast<double>(now.samples - last_.samples) / dt : 0.0;
+  p.samples_per_s = dt > 0 && now.samples >= last_.samples ? static_cast<double>(now.samples - last_.samples) / dt : 0.0;
   p.val_accuracy = val_accuracy;
   if (now.samples > 0 && now.at_s > 0 && total_samples_ >= now.samples)
     p.eta_s = static_cast<double>(total_samples_ - now.samples) * now.at_s / static_cast<double>(now.samples);
@@ -48,8 +48,8 @@ void LiveView::fill(LiveSnapshot& snap, const Progress& p, const Membership& mem
     lw.worker = static_cast<std::uint32_t>(w);
     lw.clock = seen.latest.clock;
     lw.epoch = seen.latest.epoch + 1;
-    lw.samples = seen.latest.samples;
-    lw.updates = seen.latest.updates;
+    lw.samples = seen.samples();
+    lw.updates = seen.updates();
     lw.staleness = seen.latest.staleness;
     lw.wait_s = seen.latest.policy_wait_s;
     lw.batches_ready = seen.latest.batches_ready;

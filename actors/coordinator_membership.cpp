@@ -24,8 +24,13 @@ bool Membership::lose(std::size_t w) {
 }
 
 void Membership::rejoin(std::size_t w, std::uint64_t first_epoch) {
-  seen_.at(w) = {};
-  seen_[w].first_epoch = first_epoch;
+  Worker& seen = seen_.at(w);
+  const ProgressTotals before = {seen.samples(), seen.updates(), seen.before.loss_sum + seen.latest.loss_sum,
+                                 seen.before.loss_samples + seen.latest.loss_samples};
+  seen = {};
+  seen.before = before;
+  seen.first_epoch = first_epoch;
+  seen.latest.epoch = first_epoch;  // until it reports: where it starts, not the job's first epoch
   --lost_;
   --stopped_;
   ++rejoined_;
@@ -50,10 +55,10 @@ std::uint64_t Membership::furthest_epoch_besides(std::size_t w) const {
 ProgressTotals Membership::totals(double at_s) const {
   ProgressTotals t;
   for (const auto& w : seen_) {
-    t.samples += w.latest.samples;
-    t.updates += w.latest.updates;
-    t.loss_sum += w.latest.loss_sum;
-    t.loss_samples += w.latest.loss_samples;
+    t.samples += w.samples();
+    t.updates += w.updates();
+    t.loss_sum += w.before.loss_sum + w.latest.loss_sum;
+    t.loss_samples += w.before.loss_samples + w.latest.loss_samples;
   }
   t.at_s = at_s;
   return t;

@@ -35,6 +35,12 @@ class Membership {
     bool finished = false;          ///< stopped normally, its share done
     bool lost = false;              ///< stopped abnormally
     std::uint64_t first_epoch = 0;  ///< its epochs before this one are not awaited (a rejoined worker's)
+    /// What the processes that had its place before reported (samples,
+    /// updates, loss; at_s unused): the totals count on from there, so that
+    /// they never go back when a new process starts from zero.
+    ProgressTotals before;
+    std::uint64_t samples() const { return before.samples + latest.samples; }
+    std::uint64_t updates() const { return before.updates + latest.updates; }
   };
 
   void start(std::uint32_t workers) { seen_.assign(workers, {}); }

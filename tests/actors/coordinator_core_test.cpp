@@ -330,6 +330,33 @@ TEST(CoordinatorCore, ALostWorkerRejoinsAtTheEpochAfterTheFurthestLiveWorkers) {
   EXPECT_EQ(count<act::Evaluate>(d.report(1, 0, 2.1)), 1u);
 }
 
+// The live totals (/status, asgd_samples_total) count on from the lost
+// process's samples when a new one starts from zero: they went back before,
+// and the rate wrapped to 3.7e19 samples/s.
+TEST(CoordinatorCore, TheLiveTotalsNeverGoBackWhenANewProcessTakesALostWorkersPlace) {
+  Driver d(config(2, 4));
+  d.progress(0, 1, 400, 1.0);
+  d.progress(1, 0, 250, 1.0);
+  EXPECT_EQ(d.core.tick(at(1.0)).samples, 650u);
+  d.lost(1);
+  EXPECT_EQ(d.core.tick(at(2.0)).epoch, 2u) << "a lost worker's epoch holds no one back";
+  EXPECT_EQ(only<act::Place>(d.rejoin(1)).first_epoch, 2u);
+  d.call([&](CoordinatorActions& o) { d.core.rejoined(1, 2, o); });
+  Progress p = d.core.tick(at(3.0));
+  EXPECT_EQ(p.samples, 650u) << "the new process has said nothing yet";
+  EXPECT_DOUBLE_EQ(p.samples_per_s, 0.0);
+  EXPECT_EQ(p.epoch, 2u) << "worker 0 is in epoch 2, the new worker 1 starts epoch 3";
+  d.progress(1, 2, 30, 3.5);
+  p = d.core.tick(at(4.0));
+  EXPECT_EQ(p.samples, 680u);
+  EXPECT_DOUBLE_EQ(p.samples_per_s, 30.0);
+  LiveSnapshot snap;
+  d.core.fill_live(snap, p, at(4.0));
+  ASSERT_EQ(snap.worker.size(), 2u);
+  EXPECT_EQ(snap.worker[1].samples, 280u) << "its place's samples, the lost process's with the new one's";
+  EXPECT_EQ(snap.worker[1].epoch, 3u);
+}
+
 TEST(CoordinatorCore, ARejoinForAWorkerNotYetDeclaredLostKillsItsOldProcessFirst) {
   Driver d(config(2, 3));
   const auto& out = d.rejoin(1);
