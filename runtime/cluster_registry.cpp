@@ -546,7 +546,9 @@ caf::behavior running(Self self) {
       [self](stop_atom) { tell_workers(self, StopTraining{}); },  // --stop-at-target
       [self](dismiss_atom, std::uint32_t w, const std::string& why) {
         auto& s = self->state;
-        if (w < s.workers.size() && s.workers[w]) tell_to_stop(self, s.workers[w]->peer, why);
+        // Refused, exit 2: a supervisor that started it again would be
+        // refused again (each reason holds for the rest of the job).
+        if (w < s.workers.size() && s.workers[w]) refuse(self, s.workers[w]->peer, why);
       },
       [self](leave_atom, std::uint32_t w) { worker_lost(self, w); },
       [self](Exited& e) { exited(self, e.exit); },

@@ -314,7 +314,8 @@ void LocalCluster::restart_dead(std::stop_token stop) {
     if (c->shard && !options_.shards_restartable)
       given_up = "the job writes no checkpoints (--checkpoint-dir), so it cannot be restarted";
     else if (usage_error)
-      given_up = "that status is a usage error (its arguments or this host refused), which a restart would repeat";
+      given_up = "that status is a usage error (its arguments, this host or the coordinator refused it), which a restart would "
+                 "repeat";
     else if (count >= options_.max_restarts)
       given_up = fmt::format("it was restarted {} time(s) already and --max-restarts is {}", count,
                              options_.max_restarts);

@@ -181,6 +181,36 @@ TEST_P(WorkerRestarted, ANewProcessRejoinsAtTheNextEpochAndTheJobFinishesAbove97
 INSTANTIATE_TEST_SUITE_P(ClusterPolicies, WorkerRestarted, ::testing::Values("async", "bsp"),
                          [](const ::testing::TestParamInfo<const char*>& p) { return std::string(p.param); });
 
+// A worker killed when the others are in the last epoch: the new process
+// asgd cluster starts has nothing left to train and is turned away with status 2, a usage
+// error, which the supervisor does not restart (it exited 1 before and was
+// started again until --max-restarts ran out, each turned away in turn).
+TEST(WorkerRestartedInTheLastEpoch, IsTurnedAwayOnceAndNotStartedAgain) {
+  ASGD_REQUIRE_DATASET(dir, "mnist");
+  const asgd_test::TempDir scratch;
+  const fs::path log = scratch / "cluster.log";
+  const fs::path metrics = scratch / "run.jsonl";
+  // Worker 1 is slowed 4x, so that it is still in its first epoch when the
+  // others, in the last, have said so (progress comes every 0.25 s).
+  const pid_t cluster = start_cluster(dir, "async", "2", log, metrics, {"--straggler", "1:4"});
+  ASSERT_GT(cluster, 0);
+  for (const char* w : {"worker 0: finished epoch 1:", "worker 2: finished epoch 1:"})
+    ASSERT_TRUE(wait_for_text(log, w, std::chrono::seconds(120), cluster)) << read_file(log);
+  std::this_thread::sleep_for(std::chrono::milliseconds(400));
+  const auto victim = child_with_args(cluster, {"worker", "--index", "1"});
+  ASSERT_TRUE(victim) << "worker 1 had finished already:\n" << read_file(log);
+  ASSERT_EQ(kill(*victim, SIGKILL), 0);
+  const auto code = wait_exit(cluster, std::chrono::seconds(180));
+  ASSERT_TRUE(code) << read_file(log);
+  EXPECT_EQ(*code, 0) << read_file(log);
+  const std::string all = read_file(log);
+  EXPECT_NE(all.find("a new process for worker 1 is not taken: the others are in the last epoch"), std::string::npos)
+      << all;
+  EXPECT_NE(all.find("exited with status 2; that status is a usage error"), std::string::npos) << all;
+  EXPECT_NE(all.find("starting it again (1 of at most 3)"), std::string::npos) << all;
+  EXPECT_EQ(all.find("starting it again (2 of at most 3)"), std::string::npos) << all;
+}
+
 class ShardKilledMidRun : public ::testing::TestWithParam<const char*> {};
 
 TEST_P(ShardKilledMidRun, TheSupervisorRestartsItFromItsCheckpointAndTheJobFinishesAbove97Percent) {
