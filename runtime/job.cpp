@@ -285,16 +285,6 @@ Result<JobSummary> run_job(const JobConfig& config, std::shared_ptr<const UserDa
 
 namespace {
 
-// The job's metrics file, when it has one: records go there until a write
-// fails, and the first failure is kept for the end of the job.
-struct MetricsSink {
-  std::optional<MetricsWriter> writer;
-  Status error;
-  void write(const nlohmann::json& record) {
-    if (writer && error.ok()) error = writer->write(record);
-  }
-};
-
 // The status server starts first: a port in use is refused before any data
 // is loaded. Sets `live` to the status it serves.
 Result<std::unique_ptr<StatusServer>> start_status_server(const JobConfig& config, const std::string& dataset,
@@ -496,9 +486,11 @@ JobCallbacks guarded_callbacks(const JobCallbacks& c) {
           guard_callback("on_progress", c.on_progress), guard_callback("on_final_params", c.on_final_params)};
 }
 
+// `metrics` is opened here once the settings are checked, and the caller
+// ends it for a job that does not finish.
 Result<JobSummary> run_job_unguarded(const JobConfig& requested, const JobCallbacks& callbacks, std::stop_token stop,
-                                     const ClusterHooks& hooks, std::shared_ptr<const UserDataset> user_data) {
-  const auto job_start = std::chrono::steady_clock::now();
+                                     const ClusterHooks& hooks, std::shared_ptr<const UserDataset> user_data,
+                                     MetricsSink& metrics, std::chrono::steady_clock::time_point job_start) {
   // Workers placed in processes check their device where they run.
   const bool devices_here = !hooks.make_placement;
   if (Status s = user_data ? validate(requested, *user_data) : validate_settings(requested, devices_here); !s.ok())
@@ -507,7 +499,6 @@ Result<JobSummary> run_job_unguarded(const JobConfig& requested, const JobCallba
   // A resumed job goes on checkpointing where it was resumed from.
   if (!config.resume.empty() && config.checkpoint_dir.empty()) config.checkpoint_dir = config.resume;
 
-  MetricsSink metrics;
   if (!config.metrics_out.empty()) {
     auto w = MetricsWriter::open(config.metrics_out, !config.resume.empty());
     if (!w) return w.status();
@@ -578,16 +569,24 @@ Result<JobSummary> run_job_unguarded(const JobConfig& requested, const JobCallba
 }  // namespace
 
 // Whatever is thrown on the job's thread (memory that is not there, a
-// callback of the host's that throws) ends the job as its Status.
+// callback of the host's that throws) ends the job as its Status; a job
+// that does not finish ends its metrics file saying how it stopped, unless
+// it was refused (a usage error: a refused --resume leaves the file as it
+// was).
 Result<JobSummary> run_job_with(const JobConfig& requested, const JobCallbacks& callbacks, std::stop_token stop,
                                 const ClusterHooks& hooks, std::shared_ptr<const UserDataset> user_data) {
+  const auto job_start = std::chrono::steady_clock::now();
+  MetricsSink metrics;
+  Result<JobSummary> result = Status::Internal("the job did not run");
   try {
-    return run_job_unguarded(requested, callbacks, stop, hooks, std::move(user_data));
+    result = run_job_unguarded(requested, callbacks, stop, hooks, std::move(user_data), metrics, job_start);
   } catch (...) {
-    Status failed = thrown_status(std::current_exception(), "the job");
-    logger().error("{}", failed.message());
-    return failed;
+    result = thrown_status(std::current_exception(), "the job");
+    logger().error("{}", result.status().message());
   }
+  if (!result.ok() && result.status().code() != StatusCode::invalid_argument && metrics.error.ok())
+    metrics.stopped(result.status(), std::chrono::duration<double>(std::chrono::steady_clock::now() - job_start).count());
+  return result;
 }
 
 }  // namespace asgd

@@ -5,6 +5,7 @@
 // docs/metrics.md.
 
 #include <fstream>
+#include <optional>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -39,6 +40,18 @@ class MetricsWriter {
  private:
   std::string path_;
   std::ofstream out_;
+};
+
+/// A job's metrics file, when it has one: records go there until a write
+/// fails, and the first failure is kept for the end of the job.
+struct MetricsSink {
+  std::optional<MetricsWriter> writer;
+  Status error;
+  void write(const nlohmann::json& record);
+  /// The last line of a job that failed or was cancelled, in
+  /// place of the summary: {"event": "stopped", "status": "cancelled",
+  /// "message": why, "wall_s": seconds since the job began}.
+  void stopped(const Status& why, double wall_s);
 };
 
 }  // namespace asgd

@@ -182,6 +182,13 @@ TEST(Resume, AJobStoppedAfterItsFirstEpochContinuesFromTheShardCheckpoints) {
   EXPECT_EQ(first.status().code(), StatusCode::cancelled);
   ASSERT_TRUE(fs::exists(dir / "ckpt" / "shard-0.ckpt"));
   ASSERT_TRUE(fs::exists(dir / "ckpt" / "job.toml"));
+  // Its metrics file ends saying how it stopped (it ended after the last
+  // epoch line, as a crash would, before).
+  const auto stopped = read_jsonl(c.metrics_out);
+  ASSERT_FALSE(stopped.empty());
+  EXPECT_EQ(stopped.back()["event"], "stopped") << stopped.back().dump();
+  EXPECT_EQ(stopped.back()["status"], "cancelled") << stopped.back().dump();
+  EXPECT_GT(stopped.back()["wall_s"].get<double>(), 0.0);
 
   JobConfig again = c;
   again.resume = c.checkpoint_dir;
