@@ -34,6 +34,7 @@
 #include <nlohmann/json.hpp>
 #include <optional>
 #include <sstream>
+#include <stop_token>
 #include <string>
 #include <thread>
 #include <vector>
@@ -62,6 +63,7 @@ struct AllreduceOptions {
   std::string dir;
   std::string shared_memory = "off";
   std::string out;  // allreduce-mpi: where rank 0 writes its times
+  pid_t parent = 0;  // a rank's: the bench allreduce that started it, which it ends with
 };
 
 Result<std::vector<std::uint64_t>> float_counts(const std::vector<std::string>& sizes) {
@@ -193,8 +195,10 @@ std::map<std::uint64_t, double> read_times(const fs::path& p) {
 }
 
 // Runs argv (argv[0] a path) and waits at most `limit`; its exit status, or
-// nullopt when it could not start or was killed at the limit.
-std::optional<int> run_and_wait(std::vector<std::string> args, std::chrono::seconds limit, bool quiet) {
+// nullopt when it could not start, or was killed at the limit or on `stop`
+// (SIGTERM first: mpirun passes it on to its ranks).
+std::optional<int> run_and_wait(std::vector<std::string> args, std::chrono::seconds limit, bool quiet,
+                                std::stop_token stop) {
   std::vector<char*> argv;
   for (auto& a : args) argv.push_back(a.data());
   argv.push_back(nullptr);
@@ -205,9 +209,15 @@ std::optional<int> run_and_wait(std::vector<std::string> args, std::chrono::seco
   const int rc = posix_spawnp(&pid, argv[0], &fa, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&fa);
   if (rc != 0) return std::nullopt;
-  const auto deadline = Clock::now() + limit;
+  auto deadline = Clock::now() + limit;
+  bool terminated = false;
   int status = 0;
   while (waitpid(pid, &status, WNOHANG) == 0) {
+    if (stop.stop_requested() && !terminated) {
+      kill(pid, SIGTERM);
+      terminated = true;
+      deadline = std::min(deadline, Clock::now() + std::chrono::seconds(5));
+    }
     if (Clock::now() > deadline) {
       kill(pid, SIGKILL);
       waitpid(pid, &status, 0);
@@ -215,6 +225,7 @@ std::optional<int> run_and_wait(std::vector<std::string> args, std::chrono::seco
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
+  if (terminated) return std::nullopt;
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
@@ -227,7 +238,7 @@ std::vector<std::string> rank_flags(const AllreduceOptions& o) {
 // Our N ranks, over tcp or (shared memory on) through shared memory; rank
 // 0's times by size.
 Result<std::map<std::uint64_t, double>> measure_ours(const AllreduceOptions& o, const fs::path& parent,
-                                                     const std::string& shared_memory) {
+                                                     const std::string& shared_memory, std::stop_token stop) {
   const std::string self = fs::read_symlink("/proc/self/exe").string();
   const fs::path dir = parent / ("ours-" + shared_memory);
   fs::remove_all(dir);  // a round before left its ranks' endpoints here
@@ -238,12 +249,13 @@ Result<std::map<std::uint64_t, double>> measure_ours(const AllreduceOptions& o, 
     ranks.emplace_back([&, r] {
       std::vector<std::string> args = {self, "allreduce-rank", "--rank", std::to_string(r), "--processes",
                                        std::to_string(o.processes), "--dir", dir.string(), "--shared-memory",
-                                       shared_memory};
+                                       shared_memory, "--parent", std::to_string(getpid())};
       for (auto& f : rank_flags(o)) args.push_back(f);
-      codes[r] = run_and_wait(args, std::chrono::seconds(600), false);
+      codes[r] = run_and_wait(args, std::chrono::seconds(600), false, stop);
     });
   }
   for (auto& t : ranks) t.join();
+  if (stop.stop_requested()) return Status::Cancelled("bench allreduce: interrupted");
   for (std::uint32_t r = 0; r < o.processes; ++r)
     if (!codes[r] || *codes[r] != 0)
       return Status::Internal("bench allreduce: our rank " + std::to_string(r) + " failed (its error is above)");
@@ -252,7 +264,8 @@ Result<std::map<std::uint64_t, double>> measure_ours(const AllreduceOptions& o, 
 
 // MPI_Allreduce under mpirun over `btl`; empty when it is not built in or
 // mpirun fails (said on stderr).
-std::map<std::uint64_t, double> measure_mpi(const AllreduceOptions& o, const fs::path& dir, const std::string& btl) {
+std::map<std::uint64_t, double> measure_mpi(const AllreduceOptions& o, const fs::path& dir, const std::string& btl,
+                                            std::stop_token stop) {
 #ifdef ASGD_BENCH_MPI
   const fs::path out = dir / ("mpi." + btl + ".txt");
   std::vector<std::string> args = {"mpirun", "--allow-run-as-root", "--oversubscribe", "-np",
@@ -263,14 +276,15 @@ std::map<std::uint64_t, double> measure_mpi(const AllreduceOptions& o, const fs:
   // components): under AddressSanitizer its ranks do not look for leaks.
   if (const char* asan = std::getenv("ASAN_OPTIONS"))
     args.insert(args.begin() + 1, {"-x", std::string("ASAN_OPTIONS=") + asan + ":detect_leaks=0"});
-  const auto code = run_and_wait(args, std::chrono::seconds(600), true);
+  const auto code = run_and_wait(args, std::chrono::seconds(600), true, stop);
+  if (stop.stop_requested()) return {};
   if (!code || *code != 0) {
     std::fprintf(stderr, "bench allreduce: mpirun over btl %s failed (exit %d)\n", btl.c_str(), code ? *code : -1);
     return {};
   }
   return read_times(out);
 #else
-  (void)o, (void)dir, (void)btl;
+  (void)o, (void)dir, (void)btl, (void)stop;
   return {};
 #endif
 }
@@ -287,20 +301,23 @@ int run_allreduce(const AllreduceOptions& o) {
   }
   const fs::path dir = fs::temp_directory_path() / ("asgd-bench-allreduce-" + std::to_string(getpid()));
   fs::create_directories(dir);
+  // Ctrl-C or SIGTERM: the ranks and mpirun are ended, the folder removed.
+  const Interrupts interrupts;
+  const std::stop_token stop = interrupts.token();
   // Each round runs the four sides one after another; over rounds, each
   // side's median per size (the machine's speed drifts between them).
   std::vector<std::map<std::uint64_t, double>> runs[4];
   for (int round = 0; round < o.rounds; ++round) {
     for (const char* shm : {"off", "on"}) {
-      auto ours = measure_ours(o, dir, shm);
-      if (!ours) {
+      auto ours = measure_ours(o, dir, shm, stop);
+      const bool tcp = std::string(shm) == "off";
+      if (ours) runs[tcp ? 1 : 3].push_back(measure_mpi(o, dir, tcp ? "self,tcp" : "self,vader", stop));
+      if (!ours || stop.stop_requested()) {
         fs::remove_all(dir);
-        print_error(ours.status().message());
+        print_error(ours ? "bench allreduce: interrupted" : ours.status().message());
         return kExitFailure;
       }
-      const bool tcp = std::string(shm) == "off";
       runs[tcp ? 0 : 2].push_back(*ours);
-      runs[tcp ? 1 : 3].push_back(measure_mpi(o, dir, tcp ? "self,tcp" : "self,vader"));
     }
   }
   fs::remove_all(dir);
@@ -387,6 +404,7 @@ AllreduceBench add_allreduce_bench(CLI::App* bench) {
   rank->add_option("--iterations", o->iterations);
   rank->add_option("--compress", o->compress);
   rank->add_option("--shared-memory", o->shared_memory);
+  rank->add_option("--parent", o->parent);
   auto* mpi = bench->add_subcommand("allreduce-mpi", "")->group("");  // hidden: one of mpirun's
   mpi->add_option("--out", o->out)->required();
   mpi->add_option("--sizes", o->sizes)->delimiter(',');
@@ -395,7 +413,10 @@ AllreduceBench add_allreduce_bench(CLI::App* bench) {
   return {[cmd, rank, mpi] { return cmd->parsed() || rank->parsed() || mpi->parsed(); },
           [o, cmd, rank]() -> int {
             if (cmd->parsed()) return run_allreduce(*o);
-            if (rank->parsed()) return run_rank(*o);
+            if (rank->parsed()) {
+              end_with_parent(o->parent);
+              return run_rank(*o);
+            }
             auto counts = float_counts(o->sizes);
             if (!counts) return kExitUsage;
             return run_allreduce_mpi_rank(o->out, *counts, o->iterations);

@@ -62,6 +62,7 @@ struct CommOptions {
   std::string mode = "raw";
   std::uint64_t size = 0;
   std::string auth_keys;      // the folder of the bench's keys (with --auth)
+  pid_t parent = 0;           // the bench comm that started it: it ends with it
 };
 
 // The bench's CURVE options: one keypair, written by run_comm to a scratch
@@ -88,9 +89,12 @@ Result<std::uint64_t> parse_float_count(const std::string& s) {
   auto [p, ec] = std::from_chars(digits.data(), digits.data() + digits.size(), n);
   if (ec != std::errc() || p != digits.data() + digits.size())
     return Status::InvalidArgument("size '" + s + "': expected a number of floats like 4M, 512K or 1000");
+  // A measurement holds several buffers of the size, on each side: 1 GiB
+  // each is already more than a parameter server's messages are.
+  constexpr std::uint64_t kMostFloats = std::uint64_t{256} << 20;
   if (n == 0) return Status::InvalidArgument("size '" + s + "': at least 1 float");
-  if (n > std::numeric_limits<std::uint64_t>::max() / mult)
-    return Status::InvalidArgument("size '" + s + "': too many floats");
+  if (n > kMostFloats / mult)
+    return Status::InvalidArgument("size '" + s + "': at most 256M floats (1 GiB each way)");
   return n * mult;
 }
 
@@ -218,7 +222,7 @@ Result<std::unique_ptr<Server>> start_server(const std::vector<std::string>& arg
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_adddup2(&fa, fds[1], STDOUT_FILENO);
   posix_spawn_file_actions_addclose(&fa, fds[0]);
-  std::vector<std::string> a = {"/proc/self/exe", "comm-server"};
+  std::vector<std::string> a = {"/proc/self/exe", "comm-server", "--parent", std::to_string(getpid())};
   a.insert(a.end(), args.begin(), args.end());
   std::vector<char*> argv;
   for (auto& s : a) argv.push_back(s.data());
@@ -473,10 +477,13 @@ int run_comm(const CommOptions& o) {
                        {"shm_to_memcpy", with_shm ? nlohmann::json(shm_gbs / copy_gbs) : nlohmann::json()},
                        {"wire_mb_per_direction", wire_mb}, {"raw_round_trip_s", m->raw},
                        {"ours_round_trip_s", m->ours}, {"shard_update_s", m->update}});
+    // Without shared memory (--auth) its columns say "-", as the JSON's null.
+    const std::string shm_text = with_shm ? fmt::format("{:10.2f}", shm_gbs) : fmt::format("{:>10}", "-");
+    const std::string of_text = with_shm ? fmt::format("{:7.2f}", shm_gbs / copy_gbs) : fmt::format("{:>7}", "-");
     if (!o.json)
-      std::printf("%-6s %10zu %10.2f %10.2f %7.2f %10.2f %11.2f %7.2f %12.1f %10.2f\n",
+      std::printf("%-6s %10zu %10.2f %10.2f %7.2f %s %11.2f %s %12.1f %10.2f\n",
                   std::to_string(n >> 20 ? n >> 20 : n).append(n >> 20 ? "M" : "").c_str(), bytes, raw_gbs, ours_gbs,
-                  ours_gbs / raw_gbs, shm_gbs, copy_gbs, shm_gbs / copy_gbs, wire_mb, m->update * 1e3);
+                  ours_gbs / raw_gbs, shm_text.c_str(), copy_gbs, of_text.c_str(), wire_mb, m->update * 1e3);
   }
   // Small messages: one float each way, many round trips.
   auto small = measure_size(1, 2000, 1);
@@ -542,10 +549,12 @@ CommBench add_comm_bench(CLI::App* bench) {
   server->add_option("--compress", o->compress);
   server->add_option("--auth-keys", o->auth_keys);
   server->add_option("--busy-poll-us", o->busy_poll_us);
+  server->add_option("--parent", o->parent);
   return {[comm, server] { return comm->parsed() || server->parsed(); },
           [o, comm]() -> int {
             if (comm->parsed()) return run_comm(*o);
             std::signal(SIGTERM, on_term);
+            end_with_parent(o->parent);  // not left serving when bench comm is killed or interrupted
             return o->mode == "raw" ? serve_raw(*o) : serve_shard(*o);
           }};
 }

@@ -14,6 +14,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <new>
 
 #include "compute/blas.hpp"
 #include "compute/device.hpp"
@@ -147,10 +148,6 @@ int run_bench_compute(const ComputeOptions& o) {
     print_error("--device: " + device.status().message());
     return kExitUsage;
   }
-  if (o.seconds <= 0 || o.warmup < 0) {
-    print_error("--seconds must be positive and --warmup not negative");
-    return kExitUsage;
-  }
   // Every model and the device are checked before anything is timed, so a
   // typo fails at once rather than after minutes of measuring.
   std::string device_name = device->str();
@@ -159,9 +156,9 @@ int run_bench_compute(const ComputeOptions& o) {
     auto model = make_model(name, *device, o.seed, compute);
     if (!model) {
       const Status& s = model.status();
-      print_error(s.code() == StatusCode::unavailable ? "--device " + o.device + ": " + s.message()
-                                                      : "--models: " + s.message());
-      return exit_code_for(s);
+      const bool device_missing = s.code() == StatusCode::unavailable;  // a usage error, as for asgd train
+      print_error(device_missing ? "--device " + o.device + ": " + s.message() : "--models: " + s.message());
+      return device_missing ? kExitUsage : exit_code_for(s);
     }
   }
   if (!o.json) {
@@ -179,7 +176,14 @@ int run_bench_compute(const ComputeOptions& o) {
         print_error(model.status().to_string());
         return kExitFailure;
       }
-      const Measurement m = measure(*model, random_batches(batch, o.seed), o);
+      Measurement m;
+      try {
+        m = measure(*model, random_batches(batch, o.seed), o);
+      } catch (const std::bad_alloc&) {
+        print_error("bench compute: " + name + " at batch " + std::to_string(batch) +
+                    " does not fit in this machine's memory; try smaller --batches");
+        return kExitFailure;
+      }
       const double spread = (m.max - m.min) / m.median;
       if (o.json) {
         std::printf("{\"model\": \"%s\", \"batch\": %u, \"device\": \"%s\", \"threads\": %u, \"blas_core\": \"%s\", "
@@ -209,20 +213,24 @@ ComputeBench add_compute_bench(CLI::App* bench) {
   cmd->add_option("--models", o->models, "models, comma-separated (default mlp,lenet,resnet-mini)")
       ->type_name("LIST")
       ->delimiter(',');
-  cmd->add_option("--batches", o->batches, "batch sizes, comma-separated, each 1 to 1048576 (default 64,128)")
+  cmd->add_option("--batches", o->batches, "batch sizes, comma-separated, each 1 to 65536 (default 64,128)")
       ->type_name("LIST")
       ->delimiter(',')
-      ->check(quietly(CLI::Range(1u, 1u << 20)));
+      ->check(quietly(CLI::Range(1u, 1u << 16)));
   cmd->add_option("--device", o->device, "cpu, cuda or cuda:K (default cpu)")->type_name("DEV");
   cmd->add_option("--threads", o->threads, "BLAS threads, 1 to 1024 (default 2)")
       ->type_name("N")
       ->check(quietly(CLI::Range(1u, 1024u)));
-  cmd->add_option("--seconds", o->seconds, "timed seconds per model and batch (default 2)")->type_name("S");
+  cmd->add_option("--seconds", o->seconds, "timed seconds per model and batch, above 0, at most 3600 (default 2)")
+      ->type_name("S")
+      ->check(positive(true, 3600));
   cmd->add_option("--windows", o->windows, "timed windows the seconds are split into; the median is reported "
                                            "(1 to 1000; default 5)")
       ->type_name("N")
       ->check(quietly(CLI::Range(1u, 1000u)));
-  cmd->add_option("--warmup", o->warmup, "untimed seconds first, at least 5 steps (default 0.5)")->type_name("S");
+  cmd->add_option("--warmup", o->warmup, "untimed seconds first, at least 5 steps, 0 to 3600 (default 0.5)")
+      ->type_name("S")
+      ->check(positive(false, 3600));
   cmd->add_option("--seed", o->seed, "seed for the parameters and inputs (default 1)")->type_name("N");
   cmd->add_flag("--json", o->json, "one JSON object per model and batch instead of a table");
   return {[cmd] { return cmd->parsed(); }, [o] { return run_bench_compute(*o); }};

@@ -402,6 +402,10 @@ int run_load(const LoadOptions& o) {
     print_error("--keys " + std::to_string(o.keys) + ": fewer keys than shards");
     return kExitUsage;
   }
+  if (Status s = writable_file(o.json); !s.ok()) {  // before minutes of measuring, not after
+    print_error("--json " + o.json + ": " + s.message());
+    return kExitUsage;
+  }
   const double settle = o.settle ? *o.settle : std::min(60.0, o.seconds / 3.0);
   if (settle < 0 || settle >= o.seconds) {
     print_error("--settle " + std::to_string(settle) + ": must be below --seconds");
@@ -698,9 +702,9 @@ LoadBench add_load_bench(CLI::App* bench) {
   load->add_option("--shards", o->shards, "shard processes, 1 to 16 (default 2)")
       ->type_name("N")
       ->check(quietly(CLI::Range(1, 16)));
-  load->add_option("--seconds", o->seconds, "how long the workers push, above 0 (default 300)")
+  load->add_option("--seconds", o->seconds, "how long the workers push, above 0, at most a week, 604800 (default 300)")
       ->type_name("S")
-      ->check(positive());
+      ->check(positive(true, 604800));
   load->add_option("--keys", o->keys, "floats in the model, split over the shards, 1 to 67108864 (default 100000)")
       ->type_name("N")
       ->check(quietly(CLI::Range(std::uint64_t{1}, std::uint64_t{64} << 20)));
@@ -716,7 +720,8 @@ LoadBench add_load_bench(CLI::App* bench) {
       ->check(positive(false));
   load->add_option("--settle", o->settle, "seconds before the RSS reference is taken (default 60, or a third of "
                                           "--seconds when that is shorter)")
-      ->type_name("S");
+      ->type_name("S")
+      ->check(positive(false));
   load->add_option("--rss-abort", o->rss_abort_mib, "end the run when a shard's RSS passes this many MiB, above 0 (default 4096)")
       ->type_name("MIB")
       ->check(positive());

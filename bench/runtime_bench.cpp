@@ -137,6 +137,11 @@ int run_bench_runtime(const BenchOptions& o) {
     return loaded.status().code() == StatusCode::corruption ? kExitFailure : kExitUsage;
   }
   auto data = std::make_shared<const data::DatasetSplits>(std::move(loaded).value());
+  if (*c.batch > data->train.count) {  // the job would say it of its one worker's share
+    print_error(fmt::format("--batch {}: more than the {} training samples of {}", *c.batch, data->train.count,
+                            c.dataset));
+    return kExitUsage;
+  }
   if (!o.json)
     std::printf("bench runtime: %s on %s, batch %u, %u BLAS threads (OpenBLAS %s kernels), %zu samples per run, "
                 "%u repeats\n",

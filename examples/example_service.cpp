@@ -9,7 +9,9 @@
 //   closed: idle and slow clients cannot hold the service's sockets.
 //
 //   POST /train    {"model": "mlp", "epochs": 1, "data_dir": "...", ...}
-//                  starts a job (409 while one runs, 400 for bad settings)
+//                  starts a job (409 while one runs, 400 for bad settings;
+//                  one its data refuses, a batch larger than a worker's
+//                  share, is accepted and then fails: see GET /status)
 //   GET  /status   {"state": "idle|training|done|failed", "epochs_done": N, ...}
 //   POST /predict  {"pixels": [[784 values in 0..1], ...]}
 //                  -> {"classes": [...], "model_version": N}
@@ -159,6 +161,10 @@ class Service {
       if (it == settings().end()) return error(http::status::bad_request, "unknown setting '" + key + "'");
       if (auto why = it->second(config, value)) return error(http::status::bad_request, key + " " + *why);
     }
+    // The one setting a client gets wrong most, checked before the job
+    // starts (it would fail a moment later, once accepted).
+    if (std::error_code ec; !config.data_dir.empty() && !std::filesystem::is_directory(config.data_dir, ec))
+      return error(http::status::bad_request, "data_dir " + config.data_dir + " is not a folder here");
     config.checkpoint_dir = (work_dir_ / ("job-" + std::to_string(job_id_ + 1))).string();
 
     asgd::JobCallbacks callbacks;
@@ -379,8 +385,10 @@ int main(int argc, char** argv) {
   for (auto it = args.begin(); it != args.end(); ++it) {
     if (*it != "--idle-timeout") continue;
     char* idle_end = nullptr;
+    errno = 0;
     idle_s = it + 1 != args.end() ? std::strtol((it + 1)->c_str(), &idle_end, 10) : 0;
-    if (idle_end == nullptr || *idle_end != '\0' || idle_s < 1) idle_s = 0;
+    // At most a day: seconds past that overflowed the timer's nanoseconds.
+    if (idle_end == nullptr || *idle_end != '\0' || errno != 0 || idle_s < 1 || idle_s > 86400) idle_s = 0;
     args.erase(it, std::min(it + 2, args.end()));
     break;
   }
@@ -388,7 +396,7 @@ int main(int argc, char** argv) {
   const unsigned long port = !args.empty() ? std::strtoul(args[0].c_str(), &end, 10) : 0;
   if (args.empty() || args.size() > 2 || *end != '\0' || port > 65535 || idle_s == 0) {
     std::fprintf(stderr, "usage: %s PORT [WORK_DIR] [--idle-timeout SECONDS]   (PORT 0: pick a free one; "
-                         "SECONDS >= 1, default 30)\n", argv[0]);
+                         "SECONDS 1 to 86400, default 30)\n", argv[0]);
     return 2;
   }
   // Checkpoints go to WORK_DIR, or to a fresh temporary folder removed at exit.

@@ -3,10 +3,16 @@
 
 #include <gtest/gtest.h>
 
+#include <signal.h>
+
 #include <cstdlib>
+#include <filesystem>
 #include <nlohmann/json.hpp>
 
 #include "cli/cli_run.hpp"
+#include "runtime/asgd_processes.hpp"
+#include "temp_dir.hpp"
+#include "test_helpers.hpp"
 
 namespace {
 
@@ -55,6 +61,42 @@ TEST(BenchAllreduceCli, ABadSizeOrProcessCountIsAUsageError) {
   asgd_test::expect_one_line_error(asgd("bench allreduce --sizes 1M,0"), 2, "--sizes: size '0': at least 1 float");
   EXPECT_EQ(asgd("bench allreduce --processes 1").exit_code, 2);
   EXPECT_EQ(asgd("bench allreduce --rounds 0").exit_code, 2);
+}
+
+// Whether process `pid` is gone (not even a zombie) within 10 s.
+bool gone(pid_t pid) {
+  return asgd_test::eventually([&] { return !std::filesystem::exists("/proc/" + std::to_string(pid)); });
+}
+
+// Stopped (SIGTERM, as Ctrl-C would) while its ranks run, it ends them and
+// removes its scratch folder; killed outright, its ranks and comm servers
+// end with it (they kept running, and its folder stayed in /tmp).
+TEST(BenchAllreduceCli, InterruptedOrKilledItLeavesNoProcessOrFolderBehind) {
+  if (!has_bench()) GTEST_SKIP() << "asgd built without benchmarks";
+  const asgd_test::TempDir scratch;
+  const pid_t bench = asgd_test::start_asgd({"bench", "allreduce", "--sizes", "16M", "--iterations", "1000"},
+                                            scratch / "allreduce.log");
+  ASSERT_GT(bench, 0);
+  std::optional<pid_t> rank;
+  ASSERT_TRUE(asgd_test::eventually([&] { return (rank = asgd_test::child_with_args(bench, {"allreduce-rank"})).has_value(); },
+                                    std::chrono::seconds(30)));
+  ASSERT_EQ(::kill(bench, SIGTERM), 0);
+  const auto code = asgd_test::wait_exit(bench, std::chrono::seconds(30));
+  ASSERT_TRUE(code) << asgd_test::read_file(scratch / "allreduce.log");
+  EXPECT_EQ(*code, 1);
+  EXPECT_NE(asgd_test::read_file(scratch / "allreduce.log").find("bench allreduce: interrupted"), std::string::npos);
+  EXPECT_TRUE(gone(*rank)) << "rank " << *rank << " outlived the bench";
+  EXPECT_FALSE(std::filesystem::exists(std::filesystem::temp_directory_path() /
+                                       ("asgd-bench-allreduce-" + std::to_string(bench))));
+
+  const pid_t comm = asgd_test::start_asgd({"bench", "comm", "--sizes", "16M", "--repeats", "1000"}, scratch / "comm.log");
+  ASSERT_GT(comm, 0);
+  std::optional<pid_t> server;
+  ASSERT_TRUE(asgd_test::eventually([&] { return (server = asgd_test::child_with_args(comm, {"comm-server"})).has_value(); },
+                                    std::chrono::seconds(30)));
+  ASSERT_EQ(::kill(comm, SIGKILL), 0);
+  ASSERT_TRUE(asgd_test::wait_exit(comm, std::chrono::seconds(30)));
+  EXPECT_TRUE(gone(*server)) << "comm server " << *server << " outlived the bench";
 }
 
 }  // namespace

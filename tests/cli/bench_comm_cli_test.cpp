@@ -59,7 +59,10 @@ TEST(BenchCommCli, ASizeThatIsNoCountOfFloatsIsAUsageErrorThatSaysWhy) {
   if (!has_bench()) GTEST_SKIP() << "asgd built without benchmarks";
   asgd_test::expect_one_line_error(asgd("bench comm --sizes 0"), 2, "--sizes: size '0': at least 1 float");
   asgd_test::expect_one_line_error(asgd("bench comm --sizes 1Q"), 2, "size '1Q': expected a number of floats");
-  asgd_test::expect_one_line_error(asgd("bench comm --sizes 99999999999999999M"), 2, "too many floats");
+  asgd_test::expect_one_line_error(asgd("bench comm --sizes 99999999999999999M"), 2, "at most 256M floats");
+  // Its bytes wrapped to 0 and the bench died of SIGFPE, leaving its servers running.
+  asgd_test::expect_one_line_error(asgd("bench comm --sizes 4611686018427387904"), 2, "at most 256M floats");
+  asgd_test::expect_one_line_error(asgd("bench allreduce --sizes 257M"), 2, "at most 256M floats");
 }
 
 }  // namespace

@@ -13,6 +13,7 @@
 
 #include "compute/device.hpp"
 #include "cli/cli_run.hpp"
+#include "test_data.hpp"
 
 namespace {
 
@@ -73,14 +74,41 @@ TEST(BenchComputeCli, SaysPlainlyWhenCudaCannotBeUsed) {
   if (!has_bench_compute()) GTEST_SKIP() << "asgd built without benchmarks";
   if (asgd::cuda_device_count() > 0) GTEST_SKIP() << "a GPU is usable here";
   const CliRun r = asgd("bench compute --models mlp --device cuda --seconds 0.2");
-  EXPECT_NE(r.exit_code, 0);
-  asgd_test::expect_one_line_error(r, r.exit_code, "--device cuda");
+  asgd_test::expect_one_line_error(r, 2, "--device cuda");  // as asgd train says it
 }
 
 TEST(BenchComputeCli, RejectsZeroThreadsAndANonPositiveBatch) {
   if (!has_bench_compute()) GTEST_SKIP() << "asgd built without benchmarks";
   expect_refused(asgd("bench compute --models mlp --threads 0"), 2, "--threads");
   expect_refused(asgd("bench compute --models mlp --batches 0"), 2, "--batches");
+  expect_refused(asgd("bench compute --models mlp --batches 1048576"), 2, "--batches");  // bad_alloc, SIGABRT
+}
+
+// inf ran for ever; nan was taken.
+TEST(BenchComputeCli, RefusesSecondsThatAreNoFiniteNumber) {
+  if (!has_bench_compute()) GTEST_SKIP() << "asgd built without benchmarks";
+  expect_refused(asgd("bench compute --models mlp --seconds inf"), 2, "--seconds: expected a number above 0");
+  expect_refused(asgd("bench compute --models mlp --warmup nan"), 2, "--warmup: expected a number of 0 or more");
+  expect_refused(asgd("bench load --seconds inf"), 2, "--seconds: expected a number above 0");
+  expect_refused(asgd("bench load --settle nan"), 2, "--settle");
+}
+
+// The job said it of "--workers" after the data was loaded, exit 1.
+TEST(BenchComputeCli, BenchRuntimeRefusesABatchLargerThanItsTrainingData) {
+  if (!has_bench_compute()) GTEST_SKIP() << "asgd built without benchmarks";
+  ASGD_REQUIRE_DATASET(data, "mnist");
+  expect_refused(asgd("bench runtime --batch 55001 --data-dir '" + data.string() + "'"), 2,
+                 "--batch 55001: more than the 55000 training samples of mnist");
+}
+
+// Refused before minutes of measuring, not after them; an empty path is
+// no path, as in every asgd command.
+TEST(BenchComputeCli, ABenchWithAFileItCannotWriteOrAnEmptyPathIsRefusedAtOnce) {
+  if (!has_bench_compute()) GTEST_SKIP() << "asgd built without benchmarks";
+  expect_refused(asgd("bench load --seconds 600 --json /nonexistent-folder/load.json"), 2,
+                 "--json /nonexistent-folder/load.json: its folder /nonexistent-folder does not exist");
+  expect_refused(asgd("bench load --json ''"), 2, "--json: an empty path");
+  expect_refused(asgd("bench runtime --data-dir ''"), 2, "--data-dir: an empty path");
 }
 
 // A mistyped flag of a benchmark is named with the nearest one, as in

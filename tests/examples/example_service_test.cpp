@@ -12,6 +12,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdlib>
 #include <cstring>
 #include <fstream>
 #include <iterator>
@@ -160,6 +161,18 @@ TEST(ExampleService, ClosesAConnectionThatStaysIdlePastTheIdleTimeout) {
   EXPECT_EQ(http(port, "GET", "/status").status, 200);
 }
 
+// Seconds past a day were taken, and past 9.2e9 overflowed the timer into
+// the past: every connection closed at once.
+TEST(ExampleService, RefusesAnIdleTimeoutOutOfRange) {
+  if (!kServicePath) GTEST_SKIP() << "example_service was not built (no Boost)";
+  for (const char* seconds : {"9223372037", "86401", "0", "inf"}) {
+    const int status = std::system(
+        (std::string("timeout 10 ") + kServicePath + " 0 --idle-timeout " + seconds + " > /dev/null 2>&1").c_str());
+    ASSERT_TRUE(WIFEXITED(status)) << seconds;
+    EXPECT_EQ(WEXITSTATUS(status), 2) << "--idle-timeout " << seconds;
+  }
+}
+
 TEST(ExampleService, RunningOutOfDescriptorsDoesNotMakeItDeaf) {
   if (!kServicePath) GTEST_SKIP() << "example_service was not built (no Boost)";
   ServiceProcess service(/*idle_timeout_s=*/1, /*max_files=*/64);
@@ -211,6 +224,7 @@ TEST(ExampleService, AnswersBadRequestsWithJsonErrors) {
   check("POST", "/train", R"({"epochs": "three"})", 400, "epochs");
   check("POST", "/train", R"({"workers": 0})", 400, "--workers");
   check("POST", "/train", R"({"colour": "blue"})", 400, "unknown setting 'colour'");
+  check("POST", "/train", R"({"data_dir": "/nonexistent-data"})", 400, "data_dir /nonexistent-data is not a folder");
   check("POST", "/train", std::string(9u << 20, ' '), 413, "larger than 8 MiB");
 
   const auto exit = service.stop(SIGTERM, std::chrono::seconds(20));

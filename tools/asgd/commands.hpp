@@ -6,6 +6,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/format.h>
 
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <functional>
@@ -35,15 +36,15 @@ inline CLI::Validator quietly(CLI::Validator v) {
   return v;
 }
 
-/// A number above 0 (`strictly`) or at least 0, and at most `most` when
-/// given, refused in plain words (CLI11's own say "not in range 0.000000 to
+/// A finite number above 0 (`strictly`) or at least 0, and at most `most`
+/// when given (inf and nan are no numbers here), refused in plain words (CLI11's own say "not in range 0.000000 to
 /// 1.797e308").
 inline CLI::Validator positive(bool strictly = true, std::optional<double> most = std::nullopt) {
   return CLI::Validator(
       [strictly, most](std::string& text) -> std::string {
         char* end = nullptr;
         const double v = std::strtod(text.c_str(), &end);
-        const bool number = end != text.c_str() && *end == '\0';
+        const bool number = end != text.c_str() && *end == '\0' && std::isfinite(v);
         if (number && (strictly ? v > 0 : v >= 0) && (!most || v <= *most)) return {};
         return std::string("expected a number ") + (strictly ? "above 0" : "of 0 or more") +
                (most ? fmt::format(" and at most {:g}", *most) : std::string()) + ", got " + text;
@@ -93,8 +94,19 @@ LoadBench add_load_bench(CLI::App* bench);
 using AllreduceBench = CommBench;
 AllreduceBench add_allreduce_bench(CLI::App* bench);
 
+/// Every flag that names a file or folder (type name FILE, DIR or PATH), in
+/// `scope` and its subcommands, refuses an empty one: `--metrics-out
+/// "$OUT"` with OUT unset used to mean no metrics file, silently. Call it
+/// once every option is added.
+void refuse_empty_paths(CLI::App& scope);
+
+/// Whether `path` (none when empty) can be written: an existing file this
+/// process may write, or a new one in a folder it may write in. Errors:
+/// invalid_argument saying why not.
+Status writable_file(const std::string& path);
+
 /// A count of floats as the benchmarks take it: "4M", "512K", "1000".
-/// Errors: invalid_argument naming the text.
+/// Errors: invalid_argument naming the text, for 0 or more than 256M.
 Result<std::uint64_t> parse_float_count(const std::string& text);
 
 /// Adds `cluster`, `coordinator`, `shard` and `worker` to `app`; the
@@ -205,6 +217,11 @@ Result<experiments::RunRecord> run_as_processes(const JobConfig& config, experim
 /// process's exit status.
 int run_launched_rank(const JobOptions& jo, const LaunchFlags& lf, const Launch& launch,
                       std::optional<messaging::CurveOptions> curve);
+
+/// For a helper process a benchmark starts (its comm server, its ranks):
+/// SIGTERM when `parent` ends, however it ends (Ctrl-C, SIGKILL), and at
+/// once when it has ended already; none for `parent` 0.
+void end_with_parent(pid_t parent);
 
 /// Turns SIGINT, SIGTERM, SIGUSR1 and SIGHUP into a stop request while it
 /// lives.

@@ -17,19 +17,6 @@
 
 namespace {
 
-// Every flag that names a file or folder (FILE, DIR, PATH), in every
-// command, refuses an empty one: `--metrics-out "$OUT"` with OUT unset
-// used to mean no metrics file, silently. (A TOML file may still say "":
-// job.toml writes the defaults so.)
-void refuse_empty_paths(CLI::App& scope) {
-  for (CLI::Option* o : scope.get_options({}))
-    if (const std::string t = o->get_type_name(); t == "FILE" || t == "DIR" || t == "PATH")
-      o->check(CLI::Validator(
-          [](std::string& v) { return v.empty() ? std::string("an empty path (leave the flag out for none)") : ""; },
-          ""));
-  for (CLI::App* sub : scope.get_subcommands({})) refuse_empty_paths(*sub);
-}
-
 // `asgd bench ...` runs the benchmarks, a program of their own (asgd-bench,
 // built beside asgd) so that building asgd does not wait for them: every
 // argument after `bench` is passed on unread, --help included.
@@ -84,7 +71,7 @@ int main(int argc, char** argv) {
   auto data = add_data_command(app);
   auto devices = add_devices_command(app);
   auto bench = add_bench_passthrough(app);
-  refuse_empty_paths(app);
+  asgd::cli::refuse_empty_paths(app);
   // With no arguments at all, `asgd` says what it can do (`asgd train` runs
   // the embedded default job).
   std::vector<std::string> args(argv + 1, argv + argc);
