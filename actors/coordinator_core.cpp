@@ -162,7 +162,8 @@ void CoordinatorCore::lose(std::uint32_t w, const std::string& why, Actions& out
   if (!members_.lose(w)) return;
   const std::uint32_t live = config_.workers - members_.lost_count();
   if (live == 0) {
-    fail(Status::Internal("every worker was lost; the last, worker " + std::to_string(w) + ": " + why), out);
+    // Not asgd's fault (it said "internal error"): its processes are gone.
+    fail(Status::Unavailable("every worker was lost; the last, worker " + std::to_string(w) + ": " + why), out);
     return;
   }
   // A supervisor (asgd cluster) may start a new process for it at once:

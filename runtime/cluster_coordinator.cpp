@@ -278,7 +278,9 @@ Result<JobSummary> run_coordinator_process(const JobConfig& config, const Proces
   logger().info("coordinator: evaluates on {} thread(s): {} usable CPU(s), shared with {} worker process(es) of this job",
                 hooks.compute_threads, usable_cpus(), workers_here);
   hooks.before_shutdown = [&](const Status& outcome) {
-    say_stop(outcome.ok() ? std::string(kJobDone) : "the job failed: " + outcome.message(), is_usage_error(outcome));
+    // (A cancelled job did not fail: it said "the job failed: the job was cancelled".)
+    const std::string how = outcome.code() == StatusCode::cancelled ? "the job stopped: " : "the job failed: ";
+    say_stop(outcome.ok() ? std::string(kJobDone) : how + outcome.message(), is_usage_error(outcome));
   };
   auto result = run_job_with(config, callbacks, stop, hooks);
   hooks.before_shutdown(result.ok() ? Status{} : result.status());

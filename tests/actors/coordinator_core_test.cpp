@@ -408,6 +408,7 @@ TEST(CoordinatorCore, EveryWorkerLostFailsTheJobNamingTheLast) {
   d.lost(0);
   const Status s = only<act::Fail>(d.lost(1)).status;
   EXPECT_EQ(s.message(), "every worker was lost; the last, worker 1: went silent");
+  EXPECT_EQ(s.code(), StatusCode::unavailable) << "not an internal error: the workers' processes are gone";
 }
 
 TEST(CoordinatorCore, TheJobFinishesExactlyOnceAfterTheLastEpochsEvaluationAndEveryWorkersStop) {
