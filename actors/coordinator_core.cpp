@@ -56,6 +56,7 @@ void CoordinatorCore::start_training(Instant now, Actions& out) {
 
 void CoordinatorCore::report(const EpochReport& r, Instant now, Actions& out) {
   if (members_.lost(r.worker)) return;  // declared dead: its word no longer counts
+  members_.completed(r.worker, r.epoch);
   epochs_.report(r, training_seconds(now));
   complete_epochs(out);
 }

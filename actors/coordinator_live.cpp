@@ -47,7 +47,7 @@ void LiveView::fill(LiveSnapshot& snap, const Progress& p, const Membership& mem
     LiveWorker lw;
     lw.worker = static_cast<std::uint32_t>(w);
     lw.clock = seen.latest.clock;
-    lw.epoch = seen.latest.epoch + 1;
+    lw.epoch = std::min<std::uint64_t>(seen.latest.epoch + 1, p.epochs);  // past its last: it has finished
     lw.samples = seen.samples();
     lw.updates = seen.updates();
     lw.staleness = seen.latest.staleness;

@@ -45,6 +45,10 @@ void Membership::progress(const WorkerProgress& p, CoordinatorInstant now) {
   seen.at = now;
 }
 
+void Membership::completed(std::size_t w, std::uint64_t epoch) {
+  if (w < seen_.size() && !seen_[w].lost) seen_[w].latest.epoch = std::max(seen_[w].latest.epoch, epoch + 1);
+}
+
 std::uint64_t Membership::furthest_epoch_besides(std::size_t w) const {
   std::uint64_t furthest = 0;
   for (std::size_t i = 0; i < seen_.size(); ++i)

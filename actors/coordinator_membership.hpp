@@ -69,6 +69,9 @@ class Membership {
   /// Progress from worker w; a late one (fewer samples) or a lost worker's is
   /// ignored.
   void progress(const WorkerProgress& p, CoordinatorInstant now);
+  /// Worker w reported epoch `epoch` (0-based) complete: it trains the next
+  /// one, whatever its last progress said (which comes up to 0.25 s later).
+  void completed(std::size_t w, std::uint64_t epoch);
   /// The furthest epoch any other worker still training is in (0 for none).
   std::uint64_t furthest_epoch_besides(std::size_t w) const;
   ProgressTotals totals(double at_s) const;

@@ -357,6 +357,16 @@ TEST(CoordinatorCore, TheLiveTotalsNeverGoBackWhenANewProcessTakesALostWorkersPl
   EXPECT_EQ(snap.worker[1].epoch, 3u);
 }
 
+// An epoch report says where a worker is before its next progress does: a
+// new process rejoined in the epoch the others were already training.
+TEST(CoordinatorCore, ARejoinCountsAnEpochReportedBeforeTheProgressThatFollowsIt) {
+  Driver d(config(3, 4));
+  d.progress(0, 0, 150, 0.5);
+  d.report(0, 0, 1.0);  // worker 0 has finished epoch 1: it trains epoch 2
+  d.lost(2);
+  EXPECT_EQ(only<act::Place>(d.rejoin(2)).first_epoch, 2u) << "the epoch after worker 0's";
+}
+
 TEST(CoordinatorCore, ARejoinForAWorkerNotYetDeclaredLostKillsItsOldProcessFirst) {
   Driver d(config(2, 3));
   const auto& out = d.rejoin(1);
