@@ -199,9 +199,21 @@ Status serve_until_shutdown(Joined& j, const std::string& name, std::stop_token 
   const auto silence = millis(std::max(j.config.heartbeat_timeout_s, 3.0));
   auto last_heard = SteadyClock::now();
   auto next_beat = SteadyClock::now();
+  auto last_turn = SteadyClock::now();
   std::uint64_t beat = 0;
   while (!stop.stop_requested()) {
     const auto now = SteadyClock::now();
+    // A turn of this loop takes at most 0.1 s: a gap of half the silence
+    // means this process did not run (SIGSTOP, a frozen VM), and the
+    // coordinator's silence over it is not the coordinator's. It gets a
+    // whole --heartbeat-timeout again to answer (it blamed the coordinator).
+    if (now - last_turn > silence / 2) {
+      logger().warn("{}: this process did not run for {:.1f} s (stopped or starved of CPU); the coordinator may have "
+                    "given it up meanwhile",
+                    name, std::chrono::duration<double>(now - last_turn).count());
+      last_heard = now;
+    }
+    last_turn = now;
     if (now >= next_beat) {
       j.bridge->send(j.coordinator, encode(Heartbeat{j.assignment.role, j.assignment.index, ++beat}, j.bridge->next_id()));
       next_beat = now + kHeartbeatEvery;

@@ -11,6 +11,7 @@
 #include "base/cpus.hpp"
 #include "messaging/protocol.hpp"
 #include "runtime/cluster_internal.hpp"
+#include "runtime/cluster_registry_state.hpp"
 
 namespace asgd::cluster_detail {
 
@@ -22,72 +23,6 @@ using deadline_atom = caf::atom_constant<caf::atom("deadline")>;
 // How often the registry looks at the time: shard silence, shards that
 // have not taken their assignment, newcomers waiting for a slot.
 constexpr auto kCheckEvery = std::chrono::milliseconds(200);
-
-struct Member {
-  PeerId peer;
-  Registration reg;
-  SteadyClock::time_point since = SteadyClock::now();  ///< when it registered
-};
-
-// A process that registered during the job for a slot whose process may
-// still be alive; refused once refuse_at passes with the old one alive.
-struct Newcomer {
-  Member member;
-  SteadyClock::time_point refuse_at;
-};
-
-// A shard process that was sent its assignment and has not served yet.
-struct Unready {
-  std::uint32_t index = 0;
-  bool restart = false;  // takes the place of a dead process mid-job
-  SteadyClock::time_point deadline;
-  Member member;
-};
-
-using Slots = std::vector<std::optional<Member>>;
-
-struct RegistryState {
-  RegistrySetup setup;
-  std::shared_ptr<Bridge> bridge;
-  Slots shards, workers;  // by index: the process that holds each slot
-  bool registering = true;
-  std::optional<Status> registration;               // how registration ended
-  std::optional<caf::response_promise> awaiting;  // the main thread's await
-  std::map<PeerId, SteadyClock::time_point> heard;  // each process's last heartbeat
-  std::set<std::uint32_t> ended;                      // pids the supervisor saw end
-  std::vector<Newcomer> newcomers;
-  std::map<PeerId, Unready> unready;
-  std::vector<std::optional<ShardPlaced>> placed;  // by shard index
-  caf::actor coordinator;
-  caf::actor ready_waiter;                          // told once every placed shard serves
-  std::optional<Status> placement;                  // set once a placed shard failed to take its assignment
-  bool ready_told = false;
-  std::map<PeerId, caf::actor> proxies;             // worker process -> the actor that stands for it
-  std::vector<bool> said_silent;                    // silence reported for the shard's current process
-  bool stopped = false;
-  std::optional<std::set<std::uint32_t>> preparing;  // the job's start waits for these workers to be ready
-  static inline const char* name = "registry";
-};
-
-using Self = caf::stateful_actor<RegistryState>*;
-
-std::size_t filled(const Slots& slots) {
-  return static_cast<std::size_t>(std::count_if(slots.begin(), slots.end(), [](const auto& m) { return m.has_value(); }));
-}
-
-// How many of the worker processes compute on any of the CPUs `key` names
-// (cpu_keys_overlap): those whose threads compete with its.
-std::uint32_t workers_with_cpu_key(const Slots& workers, const std::string& key) {
-  return static_cast<std::uint32_t>(std::count_if(
-      workers.begin(), workers.end(), [&](const auto& m) { return m && cpu_keys_overlap(m->reg.cpu_key, key); }));
-}
-
-// How many of the worker processes compute on any of worker w's CPUs (w
-// included): those whose threads w's are to share them with.
-std::uint32_t cpu_sharers(const Slots& workers, std::uint32_t w) {
-  if (w >= workers.size() || !workers[w] || workers[w]->reg.cpu_key.empty()) return 1;
-  return workers_with_cpu_key(workers, workers[w]->reg.cpu_key);
-}
 
 // Tells process `peer` to stop, saying why: the job's end, or a
 // registration refused (`refused`: the process's own mistake, exit 2).
@@ -355,6 +290,7 @@ void check_silence(Self self) {
 void worker_lost(Self self, std::uint32_t w) {
   auto& s = self->state;
   tell_workers(self, ClockNotice{w, 0, true}, w);
+  if (w < s.workers.size() && s.workers[w]) s.given_up.insert(s.workers[w]->peer);
   if (w >= s.workers.size() || !s.workers[w] || s.ended.count(s.workers[w]->reg.pid) || !s.setup.supervision ||
       !s.setup.supervision->on_silent ||
       SteadyClock::now() - s.workers[w]->since < millis(s.setup.config.heartbeat_timeout_s))
@@ -461,6 +397,12 @@ void route(Self self, Inbound& in) {
           else
             tell_coordinator(self, failed_atom::value, m.code, m.what);
         } else if constexpr (std::is_same_v<T, Heartbeat>) {
+          // A worker process stopped past --heartbeat-timeout that woke up
+          // (it went on training, its pushes refused): not its coordinator's silence.
+          if (st.given_up.erase(in.peer) > 0)
+            return tell_to_stop(self, in.peer, fmt::format("this process was declared lost after {:g} s without a "
+                                                           "heartbeat (--heartbeat-timeout); the job goes on without it",
+                                                           st.setup.config.heartbeat_timeout_s));
           if (auto w = st.proxies.find(in.peer); w != st.proxies.end()) caf::anon_send(w->second, alive_atom::value);
           st.heard[in.peer] = SteadyClock::now();
           shard_served(self, in.peer);

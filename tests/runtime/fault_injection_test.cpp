@@ -25,6 +25,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include "http_client.hpp"
 #include "runtime/asgd_processes.hpp"
 #include "temp_dir.hpp"
 #include "test_data.hpp"
@@ -417,6 +418,45 @@ TEST(ReadHeldPastTheRpcTimeout, TheClusterStopsAtTheTimeoutAndTheShardsNameTheSl
 INSTANTIATE_TEST_SUITE_P(EveryClusterPolicy, WorkerKilledMidEpoch,
                          ::testing::Values("bsp", "ssp:2", "async", "averaging"),
                          asgd_test::policy_test_name);
+
+
+// Processes started by hand (no supervisor to end a stopped one): worker 1
+// is stopped past --heartbeat-timeout and then goes on. The coordinator has
+// given it up; it is told so and exits 1, where it trained on with every
+// push refused and then said the coordinator had gone silent.
+TEST(WorkerStoppedPastTheHeartbeatTimeout, IsToldItWasGivenUpWhenItWakes) {
+  ASGD_REQUIRE_DATASET(dir, "mnist");
+  const asgd_test::TempDir scratch;
+  const int port = asgd_test::free_port();
+  ASSERT_GT(port, 0);
+  const std::string at = "tcp://127.0.0.1:" + std::to_string(port);
+  const pid_t coordinator =
+      start_asgd({"coordinator", "--listen", at, "--workers", "2", "--epochs", "40", "--heartbeat-timeout", "3",
+                  "--data-dir", dir.string()},
+                 scratch / "coordinator.log");
+  ASSERT_GT(coordinator, 0);
+  std::vector<pid_t> others;
+  for (const auto& [role, index] : {std::pair{"shard", "0"}, {"worker", "0"}, {"worker", "1"}})
+    others.push_back(start_asgd({role, "--coordinator", at, "--index", index},
+                                scratch / (std::string(role) + index + ".log")));
+  const pid_t victim = others[2];
+  const fs::path log = scratch / "worker1.log";
+  ASSERT_TRUE(wait_for_text(log, "worker 1: finished epoch 1:", std::chrono::seconds(120), victim)) << read_file(log);
+  ASSERT_EQ(kill(victim, SIGSTOP), 0);
+  ASSERT_TRUE(wait_for_text(scratch / "coordinator.log", "worker 1 is lost", std::chrono::seconds(30), coordinator));
+  std::this_thread::sleep_for(std::chrono::seconds(1));
+  ASSERT_EQ(kill(victim, SIGCONT), 0);
+  const auto code = wait_exit(victim, std::chrono::seconds(20));
+  ASSERT_TRUE(code) << read_file(log);
+  EXPECT_EQ(*code, 1) << read_file(log);
+  const std::string said = read_file(log);
+  EXPECT_NE(said.find("worker 1: this process did not run for"), std::string::npos) << said;
+  EXPECT_NE(said.find("this process was declared lost after 3 s without a heartbeat"), std::string::npos) << said;
+  EXPECT_EQ(said.find("the coordinator sent nothing"), std::string::npos) << said;
+  kill(coordinator, SIGINT);
+  EXPECT_TRUE(wait_exit(coordinator, std::chrono::seconds(60)));
+  for (pid_t p : {others[0], others[1]}) EXPECT_TRUE(wait_exit(p, std::chrono::seconds(60)));
+}
 
 }  // namespace
 }  // namespace asgd
