@@ -205,6 +205,13 @@ Status validate_for_cluster(const JobConfig& c, WorkersOn workers) {
   return {};
 }
 
+// What the processes are told when the job ends. (A cancelled job did not
+// fail: they said "the job failed: the job was cancelled".)
+std::string stop_reason(const Status& outcome) {
+  if (outcome.ok()) return std::string(kJobDone);
+  return (outcome.code() == StatusCode::cancelled ? "the job stopped: " : "the job failed: ") + outcome.message();
+}
+
 Result<JobSummary> run_coordinator_process(const JobConfig& config, const ProcessOptions& o,
                                            const JobCallbacks& callbacks, std::stop_token stop,
                                            const std::function<void(const std::string&)>& on_listening) {
@@ -277,11 +284,7 @@ Result<JobSummary> run_coordinator_process(const JobConfig& config, const Proces
   hooks.compute_threads = compute_threads(config, usable_cpus(), workers_here);
   logger().info("coordinator: evaluates on {} thread(s): {} usable CPU(s), shared with {} worker process(es) of this job",
                 hooks.compute_threads, usable_cpus(), workers_here);
-  hooks.before_shutdown = [&](const Status& outcome) {
-    // (A cancelled job did not fail: it said "the job failed: the job was cancelled".)
-    const std::string how = outcome.code() == StatusCode::cancelled ? "the job stopped: " : "the job failed: ";
-    say_stop(outcome.ok() ? std::string(kJobDone) : how + outcome.message(), is_usage_error(outcome));
-  };
+  hooks.before_shutdown = [&](const Status& outcome) { say_stop(stop_reason(outcome), is_usage_error(outcome)); };
   auto result = run_job_with(config, callbacks, stop, hooks);
   hooks.before_shutdown(result.ok() ? Status{} : result.status());
   log_refused("coordinator", bridge->stats());

@@ -34,6 +34,16 @@ using namespace std::chrono_literals;
 
 constexpr std::size_t kSize = 1000;
 
+// An actor system that knows asgd's messages, and an actor of the test's on it.
+struct AsgdConfig : caf::actor_system_config {
+  AsgdConfig() { add_message_types<caf::id_block::asgd>(); }
+};
+struct Actors {
+  AsgdConfig cfg;
+  caf::actor_system sys{cfg};
+  caf::scoped_actor self{sys};
+};
+
 ShardStats stats_of(caf::scoped_actor& self, const caf::actor& shard) {
   ShardStats out;
   self->request(shard, 2s, stats_atom::value)
@@ -80,10 +90,9 @@ TEST(ShardCheckpoints, AShardServesOnWhileItsCheckpointIsStuckOnTheDiskAndCounts
   const std::string path = (dir / "shard-0.ckpt").string();
   ASSERT_EQ(::mkfifo((path + ".1.tmp").c_str(), 0600), 0);
 
-  caf::actor_system_config cfg;
-  cfg.add_message_types<caf::id_block::asgd>();
-  caf::actor_system sys{cfg};
-  caf::scoped_actor self{sys};
+  Actors actors;
+  caf::actor_system& sys = actors.sys;
+  caf::scoped_actor& self = actors.self;
   auto shard = spawn_shard(sys, path, 0.05);
 
   // The first periodic checkpoint is now stuck in open() on the pipe.
@@ -144,10 +153,9 @@ ino_t inode_of(const std::string& path) {
 // The last worker leaves (the final checkpoint), `after` runs, the shard is
 // told to stop: whether the file was written again.
 bool written_again_at_stop(const std::string& path, const std::function<void(caf::scoped_actor&, const caf::actor&)>& after) {
-  caf::actor_system_config cfg;
-  cfg.add_message_types<caf::id_block::asgd>();
-  caf::actor_system sys{cfg};
-  caf::scoped_actor self{sys};
+  Actors actors;
+  caf::actor_system& sys = actors.sys;
+  caf::scoped_actor& self = actors.self;
   auto shard = spawn_shard(sys, path, 3600);  // no periodic checkpoint in the test's time
   for (Clock c = 0; c < 3; ++c) push(self, shard, c);
   self->send(shard, leave_atom::value, WorkerId{0});
@@ -178,10 +186,9 @@ TEST(ShardCheckpoints, AShardStoppedRightAfterItsFinalCheckpointDoesNotWriteItAg
 TEST(ShardCheckpoints, APeriodicCheckpointIsWrittenOnlyWhenTheStateChangedSinceTheLastOne) {
   asgd_test::TempDir dir;
   const std::string path = (dir / "shard-0.ckpt").string();
-  caf::actor_system_config cfg;
-  cfg.add_message_types<caf::id_block::asgd>();
-  caf::actor_system sys{cfg};
-  caf::scoped_actor self{sys};
+  Actors actors;
+  caf::actor_system& sys = actors.sys;
+  caf::scoped_actor& self = actors.self;
   auto shard = spawn_shard(sys, path, 0.02);
   for (Clock c = 0; c < 3; ++c) push(self, shard, c);
   // The written file's inode once it holds `updates`; 0 if it does not within 10 s.
@@ -238,10 +245,9 @@ TEST(ShardCheckpoints, AShardWhosePlaceAnotherTookNoLongerWritesOverItsCheckpoin
   asgd_test::CapturedLog log;
   asgd_test::TempDir dir;
   const std::string path = (dir / "shard-0.ckpt").string();
-  caf::actor_system_config cfg;
-  cfg.add_message_types<caf::id_block::asgd>();
-  caf::actor_system sys{cfg};
-  caf::scoped_actor self{sys};
+  Actors actors;
+  caf::actor_system& sys = actors.sys;
+  caf::scoped_actor& self = actors.self;
   auto first = spawn_shard(sys, path, 0.02);
   for (Clock c = 0; c < 3; ++c) push(self, first, c);
   ASSERT_EQ(saved_updates(path, 3), 3u);
