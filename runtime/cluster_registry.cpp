@@ -127,6 +127,8 @@ void refuse_second(Self self, const PeerId& peer, const Registration& reg, const
 void take_place(Self self, const Member& fresh, const Member& old) {
   auto& st = self->state;
   const Registration& reg = fresh.reg;
+  st.given_up[old.peer] = fmt::format("another process (pid {} on {}) took the place of this {} {}, which had gone "
+                                      "silent", reg.pid, reg.host, role_name(reg), reg.index);
   if (reg.role == Role::worker) {
     logger().warn("worker {} registered again: pid {} on {}; it takes the place of pid {}", reg.index, reg.pid,
                  reg.host, old.reg.pid);
@@ -290,11 +292,13 @@ void check_silence(Self self) {
 void worker_lost(Self self, std::uint32_t w) {
   auto& s = self->state;
   tell_workers(self, ClockNotice{w, 0, true}, w);
-  if (w < s.workers.size() && s.workers[w]) s.given_up.insert(s.workers[w]->peer);
-  if (w >= s.workers.size() || !s.workers[w] || s.ended.count(s.workers[w]->reg.pid) || !s.setup.supervision ||
-      !s.setup.supervision->on_silent ||
+  if (w >= s.workers.size() || !s.workers[w] ||
       SteadyClock::now() - s.workers[w]->since < millis(s.setup.config.heartbeat_timeout_s))
     return;
+  s.given_up[s.workers[w]->peer] = fmt::format("this process was declared lost after {:g} s without a heartbeat "
+                                               "(--heartbeat-timeout); the job goes on without it",
+                                               s.setup.config.heartbeat_timeout_s);
+  if (s.ended.count(s.workers[w]->reg.pid) || !s.setup.supervision || !s.setup.supervision->on_silent) return;
   logger().warn("worker {}'s process (pid {}) was declared lost but has not exited: asking the supervisor to end it", w,
                 s.workers[w]->reg.pid);
   s.setup.supervision->on_silent(false, w, s.workers[w]->reg.pid);
@@ -397,12 +401,10 @@ void route(Self self, Inbound& in) {
           else
             tell_coordinator(self, failed_atom::value, m.code, m.what);
         } else if constexpr (std::is_same_v<T, Heartbeat>) {
-          // A worker process stopped past --heartbeat-timeout that woke up
-          // (it went on training, its pushes refused): not its coordinator's silence.
-          if (st.given_up.erase(in.peer) > 0)
-            return tell_to_stop(self, in.peer, fmt::format("this process was declared lost after {:g} s without a "
-                                                           "heartbeat (--heartbeat-timeout); the job goes on without it",
-                                                           st.setup.config.heartbeat_timeout_s));
+          // A process stopped past --heartbeat-timeout that woke up (a
+          // worker trained on, its pushes refused; a shard served no one)
+          // hears why, not its coordinator's silence.
+          if (auto gone = st.given_up.extract(in.peer)) return tell_to_stop(self, in.peer, gone.mapped());
           if (auto w = st.proxies.find(in.peer); w != st.proxies.end()) caf::anon_send(w->second, alive_atom::value);
           st.heard[in.peer] = SteadyClock::now();
           shard_served(self, in.peer);

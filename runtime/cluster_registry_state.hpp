@@ -54,7 +54,7 @@ struct RegistryState {
   std::optional<Status> registration;               // how registration ended
   std::optional<caf::response_promise> awaiting;  // the main thread's await
   std::map<PeerId, SteadyClock::time_point> heard;  // each process's last heartbeat
-  std::set<PeerId> given_up;                         // worker processes declared lost: told so if they speak again
+  std::map<PeerId, std::string> given_up;            // processes given up for dead, and what they are told if they speak again
   std::set<std::uint32_t> ended;                      // pids the supervisor saw end
   std::vector<Newcomer> newcomers;
   std::map<PeerId, Unready> unready;

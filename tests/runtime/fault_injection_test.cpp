@@ -458,5 +458,48 @@ TEST(WorkerStoppedPastTheHeartbeatTimeout, IsToldItWasGivenUpWhenItWakes) {
   for (pid_t p : {others[0], others[1]}) EXPECT_TRUE(wait_exit(p, std::chrono::seconds(60)));
 }
 
+
+// Processes started by hand: shard 0 is stopped, a new process takes its
+// place and reloads its checkpoint, then the old one wakes. Its periodic
+// checkpoint and its last one no longer overwrite the new process's file
+// (checkpoint_claim.hpp), and it is told its place was taken.
+TEST(ShardStoppedAndReplacedByHand, WakesWithoutWritingOverItsReplacementsCheckpoint) {
+  ASGD_REQUIRE_DATASET(dir, "mnist");
+  const asgd_test::TempDir scratch;
+  const int port = asgd_test::free_port();
+  ASSERT_GT(port, 0);
+  const std::string at = "tcp://127.0.0.1:" + std::to_string(port);
+  const fs::path ck = scratch / "ck";
+  const pid_t coordinator = start_asgd({"coordinator", "--listen", at, "--workers", "2", "--epochs", "40",
+                                        "--heartbeat-timeout", "3", "--checkpoint-dir", ck.string(),
+                                        "--checkpoint-every", "0.3", "--data-dir", dir.string()},
+                                       scratch / "coordinator.log");
+  ASSERT_GT(coordinator, 0);
+  std::vector<pid_t> pids;
+  for (const auto& [role, index] : {std::pair{"shard", "0"}, {"worker", "0"}, {"worker", "1"}})
+    pids.push_back(start_asgd({role, "--coordinator", at, "--index", index}, scratch / (std::string(role) + index + ".log")));
+  const fs::path old_log = scratch / "shard0.log";
+  ASSERT_TRUE(wait_for_text(scratch / "worker1.log", "worker 1: finished epoch 1:", std::chrono::seconds(120), pids[2]));
+  ASSERT_EQ(kill(pids[0], SIGSTOP), 0);
+  ASSERT_TRUE(wait_for_text(scratch / "coordinator.log", "sent no heartbeat for 3 s", std::chrono::seconds(30), coordinator));
+  const pid_t fresh = start_asgd({"shard", "--coordinator", at, "--index", "0"}, scratch / "fresh.log");
+  ASSERT_TRUE(wait_for_text(scratch / "coordinator.log", "shard 0 was restarted", std::chrono::seconds(30), coordinator));
+  ASSERT_TRUE(wait_for_text(scratch / "worker1.log", "worker 1: finished epoch", std::chrono::seconds(60), pids[2]));
+  ASSERT_EQ(kill(pids[0], SIGCONT), 0);
+  const auto code = wait_exit(pids[0], std::chrono::seconds(20));
+  ASSERT_TRUE(code) << read_file(old_log);
+  EXPECT_NE(*code, 0);
+  const std::string said = read_file(old_log);
+  EXPECT_NE(said.find("was claimed by another process after this one (its claim 2, this one's 1)"), std::string::npos)
+      << said;
+  EXPECT_NE(said.find("took the place of this shard 0, which had gone silent"), std::string::npos) << said;
+  // The file is the new process's: it goes on writing it, and nothing else does.
+  EXPECT_EQ(read_file(ck / "shard-0.ckpt.claim"), "2\n");
+  kill(coordinator, SIGINT);
+  EXPECT_TRUE(wait_exit(coordinator, std::chrono::seconds(60)));
+  for (pid_t p : {pids[1], pids[2], fresh}) EXPECT_TRUE(wait_exit(p, std::chrono::seconds(60)));
+  EXPECT_EQ(read_file(scratch / "fresh.log").find("not written"), std::string::npos) << read_file(scratch / "fresh.log");
+}
+
 }  // namespace
 }  // namespace asgd
