@@ -420,6 +420,30 @@ INSTANTIATE_TEST_SUITE_P(EveryClusterPolicy, WorkerKilledMidEpoch,
                          asgd_test::policy_test_name);
 
 
+// A job of processes started by hand, as on several hosts (no supervisor
+// ends a stopped one): a coordinator listening on a free loopback port for
+// 2 workers over 40 epochs with --heartbeat-timeout 3 (and `extra`), then
+// shard 0 and workers 0 and 1; each logs to SCRATCH/ROLE[INDEX].log. Its
+// endpoint and their pids, the coordinator's first; no pids when one did
+// not start.
+struct ByHand {
+  std::string at;
+  std::vector<pid_t> pids;
+};
+ByHand start_by_hand(const fs::path& data, const fs::path& scratch, const std::vector<std::string>& extra = {}) {
+  const int port = asgd_test::free_port();
+  if (port <= 0) return {};
+  const std::string at = "tcp://127.0.0.1:" + std::to_string(port);
+  std::vector<std::string> args = {"coordinator", "--listen", at, "--workers", "2", "--epochs", "40",
+                                   "--heartbeat-timeout", "3", "--data-dir", data.string()};
+  args.insert(args.end(), extra.begin(), extra.end());
+  std::vector<pid_t> pids = {start_asgd(args, scratch / "coordinator.log")};
+  for (const auto& [role, index] : {std::pair{"shard", "0"}, {"worker", "0"}, {"worker", "1"}})
+    pids.push_back(start_asgd({role, "--coordinator", at, "--index", index}, scratch / (std::string(role) + index + ".log")));
+  if (std::find(pids.begin(), pids.end(), -1) != pids.end()) return {at, {}};
+  return {at, pids};
+}
+
 // Processes started by hand (no supervisor to end a stopped one): worker 1
 // is stopped past --heartbeat-timeout and then goes on. The coordinator has
 // given it up; it is told so and exits 1, where it trained on with every
@@ -427,19 +451,9 @@ INSTANTIATE_TEST_SUITE_P(EveryClusterPolicy, WorkerKilledMidEpoch,
 TEST(WorkerStoppedPastTheHeartbeatTimeout, IsToldItWasGivenUpWhenItWakes) {
   ASGD_REQUIRE_DATASET(dir, "mnist");
   const asgd_test::TempDir scratch;
-  const int port = asgd_test::free_port();
-  ASSERT_GT(port, 0);
-  const std::string at = "tcp://127.0.0.1:" + std::to_string(port);
-  const pid_t coordinator =
-      start_asgd({"coordinator", "--listen", at, "--workers", "2", "--epochs", "40", "--heartbeat-timeout", "3",
-                  "--data-dir", dir.string()},
-                 scratch / "coordinator.log");
-  ASSERT_GT(coordinator, 0);
-  std::vector<pid_t> others;
-  for (const auto& [role, index] : {std::pair{"shard", "0"}, {"worker", "0"}, {"worker", "1"}})
-    others.push_back(start_asgd({role, "--coordinator", at, "--index", index},
-                                scratch / (std::string(role) + index + ".log")));
-  const pid_t victim = others[2];
+  const auto [at, pids] = start_by_hand(dir, scratch.path());
+  ASSERT_EQ(pids.size(), 4u);
+  const pid_t coordinator = pids[0], victim = pids[3];
   const fs::path log = scratch / "worker1.log";
   ASSERT_TRUE(wait_for_text(log, "worker 1: finished epoch 1:", std::chrono::seconds(120), victim)) << read_file(log);
   ASSERT_EQ(kill(victim, SIGSTOP), 0);
@@ -455,7 +469,7 @@ TEST(WorkerStoppedPastTheHeartbeatTimeout, IsToldItWasGivenUpWhenItWakes) {
   EXPECT_EQ(said.find("the coordinator sent nothing"), std::string::npos) << said;
   kill(coordinator, SIGINT);
   EXPECT_TRUE(wait_exit(coordinator, std::chrono::seconds(60)));
-  for (pid_t p : {others[0], others[1]}) EXPECT_TRUE(wait_exit(p, std::chrono::seconds(60)));
+  for (pid_t p : {pids[1], pids[2]}) EXPECT_TRUE(wait_exit(p, std::chrono::seconds(60)));
 }
 
 
@@ -466,18 +480,11 @@ TEST(WorkerStoppedPastTheHeartbeatTimeout, IsToldItWasGivenUpWhenItWakes) {
 TEST(ShardStoppedAndReplacedByHand, WakesWithoutWritingOverItsReplacementsCheckpoint) {
   ASGD_REQUIRE_DATASET(dir, "mnist");
   const asgd_test::TempDir scratch;
-  const int port = asgd_test::free_port();
-  ASSERT_GT(port, 0);
-  const std::string at = "tcp://127.0.0.1:" + std::to_string(port);
   const fs::path ck = scratch / "ck";
-  const pid_t coordinator = start_asgd({"coordinator", "--listen", at, "--workers", "2", "--epochs", "40",
-                                        "--heartbeat-timeout", "3", "--checkpoint-dir", ck.string(),
-                                        "--checkpoint-every", "0.3", "--data-dir", dir.string()},
-                                       scratch / "coordinator.log");
-  ASSERT_GT(coordinator, 0);
-  std::vector<pid_t> pids;
-  for (const auto& [role, index] : {std::pair{"shard", "0"}, {"worker", "0"}, {"worker", "1"}})
-    pids.push_back(start_asgd({role, "--coordinator", at, "--index", index}, scratch / (std::string(role) + index + ".log")));
+  const auto [at, all] = start_by_hand(dir, scratch.path(), {"--checkpoint-dir", ck.string(), "--checkpoint-every", "0.3"});
+  ASSERT_EQ(all.size(), 4u);
+  const pid_t coordinator = all[0];
+  const std::vector<pid_t> pids(all.begin() + 1, all.end());  // shard 0, worker 0, worker 1
   const fs::path old_log = scratch / "shard0.log";
   ASSERT_TRUE(wait_for_text(scratch / "worker1.log", "worker 1: finished epoch 1:", std::chrono::seconds(120), pids[2]));
   ASSERT_EQ(kill(pids[0], SIGSTOP), 0);
