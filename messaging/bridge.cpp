@@ -2,6 +2,7 @@
 
 #include "base/log.hpp"
 #include "messaging/curve_auth.hpp"
+#include "messaging/zmq_curve.hpp"
 
 #include <algorithm>
 #include <deque>
@@ -209,14 +210,8 @@ std::optional<std::string> Bridge::refusal(const PeerId& peer) const {
 // waiting on it would wait out its timeout, and every later one too:
 // the connection stays refused (libzmq does not try it again).
 void Bridge::note_refusal(const Refusal& r) {
-  const std::string key =
-      options_.curve ? fmt::format(" {}", key_fingerprint(options_.curve->public_key)) : std::string();
-  const std::string why =
-      r.zap_status == 400
-          ? fmt::format("{} refused this process's key{}: the --auth-keys folder of the process there lacks this "
-                        "process's .pub",
-                        r.endpoint, key)
-          : fmt::format("{} refused this process's connection (ZAP status {})", r.endpoint, r.zap_status);
+  const std::string why = refusal_reason(r.endpoint, "process", "the --auth-keys folder of the process there",
+                                         r.zap_status, options_.curve);
   std::vector<std::pair<std::uint64_t, caf::actor>> waiting;
   {
     std::lock_guard lock(mu_);

@@ -128,12 +128,8 @@ void CollectiveLinks::note_refusals() {
     if (!watches_[r]) continue;
     const std::optional<int> status = watches_[r]->take();
     if (!status) continue;
-    const std::string key = curve_ ? fmt::format(" {}", key_fingerprint(curve_->public_key)) : std::string();
-    const std::string why =
-        *status == 400 ? fmt::format("worker {}'s collective refused this worker's key{}: worker {}'s --auth-keys "
-                                     "folder lacks this process's .pub",
-                                     r, key, r)
-                       : fmt::format("worker {}'s collective refused this worker's connection (ZAP status {})", r, *status);
+    const std::string why = refusal_reason(fmt::format("worker {}'s collective", r), "worker",
+                                           fmt::format("worker {}'s --auth-keys folder", r), *status, curve_);
     logger().debug("worker {}'s collective: {}", rank_, why);
     std::lock_guard lock(refused_mu_);
     if (refused_.empty()) refused_ = why;

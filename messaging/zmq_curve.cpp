@@ -1,5 +1,7 @@
 #include "messaging/zmq_curve.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cstdint>
 #include <cstring>
@@ -74,6 +76,13 @@ std::optional<int> RefusalWatch::take() {
   (void)zmq_socket_monitor(watched_, nullptr, 0);
   watched_ = nullptr;
   return static_cast<int>(status);
+}
+
+std::string refusal_reason(const std::string& who, const std::string& me, const std::string& folder, int zap_status,
+                           const std::optional<CurveOptions>& curve) {
+  if (zap_status != 400) return fmt::format("{} refused this {}'s connection (ZAP status {})", who, me, zap_status);
+  const std::string key = curve ? " " + key_fingerprint(curve->public_key) : std::string();
+  return fmt::format("{} refused this {}'s key{}: {} lacks this process's .pub", who, me, key, folder);
 }
 
 }  // namespace asgd::messaging

@@ -69,4 +69,11 @@ class RefusalWatch {
   zmq::socket_t monitor_;
 };
 
+/// What a refusal means, in a line: "WHO refused this ME's key KEY: FOLDER
+/// lacks this process's .pub" for ZAP status 400, where FOLDER names the
+/// --auth-keys folder at the refusing end; "WHO refused this ME's
+/// connection (ZAP status N)" otherwise. KEY is `curve`'s fingerprint.
+std::string refusal_reason(const std::string& who, const std::string& me, const std::string& folder, int zap_status,
+                           const std::optional<CurveOptions>& curve);
+
 }  // namespace asgd::messaging
