@@ -116,6 +116,14 @@ TEST(ResumeCli, AFolderInPlaceOfACheckpointFileIsRefusedByName) {
   ASSERT_NO_FATAL_FAILURE(train_one_epoch_into(mnist, ck));
   ASSERT_TRUE(fs::exists(ck / "model.ckpt"));
 
+  // The job's other files are no model to export, nor a place to write one.
+  for (const char* other : {"shard-0.ckpt", "job.toml", "shard-0.ckpt.claim"}) {
+    expect_one_line_error(asgd("export --checkpoint " + (ck / other).string() + " --out " + (scratch / "x.st").string()),
+                          2, std::string(other) + " is a file of the checkpointed job, not its trained model");
+    expect_one_line_error(asgd("export --checkpoint " + ck.string() + " --out " + (ck / other).string()), 2,
+                          "is a file of the checkpointed job");
+  }
+
   fs::remove(ck / "model.ckpt");
   fs::create_directories(ck / "model.ckpt");
   expect_one_line_error(asgd("export --checkpoint " + ck.string() + " --out " + (scratch / "x.safetensors").string()),

@@ -14,6 +14,25 @@ namespace {
 
 namespace fs = std::filesystem;
 
+// The files of a checkpointed job beside its model.ckpt: job.toml and
+// shard-K.ckpt, which --resume reads, and shard-K.ckpt.claim, which says
+// which process of shard K writes its checkpoint.
+bool job_file(const std::string& name) {
+  return name == kJobSettingsFile ||
+         (name.starts_with("shard-") && (name.ends_with(".ckpt") || name.ends_with(".ckpt.claim")));
+}
+
+// --checkpoint names one of those files instead of the trained model: a
+// usage error that says which file to give (it was "not an asgd
+// checkpoint", exit 1, as for a damaged model).
+Status check_checkpoint_path(const std::string& checkpoint) {
+  const std::string name = fs::path(checkpoint).filename().string();
+  if (!job_file(name)) return {};
+  return Status::InvalidArgument("--checkpoint " + checkpoint + ": " + name +
+                                 " is a file of the checkpointed job, not its trained model; give the job's "
+                                 "--checkpoint-dir (its model.ckpt is written when the job ends)");
+}
+
 // Where --out may go: a new file or a regular one (replaced), in a folder
 // that exists, and not the checkpoint it is made from.
 Status check_export_path(const std::string& out, const std::string& checkpoint) {
@@ -32,12 +51,10 @@ Status check_export_path(const std::string& out, const std::string& checkpoint) 
   if (fs::is_directory(source, ec)) source /= kCheckpointFile;
   if (fs::exists(st) && fs::equivalent(path, source, ec))
     return Status::InvalidArgument("--out " + out + ": is the checkpoint being exported; give another file");
-  // Nor the files beside it that a --resume needs.
-  const std::string name = path.filename().string();
-  const bool resume_file = name == kJobSettingsFile || (name.starts_with("shard-") && name.ends_with(".ckpt"));
-  if (fs::exists(st) && resume_file && fs::equivalent(folder, source.parent_path(), ec))
-    return Status::InvalidArgument("--out " + out + ": is a file of the checkpointed job (--resume reads it); give "
-                                   "another file");
+  // Nor the files beside it that a --resume or the job's shards need.
+  if (fs::exists(st) && job_file(path.filename().string()) && fs::equivalent(folder, source.parent_path(), ec))
+    return Status::InvalidArgument("--out " + out + ": is a file of the checkpointed job (--resume or its shards "
+                                   "read it); give another file");
   return {};
 }
 
@@ -55,6 +72,10 @@ std::function<int()> add_export_command(CLI::App& app) {
       ->required();
   cmd->add_option("--out", o->out, "the .safetensors file to write")->type_name("FILE")->required();
   return [o] {
+    if (Status s = check_checkpoint_path(o->checkpoint); !s.ok()) {
+      print_error(s.message());
+      return kExitUsage;
+    }
     if (Status s = check_export_path(o->out, o->checkpoint); !s.ok()) {
       print_error(s.message());
       return kExitUsage;
