@@ -71,13 +71,26 @@ class LockedClaim {
     return {};
   }
 
-  const std::string& path() const { return path_; }
-
  private:
   explicit LockedClaim(std::string path) : path_(std::move(path)) {}
   std::string path_;
   int fd_ = -1;
 };
+
+// FILE.claim, locked, while no claim newer than `claim` was taken on
+// `file`: the write of claim `claim` may go on while it is held. Errors:
+// cancelled when a newer claim was taken, as LockedClaim's otherwise.
+Result<LockedClaim> hold_if_newest(const std::string& file, std::uint64_t claim) {
+  auto locked = LockedClaim::open(file);
+  if (!locked) return locked.status();
+  auto newest = locked->newest();
+  if (!newest) return newest.status();
+  if (*newest > claim)
+    return Status::Cancelled(file + " was claimed by another process after this one (its claim " +
+                             std::to_string(*newest) + ", this one's " + std::to_string(claim) +
+                             "): it took this shard's place, and this process's state is older than its own");
+  return locked;
+}
 
 std::string temporary_of(const std::string& file, std::uint64_t claim) {
   return file + "." + std::to_string(claim) + ".tmp";
@@ -116,26 +129,16 @@ Result<std::uint64_t> claim_checkpoint(const std::string& file) {
 }
 
 Status write_claimed(const std::string& file, std::uint64_t claim, const std::string& bytes) {
-  auto superseded = [&](std::uint64_t newest) {
-    return Status::Cancelled(file + " was claimed by another process after this one (its claim " +
-                             std::to_string(newest) + ", this one's " + std::to_string(claim) +
-                             "): it took this shard's place, and this process's state is older than its own");
-  };
-  {  // No write at all for a superseded claim: a stale process wakes to ticks and stops.
-    auto locked = LockedClaim::open(file);
-    if (!locked) return locked.status();
-    auto newest = locked->newest();
-    if (!newest) return newest.status();
-    if (*newest > claim) return superseded(*newest);
-  }
+  // No write at all for a superseded claim (a stale process wakes to
+  // ticks and stops); the lock is let go while the bytes are written.
+  if (auto held = hold_if_newest(file, claim); !held) return held.status();
   const std::string tmp = temporary_of(file, claim);
   if (Status s = write_synced(tmp, bytes); !s.ok()) return s;
-  auto locked = LockedClaim::open(file);
-  auto newest = locked ? locked->newest() : Result<std::uint64_t>(locked.status());
-  if (!newest || *newest > claim) {
+  auto held = hold_if_newest(file, claim);  // and held through the rename
+  if (!held) {
     std::error_code ec;
     fs::remove(tmp, ec);
-    return newest ? superseded(*newest) : newest.status();
+    return held.status();
   }
   return rename_synced(tmp, file);
 }

@@ -48,8 +48,9 @@ void LiveView::fill(LiveSnapshot& snap, const Progress& p, const Membership& mem
     lw.worker = static_cast<std::uint32_t>(w);
     lw.clock = seen.latest.clock;
     lw.epoch = std::min<std::uint64_t>(seen.latest.epoch + 1, p.epochs);  // past its last: it has finished
-    lw.samples = seen.samples();
-    lw.updates = seen.updates();
+    const ProgressTotals counted = seen.counted();
+    lw.samples = counted.samples;
+    lw.updates = counted.updates;
     lw.staleness = seen.latest.staleness;
     lw.wait_s = seen.latest.policy_wait_s;
     lw.batches_ready = seen.latest.batches_ready;

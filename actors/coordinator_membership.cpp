@@ -25,8 +25,7 @@ bool Membership::lose(std::size_t w) {
 
 void Membership::rejoin(std::size_t w, std::uint64_t first_epoch) {
   Worker& seen = seen_.at(w);
-  const ProgressTotals before = {seen.samples(), seen.updates(), seen.before.loss_sum + seen.latest.loss_sum,
-                                 seen.before.loss_samples + seen.latest.loss_samples};
+  const ProgressTotals before = seen.counted();
   seen = {};
   seen.before = before;
   seen.first_epoch = first_epoch;
@@ -59,10 +58,11 @@ std::uint64_t Membership::furthest_epoch_besides(std::size_t w) const {
 ProgressTotals Membership::totals(double at_s) const {
   ProgressTotals t;
   for (const auto& w : seen_) {
-    t.samples += w.samples();
-    t.updates += w.updates();
-    t.loss_sum += w.before.loss_sum + w.latest.loss_sum;
-    t.loss_samples += w.before.loss_samples + w.latest.loss_samples;
+    const ProgressTotals c = w.counted();
+    t.samples += c.samples;
+    t.updates += c.updates;
+    t.loss_sum += c.loss_sum;
+    t.loss_samples += c.loss_samples;
   }
   t.at_s = at_s;
   return t;

@@ -39,8 +39,11 @@ class Membership {
     /// updates, loss; at_s unused): the totals count on from there, so that
     /// they never go back when a new process starts from zero.
     ProgressTotals before;
-    std::uint64_t samples() const { return before.samples + latest.samples; }
-    std::uint64_t updates() const { return before.updates + latest.updates; }
+    /// Its place's counts: `before` and this process's latest (at_s unused).
+    ProgressTotals counted() const {
+      return {before.samples + latest.samples, before.updates + latest.updates, before.loss_sum + latest.loss_sum,
+              before.loss_samples + latest.loss_samples};
+    }
   };
 
   void start(std::uint32_t workers) { seen_.assign(workers, {}); }

@@ -227,27 +227,6 @@ void MetricsSink::write(const nlohmann::json& record) {
   if (writer && error.ok()) error = writer->write(record);
 }
 
-namespace {
-
-// StatusCode's own name, for a program to match on.
-const char* code_name(StatusCode code) {
-  switch (code) {
-    case StatusCode::ok: return "ok";
-    case StatusCode::invalid_argument: return "invalid_argument";
-    case StatusCode::not_found: return "not_found";
-    case StatusCode::corruption: return "corruption";
-    case StatusCode::io_error: return "io_error";
-    case StatusCode::timeout: return "timeout";
-    case StatusCode::cancelled: return "cancelled";
-    case StatusCode::diverged: return "diverged";
-    case StatusCode::internal: return "internal";
-    case StatusCode::unavailable: return "unavailable";
-  }
-  return "unknown";
-}
-
-}  // namespace
-
 void MetricsSink::stopped(const Status& why, double wall_s) {
   write({{"event", "stopped"}, {"status", code_name(why.code())}, {"message", why.message()}, {"wall_s", wall_s}});
 }

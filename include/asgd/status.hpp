@@ -25,6 +25,9 @@ enum class StatusCode {
 };
 
 const char* to_string(StatusCode code);
+/// The code's own name ("invalid_argument", "io_error"), for a program to
+/// match on (the metrics file's "stopped" line); to_string is for people.
+const char* code_name(StatusCode code);
 
 /// An error code with a one-line, human-readable message. Cheap to copy when
 /// ok; thread-compatible (no shared state).
