@@ -31,11 +31,21 @@ std::string known_names() {
 
 // "<dir>/<base>.gz" if it exists, else "<dir>/<base>".
 Result<std::filesystem::path> find_idx_file(const std::filesystem::path& dir, const std::string& base) {
-  std::error_code ec;
+  // A folder that cannot be searched is not a missing file: say which.
+  const auto there = [](const std::filesystem::path& p) -> Result<bool> {
+    std::error_code ec;
+    const bool found = std::filesystem::exists(p, ec);
+    if (ec && ec != std::errc::no_such_file_or_directory)
+      return Status::IOError(p.string() + ": cannot look at it: " + ec.message());
+    return found;
+  };
   auto gz = dir / (base + ".gz");
-  if (std::filesystem::exists(gz, ec)) return gz;
   auto plain = dir / base;
-  if (std::filesystem::exists(plain, ec)) return plain;
+  for (const auto& p : {gz, plain}) {
+    auto found = there(p);
+    if (!found.ok()) return found.status();
+    if (*found) return p;
+  }
   return Status::NotFound(gz.string() + ": no such file (nor an uncompressed " + base + ")");
 }
 

@@ -63,6 +63,10 @@ Result<std::vector<std::uint8_t>> read_raw_file(const std::filesystem::path& pat
   }
   if (ec) return Status::IOError(name + ": " + ec.message());
   if (std::filesystem::is_directory(st)) return Status::IOError(name + ": is a directory, not a file");
+  // A named pipe or a device would block in fopen or never end (a link to
+  // /dev/zero read 1 GiB before the limit below refused it).
+  if (!std::filesystem::is_regular_file(st))
+    return Status::IOError(name + ": not a regular file (a named pipe, a device or a socket)");
 
   std::unique_ptr<std::FILE, FileCloser> file(std::fopen(name.c_str(), "rb"));
   if (!file) {
@@ -83,8 +87,8 @@ Result<std::vector<std::uint8_t>> read_raw_file(const std::filesystem::path& pat
     }
     bytes.reserve(static_cast<std::size_t>(size));
   }
-  // Read until EOF rather than trusting the size: the file may be a pipe or
-  // may change under us.
+  // Read until EOF rather than trusting the size: the file may change
+  // under us.
   constexpr std::size_t kChunk = std::size_t{1} << 20;
   for (;;) {
     const std::size_t old = bytes.size();

@@ -11,10 +11,14 @@
 // The folder is the caller's (the runtime's resolve_image_cache(): from
 // the environment, at the edge of the program). A copy is
 // named <file>-<where>-<version>-<crc>.idx: `where` hashes the source's
-// canonical path, `version` its size, modification time, device and inode,
-// so an edited or replaced source gets a copy of its own, and the older
-// copies of the same source are removed when it is written. A folder that
-// cannot be written (or has too little space) leaves loading as it was.
+// canonical path, `version` its size, modification and change times,
+// device and inode, so an edited or replaced source gets a copy of its own,
+// and the older copies of the same source are removed when it is written;
+// `crc` covers the images' dimensions and pixels. Beside each copy,
+// <copy>.source names its source: writing a copy also removes the copies
+// of sources that no longer exist, and what a write that died left (an
+// hour on). A folder that cannot be written (or has too little space)
+// leaves loading as it was.
 
 #include <filesystem>
 

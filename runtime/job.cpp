@@ -4,6 +4,7 @@
 #include <spdlog/fmt/fmt.h>
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <cstdlib>
@@ -266,8 +267,14 @@ std::string resolve_image_cache() {
     const char* v = std::getenv(name);
     return v != nullptr ? v : "";
   };
-  if (const std::string dir = env("ASGD_CACHE_DIR"); !dir.empty()) return dir == "off" ? "" : dir;
-  if (const std::string xdg = env("XDG_CACHE_HOME"); !xdg.empty()) return (std::filesystem::path(xdg) / "asgd").string();
+  if (const std::string dir = env("ASGD_CACHE_DIR"); !dir.empty()) {
+    std::string lower = dir;
+    for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+    return lower == "off" || lower == "0" || lower == "no" || lower == "false" ? "" : dir;
+  }
+  // The XDG base directory rules: a relative XDG_CACHE_HOME is ignored.
+  if (const std::string xdg = env("XDG_CACHE_HOME"); !xdg.empty() && xdg.front() == '/')
+    return (std::filesystem::path(xdg) / "asgd").string();
   if (const std::string home = env("HOME"); !home.empty())
     return (std::filesystem::path(home) / ".cache" / "asgd").string();
   return "";

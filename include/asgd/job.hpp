@@ -186,8 +186,9 @@ std::string resolve_data_dir(const JobConfig& config);
 
 /// Where loading a dataset keeps decompressed copies of its gzip'd image
 /// files (docs/user-guide.md, "Data"): $ASGD_CACHE_DIR, else
-/// $XDG_CACHE_HOME/asgd, else $HOME/.cache/asgd; empty (no cache) when
-/// ASGD_CACHE_DIR is "off" or none of them is set. Read at each call.
+/// $XDG_CACHE_HOME/asgd (an absolute one), else $HOME/.cache/asgd; empty
+/// (no cache) when ASGD_CACHE_DIR is "off" (or "0", "no", "false", in any
+/// case) or none of them is set. Read at each call.
 std::string resolve_image_cache();
 
 /// Where one worker's time went, in seconds, over an epoch or the whole

@@ -19,8 +19,11 @@ inline void write_raw(const std::filesystem::path& path, const std::vector<std::
   ASSERT_TRUE(out.good()) << path;
 }
 
-inline void write_gz(const std::filesystem::path& path, const std::vector<std::uint8_t>& bytes) {
-  gzFile f = gzopen(path.c_str(), "wb");
+// `mode` "wb0" stores the bytes uncompressed: the file's size then
+// depends on their number only.
+inline void write_gz(const std::filesystem::path& path, const std::vector<std::uint8_t>& bytes,
+                     const char* mode = "wb") {
+  gzFile f = gzopen(path.c_str(), mode);
   ASSERT_NE(f, nullptr) << path;
   ASSERT_EQ(gzwrite(f, bytes.data(), static_cast<unsigned>(bytes.size())), static_cast<int>(bytes.size()));
   ASSERT_EQ(gzclose(f), Z_OK);

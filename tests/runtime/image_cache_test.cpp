@@ -27,10 +27,14 @@ TEST(ResolveImageCache, ComesFromAsgdCacheDirThenXdgThenHomeAndOffTurnsItOff) {
   setenv("XDG_CACHE_HOME", "/xdg", 1);
   setenv("HOME", "/home/u", 1);
   EXPECT_EQ(resolve_image_cache(), "/srv/cache");
-  setenv("ASGD_CACHE_DIR", "off", 1);
-  EXPECT_EQ(resolve_image_cache(), "");
+  for (const char* off : {"off", "OFF", "0", "no", "False"}) {
+    setenv("ASGD_CACHE_DIR", off, 1);
+    EXPECT_EQ(resolve_image_cache(), "") << off;
+  }
   unsetenv("ASGD_CACHE_DIR");
   EXPECT_EQ(resolve_image_cache(), "/xdg/asgd");
+  setenv("XDG_CACHE_HOME", "relative/cache", 1);  // ignored, as the XDG rules say
+  EXPECT_EQ(resolve_image_cache(), "/home/u/.cache/asgd");
   unsetenv("XDG_CACHE_HOME");
   EXPECT_EQ(resolve_image_cache(), "/home/u/.cache/asgd");
   unsetenv("HOME");

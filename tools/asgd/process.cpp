@@ -28,8 +28,22 @@ namespace {
 // volatile sig_atomic_t is safe only within one thread, so a lock-free
 // atomic (which a signal handler may also use).
 std::atomic<bool> g_interrupted{false};
+std::atomic<bool> g_sigint{false};
 static_assert(std::atomic<bool>::is_always_lock_free);
-extern "C" void on_sigint(int) { g_interrupted.store(true, std::memory_order_relaxed); }
+
+// A second Ctrl-C ends the process at once: the first asked for a clean
+// stop, which a step that does not return (a data file on a hung network
+// mount) may never reach. Only SIGINT twice: a stop that also brings a
+// SIGTERM (asgd cluster's to its processes, on top of the terminal's
+// SIGINT to the whole group) is still clean.
+extern "C" void on_sigint(int sig) {
+  if (sig == SIGINT && g_sigint.exchange(true, std::memory_order_relaxed)) {
+    static constexpr char kMessage[] = "asgd: interrupted again: stopped at once, without a clean stop\n";
+    [[maybe_unused]] const auto written = ::write(STDERR_FILENO, kMessage, sizeof kMessage - 1);
+    ::_exit(1);
+  }
+  g_interrupted.store(true, std::memory_order_relaxed);
+}
 
 }  // namespace
 
