@@ -1,0 +1,37 @@
+// Ctrl-C twice: the first asks asgd for a clean stop, a second ends the
+// process at once (for a step that never returns, such as a read from a
+// hung network mount, where the clean stop would never come).
+
+#include <gtest/gtest.h>
+
+#include <csignal>
+#include <chrono>
+#include <string>
+
+#include "runtime/asgd_processes.hpp"
+#include "temp_dir.hpp"
+#include "test_data.hpp"
+
+namespace {
+
+TEST(InterruptCli, ASecondCtrlCEndsTheProcessAtOnce) {
+  ASGD_REQUIRE_DATASET(data, "mnist");
+  const asgd_test::TempDir scratch;
+  const auto log = scratch / "train.log";
+  const pid_t pid = asgd_test::start_asgd({"train", "--data-dir", data.string(), "--epochs", "100"}, log);
+  ASSERT_GT(pid, 0);
+  ASSERT_TRUE(asgd_test::eventually([&] { return asgd_test::read_file(log).find("epoch 1/100") != std::string::npos; },
+                                    std::chrono::seconds(60)))
+      << asgd_test::read_file(log);
+  ASSERT_EQ(::kill(pid, SIGINT), 0);
+  ASSERT_EQ(::kill(pid, SIGINT), 0);
+  const auto code = asgd_test::wait_exit(pid, std::chrono::seconds(30));
+  ASSERT_TRUE(code) << asgd_test::read_file(log);
+  EXPECT_EQ(*code, 1);
+  const std::string printed = asgd_test::read_file(log);
+  EXPECT_NE(printed.find("asgd: interrupted again: stopped at once, without a clean stop"), std::string::npos)
+      << printed;
+  EXPECT_EQ(printed.find("the job was stopped before its end"), std::string::npos) << "no clean stop: " << printed;
+}
+
+}  // namespace
