@@ -71,6 +71,11 @@ Result<ResumePlan> plan_resume(const JobConfig& cfg, const JobPlan& job) {
                                                    std::to_string(shard.index) + " has " +
                                                    std::to_string(shard.range.size()) +
                                                    ": the checkpointed job had another model"));
+    if (saved->optimizer != job.optimizer.kind)
+      return Status::InvalidArgument("--resume " + cfg.resume + ": " + path + " holds the state of the " +
+                                     saved->optimizer + " optimizer, this job's is " + job.optimizer.kind +
+                                     ": the optimizer cannot change on resume (use --optimizer " + saved->optimizer +
+                                     ")");
     const auto& clocks = saved->stats.worker_clock;
     if (clocks.size() != workers.size())
       return Status::InvalidArgument("--resume " + cfg.resume + ": " + path + " is of a job with " +

@@ -413,9 +413,9 @@ std::string ShardCore::checkpoint_bytes(double taken_unix_s) const {
       {"optimizer_steps", optimizer_->steps()},
       {"version", version_},
       {"committed", committed_},
-      {"clock", clock_},
+      {"clock", worker_clocks()},
       {"live", live},
-      {"updates_applied", stats_.updates_applied},
+      {"updates_applied", updates_applied()},
       {"commits", stats_.commits},
       {"updates_discarded", stats_.updates_discarded},
       {"rejected", stats_.rejected},
@@ -433,6 +433,7 @@ Result<ShardCore::Saved> ShardCore::saved(const std::string& path) {
     const auto& h = file->header;
     Saved saved;
     saved.written_unix_s = h.at("written_unix_s").get<double>();
+    saved.optimizer = h.at("optimizer").get<std::string>();
     ShardStats& s = saved.stats;
     s.shard = h.at("shard").get<std::uint32_t>();
     s.updates_applied = h.at("updates_applied").get<std::uint64_t>();
@@ -498,6 +499,9 @@ Status ShardCore::restore(const std::string& path, std::span<const Clock> restar
       live_.assign(setup_.workers, true);
       clock_.assign(restart.begin(), restart.end());
       committed_ = *std::min_element(restart.begin(), restart.end());
+      if (setup_.shared)  // hogwild's workers count their steps there
+        for (std::size_t w = 0; w < restart.size(); ++w)
+          setup_.shared->clocks[w].store(restart[w], std::memory_order_release);
     }
     stats_.updates_applied = h.at("updates_applied").get<std::uint64_t>();
     stats_.commits = h.at("commits").get<std::uint64_t>();
@@ -516,11 +520,26 @@ Status ShardCore::restore(const std::string& path, std::span<const Clock> restar
   return {};
 }
 
+std::vector<Clock> ShardCore::worker_clocks() const {
+  if (!setup_.shared) return clock_;
+  std::vector<Clock> out;
+  for (const auto& c : setup_.shared->clocks) out.push_back(c.load(std::memory_order_acquire));
+  return out;
+}
+
+std::uint64_t ShardCore::updates_applied() const {
+  if (!setup_.shared) return stats_.updates_applied;
+  std::uint64_t steps = 0;
+  for (Clock c : worker_clocks()) steps += c;
+  return steps;
+}
+
 ShardStats ShardCore::stats() const {
   ShardStats s = stats_;
   s.keys = setup_.range.size();
   s.held = held_.size();
-  s.worker_clock = clock_;
+  s.worker_clock = worker_clocks();
+  s.updates_applied = updates_applied();
   return s;
 }
 

@@ -138,6 +138,7 @@ class ShardCore {
   /// clocks (to decide where a resumed job starts) and when it was written.
   struct Saved {
     ShardStats stats;
+    std::string optimizer;  ///< the optimizer whose state it holds
     double written_unix_s = 0.0;
   };
   /// Errors as restore.
@@ -148,6 +149,12 @@ class ShardCore {
   ShardStats stats() const;
 
  private:
+  /// Per worker, the steps applied: the clocks of the pushes, or under
+  /// hogwild (no pushes) those of the shared buffer.
+  std::vector<Clock> worker_clocks() const;
+  /// Updates applied: under hogwild, the workers' steps on the shared buffer.
+  std::uint64_t updates_applied() const;
+
   struct Aggregate {
     std::vector<std::vector<float>> slots;  // per worker: (range size,) or empty
     std::vector<std::uint32_t> samples;     // per worker: 0 for a clock tick (no payload)

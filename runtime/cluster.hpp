@@ -167,10 +167,4 @@ enum class WorkersOn { this_host, their_hosts };
 /// host when the workers run here.
 Status validate_for_cluster(const JobConfig& config, WorkersOn workers);
 
-/// A failure the user must fix (a bad setting or input): asgd exits 2 for
-/// it, and a job across processes refused so ends every process with 2.
-inline bool is_usage_error(const Status& s) {
-  return s.code() == StatusCode::invalid_argument || s.code() == StatusCode::not_found;
-}
-
 }  // namespace asgd

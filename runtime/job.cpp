@@ -591,7 +591,7 @@ Result<JobSummary> run_job_with(const JobConfig& requested, const JobCallbacks& 
     result = thrown_status(std::current_exception(), "the job");
     logger().error("{}", result.status().message());
   }
-  if (!result.ok() && result.status().code() != StatusCode::invalid_argument && metrics.error.ok())
+  if (!result.ok() && !is_usage_error(result.status()) && metrics.error.ok())
     metrics.stopped(result.status(), std::chrono::duration<double>(std::chrono::steady_clock::now() - job_start).count());
   return result;
 }

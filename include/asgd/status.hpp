@@ -64,6 +64,13 @@ class Status {
   std::string message_;
 };
 
+/// A failure the user must fix (a bad setting or input, something named
+/// that is not there): asgd exits 2 for it, and writes no "stopped" line
+/// to a metrics file (the job never began). Any other failure exits 1.
+inline bool is_usage_error(const Status& s) {
+  return s.code() == StatusCode::invalid_argument || s.code() == StatusCode::not_found;
+}
+
 /// Either a value or a non-ok Status. Accessing value() on an error is a bug
 /// (asserted in debug builds).
 template <class T>

@@ -169,6 +169,15 @@ TEST(ResumeCli, AnotherModelOrShardCountIsRefusedAndARefusedResumeLeavesTheSetti
   expect_one_line_error(asgd(resume + " --model lenet"), 2, "the checkpointed job's --model (mlp) cannot change");
   expect_one_line_error(asgd(resume + " --shards 2"), 2, "the checkpointed job's --shards (1) cannot change");
   expect_one_line_error(asgd(resume + " --workers 3"), 2, "shard-0.ckpt is of a job with 2 workers, not 3");
+  // Its shards hold the momentum optimizer's state; its epochs are MNIST's
+  // training set less 1000 samples (another dataset trained on MNIST
+  // under the new name: job.toml keeps the data folder).
+  expect_one_line_error(asgd(resume + " --optimizer adam"), 2,
+                        "holds the state of the momentum optimizer, this job's is adam");
+  expect_one_line_error(asgd(resume + " --dataset fashion-mnist"), 2,
+                        "the checkpointed job's --dataset (mnist) cannot change");
+  expect_one_line_error(asgd(resume + " --validation-size 2000"), 2,
+                        "the checkpointed job's --validation-size (1000) cannot change");
   // Under a launcher with the wrong number of ranks, the advice keeps what a resume keeps.
   expect_one_line_error(asgd("cluster --resume " + ck.string() + " --epochs 2 --rendezvous " + (scratch / "rv").string(),
                              {}, "env OMPI_COMM_WORLD_RANK=0 OMPI_COMM_WORLD_SIZE=3"),

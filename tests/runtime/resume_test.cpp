@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <future>
+#include <sstream>
 #include <thread>
 #include <stop_token>
 
@@ -156,10 +157,17 @@ TEST(ShardCheckpoint, ADamagedOrForeignCheckpointIsRefusedNamingTheFile) {
 
 using asgd_test::read_jsonl;
 
-TEST(Resume, AJobStoppedAfterItsFirstEpochContinuesFromTheShardCheckpoints) {
+// Under hogwild too, whose workers push nothing: its shard's checkpoints
+// count their steps on the shared buffer (they held clock 0, and a resume
+// trained every epoch again).
+class Resume : public ::testing::TestWithParam<std::string> {};
+INSTANTIATE_TEST_SUITE_P(Policies, Resume, ::testing::Values("async", "hogwild"));
+
+TEST_P(Resume, AJobStoppedAfterItsFirstEpochContinuesFromTheShardCheckpoints) {
   ASGD_REQUIRE_DATASET(data, "mnist");
   const asgd_test::TempDir dir;
   JobConfig c;
+  c.policy = GetParam();
   c.data_dir = data.string();
   c.epochs = 3;
   c.batch = 32;
@@ -211,6 +219,7 @@ TEST(Resume, AJobStoppedAfterItsFirstEpochContinuesFromTheShardCheckpoints) {
   EXPECT_EQ(lines[0]["event"], "epoch");
   const auto resume = std::find_if(lines.begin(), lines.end(), [](const auto& j) { return j["event"] == "resume"; });
   ASSERT_NE(resume, lines.end());
+  EXPECT_EQ((*resume)["epoch"], 2) << resume->dump();
   EXPECT_EQ((*resume)["lost_at_most_s"], 0.2);
   EXPECT_GT((*resume)["updates"].get<std::uint64_t>(), 0u);
   EXPECT_EQ(lines.back()["event"], "summary");
@@ -222,16 +231,23 @@ TEST(Resume, AJobStoppedAfterItsFirstEpochContinuesFromTheShardCheckpoints) {
   EXPECT_NE(third.status().message().find("trained all 3 epochs"), std::string::npos) << third.status().message();
 }
 
-TEST(Resume, AFolderWithoutShardCheckpointsIsRefusedSayingWhatIsMissing) {
+TEST(ResumeRefused, AFolderWithoutShardCheckpointsIsRefusedSayingWhatIsMissing) {
   ASGD_REQUIRE_DATASET(data, "mnist");
   const asgd_test::TempDir dir;
   JobConfig c;
   c.data_dir = data.string();
   c.resume = dir.path().string();
+  c.metrics_out = (dir / "run.jsonl").string();
+  std::ofstream(c.metrics_out) << "{\"event\": \"epoch\"}\n";
   auto r = run_job(c);
   ASSERT_FALSE(r.ok());
   EXPECT_EQ(r.status().code(), StatusCode::not_found);
   EXPECT_NE(r.status().message().find("shard-0.ckpt"), std::string::npos) << r.status().message();
+  // A refused resume leaves the metrics file it would go on as it was (a
+  // "stopped" line was appended for this one).
+  std::stringstream kept;
+  kept << std::ifstream(c.metrics_out).rdbuf();
+  EXPECT_EQ(kept.str(), "{\"event\": \"epoch\"}\n");
 }
 
 // A shard whose checkpoints cannot be written (here a folder stands where

@@ -84,6 +84,11 @@ Status same_checkpointed_layout(const JobConfig& resumed, const JobConfig& now) 
     return refuse("--worker-weights", resumed.worker_weights.empty() ? "equal" : resumed.worker_weights,
                   "its checkpoints count steps of those sizes");
   if (now.model != resumed.model) return refuse("--model", resumed.model, "its checkpoints hold that model's parameters");
+  if (now.dataset != resumed.dataset)
+    return refuse("--dataset", resumed.dataset, "its epochs are of that dataset's training set");
+  if (now.validation_size != resumed.validation_size)
+    return refuse("--validation-size", std::to_string(resumed.validation_size),
+                  "its epochs are of the training set that leaves");
   if (now.shards != resumed.shards)
     return refuse("--shards", std::to_string(resumed.shards), "its checkpoints hold the parameters cut that many ways");
   return {};
