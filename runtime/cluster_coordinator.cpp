@@ -190,6 +190,12 @@ Result<std::shared_ptr<Bridge>> start_bridge(const JobConfig& config, const Proc
 
 Status validate_for_cluster(const JobConfig& c, WorkersOn workers) {
   if (Status s = validate_settings(c, workers == WorkersOn::this_host); !s.ok()) return s;
+  // Heartbeats are between processes: one process does not check them.
+  if (c.heartbeat_timeout_s >= c.rpc_timeout_s)
+    return Status::InvalidArgument(
+        fmt::format("--heartbeat-timeout {:g}: must be below --rpc-timeout ({:g} s), or workers held by a dead one "
+                    "give up first",
+                    c.heartbeat_timeout_s, c.rpc_timeout_s));
   auto settings = plan_settings(c, Placement::processes, 1);
   if (settings && settings->shares_parameters)
     return Status::InvalidArgument("--policy " + c.policy +

@@ -149,10 +149,6 @@ Status validate_config(const JobConfig& c, bool named_dataset, bool devices_here
     if (resume.kind == PathKind::unreadable) return bad("resume", c.resume, "cannot be read: " + resume.error);
     if (resume.kind != PathKind::folder) return bad("resume", c.resume, "is not a folder of checkpoints");
   }
-  if (c.heartbeat_timeout_s >= c.rpc_timeout_s)
-    return bad("heartbeat-timeout", fmt::format("{:g}", c.heartbeat_timeout_s),
-               fmt::format("must be below --rpc-timeout ({:g} s), or workers held by a dead one give up first",
-                           c.rpc_timeout_s));
   return {};
 }
 

@@ -494,8 +494,13 @@ TEST(TrainCli, ResumeFromAFolderWithoutJobSettingsIsAUsageErrorSayingWhatIsMissi
   expect_one_line_error(asgd("train --resume " + scratch.path().string()), 2, "no job.toml there");
 }
 
-TEST(TrainCli, HeartbeatTimeoutMustBeBelowTheRpcTimeout) {
-  expect_one_line_error(asgd("train --heartbeat-timeout 60 --rpc-timeout 30"), 2, "--heartbeat-timeout 60");
+// Across processes only: heartbeats are between processes, and asgd train
+// --rpc-timeout 5 was refused for the default --heartbeat-timeout 10 it
+// never uses (the missing data folder says the settings passed).
+TEST(TrainCli, HeartbeatTimeoutMustBeBelowTheRpcTimeoutAcrossProcesses) {
+  expect_one_line_error(asgd("cluster --heartbeat-timeout 60 --rpc-timeout 30"), 2,
+                        "--heartbeat-timeout 60: must be below --rpc-timeout (30 s)");
+  expect_one_line_error(asgd("train --rpc-timeout 5 --data-dir /nonexistent"), 2, "data directory /nonexistent does not exist");
 }
 
 // Every page names its values the same way (FILE, DIR, N, S, NAME, ...),
