@@ -364,4 +364,10 @@ std::string to_toml(const JobConfig& config) {
   return out;
 }
 
+bool is_checkpoint_folder_file(const std::string& name) {
+  return name == kJobSettingsFile || name == "model.ckpt" ||
+         (name.starts_with("shard-") && (name.ends_with(".ckpt") || name.ends_with(".ckpt.claim") ||
+                                         name.ends_with(".tmp")));
+}
+
 }  // namespace asgd

@@ -40,6 +40,11 @@ inline constexpr const char* kJobSettingsFile = "job.toml";
 /// The last line of a job.toml: one without it was cut short.
 inline constexpr const char* kJobSettingsEnd = "# end of the settings";
 
+/// Whether `name` is one of the files a checkpointing job keeps in its
+/// folder: job.toml, model.ckpt, shard-K.ckpt and the claim and temporary
+/// files beside each.
+bool is_checkpoint_folder_file(const std::string& name);
+
 /// Sets one field by key ("workers" or "workers" spelled "workers"; '_' and
 /// '-' are interchangeable). Errors name the key and the value.
 Status set_job_field(JobConfig& config, const std::string& key, const std::string& text);

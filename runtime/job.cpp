@@ -144,6 +144,7 @@ Status validate_config(const JobConfig& c, bool named_dataset, bool devices_here
   if (c.status_port != 0 && !StatusServer::is_address(c.status_address))
     return bad("status-address", c.status_address, "not an IP address (such as 127.0.0.1, 0.0.0.0 or ::1)");
   if (Status s = validate_limits(c); !s.ok()) return s;
+  if (Status s = check_metrics_path(c.metrics_out, c.checkpoint_dir, c.resume); !s.ok()) return s;
   if (!c.resume.empty()) {
     const PathLook resume = look_at(c.resume);
     if (resume.kind == PathKind::unreadable) return bad("resume", c.resume, "cannot be read: " + resume.error);

@@ -3,8 +3,10 @@
 #include <cerrno>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 
 #include "base/json_text.hpp"
+#include "runtime/config_file.hpp"
 
 namespace asgd {
 
@@ -207,12 +209,32 @@ Result<JobSummary> summary_from_json(const nlohmann::json& j) {
   });
 }
 
+Status check_metrics_path(const std::string& metrics_out, const std::string& checkpoint_dir, const std::string& resume) {
+  namespace fs = std::filesystem;
+  if (metrics_out.empty()) return {};
+  auto refuse = [&](const std::string& why) { return Status::InvalidArgument("--metrics-out " + metrics_out + ": " + why); };
+  const fs::path path = fs::absolute(metrics_out).lexically_normal();
+  std::error_code ec;
+  const std::string& folder = checkpoint_dir.empty() ? resume : checkpoint_dir;
+  if (!folder.empty() && is_checkpoint_folder_file(path.filename().string()) &&
+      fs::weakly_canonical(path.parent_path(), ec) == fs::weakly_canonical(fs::absolute(folder), ec))
+    return refuse("is a file of the job's checkpoint folder " + folder + " (the job writes it, or --resume reads it); "
+                  "give another file");
+  return {};
+}
+
 Result<MetricsWriter> MetricsWriter::open(const std::string& path, bool append) {
+  namespace fs = std::filesystem;
+  // A path that cannot be created is the user's to fix: a configuration error.
+  auto refuse = [&](const std::string& why) { return Status::InvalidArgument("--metrics-out " + path + ": " + why); };
+  std::error_code ec;
+  const fs::path folder = fs::absolute(path).lexically_normal().parent_path();
+  if (fs::is_directory(path, ec)) return refuse("a folder, not a file");
+  if (!fs::is_directory(folder, ec)) return refuse("its folder " + folder.string() + " does not exist");
   MetricsWriter w;
   w.path_ = path;
   w.out_.open(path, std::ios::out | (append ? std::ios::app : std::ios::trunc));
-  // A path that cannot be created is the user's to fix: a configuration error.
-  if (!w.out_) return Status::InvalidArgument("--metrics-out " + path + ": cannot write it: " + std::strerror(errno));
+  if (!w.out_) return refuse(std::string("cannot write it: ") + std::strerror(errno));
   return w;
 }
 

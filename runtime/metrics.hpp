@@ -27,6 +27,13 @@ Result<EpochMetrics> epoch_from_json(const nlohmann::json& j);
 Result<EvalPoint> eval_from_json(const nlohmann::json& j);
 Result<JobSummary> summary_from_json(const nlohmann::json& j);
 
+/// Why `metrics_out` cannot be a job's metrics file: it is one of the files
+/// of the job's checkpoint folder (`checkpoint_dir`, else the `resume`
+/// folder), which the job writes itself or a --resume reads. Ok for an
+/// empty path. (Whether it can be written is for where it is written:
+/// MetricsWriter::open.)
+Status check_metrics_path(const std::string& metrics_out, const std::string& checkpoint_dir, const std::string& resume);
+
 /// Appends records to a file, flushing each line so a crash loses at most
 /// the line being written. Not thread-safe.
 class MetricsWriter {

@@ -63,4 +63,23 @@ TEST(PathsCli, ANewJobInACheckpointFolderRemovesTheEarlierJobsModel) {
                         "no checkpoint at " + ck + "/model.ckpt");
 }
 
+// A metrics file that is one of the checkpoint folder's files (job.toml
+// was replaced by the metrics and every --resume then refused; model.ckpt
+// overwrote the metrics at the end), the log file as well (the log was
+// lost), or in a folder that does not exist: refused before the job starts.
+TEST(PathsCli, AMetricsFileInPlaceOfTheJobsOwnFilesOrItsLogIsRefusedBeforeTheJob) {
+  ASGD_REQUIRE_DATASET(mnist, "mnist");
+  const asgd_test::TempDir dir;
+  const std::string job = "train --epochs 1 --data-dir " + mnist.string() + " ";
+  for (const char* file : {"job.toml", "model.ckpt", "shard-0.ckpt", "shard-0.ckpt.claim"})
+    expect_one_line_error(asgd(job + "--checkpoint-dir ck --metrics-out ck/" + file, dir.path()), 2,
+                          "--metrics-out ck/" + std::string(file) + ": is a file of the job's checkpoint folder ck");
+  expect_one_line_error(asgd(job + "--metrics-out run.jsonl --log-file ./run.jsonl", dir.path()), 2,
+                        "--log-file ./run.jsonl: is the --metrics-out file too");
+  const CliRun missing = asgd(job + "--metrics-out nowhere/run.jsonl", dir.path());
+  expect_one_line_error(missing, 2, "--metrics-out nowhere/run.jsonl: its folder nowhere does not exist");
+  EXPECT_TRUE(missing.out.empty()) << "refused before the job: " << missing.out;
+  EXPECT_FALSE(fs::exists(dir / "ck")) << "nothing written";
+}
+
 }  // namespace

@@ -17,10 +17,7 @@ namespace fs = std::filesystem;
 // The files of a checkpointed job beside its model.ckpt: job.toml and
 // shard-K.ckpt, which --resume reads, and shard-K.ckpt.claim, which says
 // which process of shard K writes its checkpoint.
-bool job_file(const std::string& name) {
-  return name == kJobSettingsFile ||
-         (name.starts_with("shard-") && (name.ends_with(".ckpt") || name.ends_with(".ckpt.claim")));
-}
+bool job_file(const std::string& name) { return is_checkpoint_folder_file(name) && name != kCheckpointFile; }
 
 // --checkpoint names one of those files instead of the trained model: a
 // usage error that says which file to give (it was "not an asgd

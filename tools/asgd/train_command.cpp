@@ -162,6 +162,17 @@ std::optional<int> load_job(const JobOptions& o, JobConfig& config, bool devices
     print_error(s.message());
     return kExitUsage;
   }
+  std::error_code ec;
+  if (!o.log.log_file.empty() && !config.metrics_out.empty() &&
+      std::filesystem::weakly_canonical(o.log.log_file, ec) == std::filesystem::weakly_canonical(config.metrics_out, ec)) {
+    print_error("--log-file " + o.log.log_file + ": is the --metrics-out file too; give each its own");
+    return kExitUsage;
+  }
+  // Where this process writes it: before anything starts (not a job later).
+  if (Status s = data_here ? writable_file(config.metrics_out) : Status{}; !s.ok()) {
+    print_error("--metrics-out " + config.metrics_out + ": " + s.message());
+    return kExitUsage;
+  }
   return data_here ? refuse_missing_data(config) : std::nullopt;
 }
 
