@@ -70,6 +70,20 @@ void EpochTracker::report(const EpochReport& r, double at_s) {
   total.wall_s += r.wall_s;
   total.dropped_batches += r.dropped_batches;
   merge_histogram(total.staleness_histogram, r.staleness_histogram);
+  // The pushes a worker sent after its last epoch's report (averaging's
+  // last partial round, Downpour's n_push) come in a report of no batches:
+  // they count in the job's updates, and reopen no epoch nor replace the
+  // worker's phases in it.
+  if (evaluated_.contains(r.epoch)) {
+    updates_ += r.updates;
+    return;
+  }
+  if (auto seen = epochs_seen_.find(r.epoch); r.batches == 0 && seen != epochs_seen_.end() &&
+                                              r.worker < seen->second.reported.size() &&
+                                              seen->second.reported[r.worker]) {
+    seen->second.sum.updates += r.updates;
+    return;
+  }
   auto& e = epochs_seen_[r.epoch];
   e.last_report_s = at_s;
   latest_report_s_ = std::max(latest_report_s_, at_s);
@@ -137,6 +151,7 @@ EpochMetrics EpochTracker::evaluated(std::uint64_t e, double val_accuracy) {
   m.updates = updates_;
   m.worker_phases = agg.phases;
   epochs_seen_.erase(e);
+  evaluated_.insert(e);
   return m;
 }
 

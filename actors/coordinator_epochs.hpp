@@ -7,6 +7,7 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <set>
 #include <optional>
 #include <vector>
 
@@ -73,6 +74,7 @@ class EpochTracker {
   std::uint32_t workers_;
   std::uint32_t epochs_;
   std::map<std::uint64_t, Epoch> epochs_seen_;  // epoch (0-based) -> reports so far
+  std::set<std::uint64_t> evaluated_;           // epochs whose line is written
   std::vector<EpochReport> totals_;
   std::uint64_t updates_ = 0;
   double last_end_s_ = 0.0;

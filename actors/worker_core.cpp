@@ -90,9 +90,10 @@ void WorkerCore::start(Actions& out) {
 
 // Out of data: every shard stops waiting for us. Stopped mid-epoch (the
 // feeder was told to serve no more: --stop-at-target), what it did of that
-// epoch is reported first.
+// epoch is reported first; so are the updates of the pushes sent after
+// the last epoch's report (out_of_data), which the job's count left out.
 void WorkerCore::leave(Actions& out) {
-  if (report_.batches > 0) report_epoch(now_(), out);
+  if (report_.batches > 0 || report_.updates > 0) report_epoch(now_(), out);
   if (shared_) shared_->live[id_].store(false, std::memory_order_release);
   if (collective_) collective_->leave(id_);
   finished_ = true;

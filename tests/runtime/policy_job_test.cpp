@@ -3,6 +3,7 @@
 
 #include <gtest/gtest.h>
 
+#include <tuple>
 #include <vector>
 
 #include "asgd/job.hpp"
@@ -136,6 +137,26 @@ TEST(Policies, ExplicitWorkerWeightsScaleEachWorkersBatch) {
   const Outcome r = run(c);
   EXPECT_EQ(r.summary.worker_batch, (std::vector<std::uint32_t>{32, 96}));
   EXPECT_LE(r.summary.staleness_max, 2.0);
+}
+
+// The pushes a worker sends once its data ran out (averaging's last
+// partial round, Downpour's n_push) are updates too: the summary counted
+// none of averaging's with more local steps than an epoch has ("0
+// updates" for a trained model), though its staleness histogram had them.
+TEST(Policies, ThePushesAfterTheLastEpochCountInTheJobsUpdates) {
+  ASGD_REQUIRE_DATASET(data, "mnist");
+  for (const auto& [policy, option, value] : {std::tuple{"averaging", "local-steps", 100000.0},
+                                              std::tuple{"averaging", "local-steps", 8.0},
+                                              std::tuple{"async", "push-every", 3.0}}) {
+    JobConfig c = mnist_job(data.string(), policy);
+    c.epochs = 1;
+    c.policy_options[option] = value;
+    const JobSummary s = run(c).summary;
+    std::uint64_t pushes = 0;
+    for (std::uint64_t n : s.staleness_histogram) pushes += n;
+    EXPECT_EQ(s.updates_applied, pushes) << policy << " " << option << " " << value;
+    EXPECT_GT(s.updates_applied, 0u);
+  }
 }
 
 TEST(Policies, ValidateNamesTheBadPolicySetting) {
