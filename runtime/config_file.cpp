@@ -10,6 +10,7 @@
 #include <filesystem>
 #include <limits>
 #include <map>
+#include <set>
 #include <sstream>
 #include <type_traits>
 
@@ -43,10 +44,12 @@ Status parse_double(const std::string& text, double& out) {
   return {};
 }
 
+// The shortest text that reads back as `v` exactly (0.013, not
+// 0.012999999999999999).
 std::string number_text(double v) {
   char buf[64];
-  std::snprintf(buf, sizeof buf, "%.17g", v);
-  return buf;
+  const auto [end, ec] = std::to_chars(buf, buf + sizeof buf, v);
+  return ec == std::errc() ? std::string(buf, end) : std::to_string(v);
 }
 
 template <class Int>
@@ -261,7 +264,33 @@ Status set_job_field(JobConfig& config, const std::string& key, const std::strin
 
 namespace {
 
-Status apply_toml_value(const toml::value& root, const std::string& origin, JobConfig& config) {
+// The TOML type a field's value has: text (a name, a path, a list), a
+// number or a boolean, by the field's metavar.
+enum class TomlKind { text, number, boolean };
+
+TomlKind toml_kind(const std::string& key) {
+  const auto& fields = job_config_fields();
+  auto f = std::find_if(fields.begin(), fields.end(), [&](const ConfigField& c) { return c.key == normalize(key); });
+  if (f == fields.end()) return TomlKind::text;  // unknown: set_job_field says so
+  static const std::set<std::string> text = {"NAME", "DIR", "FILE", "PATH", "LIST", "SPEC", "DEV", "ADDR"};
+  if (f->value_name == "BOOL") return TomlKind::boolean;
+  return text.contains(f->value_name) ? TomlKind::text : TomlKind::number;
+}
+
+// Why `value` is not of `key`'s type, if it is not. A user's file gives
+// numbers and booleans as such; asgd's own (job.toml, the coordinator's)
+// give every value as a string, which `strict` false accepts. "" (the
+// default) goes for any key.
+std::optional<std::string> wrong_type(const std::string& key, const toml::value& value, bool strict) {
+  const TomlKind kind = toml_kind(key);
+  if (value.is_string() && (value.as_string().str.empty() || !strict || kind == TomlKind::text)) return std::nullopt;
+  if (kind == TomlKind::text && !value.is_string()) return "must be a string (in quotes)";
+  if (kind == TomlKind::number && !value.is_integer() && !value.is_floating()) return "must be a number";
+  if (kind == TomlKind::boolean && !value.is_boolean()) return "must be true or false";
+  return std::nullopt;
+}
+
+Status apply_toml_value(const toml::value& root, const std::string& origin, JobConfig& config, bool strict) {
   if (!root.is_table()) return Status::InvalidArgument("config file " + origin + ": not a TOML table");
   // data_dir and data-dir are one key: given both, which one won depended
   // on the table's hash order.
@@ -271,6 +300,12 @@ Status apply_toml_value(const toml::value& root, const std::string& origin, JobC
       return Status::InvalidArgument("config file " + origin + ": '" + at->second + "' and '" + key +
                                      "' are the same key, given twice");
   for (const auto& [key, value] : root.as_table()) {
+    if (value.is_table())
+      return Status::InvalidArgument("config file " + origin + ": [" + key +
+                                     "] is a table; asgd's settings are keys at the top of the file");
+    if (auto why = wrong_type(key, value, strict))
+      return Status::InvalidArgument("config file " + origin + ": key '" + key + "' " + *why + ", not " +
+                                     toml::format(value));
     std::string text;
     if (value.is_string()) {
       text = value.as_string().str;
@@ -326,7 +361,7 @@ std::string describe_toml_error(const std::exception& e) {
 
 }  // namespace
 
-Status apply_toml_file(const std::string& path, JobConfig& config) {
+Status apply_toml_file(const std::string& path, JobConfig& config, bool written_by_asgd) {
   const PathLook file = look_at(path);
   if (file.kind == PathKind::missing) return Status::NotFound("config file " + path + " does not exist");
   if (file.kind == PathKind::unreadable)
@@ -339,7 +374,7 @@ Status apply_toml_file(const std::string& path, JobConfig& config) {
   } catch (const std::exception& e) {
     return Status::InvalidArgument("config file " + path + ", " + describe_toml_error(e));
   }
-  return apply_toml_value(root, path, config);
+  return apply_toml_value(root, path, config, !written_by_asgd);
 }
 
 Status apply_toml_text(const std::string& text, const std::string& origin, JobConfig& config) {
@@ -350,16 +385,35 @@ Status apply_toml_text(const std::string& text, const std::string& origin, JobCo
   } catch (const std::exception& e) {
     return Status::InvalidArgument("config " + origin + ", " + describe_toml_error(e));
   }
-  return apply_toml_value(root, origin, config);
+  return apply_toml_value(root, origin, config, false);
 }
+
+namespace {
+
+// `key = text` as TOML: a number or boolean field's text as it is, when
+// TOML reads it back as that type (set_job_field then parses the same
+// text), else as a string.
+std::string toml_line(const std::string& key, const std::string& text) {
+  const TomlKind kind = toml_kind(key);
+  const std::string bare = key + " = " + text + "\n";
+  if (kind != TomlKind::text && !text.empty()) {
+    try {
+      std::istringstream in(bare);
+      const toml::value v = toml::parse(in).at(key);
+      if (kind == TomlKind::boolean ? v.is_boolean() : (v.is_integer() || v.is_floating())) return bare;
+    } catch (const std::exception&) {
+      // not a TOML value as it is: quoted below
+    }
+  }
+  return key + " = " + toml::format(toml::value(text)) + "\n";
+}
+
+}  // namespace
 
 std::string to_toml(const JobConfig& config) {
   std::string out;
   for (const ConfigField& f : job_config_fields()) {
-    auto v = f.access.get(config);
-    if (!v) continue;
-    // Every value goes as a TOML string (set_job_field parses the text).
-    out += f.key + " = " + toml::format(toml::value(*v)) + "\n";
+    if (auto v = f.access.get(config)) out += toml_line(f.key, *v);
   }
   return out;
 }

@@ -58,6 +58,9 @@ Status apply_toml_text(const std::string& text, const std::string& origin, JobCo
 
 /// Applies every key of the TOML file at `path` to `config`. Unknown keys,
 /// wrong types and unreadable files are errors naming the file and the key.
-Status apply_toml_file(const std::string& path, JobConfig& config);
+/// A number or boolean given as a string is a wrong type, unless the file
+/// is asgd's own (`written_by_asgd`: job.toml, which writes every value as
+/// a string).
+Status apply_toml_file(const std::string& path, JobConfig& config, bool written_by_asgd = false);
 
 }  // namespace asgd

@@ -169,9 +169,24 @@ TEST(ConfigFile, RejectsUnknownKeysAndWrongTypesNamingThem) {
   Status s = apply_toml_file(path.string(), c);
   EXPECT_EQ(s.code(), StatusCode::invalid_argument);
   EXPECT_NE(s.message().find("wrokers"), std::string::npos) << s.message();
-  std::ofstream(path) << "workers = \"many\"\n";
-  s = apply_toml_file(path.string(), c);
-  EXPECT_NE(s.message().find("--workers many"), std::string::npos) << s.message();
+  // Values of the wrong TOML type, each naming the key (they were taken as
+  // text: epochs = "1" trained, metrics-out = 5 wrote a file named 5).
+  for (const auto& [line, says] :
+       {std::pair{"workers = \"many\"", "key 'workers' must be a number, not \"many\""},
+        std::pair{"epochs = \"1\"", "key 'epochs' must be a number, not \"1\""},
+        std::pair{"stop-at-target = \"true\"", "key 'stop-at-target' must be true or false"},
+        std::pair{"metrics-out = 5", "key 'metrics-out' must be a string (in quotes), not 5"},
+        std::pair{"policy = 3", "key 'policy' must be a string (in quotes)"},
+        std::pair{"[policy]\nname = \"bsp\"", "[policy] is a table"}}) {
+    std::ofstream(path) << line << "\n";
+    s = apply_toml_file(path.string(), c);
+    EXPECT_EQ(s.code(), StatusCode::invalid_argument) << line;
+    EXPECT_NE(s.message().find("config file " + path.string() + ": " + says), std::string::npos) << s.message();
+  }
+  // asgd's own job.toml, from before it wrote numbers as numbers, still reads.
+  std::ofstream(path) << "epochs = \"4\"\nstop-at-target = \"true\"\n";
+  ASSERT_TRUE(apply_toml_file(path.string(), c, /*written_by_asgd=*/true).ok());
+  EXPECT_EQ(c.epochs, 4u);
   std::ofstream(path) << "workers = -2\n";
   EXPECT_FALSE(apply_toml_file(path.string(), c).ok());
   EXPECT_EQ(apply_toml_file("/nonexistent.toml", c).code(), StatusCode::not_found);
@@ -184,6 +199,32 @@ TEST(ConfigFile, RejectsUnknownKeysAndWrongTypesNamingThem) {
   std::ofstream(path) << "workers = 99999999999999999999\n";
   s = apply_toml_file(path.string(), c);
   EXPECT_NE(s.message().find("key 'workers': the integer is out of range"), std::string::npos) << s.message();
+}
+
+// What asgd writes (job.toml, asgd compare --processes' runs/<run>.toml,
+// the coordinator's settings for its processes) is a config file a user's
+// --config reads: numbers as numbers, in their shortest exact form, and
+// every value back bit for bit.
+TEST(ConfigFile, ToTomlWritesATypedFileThatReadsBackExactly) {
+  JobConfig c;
+  c.policy = "ssp";
+  c.policy_options["staleness"] = 3;
+  c.lr = 0.013;
+  c.momentum = 0.1 + 0.2;  // 0.30000000000000004
+  c.epochs = 7;
+  c.stop_at_target = true;
+  c.target_accuracy = 0.97;
+  c.metrics_out = "run 1.jsonl";
+  const std::string text = to_toml(c);
+  for (const char* line : {"\nlr = 0.013\n", "\nmomentum = 0.30000000000000004\n", "\nepochs = 7\n",
+                           "\nstop-at-target = true\n", "\nstaleness = 3\n", "\nmetrics-out = \"run 1.jsonl\"\n"})
+    EXPECT_NE(text.find(line), std::string::npos) << line << " in:\n" << text;
+  const asgd_test::TempDir scratch;
+  std::ofstream(scratch / "c.toml") << text;
+  JobConfig back;
+  ASSERT_TRUE(apply_toml_file((scratch / "c.toml").string(), back).ok());
+  EXPECT_EQ(to_toml(back), text);
+  EXPECT_EQ(*back.momentum, 0.1 + 0.2);
 }
 
 TEST(ConfigFile, ParsesFlagValuesStrictly) {

@@ -131,7 +131,7 @@ std::optional<int> load_job(const JobOptions& o, JobConfig& config, bool devices
       print_error("--resume " + dir + ": " + s.message());
       return kExitUsage;
     }
-    if (Status s = apply_toml_file(saved, config); !s.ok()) {
+    if (Status s = apply_toml_file(saved, config, /*written_by_asgd=*/true); !s.ok()) {
       print_error(s.message());
       return kExitUsage;
     }
