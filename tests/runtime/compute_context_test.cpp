@@ -10,6 +10,8 @@
 #include <thread>
 
 #include "asgd/asgd.hpp"
+#include "base/cpus.hpp"
+#include "captured_log.hpp"
 #include "compute/context.hpp"
 #include "runtime/job_internal.hpp"
 
@@ -69,6 +71,18 @@ TEST(ComputeContext, TwoJobsAtOnceEachComputeOnTheirOwnThreadCount) {
   // anything process-wide last.
   EXPECT_EQ(one->widest_loop(), 1u);
   EXPECT_EQ(three->widest_loop(), 3u);
+}
+
+// More compute threads than the CPUs (2 workers of --threads 2 on 2 cores
+// made an epoch 11x as long) is said in the log; a budget that fits is not.
+TEST(ComputeContext, MoreComputeThreadsThanCpusIsWarnedOf) {
+  std::shared_ptr<const ComputeContext> context;
+  for (const std::uint32_t threads : {1u, usable_cpus() + 1}) {
+    const asgd_test::CapturedLog log;
+    ASSERT_TRUE(run_with_threads(threads, context).ok());
+    EXPECT_EQ(log.count("compute threads on " + std::to_string(usable_cpus()) + " usable CPUs"), threads == 1 ? 0u : 1u)
+        << threads;
+  }
 }
 
 }  // namespace
