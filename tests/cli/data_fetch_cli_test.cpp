@@ -134,6 +134,9 @@ TEST(DataFetch, AMirrorThatSendsWithoutEndIsCutOffAtTheFilesSize) {
   const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
   expect_one_line_error(r, 1, "train-images-idx3-ubyte.gz");
   EXPECT_NE(r.err.find("sent more than the file's 9912422 bytes"), std::string::npos) << r.err;
+  // A bad copy, not the network (it said to check the network or a proxy).
+  EXPECT_NE(r.err.find("no good copy"), std::string::npos) << r.err;
+  EXPECT_EQ(r.err.find("check the network"), std::string::npos) << r.err;
   EXPECT_LT(took, 60.0);
   EXPECT_FALSE(fs::exists(dir / "train-images-idx3-ubyte.gz"));
   EXPECT_FALSE(fs::exists(dir / "train-images-idx3-ubyte.gz.part"));
@@ -215,6 +218,8 @@ TEST(DataFetch, ADamagedPartAFileThatCannotBeWrittenAndASecondFetchAreSaidForWha
   expect_one_line_error(asgd(fetch + " --mirorr x"), 2,
                         "unknown flag --mirorr; did you mean --mirror? (asgd data fetch --help lists them)");
   expect_one_line_error(asgd("data lst"), 2, "unknown command lst; the commands: fetch (asgd data --help");
+  // --mirror "$UNSET" went to the official servers on the internet.
+  expect_one_line_error(asgd(fetch + " --mirror ''"), 2, "--mirror: an empty URL");
 }
 
 }  // namespace

@@ -178,6 +178,7 @@ struct Transfer {
 struct DownloadEnd {
   bool cancelled = false;
   bool local = false;
+  bool too_long = false;  ///< the server sent more than the file: a bad copy, not the network
   std::uint64_t resumed_from = 0;  ///< a completed transfer that asked for the rest after these bytes
 };
 
@@ -228,6 +229,7 @@ std::string download(const std::string& url, const std::filesystem::path& part, 
     if (t.too_long) {
       out.reset();
       std::filesystem::remove(part, ec);
+      end.too_long = true;
       return fmt::format("the server sent more than the file's {} bytes: not {}", file.bytes, file.name);
     }
     if (t.write_failed || !flushed) {
@@ -300,6 +302,7 @@ Status fetch_file(const RemoteDataset& d, const RemoteFile& file, const FetchOpt
     if (!why.empty()) {
       if (std::filesystem::exists(part, ec) && std::filesystem::file_size(part, ec) == 0) std::filesystem::remove(part, ec);
       failures.push_back(url + " (" + why + ")");
+      corrupt = corrupt || end.too_long;
       continue;
     }
     if (const std::string bad = mismatch(part, file); !bad.empty()) {
@@ -336,7 +339,7 @@ Status unpack_members(const RemoteDataset& d, const FetchOptions& o) {
   if (Status s = data::extract_tar_gz(archive, o.dir, names); !s.ok()) return s;
   for (const RemoteFile& m : d.members)
     if (const std::string bad = mismatch(o.dir / m.name, m); !bad.empty())
-      return Status::Corruption(fmt::format("{}: {} in {} has {}", d.name, m.name, archive.string(), bad));
+      return Status::Corruption(fmt::format("{} in {} has {}", m.name, archive.string(), bad));
   if (o.say) o.say(fmt::format("{}: unpacked {} files from {}", d.name, names.size(), d.unpack));
   return {};
 }
@@ -353,9 +356,9 @@ Status fetch_dataset(const RemoteDataset& d, const FetchOptions& o) {
   // fetching at once).
   auto lock = FolderLock::try_hold(o.dir);
   if (!lock && lock.status().code() == StatusCode::unavailable)
-    return Status::Unavailable(fmt::format("{}: another asgd data fetch is writing {}; wait for it to end (it holds "
+    return Status::Unavailable(fmt::format("another asgd data fetch is writing {}; wait for it to end (it holds "
                                            "the folder's lock), then run this one again to check the files",
-                                           d.name, o.dir.string()));
+                                           o.dir.string()));
   if (!lock) return lock.status();
   for (const RemoteFile& file : d.files)
     if (Status s = fetch_file(d, file, o); !s.ok()) return s;
