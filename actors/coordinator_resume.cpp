@@ -84,12 +84,15 @@ Result<ResumePlan> plan_resume(const JobConfig& cfg, const JobPlan& job) {
     plan.updates = std::min(plan.updates, saved->stats.updates_applied);
     plan.written_unix_s = std::min(plan.written_unix_s, saved->written_unix_s);
   }
-  std::uint64_t epochs_done = cfg.epochs;
+  std::uint64_t epochs_done = std::numeric_limits<std::uint64_t>::max();
   for (std::size_t w = 0; w < workers.size(); ++w)
     epochs_done = std::min<std::uint64_t>(epochs_done, done[w] / std::max<std::uint64_t>(workers[w].steps_per_epoch, 1));
-  if (epochs_done >= cfg.epochs)
-    return Status::InvalidArgument("--resume " + cfg.resume + ": the checkpointed job had trained all " +
-                                   std::to_string(cfg.epochs) + " epochs; raise --epochs to train further");
+  if (epochs_done >= cfg.epochs)  // (what it trained, not this --epochs: a smaller one said "all 2" after 3)
+    return Status::InvalidArgument("--resume " + cfg.resume + ": the checkpointed job had trained " +
+                                   std::to_string(epochs_done) + (epochs_done == 1 ? " epoch" : " epochs") +
+                                   ", all of --epochs " +
+                                   std::to_string(cfg.epochs) + "; give --epochs above " +
+                                   std::to_string(epochs_done) + " to train further");
   plan.first_epoch = static_cast<std::uint32_t>(epochs_done);
   for (const auto& w : workers) plan.restart.push_back(plan.first_epoch * w.steps_per_epoch);
   return plan;

@@ -239,6 +239,8 @@ Result<DatasetSplits> load_dataset(const std::string& name, const std::filesyste
   if (test_images.count == 0) {
     return Status::Corruption(test->images_path.string() + ": the test set is empty");
   }
+  if (train_images.count == 0)  // a damaged file, not a --validation-size to change
+    return Status::Corruption(train->images_path.string() + ": the training set is empty");
   const std::size_t n = train_images.count;
   if (validation_size >= n) {
     return Status::InvalidArgument("validation_size " + std::to_string(validation_size) +

@@ -262,11 +262,11 @@ TEST(ResumeCli, AResumeRefusedAcrossProcessesEndsEveryProcessWithStatus2) {
     others.push_back(std::async(std::launch::async, [&, role] { return asgd(std::string(role) + " --coordinator " + at); }));
   const CliRun refused = coordinator.get();
   EXPECT_EQ(refused.exit_code, 2) << refused.err;
-  EXPECT_NE(refused.err.find("had trained all 1 epochs"), std::string::npos) << refused.err;
+  EXPECT_NE(refused.err.find("had trained 1 epoch, all of --epochs 1"), std::string::npos) << refused.err;
   for (auto& other : others) {
     const CliRun r = other.get();
     EXPECT_EQ(r.exit_code, 2) << r.err;
-    EXPECT_NE(r.err.find("had trained all 1 epochs"), std::string::npos) << r.err;
+    EXPECT_NE(r.err.find("had trained 1 epoch, all of --epochs 1"), std::string::npos) << r.err;
   }
 }
 

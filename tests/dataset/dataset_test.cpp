@@ -264,6 +264,18 @@ TEST(LoadDataset, ReportsMismatchedImageAndLabelCountsNamingBothFiles) {
   expect_error(d.status(), StatusCode::corruption, "30 images but");
 }
 
+// A training file of no images is damaged data, not a --validation-size
+// to lower (it said "validation_size 5 must be smaller than the 0
+// training images").
+TEST(LoadDataset, ReportsAnEmptyTrainingSetAsCorruptNamingTheFile) {
+  TempDir tmp;
+  write_tiny_dataset(tmp.path(), 0, 10);
+  auto d = load_dataset("mnist", tmp.path(), 5, 1);
+  ASSERT_FALSE(d.ok());
+  expect_error(d.status(), StatusCode::corruption,
+               (tmp.path() / "train-images-idx3-ubyte.gz").string() + ": the training set is empty");
+}
+
 TEST(LoadDataset, ReportsTrainAndTestImagesOfDifferentSizes) {
   TempDir tmp;
   write_tiny_dataset(tmp.path(), 30, 10);

@@ -228,7 +228,16 @@ TEST_P(Resume, AJobStoppedAfterItsFirstEpochContinuesFromTheShardCheckpoints) {
   auto third = run_job(again);
   ASSERT_FALSE(third.ok());
   EXPECT_EQ(third.status().code(), StatusCode::invalid_argument);
-  EXPECT_NE(third.status().message().find("trained all 3 epochs"), std::string::npos) << third.status().message();
+  EXPECT_NE(third.status().message().find("had trained 3 epochs, all of --epochs 3; give --epochs above 3"),
+            std::string::npos)
+      << third.status().message();
+  // With fewer --epochs, what it trained (it said "all 2 epochs").
+  again.epochs = 2;
+  const auto fewer = run_job(again);
+  ASSERT_FALSE(fewer.ok());
+  EXPECT_NE(fewer.status().message().find("had trained 3 epochs, all of --epochs 2; give --epochs above 3"),
+            std::string::npos)
+      << fewer.status().message();
 }
 
 TEST(ResumeRefused, AFolderWithoutShardCheckpointsIsRefusedSayingWhatIsMissing) {
