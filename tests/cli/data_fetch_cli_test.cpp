@@ -3,7 +3,9 @@
 // a corrupt copy, an interrupted download resumed, no server at all.
 
 #include <gtest/gtest.h>
+#include <netinet/in.h>
 #include <poll.h>
+#include <sys/socket.h>
 #include <fcntl.h>
 #include <signal.h>
 #include <sys/file.h>
@@ -14,8 +16,10 @@
 #include <filesystem>
 #include <fstream>
 #include <string>
+#include <thread>
 
 #include "cli/cli_run.hpp"
+#include "runtime/asgd_processes.hpp"
 #include "test_data.hpp"
 
 namespace asgd_test {
@@ -160,6 +164,38 @@ TEST(DataFetch, AnInterruptedDownloadResumesWhereItStopped) {
   EXPECT_NE(slurp(tmp / "requests.log").find("GET /mnist/train-images-idx3-ubyte.gz bytes=1000000-"),
             std::string::npos);
   for (const char* name : kMnistFiles) EXPECT_TRUE(same_bytes(dir / name, mnist / name)) << name;
+}
+
+// Ctrl-C while a server has sent nothing yet (a socket that takes the
+// connection and never answers): nothing to keep, so no empty .part is
+// left, and the message does not say what arrived is kept.
+TEST(DataFetch, InterruptedBeforeAnyByteArrivedItKeepsNoEmptyPart) {
+  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(listener, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof addr;
+  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(::listen(listener, 4), 0);  // the kernel completes connections; nobody answers
+  ASSERT_EQ(::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  TempDir tmp;
+  const fs::path dir = tmp / "mnist";
+  const pid_t pid = start_asgd({"data", "fetch", "mnist", "--mirror",
+                                "http://127.0.0.1:" + std::to_string(ntohs(addr.sin_port)) + "/", "--data-dir",
+                                dir.string()},
+                               tmp / "fetch.log");
+  ASSERT_GT(pid, 0);
+  ASSERT_TRUE(eventually([&] { return fs::exists(dir / "train-images-idx3-ubyte.gz.part"); }));
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));
+  ASSERT_EQ(::kill(pid, SIGINT), 0);
+  const auto code = wait_exit(pid, std::chrono::seconds(30));
+  ::close(listener);
+  ASSERT_TRUE(code);
+  EXPECT_EQ(*code, 1);
+  const std::string said = read_file(tmp / "fetch.log");
+  EXPECT_NE(said.find("train-images-idx3-ubyte.gz: interrupted before any of it arrived"), std::string::npos) << said;
+  EXPECT_FALSE(fs::exists(dir / "train-images-idx3-ubyte.gz.part"));
 }
 
 TEST(DataFetch, NoServerOrNoSuchFileFailsInOneLineThatSaysWhatToDo) {
