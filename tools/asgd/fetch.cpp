@@ -249,6 +249,18 @@ std::string download(const std::string& url, const std::filesystem::path& part, 
 }
 
 // Fetches one file into `dir` unless it is there and valid.
+// Stopped (Ctrl-C) while `file` downloaded into `part`: kept for the next
+// run to resume, unless nothing arrived.
+Status interrupted(const RemoteFile& file, const std::filesystem::path& part) {
+  std::error_code ec;
+  if (std::filesystem::file_size(part, ec) == 0 && !ec) {
+    std::filesystem::remove(part, ec);
+    return Status::Cancelled(fmt::format("{}: interrupted before any of it arrived", file.name));
+  }
+  return Status::Cancelled(fmt::format("{}: interrupted; {} keeps what arrived: run the same command again to resume",
+                                       file.name, part.string()));
+}
+
 Status fetch_file(const RemoteDataset& d, const RemoteFile& file, const FetchOptions& o) {
   const std::filesystem::path final_path = o.dir / file.name;
   const std::filesystem::path part = o.dir / (file.name + ".part");
@@ -293,14 +305,7 @@ Status fetch_file(const RemoteDataset& d, const RemoteFile& file, const FetchOpt
       if (o.say) o.say(fmt::format("{}: {}: the resumed copy failed its check: fetching it whole", d.name, file.name));
       why = download(url, part, file, o, end);
     }
-    if (end.cancelled) {
-      if (std::filesystem::file_size(part, ec) == 0 && !ec) {  // nothing arrived: nothing to keep
-        std::filesystem::remove(part, ec);
-        return Status::Cancelled(fmt::format("{}: interrupted before any of it arrived", file.name));
-      }
-      return Status::Cancelled(fmt::format("{}: interrupted; {} keeps what arrived: run the same command again to resume",
-                                           file.name, part.string()));
-    }
+    if (end.cancelled) return interrupted(file, part);
     if (end.local) return Status::IOError(fmt::format("{}: {}", file.name, why));
     if (why.empty() && end.resumed_from > 0 && o.say)
       o.say(fmt::format("{}: {}: resumed after {}", d.name, file.name, megabytes(static_cast<double>(end.resumed_from))));
