@@ -241,6 +241,14 @@ TEST(DataFetch, ADamagedPartAFileThatCannotBeWrittenAndASecondFetchAreSaidForWha
   expect_one_line_error(unwritable, 1, "train-images-idx3-ubyte.gz: cannot write " +
                                            (other / "train-images-idx3-ubyte.gz.part").string() + ": Is a directory");
   EXPECT_EQ(unwritable.err.find("check the network"), std::string::npos) << unwritable.err;
+  // A folder where the file goes is said before the download, not after it.
+  fs::remove_all(other / "train-images-idx3-ubyte.gz.part");
+  fs::create_directories(other / "train-images-idx3-ubyte.gz");
+  expect_one_line_error(asgd("data fetch mnist --mirror " + server.url("mnist") + " --data-dir " + other.string()), 1,
+                        "train-images-idx3-ubyte.gz: " + (other / "train-images-idx3-ubyte.gz").string() +
+                            " is in the way (not a regular file)");
+  EXPECT_FALSE(fs::exists(other / "train-images-idx3-ubyte.gz.part")) << "nothing downloaded";
+  fs::remove_all(other / "train-images-idx3-ubyte.gz");
 
   const int held = ::open(other.c_str(), O_RDONLY | O_DIRECTORY);
   ASSERT_GE(held, 0);

@@ -265,6 +265,9 @@ Status fetch_file(const RemoteDataset& d, const RemoteFile& file, const FetchOpt
   const std::filesystem::path final_path = o.dir / file.name;
   const std::filesystem::path part = o.dir / (file.name + ".part");
   std::error_code ec;
+  if (std::filesystem::exists(final_path, ec) && !std::filesystem::is_regular_file(final_path, ec))
+    return Status::IOError(fmt::format("{}: {} is in the way (not a regular file): move it, then fetch again",
+                                       file.name, final_path.string()));  // (found after the download, before)
   if (std::filesystem::exists(final_path, ec)) {
     const std::string bad = mismatch(final_path, file);
     if (bad.empty()) {
