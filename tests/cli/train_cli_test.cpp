@@ -408,6 +408,8 @@ TEST(ClusterCli, AnUnwritableOutputIsRefusedBeforeTrainingAndAtOnce) {
 
 TEST(TrainCli, RejectsAnUnknownFlagWithExitCode2) {
   expect_one_line_error(asgd("train --wrokers 2"), 2, "wrokers");
+  // A flag given twice says so (CLI11: "At Most 1 required but received 2").
+  expect_one_line_error(asgd("train --epochs 1 --epochs 2"), 2, "--epochs given 2 times; give it once");
 }
 
 TEST(Cli, AsgdAlonePrintsItsHelpAndHowToTrainTheDefaultJob) {

@@ -83,6 +83,10 @@ std::string explain_parse_error(CLI::App& app, const std::vector<std::string>& t
       return flag + " " + what.substr(eq + 3) + ": not a value it takes (" + where + " --help says what it takes)";
     }
   }
+  // CLI11's "--epochs: At Most 1 required but received 2": a flag given twice.
+  if (const std::string what = e.what(); what.find(": At Most 1 required but received ") != std::string::npos)
+    return what.substr(0, what.find(':')) + " given " + what.substr(what.rfind(' ') + 1) +
+           " times; give it once (the last one does not win)";
   if (std::string(e.what()).find("subcommand is required") != std::string::npos) {
     const CLI::App& scope = command ? *command : app;
     std::vector<std::string> commands;
