@@ -42,6 +42,9 @@
 
 namespace asgd {
 
+/// A cancelled job's message (JobHandle::cancel, Ctrl-C, a stop token).
+inline constexpr const char* kJobCancelled = "the job was cancelled";
+
 /// What the shell does for the core, in the order appended.
 namespace coordinator_action {
 struct Leave { std::uint32_t worker; };         ///< tell every shard worker w left (and the shared buffer)
@@ -115,7 +118,7 @@ class CoordinatorCore {
   void worker_gone(std::uint32_t w, const std::string& why, Actions& out);
   /// A worker (or the cluster) says the job cannot go on.
   void failed(StatusCode code, const std::string& what, Actions& out);
-  void cancel(Actions& out) { fail(Status::Cancelled("the job was cancelled"), out); }
+  void cancel(Actions& out) { fail(Status::Cancelled(kJobCancelled), out); }
   /// Fails the job, once: later calls append nothing.
   void fail(Status status, Actions& out);
   /// An --eval-every tick at `now`.

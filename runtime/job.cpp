@@ -309,17 +309,23 @@ Result<JobSummary> run_coordinator(CoordinatorSetup setup, const ClusterHooks& h
         caf::anon_send(coord, cancel_atom::value);
       }
     }
+    // Told to stop before its outcome came (a callback's stop(), or the
+    // outcome of a small job already queued behind the cancel): the job
+    // ends cancelled, as the host asked.
+    const bool stop_asked = stop.stop_requested();
     if (hooks.before_shutdown) {
       // Peek at the outcome without taking it.
       const auto& peeked = future.get();
-      hooks.before_shutdown(peeked.ok() ? Status{} : peeked.status());
+      hooks.before_shutdown(!peeked.ok() ? peeked.status() : stop_asked ? Status::Cancelled(kJobCancelled) : Status{});
     }
     await_actors(system, std::chrono::seconds(10));
-  }
-  try {
-    return future.get();
-  } catch (const std::future_error&) {
-    return Status::Internal("the coordinator stopped without reporting an outcome");
+    try {
+      auto result = future.get();
+      if (result.ok() && stop_asked) return Status::Cancelled(kJobCancelled);
+      return result;
+    } catch (const std::future_error&) {
+      return Status::Internal("the coordinator stopped without reporting an outcome");
+    }
   }
 }
 
@@ -343,11 +349,24 @@ Result<std::optional<FolderLock>> hold_checkpoint_dir(const JobConfig& config) {
   return std::optional<FolderLock>(std::move(held).value());
 }
 
+// `callback`, not called once `stop` is requested: the job is ending
+// cancelled, and epochs already reported (a small job's, queued behind
+// the stop) are not the host's news any more.
+template <class... Args>
+std::function<void(Args...)> until_stopped(std::function<void(Args...)> callback, std::stop_token stop) {
+  if (!callback) return callback;
+  return [callback = std::move(callback), stop](Args... args) {
+    if (!stop.stop_requested()) callback(std::forward<Args>(args)...);
+  };
+}
+
 // The host's callbacks, each stopping the job as the host's doing when it
-// throws (CallbackThrew).
-JobCallbacks guarded_callbacks(const JobCallbacks& c) {
-  return {guard_callback("on_epoch", c.on_epoch), guard_callback("on_eval", c.on_eval),
-          guard_callback("on_progress", c.on_progress), guard_callback("on_final_params", c.on_final_params)};
+// throws (CallbackThrew), and silent once the job was told to stop.
+JobCallbacks guarded_callbacks(const JobCallbacks& c, std::stop_token stop) {
+  return {until_stopped(guard_callback("on_epoch", c.on_epoch), stop),
+          until_stopped(guard_callback("on_eval", c.on_eval), stop),
+          until_stopped(guard_callback("on_progress", c.on_progress), stop),
+          until_stopped(guard_callback("on_final_params", c.on_final_params), stop)};
 }
 
 // `metrics` is opened here once the settings are checked, and the caller
@@ -404,7 +423,7 @@ Result<JobSummary> run_job_unguarded(const JobConfig& requested, const JobCallba
   auto buffers = blas::BufferClaim::make((plan.actor_threads + 1) * threads);
   if (!buffers) return failed(buffers.status());
 
-  const JobCallbacks guarded = guarded_callbacks(callbacks);
+  const JobCallbacks guarded = guarded_callbacks(callbacks, stop);
   auto on_epoch = [&](const EpochMetrics& m) {
     metrics.write(to_json(m));
     if (guarded.on_epoch) guarded.on_epoch(m);

@@ -44,7 +44,9 @@ class Runtime {
   /// A runtime with no jobs yet.
   Runtime();
   /// stop(). exit() stops every Runtime still alive too (cancelling its
-  /// jobs), before the libraries that jobs use are torn down.
+  /// jobs), before the libraries that jobs use are torn down; but not from
+  /// inside a job's own callback, where exit() cannot wait for that job
+  /// (call stop() and return instead).
   ~Runtime();
   Runtime(const Runtime&) = delete;
   Runtime& operator=(const Runtime&) = delete;

@@ -8,7 +8,11 @@
 #include <functional>
 #include <limits>
 #include <memory>
+#include <mutex>
+#include <optional>
 #include <random>
+#include <stop_token>
+#include <vector>
 
 #include "asgd/asgd.hpp"
 #include "dataset/dataset.hpp"
@@ -70,6 +74,43 @@ TEST(UserData, AJobTrainsOnVectorSamplesTheUserHandsIn) {
 // A name that is not UTF-8 (a host's bytes, a file name) ends neither the
 // job nor the host: the metrics file, the checkpoint and the spec's JSON
 // write U+FFFD for it (issue 27, items 4 and 6).
+// A job stopped from its own epoch callback ends cancelled and calls back
+// no more, even a job so small that every epoch's report was queued
+// behind the stop (its later epochs were still called back, and it ended
+// ok); the same through a Runtime handle.
+TEST(UserData, AJobStoppedFromItsEpochCallbackEndsCancelledWithNoCallbackAfter) {
+  std::stop_source stop;
+  std::vector<std::uint32_t> epochs;
+  JobCallbacks callbacks;
+  callbacks.on_epoch = [&](const EpochMetrics& m) {
+    epochs.push_back(m.epoch);
+    stop.request_stop();
+  };
+  const auto result = run_job(small_job(), blob_dataset(), callbacks, stop.get_token());
+  ASSERT_FALSE(result.ok());
+  EXPECT_EQ(result.status().code(), StatusCode::cancelled) << result.status().to_string();
+  EXPECT_EQ(epochs, std::vector<std::uint32_t>{1});
+
+  Runtime rt;
+  std::optional<JobHandle> handle;
+  std::mutex mu;
+  epochs.clear();
+  JobCallbacks cancel_in_callback;
+  cancel_in_callback.on_epoch = [&](const EpochMetrics& m) {
+    epochs.push_back(m.epoch);
+    std::lock_guard lock(mu);
+    handle->cancel();
+  };
+  {
+    std::lock_guard lock(mu);
+    auto job = rt.submit(small_job(), blob_dataset(), cancel_in_callback);
+    ASSERT_TRUE(job.ok()) << job.status().to_string();
+    handle = *job;
+  }
+  EXPECT_EQ(handle->wait().status().code(), StatusCode::cancelled);
+  EXPECT_EQ(epochs, std::vector<std::uint32_t>{1});
+}
+
 TEST(UserData, NamesThatAreNotUtf8AreWrittenWithReplacementCharactersNotThrown) {
   const asgd_test::TempDir dir;
   auto data = blob_dataset();
