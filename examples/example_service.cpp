@@ -289,19 +289,46 @@ class Session : public std::enable_shared_from_this<Session> {
     parser_.emplace();
     parser_->body_limit(kMaxBody);
     arm();
-    http::async_read(socket_, buffer_, *parser_, [self = shared_from_this()](beast::error_code ec, std::size_t) {
-      self->deadline_.cancel();
-      self->on_read(ec);
+    http::async_read_header(socket_, buffer_, *parser_, [self = shared_from_this()](beast::error_code ec, std::size_t) {
+      if (ec) {
+        self->deadline_.cancel();
+        return self->on_read(ec);
+      }
+      self->read_body();
     });
   }
 
  private:
+  // A client that asks before it sends a body (curl does past 1 MiB) is
+  // told to go on at once: it waited a second for it before.
+  void read_body() {
+    auto body = [self = shared_from_this()] {
+      http::async_read(self->socket_, self->buffer_, *self->parser_, [self](beast::error_code ec, std::size_t) {
+        self->deadline_.cancel();
+        self->on_read(ec);
+      });
+    };
+    if (!beast::iequals(parser_->get()[http::field::expect], "100-continue")) return body();
+    static const std::string kContinue = "HTTP/1.1 100 Continue\r\n\r\n";
+    asio::async_write(socket_, asio::buffer(kContinue), [self = shared_from_this(), body](beast::error_code ec, std::size_t) {
+      if (ec) {
+        self->deadline_.cancel();
+        return self->close();
+      }
+      body();
+    });
+  }
+
   void on_read(beast::error_code ec) {
     if (ec == http::error::body_limit) {
       response_ = error(http::status::payload_too_large, "the body is larger than 8 MiB");
       response_.keep_alive(false);
+    } else if (ec && ec.category() == http::make_error_code(http::error::bad_target).category() &&
+               ec != http::error::end_of_stream && ec != http::error::partial_message) {
+      response_ = error(http::status::bad_request, "not an HTTP/1.1 request this service reads: " + ec.message());
+      response_.keep_alive(false);
     } else if (ec) {
-      return close();  // end of stream, a broken request or the idle timeout: nothing to answer
+      return close();  // end of stream, a connection cut mid-request or the idle timeout: nothing to answer
     } else {
       const Request req = parser_->release();
       response_ = service_.handle(req);

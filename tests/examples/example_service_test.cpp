@@ -21,6 +21,7 @@
 #include <optional>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "dataset/idx.hpp"
 #include "http_client.hpp"
@@ -197,6 +198,24 @@ TEST(ExampleService, RunningOutOfDescriptorsDoesNotMakeItDeaf) {
   EXPECT_EQ(http(port, "GET", "/status").status, 200);
 }
 
+// Sends `parts` to the service on one connection, each after the service
+// answered the one before (or 0.5 s passed), and returns all it answered.
+std::string exchange(int port, const std::vector<std::string>& parts) {
+  const int fd = asgd_test::connect_loopback(port);
+  if (fd < 0) return "";
+  timeval tv{0, 500000};
+  ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  std::string answer;
+  char buf[8192];
+  for (const std::string& part : parts) {
+    if (::send(fd, part.data(), part.size(), MSG_NOSIGNAL) != static_cast<ssize_t>(part.size())) break;
+    if (const ssize_t n = ::recv(fd, buf, sizeof buf, 0); n > 0) answer.append(buf, static_cast<std::size_t>(n));
+  }
+  for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) answer.append(buf, static_cast<std::size_t>(n));
+  ::close(fd);
+  return answer;
+}
+
 TEST(ExampleService, AnswersBadRequestsWithJsonErrors) {
   if (kServicePath == nullptr) GTEST_SKIP() << "example_service was not built (no Boost)";
   ServiceProcess service;
@@ -226,6 +245,23 @@ TEST(ExampleService, AnswersBadRequestsWithJsonErrors) {
   check("POST", "/train", R"({"colour": "blue"})", 400, "unknown setting 'colour'");
   check("POST", "/train", R"({"data_dir": "/nonexistent-data"})", 400, "data_dir /nonexistent-data is not a folder");
   check("POST", "/train", std::string(9u << 20, ' '), 413, "larger than 8 MiB");
+
+  // What is not HTTP it reads gets a JSON 400 (the connection was closed
+  // without a word).
+  for (const std::string raw : {"GARBAGE\r\n\r\n", "GET /status HTTP/1.1\r\nContent-Length: 99999999999999999999\r\n\r\n"}) {
+    const std::string answer = exchange(port, {raw});
+    EXPECT_EQ(answer.rfind("HTTP/1.1 400 Bad Request", 0), 0u) << answer;
+    EXPECT_NE(answer.find("{\"error\":\"not an HTTP/1.1 request this service reads"), std::string::npos) << answer;
+  }
+  // A client that asks before sending its body (curl past 1 MiB) is told to
+  // go on at once; it waited a second for the answer before.
+  const std::string body = R"({"pixels": [[0.5]]})";
+  const auto start = std::chrono::steady_clock::now();
+  const std::string asked = exchange(port, {"POST /predict HTTP/1.1\r\nHost: x\r\nExpect: 100-continue\r\n"
+                                            "Connection: close\r\nContent-Length: " + std::to_string(body.size()) + "\r\n\r\n",
+                                            body});
+  EXPECT_LT(std::chrono::steady_clock::now() - start, std::chrono::milliseconds(800)) << asked;
+  EXPECT_EQ(asked.rfind("HTTP/1.1 100 Continue\r\n\r\nHTTP/1.1 503", 0), 0u) << asked;
 
   const auto exit = service.stop(SIGTERM, std::chrono::seconds(20));
   ASSERT_TRUE(exit.has_value()) << "the service did not exit within 20 s of SIGTERM";
