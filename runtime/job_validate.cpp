@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -60,6 +61,15 @@ Status validate_limits(const JobConfig& c) {
   return {};
 }
 
+// The named datasets' samples (channels, rows, columns) and classes,
+// which their files give when loaded (dataset/idx.cpp, dataset/cifar.cpp).
+constexpr std::size_t kDatasetClasses = 10;
+std::optional<std::vector<std::size_t>> dataset_sample_shape(const std::string& dataset) {
+  if (dataset == "mnist" || dataset == "fashion-mnist") return std::vector<std::size_t>{1, 28, 28};
+  if (dataset == "cifar10") return std::vector<std::size_t>{3, 32, 32};
+  return std::nullopt;
+}
+
 // validate(), with the dataset-name check only for jobs that load one, and
 // the device checked on this machine only when the workers run here.
 Status validate_config(const JobConfig& c, bool named_dataset, bool devices_here = true) {
@@ -68,6 +78,12 @@ Status validate_config(const JobConfig& c, bool named_dataset, bool devices_here
     return bad("dataset", c.dataset, "unknown dataset (known: " + join(data::known_datasets()) + ")");
   if (c.model_spec) {
     if (c.model_spec->layers().empty()) return bad("model", c.model_spec->name(), "the model spec has no layers");
+    // On a named dataset the spec must fit its images and classes now, not
+    // once the job has started (Runtime::submit took one that did not).
+    if (const auto shape = named_dataset ? dataset_sample_shape(c.dataset) : std::nullopt)
+      if (auto n = validate(*c.model_spec, *shape, kDatasetClasses); !n)
+        return Status::InvalidArgument("model spec '" + c.model_spec->name() + "' on " + c.dataset + ": " +
+                                       n.status().message());
   } else if (!contains(known_models(), c.model)) return bad("model", c.model, "unknown model (known: " + join(known_models()) + ")");
   auto policy = make_policy(policy_config(c));
   if (!policy) return bad("policy", c.policy, policy.status().message());

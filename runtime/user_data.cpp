@@ -51,7 +51,11 @@ Result<std::size_t> validate(const ModelSpec& spec, const std::vector<std::size_
                              std::size_t classes) {
   // Vectors (N) reach models as (1, 1, N), as user data does.
   const Shape shape = sample_shape.size() == 1 ? Shape{1, 1, sample_shape[0]} : sample_shape;
-  return Model::count_params(spec, shape, classes);
+  auto params = Model::count_params(spec, shape, classes);
+  if (params && *params == 0)  // (it said "--shards 1 exceeds the model's 0 parameters")
+    return Status::InvalidArgument("model spec '" + spec.name() + "' has no parameters to train (no dense, conv2d "
+                                   "or batch_norm layer)");
+  return params;
 }
 
 }  // namespace asgd

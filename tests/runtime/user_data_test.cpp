@@ -261,6 +261,25 @@ TEST(ModelSpec, SizesAreInferredSoALenetSpecHasLenetsParameterCount) {
   EXPECT_EQ(*n, 80'202u);  // Model::build("lenet")'s count
 }
 
+// A spec with nothing to train, or one that does not fit a named
+// dataset's images or classes, is refused when the job is submitted,
+// nothing started (the job failed at wait(), or was told "--shards 1
+// exceeds the model's 0 parameters").
+TEST(ModelSpec, ASpecWithNothingToTrainOrNotFittingTheDatasetIsRefusedAtSubmit) {
+  const auto flat = validate(ModelSpec("flat").relu().flatten(), {10}, 10);  // 10 values in, 10 classes out
+  ASSERT_FALSE(flat.ok());
+  EXPECT_NE(flat.status().message().find("model spec 'flat' has no parameters to train"), std::string::npos)
+      << flat.status().message();
+  JobConfig c;
+  c.model_spec = std::make_shared<const ModelSpec>(ModelSpec("three-classes").dense(16).relu().dense(3));
+  Runtime rt;
+  const auto job = rt.submit(c);
+  ASSERT_FALSE(job.ok());
+  EXPECT_EQ(job.status().code(), StatusCode::invalid_argument);
+  EXPECT_NE(job.status().message().find("model spec 'three-classes' on mnist: "), std::string::npos)
+      << job.status().message();
+}
+
 TEST(ModelSpec, DenseFlattensImagesItselfAndVectorsNeedNoFlatten) {
   auto images = validate(ModelSpec().dense(10), {1, 28, 28}, 10);
   ASSERT_TRUE(images.ok()) << images.status().to_string();
