@@ -282,6 +282,9 @@ TomlKind toml_kind(const std::string& key) {
 // give every value as a string, which `strict` false accepts. "" (the
 // default) goes for any key.
 std::optional<std::string> wrong_type(const std::string& key, const toml::value& value, bool strict) {
+  const auto& fields = job_config_fields();
+  if (std::none_of(fields.begin(), fields.end(), [&](const ConfigField& f) { return f.key == normalize(key); }))
+    return std::nullopt;  // set_job_field says it is not a setting ("bogus = 1" was told to quote it)
   const TomlKind kind = toml_kind(key);
   if (value.is_string() && (value.as_string().str.empty() || !strict || kind == TomlKind::text)) return std::nullopt;
   if (kind == TomlKind::text && !value.is_string()) return "must be a string (in quotes)";

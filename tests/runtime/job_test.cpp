@@ -169,6 +169,9 @@ TEST(ConfigFile, RejectsUnknownKeysAndWrongTypesNamingThem) {
   Status s = apply_toml_file(path.string(), c);
   EXPECT_EQ(s.code(), StatusCode::invalid_argument);
   EXPECT_NE(s.message().find("wrokers"), std::string::npos) << s.message();
+  std::ofstream(path) << "join-timeout = 5\n";  // a number: still not a setting (it was told to quote it)
+  s = apply_toml_file(path.string(), c);
+  EXPECT_NE(s.message().find("unknown setting 'join-timeout'"), std::string::npos) << s.message();
   // Values of the wrong TOML type, each naming the key (they were taken as
   // text: epochs = "1" trained, metrics-out = 5 wrote a file named 5).
   for (const auto& [line, says] :
