@@ -454,8 +454,10 @@ void WorkerCore::try_step(Actions& out) {
     ++report_.dropped_batches;
     report_.dropped_samples += batch.size;
     if (++nonfinite_streak_ >= kMaxNonFiniteSteps) {
+      // (a NaN's sign means nothing: "-nan" read as a different failure)
+      const char* what = std::isnan(loss) ? "nan" : loss > 0 ? "inf" : "-inf";
       fail(StatusCode::diverged,
-           fmt::format("the loss was {} for {} steps in a row (up to step {})", loss, kMaxNonFiniteSteps, step_), out);
+           fmt::format("the loss was {} for {} steps in a row (up to step {})", what, kMaxNonFiniteSteps, step_), out);
       return;
     }
   } else {
