@@ -79,6 +79,14 @@ TEST(SlurmRanksCli, PrintLayoutRunsWithoutTheDataFolderAndTheRankRefusesWithoutI
   EXPECT_EQ(layout.exit_code, 0) << layout.err;
   EXPECT_NE(layout.out.find("role: worker 0"), std::string::npos) << layout.out;
   expect_one_line_error(asgd(job, {}, slurm_rank(2, 0)), 2, "data directory /nonexistent/mnist does not exist");
+  // Without a launcher too (it refused for the data folder), saying which
+  // launcher-only flags a run would ignore.
+  const CliRun local = asgd(job + " --print-layout --port 5000 --launcher local");
+  EXPECT_EQ(local.exit_code, 0) << local.err;
+  EXPECT_NE(local.out.find("launcher local: asgd cluster starts 1 coordinator, 1 shard and 1 worker processes"),
+            std::string::npos)
+      << local.out;
+  EXPECT_NE(local.err.find("--port is for ranks under a launcher"), std::string::npos) << local.err << local.out;
 }
 
 }  // namespace

@@ -351,7 +351,8 @@ int run_cluster(const JobOptions& jo, const ProcessFlags& pf, LaunchFlags lf) {
     return run_launched_rank(jo, launched, *launch, std::move(keyed.curve));
   }
   JobConfig config;
-  if (auto code = load_job(jo, config)) return *code;
+  // --print-layout checks a submission, not the data folder (cluster.md).
+  if (auto code = load_job(jo, config, /*devices_here=*/true, /*data_here=*/!lf.print_layout)) return *code;
   if (Status s = validate_for_cluster(config, WorkersOn::this_host); !s.ok()) {
     print_error(s.message());
     return kExitUsage;
@@ -360,11 +361,6 @@ int run_cluster(const JobOptions& jo, const ProcessFlags& pf, LaunchFlags lf) {
   // every process then loads them itself (each would on its own host).
   ProcessOptions checked;
   if (auto code = load_auth(pf, checked)) return *code;
-  if (lf.print_layout) {
-    std::printf("launcher local: asgd cluster starts 1 coordinator, %u shard and %u worker processes on this "
-                "machine\n", config.shards, config.workers);
-    return kExitOk;
-  }
   // No launcher here (--launcher auto found none): flags for ranks under one
   // mean nothing, and saying so catches a launcher whose variables are missing.
   const std::pair<bool, const char*> launched_only[] = {{!lf.rendezvous.empty(), "--rendezvous"},
@@ -375,6 +371,11 @@ int run_cluster(const JobOptions& jo, const ProcessFlags& pf, LaunchFlags lf) {
     if (given)
       logger().warn("{} is for ranks under a launcher, and no launcher started this process (--launcher {}): ignored",
                     flag, lf.launcher);
+  if (lf.print_layout) {
+    std::printf("launcher local: asgd cluster starts 1 coordinator, %u shard and %u worker processes on this "
+                "machine\n", config.shards, config.workers);
+    return kExitOk;
+  }
   print_adjustments(training_settings(config, Placement::processes));
   std::printf("asgd cluster: 1 coordinator, %u shard and %u worker processes on this machine%s\n", config.shards,
               config.workers, checked.curve ? ", authenticated and encrypted (CURVE)" : "");
