@@ -318,8 +318,10 @@ void print_adjustments(const TrainingSettings& training) {
   if (training.adjusted.empty()) return;
   std::string line;
   for (const auto& a : training.adjusted) line += (line.empty() ? "" : "; ") + a;
-  std::printf("defaults adjusted for this policy and worker count (set --lr, --momentum, --lr-warmup or "
-              "--staleness-aware-lr to choose): %s\n",
+  // (Each adjustment names a flag: --batch, --local-steps and --moving-rate
+  // were left out of a list here.)
+  std::printf("defaults adjusted for this policy and worker count (set --lr, --momentum, --batch, --lr-warmup, "
+              "--staleness-aware-lr, --local-steps or --moving-rate to choose): %s\n",
               line.c_str());
 }
 
