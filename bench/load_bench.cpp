@@ -44,6 +44,7 @@
 #include "messaging/bridge.hpp"
 #include "runtime/cluster.hpp"
 #include "runtime/config_file.hpp"
+#include "base/paths.hpp"
 #include "tools/asgd/commands.hpp"
 
 namespace asgd::cli {

@@ -14,6 +14,7 @@
 #include <sstream>
 #include <type_traits>
 
+#include "actors/checkpoint.hpp"
 #include "base/paths.hpp"
 #include "policies/registry.hpp"
 
@@ -268,10 +269,11 @@ namespace {
 // number or a boolean, by the field's metavar.
 enum class TomlKind { text, number, boolean };
 
-TomlKind toml_kind(const std::string& key) {
+// nullopt for a key that is no setting (set_job_field says so).
+std::optional<TomlKind> toml_kind(const std::string& key) {
   const auto& fields = job_config_fields();
   auto f = std::find_if(fields.begin(), fields.end(), [&](const ConfigField& c) { return c.key == normalize(key); });
-  if (f == fields.end()) return TomlKind::text;  // unknown: set_job_field says so
+  if (f == fields.end()) return std::nullopt;
   static const std::set<std::string> text = {"NAME", "DIR", "FILE", "PATH", "LIST", "SPEC", "DEV", "ADDR"};
   if (f->value_name == "BOOL") return TomlKind::boolean;
   return text.contains(f->value_name) ? TomlKind::text : TomlKind::number;
@@ -282,10 +284,9 @@ TomlKind toml_kind(const std::string& key) {
 // give every value as a string, which `strict` false accepts. "" (the
 // default) goes for any key.
 std::optional<std::string> wrong_type(const std::string& key, const toml::value& value, bool strict) {
-  const auto& fields = job_config_fields();
-  if (std::none_of(fields.begin(), fields.end(), [&](const ConfigField& f) { return f.key == normalize(key); }))
-    return std::nullopt;  // set_job_field says it is not a setting ("bogus = 1" was told to quote it)
-  const TomlKind kind = toml_kind(key);
+  const auto known = toml_kind(key);
+  if (!known) return std::nullopt;  // set_job_field says it is not a setting ("bogus = 1" was told to quote it)
+  const TomlKind kind = *known;
   if (value.is_string() && (value.as_string().str.empty() || !strict || kind == TomlKind::text)) return std::nullopt;
   if (kind == TomlKind::text && !value.is_string()) return "must be a string (in quotes)";
   if (kind == TomlKind::number && !value.is_integer() && !value.is_floating()) return "must be a number";
@@ -397,7 +398,7 @@ namespace {
 // TOML reads it back as that type (set_job_field then parses the same
 // text), else as a string.
 std::string toml_line(const std::string& key, const std::string& text) {
-  const TomlKind kind = toml_kind(key);
+  const TomlKind kind = toml_kind(key).value_or(TomlKind::text);
   const std::string bare = key + " = " + text + "\n";
   if (kind != TomlKind::text && !text.empty()) {
     try {
@@ -422,7 +423,7 @@ std::string to_toml(const JobConfig& config) {
 }
 
 bool is_checkpoint_folder_file(const std::string& name) {
-  return name == kJobSettingsFile || name == "model.ckpt" ||
+  return name == kJobSettingsFile || name == kCheckpointFile ||
          (name.starts_with("shard-") && (name.ends_with(".ckpt") || name.ends_with(".ckpt.claim") ||
                                          name.ends_with(".tmp")));
 }

@@ -6,6 +6,7 @@
 #include <filesystem>
 
 #include "base/json_text.hpp"
+#include "base/paths.hpp"
 #include "runtime/config_file.hpp"
 
 namespace asgd {
@@ -224,13 +225,9 @@ Status check_metrics_path(const std::string& metrics_out, const std::string& che
 }
 
 Result<MetricsWriter> MetricsWriter::open(const std::string& path, bool append) {
-  namespace fs = std::filesystem;
   // A path that cannot be created is the user's to fix: a configuration error.
   auto refuse = [&](const std::string& why) { return Status::InvalidArgument("--metrics-out " + path + ": " + why); };
-  std::error_code ec;
-  const fs::path folder = fs::absolute(path).lexically_normal().parent_path();
-  if (fs::is_directory(path, ec)) return refuse("a folder, not a file");
-  if (!fs::is_directory(folder, ec)) return refuse("its folder " + folder.string() + " does not exist");
+  if (Status s = writable_file(path); !s.ok()) return refuse(s.message());
   MetricsWriter w;
   w.path_ = path;
   w.out_.open(path, std::ios::out | (append ? std::ios::app : std::ios::trunc));

@@ -94,16 +94,12 @@ LoadBench add_load_bench(CLI::App* bench);
 using AllreduceBench = CommBench;
 AllreduceBench add_allreduce_bench(CLI::App* bench);
 
-/// Every flag that names a file or folder (type name FILE, DIR or PATH), in
+/// Every flag that names a file, folder or URL (type name FILE, DIR, PATH or URL), in
 /// `scope` and its subcommands, refuses an empty one: `--metrics-out
 /// "$OUT"` with OUT unset used to mean no metrics file, silently. Call it
 /// once every option is added.
 void refuse_empty_paths(CLI::App& scope);
 
-/// Whether `path` (none when empty) can be written: an existing file this
-/// process may write, or a new one in a folder it may write in. Errors:
-/// invalid_argument saying why not.
-Status writable_file(const std::string& path);
 
 /// A count of floats as the benchmarks take it: "4M", "512K", "1000".
 /// Errors: invalid_argument naming the text, for 0 or more than 256M.

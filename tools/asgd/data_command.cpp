@@ -29,10 +29,7 @@ std::function<int()> add_data_command(CLI::App& app) {
   fetch->add_option("--data-dir", o->data_dir, "its folder (default $ASGD_DATA_DIR/NAME, else ./data/NAME)")
       ->type_name("DIR");
   fetch->add_option("--mirror", o->mirror, "download from this base URL instead of the official ones (and mirrors)")
-      ->type_name("URL")
-      ->check(CLI::Validator(  // --mirror "$UNSET" meant the official servers
-          [](std::string& v) { return v.empty() ? std::string("an empty URL (leave the flag out for the official servers)") : ""; },
-          ""));
+      ->type_name("URL");  // refused empty (refuse_empty_paths): --mirror "$UNSET" meant the official servers
   fetch->add_option("--stall-timeout", o->stall_timeout_s,
                     "give up on a server that sends nothing for this many seconds, 0.001 to 86400 (default 60)")
       ->type_name("S")

@@ -71,25 +71,12 @@ void end_with_parent(pid_t parent) {
 
 void refuse_empty_paths(CLI::App& scope) {
   for (CLI::Option* o : scope.get_options({}))
-    if (const std::string t = o->get_type_name(); t == "FILE" || t == "DIR" || t == "PATH")
-      o->check(CLI::Validator(
-          [](std::string& v) { return v.empty() ? std::string("an empty path (leave the flag out for none)") : ""; },
-          ""));
+    if (const std::string t = o->get_type_name(); t == "FILE" || t == "DIR" || t == "PATH" || t == "URL") {
+      const std::string refusal = t == "URL" ? "an empty URL (leave the flag out for the default)"
+                                             : "an empty path (leave the flag out for none)";
+      o->check(CLI::Validator([refusal](std::string& v) { return v.empty() ? refusal : std::string(); }, ""));
+    }
   for (CLI::App* sub : scope.get_subcommands({})) refuse_empty_paths(*sub);
-}
-
-Status writable_file(const std::string& path) {
-  if (path.empty()) return {};
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  if (fs::is_directory(path, ec)) return Status::InvalidArgument("a folder, not a file");
-  if (fs::exists(path, ec))
-    return ::access(path.c_str(), W_OK) == 0 ? Status{} : Status::InvalidArgument("this process may not write it");
-  const fs::path parent = fs::path(path).has_parent_path() ? fs::path(path).parent_path() : fs::path(".");
-  if (!fs::is_directory(parent, ec)) return Status::InvalidArgument("its folder " + parent.string() + " does not exist");
-  if (::access(parent.c_str(), W_OK) != 0)
-    return Status::InvalidArgument("this process may not write in its folder " + parent.string());
-  return {};
 }
 
 void print_error(const std::string& message) {
