@@ -17,6 +17,7 @@
 #include "compute/optimizer.hpp"
 #include "compute/schedule.hpp"
 #include "dataset/augment.hpp"
+#include "dataset/cifar.hpp"
 #include "dataset/dataset.hpp"
 #include "runtime/job_internal.hpp"
 #include "runtime/metrics.hpp"
@@ -66,7 +67,7 @@ Status validate_limits(const JobConfig& c) {
 constexpr std::size_t kDatasetClasses = 10;
 std::optional<std::vector<std::size_t>> dataset_sample_shape(const std::string& dataset) {
   if (dataset == "mnist" || dataset == "fashion-mnist") return std::vector<std::size_t>{1, 28, 28};
-  if (dataset == "cifar10") return std::vector<std::size_t>{3, 32, 32};
+  if (dataset == "cifar10") return std::vector<std::size_t>{data::kCifarChannels, data::kCifarSide, data::kCifarSide};
   return std::nullopt;
 }
 
