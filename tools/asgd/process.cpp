@@ -72,8 +72,9 @@ void end_with_parent(pid_t parent) {
 void refuse_empty_paths(CLI::App& scope) {
   for (CLI::Option* o : scope.get_options({}))
     if (const std::string t = o->get_type_name(); t == "FILE" || t == "DIR" || t == "PATH" || t == "URL") {
-      const std::string refusal = t == "URL" ? "an empty URL (leave the flag out for the default)"
-                                             : "an empty path (leave the flag out for none)";
+      const std::string refusal = o->get_required()  ? "an empty path (give one)"
+                                  : t == "URL"         ? "an empty URL (leave the flag out for the default)"
+                                                       : "an empty path (leave the flag out for none)";
       o->check(CLI::Validator([refusal](std::string& v) { return v.empty() ? refusal : std::string(); }, ""));
     }
   for (CLI::App* sub : scope.get_subcommands({})) refuse_empty_paths(*sub);
