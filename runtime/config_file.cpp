@@ -294,7 +294,9 @@ std::optional<std::string> wrong_type(const std::string& key, const toml::value&
   return std::nullopt;
 }
 
-Status apply_toml_value(const toml::value& root, const std::string& origin, JobConfig& config, bool strict) {
+// The settings of a parsed file, each checked (its type, its value) on a
+// scratch configuration.
+Result<ConfigSettings> toml_settings(const toml::value& root, const std::string& origin, bool strict) {
   if (!root.is_table()) return Status::InvalidArgument("config file " + origin + ": not a TOML table");
   // data_dir and data-dir are one key: given both, which one won depended
   // on the table's hash order.
@@ -303,6 +305,8 @@ Status apply_toml_value(const toml::value& root, const std::string& origin, JobC
     if (auto [at, fresh] = spelled.emplace(normalize(key), key); !fresh)
       return Status::InvalidArgument("config file " + origin + ": '" + at->second + "' and '" + key +
                                      "' are the same key, given twice");
+  ConfigSettings settings;
+  JobConfig scratch;
   for (const auto& [key, value] : root.as_table()) {
     if (value.is_table())
       return Status::InvalidArgument("config file " + origin + ": [" + key +
@@ -327,9 +331,17 @@ Status apply_toml_value(const toml::value& root, const std::string& origin, JobC
       return Status::InvalidArgument("config file " + origin + ": key '" + key +
                                      "' must be a string, a number or a boolean");
     }
-    Status s = set_job_field(config, key, text);
+    Status s = set_job_field(scratch, key, text);
     if (!s.ok()) return Status::InvalidArgument("config file " + origin + ": " + s.message());
+    settings.emplace_back(normalize(key), std::move(text));
   }
+  return settings;
+}
+
+Status apply_settings(const Result<ConfigSettings>& settings, JobConfig& config) {
+  if (!settings) return settings.status();
+  for (const auto& [key, text] : *settings)
+    if (Status s = set_job_field(config, key, text); !s.ok()) return s;  // (toml_settings checked it)
   return {};
 }
 
@@ -365,7 +377,7 @@ std::string describe_toml_error(const std::exception& e) {
 
 }  // namespace
 
-Status apply_toml_file(const std::string& path, JobConfig& config, bool written_by_asgd) {
+Result<ConfigSettings> read_toml_file(const std::string& path, bool written_by_asgd) {
   const PathLook file = look_at(path);
   if (file.kind == PathKind::missing) return Status::NotFound("config file " + path + " does not exist");
   if (file.kind == PathKind::unreadable)
@@ -378,7 +390,11 @@ Status apply_toml_file(const std::string& path, JobConfig& config, bool written_
   } catch (const std::exception& e) {
     return Status::InvalidArgument("config file " + path + ", " + describe_toml_error(e));
   }
-  return apply_toml_value(root, path, config, !written_by_asgd);
+  return toml_settings(root, path, !written_by_asgd);
+}
+
+Status apply_toml_file(const std::string& path, JobConfig& config, bool written_by_asgd) {
+  return apply_settings(read_toml_file(path, written_by_asgd), config);
 }
 
 Status apply_toml_text(const std::string& text, const std::string& origin, JobConfig& config) {
@@ -389,7 +405,7 @@ Status apply_toml_text(const std::string& text, const std::string& origin, JobCo
   } catch (const std::exception& e) {
     return Status::InvalidArgument("config " + origin + ", " + describe_toml_error(e));
   }
-  return apply_toml_value(root, origin, config, false);
+  return apply_settings(toml_settings(root, origin, false), config);
 }
 
 namespace {

@@ -5,9 +5,11 @@
 #include <functional>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "asgd/job.hpp"
+#include "asgd/status.hpp"
 
 namespace asgd {
 
@@ -52,6 +54,16 @@ Status set_job_field(JobConfig& config, const std::string& key, const std::strin
 /// Every set field as TOML ("key = value" lines, strings quoted): what a
 /// coordinator sends its processes; apply_toml_text reads it back.
 std::string to_toml(const JobConfig& config);
+
+/// A config file's settings in the file's order: each key as its flag is
+/// named ("data-dir", whether the file wrote '-' or '_') and its value as
+/// that flag's text.
+using ConfigSettings = std::vector<std::pair<std::string, std::string>>;
+
+/// The settings of the TOML file at `path`, each checked as
+/// apply_toml_file checks them, none applied: for a caller that must know
+/// which keys a file sets (`resume`, a policy's settings).
+Result<ConfigSettings> read_toml_file(const std::string& path, bool written_by_asgd = false);
 
 /// Applies TOML text (see apply_toml_file). `origin` names it in errors.
 Status apply_toml_text(const std::string& text, const std::string& origin, JobConfig& config);

@@ -63,7 +63,10 @@ TEST(ResumeCli, AResumeFromAnotherFolderWritesIntoTheResumedFolderAndASecondCont
   EXPECT_FALSE(fs::exists(elsewhere / "m.jsonl")) << "the resume wrote its metrics into its working directory";
   EXPECT_GT(fs::last_write_time(ck / "shard-0.ckpt"), written) << "the resumed folder was not written";
 
-  CliRun third = asgd("train --resume " + ck.string() + " --epochs 3", elsewhere);
+  // The third resumes through a config file's `resume`, as the flag does:
+  // the checkpointed job's settings (its metrics file among them) first.
+  std::ofstream(elsewhere / "more.toml") << "resume = \"" << ck.string() << "\"\nepochs = 3\n";
+  CliRun third = asgd("train --config more.toml", elsewhere);
   ASSERT_EQ(third.exit_code, 0) << third.err;
   EXPECT_NE(third.out.find("epoch 3/3"), std::string::npos) << third.out;
   EXPECT_EQ(third.out.find("epoch 2/3"), std::string::npos) << "epoch 2 was trained again:\n" << third.out;

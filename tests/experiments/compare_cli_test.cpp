@@ -210,10 +210,35 @@ TEST(CompareCli, RejectsABadListRepeatsOrFolderWithExitCode2NamingTheValue) {
   expect_one_line_error(asgd("compare --policies bsp --workers ''" + data + out), 2, "--workers : expected whole numbers");
   expect_one_line_error(asgd("compare --policies bsp --resume " + dir.path().string() + data + out), 2,
                         "compare starts every run from the beginning");
+  std::ofstream(dir / "resume.toml") << "resume = \"" << dir.path().string() << "\"\n";
+  expect_one_line_error(asgd("compare --policies bsp --config " + (dir / "resume.toml").string() + data + out), 2,
+                        "resume.toml: resume = " + dir.path().string() + ": compare starts every run from the beginning");
   // Found before the comparison's folder is made, not at the first run.
   expect_one_line_error(asgd("compare --policies bsp --checkpoint-dir " + (dir / "a-file").string() + data + out), 2,
                         "--checkpoint-dir " + (dir / "a-file").string() + ": cannot write there");
   EXPECT_FALSE(fs::exists(dir / "out"));  // nothing ran
+}
+
+// A config file's settings count as its flags do: a policy's own
+// (staleness for ssp) go to the runs of that policy, eval-every 0 stays 0,
+// and its policy gives way to --policies.
+TEST(CompareCli, AConfigFileSetsWhatItsFlagsWould) {
+  ASGD_REQUIRE_DATASET(mnist, "mnist");
+  const asgd_test::TempDir dir;
+  std::ofstream(dir / "job.toml") << "staleness = 5\neval-every = 0\npolicy = \"bsp\"\nepochs = 1\n";
+  const fs::path out = dir / "cmp";
+  const CliRun r = asgd("compare --policies ssp --config " + (dir / "job.toml").string() + " --data-dir " +
+                        mnist.string() + " --validation-size 1000 --out " + out.string());
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
+  EXPECT_NE(r.out.find("policy bsp from " + (dir / "job.toml").string() + " is replaced by each policy of --policies"),
+            std::string::npos)
+      << r.out;
+  const auto results = csv_rows(out / "results.csv");
+  ASSERT_EQ(results.size(), 2u);
+  EXPECT_EQ(results[1][column(results[0], "policy")], "ssp");
+  EXPECT_EQ(results[1][column(results[0], "staleness")], "5");
+  const auto curves = csv_rows(out / "curves.csv");
+  for (std::size_t i = 1; i < curves.size(); ++i) EXPECT_EQ(curves[i][column(curves[0], "kind")], "epoch");
 }
 
 TEST(CompareCli, AFailingRunExitsWith1AndStillWritesTheFilesSayingTheComparisonIsIncomplete) {

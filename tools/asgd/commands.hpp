@@ -12,6 +12,7 @@
 #include <functional>
 #include <map>
 #include <optional>
+#include <set>
 #include <stop_token>
 #include <string>
 #include <thread>
@@ -151,6 +152,9 @@ struct JobOptions {
   std::map<std::string, std::string> flags;  // key -> text, as given
   std::map<std::string, CLI::Option*> options;
   LogOptions log;
+  /// Keys of the config file that load_job leaves to its caller (compare:
+  /// each policy's own settings), as it leaves out options erased above.
+  std::set<std::string> config_keys_left;
 };
 /// The job's flags (and --config, the log flags). `one_process`: the
 /// flags that matter only across processes go in a group of their own.

@@ -207,32 +207,65 @@ std::optional<int> plan_comparison(const CompareOptions& o, Comparison& c) {
     return kExitUsage;
   }
   c.policies = *policies;
-  // --workers may list several counts here; every run gets one of them.
+  // The config file's keys, to treat as its flags are: one of its settings
+  // may be given there as on the command line.
+  ConfigSettings file;
+  if (!o.job.config_file.empty()) {
+    auto read = read_toml_file(o.job.config_file);
+    if (!read) {
+      print_error(read.status().message());
+      return kExitUsage;
+    }
+    file = std::move(read).value();
+  }
+  auto in_file = [&](const std::string& key) -> std::optional<std::string> {
+    for (const auto& [k, text] : file)
+      if (k == key) return text;
+    return std::nullopt;
+  };
+  // Given in the file, --resume would continue a job's checkpoint in every run.
+  if (auto dir = in_file("resume")) {
+    print_error("config file " + o.job.config_file + ": resume = " + *dir +
+                ": compare starts every run from the beginning, under its own policy; resume one job with asgd "
+                "train --resume");
+    return kExitUsage;
+  }
   JobOptions job = o.job;
+  if (auto policy = in_file("policy")) {
+    std::printf("note: policy %s from %s is replaced by each policy of --policies\n", policy->c_str(),
+                o.job.config_file.c_str());
+    job.config_keys_left.insert("policy");
+  }
+  // --workers may list several counts here; every run gets one of them.
   const bool workers_given = job.options.at("workers")->count() > 0;
   if (workers_given) c.workers_text = job.flags.at("workers");
   job.options.erase("workers");
   // So may --device: each run takes the first of its items, one per worker
   // (checked per run below).
-  std::string devices;
-  if (job.options.at("device")->count() > 0 && job.flags.at("device").find(',') != std::string::npos) {
-    devices = job.flags.at("device");
+  std::string devices = job.options.at("device")->count() > 0 ? job.flags.at("device") : in_file("device").value_or("");
+  if (devices.find(',') != std::string::npos) {
     job.options.erase("device");
+    job.config_keys_left.insert("device");
+  } else {
+    devices.clear();
   }
   // Settings of one policy (--staleness for ssp, ...) would fail the shared
-  // job's check under the default policy: they are set after it, and each
-  // run keeps those of its own policy (config_for_run).
-  std::vector<std::string> per_policy;
+  // job's check under the default policy: they are set after it, from the
+  // flag or else the file, and each run keeps those of its own policy
+  // (config_for_run).
+  std::vector<std::pair<std::string, std::string>> per_policy;
   std::vector<std::string> keys{"staleness-aware-lr"};
   for (const KnobUse& use : policy_knobs()) keys.push_back(use.knob->name);
   for (const std::string& key : keys) {
-    if (job.options.at(key)->count() > 0) per_policy.push_back(key);
+    if (job.options.at(key)->count() > 0) per_policy.emplace_back(key, job.flags.at(key));
+    else if (auto text = in_file(key)) per_policy.emplace_back(key, *text);
     job.options.erase(key);
+    job.config_keys_left.insert(key);
   }
   if (auto code = load_job(job, c.base)) return *code;
   if (!devices.empty()) c.base.device = devices;
-  for (const std::string& key : per_policy) {
-    if (Status s = set_job_field(c.base, key, o.job.flags.at(key)); !s.ok()) {
+  for (const auto& [key, text] : per_policy) {
+    if (Status s = set_job_field(c.base, key, text); !s.ok()) {
       print_error(s.message());
       return kExitUsage;
     }
@@ -247,7 +280,8 @@ std::optional<int> plan_comparison(const CompareOptions& o, Comparison& c) {
     c.worker_counts = *parsed;
   }
   // Curves need points between epochs to tell fast policies apart.
-  if (o.job.options.at("eval-every")->count() == 0 && c.base.eval_every_s == 0.0) c.base.eval_every_s = 0.5;
+  if (o.job.options.at("eval-every")->count() == 0 && !in_file("eval-every") && c.base.eval_every_s == 0.0)
+    c.base.eval_every_s = 0.5;
   if (!c.base.metrics_out.empty())
     std::printf("note: metrics-out from %s is replaced by one file per run in %s/runs/\n", o.job.config_file.c_str(),
                 o.out.c_str());

@@ -113,11 +113,26 @@ std::optional<int> load_job(const JobOptions& o, JobConfig& config, bool devices
     print_error(s.message());
     return kExitUsage;
   }
+  // The config file's settings, read first: its `resume` resumes as the
+  // flag does (the checkpointed job's settings under the file's).
+  ConfigSettings from_file;
+  if (!o.config_file.empty()) {
+    auto read = read_toml_file(o.config_file);
+    if (!read) {
+      print_error(read.status().message());
+      return kExitUsage;
+    }
+    from_file = std::move(read).value();
+  }
+  std::string resume_dir;
+  if (auto r = o.options.find("resume"); r != o.options.end() && r->second->count() > 0) resume_dir = o.flags.at("resume");
+  for (const auto& [key, text] : from_file)
+    if (key == "resume" && resume_dir.empty() && o.options.contains("resume")) resume_dir = text;
   std::optional<JobConfig> resumed;  // the checkpointed job's settings
   // --resume DIR: the checkpointed job's own settings come first; a config
   // file and flags may still change some (more epochs, a new metrics file).
-  if (auto r = o.options.find("resume"); r != o.options.end() && r->second->count() > 0) {
-    const std::string dir = o.flags.at("resume");
+  if (!resume_dir.empty()) {
+    const std::string& dir = resume_dir;
     const std::string saved = (std::filesystem::path(dir) / kJobSettingsFile).string();
     if (const PathLook look = look_at(saved); look.kind == PathKind::missing) {
       print_error("--resume " + dir + ": no " + kJobSettingsFile +
@@ -141,9 +156,10 @@ std::optional<int> load_job(const JobOptions& o, JobConfig& config, bool devices
     // otherwise).
     config.checkpoint_dir = std::filesystem::absolute(dir).lexically_normal().string();
   }
-  if (!o.config_file.empty()) {
-    if (Status s = apply_toml_file(o.config_file, config); !s.ok()) {
-      print_error(s.message());
+  for (const auto& [key, text] : from_file) {
+    if (o.config_keys_left.contains(key)) continue;
+    if (Status s = set_job_field(config, key, text); !s.ok()) {
+      print_error("config file " + o.config_file + ": " + s.message());
       return kExitUsage;
     }
   }
@@ -155,7 +171,7 @@ std::optional<int> load_job(const JobOptions& o, JobConfig& config, bool devices
     }
   }
   if (Status s = resumed ? same_checkpointed_layout(*resumed, config) : Status{}; !s.ok()) {
-    print_error("--resume " + o.flags.at("resume") + ": " + s.message());
+    print_error("--resume " + resume_dir + ": " + s.message());
     return kExitUsage;
   }
   if (Status s = validate_settings(config, devices_here); !s.ok()) {
