@@ -19,6 +19,7 @@
 #include <nlohmann/json.hpp>
 
 #include "base/cpus.hpp"
+#include "base/folder_lock.hpp"
 #include "cli/cli_run.hpp"
 #include "temp_dir.hpp"
 #include "test_data.hpp"
@@ -213,6 +214,14 @@ TEST(CompareCli, RejectsABadListRepeatsOrFolderWithExitCode2NamingTheValue) {
   std::ofstream(dir / "resume.toml") << "resume = \"" << dir.path().string() << "\"\n";
   expect_one_line_error(asgd("compare --policies bsp --config " + (dir / "resume.toml").string() + data + out), 2,
                         "resume.toml: resume = " + dir.path().string() + ": compare starts every run from the beginning");
+  // A folder another comparison is writing into (it holds the folder's lock).
+  fs::create_directories(dir / "busy");
+  {
+    auto held = asgd::FolderLock::try_hold(dir / "busy");
+    ASSERT_TRUE(held.ok());
+    expect_one_line_error(asgd("compare --policies bsp" + data + " --out " + (dir / "busy").string()), 2,
+                          "another asgd compare is writing there; give another folder");
+  }
   // Found before the comparison's folder is made, not at the first run.
   expect_one_line_error(asgd("compare --policies bsp --checkpoint-dir " + (dir / "a-file").string() + data + out), 2,
                         "--checkpoint-dir " + (dir / "a-file").string() + ": cannot write there");

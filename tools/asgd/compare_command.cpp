@@ -16,6 +16,7 @@
 
 #include "asgd/job.hpp"
 #include "base/cpus.hpp"
+#include "base/folder_lock.hpp"
 #include "experiments/compare.hpp"
 #include "experiments/report.hpp"
 #include "policies/registry.hpp"
@@ -434,6 +435,16 @@ int run_compare(const CompareOptions& o) {
   fs::create_directories(dir / "runs", ec);
   if (ec) {
     print_error("--out " + o.out + ": cannot create " + (dir / "runs").string() + ": " + ec.message());
+    return kExitUsage;
+  }
+  // Two comparisons in one folder wrote into each other's files (no row
+  // is there until a run ends): the folder is one comparison's at a time.
+  auto held = FolderLock::try_hold(dir);
+  if (!held) {
+    print_error("--out " + o.out + ": " +
+                (held.status().code() == StatusCode::unavailable ? "another asgd compare is writing there"
+                                                                  : held.status().message()) +
+                "; give another folder");
     return kExitUsage;
   }
 
