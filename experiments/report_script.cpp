@@ -224,7 +224,9 @@ constexpr std::string_view kDrawJs = R"JS(
     var sOptions = options('staleness of an applied update (clocks)', 'share of the updates (%, log scale)');
     sOptions.scales.x = {type: 'category', title: sOptions.scales.x.title, grid: {display: false}};
     sOptions.scales.y.type = 'logarithmic';
-    sOptions.scales.y.min = Math.pow(10, Math.floor(Math.log10(smallest)));
+    // A decade at least: with every update at one staleness (bsp) the only
+    // share is 100%, and an axis from 100 to 100 drew no bar.
+    sOptions.scales.y.min = Math.min(10, Math.pow(10, Math.floor(Math.log10(smallest))));
     sOptions.scales.y.max = 100;
     sOptions.scales.y.ticks = {callback: function (v) {
       var e = Math.log10(v);

@@ -43,7 +43,7 @@ function asgdChartSummary(id, chart) {
   });
   var y = chart.scales && chart.scales.y;
   return {id: id, datasets: datasets, points: points, painted: asgdPainted(chart.canvas),
-          y_max: y && typeof y.max === 'number' ? y.max : null};
+          y_min: y && typeof y.min === 'number' ? y.min : null, y_max: y && typeof y.max === 'number' ? y.max : null};
 }
 function asgdWriteStatus(summaries) {
   var el = document.getElementById('asgd-render-status');

@@ -80,21 +80,8 @@ def main():
     if len(expected) < 9 or "phases" not in expected:
         fail("expected 9 charts (speedup and phases included), found canvases %s" % expected)
 
-    url = "file://" + report
-    with tempfile.TemporaryDirectory() as profile:
-        dom = chromium(binary, profile, "--dump-dom", url)
-        shot = os.path.join(artifacts, "report.png")
-        if os.path.exists(shot):
-            os.remove(shot)
-        chromium(binary, profile, "--window-size=1400,3000", "--screenshot=" + shot, url)
-
-    m = re.search(r'<pre id="asgd-render-status"[^>]*>([^<]*)</pre>', dom)
-    if not m or not m.group(1).strip():
-        fail("the page wrote no render status; its scripts did not run to the end")
-    status = json.loads(html.unescape(m.group(1)))
-    if status["errors"]:
-        fail("script errors: %s" % json.dumps(status["errors"], indent=2))
-    drawn = {c["id"]: c for c in status["charts"]}
+    shot = os.path.join(artifacts, "report.png")
+    dom, drawn = render(binary, report, shot)
     for chart_id in expected:
         c = drawn.get(chart_id)
         if c is None:
@@ -109,7 +96,45 @@ def main():
     if not os.path.exists(shot) or os.path.getsize(shot) < 20000:
         fail("no screenshot at " + shot)
     print("screenshot: " + shot)
+
+    # bsp alone: every update of staleness 0, a 100% bar the staleness
+    # chart's log scale once drew from 100 to 100, i.e. not at all.
+    out = os.path.join(artifacts, "compare-bsp")
+    shutil.rmtree(out, ignore_errors=True)
+    run = subprocess.run([asgd, "compare", "--policies", "bsp", "--dataset", "mnist", "--model", "mlp", "--epochs", "1",
+                          "--validation-size", "1000", "--out", out],
+                         capture_output=True, text=True, timeout=600 * slowdown)
+    if run.returncode != 0:
+        fail("asgd compare --policies bsp exited with %d: %s" % (run.returncode, run.stderr[-2000:]))
+    _, drawn = render(binary, os.path.join(out, "report.html"), os.path.join(artifacts, "report-bsp.png"))
+    c = drawn.get("staleness")
+    if c is None or c["points"] < 1 or not c["painted"]:
+        fail("bsp's staleness chart has no data: %s" % json.dumps(c))
+    print("bsp alone: staleness chart drawn from %s%% to %s%%" % (c["y_min"], c["y_max"]))
     return 0
+
+
+def render(binary, report, shot):
+    """Opens report in Chromium: its DOM and its charts' render status by id
+    (a chart whose value axis spans nothing drew nothing: a failure). Saves a
+    screenshot at shot."""
+    url = "file://" + report
+    with tempfile.TemporaryDirectory() as profile:
+        dom = chromium(binary, profile, "--dump-dom", url)
+        if os.path.exists(shot):
+            os.remove(shot)
+        chromium(binary, profile, "--window-size=1400,3000", "--screenshot=" + shot, url)
+    m = re.search(r'<pre id="asgd-render-status"[^>]*>([^<]*)</pre>', dom)
+    if not m or not m.group(1).strip():
+        fail("the page wrote no render status; its scripts did not run to the end")
+    status = json.loads(html.unescape(m.group(1)))
+    if status["errors"]:
+        fail("script errors: %s" % json.dumps(status["errors"], indent=2))
+    drawn = {c["id"]: c for c in status["charts"]}
+    for c in drawn.values():
+        if c.get("y_min") is not None and c.get("y_max") is not None and not c["y_min"] < c["y_max"]:
+            fail("chart %s: its value axis spans nothing (%s to %s)" % (c["id"], c["y_min"], c["y_max"]))
+    return dom, drawn
 
 
 if __name__ == "__main__":
