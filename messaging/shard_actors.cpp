@@ -119,10 +119,15 @@ caf::behavior shard_server(caf::event_based_actor* self, std::shared_ptr<Bridge>
   // Each request's slot travels with it into the reply's frame (the
   // handlers move it out, so the bridge alone holds it then); a request
   // dropped here or failed by the shard lets it go.
-  auto answer = [bridge](const PeerId& peer, std::uint64_t id, ShardReply& r, RequestSlot slot) {
+  // A snapshot's parameters (what the coordinator evaluates, checkpoints
+  // and exports) go exact whatever --compress says: it rounds the steps'
+  // traffic, not the trained model.
+  auto answer = [bridge](const PeerId& peer, std::uint64_t id, ShardReply& r, RequestSlot slot,
+                         bool exact = false) {
+    const TensorCoding coding = exact ? TensorCoding::float32 : bridge->coding();
     if (r.params_in_frame.owner) {
       // Written over the push's gradient: sent back from the same buffer.
-      if (bridge->coding() == TensorCoding::float32 && r.params_crc) {
+      if (coding == TensorCoding::float32 && r.params_crc) {
         bridge->send(peer, encode_in_frame(r, id, r.params_in_frame, *r.params_crc), std::move(slot));
         return;
       }
@@ -130,7 +135,7 @@ caf::behavior shard_server(caf::event_based_actor* self, std::shared_ptr<Bridge>
       r.params_in_frame = {};
     }
     std::vector<float> params = std::move(r.params);
-    bridge->send(peer, encode(r, id, std::move(params), bridge->coding(), bridge->pool(), r.params_crc),
+    bridge->send(peer, encode(r, id, std::move(params), coding, bridge->pool(), r.params_crc),
                  std::move(slot));
   };
   return {
@@ -150,7 +155,7 @@ caf::behavior shard_server(caf::event_based_actor* self, std::shared_ptr<Bridge>
       },
       [self, shard, answer](inbound_atom, const PeerId& peer, std::uint64_t id, snapshot_atom, RequestSlot& slot) {
         self->request(shard, caf::infinite, snapshot_atom::value)
-            .then([answer, peer, id, slot](ShardReply& r) mutable { answer(peer, id, r, std::move(slot)); },
+            .then([answer, peer, id, slot](ShardReply& r) mutable { answer(peer, id, r, std::move(slot), true); },
                   [](caf::error&) {});
       },
       [self, shard, bridge, seen](inbound_atom, const PeerId& peer, std::uint64_t id, stats_atom, RequestSlot& slot) {
