@@ -12,18 +12,11 @@ namespace {
 
 using collective_wire::kPiece;
 
-// The passes, on buffers that do not overlap (declared so, and kept out of
-// line, so that GCC vectorizes them).
-[[gnu::noinline]] void scale_to(float* __restrict dst, const float* __restrict src, float k, std::size_t n) {
-  for (std::size_t i = 0; i < n; ++i) dst[i] = k * src[i];
-}
-[[gnu::noinline]] void weighted_add(float* __restrict dst, float w, const float* __restrict src,
-                                    const float* __restrict piece, std::size_t n) {
-  for (std::size_t i = 0; i < n; ++i) dst[i] = w * src[i] + piece[i];
-}
-[[gnu::noinline]] void weighted_add_scaled(float* __restrict dst, float w, const float* __restrict src,
-                                           const float* __restrict piece, float k, std::size_t n) {
-  for (std::size_t i = 0; i < n; ++i) dst[i] = (w * src[i] + piece[i]) * k;
+// The pass, on buffers that do not overlap (declared so, and kept out of
+// line, so that GCC vectorizes it).
+[[gnu::noinline]] void blend(float* __restrict dst, float a, const float* __restrict own, float b,
+                             const float* __restrict piece, std::size_t n) {
+  for (std::size_t i = 0; i < n; ++i) dst[i] = a * own[i] + b * piece[i];
 }
 
 }  // namespace
@@ -42,22 +35,19 @@ void RingReduce::begin(std::vector<Rank> ring, Rank self, std::span<const float>
   sums_.reset();
   buf_.reset();
   buf_ = acquire(data.size());
-  const auto w = static_cast<float>(weight_);
   if (ring_.size() == 1) {
     total_ = weight_;
-    if (total_ > 0) {
-      scale_to(buf_->data(), data.data(), w, data.size());
-      const auto inv = static_cast<float>(1.0 / total_);
-      for (float& v : *buf_) v *= inv;  // in place: scale_to's buffers may not overlap
-    }
+    if (total_ > 0) std::copy(data.begin(), data.end(), buf_->begin());  // the mean of one
     done_ = true;
     return;
   }
   sums_ = acquire(data.size());
   const auto own = static_cast<std::uint32_t>(pos_);
   const auto [b, e] = bounds(own);
-  if (w > 0)
-    scale_to(sums_->data() + b, data.data() + b, w, e - b);
+  // A chunk's first mean: its own values, or nothing (weight 0 reads none).
+  if (weight_ > 0)
+    std::copy(data.begin() + static_cast<std::ptrdiff_t>(b), data.begin() + static_cast<std::ptrdiff_t>(e),
+              sums_->begin() + static_cast<std::ptrdiff_t>(b));
   else
     std::fill(sums_->begin() + static_cast<std::ptrdiff_t>(b), sums_->begin() + static_cast<std::ptrdiff_t>(e), 0.0f);
   std::uint64_t offset = 0;
@@ -75,35 +65,32 @@ bool RingReduce::take(const Piece& p, const Send& send) {
       p.values.size() != std::min<std::size_t>(kPiece, e - b - p.offset))
     return false;
   const std::size_t n = p.values.size(), at = b + p.offset;
-  // Partial sums go to sums_, means to buf_: no value is written twice in a
-  // round, so a piece a transport is still sending is never written over.
+  // Partial means go to sums_, finished ones to buf_: no value is written
+  // twice in a round, so a piece a transport is still sending is never
+  // written over.
   const Buffer& into = step + 2 < m ? sums_ : buf_;
   float* dst = into->data() + at;
   const float* own = data_.data() + at;
-  const auto w = static_cast<float>(weight_);
   double weight = p.weight;
   if (step < m - 1) {
     weight += weight_;
-    if (step + 1 == m - 1) {  // the last sum of this chunk: its mean
+    if (weight_ > 0 && p.weight > 0)
+      blend(dst, static_cast<float>(weight_ / weight), own, static_cast<float>(p.weight / weight), p.values.data(), n);
+    else if (weight_ > 0)
+      std::copy_n(own, n, dst);  // nothing folded in yet
+    else
+      std::copy_n(p.values.data(), n, dst);  // (not memcpy: an empty piece's data may be null)
+    if (step + 1 == m - 1) {  // the last fold of this chunk: its mean
       total_ = weight;
-      const auto k = total_ > 0 ? static_cast<float>(1.0 / total_) : 0.0f;
-      if (w > 0)
-        weighted_add_scaled(dst, w, own, p.values.data(), k, n);
-      else
-        scale_to(dst, p.values.data(), k, n);
       // In half precision every rank gets these bits, this one included.
       if (half_)
         for (std::size_t i = 0; i < n; ++i) dst[i] = from_half(to_half(dst[i]));
-    } else if (w > 0) {
-      weighted_add(dst, w, own, p.values.data(), n);
-    } else {
-      std::copy_n(p.values.data(), n, dst);
     }
   } else {
-    std::copy_n(p.values.data(), n, dst);  // (not memcpy: an empty piece's data may be null)
+    std::copy_n(p.values.data(), n, dst);
     total_ = weight;
   }
-  // The sum goes on, or (after m - 1 steps) the finished piece.
+  // The mean goes on, or (after m - 1 steps) the finished piece.
   if (step + 1 < 2 * (m - 1)) send_piece(into, p.chunk, step + 1, p.offset, weight, send);
   piece_at_ += n;
   if (piece_at_ < e - b) return true;

@@ -5,15 +5,17 @@
 //
 // The vector is cut into one chunk per ring member, each sent in pieces of
 // kPiece floats, passed on as soon as they are summed so that the links stay
-// busy. At ring step s < m - 1 a rank adds its own weighted values to the
-// partial sum its left neighbour sent, in one pass (weight x data + piece),
-// and passes it on with the weights summed so far; the rank that adds last
-// to a chunk (step m - 2) then knows the total weight and writes the mean in
-// the same pass, and m - 1 more steps pass the means around. So every value
-// is written once per round (partial sums and means in separate buffers: a
-// transport may send from them without a copy), the sum of each chunk is taken in ring order
-// (the same bits in every run), and no pass over the whole vector comes
-// before or after the exchange.
+// busy. What travels is a running weighted mean, never weight x values
+// (sums of samples-weighted gradients overflowed float16 under --compress
+// fp16 where the mean did not): at ring step s < m - 1 a rank folds its own
+// values into the mean its left neighbour sent, in one pass
+// ((w x data + W x piece) / (W + w), W the weight of the piece so far), and
+// passes it on with the weights summed so far; after the rank that folds
+// last into a chunk (step m - 2), m - 1 more steps pass the means around.
+// So every value is written once per round (partial means and means in
+// separate buffers: a transport may send from them without a copy), each
+// chunk is folded in ring order (the same bits in every run), and no pass
+// over the whole vector comes before or after the exchange.
 
 #include <cstdint>
 #include <functional>
@@ -33,7 +35,7 @@ class RingReduce {
     std::uint32_t step = 0;   ///< the ring step, 0 .. 2 (m - 1) - 1
     std::uint32_t chunk = 0;  ///< which chunk of the vector
     std::uint64_t offset = 0;  ///< where in the chunk the piece starts
-    double weight = 0;  ///< reduce-scatter: the weights summed into it so far; all-gather: the total
+    double weight = 0;  ///< reduce-scatter: the weights folded into it so far; all-gather: the total
     std::span<const float> values;
   };
   /// Sends a piece to rank `to`; `owner` holds its values (a transport may

@@ -20,7 +20,7 @@ using messaging::crc32c;
 static_assert(std::endian::native == std::endian::little, "the collective sends floats as this host lays them out");
 
 constexpr std::uint32_t kMagic = 0x4C4F4341;  // "ACOL"
-constexpr std::uint16_t kVersion = 4;
+constexpr std::uint16_t kVersion = 5;  // 5: a chunk's piece carries a mean, not a sum
 // A chunk goes in pieces of 256K floats (1 MiB), each passed on as soon as
 // it is summed, so that the links stay busy.
 constexpr std::size_t kPiece = std::size_t{1} << 18;

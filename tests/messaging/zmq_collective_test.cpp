@@ -232,7 +232,7 @@ TEST(ZmqCollective, ARoundOneRankFinishedBeforeADeathIsFinishedByTheOthersWithIt
     std::array<std::byte, 64> h{};
     auto put = [&](std::size_t at, auto v) { std::memcpy(h.data() + at, &v, sizeof v); };
     put(0, std::uint32_t{0x4C4F4341});
-    put(4, std::uint16_t{4});
+    put(4, std::uint16_t{5});
     put(6, std::uint16_t{1});  // a chunk
     put(8, std::uint16_t{1});   // from rank 1
     put(10, std::uint16_t{0});  // float32 values
@@ -253,7 +253,7 @@ TEST(ZmqCollective, ARoundOneRankFinishedBeforeADeathIsFinishedByTheOthersWithIt
   ASSERT_TRUE(g[2]->allreduce_mean(2, 0, x2, 1.0, s2.ready()).ok());
   // Six values in three chunks of two. From its left neighbour, rank 1,
   // rank 2 takes chunk 1 at step 0 (rank 1's own: weight 1) and chunk 0 at
-  // step 1 (ranks 0 and 1 summed: weight 2), both in reduce-scatter, then
+  // step 1 (ranks 0 and 1 folded: weight 2), both in reduce-scatter, then
   // chunk 2 at step 2 (a mean, with the total weight 3), which it passes on
   // to rank 0, and chunk 1 at step 3, which never comes.
   send_piece(0, 1, {100, 1}, 1.0);
