@@ -139,7 +139,9 @@ EpochMetrics EpochTracker::evaluated(std::uint64_t e, double val_accuracy) {
   const std::uint64_t loss_samples = agg.sum.samples - agg.sum.dropped_samples;
   double loss_sum = 0.0;
   for (double l : agg.loss_by_worker) loss_sum += l;
-  m.train_loss = loss_samples ? loss_sum / static_cast<double>(loss_samples) : 0.0;
+  // No loss at all when every batch was dropped (not 0: "loss 0.0000"
+  // read as a perfect fit).
+  m.train_loss = loss_samples ? loss_sum / static_cast<double>(loss_samples) : std::nan("");
   if (agg.sum.dropped_batches > 0)
     logger().warn("epoch {}: dropped {} batch gradients whose loss was NaN or infinite", e + 1, agg.sum.dropped_batches);
   m.val_accuracy = val_accuracy;

@@ -449,15 +449,22 @@ void WorkerCore::try_step(Actions& out) {
   // A NaN or infinite loss means a gradient that would poison the
   // parameters: drop it, count it, and stop the job once it is clearly
   // diverging rather than a single bad batch.
+  // With epochs shorter than that, two whole epochs of them are as clear
+  // (a job of one step an epoch had trained on with loss nan).
   step_dropped_ = !std::isfinite(loss);
+  ++epoch_steps_;
   if (step_dropped_) {
     ++report_.dropped_batches;
     report_.dropped_samples += batch.size;
-    if (++nonfinite_streak_ >= kMaxNonFiniteSteps) {
+    ++nonfinite_streak_;
+    const bool two_epochs = batch.last_in_epoch && nonfinite_streak_ >= 2 * epoch_steps_;
+    if (nonfinite_streak_ >= kMaxNonFiniteSteps || two_epochs) {
       // (a NaN's sign means nothing: "-nan" read as a different failure)
       const char* what = std::isnan(loss) ? "nan" : loss > 0 ? "inf" : "-inf";
       fail(StatusCode::diverged,
-           fmt::format("the loss was {} for {} steps in a row (up to step {})", what, kMaxNonFiniteSteps, step_), out);
+           fmt::format("the loss was {} for {} steps in a row (up to step {}{})", what, nonfinite_streak_, step_,
+                       nonfinite_streak_ < kMaxNonFiniteSteps ? ": every step of two epochs" : ""),
+           out);
       return;
     }
   } else {
@@ -466,6 +473,7 @@ void WorkerCore::try_step(Actions& out) {
   }
   step_samples_ = static_cast<std::uint32_t>(batch.size);
   step_ends_epoch_ = batch.last_in_epoch;
+  if (batch.last_in_epoch) epoch_steps_ = 0;
   step_epoch_ = batch.epoch;
   if (const double delay_s = straggler_.delay_s(step_ + 1, compute_s); delay_s > 0) {
     // A simulated straggler: the step's extra time is spent on a timer, so

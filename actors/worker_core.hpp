@@ -46,7 +46,8 @@ struct WorkerSetup;
 /// How often a worker tells the coordinator how far it got (WorkerProgress).
 inline constexpr std::chrono::milliseconds kProgressEvery{250};
 
-/// Consecutive NaN/Inf losses after which a worker declares the job diverged.
+/// Consecutive NaN/Inf losses after which a worker declares the job
+/// diverged (or every step of two epochs, when they are shorter).
 inline constexpr std::uint32_t kMaxNonFiniteSteps = 10;
 
 /// What the shell does for the core, in the order appended.
@@ -201,6 +202,7 @@ class WorkerCore {
   WorkerProgress finished_epochs_;               // cumulative counts of the epochs already reported
   Instant last_progress_{};                      // when the coordinator last heard how far we got
   std::uint32_t nonfinite_streak_ = 0;           // consecutive steps with a NaN/Inf loss
+  std::uint32_t epoch_steps_ = 0;                // steps of this epoch so far
   bool straggling_ = false;                      // a delayed step is waiting for resume()
   bool exchanging_ = false;                      // waiting for exchanged()
   Instant exchange_start_{};

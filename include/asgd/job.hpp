@@ -218,7 +218,7 @@ struct WorkerPhases {
 struct EpochMetrics {
   std::uint32_t epoch = 0;        ///< 1-based
   double wall_s = 0.0;            ///< seconds since training started
-  double train_loss = 0.0;        ///< mean training loss over the epoch's batches
+  double train_loss = 0.0;        ///< mean training loss over the epoch's batches; NaN when every one was dropped (NaN/Inf loss)
   double val_accuracy = 0.0;      ///< on the held-out validation split
   double samples_per_s = 0.0;     ///< training samples this epoch / its duration
   std::uint64_t updates = 0;      ///< worker pushes in the evaluated parameters (the fewest any shard had applied), cumulative

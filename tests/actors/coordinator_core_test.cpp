@@ -3,6 +3,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <chrono>
 #include <string>
 #include <vector>
@@ -243,6 +245,23 @@ TEST(CoordinatorCore, AnEpochsRateNeverExceedsWhatItsBusiestWorkerTrained) {
   EXPECT_DOUBLE_EQ(only<act::EpochDone>(d.evaluated(0.5, 1.1)).metrics.samples_per_s, 100.0 / 1.0);
   EXPECT_NEAR(only<act::EpochDone>(d.evaluated(0.6, 1.2)).metrics.samples_per_s, 100.0 / 0.010, 1e-6)
       << "not 100 samples in a microsecond";
+}
+
+TEST(CoordinatorCore, AnEpochWhoseEveryBatchWasDroppedHasNoLossNotZero) {
+  Driver d(config(1, 1));
+  const auto report = [&](std::uint64_t dropped) -> CoordinatorActions& {
+    EpochReport r;
+    r.epoch = 0;
+    r.samples = 100;
+    r.batches = 2;
+    r.dropped_batches = 2;
+    r.dropped_samples = dropped;
+    r.loss_sum = 0.0;
+    return d.call([&](CoordinatorActions& o) { d.core.report(r, at(1.0), o); });
+  };
+  report(100);
+  EXPECT_TRUE(std::isnan(only<act::EpochDone>(d.evaluated(0.1, 1.1)).metrics.train_loss))
+      << "a loss of 0 read as a perfect fit";
 }
 
 TEST(CoordinatorCore, CurvesCountTheUpdatesInTheEvaluatedParameters) {

@@ -230,6 +230,25 @@ TEST(WorkerCore, TenNonFiniteLossesInARowFailTheJobAsDivergedAndEachPushesOnlyAC
   EXPECT_TRUE(d.core->finished());
 }
 
+// Epochs of one step (a batch as large as the worker's share): ten in a
+// row would be ten epochs; every step of two epochs is as clear.
+TEST(WorkerCore, EveryLossOfTwoShortEpochsNonFiniteFailsTheJobAsDiverged) {
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  Driver d(setup("async", 1));
+  d.ready(nan);
+  auto& first_epoch = d.feed(batch(0, true));
+  EXPECT_EQ(first<act::Fail>(first_epoch), nullptr) << "one epoch of one bad batch is not yet divergence";
+  d.answer(0, PushOutcome::applied, true, 0, nan);
+  d.step();
+  auto& out = d.feed(batch(1, true));
+  const auto* fail = first<act::Fail>(out);
+  ASSERT_NE(fail, nullptr);
+  EXPECT_EQ(fail->code, StatusCode::diverged);
+  EXPECT_NE(fail->message.find("the loss was nan for 2 steps in a row (up to step 1: every step of two epochs)"),
+            std::string::npos)
+      << fail->message;
+}
+
 TEST(WorkerCore, ARejectedPushFailsTheJobNamingTheShard) {
   Driver d(setup("async", 2));
   d.ready();
