@@ -3,9 +3,8 @@
 
 #include <gtest/gtest.h>
 
-#include <cmath>
-
 #include <chrono>
+#include <cmath>
 #include <string>
 #include <vector>
 
