@@ -27,6 +27,7 @@
 #include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -226,7 +227,15 @@ std::optional<int> run_and_wait(std::vector<std::string> args, std::chrono::seco
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
   }
   if (terminated) return std::nullopt;
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+}
+
+// What a rank's exit code from run_and_wait says.
+std::string ended(const std::optional<int>& code) {
+  if (!code) return "did not start, or ran past its time";
+  if (*code > 128) return std::string("was killed by signal ") + std::to_string(*code - 128) + " (" +
+                          sigabbrev_np(*code - 128) + ")";
+  return "exited with status " + std::to_string(*code) + " (its error is above)";
 }
 
 std::vector<std::string> rank_flags(const AllreduceOptions& o) {
@@ -245,20 +254,30 @@ Result<std::map<std::uint64_t, double>> measure_ours(const AllreduceOptions& o, 
   fs::create_directories(dir);
   std::vector<std::thread> ranks;
   std::vector<std::optional<int>> codes(o.processes);
+  // A rank that ends badly stops the others at once: they would wait a
+  // minute for its part of the round, and then blame each other.
+  std::stop_source ranks_stop;
+  std::stop_callback interrupted(stop, [&] { ranks_stop.request_stop(); });
+  std::mutex mu;
+  std::optional<std::uint32_t> first_failed;
   for (std::uint32_t r = 0; r < o.processes; ++r) {
     ranks.emplace_back([&, r] {
       std::vector<std::string> args = {self, "allreduce-rank", "--rank", std::to_string(r), "--processes",
                                        std::to_string(o.processes), "--dir", dir.string(), "--shared-memory",
                                        shared_memory, "--parent", std::to_string(getpid())};
       for (auto& f : rank_flags(o)) args.push_back(f);
-      codes[r] = run_and_wait(args, std::chrono::seconds(600), false, stop);
+      codes[r] = run_and_wait(args, std::chrono::seconds(600), false, ranks_stop.get_token());
+      if (codes[r] == 0 || ranks_stop.stop_requested()) return;
+      std::lock_guard lock(mu);
+      first_failed = first_failed.value_or(r);
+      ranks_stop.request_stop();
     });
   }
   for (auto& t : ranks) t.join();
   if (stop.stop_requested()) return Status::Cancelled("bench allreduce: interrupted");
-  for (std::uint32_t r = 0; r < o.processes; ++r)
-    if (!codes[r] || *codes[r] != 0)
-      return Status::Internal("bench allreduce: our rank " + std::to_string(r) + " failed (its error is above)");
+  if (first_failed)
+    return Status::Internal("bench allreduce: our rank " + std::to_string(*first_failed) + " " +
+                            ended(codes[*first_failed]) + "; the other ranks were stopped");
   return read_times(dir / "ours.txt");
 }
 

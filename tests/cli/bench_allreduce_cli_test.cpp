@@ -5,8 +5,11 @@
 
 #include <signal.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
+#include <thread>
+
 #include <nlohmann/json.hpp>
 
 #include "cli/cli_run.hpp"
@@ -97,6 +100,31 @@ TEST(BenchAllreduceCli, InterruptedOrKilledItLeavesNoProcessOrFolderBehind) {
   ASSERT_EQ(::kill(comm, SIGKILL), 0);
   ASSERT_TRUE(asgd_test::wait_exit(comm, std::chrono::seconds(30)));
   EXPECT_TRUE(gone(*server)) << "comm server " << *server << " outlived the bench";
+}
+
+// A rank killed mid-run: the bench stops at once naming it and how it
+// ended (the others waited a minute for its part, then blamed each other).
+TEST(BenchAllreduceCli, ARankThatDiesStopsTheBenchAtOnceNamingIt) {
+  if (!has_bench()) GTEST_SKIP() << "asgd built without benchmarks";
+  const asgd_test::TempDir scratch;
+  const pid_t bench = asgd_test::start_asgd(
+      {"bench", "allreduce", "--processes", "3", "--sizes", "4M", "--iterations", "1000"}, scratch / "allreduce.log");
+  ASSERT_GT(bench, 0);
+  std::optional<pid_t> rank;
+  ASSERT_TRUE(asgd_test::eventually(
+      [&] { return (rank = asgd_test::child_with_args(bench, {"allreduce-rank", "--rank", "2"})).has_value(); },
+      std::chrono::seconds(30)));
+  std::this_thread::sleep_for(std::chrono::milliseconds(500));  // (at any moment: the same stop)
+  const auto killed = std::chrono::steady_clock::now();
+  ASSERT_EQ(::kill(*rank, SIGKILL), 0);
+  const auto code = asgd_test::wait_exit(bench, std::chrono::seconds(60));
+  ASSERT_TRUE(code) << asgd_test::read_file(scratch / "allreduce.log");
+  EXPECT_EQ(*code, 1);
+  EXPECT_LT(std::chrono::steady_clock::now() - killed, std::chrono::seconds(20)) << "it waited for the dead rank";
+  EXPECT_NE(asgd_test::read_file(scratch / "allreduce.log")
+                .find("our rank 2 was killed by signal 9 (KILL); the other ranks were stopped"),
+            std::string::npos)
+      << asgd_test::read_file(scratch / "allreduce.log");
 }
 
 }  // namespace
