@@ -90,6 +90,8 @@ class ZmqCollective final : public NetworkCollective {
                     "over tcp, never through shared memory", rank_);
     else if (shared_memory_ && ranks > 1)
       shm_ = ShmAllreduce::join(endpoints, rank_, settle_);
+    else if (ranks > 1)
+      logger().info("worker {}'s collective: --shared-memory off; its all-reduce goes round the ring", rank_);
     io_ = std::thread([this] { run(); });
     return {};
   }
