@@ -273,11 +273,16 @@ std::string CoordinatorCore::divergence_hint() const {
 JobSummary CoordinatorCore::finished(double test_accuracy, const std::vector<ShardStats>& stats) {
   std::vector<std::uint64_t> histogram;
   for (const auto& s : stats) merge_histogram(histogram, s.staleness_histogram);
+  // allreduce, gossip: the time is the exchange with the other workers
+  // (and the publishes to the shards), the wait the peers' part of it.
+  const char* exchange = plan_.exchange == Exchange::none ? "shard round trips" : "exchange with the other workers";
+  const char* held = plan_.exchange == Exchange::none ? "held by the policy" : "waiting for them";
   for (const auto& w : epochs_.worker_totals()) {
     merge_histogram(histogram, w.staleness_histogram);
-    logger().info("worker {}: {} samples, compute {:.2f} s, shard round trips {:.2f} s (held by the "
-                 "policy {:.2f} s), waiting for data {:.2f} s, {} batches dropped (NaN/Inf loss)",
-                 w.worker, w.samples, w.compute_s, w.comm_s, w.policy_wait_s, w.data_wait_s, w.dropped_batches);
+    logger().info("worker {}: {} samples, compute {:.2f} s, {} {:.2f} s ({} {:.2f} s), waiting for data {:.2f} s, {} "
+                  "batches dropped (NaN/Inf loss)",
+                  w.worker, w.samples, w.compute_s, exchange, w.comm_s, held, w.policy_wait_s, w.data_wait_s,
+                  w.dropped_batches);
   }
   JobSummary summary = this->summary(test_accuracy, histogram);
   for (const auto& s : stats) {
