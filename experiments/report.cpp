@@ -160,7 +160,7 @@ std::string header_html(const ReportInput& in) {
 
 std::string target_sentence(const ReportInput& in) {
   if (!in.target) return "No target: no run has a validation point yet.";
-  return "Target: validation accuracy &ge; <b>" + html_escape(printf_string("%.3f", in.target->accuracy)) +
+  return "Target: validation accuracy &ge; <b>" + html_escape(printf_string("%g", in.target->accuracy)) +
          "</b>, " + html_escape(in.target->how) +
          ". Time to target is the training time (from the first step) of the first evaluation at or above it" +
          (in.config.eval_every_s > 0

@@ -307,13 +307,13 @@ TEST(TrainCli, RefusesValuesThatWouldOverflowAClockOrHarmTheJob) {
 // every command refuses it.
 TEST(TrainCli, AnEmptyPathFlagIsRefusedInEveryCommand) {
   for (const char* command : {"train --metrics-out", "train --config", "train --log-file", "cluster --checkpoint-dir",
-                              "train --resume", "compare --out", "data fetch mnist --data-dir",
+                              "train --resume", "data fetch mnist --data-dir",
                               "worker --coordinator tcp://127.0.0.1:5 --data-dir"}) {
     const std::string flag = std::string(command).substr(std::string(command).rfind(" --") + 1);
     expect_one_line_error(asgd(std::string(command) + " ''"), 2, flag + ": an empty path (leave the flag out for none)");
   }
   // A flag that cannot be left out asks for a path instead.
-  for (const char* command : {"export --checkpoint", "export --checkpoint ck --out"}) {
+  for (const char* command : {"export --checkpoint", "export --checkpoint ck --out", "compare --policies bsp --out"}) {
     const std::string flag = std::string(command).substr(std::string(command).rfind(" --") + 1);
     expect_one_line_error(asgd(std::string(command) + " ''"), 2, flag + ": an empty path (give one)");
   }

@@ -125,7 +125,7 @@ void print_run(std::size_t done, std::size_t total, const RunRecord& r) {
 
 void print_summary(const experiments::ReportInput& in) {
   if (in.target)
-    std::printf("target: validation accuracy >= %.3f (%s)\n", in.target->accuracy,
+    std::printf("target: validation accuracy >= %g (%s)\n", in.target->accuracy,
                 in.target->given ? "--target-accuracy" : "the highest every run reached");
   const bool multi = in.workers.size() > 1;
   for (const auto& g : experiments::group_stats(in.runs, in.policies, in.target)) {
@@ -154,10 +154,6 @@ struct Comparison {
 
 // The flags compare refuses: an exit code, or nothing when they are fine.
 std::optional<int> refused_flags(const CompareOptions& o) {
-  if (o.out.empty()) {
-    print_error("--out DIR is required: the folder for results.csv, curves.csv, report.html and runs/");
-    return kExitUsage;
-  }
   if (o.repeats == 0) {
     print_error("--repeats 0: expected a whole number >= 1");
     return kExitUsage;
@@ -512,7 +508,8 @@ std::function<int()> add_compare_command(CLI::App& app) {
   cmd->add_option("--repeats", opts->repeats, "runs per policy and worker count, with seeds seed..seed+R-1 (default 1)")
       ->type_name("R");
   cmd->add_option("--out", opts->out, "folder for results.csv, curves.csv, report.html and runs/ (created)")
-      ->type_name("DIR");
+      ->type_name("DIR")
+      ->required();
   cmd->add_flag("--processes", opts->processes,
                 "run each job as processes on this machine, as asgd cluster does (a coordinator, the shards and the "
                 "workers each a process), instead of in this process");
@@ -526,6 +523,9 @@ std::function<int()> add_compare_command(CLI::App& app) {
       "also evaluate every S seconds of training (compare's default 0.5, for finer curves; 0: per epoch only)");
   opts->job.options.at("policy")->description("not taken by compare: list the policies in --policies");
   opts->job.options.at("metrics-out")->description("not taken by compare: each run writes DIR/runs/<run>.jsonl");
+  opts->job.options.at("resume")->description("not taken by compare: every run starts from the beginning");
+  opts->job.options.at("checkpoint-dir")->description(
+      "write each run's trained model to DIR/<run>/model.ckpt at the end (for asgd export)");
   return [opts] { return run_compare(*opts); };
 }
 
