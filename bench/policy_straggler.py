@@ -160,8 +160,8 @@ def footing_flags(a, policy):
     return ["--lr", repr(lr), "--momentum", repr(a.momentum), "--staleness-aware-lr", "false", "--lr-warmup", "0"]
 
 
-def run_one(a, policy, scenario, seed, metrics_path):
-    """Trains once; returns a dict describing the run (with "error" if it failed)."""
+def train_command(a, policy, scenario, seed, metrics_path):
+    """The asgd train command of one run."""
     cmd = [a.asgd, "train", "--data-dir", a.data_dir, "--policy", policy, "--workers", str(a.workers),
            "--epochs", str(a.epochs), "--lr-schedule", a.lr_schedule,
            "--seed", str(seed), "--target-accuracy", repr(a.target), "--metrics-out", metrics_path,
@@ -170,6 +170,28 @@ def run_one(a, policy, scenario, seed, metrics_path):
         cmd += ["--straggler", scenario]
     if not a.full_runs:
         cmd += ["--stop-at-target", "true"]
+    return cmd
+
+
+def refuse_bad_runs(a, scenarios, out_dir):
+    """Exits 2 with asgd's own message when a run's flags would be refused
+    (a bad --scenarios item, --eval-every, ...): asgd checks them without
+    training (`asgd cluster --print-layout`), so that no run starts only
+    for every one to fail."""
+    for sc in scenarios:
+        for pol in POLICIES:
+            cmd = train_command(a, pol, sc, 1, os.path.join(out_dir, "check.jsonl"))
+            cmd[1:2] = ["cluster", "--print-layout"]
+            proc = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+            if proc.returncode != 0:
+                detail = (proc.stderr.strip() or proc.stdout.strip()).splitlines()
+                fail(2, (detail[-1] if detail else f"asgd exited with {proc.returncode}") +
+                     (f" (scenario {sc})" if sc != "none" else ""))
+
+
+def run_one(a, policy, scenario, seed, metrics_path):
+    """Trains once; returns a dict describing the run (with "error" if it failed)."""
+    cmd = train_command(a, policy, scenario, seed, metrics_path)
     run = {"policy": policy, "scenario": scenario, "seed": seed, "command": " ".join(cmd)}
     start = time.monotonic()
     try:
@@ -464,6 +486,12 @@ def main():
 
     out_dir = a.out or tempfile.mkdtemp(prefix="policy_straggler.")
     os.makedirs(out_dir, exist_ok=True)
+    try:
+        refuse_bad_runs(a, scenarios, out_dir)
+    except SystemExit:
+        if a.out is None:
+            shutil.rmtree(out_dir, ignore_errors=True)
+        raise
     cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     footing = (f"per-sample footing: momentum {a.momentum:g}, lr {a.lr:g} per worker gradient "
                f"(bsp {a.lr * a.workers:g} on the average of {a.workers}), no staleness-aware steps, no warm-up"
@@ -480,6 +508,9 @@ def main():
     started = time.monotonic()
     try:
         runs, in_order = run_all(a, scenarios, out_dir)
+    except KeyboardInterrupt:
+        kept = f"; the finished runs' metrics files are in {out_dir}" if a.out else ""
+        fail(130, f"interrupted: no verdicts (the runs above each printed their time){kept}")
     finally:
         if a.out is None:
             shutil.rmtree(out_dir, ignore_errors=True)
@@ -500,7 +531,7 @@ def main():
             value, verdict, text, p, overlap = compare(summaries, pol, other, a.target)
             verdicts[f"{pol}/{other}"] = {"ratio": value, "verdict": verdict, "p": p, "spreads_overlap": overlap,
                                           "runs": [summaries[pol]["runs"], summaries[other]["runs"]],
-                                          "settled": not unsettled(p)}
+                                          "settled": None if p is None else not unsettled(p)}
             print(f"  median({pol}) / median({other}) = {text}")
         results[sc] = {"summaries": summaries, "verdicts": verdicts}
 

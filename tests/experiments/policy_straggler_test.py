@@ -12,6 +12,7 @@ import random
 import sys
 import types
 import unittest
+import unittest.mock
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "bench"))
 import policy_straggler as ps  # noqa: E402
@@ -106,6 +107,36 @@ class Settling(unittest.TestCase):
         summaries = {pol: ps.summarize(pol, runs["none"][pol], "time_to_target_units") for pol in ps.POLICIES}
         p = ps.compare(summaries, "ssp:1", "bsp", 0.97)[3]
         self.assertTrue(not ps.unsettled(p) or counts["ssp:1"] == 9, f"p = {p} with {counts['ssp:1']} runs")
+
+
+class BadFlags(unittest.TestCase):
+    """A run's flags asgd would refuse end the script with exit 2 before any
+    run, with asgd's message (every run started and failed, then exit 1).
+    The asgd binary is a stand-in that refuses --straggler bogus as asgd
+    does, and trains nothing."""
+
+    def test_a_bad_scenario_is_refused_before_any_run(self):
+        import tempfile
+        with tempfile.TemporaryDirectory() as d:
+            fake = os.path.join(d, "asgd")
+            with open(fake, "w") as f:
+                f.write("#!/bin/sh\n"
+                        "case \"$*\" in *train*) echo trained >> %s/trained;; esac\n"
+                        "case \"$*\" in *'--straggler bogus'*) echo \"asgd: error: --straggler bogus: no\" >&2; "
+                        "exit 2;; esac\n" % d)
+            os.chmod(fake, 0o755)
+            os.makedirs(os.path.join(d, "mnist"))
+            open(os.path.join(d, "mnist", "train-images-idx3-ubyte"), "w").close()
+            argv = ["policy_straggler.py", "--asgd", fake, "--data-dir", os.path.join(d, "mnist"),
+                    "--scenarios", "none,bogus", "--repeats", "1"]
+            err = io.StringIO()
+            with unittest.mock.patch.object(sys, "argv", argv), contextlib.redirect_stderr(err), \
+                    contextlib.redirect_stdout(io.StringIO()):
+                with self.assertRaises(SystemExit) as ended:
+                    ps.main()
+            self.assertEqual(ended.exception.code, 2)
+            self.assertIn("--straggler bogus: no (scenario bogus)", err.getvalue())
+            self.assertFalse(os.path.exists(os.path.join(d, "trained")), "a run started")
 
 
 if __name__ == "__main__":
