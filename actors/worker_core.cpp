@@ -399,6 +399,33 @@ void WorkerCore::out_of_data(Actions& out) {
   send_pushes(clock, false, out);
 }
 
+// A NaN or infinite loss means a gradient that would poison the
+// parameters: drop it, count it, and stop the job once it is clearly
+// diverging rather than a single bad batch; with epochs shorter than that,
+// two whole epochs of them are as clear (a job of one step an epoch had
+// trained on with loss nan). True when it failed the job.
+bool WorkerCore::count_loss(float loss, const data::Batch& batch, Actions& out) {
+  step_dropped_ = !std::isfinite(loss);
+  ++epoch_steps_;
+  if (!step_dropped_) {
+    nonfinite_streak_ = 0;
+    report_.loss_sum += static_cast<double>(loss) * static_cast<double>(batch.size);
+    return false;
+  }
+  ++report_.dropped_batches;
+  report_.dropped_samples += batch.size;
+  ++nonfinite_streak_;
+  const bool two_epochs = batch.last_in_epoch && nonfinite_streak_ >= 2 * epoch_steps_;
+  if (nonfinite_streak_ < kMaxNonFiniteSteps && !two_epochs) return false;
+  // (a NaN's sign means nothing: "-nan" read as a different failure)
+  const char* what = std::isnan(loss) ? "nan" : loss > 0 ? "inf" : "-inf";
+  fail(StatusCode::diverged,
+       fmt::format("the loss was {} for {} steps in a row (up to step {}{})", what, nonfinite_streak_, step_,
+                   nonfinite_streak_ < kMaxNonFiniteSteps ? ": every step of two epochs" : ""),
+       out);
+  return true;
+}
+
 void WorkerCore::try_step(Actions& out) {
   if (finished_ || finishing_ || straggling_ || exchanging_ || outstanding_ > 0) return;
   if (!next_batch_) {
@@ -446,31 +473,7 @@ void WorkerCore::try_step(Actions& out) {
   report_.other_s += std::max(0.0, between - took.forward_s - took.backward_s - took.copy_s - took.device_s);
   report_.samples += batch.size;
   ++report_.batches;
-  // A NaN or infinite loss means a gradient that would poison the
-  // parameters: drop it, count it, and stop the job once it is clearly
-  // diverging rather than a single bad batch.
-  // With epochs shorter than that, two whole epochs of them are as clear
-  // (a job of one step an epoch had trained on with loss nan).
-  step_dropped_ = !std::isfinite(loss);
-  ++epoch_steps_;
-  if (step_dropped_) {
-    ++report_.dropped_batches;
-    report_.dropped_samples += batch.size;
-    ++nonfinite_streak_;
-    const bool two_epochs = batch.last_in_epoch && nonfinite_streak_ >= 2 * epoch_steps_;
-    if (nonfinite_streak_ >= kMaxNonFiniteSteps || two_epochs) {
-      // (a NaN's sign means nothing: "-nan" read as a different failure)
-      const char* what = std::isnan(loss) ? "nan" : loss > 0 ? "inf" : "-inf";
-      fail(StatusCode::diverged,
-           fmt::format("the loss was {} for {} steps in a row (up to step {}{})", what, nonfinite_streak_, step_,
-                       nonfinite_streak_ < kMaxNonFiniteSteps ? ": every step of two epochs" : ""),
-           out);
-      return;
-    }
-  } else {
-    nonfinite_streak_ = 0;
-    report_.loss_sum += static_cast<double>(loss) * static_cast<double>(batch.size);
-  }
+  if (count_loss(loss, batch, out)) return;  // diverged
   step_samples_ = static_cast<std::uint32_t>(batch.size);
   step_ends_epoch_ = batch.last_in_epoch;
   if (batch.last_in_epoch) epoch_steps_ = 0;

@@ -131,6 +131,7 @@ class WorkerCore {
   WorkerCore() = default;
   double seconds_since(Instant t) const;
   void try_step(Actions& out);
+  bool count_loss(float loss, const data::Batch& batch, Actions& out);
   void continue_step(Actions& out);
   void finish_step(Actions& out);
   void out_of_data(Actions& out);

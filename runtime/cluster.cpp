@@ -49,9 +49,15 @@ std::chrono::milliseconds millis(double seconds) {
   return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000.0));
 }
 
+// --compress fp16 rounds the steps' traffic between workers and shards.
+// Under allreduce and gossip that traffic is the workers' collective (which
+// rounds its own): what reaches the shards there, first parameters and
+// publishes, is what the job evaluates and checkpoints, and goes exact.
 messaging::TensorCoding coding_of(const JobConfig& c) {
   using messaging::TensorCoding;
-  return c.compress == "fp16" ? TensorCoding::float16 : TensorCoding::float32;
+  if (c.compress != "fp16") return TensorCoding::float32;
+  auto settings = plan_settings(c, Placement::processes, 1);
+  return settings && settings->exchange != Exchange::none ? TensorCoding::float32 : TensorCoding::float16;
 }
 
 }  // namespace cluster_detail
@@ -305,10 +311,6 @@ Status run_shard_process(const ProcessOptions& o, std::stop_token stop) {
     return core.status();
   }
   j.bridge->set_max_unanswered(shard_max_unanswered(a.workers));
-  // allreduce, gossip: the steps' traffic is the workers' collective; a
-  // shard only serves their first parameters and takes their publishes,
-  // which go exact whatever --compress says.
-  if (core->policy().exchange() != Exchange::none) j.bridge->set_coding(messaging::TensorCoding::float32);
   // Before the first heartbeat, after which the coordinator and workers
   // connect: the largest part a peer may now send is a push of its keys.
   if (Status s = j.bridge->set_bound_limits(largest_part(a.range_end - a.range_begin),
@@ -560,10 +562,6 @@ Status run_worker_process(const ProcessOptions& o, std::stop_token stop) {
   if (plan->exchange != Exchange::none) {
     if (Status s = connect_collective(*collective, a, name, cfg.compress == "fp16"); !s.ok()) return fail_early(s);
     ws.collective = collective;
-    // The steps' traffic is the collective's (fp16 there under --compress
-    // fp16); the shards get only publishes, what is evaluated and
-    // checkpointed: exact.
-    j.bridge->set_coding(messaging::TensorCoding::float32);
   }
   auto worker_actor = system.spawn(worker, std::move(ws));
   // Held here: CAF ends an actor nobody refers to.

@@ -144,7 +144,9 @@ void take_place(Self self, const Member& fresh, const Member& old) {
   a.restart.clear();  // its latest checkpoint's own clocks, not a resume's
   st.unready[fresh.peer] =
       Unready{reg.index, true, SteadyClock::now() + millis(st.setup.join_timeout_s), fresh};
-  st.bridge->send(fresh.peer, encode(a, st.bridge->next_id(), *st.placed[reg.index]->initial));  // exact, as below
+  // The initial parameters go exact whatever --compress says (it rounds
+  // the steps' traffic, not the model the job starts from).
+  st.bridge->send(fresh.peer, encode(a, st.bridge->next_id(), *st.placed[reg.index]->initial));
 }
 
 void settle_newcomers(Self self) {
@@ -462,9 +464,7 @@ caf::behavior running(Self self) {
         if (index >= s.shards.size()) return;
         const Member& m = *s.shards[index];
         s.unready[m.peer] = Unready{index, false, SteadyClock::now() + millis(s.setup.join_timeout_s), m};
-        // The initial parameters go exact whatever --compress says (it
-        // rounds the steps' traffic, not the model the job starts from).
-        s.bridge->send(m.peer, encode(*p.assignment, s.bridge->next_id(), *p.initial));
+        s.bridge->send(m.peer, encode(*p.assignment, s.bridge->next_id(), *p.initial));  // exact (--compress: steps)
         s.placed[index] = std::move(p);
       },
       [self](ready_atom, caf::actor waiter) {

@@ -195,6 +195,67 @@ std::optional<int> refused_same_policies(const std::string& text, const Comparis
   return std::nullopt;
 }
 
+// What compare sets apart from the shared job, for each run to set on its own.
+struct SetApart {
+  ConfigSettings file;  ///< the --config file's settings
+  bool workers_given = false;  ///< --workers, a list (c.workers_text)
+  std::string devices;  ///< a --device list: each run takes its first items
+  std::vector<std::pair<std::string, std::string>> per_policy;  ///< a policy's own settings, from a flag or the file
+  std::optional<std::string> in_file(const std::string& key) const {
+    for (const auto& [k, text] : file)
+      if (k == key) return text;
+    return std::nullopt;
+  }
+};
+
+// The job's options less what compare sets apart (`apart`, and the
+// --workers list in c.workers_text), from the flags and the config file
+// alike: one of its settings may be given in either.
+Result<JobOptions> shared_job_options(const CompareOptions& o, Comparison& c, SetApart& apart) {
+  if (!o.job.config_file.empty()) {
+    auto read = read_toml_file(o.job.config_file);
+    if (!read) return read.status();
+    apart.file = std::move(read).value();
+  }
+  // Given in the file, --resume would continue a job's checkpoint in every run.
+  if (auto dir = apart.in_file("resume"))
+    return Status::InvalidArgument("config file " + o.job.config_file + ": resume = " + *dir +
+                                   ": compare starts every run from the beginning, under its own policy; resume one "
+                                   "job with asgd train --resume");
+  JobOptions job = o.job;
+  if (auto policy = apart.in_file("policy")) {
+    std::printf("note: policy %s from %s is replaced by each policy of --policies\n", policy->c_str(),
+                o.job.config_file.c_str());
+    job.config_keys_left.insert("policy");
+  }
+  // --workers may list several counts here; every run gets one of them.
+  apart.workers_given = job.options.at("workers")->count() > 0;
+  if (apart.workers_given) c.workers_text = job.flags.at("workers");
+  job.options.erase("workers");
+  // So may --device: each run takes the first of its items, one per worker
+  // (checked per run below).
+  apart.devices = job.options.at("device")->count() > 0 ? job.flags.at("device") : apart.in_file("device").value_or("");
+  if (apart.devices.find(',') != std::string::npos) {
+    job.options.erase("device");
+    job.config_keys_left.insert("device");
+  } else {
+    apart.devices.clear();
+  }
+  // Settings of one policy (--staleness for ssp, ...) would fail the shared
+  // job's check under the default policy: they are set after it, from the
+  // flag or else the file, and each run keeps those of its own policy
+  // (config_for_run).
+  std::vector<std::string> keys{"staleness-aware-lr"};
+  for (const KnobUse& use : policy_knobs()) keys.push_back(use.knob->name);
+  for (const std::string& key : keys) {
+    if (job.options.at(key)->count() > 0) apart.per_policy.emplace_back(key, job.flags.at(key));
+    else if (auto text = apart.in_file(key)) apart.per_policy.emplace_back(key, *text);
+    job.options.erase(key);
+    job.config_keys_left.insert(key);
+  }
+  return job;
+}
+
 // Reads the shared job and the lists into `c`: an exit code when they are
 // not valid, else nothing.
 std::optional<int> plan_comparison(const CompareOptions& o, Comparison& c) {
@@ -204,71 +265,23 @@ std::optional<int> plan_comparison(const CompareOptions& o, Comparison& c) {
     return kExitUsage;
   }
   c.policies = *policies;
-  // The config file's keys, to treat as its flags are: one of its settings
-  // may be given there as on the command line.
-  ConfigSettings file;
-  if (!o.job.config_file.empty()) {
-    auto read = read_toml_file(o.job.config_file);
-    if (!read) {
-      print_error(read.status().message());
-      return kExitUsage;
-    }
-    file = std::move(read).value();
-  }
-  auto in_file = [&](const std::string& key) -> std::optional<std::string> {
-    for (const auto& [k, text] : file)
-      if (k == key) return text;
-    return std::nullopt;
-  };
-  // Given in the file, --resume would continue a job's checkpoint in every run.
-  if (auto dir = in_file("resume")) {
-    print_error("config file " + o.job.config_file + ": resume = " + *dir +
-                ": compare starts every run from the beginning, under its own policy; resume one job with asgd "
-                "train --resume");
+  SetApart apart;
+  auto shared = shared_job_options(o, c, apart);
+  if (!shared) {
+    print_error(shared.status().message());
     return kExitUsage;
   }
-  JobOptions job = o.job;
-  if (auto policy = in_file("policy")) {
-    std::printf("note: policy %s from %s is replaced by each policy of --policies\n", policy->c_str(),
-                o.job.config_file.c_str());
-    job.config_keys_left.insert("policy");
-  }
-  // --workers may list several counts here; every run gets one of them.
-  const bool workers_given = job.options.at("workers")->count() > 0;
-  if (workers_given) c.workers_text = job.flags.at("workers");
-  job.options.erase("workers");
-  // So may --device: each run takes the first of its items, one per worker
-  // (checked per run below).
-  std::string devices = job.options.at("device")->count() > 0 ? job.flags.at("device") : in_file("device").value_or("");
-  if (devices.find(',') != std::string::npos) {
-    job.options.erase("device");
-    job.config_keys_left.insert("device");
-  } else {
-    devices.clear();
-  }
-  // Settings of one policy (--staleness for ssp, ...) would fail the shared
-  // job's check under the default policy: they are set after it, from the
-  // flag or else the file, and each run keeps those of its own policy
-  // (config_for_run).
-  std::vector<std::pair<std::string, std::string>> per_policy;
-  std::vector<std::string> keys{"staleness-aware-lr"};
-  for (const KnobUse& use : policy_knobs()) keys.push_back(use.knob->name);
-  for (const std::string& key : keys) {
-    if (job.options.at(key)->count() > 0) per_policy.emplace_back(key, job.flags.at(key));
-    else if (auto text = in_file(key)) per_policy.emplace_back(key, *text);
-    job.options.erase(key);
-    job.config_keys_left.insert(key);
-  }
+  JobOptions job = std::move(shared).value();
   if (auto code = load_job(job, c.base)) return *code;
-  if (!devices.empty()) c.base.device = devices;
-  for (const auto& [key, text] : per_policy) {
+  if (!apart.devices.empty()) c.base.device = apart.devices;
+  for (const auto& [key, text] : apart.per_policy) {
     if (Status s = set_job_field(c.base, key, text); !s.ok()) {
       print_error(s.message());
       return kExitUsage;
     }
   }
   c.worker_counts = {c.base.workers};
-  if (workers_given) {
+  if (apart.workers_given) {
     auto parsed = experiments::parse_worker_list(c.workers_text);
     if (!parsed) {
       print_error(parsed.status().message());
@@ -277,7 +290,7 @@ std::optional<int> plan_comparison(const CompareOptions& o, Comparison& c) {
     c.worker_counts = *parsed;
   }
   // Curves need points between epochs to tell fast policies apart.
-  if (o.job.options.at("eval-every")->count() == 0 && !in_file("eval-every") && c.base.eval_every_s == 0.0)
+  if (o.job.options.at("eval-every")->count() == 0 && !apart.in_file("eval-every") && c.base.eval_every_s == 0.0)
     c.base.eval_every_s = 0.5;
   if (!c.base.metrics_out.empty())
     std::printf("note: metrics-out from %s is replaced by one file per run in %s/runs/\n", o.job.config_file.c_str(),
@@ -413,10 +426,9 @@ bool holds_rows(const fs::path& csv) {
   return false;
 }
 
-int run_compare(const CompareOptions& o) {
-  if (auto code = refused_flags(o)) return *code;
-  Comparison c;
-  if (auto code = plan_comparison(o, c)) return *code;
+// The comparison's folder made and held (its lock) for this comparison:
+// its lock, or why not.
+Result<FolderLock> take_out_folder(const CompareOptions& o) {
   const fs::path dir(o.out);
   std::error_code ec;
   // Another comparison's results would be replaced in part (its runs/
@@ -424,26 +436,32 @@ int run_compare(const CompareOptions& o) {
   // finished (its files a header each) is taken again.
   for (const char* name : {"results.csv", "curves.csv"}) {
     if (!holds_rows(dir / name)) continue;
-    print_error("--out " + o.out + ": holds an earlier comparison (" + name +
-                "); give a new folder, or remove that one first");
-    return kExitUsage;
+    return Status::InvalidArgument("--out " + o.out + ": holds an earlier comparison (" + name +
+                                   "); give a new folder, or remove that one first");
   }
   fs::create_directories(dir / "runs", ec);
-  if (ec) {
-    print_error("--out " + o.out + ": cannot create " + (dir / "runs").string() + ": " + ec.message());
-    return kExitUsage;
-  }
+  if (ec) return Status::InvalidArgument("--out " + o.out + ": cannot create " + (dir / "runs").string() + ": " + ec.message());
   // Two comparisons in one folder wrote into each other's files (no row
   // is there until a run ends): the folder is one comparison's at a time.
   auto held = FolderLock::try_hold(dir);
+  if (!held)
+    return Status::InvalidArgument("--out " + o.out + ": " +
+                                   (held.status().code() == StatusCode::unavailable ? "another asgd compare is writing there"
+                                                                                     : held.status().message()) +
+                                   "; give another folder");
+  return held;
+}
+
+int run_compare(const CompareOptions& o) {
+  if (auto code = refused_flags(o)) return *code;
+  Comparison c;
+  if (auto code = plan_comparison(o, c)) return *code;
+  const fs::path dir(o.out);
+  auto held = take_out_folder(o);
   if (!held) {
-    print_error("--out " + o.out + ": " +
-                (held.status().code() == StatusCode::unavailable ? "another asgd compare is writing there"
-                                                                  : held.status().message()) +
-                "; give another folder");
+    print_error(held.status().message());
     return kExitUsage;
   }
-
   experiments::ReportInput report;
   report.config = c.base;
   report.config.workers = c.worker_counts.front();

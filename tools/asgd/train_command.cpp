@@ -94,6 +94,20 @@ Status same_checkpointed_layout(const JobConfig& resumed, const JobConfig& now) 
   return {};
 }
 
+// --resume DIR: the checkpointed job's own settings (DIR/job.toml) come
+// first; a config file and flags may still change some (more epochs, a
+// new metrics file).
+Status apply_resumed_settings(const std::string& dir, JobConfig& config) {
+  const std::string saved = (std::filesystem::path(dir) / kJobSettingsFile).string();
+  if (const PathLook look = look_at(saved); look.kind == PathKind::missing)
+    return Status::InvalidArgument("--resume " + dir + ": no " + kJobSettingsFile +
+                                   " there (was the job run with --checkpoint-dir and --checkpoint-every?)");
+  else if (look.kind == PathKind::unreadable)
+    return Status::InvalidArgument("--resume " + dir + ": cannot read " + saved + ": " + look.error);
+  if (Status s = whole_settings_file(saved); !s.ok()) return Status::InvalidArgument("--resume " + dir + ": " + s.message());
+  return apply_toml_file(saved, config, /*written_by_asgd=*/true);
+}
+
 }  // namespace
 
 std::optional<int> refuse_missing_data(const JobConfig& config) {
@@ -115,38 +129,21 @@ std::optional<int> load_job(const JobOptions& o, JobConfig& config, bool devices
   }
   // The config file's settings, read first: its `resume` resumes as the
   // flag does (the checkpointed job's settings under the file's).
-  ConfigSettings from_file;
-  if (!o.config_file.empty()) {
-    auto read = read_toml_file(o.config_file);
-    if (!read) {
-      print_error(read.status().message());
-      return kExitUsage;
-    }
-    from_file = std::move(read).value();
+  auto read = o.config_file.empty() ? Result<ConfigSettings>(ConfigSettings{}) : read_toml_file(o.config_file);
+  if (!read) {
+    print_error(read.status().message());
+    return kExitUsage;
   }
+  const ConfigSettings& from_file = *read;
   std::string resume_dir;
-  if (auto r = o.options.find("resume"); r != o.options.end() && r->second->count() > 0) resume_dir = o.flags.at("resume");
-  for (const auto& [key, text] : from_file)
-    if (key == "resume" && resume_dir.empty() && o.options.contains("resume")) resume_dir = text;
+  if (auto r = o.options.find("resume"); r != o.options.end()) {
+    if (r->second->count() > 0) resume_dir = o.flags.at("resume");
+    for (const auto& [key, text] : from_file)
+      if (key == "resume" && resume_dir.empty()) resume_dir = text;
+  }
   std::optional<JobConfig> resumed;  // the checkpointed job's settings
-  // --resume DIR: the checkpointed job's own settings come first; a config
-  // file and flags may still change some (more epochs, a new metrics file).
   if (!resume_dir.empty()) {
-    const std::string& dir = resume_dir;
-    const std::string saved = (std::filesystem::path(dir) / kJobSettingsFile).string();
-    if (const PathLook look = look_at(saved); look.kind == PathKind::missing) {
-      print_error("--resume " + dir + ": no " + kJobSettingsFile +
-                  " there (was the job run with --checkpoint-dir and --checkpoint-every?)");
-      return kExitUsage;
-    } else if (look.kind == PathKind::unreadable) {
-      print_error("--resume " + dir + ": cannot read " + saved + ": " + look.error);
-      return kExitUsage;
-    }
-    if (Status s = whole_settings_file(saved); !s.ok()) {
-      print_error("--resume " + dir + ": " + s.message());
-      return kExitUsage;
-    }
-    if (Status s = apply_toml_file(saved, config, /*written_by_asgd=*/true); !s.ok()) {
+    if (Status s = apply_resumed_settings(resume_dir, config); !s.ok()) {
       print_error(s.message());
       return kExitUsage;
     }
@@ -154,7 +151,7 @@ std::optional<int> load_job(const JobOptions& o, JobConfig& config, bool devices
     // The resumed folder is where the job goes on checkpointing, wherever
     // it was first written from (a --checkpoint-dir flag may still say
     // otherwise).
-    config.checkpoint_dir = std::filesystem::absolute(dir).lexically_normal().string();
+    config.checkpoint_dir = std::filesystem::absolute(resume_dir).lexically_normal().string();
   }
   for (const auto& [key, text] : from_file) {
     if (o.config_keys_left.contains(key)) continue;
