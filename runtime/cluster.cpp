@@ -578,6 +578,12 @@ Status run_worker_process(const ProcessOptions& o, std::stop_token stop) {
       collective->leave(c->worker);
     return Status{};
   });
+  // Interrupted (Ctrl-C, a TERM): it says so on its way out, so that the
+  // coordinator drops it at once, not a --heartbeat-timeout later while
+  // the others wait for it (an all-reduce's peers, a bsp clock).
+  if (s.code() == StatusCode::cancelled && stop.stop_requested())
+    j.bridge->send(j.coordinator, encode(Failure{static_cast<std::int32_t>(StatusCode::cancelled), s.message()},
+                                         j.bridge->next_id()));
   j.bridge->stop();
   if (const std::uint64_t dropped = collective->rejected(); dropped > 0)
     logger().warn("{}: its collective dropped {} malformed or out-of-step message(s)", name, dropped);

@@ -47,7 +47,17 @@ caf::behavior remote_worker(caf::event_based_actor* self, caf::timespan silence_
       },
       [self](done_atom) { self->quit(); },
       [self, coordinator](failed_atom a, std::int32_t code, std::string& what) {
+        // A process interrupted (Ctrl-C, a TERM) is lost, not a failure of
+        // the job; a moment later, so that a Ctrl-C that reached the
+        // coordinator too ends the job as interrupted first.
+        if (code == static_cast<std::int32_t>(StatusCode::cancelled)) {
+          self->delayed_send(self, std::chrono::milliseconds(300), tick_atom::value, std::string("interrupted"));
+          return;
+        }
         self->send(coordinator, a, code, std::move(what));
+      },
+      [self](tick_atom, const std::string&) {
+        self->quit(caf::make_error(caf::sec::runtime_error, "its process was interrupted (SIGINT or SIGTERM)"));
       },
       [self, last, heard, silence_limit, startup_limit](tick_atom) {
         const caf::timespan limit = *heard ? silence_limit : std::max(silence_limit, startup_limit);

@@ -430,12 +430,13 @@ struct ByHand {
   std::string at;
   std::vector<pid_t> pids;
 };
-ByHand start_by_hand(const fs::path& data, const fs::path& scratch, const std::vector<std::string>& extra = {}) {
+ByHand start_by_hand(const fs::path& data, const fs::path& scratch, const std::vector<std::string>& extra = {},
+                     const std::string& heartbeat_timeout = "3") {
   const int port = asgd_test::free_port();
   if (port <= 0) return {};
   const std::string at = "tcp://127.0.0.1:" + std::to_string(port);
   std::vector<std::string> args = {"coordinator", "--listen", at, "--workers", "2", "--epochs", "40",
-                                   "--heartbeat-timeout", "3", "--data-dir", data.string()};
+                                   "--heartbeat-timeout", heartbeat_timeout, "--data-dir", data.string()};
   args.insert(args.end(), extra.begin(), extra.end());
   std::vector<pid_t> pids = {start_asgd(args, scratch / "coordinator.log")};
   for (const auto& [role, index] : {std::pair{"shard", "0"}, {"worker", "0"}, {"worker", "1"}})
@@ -472,6 +473,34 @@ TEST(WorkerStoppedPastTheHeartbeatTimeout, IsToldItWasGivenUpWhenItWakes) {
   for (pid_t p : {pids[1], pids[2]}) EXPECT_TRUE(wait_exit(p, std::chrono::seconds(60)));
 }
 
+
+// Processes started by hand: worker 1 is interrupted (Ctrl-C in its own
+// terminal). It says so as it goes, and the coordinator drops it at once
+// rather than after --heartbeat-timeout (30 s here), while the other
+// worker's all-reduce waited for it.
+TEST(WorkerInterruptedByHand, IsDroppedAtOnceNotAfterTheHeartbeatTimeout) {
+  ASGD_REQUIRE_DATASET(dir, "mnist");
+  const asgd_test::TempDir scratch;
+  const auto [at, pids] = start_by_hand(dir, scratch.path(), {"--policy", "allreduce"}, "30");
+  ASSERT_EQ(pids.size(), 4u);
+  const pid_t coordinator = pids[0], victim = pids[3];
+  ASSERT_TRUE(wait_for_text(scratch / "worker1.log", "worker 1: finished epoch 1:", std::chrono::seconds(120), victim))
+      << read_file(scratch / "worker1.log");
+  ASSERT_EQ(kill(victim, SIGINT), 0);
+  const auto noticed = wait_for_text(scratch / "coordinator.log", "worker 1 is lost (its process was interrupted",
+                                     std::chrono::seconds(30), coordinator);
+  ASSERT_TRUE(noticed) << read_file(scratch / "coordinator.log");
+  EXPECT_LT(*noticed, 20.0) << "dropped only by the heartbeat timeout";
+  const auto code = wait_exit(victim, std::chrono::seconds(20));
+  ASSERT_TRUE(code);
+  EXPECT_EQ(*code, 1);
+  // The job goes on with worker 0.
+  EXPECT_TRUE(wait_for_text(scratch / "worker0.log", "worker 0: finished epoch 3:", std::chrono::seconds(60), pids[2]))
+      << read_file(scratch / "worker0.log");
+  kill(coordinator, SIGINT);
+  EXPECT_TRUE(wait_exit(coordinator, std::chrono::seconds(60)));
+  for (pid_t p : {pids[1], pids[2]}) EXPECT_TRUE(wait_exit(p, std::chrono::seconds(60)));
+}
 
 // Processes started by hand: shard 0 is stopped, a new process takes its
 // place and reloads its checkpoint, then the old one wakes. Its periodic
