@@ -75,8 +75,11 @@ caf::behavior remote_worker(caf::event_based_actor* self, caf::timespan silence_
 
 // A resumed job goes on checkpointing where it resumed from (as run_job
 // has it), and its shard processes reload their checkpoints from there.
-// Absolute, for processes started elsewhere.
+// Absolute, for processes started elsewhere: a relative --checkpoint-dir
+// was each shard's own working folder's, and split the job's checkpoints
+// (job.toml beside the coordinator, shard-K.ckpt beside each shard).
 JobConfig checkpointing_where_resumed(JobConfig c) {
+  if (!c.checkpoint_dir.empty()) c.checkpoint_dir = std::filesystem::absolute(c.checkpoint_dir).lexically_normal().string();
   if (c.resume.empty()) return c;
   c.resume = std::filesystem::absolute(c.resume).lexically_normal().string();
   if (c.checkpoint_dir.empty()) c.checkpoint_dir = c.resume;

@@ -34,8 +34,10 @@ inline std::string read_file(const std::filesystem::path& p) {
   return s.str();
 }
 
-// `asgd ARGS` as a child of ours, stdout and stderr into `log`.
-inline pid_t start_asgd(const std::vector<std::string>& args, const std::filesystem::path& log) {
+// `asgd ARGS` as a child of ours, stdout and stderr into `log`, in the
+// working folder `cwd` (empty: ours).
+inline pid_t start_asgd(const std::vector<std::string>& args, const std::filesystem::path& log,
+                        const std::filesystem::path& cwd = {}) {
   std::vector<std::string> all = {asgd_cli_path()};
   all.insert(all.end(), args.begin(), args.end());
   std::vector<char*> argv;
@@ -46,6 +48,7 @@ inline pid_t start_asgd(const std::vector<std::string>& args, const std::filesys
   posix_spawn_file_actions_addopen(&actions, STDOUT_FILENO, log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
   posix_spawn_file_actions_adddup2(&actions, STDOUT_FILENO, STDERR_FILENO);
   posix_spawn_file_actions_addopen(&actions, STDIN_FILENO, "/dev/null", O_RDONLY, 0);
+  if (!cwd.empty()) posix_spawn_file_actions_addchdir_np(&actions, cwd.c_str());
   pid_t pid = -1;
   const int rc = posix_spawn(&pid, asgd_cli_path(), &actions, nullptr, argv.data(), environ);
   posix_spawn_file_actions_destroy(&actions);

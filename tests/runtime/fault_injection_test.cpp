@@ -502,6 +502,33 @@ TEST(WorkerInterruptedByHand, IsDroppedAtOnceNotAfterTheHeartbeatTimeout) {
   for (pid_t p : {pids[1], pids[2]}) EXPECT_TRUE(wait_exit(p, std::chrono::seconds(60)));
 }
 
+// Processes started by hand from different working folders (as on hosts
+// sharing a file system): a relative --checkpoint-dir is the coordinator's
+// folder for every process. It was each shard's own, which split the job's
+// checkpoints (job.toml in one place, shard-0.ckpt in another) and made a
+// --resume fail.
+TEST(ProcessesByHand, ARelativeCheckpointFolderIsTheCoordinatorsForEveryProcess) {
+  ASGD_REQUIRE_DATASET(dir, "mnist");
+  const asgd_test::TempDir scratch;
+  fs::create_directories(scratch / "here");
+  fs::create_directories(scratch / "there");
+  const int port = asgd_test::free_port();
+  ASSERT_GT(port, 0);
+  const std::string at = "tcp://127.0.0.1:" + std::to_string(port);
+  const pid_t coordinator = start_asgd({"coordinator", "--listen", at, "--workers", "1", "--epochs", "1",
+                                        "--validation-size", "1000", "--checkpoint-dir", "ck", "--data-dir", dir.string()},
+                                       scratch / "coordinator.log", scratch / "here");
+  const pid_t shard = start_asgd({"shard", "--coordinator", at}, scratch / "shard.log", scratch / "there");
+  const pid_t worker = start_asgd({"worker", "--coordinator", at}, scratch / "worker.log", scratch / "there");
+  const auto code = wait_exit(coordinator, std::chrono::seconds(120));
+  ASSERT_TRUE(code) << read_file(scratch / "coordinator.log");
+  EXPECT_EQ(*code, 0) << read_file(scratch / "coordinator.log") << read_file(scratch / "shard.log");
+  for (pid_t p : {shard, worker}) EXPECT_TRUE(wait_exit(p, std::chrono::seconds(30)));
+  for (const char* file : {"job.toml", "model.ckpt", "shard-0.ckpt"})
+    EXPECT_TRUE(fs::exists(scratch / "here" / "ck" / file)) << file;
+  EXPECT_FALSE(fs::exists(scratch / "there" / "ck")) << "a shard checkpointed into its own working folder";
+}
+
 // Processes started by hand: shard 0 is stopped, a new process takes its
 // place and reloads its checkpoint, then the old one wakes. Its periodic
 // checkpoint and its last one no longer overwrite the new process's file
