@@ -1,6 +1,7 @@
 // The asgd binary as a user meets it: exit codes and one-line errors.
 
 #include <gtest/gtest.h>
+
 #include <sys/stat.h>
 
 #include <dlfcn.h>
@@ -8,6 +9,7 @@
 #include <zlib.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -345,6 +347,23 @@ TEST(ClusterCli, UnderALauncherEachRankRefusesWhatItCannotUseAtOnceAndSaysWhatIt
   EXPECT_TRUE(fs::exists(dir.path() / "folder" / "kept"));
   expect_one_line_error(asgd(job + (dir.path() / "no" / "rv").string(), {}, under_mpirun(0, 0)), 2,
                         "/no does not exist");
+  // A folder that passes the check but takes no file (/proc, as root
+  // /sys): rank 0 stops at once, where it logged the error and waited out
+  // --join-timeout for ranks that could not find it.
+  const auto started = std::chrono::steady_clock::now();
+  const CliRun unwritable = asgd(job + "/proc/rv", {}, under_mpirun(0, 0));
+  EXPECT_EQ(unwritable.exit_code, 2) << unwritable.err;
+  EXPECT_NE(unwritable.err.find("asgd: error: --rendezvous /proc/rv: cannot write /proc/rv.tmp"), std::string::npos)
+      << unwritable.err;
+  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(20));
+  // Where the launcher names rank 0's endpoint (Slurm's first node here),
+  // the others dial that: rank 0 listens on every interface, rendezvous
+  // file or not (it bound its host name's address, which they never dialed).
+  const CliRun given = asgd("cluster --shards 1 --workers 2 --print-layout --rendezvous " + (dir / "rv").string(), {},
+                             "env SLURM_PROCID=0 SLURM_NTASKS=4 SLURM_STEP_NODELIST=192.0.2.2 SLURM_JOB_ID=77 "
+                             "SLURM_STEP_ID=0");
+  EXPECT_EQ(given.exit_code, 0) << given.err;
+  EXPECT_NE(given.out.find("listens on: tcp://*:"), std::string::npos) << given.out;
   // A rendezvous file left by another run (Open MPI's job id says which) is
   // passed over and named, not read: its endpoint sent a rank to a job that
   // was gone, or to the wrong one.

@@ -229,6 +229,8 @@ class Interrupts {
  public:
   Interrupts();
   std::stop_token token() const { return stop_.get_token(); }
+  /// Stops what runs on token() as a Ctrl-C would, for a reason of the caller's.
+  void stop() { stop_.request_stop(); }
 
  private:
   std::stop_source stop_;

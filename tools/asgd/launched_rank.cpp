@@ -159,7 +159,10 @@ Result<std::string> coordinator_listen(const LaunchFlags& lf, const std::string&
     if (!split) return Status::InvalidArgument("ASGD_COORDINATOR: " + split.status().message());
     port = split->second;
   }
-  if (address.empty() && !lf.rendezvous.empty()) {
+  // With a rendezvous file (the others learn where rank 0 is from it) it
+  // announces the address its host name has; a launcher that names rank
+  // 0's endpoint already told the others, and it listens on every interface.
+  if (address.empty() && !lf.rendezvous.empty() && coordinator.empty()) {
     char name[256] = {};
     ::gethostname(name, sizeof name - 1);
     auto own = address_towards(name);
@@ -208,6 +211,7 @@ std::string layout_listen(const LaunchFlags& lf, const Launch& launch, const Rol
 int run_rank_coordinator(const JobOptions& jo, const LaunchFlags& lf, const Launch& launch, const JobConfig& config,
                          ProcessOptions po) {
   Interrupts interrupts;
+  Status rendezvous;  // writing rank 0's endpoint for the others
   po.shards = config.shards;
   po.workers = config.workers;
   auto result = run_coordinator_process(config, po, progress_callbacks(config), interrupts.token(),
@@ -215,10 +219,14 @@ int run_rank_coordinator(const JobOptions& jo, const LaunchFlags& lf, const Laun
                                           std::printf("coordinator listening on %s\n", endpoint.c_str());
                                           std::fflush(stdout);
                                           if (lf.rendezvous.empty()) return;
-                                          if (Status s = write_rendezvous(lf.rendezvous, endpoint, launch.run_id); !s.ok())
-                                            logger().error("{}", s.message());
+                                          rendezvous = write_rendezvous(lf.rendezvous, endpoint, launch.run_id);
+                                          if (!rendezvous.ok()) interrupts.stop();  // nobody could find it
                                         });
   remove_rendezvous(lf.rendezvous);
+  if (!rendezvous.ok()) {
+    print_error(rendezvous.message() + ": the other ranks cannot find rank 0; give a folder every rank can write");
+    return kExitUsage;
+  }
   // A port the launcher derived may be another job's on this host.
   if (!result && !launch.port_from.empty() && lf.port == 0 &&
       result.status().message().find("Address already in use") != std::string::npos) {
