@@ -382,6 +382,17 @@ void exited(Self self, const ProcessExit& e) {
 }
 
 // What the bridge received.
+// Whether `peer` is a process this registry took in: a slot's, a
+// newcomer's, or a shard's it placed and waits for.
+bool known(const RegistryState& st, const PeerId& peer) {
+  for (const Slots* group : {&st.shards, &st.workers})
+    for (const auto& m : *group)
+      if (m && m->peer == peer) return true;
+  for (const Newcomer& n : st.newcomers)
+    if (n.member.peer == peer) return true;
+  return st.unready.contains(peer);
+}
+
 void route(Self self, Inbound& in) {
   auto& st = self->state;
   std::visit(
@@ -407,6 +418,13 @@ void route(Self self, Inbound& in) {
           // worker trained on, its pushes refused; a shard served no one)
           // hears why, not its coordinator's silence.
           if (auto gone = st.given_up.extract(in.peer)) return tell_to_stop(self, in.peer, gone.mapped());
+          // A process another coordinator took in, reconnected to this one
+          // on the same endpoint (that coordinator was restarted): echoed,
+          // it trained on with no coordinator for the whole job.
+          if (!known(st, in.peer))
+            return tell_to_stop(self, in.peer,
+                                "this coordinator did not take it in: the coordinator it registered with is gone "
+                                "(restarted on the same endpoint?); start it again to join this one");
           if (auto w = st.proxies.find(in.peer); w != st.proxies.end()) caf::anon_send(w->second, alive_atom::value);
           st.heard[in.peer] = SteadyClock::now();
           shard_served(self, in.peer);

@@ -502,6 +502,35 @@ TEST(WorkerInterruptedByHand, IsDroppedAtOnceNotAfterTheHeartbeatTimeout) {
   for (pid_t p : {pids[1], pids[2]}) EXPECT_TRUE(wait_exit(p, std::chrono::seconds(60)));
 }
 
+// Processes started by hand: the coordinator dies and a new one starts on
+// the same endpoint. The old processes reconnect to it, and it tells them
+// it never took them in: they stop (they trained the whole job on with
+// their heartbeats echoed by a coordinator that did not know them, and
+// held the shard's port so that a new shard could not start).
+TEST(CoordinatorRestartedByHand, TheOldProcessesAreToldToStop) {
+  ASGD_REQUIRE_DATASET(dir, "mnist");
+  const asgd_test::TempDir scratch;
+  const auto [at, pids] = start_by_hand(dir, scratch.path());
+  ASSERT_EQ(pids.size(), 4u);
+  ASSERT_TRUE(wait_for_text(scratch / "worker1.log", "worker 1: finished epoch 1:", std::chrono::seconds(120), pids[3]))
+      << read_file(scratch / "worker1.log");
+  ASSERT_EQ(kill(pids[0], SIGKILL), 0);
+  ASSERT_TRUE(wait_exit(pids[0], std::chrono::seconds(10)));
+  const pid_t second = start_asgd({"coordinator", "--listen", at, "--workers", "2", "--epochs", "40", "--heartbeat-timeout",
+                                   "3", "--join-timeout", "60", "--data-dir", dir.string()},
+                                  scratch / "second.log");
+  ASSERT_GT(second, 0);
+  for (std::size_t i = 1; i < pids.size(); ++i) {
+    const auto code = wait_exit(pids[i], std::chrono::seconds(30));
+    ASSERT_TRUE(code) << "an old process trained on under the new coordinator";
+    EXPECT_NE(*code, 0);
+  }
+  EXPECT_NE(read_file(scratch / "shard0.log").find("this coordinator did not take it in"), std::string::npos)
+      << read_file(scratch / "shard0.log");
+  kill(second, SIGINT);
+  EXPECT_TRUE(wait_exit(second, std::chrono::seconds(30)));
+}
+
 // Processes started by hand from different working folders (as on hosts
 // sharing a file system): a relative --checkpoint-dir is the coordinator's
 // folder for every process. It was each shard's own, which split the job's
