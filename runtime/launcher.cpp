@@ -372,6 +372,22 @@ Result<std::string> address_towards(const std::string& host) {
   return std::string(text);
 }
 
+Result<std::string> bindable_host(const std::string& host) {
+  in_addr literal{};
+  if (host == "*" || host.starts_with("[") || ::inet_pton(AF_INET, host.c_str(), &literal) == 1) return host;
+  if (interface_address(host).ok()) return host;
+  addrinfo hints{};
+  hints.ai_family = AF_INET;
+  addrinfo* found = nullptr;
+  if (const int rc = ::getaddrinfo(host.c_str(), nullptr, &hints, &found); rc != 0 || !found)
+    return Status::InvalidArgument(host + " is no interface here and does not resolve (" + ::gai_strerror(rc) +
+                                   "): give an address, an interface or a host name");
+  char text[INET_ADDRSTRLEN] = {};
+  ::inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(found->ai_addr)->sin_addr, text, sizeof text);
+  ::freeaddrinfo(found);
+  return std::string(text);
+}
+
 Result<std::string> interface_address(const std::string& name) {
   ifaddrs* all = nullptr;
   if (::getifaddrs(&all) != 0) return Status::Unavailable(std::string("cannot list the interfaces: ") + std::strerror(errno));

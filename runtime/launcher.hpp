@@ -97,6 +97,12 @@ Result<std::string> address_towards(const std::string& host);
 /// not_found naming the interfaces there are.
 Result<std::string> interface_address(const std::string& name);
 
+/// What ZeroMQ can bind for HOST: "*", an IPv4 address and an interface
+/// name as they are, a host name as its IPv4 address (ZeroMQ took "hostB"
+/// for an interface and failed: "No such device"). Errors: invalid_argument
+/// when the name does not resolve.
+Result<std::string> bindable_host(const std::string& host);
+
 /// "tcp://HOST:PORT" split into HOST and PORT. Errors: invalid_argument.
 Result<std::pair<std::string, std::uint16_t>> split_tcp_endpoint(const std::string& endpoint);
 

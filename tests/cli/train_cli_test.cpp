@@ -302,6 +302,13 @@ TEST(TrainCli, RefusesValuesThatWouldOverflowAClockOrHarmTheJob) {
   expect_one_line_error(asgd("coordinator --listen tcp://127.0.0.1:99999"), 2,
                         "--listen: tcp://127.0.0.1:99999: expected tcp://HOST:PORT with a port from 1 to 65535 (or 0");
   expect_one_line_error(asgd("worker --coordinator tcp://:5"), 2, "--coordinator: tcp://:5: expected tcp://HOST:PORT");
+  // A host name to listen on is its address (ZeroMQ took it for an
+  // interface: "No such device", exit 1); one that does not resolve is
+  // refused.
+  expect_one_line_error(asgd("coordinator --listen tcp://nosuch.invalid:0"), 2,
+                        "--listen: nosuch.invalid is no interface here and does not resolve");
+  const CliRun named = asgd("coordinator --listen tcp://localhost:0 --workers 1 --join-timeout 1");
+  EXPECT_NE(named.out.find("coordinator listening on tcp://127.0.0.1:"), std::string::npos) << named.out << named.err;
 }
 
 // An empty path is an unset shell variable, not "none": `--metrics-out

@@ -137,7 +137,14 @@ CLI::Validator endpoint_check(bool any_port) {
         auto split = split_tcp_endpoint(any_port && endpoint.ends_with(":0") ? endpoint.substr(0, endpoint.size() - 1) + "1"
                                                                             : endpoint);
         if (!split) return split.status().message() + (any_port ? " (or 0: a free one)" : "");
-        return split->first.empty() ? "expected tcp://HOST:PORT: the host is missing" : "";
+        if (split->first.empty()) return "expected tcp://HOST:PORT: the host is missing";
+        if (!any_port) return "";  // (ZeroMQ resolves a name it connects to, again and again)
+        // Where to listen: a host name goes to ZeroMQ as its address.
+        auto host = bindable_host(split->first);
+        if (!host) return host.status().message();
+        if (*host != split->first)
+          text = "tcp://" + *host + endpoint.substr(endpoint.rfind(':')) + text.substr(endpoint.size());
+        return "";
       },
       "");
 }
@@ -151,13 +158,13 @@ void add_process_flags(CLI::App* cmd, ProcessFlags& f, bool listens, bool needs_
   if (listens)
     cmd->add_option("--listen", f.listen, "where to listen (default tcp://127.0.0.1:0, a free port)")
         ->type_name("ENDPOINT")
-        ->check(endpoint_check(true));
+        ->transform(endpoint_check(true));
   else
     cmd->add_option("--listen", f.listen,
                     "allreduce, gossip: the host its collective listens on for the other workers, on a free port "
                     "(default tcp://127.0.0.1:0)")
         ->type_name("ENDPOINT")
-        ->check(endpoint_check(true));
+        ->transform(endpoint_check(true));
   cmd->add_option("--join-timeout", f.join_timeout_s, "seconds to wait for the other processes (default 60)")
       ->type_name("S")
       ->check(positive(true, kMaxWaitS));
