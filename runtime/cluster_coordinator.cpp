@@ -18,6 +18,7 @@
 #include "runtime/cluster_registry.hpp"
 #include "runtime/config_file.hpp"
 #include "runtime/job_internal.hpp"
+#include "runtime/status_server.hpp"
 
 namespace asgd {
 
@@ -237,6 +238,13 @@ Result<JobSummary> run_coordinator_process(const JobConfig& config, const Proces
   if (Status s = validate_for_cluster(config, WorkersOn::their_hosts); !s.ok()) return s;
   if (o.shards != config.shards || o.workers != config.workers)
     return Status::InvalidArgument("the coordinator expects --shards and --workers processes as the job says");
+  // The status server starts with the job, once every process has
+  // registered: a port it cannot have is found now, not then (everyone
+  // joined, then everyone was sent away).
+  if (config.status_port != 0) {
+    auto probe = StatusServer::start(config.status_address, config.status_port, std::make_shared<LiveStatus>(), "");
+    if (!probe) return probe.status();
+  }
   // The registry's actor system outlives the job's.
   caf::actor_system_config cfg;
   cfg.add_message_types<caf::id_block::asgd>();

@@ -145,6 +145,15 @@ TEST(StatusServer, APortInUseIsRefusedNamingTheFlag) {
   auto bad = StatusServer::start("not-an-address", 0, live, "");
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("--status-address"), std::string::npos);
+  // A coordinator process finds it before anyone registers (it let every
+  // process join, then sent them all away).
+  const auto started = std::chrono::steady_clock::now();
+  const auto coordinator = asgd_test::asgd("coordinator --workers 1 --join-timeout 30 --status-port " +
+                                           std::to_string((*first)->port()));
+  EXPECT_EQ(coordinator.exit_code, 2) << coordinator.err;
+  EXPECT_NE(coordinator.err.find("cannot listen on 127.0.0.1:" + std::to_string((*first)->port())), std::string::npos)
+      << coordinator.err;
+  EXPECT_LT(std::chrono::steady_clock::now() - started, std::chrono::seconds(10)) << "it waited for registrations";
 }
 
 // Acceptance: during a real run, two scrapes of /metrics show the sample
