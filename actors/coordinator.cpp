@@ -471,8 +471,9 @@ void shard_restarted(Self self, std::uint32_t shard) {
     if (self->state.setup.on_record) self->state.setup.on_record(r);
   };
   self->request(s.shards[shard], rpc_timeout(s.setup.config), stats_atom::value)
-      .then([shard, at_s, record](
-                ShardStats& reloaded) { record(shard_restart_record(shard, at_s, &reloaded, {}, unix_seconds_now())); },
+      .then([shard, at_s, record, dir = s.setup.config.checkpoint_dir](ShardStats& reloaded) {
+              record(shard_restart_record(shard, at_s, &reloaded, {}, unix_seconds_now(), dir));
+            },
             [self, shard, at_s, record](caf::error& err) {
               record(shard_restart_record(shard, at_s, nullptr, reason_text(self->system(), err), unix_seconds_now()));
             });

@@ -114,7 +114,7 @@ nlohmann::json resume_record(const JobConfig& cfg, const ResumePlan& resumed, do
 // which checkpoint it reloaded, if any (checkpoint writes may have been
 // failing for a while, or never have succeeded).
 nlohmann::json shard_restart_record(std::uint32_t shard, double at_s, const ShardStats* reloaded,
-                                    const std::string& why, double now_unix) {
+                                    const std::string& why, double now_unix, const std::string& checkpoint_dir) {
   if (!reloaded) {
     logger().warn("shard {} was restarted at {:.1f} s; it did not say which checkpoint it reloaded: {}", shard, at_s,
                  why);
@@ -131,10 +131,17 @@ nlohmann::json shard_restart_record(std::uint32_t shard, double at_s, const Shar
     record["restored_updates"] = reloaded->restored_updates;
     record["lost_at_most_s"] = age_s;
   } else {
-    logger().warn("shard {} was restarted at {:.1f} s without a checkpoint to reload (none had "
-                 "been written): it starts again from the initial parameters, and every update "
-                 "it had applied is lost",
-                 shard, at_s);
+    // (It may have written some where the new process does not look: a
+    // folder not shared with the host it ran on before.)
+    const std::string none =
+        checkpoint_dir.empty()
+            ? "the job keeps none: no --checkpoint-dir"
+            : fmt::format("it found no shard-{}.ckpt in {} on its host: none was written yet, or that folder is not "
+                          "one the hosts share",
+                          shard, checkpoint_dir);
+    logger().warn("shard {} was restarted at {:.1f} s without a checkpoint to reload ({}): it starts again from the "
+                  "initial parameters, and every update it had applied is lost",
+                  shard, at_s, none);
     record["checkpoint_age_s"] = nullptr;
     record["restored_updates"] = 0;
     record["lost_at_most_s"] = at_s;

@@ -34,7 +34,9 @@ Status resume_refused(const JobConfig& cfg, const Status& why);
 nlohmann::json resume_record(const JobConfig& cfg, const ResumePlan& resumed, double now_unix);
 /// The metrics file's "shard_restarted" record, logged: what the restarted
 /// shard said it reloaded (`reloaded`), or that it did not say (`why`).
+/// `checkpoint_dir`: the job's (empty: it keeps none), named when the shard
+/// found nothing to reload there.
 nlohmann::json shard_restart_record(std::uint32_t shard, double at_s, const ShardStats* reloaded,
-                                    const std::string& why, double now_unix);
+                                    const std::string& why, double now_unix, const std::string& checkpoint_dir = {});
 
 }  // namespace asgd
