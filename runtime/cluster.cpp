@@ -166,18 +166,26 @@ Result<Joined> join(const ProcessOptions& o, Role role, const std::string& name,
                                                     cpu_set_key(), o.index_from, o.run},
                                        j.bridge->next_id()));
   const auto deadline = SteadyClock::now() + millis(o.join_timeout_s + o.join_grace_s);
+  // Giving up before its assignment (Ctrl-C, its own --join-timeout), it
+  // says so: the coordinator frees its slot for another process (it kept
+  // it, and the job started without it, on part of the data).
+  auto leave = [&](Status s) {
+    j.bridge->send(j.coordinator, encode(Failure{static_cast<std::int32_t>(s.code()), s.message()}, j.bridge->next_id()));
+    j.bridge->stop(std::chrono::seconds(1));
+    return s;
+  };
   while (true) {
-    if (stop.stop_requested()) return Status::Cancelled(name + ": stopped before it was assigned a part");
+    if (stop.stop_requested()) return leave(Status::Cancelled(name + ": stopped before it was assigned a part"));
     if (auto why = j.bridge->refusal(j.coordinator))
       return Status::InvalidArgument(name + ": the coordinator at " + *why);
     if (SteadyClock::now() > deadline)
-      return Status::Timeout(fmt::format(
+      return leave(Status::Timeout(fmt::format(
           "{}: no assignment from the coordinator at {} within {:g} s (--join-timeout{}){}", name, o.coordinator,
           o.join_timeout_s + o.join_grace_s,
           o.join_grace_s > 0 ? fmt::format(" {:g}, and {:g} s to hear rank 0", o.join_timeout_s, o.join_grace_s) : "",
           o.curve ? "; with --auth-keys, check that the coordinator's folder has this process's .pub and that the "
                     "coordinator's key is right"
-                  : ""));
+                  : "")));
     auto in = j.inbox->pop(std::chrono::milliseconds(100));
     if (!in) continue;
     if (auto* s = std::get_if<Shutdown>(&in->body))

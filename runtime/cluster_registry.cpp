@@ -92,6 +92,23 @@ void registered(Self self, const PeerId& peer, const Registration& reg) {
   if (filled(st.shards) == st.shards.size() && filled(st.workers) == st.workers.size()) end_registration(self, {});
 }
 
+// A process that registered gave up before the job started (Ctrl-C, its
+// own --join-timeout): its slot is free for another. True when `peer`
+// held one.
+bool left_before_the_job(Self self, const PeerId& peer, const std::string& why) {
+  auto& st = self->state;
+  for (Slots* group : {&st.shards, &st.workers})
+    for (std::size_t i = 0; i < group->size(); ++i) {
+      auto& m = (*group)[i];
+      if (!m || m->peer != peer) continue;
+      logger().warn("{} {} (pid {} on {}) left before the job started ({}); its slot is free for another process",
+                    role_name(m->reg), i, m->reg.pid, m->reg.host, why);
+      m.reset();
+      return true;
+    }
+  return false;
+}
+
 // "shard 1, worker 0 (rank 3 under a launcher)": the slots nobody took.
 std::string missing_slots(const RegistryState& st) {
   std::string out;
@@ -409,6 +426,7 @@ void route(Self self, Inbound& in) {
         } else if constexpr (std::is_same_v<T, Calibration>) {
           tell_coordinator(self, calibrate_atom::value, m.index, m.fixed_s, m.per_sample_s);
         } else if constexpr (std::is_same_v<T, Failure>) {
+          if (st.registering && left_before_the_job(self, in.peer, m.what)) return;
           if (auto w = st.proxies.find(in.peer); w != st.proxies.end())
             caf::anon_send(w->second, failed_atom::value, m.code, m.what);
           else

@@ -536,6 +536,40 @@ TEST(CoordinatorRestartedByHand, TheOldProcessesAreToldToStop) {
   EXPECT_TRUE(wait_exit(second, std::chrono::seconds(30)));
 }
 
+// Processes started by hand in any order: a worker whose own
+// --join-timeout runs out before the others come says so as it goes, and
+// its slot is free again. It was kept: a third worker was refused, and
+// the job started without the gone one, trained on half the data, exit 0.
+TEST(ProcessesByHand, AWorkerThatGivesUpBeforeTheJobFreesItsSlot) {
+  ASGD_REQUIRE_DATASET(dir, "mnist");
+  const asgd_test::TempDir scratch;
+  const int port = asgd_test::free_port();
+  ASSERT_GT(port, 0);
+  const std::string at = "tcp://127.0.0.1:" + std::to_string(port);
+  const pid_t coordinator = start_asgd({"coordinator", "--listen", at, "--workers", "2", "--epochs", "1",
+                                        "--validation-size", "1000", "--join-timeout", "60", "--data-dir", dir.string()},
+                                       scratch / "coordinator.log");
+  const pid_t early = start_asgd({"worker", "--coordinator", at, "--join-timeout", "2"}, scratch / "early.log");
+  const auto gave_up = wait_exit(early, std::chrono::seconds(30));
+  ASSERT_TRUE(gave_up);
+  EXPECT_EQ(*gave_up, 1);
+  ASSERT_TRUE(wait_for_text(scratch / "coordinator.log", "left before the job started", std::chrono::seconds(10),
+                            coordinator))
+      << read_file(scratch / "coordinator.log");
+  std::vector<pid_t> others = {start_asgd({"shard", "--coordinator", at}, scratch / "shard.log")};
+  for (const char* name : {"worker0.log", "worker1.log"})
+    others.push_back(start_asgd({"worker", "--coordinator", at}, scratch / name));
+  const auto code = wait_exit(coordinator, std::chrono::seconds(120));
+  ASSERT_TRUE(code) << read_file(scratch / "coordinator.log");
+  EXPECT_EQ(*code, 0) << read_file(scratch / "coordinator.log");
+  for (pid_t p : others) {
+    const auto c = wait_exit(p, std::chrono::seconds(30));
+    ASSERT_TRUE(c);
+    EXPECT_EQ(*c, 0);
+  }
+  EXPECT_EQ(read_file(scratch / "coordinator.log").find("is lost"), std::string::npos) << read_file(scratch / "coordinator.log");
+}
+
 // Processes started by hand from different working folders (as on hosts
 // sharing a file system): a relative --checkpoint-dir is the coordinator's
 // folder for every process. It was each shard's own, which split the job's
