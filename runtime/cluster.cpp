@@ -60,6 +60,12 @@ messaging::TensorCoding coding_of(const JobConfig& c) {
   return settings && settings->exchange != Exchange::none ? TensorCoding::float32 : TensorCoding::float16;
 }
 
+std::string host_name() {
+  char buf[256] = {};
+  if (gethostname(buf, sizeof buf - 1) != 0) return "?";
+  return buf;
+}
+
 }  // namespace cluster_detail
 
 namespace {
@@ -84,12 +90,6 @@ std::size_t shard_max_unanswered(std::uint32_t workers) { return 4 * std::size_t
 
 // A usage error (exit 2) or a stop: how a Shutdown that is not the job's end ends this process.
 StatusCode stop_code(const Shutdown& s) { return s.refused ? StatusCode::invalid_argument : StatusCode::cancelled; }
-
-std::string host_name() {
-  char buf[256] = {};
-  if (gethostname(buf, sizeof buf - 1) != 0) return "?";
-  return buf;
-}
 
 caf::actor_system_config actor_config(std::size_t threads, std::chrono::microseconds busy_poll) {
   caf::actor_system_config cfg;

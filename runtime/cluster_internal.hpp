@@ -39,6 +39,9 @@ void log_refused(const std::string& name, const messaging::BridgeStats& st);
 
 std::chrono::milliseconds millis(double seconds);
 
+// This host's name, as a process registers with it ("?" when it has none).
+std::string host_name();
+
 // Why the coordinator of run `ours` refuses `reg`, a process of another
 // run (both named by their launcher: two runs that were given one port,
 // the other's coordinator unable to listen); nothing when it may join.

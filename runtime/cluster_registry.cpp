@@ -11,6 +11,7 @@
 #include "base/cpus.hpp"
 #include "messaging/protocol.hpp"
 #include "runtime/cluster_internal.hpp"
+#include "runtime/launcher.hpp"
 #include "runtime/cluster_registry_state.hpp"
 
 namespace asgd::cluster_detail {
@@ -69,6 +70,24 @@ void end_registration(Self self, Status s) {
   answer_await(self);
 }
 
+// A shard on another host than the coordinator that announces a loopback
+// address, or any that announces 0.0.0.0 (it listens on every interface):
+// processes on other hosts cannot dial it, and would wait out
+// --rpc-timeout. (Under a launcher the rank says so itself.)
+void warn_if_unreachable(const Registration& reg, std::size_t slot) {
+  if (reg.role != Role::shard) return;
+  const auto split = split_tcp_endpoint(reg.endpoint);
+  if (!split) return;
+  const std::string& host = split->first;
+  const bool any = host == "0.0.0.0" || host == "*";
+  if (!any && !(host.starts_with("127.") && reg.host != host_name())) return;
+  logger().warn("shard {} on {} announces {}, which {}: give its --listen the address (or name) of its host",
+                slot, reg.host, reg.endpoint,
+                any ? "processes on other hosts cannot dial (it listens on every interface but names none)"
+                    : "is a loopback address on another host than the coordinator's (" + host_name() +
+                          "): processes elsewhere cannot reach it");
+}
+
 // Before the job: a process asks for a slot (a given --index, else the first free one).
 void registered(Self self, const PeerId& peer, const Registration& reg) {
   auto& st = self->state;
@@ -88,6 +107,7 @@ void registered(Self self, const PeerId& peer, const Registration& reg) {
   if (reg.role == Role::shard && reg.endpoint.empty()) return refuse(self, peer, "a shard must give its endpoint");
   logger().info("{} {} registered: pid {} on {}{}", role_name(reg), slot, reg.pid, reg.host,
                reg.endpoint.empty() ? "" : ", at " + reg.endpoint);
+  warn_if_unreachable(reg, slot);
   slots[slot] = Member{peer, reg};
   if (filled(st.shards) == st.shards.size() && filled(st.workers) == st.workers.size()) end_registration(self, {});
 }

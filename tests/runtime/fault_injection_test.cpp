@@ -586,7 +586,10 @@ TEST(ProcessesByHand, ARelativeCheckpointFolderIsTheCoordinatorsForEveryProcess)
   const pid_t coordinator = start_asgd({"coordinator", "--listen", at, "--workers", "1", "--epochs", "1",
                                         "--validation-size", "1000", "--checkpoint-dir", "ck", "--data-dir", dir.string()},
                                        scratch / "coordinator.log", scratch / "here");
-  const pid_t shard = start_asgd({"shard", "--coordinator", at}, scratch / "shard.log", scratch / "there");
+  // (Listening on every interface, it announces 0.0.0.0, which the
+  // coordinator says other hosts cannot dial.)
+  const pid_t shard = start_asgd({"shard", "--coordinator", at, "--listen", "tcp://0.0.0.0:0"}, scratch / "shard.log",
+                                 scratch / "there");
   const pid_t worker = start_asgd({"worker", "--coordinator", at}, scratch / "worker.log", scratch / "there");
   const auto code = wait_exit(coordinator, std::chrono::seconds(120));
   ASSERT_TRUE(code) << read_file(scratch / "coordinator.log");
@@ -595,6 +598,8 @@ TEST(ProcessesByHand, ARelativeCheckpointFolderIsTheCoordinatorsForEveryProcess)
   for (const char* file : {"job.toml", "model.ckpt", "shard-0.ckpt"})
     EXPECT_TRUE(fs::exists(scratch / "here" / "ck" / file)) << file;
   EXPECT_FALSE(fs::exists(scratch / "there" / "ck")) << "a shard checkpointed into its own working folder";
+  EXPECT_NE(read_file(scratch / "coordinator.log").find("which processes on other hosts cannot dial"), std::string::npos)
+      << read_file(scratch / "coordinator.log");
 }
 
 // Processes started by hand: shard 0 is stopped, a new process takes its
