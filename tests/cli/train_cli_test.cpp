@@ -371,6 +371,17 @@ TEST(ClusterCli, UnderALauncherEachRankRefusesWhatItCannotUseAtOnceAndSaysWhatIt
                              "SLURM_STEP_ID=0");
   EXPECT_EQ(given.exit_code, 0) << given.err;
   EXPECT_NE(given.out.find("listens on: tcp://*:"), std::string::npos) << given.out;
+  // A shard rank whose rank 0 has a name that does not resolve yet (a
+  // Kubernetes pod's before its Service has it) asks again until
+  // --join-timeout, as a worker rank waits (it ended at once).
+  const auto asked = std::chrono::steady_clock::now();
+  const CliRun unresolved = asgd("cluster --shards 1 --workers 2 --epochs 1 --join-timeout 2", {},
+                                 "env JOB_COMPLETION_INDEX=1 ASGD_WORLD_SIZE=4 "
+                                 "ASGD_COORDINATOR=tcp://asgd-nope.invalid:29500");
+  EXPECT_EQ(unresolved.exit_code, 1) << unresolved.err;
+  EXPECT_NE(unresolved.err.find("cannot resolve asgd-nope.invalid"), std::string::npos) << unresolved.err;
+  EXPECT_NE(unresolved.err.find("asking again until --join-timeout"), std::string::npos) << unresolved.err;
+  EXPECT_GE(std::chrono::steady_clock::now() - asked, std::chrono::milliseconds(1500));
   // A rendezvous file left by another run (Open MPI's job id says which) is
   // passed over and named, not read: its endpoint sent a rank to a job that
   // was gone, or to the wrong one.

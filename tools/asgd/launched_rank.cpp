@@ -251,7 +251,18 @@ int run_rank_role(const LaunchFlags& lf, const Launch& launch, const RoleOfRank&
   }
   // A shard listens there; so does a worker's collective (allreduce,
   // gossip), which stays on 127.0.0.1 when no address routes to rank 0.
+  // Rank 0's name may not resolve yet (a Kubernetes pod's, before its
+  // Service has it): a shard asks again until --join-timeout, as a worker
+  // waits for its assignment, where it ended at once.
+  Interrupts interrupts;
   auto at = shard_listen(launch, po.coordinator, address);
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(lf.join_timeout_s);
+  for (bool said = false; role.role == RankRole::shard && !at && std::chrono::steady_clock::now() < deadline &&
+                          !interrupts.token().stop_requested();
+       at = shard_listen(launch, po.coordinator, address)) {
+    if (!std::exchange(said, true)) logger().warn("{}; asking again until --join-timeout", at.status().message());
+    std::this_thread::sleep_for(std::chrono::seconds(1));
+  }
   if (role.role == RankRole::shard && !at) {
     print_error(at.status().message());
     return kExitFailure;
@@ -259,7 +270,6 @@ int run_rank_role(const LaunchFlags& lf, const Launch& launch, const RoleOfRank&
   if (at) po.listen = *at;
   po.data_dir = config.data_dir;
   if (role.role == RankRole::worker) po.device = worker_device(launch, config);
-  Interrupts interrupts;
   const Status s = role.role == RankRole::shard ? run_shard_process(po, interrupts.token())
                                                 : run_worker_process(po, interrupts.token());
   if (!s.ok()) {
