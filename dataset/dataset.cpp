@@ -4,9 +4,11 @@
 #include <array>
 #include <cassert>
 #include <cmath>
+#include <span>
 #include <system_error>
 #include <utility>
 
+#include "base/crc32c.hpp"
 #include "base/random.hpp"
 #include "dataset/cifar.hpp"
 #include "dataset/idx.hpp"
@@ -345,6 +347,13 @@ void LabeledImages::copy_samples(std::size_t first, std::size_t n, float* out) c
       out += plane;
     }
   }
+}
+
+std::uint32_t LabeledImages::fingerprint() const {
+  const std::array<std::uint64_t, 4> shape = {count, channels, rows, cols};
+  std::uint32_t crc = crc32c(std::as_bytes(std::span(shape)));
+  crc = bytes.empty() ? crc32c(std::as_bytes(std::span(pixels)), crc) : crc32c(std::as_bytes(std::span(bytes)), crc);
+  return crc32c(std::as_bytes(std::span(labels)), crc);
 }
 
 std::vector<float> LabeledImages::samples(std::size_t first, std::size_t n) const {

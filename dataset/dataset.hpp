@@ -33,6 +33,10 @@ struct LabeledImages {
   std::vector<std::int32_t> labels;   // (count,), each in [0, num_classes)
 
   std::size_t sample_size() const { return channels * rows * cols; }
+  /// A CRC-32C of the shape, the samples (their bytes, else the normalised
+  /// floats) and the labels: processes that loaded the same files agree on
+  /// it, and a worker on another host whose files differ is found out.
+  std::uint32_t fingerprint() const;
   /// Samples [first, first + n) as normalised floats, back to back, into
   /// `out` (room for n * sample_size()). first + n must not pass count.
   void copy_samples(std::size_t first, std::size_t n, float* out) const;

@@ -119,13 +119,17 @@ struct Assignment {
   /// the CPUs it computes on (the same Registration::cpu_key); without
   /// --threads it computes on its CPUs divided by them.
   std::uint32_t cpu_sharers = 1;
+  /// worker: the coordinator's training split's fingerprint
+  /// (LabeledImages::fingerprint); a worker whose own differs refuses to
+  /// train (another dataset, other files). 0: not checked.
+  std::uint32_t train_fingerprint = 0;
 };
 template <class F>
 decltype(auto) fields(F&& f, Assignment& x) {
   return f(x.role, x.index, bounded(x.config, kMaxConfig), x.workers, x.range_begin, x.range_end, x.partition_begin,
            x.partition_end, x.batch, x.schedule_steps, bounded(x.shard_endpoints, 1024),
            bounded(x.range_bounds, 1025), x.restore, x.first_epoch, x.calibrate, bounded(x.peer_endpoints, 4096),
-           x.cpu_sharers, bounded(x.restart, 4096));
+           x.cpu_sharers, bounded(x.restart, 4096), x.train_fingerprint);
 }
 
 /// Shard `index`'s process was restarted and listens at `endpoint` now:

@@ -36,7 +36,7 @@
 namespace asgd::messaging {
 
 inline constexpr std::uint32_t kMagic = 0x44475341;  // "ASGD" read as little-endian bytes
-inline constexpr std::uint16_t kProtocolVersion = 15;
+inline constexpr std::uint16_t kProtocolVersion = 16;
 inline constexpr std::size_t kHeaderBytes = 36;
 inline constexpr std::size_t kMaxBody = 1u << 20;            ///< 1 MiB of fields
 inline constexpr std::size_t kMaxTensorBytes = 256u << 20;   ///< 64M float32 values

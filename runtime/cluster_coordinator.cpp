@@ -93,13 +93,14 @@ JobConfig checkpointing_where_resumed(JobConfig c) {
 class ClusterPlacement final : public RemotePlacement {
  public:
   ClusterPlacement(std::shared_ptr<Bridge> bridge, caf::actor registry, JobConfig config,
-                   std::vector<std::string> shard_endpoints, double join_timeout_s)
+                   std::vector<std::string> shard_endpoints, double join_timeout_s, std::uint32_t train_fingerprint)
       : bridge_(std::move(bridge)),
         registry_(std::move(registry)),
         config_(checkpointing_where_resumed(std::move(config))),
         config_text_(to_toml(config_)),
         shard_endpoints_(std::move(shard_endpoints)),
-        join_timeout_s_(join_timeout_s) {
+        join_timeout_s_(join_timeout_s),
+        train_fingerprint_(train_fingerprint) {
     bounds_.assign(shard_endpoints_.size() + 1, 0);
   }
 
@@ -164,6 +165,7 @@ class ClusterPlacement final : public RemotePlacement {
     a->index = w;
     a->config = config_text_;
     a->workers = static_cast<std::uint32_t>(plan.workers.size());
+    a->train_fingerprint = train_fingerprint_;
     a->partition_begin = worker.share.partition.begin;
     a->partition_end = worker.share.partition.end;
     a->batch = worker.share.batch;
@@ -181,6 +183,7 @@ class ClusterPlacement final : public RemotePlacement {
   std::vector<std::string> shard_endpoints_;  // where each shard listened when the job was placed
   std::vector<std::uint64_t> bounds_;
   double join_timeout_s_;
+  std::uint32_t train_fingerprint_;  // the coordinator's training split's, which each worker checks its own against
 };
 
 // The coordinator process's endpoint: everything it receives goes to the
@@ -301,9 +304,10 @@ Result<JobSummary> run_coordinator_process(const JobConfig& config, const Proces
   }
 
   ClusterHooks hooks;
-  hooks.make_placement = [&](caf::actor_system&) -> Result<std::shared_ptr<RemotePlacement>> {
-    return std::shared_ptr<RemotePlacement>(
-        std::make_shared<ClusterPlacement>(bridge, registry, config, shard_endpoints, o.join_timeout_s));
+  hooks.make_placement = [&](caf::actor_system&,
+                             const data::DatasetSplits& data) -> Result<std::shared_ptr<RemotePlacement>> {
+    return std::shared_ptr<RemotePlacement>(std::make_shared<ClusterPlacement>(
+        bridge, registry, config, shard_endpoints, o.join_timeout_s, data.train.fingerprint()));
   };
   hooks.on_coordinator = [registry](caf::actor c) { caf::anon_send(registry, coordinator_atom::value, std::move(c)); };
   // Its evaluations share this process's CPUs only with the workers on

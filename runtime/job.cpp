@@ -291,7 +291,7 @@ Result<JobSummary> run_coordinator(CoordinatorSetup setup, const ClusterHooks& h
   {
     caf::actor_system system{cfg};
     if (hooks.make_placement) {
-      auto placement = hooks.make_placement(system);
+      auto placement = hooks.make_placement(system, *setup.data);
       if (!placement) return placement.status();
       setup.remote = std::move(placement).value();
     }
