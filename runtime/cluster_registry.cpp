@@ -94,9 +94,11 @@ void registered(Self self, const PeerId& peer, const Registration& reg) {
   if (reg.role == Role::coordinator) return refuse(self, peer, "a coordinator cannot join a job");
   Slots& slots = reg.role == Role::shard ? st.shards : st.workers;
   const std::string from = reg.index_from.empty() ? "--index " + std::to_string(reg.index) : reg.index_from;
+  const std::string same_counts =
+      reg.index_from.starts_with("rank ") ? "; give every rank the same --shards and --workers" : "";
   if (reg.index != kAnyIndex && reg.index >= slots.size())  // --index K
-    return refuse(self, peer, fmt::format("{}: the job has {} {} process(es), 0 to {}", from,
-                                          slots.size(), role_name(reg), slots.size() - 1));
+    return refuse(self, peer, fmt::format("{}: the job has {} {} process(es), 0 to {}{}", from, slots.size(),
+                                          role_name(reg), slots.size() - 1, same_counts));
   if (reg.index != kAnyIndex && slots[reg.index])
     return refuse(self, peer, fmt::format("{}: {} {} is taken (pid {} on {})", from, role_name(reg),
                                           reg.index, slots[reg.index]->reg.pid, slots[reg.index]->reg.host));
@@ -105,6 +107,17 @@ void registered(Self self, const PeerId& peer, const Registration& reg) {
     if (!slots[i]) slot = i;
   if (slot == slots.size()) return refuse(self, peer, "the job needs no more of these");
   if (reg.role == Role::shard && reg.endpoint.empty()) return refuse(self, peer, "a shard must give its endpoint");
+  // A launched rank takes its role from its own --shards and --workers: a
+  // rank whose differ from rank 0's asks for another rank's slot (which
+  // then went missing, blamed on a rank that had come).
+  if (reg.index_from.starts_with("rank ")) {
+    const std::size_t expected = 1 + slot + (reg.role == Role::shard ? 0 : st.shards.size());
+    if (const std::string rank = "rank " + std::to_string(expected); !reg.index_from.starts_with(rank + " "))
+      return refuse(self, peer, fmt::format("{} asks for {} {}, which is {}'s in rank 0's job ({} shard(s), {} "
+                                            "worker(s)){}",
+                                            from, role_name(reg), slot, rank, st.shards.size(), st.workers.size(),
+                                            same_counts));
+  }
   logger().info("{} {} registered: pid {} on {}{}", role_name(reg), slot, reg.pid, reg.host,
                reg.endpoint.empty() ? "" : ", at " + reg.endpoint);
   warn_if_unreachable(reg, slot);

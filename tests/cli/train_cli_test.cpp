@@ -371,6 +371,25 @@ TEST(ClusterCli, UnderALauncherEachRankRefusesWhatItCannotUseAtOnceAndSaysWhatIt
                              "SLURM_STEP_ID=0");
   EXPECT_EQ(given.exit_code, 0) << given.err;
   EXPECT_NE(given.out.find("listens on: tcp://*:"), std::string::npos) << given.out;
+  // A rank given other --shards and --workers than rank 0's asks for
+  // another rank's slot: refused at once, saying so (it took the slot, and
+  // rank 0 later blamed a rank that had come for the one missing).
+  {
+    const int port = asgd_test::free_port();
+    ASSERT_GT(port, 0);
+    const std::string env = "env ASGD_WORLD_SIZE=4 ASGD_COORDINATOR=tcp://127.0.0.1:" + std::to_string(port) + " ";
+    auto rank0 = std::async(std::launch::async, [&] {
+      return asgd("cluster --shards 1 --workers 2 --epochs 1 --join-timeout 5", {}, env + "ASGD_RANK=0");
+    });
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    const CliRun rank3 = asgd("cluster --shards 2 --workers 1 --epochs 1 --join-timeout 5", {}, env + "ASGD_RANK=3");
+    EXPECT_EQ(rank3.exit_code, 2) << rank3.err;
+    EXPECT_NE(rank3.err.find("rank 3 (ASGD_RANK) asks for worker 0, which is rank 2's in rank 0's job (1 shard(s), 2 "
+                             "worker(s)); give every rank the same --shards and --workers"),
+              std::string::npos)
+        << rank3.err;
+    rank0.get();
+  }
   // A shard rank whose rank 0 has a name that does not resolve yet (a
   // Kubernetes pod's before its Service has it) asks again until
   // --join-timeout, as a worker rank waits (it ended at once).
