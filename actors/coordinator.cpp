@@ -484,7 +484,11 @@ void shard_restarted(Self self, std::uint32_t shard) {
 void shards_serve(Self self) {
   auto& st = self->state;
   if (st.core->done()) return;
-  if (st.core->resumed()) {  // every shard restored: only now does the metrics file hear of it
+  if (st.core->resumed()) {  // every shard restored: only now do job.toml and the metrics file hear of it
+    if (Status s = st.setup.on_restored ? st.setup.on_restored() : Status{}; !s.ok()) {
+      fail(self, s);
+      return;
+    }
     const nlohmann::json record = resume_record(st.setup.config, *st.core->resumed(), unix_seconds_now());
     if (st.setup.on_record) st.setup.on_record(record);
   }

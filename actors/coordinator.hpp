@@ -80,6 +80,11 @@ struct CoordinatorSetup {
   /// --resume: where the workers start again (plan_resume), read before
   /// the job's settings beside the checkpoints were replaced.
   std::optional<ResumePlan> resumed;
+  /// --resume, once every shard restored its checkpoint: writes the job's
+  /// settings beside them (so a resume refused by a shard leaves them as
+  /// they were); a failure fails the job. Called from the coordinator's
+  /// thread; null: nothing to write.
+  std::function<Status()> on_restored;
 };
 
 /// How often the coordinator refreshes Progress and the live status (and

@@ -242,10 +242,11 @@ Result<std::optional<ResumePlan>> resume_and_save_settings(const JobConfig& conf
     if (!r) return r.status();
     resumed = std::move(r).value();
   }
-  if (!config.checkpoint_dir.empty()) {
-    if (!resumed) {
-      if (Status s = remove_earlier_model(config.checkpoint_dir); !s.ok()) return s;
-    }
+  // A resumed job's settings are written once its shards restored
+  // (CoordinatorSetup::on_restored): one a shard refused left job.toml
+  // saying what had not run.
+  if (!config.checkpoint_dir.empty() && !resumed) {
+    if (Status s = remove_earlier_model(config.checkpoint_dir); !s.ok()) return s;
     if (Status s = write_job_settings(config, user_data); !s.ok()) return s;
   }
   return resumed;
@@ -435,7 +436,10 @@ Result<JobSummary> run_job_unguarded(const JobConfig& requested, const JobCallba
   auto on_record = [&](const nlohmann::json& record) { metrics.write(record); };
   CoordinatorSetup setup{config,   *data,   on_epoch,  on_eval, guarded.on_progress, guarded.on_final_params,
                          nullptr,  nullptr, live,      on_record, compute,             std::move(planned->plan),
-                         std::make_shared<Model>(std::move(planned->model)), std::move(resumed).value()};
+                         std::make_shared<Model>(std::move(planned->model)), std::move(resumed).value(),
+                         nullptr};
+  if (setup.resumed && !config.checkpoint_dir.empty())
+    setup.on_restored = [&config, own_data] { return write_job_settings(config, own_data); };
   EnergyMeter meter(EnergyMeter::from_environment());
   auto result = run_coordinator(std::move(setup), hooks, stop);
   if (!result) return result;

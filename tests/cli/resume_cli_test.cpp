@@ -92,6 +92,7 @@ TEST(ResumeCli, ADamagedShardCheckpointIsAUsageErrorAndLeavesTheMetricsFileAlone
                 .exit_code,
             0);
   const std::string before = slurp(metrics);
+  const std::string settings = slurp(ck / "job.toml");
   {  // one flipped byte among the values
     std::fstream f(ck / "shard-0.ckpt", std::ios::in | std::ios::out | std::ios::binary);
     f.seekp(-20, std::ios::end);
@@ -101,6 +102,7 @@ TEST(ResumeCli, ADamagedShardCheckpointIsAUsageErrorAndLeavesTheMetricsFileAlone
   expect_one_line_error(r, 2, "shard-0.ckpt");
   EXPECT_NE(r.err.find("checksum"), std::string::npos) << r.err;
   EXPECT_EQ(slurp(metrics), before) << "a failed resume wrote to the old job's metrics file";
+  EXPECT_EQ(slurp(ck / "job.toml"), settings) << "a refused resume replaced the checkpointed job's settings";
 }
 
 // One epoch of kJob checkpointed into `ck`.
