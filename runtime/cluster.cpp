@@ -383,17 +383,6 @@ void reconnect_shard(Bridge& bridge, const std::string& name, const PeerId& peer
 
 namespace {
 
-// Worker `index`'s device (its item of a --device list), checked here,
-// where it computes (not on the coordinator's host).
-Result<std::string> device_of_worker(const JobConfig& cfg, std::uint32_t index) {
-  auto devices = parse_worker_devices(cfg.device, cfg.workers);
-  if (!devices) return devices.status();
-  if (index >= devices->size()) return Status::Internal("assigned a worker index past the job's workers");
-  if (Status s = device_usable_here((*devices)[index]); !s.ok())
-    return Status::InvalidArgument(s.message() + " (on " + host_name() + ")");
-  return (*devices)[index];
-}
-
 // --worker-weights auto: measures how many samples a second this worker
 // computes on its device (a batch of its data, as a worker of one process
 // does), tells the coordinator, and waits for the assignment to train by,
@@ -425,38 +414,6 @@ Status calibrate_and_wait(Joined& j, const JobPlan& plan, const data::DatasetSpl
   }
   return Status::Timeout("worker " + std::to_string(index) +
                          ": no assignment from the coordinator after calibrating (it waits for every worker's rate)");
-}
-
-// Where a worker's collective listens: the host of --listen, on a port the
-// system picks.
-std::string collective_listen(const std::string& listen) {
-  if (listen.rfind("tcp://", 0) != 0) return "tcp://127.0.0.1:*";
-  const auto colon = listen.rfind(':');
-  return (colon < 6 ? listen : listen.substr(0, colon)) + ":*";
-}
-
-// allreduce, gossip: this worker joins the others' collective.
-Status connect_collective(NetworkCollective& collective, const Assignment& a, const std::string& name, bool fp16) {
-  if (a.peer_endpoints.size() != a.workers || a.index >= a.workers)
-    return Status::Internal(name + ": the assignment does not say where every worker's collective listens");
-  for (std::size_t w = 0; w < a.peer_endpoints.size(); ++w)
-    if (a.peer_endpoints[w].empty())
-      return Status::InvalidArgument(fmt::format("{}: worker {} announced no collective", name, w));
-  collective.set_half_precision(fp16);
-  return collective.connect(a.index, a.peer_endpoints);
-}
-
-Status assignment_fits(const Assignment& a, std::size_t train_count, std::uint32_t epochs) {
-  if (a.partition_end > train_count || a.partition_begin > a.partition_end || a.batch == 0)
-    return Status::Internal("the assigned partition does not fit the training data here");
-  if (a.first_epoch >= epochs) return Status::Internal("assigned to start after the last epoch");
-  return {};
-}
-
-void log_share(const std::string& name, const Assignment& a, std::size_t shards) {
-  logger().info("{}: samples [{}, {}) in batches of {}, {} shard(s){}", name, a.partition_begin, a.partition_end,
-               a.batch, shards,
-               a.first_epoch > 0 ? fmt::format(", from epoch {}", a.first_epoch + 1) : "");
 }
 
 struct WorkerPlans {
@@ -509,6 +466,11 @@ Result<WorkerPlans> plan_assigned_worker(Joined& j, const data::DatasetSplits& d
   return WorkerPlans{std::move(plan).value(), std::move(worker_plan)};
 }
 
+// Tells the coordinator how this process ends (a Failure it passes on).
+void tell_coordinator(Joined& j, const Status& s) {
+  j.bridge->send(j.coordinator, encode(Failure{static_cast<std::int32_t>(s.code()), s.message()}, j.bridge->next_id()));
+}
+
 // A worker process's collective, listening where --listen says; its
 // all-reduce goes through shared memory when every worker runs on this host
 // and --shared-memory is on.
@@ -535,8 +497,7 @@ Status run_worker_process(const ProcessOptions& o, std::stop_token stop) {
   const JobConfig& cfg = j.config;
   const std::string name = "worker " + std::to_string(a.index);
   auto fail_early = [&](const Status& s) {
-    j.bridge->send(j.coordinator, encode(Failure{static_cast<std::int32_t>(s.code()), name + ": " + s.message()},
-                                         j.bridge->next_id()));
+    tell_coordinator(j, Status::WithCode(s.code(), name + ": " + s.message()));
     j.bridge->stop(std::chrono::seconds(2));
     return s;
   };
@@ -596,14 +557,9 @@ Status run_worker_process(const ProcessOptions& o, std::stop_token stop) {
   // Interrupted (Ctrl-C, a TERM): it says so on its way out, so that the
   // coordinator drops it at once, not a --heartbeat-timeout later while
   // the others wait for it (an all-reduce's peers, a bsp clock).
-  if (s.code() == StatusCode::cancelled && stop.stop_requested())
-    j.bridge->send(j.coordinator, encode(Failure{static_cast<std::int32_t>(StatusCode::cancelled), s.message()},
-                                         j.bridge->next_id()));
+  if (s.code() == StatusCode::cancelled && stop.stop_requested()) tell_coordinator(j, s);
   j.bridge->stop();
-  if (const std::uint64_t dropped = collective->rejected(); dropped > 0)
-    logger().warn("{}: its collective dropped {} malformed or out-of-step message(s)", name, dropped);
-  if (const std::uint64_t unsent = collective->unsent(); unsent > 0)
-    logger().warn("{}: its collective dropped {} message(s) it could not send (see the warnings above)", name, unsent);
+  log_collective_drops(name, *collective);
   for (auto& x : shards) caf::anon_send_exit(x, caf::exit_reason::user_shutdown);
   for (const caf::actor& x : {worker_actor, feeder, watcher}) caf::anon_send_exit(x, caf::exit_reason::user_shutdown);
   return s;

@@ -235,19 +235,22 @@ std::string stop_reason(const Status& outcome) {
   return (outcome.code() == StatusCode::cancelled ? "the job stopped: " : "the job failed: ") + outcome.message();
 }
 
+// The status server starts with the job, once every process has
+// registered: a port it cannot have is found before that (everyone joined,
+// then everyone was sent away).
+Status status_port_free(const JobConfig& config) {
+  if (config.status_port == 0) return {};
+  auto probe = StatusServer::start(config.status_address, config.status_port, std::make_shared<LiveStatus>(), "");
+  return probe ? Status{} : probe.status();
+}
+
 Result<JobSummary> run_coordinator_process(const JobConfig& config, const ProcessOptions& o,
                                            const JobCallbacks& callbacks, std::stop_token stop,
                                            const std::function<void(const std::string&)>& on_listening) {
   if (Status s = validate_for_cluster(config, WorkersOn::their_hosts); !s.ok()) return s;
   if (o.shards != config.shards || o.workers != config.workers)
     return Status::InvalidArgument("the coordinator expects --shards and --workers processes as the job says");
-  // The status server starts with the job, once every process has
-  // registered: a port it cannot have is found now, not then (everyone
-  // joined, then everyone was sent away).
-  if (config.status_port != 0) {
-    auto probe = StatusServer::start(config.status_address, config.status_port, std::make_shared<LiveStatus>(), "");
-    if (!probe) return probe.status();
-  }
+  if (Status s = status_port_free(config); !s.ok()) return s;
   // The registry's actor system outlives the job's.
   caf::actor_system_config cfg;
   cfg.add_message_types<caf::id_block::asgd>();

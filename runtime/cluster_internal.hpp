@@ -14,6 +14,7 @@
 
 #include "asgd/job.hpp"
 #include "messaging/bridge.hpp"
+#include "messaging/collective.hpp"
 
 namespace asgd::cluster_detail {
 
@@ -41,6 +42,19 @@ std::chrono::milliseconds millis(double seconds);
 
 // This host's name, as a process registers with it ("?" when it has none).
 std::string host_name();
+
+// A worker process's start (runtime/cluster_worker_parts.cpp): its device
+// (its item of --device, checked on this host), where its collective
+// listens, joining the collective, whether its assignment fits its data,
+// and the line that says its share.
+Result<std::string> device_of_worker(const JobConfig& cfg, std::uint32_t index);
+std::string collective_listen(const std::string& listen);
+Status connect_collective(messaging::NetworkCollective& collective, const messaging::Assignment& a,
+                          const std::string& name, bool fp16);
+Status assignment_fits(const messaging::Assignment& a, std::size_t train_count, std::uint32_t epochs);
+void log_share(const std::string& name, const messaging::Assignment& a, std::size_t shards);
+// As a worker process ends: what its collective dropped, if anything.
+void log_collective_drops(const std::string& name, const messaging::NetworkCollective& collective);
 
 // Why the coordinator of run `ours` refuses `reg`, a process of another
 // run (both named by their launcher: two runs that were given one port,

@@ -72,6 +72,15 @@ struct RegistryState {
 
 using Self = caf::stateful_actor<RegistryState>*;
 
+// runtime/cluster_registry_slots.cpp:
+// Warns when shard `slot` announces an endpoint processes on other hosts
+// cannot dial (0.0.0.0, or a loopback address from another host).
+void warn_if_unreachable(const Registration& reg, std::size_t slot);
+// "shard 1, worker 0 (rank 3 under a launcher)": the slots nobody took.
+std::string missing_slots(const RegistryState& st);
+// Whether `peer` is a process this registry took in.
+bool known(const RegistryState& st, const PeerId& peer);
+
 inline std::size_t filled(const Slots& slots) {
   return static_cast<std::size_t>(std::count_if(slots.begin(), slots.end(), [](const auto& m) { return m.has_value(); }));
 }

@@ -450,6 +450,14 @@ ByHand start_by_hand(const fs::path& data, const fs::path& scratch, const std::v
   return {at, pids};
 }
 
+// Ends a job started by hand: its coordinator interrupted, and it and
+// `others` gone within a minute.
+void end_by_hand(pid_t coordinator, std::initializer_list<pid_t> others) {
+  kill(coordinator, SIGINT);
+  EXPECT_TRUE(wait_exit(coordinator, std::chrono::seconds(60)));
+  for (pid_t p : others) EXPECT_TRUE(wait_exit(p, std::chrono::seconds(60)));
+}
+
 // Processes started by hand (no supervisor to end a stopped one): worker 1
 // is stopped past --heartbeat-timeout and then goes on. The coordinator has
 // given it up; it is told so and exits 1, where it trained on with every
@@ -473,9 +481,7 @@ TEST(WorkerStoppedPastTheHeartbeatTimeout, IsToldItWasGivenUpWhenItWakes) {
   EXPECT_NE(said.find("worker 1: this process did not run for"), std::string::npos) << said;
   EXPECT_NE(said.find("this process was declared lost after 3 s without a heartbeat"), std::string::npos) << said;
   EXPECT_EQ(said.find("the coordinator sent nothing"), std::string::npos) << said;
-  kill(coordinator, SIGINT);
-  EXPECT_TRUE(wait_exit(coordinator, std::chrono::seconds(60)));
-  for (pid_t p : {pids[1], pids[2]}) EXPECT_TRUE(wait_exit(p, std::chrono::seconds(60)));
+  end_by_hand(coordinator, {pids[1], pids[2]});
 }
 
 
@@ -502,9 +508,7 @@ TEST(WorkerInterruptedByHand, IsDroppedAtOnceNotAfterTheHeartbeatTimeout) {
   // The job goes on with worker 0.
   EXPECT_TRUE(wait_for_text(scratch / "worker0.log", "worker 0: finished epoch 3:", std::chrono::seconds(60), pids[2]))
       << read_file(scratch / "worker0.log");
-  kill(coordinator, SIGINT);
-  EXPECT_TRUE(wait_exit(coordinator, std::chrono::seconds(60)));
-  for (pid_t p : {pids[1], pids[2]}) EXPECT_TRUE(wait_exit(p, std::chrono::seconds(60)));
+  end_by_hand(coordinator, {pids[1], pids[2]});
 }
 
 // Processes started by hand: the coordinator dies and a new one starts on
@@ -538,6 +542,20 @@ TEST(CoordinatorRestartedByHand, TheOldProcessesAreToldToStop) {
   EXPECT_TRUE(wait_exit(second, std::chrono::seconds(30)));
 }
 
+// A coordinator of a one-epoch job started by hand on a free loopback
+// port (its endpoint into `at`), with `extra` flags (--workers N ...), in
+// the working folder `cwd` (empty: ours); logs to SCRATCH/coordinator.log.
+pid_t start_coordinator(const fs::path& data, const fs::path& scratch, std::string& at,
+                        const std::vector<std::string>& extra, const fs::path& cwd = {}) {
+  const int port = asgd_test::free_port();
+  if (port <= 0) return -1;
+  at = "tcp://127.0.0.1:" + std::to_string(port);
+  std::vector<std::string> args = {"coordinator", "--listen", at, "--epochs", "1", "--validation-size", "1000",
+                                   "--data-dir", data.string()};
+  args.insert(args.end(), extra.begin(), extra.end());
+  return start_asgd(args, scratch / "coordinator.log", cwd);
+}
+
 // Processes started by hand in any order: a worker whose own
 // --join-timeout runs out before the others come says so as it goes, and
 // its slot is free again. It was kept: a third worker was refused, and
@@ -545,12 +563,9 @@ TEST(CoordinatorRestartedByHand, TheOldProcessesAreToldToStop) {
 TEST(ProcessesByHand, AWorkerThatGivesUpBeforeTheJobFreesItsSlot) {
   ASGD_REQUIRE_DATASET(dir, "mnist");
   const asgd_test::TempDir scratch;
-  const int port = asgd_test::free_port();
-  ASSERT_GT(port, 0);
-  const std::string at = "tcp://127.0.0.1:" + std::to_string(port);
-  const pid_t coordinator = start_asgd({"coordinator", "--listen", at, "--workers", "2", "--epochs", "1",
-                                        "--validation-size", "1000", "--join-timeout", "60", "--data-dir", dir.string()},
-                                       scratch / "coordinator.log");
+  std::string at;
+  const pid_t coordinator = start_coordinator(dir, scratch.path(), at, {"--workers", "2", "--join-timeout", "60"});
+  ASSERT_GT(coordinator, 0);
   const pid_t early = start_asgd({"worker", "--coordinator", at, "--join-timeout", "2"}, scratch / "early.log");
   const auto gave_up = wait_exit(early, std::chrono::seconds(30));
   ASSERT_TRUE(gave_up);
@@ -580,12 +595,9 @@ TEST(ProcessesByHand, AWorkerWhoseDataIsNotTheCoordinatorsRefusesToTrain) {
   ASGD_REQUIRE_DATASET(dir, "mnist");
   ASGD_REQUIRE_DATASET(fashion, "fashion-mnist");
   const asgd_test::TempDir scratch;
-  const int port = asgd_test::free_port();
-  ASSERT_GT(port, 0);
-  const std::string at = "tcp://127.0.0.1:" + std::to_string(port);
-  const pid_t coordinator = start_asgd({"coordinator", "--listen", at, "--workers", "1", "--epochs", "1",
-                                        "--validation-size", "1000", "--data-dir", dir.string()},
-                                       scratch / "coordinator.log");
+  std::string at;
+  const pid_t coordinator = start_coordinator(dir, scratch.path(), at, {"--workers", "1"});
+  ASSERT_GT(coordinator, 0);
   const pid_t shard = start_asgd({"shard", "--coordinator", at}, scratch / "shard.log");
   const pid_t worker = start_asgd({"worker", "--coordinator", at, "--data-dir", fashion.string()}, scratch / "worker.log");
   const auto code = wait_exit(coordinator, std::chrono::seconds(120));
@@ -612,12 +624,10 @@ TEST(ProcessesByHand, ARelativeCheckpointFolderIsTheCoordinatorsForEveryProcess)
   const asgd_test::TempDir scratch;
   fs::create_directories(scratch / "here");
   fs::create_directories(scratch / "there");
-  const int port = asgd_test::free_port();
-  ASSERT_GT(port, 0);
-  const std::string at = "tcp://127.0.0.1:" + std::to_string(port);
-  const pid_t coordinator = start_asgd({"coordinator", "--listen", at, "--workers", "1", "--epochs", "1",
-                                        "--validation-size", "1000", "--checkpoint-dir", "ck", "--data-dir", dir.string()},
-                                       scratch / "coordinator.log", scratch / "here");
+  std::string at;
+  const pid_t coordinator =
+      start_coordinator(dir, scratch.path(), at, {"--workers", "1", "--checkpoint-dir", "ck"}, scratch / "here");
+  ASSERT_GT(coordinator, 0);
   // (Listening on every interface, it announces 0.0.0.0, which the
   // coordinator says other hosts cannot dial.)
   const pid_t shard = start_asgd({"shard", "--coordinator", at, "--listen", "tcp://0.0.0.0:0"}, scratch / "shard.log",

@@ -1,0 +1,66 @@
+// The parts of a worker process's start that need neither its connection
+// nor its actors (runtime/cluster.cpp runs them).
+#include <spdlog/fmt/fmt.h>
+
+#include "actors/job_plan.hpp"
+#include "base/log.hpp"
+#include "messaging/collective.hpp"
+#include "runtime/cluster_internal.hpp"
+#include "runtime/job_internal.hpp"
+
+namespace asgd::cluster_detail {
+
+using messaging::Assignment;
+using messaging::NetworkCollective;
+
+// Worker `index`'s device (its item of a --device list), checked here,
+// where it computes (not on the coordinator's host).
+Result<std::string> device_of_worker(const JobConfig& cfg, std::uint32_t index) {
+  auto devices = parse_worker_devices(cfg.device, cfg.workers);
+  if (!devices) return devices.status();
+  if (index >= devices->size()) return Status::Internal("assigned a worker index past the job's workers");
+  if (Status s = device_usable_here((*devices)[index]); !s.ok())
+    return Status::InvalidArgument(s.message() + " (on " + host_name() + ")");
+  return (*devices)[index];
+}
+
+// Where a worker's collective listens: the host of --listen, on a port the
+// system picks.
+std::string collective_listen(const std::string& listen) {
+  if (listen.rfind("tcp://", 0) != 0) return "tcp://127.0.0.1:*";
+  const auto colon = listen.rfind(':');
+  return (colon < 6 ? listen : listen.substr(0, colon)) + ":*";
+}
+
+// allreduce, gossip: this worker joins the others' collective.
+Status connect_collective(NetworkCollective& collective, const Assignment& a, const std::string& name, bool fp16) {
+  if (a.peer_endpoints.size() != a.workers || a.index >= a.workers)
+    return Status::Internal(name + ": the assignment does not say where every worker's collective listens");
+  for (std::size_t w = 0; w < a.peer_endpoints.size(); ++w)
+    if (a.peer_endpoints[w].empty())
+      return Status::InvalidArgument(fmt::format("{}: worker {} announced no collective", name, w));
+  collective.set_half_precision(fp16);
+  return collective.connect(a.index, a.peer_endpoints);
+}
+
+Status assignment_fits(const Assignment& a, std::size_t train_count, std::uint32_t epochs) {
+  if (a.partition_end > train_count || a.partition_begin > a.partition_end || a.batch == 0)
+    return Status::Internal("the assigned partition does not fit the training data here");
+  if (a.first_epoch >= epochs) return Status::Internal("assigned to start after the last epoch");
+  return {};
+}
+
+void log_share(const std::string& name, const Assignment& a, std::size_t shards) {
+  logger().info("{}: samples [{}, {}) in batches of {}, {} shard(s){}", name, a.partition_begin, a.partition_end,
+               a.batch, shards,
+               a.first_epoch > 0 ? fmt::format(", from epoch {}", a.first_epoch + 1) : "");
+}
+
+void log_collective_drops(const std::string& name, const NetworkCollective& collective) {
+  if (const std::uint64_t dropped = collective.rejected(); dropped > 0)
+    logger().warn("{}: its collective dropped {} malformed or out-of-step message(s)", name, dropped);
+  if (const std::uint64_t unsent = collective.unsent(); unsent > 0)
+    logger().warn("{}: its collective dropped {} message(s) it could not send (see the warnings above)", name, unsent);
+}
+
+}  // namespace asgd::cluster_detail
