@@ -30,6 +30,8 @@
 #include "runtime/cluster_internal.hpp"
 #include "runtime/config_file.hpp"
 #include "runtime/job_internal.hpp"
+#include "messaging/curve_auth.hpp"
+#include "runtime/launcher.hpp"
 
 namespace asgd {
 
@@ -130,6 +132,16 @@ struct Joined {
   JobConfig config;
 };
 
+// "; cannot resolve HOST: ..." when the coordinator's host name does not
+// resolve here (ZeroMQ tries again and again without a word), else "".
+std::string unresolved(const std::string& coordinator) {
+  auto bare = messaging::split_server_key(coordinator);
+  auto split = bare ? split_tcp_endpoint(bare->first) : Result<std::pair<std::string, std::uint16_t>>(bare.status());
+  if (!split) return "";
+  auto route = address_towards(split->first);
+  return route || route.status().message().rfind("cannot resolve", 0) != 0 ? "" : "; " + route.status().message();
+}
+
 // `announce`: the endpoint to register with, when not the bridge's (a
 // worker's collective).
 Result<Joined> join(const ProcessOptions& o, Role role, const std::string& name, bool listen,
@@ -180,9 +192,10 @@ Result<Joined> join(const ProcessOptions& o, Role role, const std::string& name,
       return Status::InvalidArgument(name + ": the coordinator at " + *why);
     if (SteadyClock::now() > deadline)
       return leave(Status::Timeout(fmt::format(
-          "{}: no assignment from the coordinator at {} within {:g} s (--join-timeout{}){}", name, o.coordinator,
+          "{}: no assignment from the coordinator at {} within {:g} s (--join-timeout{}){}{}", name, o.coordinator,
           o.join_timeout_s + o.join_grace_s,
           o.join_grace_s > 0 ? fmt::format(" {:g}, and {:g} s to hear rank 0", o.join_timeout_s, o.join_grace_s) : "",
+          unresolved(o.coordinator),
           o.curve ? "; with --auth-keys, check that the coordinator's folder has this process's .pub and that the "
                     "coordinator's key is right"
                   : "")));

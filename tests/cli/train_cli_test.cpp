@@ -307,6 +307,10 @@ TEST(TrainCli, RefusesValuesThatWouldOverflowAClockOrHarmTheJob) {
   // refused.
   expect_one_line_error(asgd("coordinator --listen tcp://nosuch.invalid:0"), 2,
                         "--listen: nosuch.invalid is no interface here and does not resolve");
+  // A coordinator's name that does not resolve is said when the wait ends
+  // (ZeroMQ tries again and again without a word).
+  expect_one_line_error(asgd("worker --coordinator tcp://nosuch.invalid:5 --join-timeout 1"), 1,
+                        "within 1 s (--join-timeout); cannot resolve nosuch.invalid");
   const CliRun named = asgd("coordinator --listen tcp://localhost:0 --workers 1 --join-timeout 1");
   EXPECT_NE(named.out.find("coordinator listening on tcp://127.0.0.1:"), std::string::npos) << named.out << named.err;
 }
