@@ -12,7 +12,6 @@
 #include <functional>
 #include <map>
 #include <optional>
-#include <set>
 #include <stop_token>
 #include <string>
 #include <thread>
@@ -21,6 +20,7 @@
 #include "asgd/job.hpp"
 #include "experiments/compare.hpp"
 #include "messaging/transport.hpp"
+#include "runtime/config_file.hpp"
 #include "runtime/launcher.hpp"
 
 namespace asgd::cli {
@@ -152,9 +152,10 @@ struct JobOptions {
   std::map<std::string, std::string> flags;  // key -> text, as given
   std::map<std::string, CLI::Option*> options;
   LogOptions log;
-  /// Keys of the config file that load_job leaves to its caller (compare:
-  /// each policy's own settings), as it leaves out options erased above.
-  std::set<std::string> config_keys_left;
+  /// The config file's settings when the caller read them already and set
+  /// some apart (compare: each policy's own settings), as it erases those
+  /// options above; unset: load_job reads `config_file` itself.
+  std::optional<ConfigSettings> config_settings;
 };
 /// The job's flags (and --config, the log flags). `one_process`: the
 /// flags that matter only across processes go in a group of their own.

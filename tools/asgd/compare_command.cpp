@@ -12,6 +12,7 @@
 #include <filesystem>
 #include <fstream>
 #include <mutex>
+#include <set>
 #include <thread>
 
 #include "asgd/job.hpp"
@@ -223,10 +224,11 @@ Result<JobOptions> shared_job_options(const CompareOptions& o, Comparison& c, Se
                                    ": compare starts every run from the beginning, under its own policy; resume one "
                                    "job with asgd train --resume");
   JobOptions job = o.job;
+  std::set<std::string> file_keys_apart;  // the file's keys the runs set, left out of the shared job
   if (auto policy = apart.in_file("policy")) {
     std::printf("note: policy %s from %s is replaced by each policy of --policies\n", policy->c_str(),
                 o.job.config_file.c_str());
-    job.config_keys_left.insert("policy");
+    file_keys_apart.insert("policy");
   }
   // --workers may list several counts here; every run gets one of them.
   apart.workers_given = job.options.at("workers")->count() > 0;
@@ -237,7 +239,7 @@ Result<JobOptions> shared_job_options(const CompareOptions& o, Comparison& c, Se
   apart.devices = job.options.at("device")->count() > 0 ? job.flags.at("device") : apart.in_file("device").value_or("");
   if (apart.devices.find(',') != std::string::npos) {
     job.options.erase("device");
-    job.config_keys_left.insert("device");
+    file_keys_apart.insert("device");
   } else {
     apart.devices.clear();
   }
@@ -251,8 +253,12 @@ Result<JobOptions> shared_job_options(const CompareOptions& o, Comparison& c, Se
     if (job.options.at(key)->count() > 0) apart.per_policy.emplace_back(key, job.flags.at(key));
     else if (auto text = apart.in_file(key)) apart.per_policy.emplace_back(key, *text);
     job.options.erase(key);
-    job.config_keys_left.insert(key);
+    file_keys_apart.insert(key);
   }
+  // The file read once: load_job takes the rest from here.
+  job.config_settings.emplace();
+  for (const auto& setting : apart.file)
+    if (!file_keys_apart.contains(setting.first)) job.config_settings->push_back(setting);
   return job;
 }
 

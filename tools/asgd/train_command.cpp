@@ -129,7 +129,9 @@ std::optional<int> load_job(const JobOptions& o, JobConfig& config, bool devices
   }
   // The config file's settings, read first: its `resume` resumes as the
   // flag does (the checkpointed job's settings under the file's).
-  auto read = o.config_file.empty() ? Result<ConfigSettings>(ConfigSettings{}) : read_toml_file(o.config_file);
+  auto read = o.config_settings  ? Result<ConfigSettings>(*o.config_settings)
+              : o.config_file.empty() ? Result<ConfigSettings>(ConfigSettings{})
+                                      : read_toml_file(o.config_file);
   if (!read) {
     print_error(read.status().message());
     return kExitUsage;
@@ -154,7 +156,6 @@ std::optional<int> load_job(const JobOptions& o, JobConfig& config, bool devices
     config.checkpoint_dir = std::filesystem::absolute(resume_dir).lexically_normal().string();
   }
   for (const auto& [key, text] : from_file) {
-    if (o.config_keys_left.contains(key)) continue;
     if (Status s = set_job_field(config, key, text); !s.ok()) {
       print_error("config file " + o.config_file + ": " + s.message());
       return kExitUsage;
