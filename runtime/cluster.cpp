@@ -132,6 +132,11 @@ struct Joined {
   JobConfig config;
 };
 
+// Tells the coordinator how this process ends (a Failure it passes on).
+void tell_coordinator(Joined& j, const Status& s) {
+  j.bridge->send(j.coordinator, encode(Failure{static_cast<std::int32_t>(s.code()), s.message()}, j.bridge->next_id()));
+}
+
 // "; cannot resolve HOST: ..." when the coordinator's host name does not
 // resolve here (ZeroMQ tries again and again without a word), else "".
 std::string unresolved(const std::string& coordinator) {
@@ -139,7 +144,7 @@ std::string unresolved(const std::string& coordinator) {
   auto split = bare ? split_tcp_endpoint(bare->first) : Result<std::pair<std::string, std::uint16_t>>(bare.status());
   if (!split) return "";
   auto route = address_towards(split->first);
-  return route || route.status().message().rfind("cannot resolve", 0) != 0 ? "" : "; " + route.status().message();
+  return route || route.status().code() != StatusCode::not_found ? "" : "; " + route.status().message();
 }
 
 // `announce`: the endpoint to register with, when not the bridge's (a
@@ -182,7 +187,7 @@ Result<Joined> join(const ProcessOptions& o, Role role, const std::string& name,
   // says so: the coordinator frees its slot for another process (it kept
   // it, and the job started without it, on part of the data).
   auto leave = [&](Status s) {
-    j.bridge->send(j.coordinator, encode(Failure{static_cast<std::int32_t>(s.code()), s.message()}, j.bridge->next_id()));
+    tell_coordinator(j, s);
     j.bridge->stop(std::chrono::seconds(1));
     return s;
   };
@@ -459,11 +464,11 @@ Result<WorkerPlans> plan_assigned_worker(Joined& j, const data::DatasetSplits& d
   const auto& train = data.train;
   // Files that differ from the coordinator's (another dataset under the
   // same name, another version) trained on without a word: test accuracy 0.08.
-  if (a.train_fingerprint != 0 && train.fingerprint() != a.train_fingerprint)
+  if (const std::uint32_t ours = a.train_fingerprint != 0 ? train.fingerprint() : 0; ours != a.train_fingerprint)
     return Status::InvalidArgument(fmt::format(
         "worker {} on {}: its training data ({} samples from {}) is not the coordinator's (checksum {:08x} here, "
         "{:08x} there): another dataset or other files; give every host the same files",
-        a.index, host_name(), train.count, resolve_data_dir(cfg), train.fingerprint(), a.train_fingerprint));
+        a.index, host_name(), train.count, resolve_data_dir(cfg), ours, a.train_fingerprint));
   plan->sample_shape = {train.channels, train.rows, train.cols};
   plan->classes = data.num_classes;
   if (a.calibrate)
@@ -477,11 +482,6 @@ Result<WorkerPlans> plan_assigned_worker(Joined& j, const data::DatasetSplits& d
       plan_worker(a.index, {{a.partition_begin, a.partition_end}, a.batch}, (*stragglers)[a.index], a.first_epoch);
   worker_plan.device = device;
   return WorkerPlans{std::move(plan).value(), std::move(worker_plan)};
-}
-
-// Tells the coordinator how this process ends (a Failure it passes on).
-void tell_coordinator(Joined& j, const Status& s) {
-  j.bridge->send(j.coordinator, encode(Failure{static_cast<std::int32_t>(s.code()), s.message()}, j.bridge->next_id()));
 }
 
 // A worker process's collective, listening where --listen says; its

@@ -26,6 +26,8 @@ namespace {
 
 using namespace messaging;
 using namespace cluster_detail;
+// A worker process said it was interrupted: lost, a moment later.
+using interrupted_atom = caf::atom_constant<caf::atom("interrupt")>;
 
 // Stands for a worker process at the coordinator: stops normally once the
 // worker has finished, abnormally when its process has gone silent (the
@@ -52,12 +54,12 @@ caf::behavior remote_worker(caf::event_based_actor* self, caf::timespan silence_
         // the job; a moment later, so that a Ctrl-C that reached the
         // coordinator too ends the job as interrupted first.
         if (code == static_cast<std::int32_t>(StatusCode::cancelled)) {
-          self->delayed_send(self, std::chrono::milliseconds(300), tick_atom::value, std::string("interrupted"));
+          self->delayed_send(self, std::chrono::milliseconds(300), interrupted_atom::value);
           return;
         }
         self->send(coordinator, a, code, std::move(what));
       },
-      [self](tick_atom, const std::string&) {
+      [self](interrupted_atom) {
         self->quit(caf::make_error(caf::sec::runtime_error, "its process was interrupted (SIGINT or SIGTERM)"));
       },
       [self, last, heard, silence_limit, startup_limit](tick_atom) {

@@ -93,8 +93,8 @@ void registered(Self self, const PeerId& peer, const Registration& reg) {
   // rank whose differ from rank 0's asks for another rank's slot (which
   // then went missing, blamed on a rank that had come).
   if (reg.index_from.starts_with("rank ")) {
-    const std::size_t expected = 1 + slot + (reg.role == Role::shard ? 0 : st.shards.size());
-    if (const std::string rank = "rank " + std::to_string(expected); !reg.index_from.starts_with(rank + " "))
+    if (const std::string rank = "rank " + std::to_string(rank_of_slot(st, reg.role, slot));
+        !reg.index_from.starts_with(rank + " "))
       return refuse(self, peer, fmt::format("{} asks for {} {}, which is {}'s in rank 0's job ({} shard(s), {} "
                                             "worker(s)){}",
                                             from, role_name(reg), slot, rank, st.shards.size(), st.workers.size(),

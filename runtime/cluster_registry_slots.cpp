@@ -37,10 +37,14 @@ std::string missing_slots(const RegistryState& st) {
     out += (out.empty() ? "" : ", ") + fmt::format("{} {} (rank {} under a launcher{})", role, i, rank, on);
   };
   for (std::size_t i = 0; i < st.shards.size(); ++i)
-    if (!st.shards[i]) add("shard", i, 1 + i);
+    if (!st.shards[i]) add("shard", i, rank_of_slot(st, Role::shard, i));
   for (std::size_t i = 0; i < st.workers.size(); ++i)
-    if (!st.workers[i]) add("worker", i, 1 + st.shards.size() + i);
+    if (!st.workers[i]) add("worker", i, rank_of_slot(st, Role::worker, i));
   return out;
+}
+
+std::size_t rank_of_slot(const RegistryState& st, Role role, std::size_t slot) {
+  return 1 + slot + (role == Role::shard ? 0 : st.shards.size());
 }
 
 // Whether `peer` is a process this registry took in: a slot's, a

@@ -78,6 +78,9 @@ using Self = caf::stateful_actor<RegistryState>*;
 void warn_if_unreachable(const Registration& reg, std::size_t slot);
 // "shard 1, worker 0 (rank 3 under a launcher)": the slots nobody took.
 std::string missing_slots(const RegistryState& st);
+// The launcher rank whose process takes a role's slot: rank 0 the
+// coordinator, then the shards, then the workers (role_of_rank).
+std::size_t rank_of_slot(const RegistryState& st, messaging::Role role, std::size_t slot);
 // Whether `peer` is a process this registry took in.
 bool known(const RegistryState& st, const PeerId& peer);
 

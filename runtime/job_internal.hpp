@@ -16,9 +16,8 @@ namespace asgd {
 
 struct ClusterHooks {
   /// Called once the job's actor system exists, before the coordinator
-  /// starts: where its shards and workers are.
-  /// Where the shards and workers go (the job's data is what the
-  /// coordinator loaded: its workers check theirs against it).
+  /// starts: where its shards and workers are. The data is what the
+  /// coordinator loaded (its workers check theirs against it).
   std::function<Result<std::shared_ptr<RemotePlacement>>(caf::actor_system&, const data::DatasetSplits&)>
       make_placement;
   /// Called with the coordinator once it is spawned (to route reports to it).

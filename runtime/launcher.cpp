@@ -356,7 +356,7 @@ Result<std::string> address_towards(const std::string& host) {
   hints.ai_socktype = SOCK_DGRAM;
   addrinfo* found = nullptr;
   if (const int rc = ::getaddrinfo(host.c_str(), "9", &hints, &found); rc != 0 || !found)
-    return Status::Unavailable("cannot resolve " + host + ": " + ::gai_strerror(rc));
+    return Status::NotFound("cannot resolve " + host + ": " + ::gai_strerror(rc));
   const int fd = ::socket(AF_INET, SOCK_DGRAM, 0);
   Status failed;
   sockaddr_in local{};

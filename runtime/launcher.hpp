@@ -89,8 +89,8 @@ struct RoleOfRank {
 Result<RoleOfRank> role_of_rank(const Launch& launch, std::uint32_t shards, std::uint32_t workers);
 
 /// The local address this host uses to reach `host` (the interface that
-/// routes there), as text; no packet is sent. Errors: unavailable when
-/// `host` does not resolve or nothing routes to it.
+/// routes there), as text; no packet is sent. Errors: not_found when
+/// `host` does not resolve, unavailable when nothing routes to it.
 Result<std::string> address_towards(const std::string& host);
 
 /// The IPv4 address of network interface `name` ("eth0", "ib0"). Errors:
