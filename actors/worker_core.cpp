@@ -406,7 +406,8 @@ void WorkerCore::out_of_data(Actions& out) {
 // trained on with loss nan). True when it failed the job.
 bool WorkerCore::count_loss(float loss, const data::Batch& batch, Actions& out) {
   step_dropped_ = !std::isfinite(loss);
-  ++epoch_steps_;
+  const std::uint32_t epoch_steps = ++epoch_steps_;
+  if (batch.last_in_epoch) epoch_steps_ = 0;
   if (!step_dropped_) {
     nonfinite_streak_ = 0;
     report_.loss_sum += static_cast<double>(loss) * static_cast<double>(batch.size);
@@ -415,7 +416,7 @@ bool WorkerCore::count_loss(float loss, const data::Batch& batch, Actions& out) 
   ++report_.dropped_batches;
   report_.dropped_samples += batch.size;
   ++nonfinite_streak_;
-  const bool two_epochs = batch.last_in_epoch && nonfinite_streak_ >= 2 * epoch_steps_;
+  const bool two_epochs = batch.last_in_epoch && nonfinite_streak_ >= 2 * epoch_steps;
   if (nonfinite_streak_ < kMaxNonFiniteSteps && !two_epochs) return false;
   // (a NaN's sign means nothing: "-nan" read as a different failure)
   const char* what = std::isnan(loss) ? "nan" : loss > 0 ? "inf" : "-inf";
@@ -476,7 +477,6 @@ void WorkerCore::try_step(Actions& out) {
   if (count_loss(loss, batch, out)) return;  // diverged
   step_samples_ = static_cast<std::uint32_t>(batch.size);
   step_ends_epoch_ = batch.last_in_epoch;
-  if (batch.last_in_epoch) epoch_steps_ = 0;
   step_epoch_ = batch.epoch;
   if (const double delay_s = straggler_.delay_s(step_ + 1, compute_s); delay_s > 0) {
     // A simulated straggler: the step's extra time is spent on a timer, so

@@ -32,7 +32,7 @@ void RingReduce::begin(std::vector<Rank> ring, Rank self, std::span<const float>
   expect_ = 0;
   piece_at_ = 0;
   total_ = 0;
-  sums_.reset();
+  partial_.reset();
   buf_.reset();
   buf_ = acquire(data.size());
   if (ring_.size() == 1) {
@@ -41,18 +41,18 @@ void RingReduce::begin(std::vector<Rank> ring, Rank self, std::span<const float>
     done_ = true;
     return;
   }
-  sums_ = acquire(data.size());
+  partial_ = acquire(data.size());
   const auto own = static_cast<std::uint32_t>(pos_);
   const auto [b, e] = bounds(own);
   // A chunk's first mean: its own values, or nothing (weight 0 reads none).
   if (weight_ > 0)
     std::copy(data.begin() + static_cast<std::ptrdiff_t>(b), data.begin() + static_cast<std::ptrdiff_t>(e),
-              sums_->begin() + static_cast<std::ptrdiff_t>(b));
+              partial_->begin() + static_cast<std::ptrdiff_t>(b));
   else
-    std::fill(sums_->begin() + static_cast<std::ptrdiff_t>(b), sums_->begin() + static_cast<std::ptrdiff_t>(e), 0.0f);
+    std::fill(partial_->begin() + static_cast<std::ptrdiff_t>(b), partial_->begin() + static_cast<std::ptrdiff_t>(e), 0.0f);
   std::uint64_t offset = 0;
   do {
-    send_piece(sums_, own, 0, offset, weight_, send);
+    send_piece(partial_, own, 0, offset, weight_, send);
     offset += kPiece;
   } while (offset < e - b);
 }
@@ -65,10 +65,10 @@ bool RingReduce::take(const Piece& p, const Send& send) {
       p.values.size() != std::min<std::size_t>(kPiece, e - b - p.offset))
     return false;
   const std::size_t n = p.values.size(), at = b + p.offset;
-  // Partial means go to sums_, finished ones to buf_: no value is written
+  // Partial means go to partial_, finished ones to buf_: no value is written
   // twice in a round, so a piece a transport is still sending is never
   // written over.
-  const Buffer& into = step + 2 < m ? sums_ : buf_;
+  const Buffer& into = step + 2 < m ? partial_ : buf_;
   float* dst = into->data() + at;
   const float* own = data_.data() + at;
   double weight = p.weight;

@@ -86,7 +86,7 @@ class RingReduce {
   std::uint32_t expect_ = 0;    // the ring step whose chunk comes next
   std::uint64_t piece_at_ = 0;  // and the offset in it of the next piece
   double total_ = 0;
-  Buffer sums_;                // this round's partial sums (reduce-scatter)
+  Buffer partial_;             // this round's partial means (reduce-scatter)
   Buffer buf_;                 // and its mean (all-gather)
   std::vector<Buffer> spare_;  // earlier rounds' buffers, reused once nobody holds them
 };
