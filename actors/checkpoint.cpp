@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <fstream>
 #include <nlohmann/json.hpp>
 
@@ -142,6 +143,10 @@ Result<FramedFile> read_framed(const std::string& path, const char (&magic)[8], 
   // A folder opens as a stream and then fails its first read (libstdc++
   // throws from inside the stream buffer): refuse it by name first.
   if (type == fs::file_type::directory) return corrupt("is a folder, not a checkpoint file");
+  // A pipe or a device would be read until it ends: for ever, for some.
+  if (type == fs::file_type::fifo || type == fs::file_type::socket || type == fs::file_type::block ||
+      type == fs::file_type::character)
+    return corrupt("is not a regular file (a pipe, socket or device)");
   std::string bytes;
   try {
     std::ifstream in(path, std::ios::binary);
@@ -239,11 +244,12 @@ Result<Checkpoint> read_checkpoint(const std::string& dir) {
       auto& out = std::string(group) == "params" ? c.params : c.buffers;
       for (const auto& t : h.at(group)) {
         CheckpointTensor tensor{t.at("name").get<std::string>(), t.at("shape").get<Shape>(), {}};
-        const std::size_t n = numel(tensor.shape);
-        if (n > values.size() - at) return corrupt("tensor " + tensor.name + " runs past the end");
+        // (A shape of 2^32 x 2^32 multiplied out to 0 and read nothing.)
+        const std::optional<std::size_t> n = numel_within(tensor.shape, values.size() - at);
+        if (!n) return corrupt("tensor " + tensor.name + " runs past the end");
         tensor.values.assign(values.begin() + static_cast<std::ptrdiff_t>(at),
-                             values.begin() + static_cast<std::ptrdiff_t>(at + n));
-        at += n;
+                             values.begin() + static_cast<std::ptrdiff_t>(at + *n));
+        at += *n;
         out.push_back(std::move(tensor));
       }
     }

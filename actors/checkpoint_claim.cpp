@@ -128,6 +128,15 @@ Result<std::uint64_t> claim_checkpoint(const std::string& file) {
   return mine;
 }
 
+Status claimable(const std::string& file) {
+  std::error_code ec;
+  if (!fs::exists(file + ".claim", ec)) return {};
+  auto claim = LockedClaim::open(file);
+  if (!claim) return claim.status();
+  auto newest = claim->newest();
+  return newest ? Status{} : newest.status();
+}
+
 Status write_claimed(const std::string& file, std::uint64_t claim, const std::string& bytes) {
   // No write at all for a superseded claim (a stale process wakes to
   // ticks and stops); the lock is let go while the bytes are written.

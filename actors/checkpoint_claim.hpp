@@ -26,6 +26,12 @@ namespace asgd {
 /// a claim file that holds no number.
 Result<std::uint64_t> claim_checkpoint(const std::string& file);
 
+/// Whether a shard can claim `file`: no FILE.claim, or one that holds a
+/// claim number. A resumed job checks before it starts (a claim file with
+/// anything else in it left a whole job without checkpoints, each write a
+/// warning). Errors: corruption naming FILE.claim, io_error.
+Status claimable(const std::string& file);
+
 /// Writes `bytes` to `file` atomically, through FILE.K.tmp for claim K, if
 /// no newer claim was taken on it since `claim` (a claim file removed
 /// meanwhile counts as none). Errors: cancelled when a newer

@@ -7,6 +7,7 @@
 #include <optional>
 #include <limits>
 
+#include "actors/checkpoint_claim.hpp"
 #include "actors/coordinator_resume.hpp"
 #include "actors/parameter_shard.hpp"
 
@@ -76,6 +77,12 @@ Result<ResumePlan> plan_resume(const JobConfig& cfg, const JobPlan& job) {
                                      saved->optimizer + " optimizer, this job's is " + job.optimizer.kind +
                                      ": the optimizer cannot change on resume (use --optimizer " + saved->optimizer +
                                      ")");
+    if (Status s = claimable(path); !s.ok()) return resume_refused(cfg, s);
+    if (saved->train_fingerprint != 0 && job.train_fingerprint != 0 && saved->train_fingerprint != job.train_fingerprint)
+      return Status::InvalidArgument(fmt::format(
+          "--resume {}: {} was trained on other data than this job's (training split fingerprint {:08x}, this "
+          "job's {:08x}, {} samples): resume with the data and --seed it trained on",
+          cfg.resume, path, saved->train_fingerprint, job.train_fingerprint, job.train_count));
     const auto& clocks = saved->stats.worker_clock;
     if (clocks.size() != workers.size())
       return Status::InvalidArgument("--resume " + cfg.resume + ": " + path + " is of a job with " +

@@ -170,6 +170,7 @@ Result<JobPlan> plan_job(const JobConfig& c, const JobFacts& f) {
   p.classes = f.classes;
   p.num_params = f.num_params;
   p.train_count = f.train_count;
+  p.train_fingerprint = f.train_fingerprint;
   p.ranges = partition_keys(f.num_params, c.shards);
   for (std::uint32_t i = 0; i < c.shards; ++i) p.shards.push_back(plan_shard(p, i, p.ranges[i]));
   const std::vector<WorkerShare> shares = assign_shares(f.train_count, p.batch, *weights);
@@ -286,6 +287,7 @@ ShardSetup shard_setup(const JobPlan& p, const ShardPlan& shard, std::vector<flo
   s.workers = p.worker_count;
   s.staleness_aware_lr = p.training.staleness_aware_lr;
   s.hold_warning_s = p.hold_warning_s;
+  s.train_fingerprint = p.train_fingerprint;
   if (!shard.checkpoint_path.empty()) {
     s.checkpoint_path = shard.checkpoint_path;
     s.checkpoint_every_s = p.checkpoint_every_s;

@@ -51,6 +51,7 @@ struct JobFacts {
   Shape sample_shape;           ///< (C, H, W)
   Placement placement = Placement::one_process;
   unsigned cores = 1;           ///< the CPUs this process may use (usable_cpus()), for the thread budgets
+  std::uint32_t train_fingerprint = 0;  ///< the training split's (LabeledImages::fingerprint); 0: not known
 };
 
 /// One shard's part of the plan.
@@ -98,6 +99,10 @@ struct JobPlan {
   std::uint32_t batch = 1;       ///< per worker with equal weights (--batch)
   std::size_t num_params = 0;
   std::size_t train_count = 0;
+  /// The training split's fingerprint, which the shards write into their
+  /// checkpoints: a --resume on other data (another --data-dir) is refused.
+  /// 0: not known (a shard process is told it with its assignment).
+  std::uint32_t train_fingerprint = 0;
   /// --worker-weights auto: the shares start equal and are planned again
   /// from the rates the workers measure (replan_shares).
   bool calibrate_weights = false;

@@ -422,6 +422,7 @@ std::string ShardCore::checkpoint_bytes(double taken_unix_s) const {
       {"refused_departed", stats_.refused_departed},
       {"nonfinite", stats_.nonfinite},
       {"staleness_histogram", stats_.staleness_histogram},
+      {"train_fingerprint", setup_.train_fingerprint},
       {"written_unix_s", taken_unix_s}};
   return framed_bytes(kShardMagic, kShardCheckpointVersion, header, blocks);
 }
@@ -434,6 +435,7 @@ Result<ShardCore::Saved> ShardCore::saved(const std::string& path) {
     Saved saved;
     saved.written_unix_s = h.at("written_unix_s").get<double>();
     saved.optimizer = h.at("optimizer").get<std::string>();
+    saved.train_fingerprint = h.value("train_fingerprint", std::uint32_t{0});  // absent before 2026-11-29
     ShardStats& s = saved.stats;
     s.shard = h.at("shard").get<std::uint32_t>();
     s.updates_applied = h.at("updates_applied").get<std::uint64_t>();

@@ -48,6 +48,9 @@ struct ShardSetup {
   /// `checkpoint_every_s` seconds; empty or 0: never.
   std::string checkpoint_path;
   double checkpoint_every_s = 0.0;
+  /// The job's training split's fingerprint, written into each checkpoint
+  /// (a resume on other data is refused by it); 0: not known.
+  std::uint32_t train_fingerprint = 0;
   /// A read held this many seconds is logged once, naming the workers it
   /// waits for (describe_overdue_reads); 0: never. Jobs set half of
   /// --rpc-timeout, so the log names the laggard before a worker gives up.
@@ -140,6 +143,7 @@ class ShardCore {
     ShardStats stats;
     std::string optimizer;  ///< the optimizer whose state it holds
     double written_unix_s = 0.0;
+    std::uint32_t train_fingerprint = 0;  ///< the training split it was trained on; 0: not recorded
   };
   /// Errors as restore.
   static Result<Saved> saved(const std::string& path);

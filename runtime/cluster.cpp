@@ -279,6 +279,7 @@ Result<ShardCore> assigned_shard(Joined& j, const std::string& name) {
   auto plan = plan_settings(j.config, Placement::processes, usable_cpus());
   if (!plan) return plan.status();
   plan_clocks(*plan, a.schedule_steps);
+  plan->train_fingerprint = a.train_fingerprint;
   const ShardPlan shard = plan_shard(*plan, a.index, {a.range_begin, a.range_end});
   const std::string& checkpoint = shard.checkpoint_path;  // a folder on this shard's host
   auto core = ShardCore::make(shard_setup(*plan, shard, std::move(j.tensor)));

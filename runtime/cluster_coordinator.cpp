@@ -118,6 +118,7 @@ class ClusterPlacement final : public RemotePlacement {
     a->range_begin = setup.range.begin;
     a->range_end = setup.range.end;
     a->schedule_steps = setup.schedule.total_steps;
+    a->train_fingerprint = setup.train_fingerprint;  // for its checkpoints
     auto peer = bridge_->connect(shard_endpoints_.at(setup.index));
     if (!peer) return peer.status();
     bounds_[setup.index] = setup.range.begin;

@@ -11,7 +11,7 @@
 #include <filesystem>
 #include <limits>
 #include <optional>
-#include <fstream>
+#include <functional>
 #include <future>
 #include <thread>
 
@@ -98,7 +98,7 @@ Result<Planned> plan_for(const JobConfig& config, const data::DatasetSplits& dat
   auto model = Model::build(config.model, config.model_spec.get(), sample_shape, data.num_classes);
   if (!model) return model.status();
   auto plan = plan_job(config, {model->num_params(), train.count, data.num_classes, sample_shape, where,
-                                usable_cpus()});
+                                usable_cpus(), train.fingerprint()});
   if (!plan) return plan.status();
   warn_of_rare_exchanges(config, *plan);
   return Planned{std::move(model).value(), std::move(plan).value()};
@@ -169,10 +169,16 @@ Status prepare_checkpoint_dir(const JobConfig& config) {
   if (ec || ::access(config.checkpoint_dir.c_str(), W_OK) != 0)
     return Status::InvalidArgument("--checkpoint-dir " + config.checkpoint_dir + ": cannot write there" +
                                    (ec ? " (" + ec.message() + ")" : ""));
-  const std::filesystem::path model = std::filesystem::path(config.checkpoint_dir) / kCheckpointFile;
-  if (std::filesystem::exists(model, ec) && !std::filesystem::is_regular_file(model, ec))
-    return Status::InvalidArgument("--checkpoint-dir " + config.checkpoint_dir + ": " + model.string() +
-                                   " is not a regular file, so the trained model could not be written there");
+  // The files the job writes whole (through FILE.tmp, then renamed): a
+  // folder in the place of one failed the job's end, its training lost.
+  const std::string model = kCheckpointFile, settings = kJobSettingsFile;
+  for (const std::string& name : {model, model + ".tmp", settings, settings + ".tmp"}) {
+    const std::filesystem::path file = std::filesystem::path(config.checkpoint_dir) / name;
+    if (std::filesystem::exists(file, ec) && !std::filesystem::is_regular_file(file, ec))
+      return Status::InvalidArgument("--checkpoint-dir " + config.checkpoint_dir + ": " + file.string() +
+                                     " is not a regular file, so the job could not write its " +
+                                     (name.starts_with(model) ? "trained model" : "settings") + " there");
+  }
   return {};
 }
 
@@ -182,21 +188,30 @@ namespace {
 // needs nothing else. A resumed job's replace them only once its
 // checkpoints were found to be its own (plan_resume): a resume refused
 // leaves the folder as it was.
-Status write_job_settings(const JobConfig& config, bool user_data) {
+Status write_job_settings(const JobConfig& config, std::uint32_t batch, bool user_data) {
   if (config.checkpoint_every_s <= 0) return {};
   JobConfig saved = config;
   saved.resume.clear();
+  // The batch the job took, default or not: the default follows the policy,
+  // the workers and --lr, which a resume may change, and the checkpoints
+  // count steps of this one.
+  saved.batch = batch;
   saved.status_port = 0;
   // Absolute: a resume from another working directory must write into this
   // folder and this metrics file, and read the same data.
   if (!user_data) saved.data_dir = resolve_data_dir(config);
   for (std::string* path : {&saved.checkpoint_dir, &saved.metrics_out, &saved.data_dir})
     if (!path->empty()) *path = std::filesystem::absolute(*path).lexically_normal().string();
-  std::ofstream toml(std::filesystem::path(config.checkpoint_dir) / kJobSettingsFile);
-  toml << "# The settings of the job checkpointed here; asgd train --resume reads them.\n"
-       << to_toml(saved) << kJobSettingsEnd << "\n";
-  if (!toml) return Status::IOError("cannot write " + config.checkpoint_dir + "/" + kJobSettingsFile);
-  return {};
+  // Whole or not at all: a crash or a full disk while a resume rewrites it
+  // would otherwise leave a folder no --resume can read.
+  const std::string text = "# The settings of the job checkpointed here; asgd train --resume reads them.\n" +
+                           to_toml(saved) + kJobSettingsEnd + "\n";
+  return write_atomically((std::filesystem::path(config.checkpoint_dir) / kJobSettingsFile).string(), text);
+}
+
+// write_job_settings, for when a resumed job's shards have restored.
+std::function<Status()> settings_writer(const JobConfig& config, std::uint32_t batch, bool user_data) {
+  return [&config, batch, user_data] { return write_job_settings(config, batch, user_data); };
 }
 
 // Which OpenBLAS kernels compute, on how many threads per worker (or per
@@ -215,18 +230,37 @@ void log_blas(std::size_t threads, std::size_t workers, const char* per) {
                   workers, threads, usable_cpus());
 }
 
-// A new job in a folder that holds an earlier job's trained model: that
-// model goes, as the earlier job's settings and shard checkpoints are
-// replaced, or `asgd export` would take it for this job's until this one
-// ends (or for good, if it never does).
-Status remove_earlier_model(const std::string& dir) {
-  const std::filesystem::path model = std::filesystem::path(dir) / kCheckpointFile;
-  if (look_at(model).kind != PathKind::file) return {};
+// A new job in a folder that holds an earlier job's files: its trained
+// model goes, or `asgd export` would take it for this job's until this one
+// ends (or for good, if it never does); and its shard checkpoints (with
+// their claims and any temporaries a killed write left), or a --resume of
+// this job before its first checkpoint would go on from the earlier job's
+// parameters and clocks. The folder is held (hold_checkpoint_dir): no other
+// job is writing them.
+Status remove_earlier_job_files(const std::string& dir) {
+  namespace fs = std::filesystem;
   std::error_code ec;
-  std::filesystem::remove(model, ec);
-  if (ec)
-    return Status::IOError("--checkpoint-dir " + dir + ": cannot remove an earlier job's " + model.string() + ": " +
-                           ec.message());
+  auto remove = [&](const fs::path& file) -> Status {
+    fs::remove(file, ec);
+    if (ec)
+      return Status::IOError("--checkpoint-dir " + dir + ": cannot remove an earlier job's " + file.string() + ": " +
+                             ec.message());
+    return {};
+  };
+  std::size_t shard_files = 0;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    // (Files only: what else bears such a name is no job's file.)
+    if (!name.starts_with("shard-") || !is_checkpoint_folder_file(name) || !entry.is_regular_file(ec)) continue;
+    if (Status s = remove(entry.path()); !s.ok()) return s;
+    ++shard_files;
+  }
+  if (ec) return Status::IOError("--checkpoint-dir " + dir + ": cannot list it: " + ec.message());
+  if (shard_files > 0)
+    logger().info("--checkpoint-dir {}: removed {} shard checkpoint file(s) of an earlier job", dir, shard_files);
+  const fs::path model = fs::path(dir) / kCheckpointFile;
+  if (look_at(model).kind != PathKind::file) return {};
+  if (Status s = remove(model); !s.ok()) return s;
   logger().warn("--checkpoint-dir {}: removed the earlier job's trained model ({}); this job writes its own at its end",
                 dir, model.string());
   return {};
@@ -246,8 +280,8 @@ Result<std::optional<ResumePlan>> resume_and_save_settings(const JobConfig& conf
   // (CoordinatorSetup::on_restored): one a shard refused left job.toml
   // saying what had not run.
   if (!config.checkpoint_dir.empty() && !resumed) {
-    if (Status s = remove_earlier_model(config.checkpoint_dir); !s.ok()) return s;
-    if (Status s = write_job_settings(config, user_data); !s.ok()) return s;
+    if (Status s = remove_earlier_job_files(config.checkpoint_dir); !s.ok()) return s;
+    if (Status s = write_job_settings(config, plan.batch, user_data); !s.ok()) return s;
   }
   return resumed;
 }
@@ -439,7 +473,7 @@ Result<JobSummary> run_job_unguarded(const JobConfig& requested, const JobCallba
                          std::make_shared<Model>(std::move(planned->model)), std::move(resumed).value(),
                          nullptr};
   if (setup.resumed && !config.checkpoint_dir.empty())
-    setup.on_restored = [&config, own_data] { return write_job_settings(config, own_data); };
+    setup.on_restored = settings_writer(config, setup.plan.batch, own_data);
   EnergyMeter meter(EnergyMeter::from_environment());
   auto result = run_coordinator(std::move(setup), hooks, stop);
   if (!result) return result;

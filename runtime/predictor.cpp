@@ -9,6 +9,7 @@
 #include "compute/model.hpp"
 #include "actors/checkpoint.hpp"
 #include "dataset/dataset.hpp"
+#include "runtime/checkpointed_model.hpp"
 
 namespace asgd {
 
@@ -82,11 +83,8 @@ Result<Predictor> Predictor::from_params_impl(const std::string& model, const Mo
   return Predictor(std::unique_ptr<Impl>(new Impl{std::move(built).value(), {input_mean}, {input_stddev}, {}}));
 }
 
-Result<Predictor> Predictor::from_checkpoint(const std::string& dir) {
-  auto ckpt = read_checkpoint(dir);
-  if (!ckpt) return ckpt.status();
-  const Checkpoint& c = *ckpt;
-  auto corrupt = [&](const std::string& why) { return Status::Corruption(dir + ": " + why); };
+Result<Model> checkpointed_model(const Checkpoint& c, const std::string& where) {
+  auto corrupt = [&](const std::string& why) { return Status::Corruption(where + ": " + why); };
   if (Status s = check_inputs(c.sample_shape, c.classes, c.input_mean, c.input_stddev); !s.ok())
     return corrupt(s.message());
   std::optional<ModelSpec> spec;
@@ -109,18 +107,35 @@ Result<Predictor> Predictor::from_checkpoint(const std::string& dir) {
     const ParamEntry& e = layout[i];
     const CheckpointTensor& t = c.params[i];
     if (t.name != e.name || t.shape != e.shape || t.values.size() != e.size)
-      return corrupt("parameter " + t.name + " does not match " + c.model + "'s " + e.name);
+      return corrupt("parameter " + t.name + " " + shape_string(t.shape) + " does not match " + c.model + "'s " +
+                     e.name + " " + shape_string(e.shape));
+    if (!all_finite(t.values))
+      return corrupt("parameter " + t.name + " is not finite (NaN or infinity): the training it came from diverged?");
     std::copy(t.values.begin(), t.values.end(), m.params().begin() + static_cast<std::ptrdiff_t>(e.offset));
   }
   std::unordered_map<std::string, const CheckpointTensor*> saved;
-  for (const CheckpointTensor& t : c.buffers) saved[t.name] = &t;
+  for (const CheckpointTensor& t : c.buffers)
+    if (!saved.emplace(t.name, &t).second) return corrupt("buffer " + t.name + " appears twice");
+  if (saved.size() != m.buffers().size())
+    return corrupt(std::to_string(saved.size()) + " buffers, " + c.model + " has " +
+                   std::to_string(m.buffers().size()));
   for (const LayerBuffer& b : m.buffers()) {
     const auto it = saved.find(b.name);
     if (it == saved.end()) return corrupt("buffer " + b.name + " is missing");
     if (it->second->values.size() != b.values.size()) return corrupt("buffer " + b.name + " has the wrong size");
+    if (!all_finite(it->second->values)) return corrupt("buffer " + b.name + " is not finite (NaN or infinity)");
     std::copy(it->second->values.begin(), it->second->values.end(), b.values.begin());
   }
-  return Predictor(std::unique_ptr<Impl>(new Impl{std::move(m), c.input_mean, c.input_stddev, {}}));
+  return built;
+}
+
+Result<Predictor> Predictor::from_checkpoint(const std::string& dir) {
+  auto ckpt = read_checkpoint(dir);
+  if (!ckpt) return ckpt.status();
+  auto model = checkpointed_model(*ckpt, dir);
+  if (!model) return model.status();
+  return Predictor(
+      std::unique_ptr<Impl>(new Impl{std::move(model).value(), ckpt->input_mean, ckpt->input_stddev, {}}));
 }
 
 Result<std::vector<int>> Predictor::predict(std::span<const float> samples) {

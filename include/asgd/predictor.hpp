@@ -35,7 +35,8 @@ class Predictor {
   /// (by name, or rebuilt from the ModelSpec the checkpoint records), its
   /// parameters, BatchNorm statistics and input normalisation.
   /// Errors: not_found (no checkpoint there), corruption (a damaged file,
-  /// or one whose layout does not match the model it names),
+  /// one whose layout does not match the model it names, or a parameter
+  /// or buffer that is not finite),
   /// invalid_argument (a model name this build does not know).
   static Result<Predictor> from_checkpoint(const std::string& dir);
 

@@ -90,6 +90,20 @@ TEST(Checkpoint, ADamagedTruncatedOrForeignFileIsCorruptionNamingIt) {
   expect_corrupt(future, "version 9");
 }
 
+// A shape whose element count wraps around (2^32 x 2^32 is 0 in 64 bits)
+// read as an empty tensor, and the checkpoint loaded.
+TEST(Checkpoint, AShapeWhoseSizeOverflowsIsCorruption) {
+  const asgd_test::TempDir dir;
+  Checkpoint c = resnet_checkpoint();
+  c.params.front().shape = {std::size_t{1} << 32, std::size_t{1} << 32};
+  c.params.front().values.clear();
+  ASSERT_TRUE(write_checkpoint(dir.path().string(), c).ok());
+  auto back = read_checkpoint(dir.path().string());
+  ASSERT_FALSE(back.ok());
+  EXPECT_EQ(back.status().code(), StatusCode::corruption);
+  EXPECT_NE(back.status().message().find("runs past the end"), std::string::npos) << back.status().message();
+}
+
 TEST(Checkpoint, AMissingCheckpointIsNotFound) {
   const asgd_test::TempDir dir;
   auto r = read_checkpoint((dir.path() / "nothing").string());

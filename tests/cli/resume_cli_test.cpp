@@ -126,7 +126,7 @@ TEST(ResumeCli, AFolderInPlaceOfACheckpointFileIsRefusedByName) {
     expect_one_line_error(asgd("export --checkpoint " + (ck / other).string() + " --out " + (scratch / "x.st").string()),
                           2, std::string(other) + " is a file of the checkpointed job, not its trained model");
     expect_one_line_error(asgd("export --checkpoint " + ck.string() + " --out " + (ck / other).string()), 2,
-                          "is a file of the checkpointed job");
+                          std::string(other) + " is the name of a checkpointed job's own file");
   }
 
   fs::remove(ck / "model.ckpt");

@@ -269,7 +269,7 @@ TEST(ExportCli, RefusesAnOutputThatIsNotANewOrRegularFileOrIsTheCheckpointItself
   expect_one_line_error(asgd(from + d + "/missing/x.safetensors"), 2, "the folder " + d + "/missing does not exist");
   // The files a --resume reads beside it (a shard's was overwritten).
   std::ofstream(dir.path() / "shard-0.ckpt") << "shard";
-  expect_one_line_error(asgd(from + d + "/shard-0.ckpt"), 2, "is a file of the checkpointed job (--resume or its shards read it)");
+  expect_one_line_error(asgd(from + d + "/shard-0.ckpt"), 2, "shard-0.ckpt is the name of a checkpointed job's own file (asgd export, --resume or its shards read it)");
   EXPECT_EQ(slurp(dir.path() / "shard-0.ckpt"), "shard");
   fs::remove(dir.path() / "shard-0.ckpt");
   EXPECT_FALSE(fs::exists(dir.path() / "missing"));

@@ -5,6 +5,7 @@
 #include <memory>
 
 #include "actors/checkpoint.hpp"
+#include "runtime/checkpointed_model.hpp"
 #include "runtime/config_file.hpp"
 #include "tools/asgd/commands.hpp"
 
@@ -31,7 +32,8 @@ Status check_checkpoint_path(const std::string& checkpoint) {
 }
 
 // Where --out may go: a new file or a regular one (replaced), in a folder
-// that exists, and not the checkpoint it is made from.
+// that exists, neither the checkpoint it is made from nor a file of a
+// checkpoint folder.
 Status check_export_path(const std::string& out, const std::string& checkpoint) {
   if (out.empty()) return Status::InvalidArgument("--out: empty; give the .safetensors file to write");
   std::error_code ec;
@@ -48,10 +50,13 @@ Status check_export_path(const std::string& out, const std::string& checkpoint) 
   if (fs::is_directory(source, ec)) source /= kCheckpointFile;
   if (fs::exists(st) && fs::equivalent(path, source, ec))
     return Status::InvalidArgument("--out " + out + ": is the checkpoint being exported; give another file");
-  // Nor the files beside it that a --resume or the job's shards need.
-  if (fs::exists(st) && job_file(path.filename().string()) && fs::equivalent(folder, source.parent_path(), ec))
-    return Status::InvalidArgument("--out " + out + ": is a file of the checkpointed job (--resume or its shards "
-                                   "read it); give another file");
+  // Nor a name of a checkpoint folder's files, in any folder: it replaced
+  // another job's model.ckpt or job.toml, which --resume, asgd export and
+  // the job's shards read.
+  if (const std::string name = path.filename().string(); is_checkpoint_folder_file(name))
+    return Status::InvalidArgument("--out " + out + ": " + name +
+                                   " is the name of a checkpointed job's own file (asgd export, --resume or its "
+                                   "shards read it); give a .safetensors file");
   return {};
 }
 
@@ -81,6 +86,11 @@ std::function<int()> add_export_command(CLI::App& app) {
     if (!ckpt) {
       print_error(ckpt.status().message());
       return ckpt.status().code() == StatusCode::not_found ? kExitUsage : kExitFailure;
+    }
+    // What torch would load into the wrong tensors, or not at all: refused.
+    if (auto model = checkpointed_model(*ckpt, o->checkpoint); !model) {
+      print_error(model.status().message());
+      return kExitFailure;
     }
     const auto written = write_safetensors(o->out, *ckpt);
     if (!written) {

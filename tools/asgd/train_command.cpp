@@ -18,6 +18,8 @@
 #include <map>
 #include <thread>
 
+#include "actors/checkpoint_claim.hpp"
+#include "actors/parameter_shard.hpp"
 #include "asgd/job.hpp"
 #include "base/log.hpp"
 #include "base/paths.hpp"
@@ -89,6 +91,12 @@ Status same_checkpointed_layout(const JobConfig& resumed, const JobConfig& now) 
   if (now.validation_size != resumed.validation_size)
     return refuse("--validation-size", std::to_string(resumed.validation_size),
                   "its epochs are of the training set that leaves");
+  // The seed draws the validation split: another would train the resumed
+  // epochs on images the job validated on, and validate on trained ones.
+  if (now.seed != resumed.seed && now.validation_size > 0)
+    return refuse("--seed", std::to_string(resumed.seed),
+                  "it chose the " + std::to_string(resumed.validation_size) +
+                      " training images held out for validation");
   if (now.shards != resumed.shards)
     return refuse("--shards", std::to_string(resumed.shards), "its checkpoints hold the parameters cut that many ways");
   return {};
@@ -106,6 +114,20 @@ Status apply_resumed_settings(const std::string& dir, JobConfig& config) {
     return Status::InvalidArgument("--resume " + dir + ": cannot read " + saved + ": " + look.error);
   if (Status s = whole_settings_file(saved); !s.ok()) return Status::InvalidArgument("--resume " + dir + ": " + s.message());
   return apply_toml_file(saved, config, /*written_by_asgd=*/true);
+}
+
+// The resumed job's shard checkpoints as files, checked in this process
+// before anything starts: a damaged one was said by every process of a
+// cluster (nine times, each with its exit status). Whether they are this
+// job's (missing ones included) the job's plan says (plan_resume).
+Status readable_shard_checkpoints(const std::string& dir, std::uint32_t shards) {
+  for (std::uint32_t k = 0; k < shards; ++k) {
+    const std::string path = shard_checkpoint_path(dir, k);
+    auto saved = ShardCore::saved(path);
+    if (!saved && saved.status().code() != StatusCode::not_found) return saved.status();
+    if (Status s = saved ? claimable(path) : Status{}; !s.ok()) return s;
+  }
+  return {};
 }
 
 }  // namespace
@@ -169,6 +191,10 @@ std::optional<int> load_job(const JobOptions& o, JobConfig& config, bool devices
     }
   }
   if (Status s = resumed ? same_checkpointed_layout(*resumed, config) : Status{}; !s.ok()) {
+    print_error("--resume " + resume_dir + ": " + s.message());
+    return kExitUsage;
+  }
+  if (Status s = resumed ? readable_shard_checkpoints(resume_dir, config.shards) : Status{}; !s.ok()) {
     print_error("--resume " + resume_dir + ": " + s.message());
     return kExitUsage;
   }
