@@ -1,9 +1,14 @@
 #include "runtime/metrics.hpp"
 
+#include <fcntl.h>
+#include <sys/file.h>
+#include <unistd.h>
+
 #include <cerrno>
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <utility>
 
 #include "base/json_text.hpp"
 #include "base/paths.hpp"
@@ -230,15 +235,33 @@ Result<MetricsWriter> MetricsWriter::open(const std::string& path, bool append) 
   if (Status s = writable_file(path); !s.ok()) return refuse(s.message());
   MetricsWriter w;
   w.path_ = path;
-  w.out_.open(path, std::ios::out | (append ? std::ios::app : std::ios::trunc));
-  if (!w.out_) return refuse(std::string("cannot write it: ") + std::strerror(errno));
+  w.fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  if (w.fd_ < 0) return refuse(std::string("cannot write it: ") + std::strerror(errno));
+  // Locked before it is emptied: a second job must not cut the first's lines.
+  if (::flock(w.fd_, LOCK_EX | LOCK_NB) != 0)
+    return refuse(errno == EWOULDBLOCK ? "another job is writing it (in this process or another); give each job a "
+                                         "metrics file of its own"
+                                       : std::string("cannot lock it: ") + std::strerror(errno));
+  if (!append && ::ftruncate(w.fd_, 0) != 0) return refuse(std::string("cannot empty it: ") + std::strerror(errno));
   return w;
 }
 
+MetricsWriter::MetricsWriter(MetricsWriter&& other) noexcept
+    : path_(std::move(other.path_)), fd_(std::exchange(other.fd_, -1)) {}
+
+MetricsWriter::~MetricsWriter() {
+  if (fd_ >= 0) ::close(fd_);  // and the lock with it
+}
+
 Status MetricsWriter::write(const nlohmann::json& record) {
-  out_ << json_text(record) << '\n';
-  out_.flush();
-  if (!out_) return Status::IOError("writing metrics file " + path_ + " failed");
+  const std::string line = json_text(record) + '\n';
+  std::size_t done = 0;
+  while (done < line.size()) {  // O_APPEND: each write lands at the end
+    const ssize_t n = ::write(fd_, line.data() + done, line.size() - done);
+    if (n < 0 && errno == EINTR) continue;
+    if (n <= 0) return Status::IOError("writing metrics file " + path_ + " failed: " + std::strerror(errno));
+    done += static_cast<std::size_t>(n);
+  }
   return {};
 }
 

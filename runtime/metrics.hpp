@@ -4,7 +4,6 @@
 // the last. Field names and meanings are the contract of DESIGN.md and
 // docs/metrics.md.
 
-#include <fstream>
 #include <optional>
 #include <string>
 
@@ -35,18 +34,25 @@ Result<JobSummary> summary_from_json(const nlohmann::json& j);
 Status check_metrics_path(const std::string& metrics_out, const std::string& checkpoint_dir, const std::string& resume);
 
 /// Appends records to a file, flushing each line so a crash loses at most
-/// the line being written. Not thread-safe.
+/// the line being written. Holds the file locked (flock) while it lives:
+/// one job at a time writes it. Not thread-safe.
 class MetricsWriter {
  public:
   /// Creates (truncates) `path`, or appends to it (a resumed job's file
   /// goes on). Errors: invalid_argument naming the path when it cannot be
-  /// written.
+  /// written, or when another job (in this process or another) writes it:
+  /// two jobs' lines interleaved in one file, both ending ok.
   static Result<MetricsWriter> open(const std::string& path, bool append = false);
+  MetricsWriter(MetricsWriter&& other) noexcept;
+  MetricsWriter& operator=(MetricsWriter&&) = delete;
+  MetricsWriter(const MetricsWriter&) = delete;
+  ~MetricsWriter();
   Status write(const nlohmann::json& record);
 
  private:
+  MetricsWriter() = default;
   std::string path_;
-  std::ofstream out_;
+  int fd_ = -1;
 };
 
 /// A job's metrics file, when it has one: records go there until a write

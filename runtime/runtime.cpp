@@ -19,15 +19,21 @@ namespace {
 // any: Runtime::start marks every callback. That job waits for its
 // callback, so waiting for the job from there would never end.
 thread_local const void* t_in_callback_of = nullptr;
+// And the Runtime (its Impl) that job runs in.
+thread_local const void* t_in_callback_of_runtime = nullptr;
 
 template <class... Args>
-std::function<void(Args...)> marked(const void* job, std::function<void(Args...)> callback) {
+std::function<void(Args...)> marked(const void* job, const void* runtime, std::function<void(Args...)> callback) {
   if (!callback) return callback;
-  return [job, callback = std::move(callback)](Args... args) {
+  return [job, runtime, callback = std::move(callback)](Args... args) {
     struct Mark {
       const void* outer;
-      ~Mark() { t_in_callback_of = outer; }
-    } mark{std::exchange(t_in_callback_of, job)};
+      const void* outer_runtime;
+      ~Mark() {
+        t_in_callback_of = outer;
+        t_in_callback_of_runtime = outer_runtime;
+      }
+    } mark{std::exchange(t_in_callback_of, job), std::exchange(t_in_callback_of_runtime, runtime)};
     callback(std::forward<Args>(args)...);
   };
 }
@@ -53,7 +59,15 @@ const Result<JobSummary>& JobHandle::wait() const {
 bool JobHandle::wait_for(std::chrono::milliseconds timeout) const {
   std::unique_lock lock(state_->mu);
   if (t_in_callback_of == state_.get()) return state_->result.has_value();  // it cannot end meanwhile
-  return state_->cv.wait_for(lock, timeout, [&] { return state_->result.has_value(); });
+  // A deadline past the steady clock's range (milliseconds::max(), "for
+  // ever") overflowed inside wait_for, which then returned false at once.
+  const auto now = std::chrono::steady_clock::now();
+  const auto room = std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::time_point::max() - now);
+  if (timeout >= room) {
+    state_->cv.wait(lock, [&] { return state_->result.has_value(); });
+    return true;
+  }
+  return state_->cv.wait_until(lock, now + timeout, [&] { return state_->result.has_value(); });
 }
 
 bool JobHandle::done() const {
@@ -169,16 +183,17 @@ Result<JobHandle> Runtime::start(const JobConfig& config, std::shared_ptr<const 
   // reads it later, on its thread): the job gets a copy of its own.
   if (data) data = std::make_shared<const UserDataset>(*data);
   auto state = std::make_shared<JobHandle::State>();
-  callbacks = {marked(state.get(), std::move(callbacks.on_epoch)), marked(state.get(), std::move(callbacks.on_eval)),
-               marked(state.get(), std::move(callbacks.on_progress)),
-               marked(state.get(), std::move(callbacks.on_final_params))};
+  const void* runtime = impl_.get();
+  callbacks = {marked(state.get(), runtime, std::move(callbacks.on_epoch)),
+               marked(state.get(), runtime, std::move(callbacks.on_eval)),
+               marked(state.get(), runtime, std::move(callbacks.on_progress)),
+               marked(state.get(), runtime, std::move(callbacks.on_final_params))};
   std::lock_guard lock(impl_->mu);
   if (impl_->stopped) return Status::Cancelled("the runtime has been stopped");
   impl_->reap();
   impl_->jobs.push_back({state, std::thread([state, config, data = std::move(data), callbacks = std::move(callbacks)]() mutable {
     Result<JobSummary> r = data ? run_job(config, std::move(data), callbacks, state->stop.get_token())
                                 : run_job(config, callbacks, state->stop.get_token());
-    malloc_trim(0);  // what the job freed in the main arena and in free lists goes back now
     {
       std::lock_guard job_lock(state->mu);
       state->result.emplace(std::move(r));
@@ -205,11 +220,13 @@ std::size_t Runtime::running() const {
 }
 
 void Runtime::stop() {
-  // From a job's callback: that job waits for the callback, so it is
-  // cancelled and left to end on its own once the callback returns (its
-  // handles see the end); and a stop() under way elsewhere, which may be
-  // waiting for that very job, is not waited for.
-  const bool in_callback = t_in_callback_of != nullptr;
+  // From a callback of one of this Runtime's jobs: that job waits for the
+  // callback, so it is cancelled and left to end on its own once the
+  // callback returns (its handles see the end); and a stop() under way
+  // elsewhere, which may be waiting for that very job, is not waited for.
+  // From another Runtime's job's callback, a stop waits as any other does
+  // (it returned with this Runtime's jobs still running).
+  const bool in_callback = t_in_callback_of_runtime == impl_.get();
   std::unique_lock stopping(impl_->stopping, std::defer_lock);
   if (!in_callback) stopping.lock();
   std::vector<Impl::Job> jobs;

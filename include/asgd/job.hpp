@@ -328,7 +328,11 @@ struct JobCallbacks {
 /// actor system of its own (coordinator, shards, workers, data feeders),
 /// trains, evaluates, writes config.metrics_out if set, and stops every actor
 /// before returning. Reentrant: jobs in different threads do not share state.
-/// `stop` cancels the job (StatusCode::cancelled). Errors: invalid_argument
+/// `stop` cancels the job (StatusCode::cancelled) once each worker's step in
+/// progress ends. The job waits for each callback. Memory the job freed is
+/// given back to the system (malloc_trim) before it returns; a Runtime also
+/// sets the allocator's thresholds so that a long-running service's threads
+/// keep less (docs/user-guide.md, Memory). Errors: invalid_argument
 /// and not_found for configuration and missing data, corruption for bad data
 /// files, timeout when a reply takes longer than rpc_timeout_s, internal.
 Result<JobSummary> run_job(const JobConfig& config, const JobCallbacks& callbacks = {},

@@ -26,8 +26,10 @@ class JobHandle {
   bool wait_for(std::chrono::milliseconds timeout) const;
   /// True once the job has ended (wait() would not block).
   bool done() const;
-  /// Asks the job to stop; it ends soon after (within about 100 ms) with
-  /// StatusCode::cancelled. Does nothing once it has ended.
+  /// Asks the job to stop; it ends soon after with StatusCode::cancelled:
+  /// within about 100 ms of the end of the step each worker is computing
+  /// (a step of a large model or batch, resnet18 or a batch of thousands,
+  /// may take a second or more). Does nothing once it has ended.
   void cancel() const;
 
  private:
@@ -52,9 +54,13 @@ class Runtime {
   Runtime& operator=(const Runtime&) = delete;
 
   /// Checks `config` (validate) and starts the job in the background.
-  /// Callbacks run on the job's threads, one at a time per job. Errors:
-  /// invalid_argument for a bad configuration (nothing starts),
-  /// cancelled after stop().
+  /// Callbacks run on the job's threads, one at a time per job, and the
+  /// job waits for each: a slow on_progress or on_epoch holds training up.
+  /// Errors: invalid_argument for a bad configuration (nothing starts),
+  /// cancelled after stop(). What depends on the data's size (a batch
+  /// larger than a worker's share of the training set, more workers than
+  /// samples) is checked once the job has loaded it: the job then ends
+  /// with invalid_argument.
   Result<JobHandle> submit(const JobConfig& config, JobCallbacks callbacks = {});
 
   /// As above, training on `data` instead of config.dataset (see
@@ -72,10 +78,11 @@ class Runtime {
 
   /// Cancels every running job, waits until all have ended and refuses
   /// new ones. Idempotent; a call made while another is under way returns
-  /// when that one does, once every job has ended. Called from a job's
-  /// callback it waits for the other jobs only: that job (which waits for
-  /// its callback) ends once the callback returns, cancelled. The same
-  /// holds for destroying the Runtime there.
+  /// when that one does, once every job has ended. Called from a callback
+  /// of one of this Runtime's jobs it waits for the other jobs only: that
+  /// job (which waits for its callback) ends once the callback returns,
+  /// cancelled. The same holds for destroying the Runtime there. (From a
+  /// callback of another Runtime's job it waits as from any thread.)
   void stop();
 
  private:

@@ -5,12 +5,15 @@
 #include <atomic>
 #include <chrono>
 #include <cstdlib>
+#include <fstream>
 #include <mutex>
 #include <optional>
 #include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include <nlohmann/json.hpp>
 
 #include "temp_dir.hpp"
 #include "test_data.hpp"
@@ -192,6 +195,83 @@ TEST(Runtime, OneJobAtATimeWritesACheckpointFolder) {
   ASSERT_TRUE(job->wait_for(60s));
   const auto after = run_job(second);
   EXPECT_TRUE(after.ok()) << after.status().to_string();
+}
+
+// From the second embedding audit (2026-11-29): two jobs given one metrics
+// file wrote over each other's lines (a broken first line, the rest of
+// whichever wrote last) and both ended ok. The second is refused before it
+// empties the file, as for a checkpoint folder.
+TEST(Runtime, OneJobAtATimeWritesAMetricsFile) {
+  ASGD_REQUIRE_DATASET(dir, "mnist");
+  const asgd_test::TempDir scratch;
+  Runtime rt;
+  std::atomic<bool> training = false;
+  JobCallbacks cb;
+  cb.on_progress = [&](const Progress&) { training = true; };
+  JobConfig first = mnist_job(dir.string(), 200, 1);
+  first.metrics_out = (scratch / "m.jsonl").string();
+  auto job = rt.submit(first, cb);
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE(asgd_test::eventually([&] { return training.load(); }, 60s));
+  JobConfig second = mnist_job(dir.string(), 1, 2);
+  second.metrics_out = first.metrics_out;
+  const auto refused = run_job(second);
+  EXPECT_EQ(refused.status().code(), StatusCode::invalid_argument);
+  EXPECT_NE(refused.status().message().find("another job is writing it"), std::string::npos)
+      << refused.status().message();
+  job->cancel();
+  ASSERT_TRUE(job->wait_for(60s));
+  std::ifstream in(first.metrics_out);
+  std::size_t lines = 0;
+  for (std::string line; std::getline(in, line); ++lines)
+    EXPECT_TRUE(nlohmann::json::accept(line)) << "line " << lines << ": " << line;
+  EXPECT_GE(lines, 1u) << "the first job's lines, its stop line last";
+  const auto after = run_job(second);
+  EXPECT_TRUE(after.ok()) << after.status().to_string();
+}
+
+// wait_for(milliseconds::max()), a host's "for ever", overflowed inside the
+// standard library's wait_for and returned false at once on a running job.
+TEST(Runtime, WaitForWithTheLargestTimeoutWaitsForTheEnd) {
+  ASGD_REQUIRE_DATASET(dir, "mnist");
+  Runtime rt;
+  auto job = rt.submit(mnist_job(dir.string(), 1, 1));
+  ASSERT_TRUE(job.ok());
+  EXPECT_TRUE(job->wait_for(std::chrono::milliseconds::max()));
+  EXPECT_TRUE(job->done());
+  EXPECT_TRUE(job->wait().ok()) << job->wait().status().to_string();
+}
+
+// stop() of Runtime B from a callback of a job of Runtime A, while another
+// thread's B.stop() was under way, took itself for a call from B's own job
+// and returned at once, B's job still running.
+TEST(Runtime, StopFromAnotherRuntimesJobCallbackWaitsForItsJobs) {
+  ASGD_REQUIRE_DATASET(dir, "mnist");
+  Runtime a, b;
+  std::atomic<bool> slow_callback = false;
+  JobCallbacks slow;
+  slow.on_progress = [&](const Progress&) {  // holds B's job (and the first stop) up for a while
+    if (!slow_callback.exchange(true)) std::this_thread::sleep_for(2s);
+  };
+  auto long_job = b.submit(mnist_job(dir.string(), 200, 1), slow);
+  ASSERT_TRUE(long_job.ok());
+  ASSERT_TRUE(asgd_test::eventually([&] { return slow_callback.load(); }, 60s));
+  std::thread first_stop([&] { b.stop(); });
+  std::this_thread::sleep_for(200ms);
+  std::atomic<bool> asked = false, b_done_after = false;
+  JobCallbacks cb;
+  cb.on_progress = [&](const Progress&) {
+    if (asked.exchange(true)) return;
+    b.stop();
+    b_done_after = long_job->done();
+  };
+  auto caller = a.submit(mnist_job(dir.string(), 1, 2), cb);
+  ASSERT_TRUE(caller.ok());
+  caller->wait();
+  first_stop.join();
+  ASSERT_TRUE(asked.load()) << "the job made no progress report";
+  EXPECT_TRUE(b_done_after.load()) << "B.stop() returned with B's job still running";
+  EXPECT_EQ(long_job->wait().status().code(), StatusCode::cancelled);
 }
 
 TEST(Runtime, ABadConfigurationStartsNothing) {
