@@ -3,6 +3,7 @@
 #include <fcntl.h>
 #include <signal.h>
 #include <spawn.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -29,5 +30,14 @@ Result<pid_t> spawn_logged(const std::vector<std::string>& args, const std::file
 }
 
 bool process_runs(pid_t pid) { return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM); }
+
+std::string how_it_ended(int wait_status) {
+  if (WIFSIGNALED(wait_status)) {
+    const int sig = WTERMSIG(wait_status);
+    const char* abbrev = sigabbrev_np(sig);
+    return "was killed by signal " + std::to_string(sig) + (abbrev ? std::string(" (SIG") + abbrev + ")" : "");
+  }
+  return "exited with status " + std::to_string(WIFEXITED(wait_status) ? WEXITSTATUS(wait_status) : 1);
+}
 
 }  // namespace asgd

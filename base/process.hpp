@@ -22,4 +22,8 @@ Result<pid_t> spawn_logged(const std::vector<std::string>& argv, const std::file
 /// signal it); false for pid 0.
 bool process_runs(pid_t pid);
 
+/// How a child ended, from waitpid's status: "exited with status 3", "was
+/// killed by signal 9 (SIGKILL)".
+std::string how_it_ended(int wait_status);
+
 }  // namespace asgd

@@ -401,9 +401,7 @@ AllreduceBench add_allreduce_bench(CLI::App* bench) {
   cmd->add_option("--processes", o->processes, "ranks, 2 to 64 (default 2)")
       ->type_name("N")
       ->check(quietly(CLI::Range(2, 64)));
-  cmd->add_option("--sizes", o->sizes, "floats per all-reduce, comma-separated (default 1M,4M,16M)")
-      ->type_name("LIST")
-      ->delimiter(',');
+  add_list_option(cmd, "--sizes", o->sizes, "floats per all-reduce, comma-separated (default 1M,4M,16M)");
   cmd->add_option("--iterations", o->iterations, "timed all-reduces per size, at least 1 (default 20)")
       ->type_name("N")
       ->check(positive());

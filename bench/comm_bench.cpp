@@ -526,9 +526,7 @@ int run_comm(const CommOptions& o) {
 CommBench add_comm_bench(CLI::App* bench) {
   auto o = std::make_shared<CommOptions>();
   auto* comm = bench->add_subcommand("comm", "push+pull round trips to a shard process vs raw ZeroMQ, over tcp loopback");
-  comm->add_option("--sizes", o->sizes, "parameter counts, comma-separated (default 1M,4M,16M)")
-      ->type_name("LIST")
-      ->delimiter(',');
+  add_list_option(comm, "--sizes", o->sizes, "parameter counts, comma-separated (default 1M,4M,16M)");
   comm->add_option("--repeats", o->repeats, "alternating measurements per size, at least 1 (default 5)")
       ->type_name("N")
       ->check(positive());

@@ -210,13 +210,9 @@ int run_bench_compute(const ComputeOptions& o) {
 ComputeBench add_compute_bench(CLI::App* bench) {
   auto o = std::make_shared<ComputeOptions>();
   auto* cmd = bench->add_subcommand("compute", "forward+backward samples/s per model and batch on one device");
-  cmd->add_option("--models", o->models, "models, comma-separated (default mlp,lenet,resnet-mini)")
-      ->type_name("LIST")
-      ->delimiter(',');
-  cmd->add_option("--batches", o->batches, "batch sizes, comma-separated, each 1 to 65536 (default 64,128)")
-      ->type_name("LIST")
-      ->delimiter(',')
-      ->check(quietly(CLI::Range(1u, 1u << 16)));
+  add_list_option(cmd, "--models", o->models, "models, comma-separated (default mlp,lenet,resnet-mini)");
+  add_list_option(cmd, "--batches", o->batches, "batch sizes, comma-separated, each 1 to 65536 (default 64,128)", 1,
+                  1u << 16);
   cmd->add_option("--device", o->device, "cpu, cuda or cuda:K (default cpu)")->type_name("DEV");
   cmd->add_option("--threads", o->threads, "BLAS threads, 1 to 1024 (default 2)")
       ->type_name("N")
@@ -231,7 +227,9 @@ ComputeBench add_compute_bench(CLI::App* bench) {
   cmd->add_option("--warmup", o->warmup, "untimed seconds first, at least 5 steps, 0 to 3600 (default 0.5)")
       ->type_name("S")
       ->check(positive(false, 3600));
-  cmd->add_option("--seed", o->seed, "seed for the parameters and inputs (default 1)")->type_name("N");
+  cmd->add_option("--seed", o->seed, "seed for the parameters and inputs (default 1)")
+      ->type_name("N")
+      ->check(positive(false));  // -1 became 2^64 - 1
   cmd->add_flag("--json", o->json, "one JSON object per model and batch instead of a table");
   return {[cmd] { return cmd->parsed(); }, [o] { return run_bench_compute(*o); }};
 }

@@ -241,10 +241,17 @@ struct Run {
   std::atomic<bool>& stop;
   std::atomic<bool>& abandon;  // with stop: do not wait for replies (a shard is gone)
   std::atomic<std::uint64_t>& unanswered_at_end;
+  // When any worker last had a reply (steady clock, ns): the shards are
+  // stuck only when none has, not when this worker's turn is slow to come.
+  std::atomic<std::int64_t>& last_reply_ns;
 };
 
 // No reply for this long means the shards are stuck.
 constexpr auto kStalled = std::chrono::seconds(15);
+
+std::int64_t steady_ns() {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(SteadyClock::now().time_since_epoch()).count();
+}
 
 // With --window 0 a worker sends while ZeroMQ takes its pushes: this many
 // queued per connection (then the kernel's socket buffers) before it would
@@ -289,12 +296,11 @@ void worker_loop(const Run& run, std::uint32_t worker) {
     const auto body = serialize_body([&](cereal::PortableBinaryOutputArchive& ar) { archive_message(ar, req); });
     return build_frame(static_cast<std::uint16_t>(MsgType::push), 0, ++c.next_id, body, c.tensor, c.crc);
   };
-  auto last_reply = SteadyClock::now();
   auto read_replies = [&](std::size_t s) {
     Conn& c = conns[s];
     ShardCounters& n = run.counters[s];
     while (auto parts = receive_message(c.socket)) {
-      last_reply = SteadyClock::now();
+      run.last_reply_ns.store(steady_ns(), std::memory_order_relaxed);
       Frame f;
       ShardReply r;
       const Message m = view_of(*parts);
@@ -343,14 +349,21 @@ void worker_loop(const Run& run, std::uint32_t worker) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
   // Every push sent is owed a reply: wait for them (the shards are busy
-  // with the other workers' backlog too), unless none comes for a while.
-  last_reply = SteadyClock::now();
+  // with the other workers' backlog too: a backlog of 64 workers' pushes
+  // to an adam shard took a minute to drain), unless no worker has had one
+  // for a while. (This worker giving up alone, its socket closed, counted
+  // replies still on their way as pushes never answered.)
+  const std::int64_t draining_since = steady_ns();
   auto owed = [&] {
     std::uint64_t n = 0;
     for (const Conn& c : conns) n += c.in_flight;
     return n;
   };
-  while (owed() > 0 && !run.abandon.load() && SteadyClock::now() - last_reply < kStalled) {
+  auto stalled = [&] {
+    const std::int64_t last = std::max(draining_since, run.last_reply_ns.load(std::memory_order_relaxed));
+    return steady_ns() - last >= std::chrono::duration_cast<std::chrono::nanoseconds>(kStalled).count();
+  };
+  while (owed() > 0 && !run.abandon.load() && !stalled()) {
     for (std::size_t s = 0; s < conns.size(); ++s) items[s] = {conns[s].socket.handle(), 0, ZMQ_POLLIN, 0};
     zmq::poll(items, std::chrono::milliseconds(100));
     for (std::size_t s = 0; s < conns.size(); ++s)
@@ -427,9 +440,23 @@ int run_load(const LoadOptions& o) {
       if (!keep) fs::remove_all(path, ec);
     }
   } remove_scratch{scratch, keep_scratch};
+  struct Sample {
+    double t;
+    std::vector<double> rss;
+  };
+  std::vector<Sample> samples;
+  bool json_written = false;
+  // A run stopped early (--rss-abort, a stall, a shard gone, Ctrl-C) still
+  // leaves its --json: why, and the RSS samples up to then.
   auto fail = [&](const std::string& what) {
     keep_scratch = true;
     print_error("bench load: " + what + " (shard logs in " + scratch.string() + ")");
+    if (!o.json.empty() && !json_written) {
+      nlohmann::json j = {{"workers", o.workers}, {"shards", o.shards}, {"keys", o.keys}, {"window", o.window},
+                          {"ok", false}, {"error", what}, {"rss_samples", nlohmann::json::array()}};
+      for (const auto& sm : samples) j["rss_samples"].push_back({{"t", sm.t}, {"rss_mib", sm.rss}});
+      std::ofstream(o.json) << j.dump(1) << "\n";
+    }
     return kExitFailure;
   };
 
@@ -517,15 +544,11 @@ int run_load(const LoadOptions& o) {
   std::vector<ShardCounters> counters(o.shards);
   std::atomic<bool> stop{false}, abandon{false};
   std::atomic<std::uint64_t> unanswered{0};
-  Run run{o, ctx, shards, counters, stop, abandon, unanswered};
+  std::atomic<std::int64_t> last_reply_ns{steady_ns()};
+  Run run{o, ctx, shards, counters, stop, abandon, unanswered, last_reply_ns};
   std::vector<std::thread> workers;
   for (std::uint32_t w = 0; w < o.workers; ++w) workers.emplace_back([&run, w] { worker_loop(run, w); });
 
-  struct Sample {
-    double t;
-    std::vector<double> rss;
-  };
-  std::vector<Sample> samples;
   const Interrupts interrupts;  // Ctrl-C or SIGTERM: stop early, and still stop the shard processes
   const auto t0 = SteadyClock::now();
   std::uint64_t last_sent = 0, last_applied = 0;
@@ -538,11 +561,15 @@ int run_load(const LoadOptions& o) {
     const double t = std::chrono::duration<double>(SteadyClock::now() - t0).count();
     Sample sm{t, {}};
     for (std::uint32_t i = 0; i < o.shards; ++i) {
-      auto r = rss_mib(shards[i]->pid);
+      // Reaped first: a process that ended has no VmRSS line (a zombie),
+      // and it was left one, its end unsaid.
       int status = 0;
-      if (!r || waitpid(shards[i]->pid, &status, WNOHANG) == shards[i]->pid) {
-        shards[i]->pid = -1;
-        stopped_early = "shard process " + std::to_string(i) + " exited during the run";
+      const bool ended = waitpid(shards[i]->pid, &status, WNOHANG) == shards[i]->pid;
+      const auto r = ended ? std::nullopt : rss_mib(shards[i]->pid);
+      if (ended || !r) {
+        stopped_early = "shard process " + std::to_string(i) + " (pid " + std::to_string(shards[i]->pid) + ") " +
+                        (ended ? how_it_ended(status) : "could not be looked at (/proc)") + " during the run";
+        if (ended) shards[i]->pid = -1;
         break;
       }
       if (*r > o.rss_abort_mib)
@@ -682,6 +709,7 @@ int run_load(const LoadOptions& o) {
     std::ofstream out(o.json);
     out << j.dump(1) << "\n";
     if (!out) return fail("could not write " + o.json);
+    json_written = true;
   }
   if (!ok) {
     std::string all;

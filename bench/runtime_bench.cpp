@@ -145,7 +145,7 @@ int run_bench_runtime(const BenchOptions& o) {
   if (!o.json)
     std::printf("bench runtime: %s on %s, batch %u, %u BLAS threads (OpenBLAS %s kernels), %zu samples per run, "
                 "%u repeats\n",
-                c.model.c_str(), c.dataset.c_str(), *c.batch, c.threads, blas::core_name().c_str(), data->train.count,
+                c.model.c_str(), resolve_data_dir(c).c_str(), *c.batch, c.threads, blas::core_name().c_str(), data->train.count,
                 o.repeats);
 
   std::vector<double> plain, runtime;
@@ -205,7 +205,7 @@ std::function<int()> add_bench_commands(CLI::App& app) {
   rt->add_option("--repeats", o->repeats, "alternating runs of (a) and (b), at least 1 (default 3)")
       ->type_name("N")
       ->check(positive());
-  rt->add_option("--seed", o->seed, "seed (default 1)")->type_name("N");
+  rt->add_option("--seed", o->seed, "seed (default 1)")->type_name("N")->check(positive(false));
   rt->add_flag("--json", o->json, "print one JSON object instead of text");
   auto comm = add_comm_bench(bench);
   auto compute = add_compute_bench(bench);

@@ -5,6 +5,7 @@
 #include <spawn.h>
 #include "actors/checkpoint.hpp"
 #include "base/log.hpp"
+#include "base/process.hpp"
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -90,14 +91,7 @@ struct LocalCluster::Child {
 
   int exit_status() const { return WIFEXITED(status) ? WEXITSTATUS(status) : 1; }
 
-  std::string how_it_ended() const {
-    if (WIFSIGNALED(status)) {
-      const int sig = WTERMSIG(status);
-      const char* abbrev = sigabbrev_np(sig);
-      return "was killed by signal " + std::to_string(sig) + (abbrev ? std::string(" (SIG") + abbrev + ")" : "");
-    }
-    return "exited with status " + std::to_string(exit_status());
-  }
+  std::string how_it_ended() const { return asgd::how_it_ended(status); }
 };
 
 namespace {

@@ -84,6 +84,19 @@ TEST(BenchComputeCli, RejectsZeroThreadsAndANonPositiveBatch) {
   expect_refused(asgd("bench compute --models mlp --batches 1048576"), 2, "--batches");  // bad_alloc, SIGABRT
 }
 
+// A list with an empty item ran the items left ("1M,,64K" measured 1M and
+// 64K), and a list flag given twice ran both lists: refused, as every other
+// flag given twice is.
+TEST(BenchComputeCli, AListWithAnEmptyItemOrGivenTwiceIsRefused) {
+  if (!has_bench_compute()) GTEST_SKIP() << "asgd built without benchmarks";
+  expect_refused(asgd("bench compute --models mlp,,lenet"), 2, "--models: 'mlp,,lenet': an empty item");
+  expect_refused(asgd("bench compute --models mlp --batches 64,"), 2, "--batches: '64,': an empty item");
+  expect_refused(asgd("bench compute --models mlp --batches 8 --batches 16"), 2, "--batches given 2 times");
+  expect_refused(asgd("bench compute --models mlp --models lenet"), 2, "--models given 2 times");
+  expect_refused(asgd("bench comm --sizes ,1M"), 2, "--sizes: ',1M': an empty item");
+  expect_refused(asgd("bench allreduce --sizes 1M --sizes 4M"), 2, "--sizes given 2 times");
+}
+
 // inf ran for ever; nan was taken.
 TEST(BenchComputeCli, RefusesSecondsThatAreNoFiniteNumber) {
   if (!has_bench_compute()) GTEST_SKIP() << "asgd built without benchmarks";

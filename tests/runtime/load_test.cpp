@@ -101,4 +101,21 @@ TEST(BenchLoad, ABspShardWithMoreWorkersThanTheDefaultBoundPassesEveryBarrier) {
   EXPECT_LE(bounds[0].peak, bounds[0].limit);
 }
 
+// A run stopped early wrote no --json (the runs whose RSS samples matter
+// most): the file holds why the run stopped and the samples until then.
+TEST(BenchLoad, ARunStoppedEarlyStillWritesItsJson) {
+  if (!has_bench_load()) GTEST_SKIP() << "asgd built without benchmarks";
+  const asgd_test::TempDir dir("_load_early");
+  const std::string json = (dir.path() / "early.json").string();
+  const CliRun r = asgd("bench load --workers 2 --shards 1 --keys 1000 --seconds 30 --rss-abort 1 --json " + json);
+  EXPECT_EQ(r.exit_code, 1) << r.out << r.err;
+  EXPECT_NE(r.err.find("RSS passed --rss-abort 1 MiB"), std::string::npos) << r.err;
+  std::ifstream in(json);
+  ASSERT_TRUE(in) << "no JSON written: " << r.err;
+  const auto j = nlohmann::json::parse(in);
+  EXPECT_FALSE(j.at("ok").get<bool>());
+  EXPECT_NE(j.at("error").get<std::string>().find("--rss-abort"), std::string::npos) << j.dump(1);
+  EXPECT_TRUE(j.at("rss_samples").is_array());
+}
+
 }  // namespace

@@ -102,6 +102,15 @@ AllreduceBench add_allreduce_bench(CLI::App* bench);
 void refuse_empty_paths(CLI::App& scope);
 
 
+/// A comma-separated list flag (type name LIST): given twice it is refused
+/// as every flag is, and so is an empty item ("1M,,64K", a comma at an
+/// end), which CLI11's own splitting dropped without a word.
+CLI::Option* add_list_option(CLI::App* app, const std::string& name, std::vector<std::string>& items,
+                             const std::string& description);
+/// The same for whole numbers from `lo` to `hi`.
+CLI::Option* add_list_option(CLI::App* app, const std::string& name, std::vector<std::uint32_t>& items,
+                             const std::string& description, std::uint32_t lo, std::uint32_t hi);
+
 /// A count of floats as the benchmarks take it: "4M", "512K", "1000".
 /// Errors: invalid_argument naming the text, for 0 or more than 256M.
 Result<std::uint64_t> parse_float_count(const std::string& text);

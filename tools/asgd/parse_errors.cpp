@@ -2,6 +2,8 @@
 // explain_parse_error), for asgd and asgd-bench alike.
 
 #include <algorithm>
+#include <charconv>
+#include <cstdint>
 #include <string>
 #include <vector>
 
@@ -46,7 +48,51 @@ std::vector<std::string> flags_of(const CLI::App& scope) {
   return flags;
 }
 
+// The items of a comma-separated list; throws CLI's validation error for
+// an empty one.
+std::vector<std::string> list_items(const std::string& name, const std::string& text) {
+  std::vector<std::string> out;
+  for (std::size_t begin = 0;;) {
+    const std::size_t comma = text.find(',', begin);
+    std::string item = text.substr(begin, comma == std::string::npos ? std::string::npos : comma - begin);
+    if (item.empty())
+      throw CLI::ValidationError(name, "'" + text + "': an empty item (two commas in a row, or one at an end)");
+    out.push_back(std::move(item));
+    if (comma == std::string::npos) return out;
+    begin = comma + 1;
+  }
+}
+
 }  // namespace
+
+CLI::Option* add_list_option(CLI::App* app, const std::string& name, std::vector<std::string>& items,
+                             const std::string& description) {
+  return app
+      ->add_option_function<std::string>(
+          name, [&items, name](const std::string& text) { items = list_items(name, text); }, description)
+      ->type_name("LIST");
+}
+
+CLI::Option* add_list_option(CLI::App* app, const std::string& name, std::vector<std::uint32_t>& items,
+                             const std::string& description, std::uint32_t lo, std::uint32_t hi) {
+  return app
+      ->add_option_function<std::string>(
+          name,
+          [&items, name, lo, hi](const std::string& text) {
+            std::vector<std::uint32_t> out;
+            for (const std::string& item : list_items(name, text)) {
+              std::uint32_t v = 0;
+              const auto [at, err] = std::from_chars(item.data(), item.data() + item.size(), v);
+              if (err != std::errc() || at != item.data() + item.size() || v < lo || v > hi)
+                throw CLI::ValidationError(name, item + ": expected a whole number from " + std::to_string(lo) +
+                                                     " to " + std::to_string(hi));
+              out.push_back(v);
+            }
+            items = std::move(out);
+          },
+          description)
+      ->type_name("LIST");
+}
 
 std::string explain_parse_error(CLI::App& app, const std::vector<std::string>& typed,
                                 const CLI::ParseError& e) {
