@@ -164,4 +164,17 @@ TEST(CheckpointFolderCli, ExportRefusesAFoldersFileNamesAndACheckpointThatDoesNo
                         1, "model.ckpt: is not a regular file");
 }
 
+// An interval with no folder to write in was taken without a word, and a
+// --resume of a path that is not there, or is a file, said "no job.toml
+// there".
+TEST(CheckpointFolderCli, AnIntervalWithoutAFolderAndAResumeOfNoFolderAreRefusedPlainly) {
+  const asgd_test::TempDir scratch;
+  expect_one_line_error(asgd("train --checkpoint-every 5"), 2, "--checkpoint-every: applies with --checkpoint-dir");
+  expect_one_line_error(asgd("cluster --checkpoint-every 5"), 2, "--checkpoint-every: applies with --checkpoint-dir");
+  const fs::path file = scratch / "a-file";
+  std::ofstream(file) << "x";
+  expect_one_line_error(asgd("train --resume " + (scratch / "none").string()), 2, "none: does not exist");
+  expect_one_line_error(asgd("train --resume " + file.string()), 2, "a-file: not a folder");
+}
+
 }  // namespace

@@ -106,6 +106,10 @@ Status same_checkpointed_layout(const JobConfig& resumed, const JobConfig& now) 
 // first; a config file and flags may still change some (more epochs, a
 // new metrics file).
 Status apply_resumed_settings(const std::string& dir, JobConfig& config) {
+  if (const PathLook folder = look_at(dir); folder.kind == PathKind::missing)
+    return Status::InvalidArgument("--resume " + dir + ": does not exist (give the job's --checkpoint-dir)");
+  else if (folder.kind != PathKind::folder && folder.kind != PathKind::unreadable)
+    return Status::InvalidArgument("--resume " + dir + ": not a folder (give the job's --checkpoint-dir)");
   const std::string saved = (std::filesystem::path(dir) / kJobSettingsFile).string();
   if (const PathLook look = look_at(saved); look.kind == PathKind::missing)
     return Status::InvalidArgument("--resume " + dir + ": no " + kJobSettingsFile +
@@ -192,6 +196,13 @@ std::optional<int> load_job(const JobOptions& o, JobConfig& config, bool devices
   }
   if (Status s = resumed ? same_checkpointed_layout(*resumed, config) : Status{}; !s.ok()) {
     print_error("--resume " + resume_dir + ": " + s.message());
+    return kExitUsage;
+  }
+  // An interval with nowhere to write was taken without a word. (The flag:
+  // a settings file written by asgd holds every key, this one too.)
+  const auto every = o.options.find("checkpoint-every");
+  if (every != o.options.end() && every->second->count() > 0 && config.checkpoint_dir.empty()) {
+    print_error("--checkpoint-every: applies with --checkpoint-dir (where the checkpoints go); give both");
     return kExitUsage;
   }
   if (Status s = resumed ? readable_shard_checkpoints(resume_dir, config.shards) : Status{}; !s.ok()) {
