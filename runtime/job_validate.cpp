@@ -10,6 +10,7 @@
 #include <string>
 #include <vector>
 
+#include "actors/job_plan.hpp"
 #include "asgd/job.hpp"
 #include "base/paths.hpp"
 #include "compute/device.hpp"
@@ -167,12 +168,21 @@ Status device_usable_here(const std::string& text) {
   return {};
 }
 
+// What the job's plan would refuse of these data, said before it starts:
+// more workers than samples, a worker's share smaller than its batch.
+Status plannable(const JobConfig& c, const UserDataset& data, std::size_t params) {
+  const Shape shape = data.sample_shape.size() == 1 ? Shape{1, 1, data.sample_shape[0]} : Shape(data.sample_shape);
+  auto plan = plan_job(c, {params, data.train.count(), data.classes, shape, Placement::one_process, 1});
+  return plan ? Status{} : plan.status();
+}
+
 Status validate(const JobConfig& c, const UserDataset& data) {
   if (Status s = validate_config(c, false); !s.ok()) return s;
   if (Status s = validate(data); !s.ok()) return s;
   if (c.model_spec) {
-    if (auto n = validate(*c.model_spec, data.sample_shape, data.classes); !n) return n.status();
-    return {};
+    auto n = validate(*c.model_spec, data.sample_shape, data.classes);
+    if (!n) return n.status();
+    return plannable(c, data, *n);
   }
   if (auto a = data::parse_augment(c.augment, c.dataset); a && a->any() && data.sample_shape.size() != 3)
     return Status::InvalidArgument("--augment " + data::to_string(*a) +
@@ -182,8 +192,9 @@ Status validate(const JobConfig& c, const UserDataset& data) {
   // once here, unfilled, so that one that does not fit is refused before
   // anything starts.
   const Shape shape = data.sample_shape.size() == 1 ? Shape{1, 1, data.sample_shape[0]} : Shape(data.sample_shape);
-  if (auto m = Model::build(c.model, nullptr, shape, data.classes); !m) return m.status();
-  return {};
+  auto m = Model::build(c.model, nullptr, shape, data.classes);
+  if (!m) return m.status();
+  return plannable(c, data, m->num_params());
 }
 
 }  // namespace asgd

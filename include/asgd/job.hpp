@@ -145,8 +145,10 @@ Status validate(const JobConfig& config);
 /// For a job on `data` instead of config.dataset: checks every field but
 /// `dataset`, `data_dir` and `validation_size` (which such a job ignores),
 /// then `data` (validate(const UserDataset&)), then that config.model_spec,
-/// when set, fits the data's sample shape and classes. Errors:
-/// invalid_argument with a message naming the problem.
+/// when set, fits the data's sample shape and classes, and that the job
+/// can be planned on them: no more workers than training samples, no
+/// worker's share smaller than its batch. Errors: invalid_argument with a
+/// message naming the problem.
 Status validate(const JobConfig& config, const UserDataset& data);
 
 /// What a job trains with once its unset optimizer settings take their

@@ -57,10 +57,11 @@ class Runtime {
   /// Callbacks run on the job's threads, one at a time per job, and the
   /// job waits for each: a slow on_progress or on_epoch holds training up.
   /// Errors: invalid_argument for a bad configuration (nothing starts),
-  /// cancelled after stop(). What depends on the data's size (a batch
-  /// larger than a worker's share of the training set, more workers than
-  /// samples) is checked once the job has loaded it: the job then ends
-  /// with invalid_argument.
+  /// cancelled after stop(). What depends on a named dataset's size (a
+  /// batch larger than a worker's share of the training set, more workers
+  /// than samples) is checked once the job has loaded it: the job then
+  /// ends with invalid_argument. (On the user's data, below, submit checks
+  /// it.)
   Result<JobHandle> submit(const JobConfig& config, JobCallbacks callbacks = {});
 
   /// As above, training on `data` instead of config.dataset (see

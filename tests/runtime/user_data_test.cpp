@@ -249,6 +249,19 @@ TEST(UserData, MoreWorkersThanTrainingSamplesIsRefused) {
   EXPECT_EQ(result.status().code(), StatusCode::invalid_argument);
   EXPECT_NE(result.status().message().find("more workers than the 3 training samples"), std::string::npos)
       << result.status().message();
+  // validate() and Runtime::submit say it too, before anything starts (they
+  // said ok, and the job failed once started); so for a batch larger than a
+  // worker's share.
+  EXPECT_EQ(validate(c, *data).code(), StatusCode::invalid_argument);
+  Runtime rt;
+  EXPECT_EQ(rt.submit(c, data).status().code(), StatusCode::invalid_argument);
+  data->train = blobs(600, 8, 1);
+  c.workers = 2;
+  c.batch = 400;
+  const Status share = validate(c, *data);
+  EXPECT_NE(share.message().find("worker 0's share of the 600 training samples is 300, less than its batch of 400"),
+            std::string::npos)
+      << share.message();
 }
 
 TEST(ModelSpec, SizesAreInferredSoALenetSpecHasLenetsParameterCount) {
