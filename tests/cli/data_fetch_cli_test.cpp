@@ -264,6 +264,11 @@ TEST(DataFetch, ADamagedPartAFileThatCannotBeWrittenAndASecondFetchAreSaidForWha
   expect_one_line_error(asgd("data lst"), 2, "unknown command lst; the commands: fetch (asgd data --help");
   // --mirror "$UNSET" went to the official servers on the internet.
   expect_one_line_error(asgd(fetch + " --mirror ''"), 2, "--mirror: an empty URL");
+  // A typo in the URL said "check the network" (exit 1); a bound said
+  // "not in range 0.001000 to 86400.000000".
+  expect_one_line_error(asgd(fetch + " --mirror notaurl"), 2, "--mirror: 'notaurl' is not a URL this can download from");
+  expect_one_line_error(asgd(fetch + " --stall-timeout 86401"), 2,
+                        "--stall-timeout: expected a number of seconds from 0.001 to 86400, got 86401");
 }
 
 }  // namespace

@@ -29,12 +29,25 @@ std::function<int()> add_data_command(CLI::App& app) {
   fetch->add_option("--data-dir", o->data_dir, "its folder (default $ASGD_DATA_DIR/NAME, else ./data/NAME)")
       ->type_name("DIR");
   fetch->add_option("--mirror", o->mirror, "download from this base URL instead of the official ones (and mirrors)")
-      ->type_name("URL");  // refused empty (refuse_empty_paths): --mirror "$UNSET" meant the official servers
+      ->type_name("URL")  // refused empty (refuse_empty_paths): --mirror "$UNSET" meant the official servers
+      ->check(CLI::Validator(
+          [](std::string& url) -> std::string {  // a typo said "check the network", exit 1
+            for (const char* scheme : {"http://", "https://", "ftp://", "file://"})
+              if (url.starts_with(scheme) && url.size() > std::string(scheme).size()) return {};
+            return "'" + url + "' is not a URL this can download from (http://, https://, ftp:// or file://)";
+          },
+          ""));
   fetch->add_option("--stall-timeout", o->stall_timeout_s,
                     "give up on a server that sends nothing for this many seconds, 0.001 to 86400 (default 60)")
       ->type_name("S")
-      ->check(quietly(positive()))
-      ->check(quietly(CLI::Range(0.001, 86400.0)));
+      ->check(CLI::Validator(
+          [](std::string& text) -> std::string {
+            char* end = nullptr;
+            const double v = std::strtod(text.c_str(), &end);
+            if (end != text.c_str() && *end == '\0' && v >= 0.001 && v <= 86400.0) return {};
+            return "expected a number of seconds from 0.001 to 86400, got " + text;
+          },
+          ""));
   return [o, names] {
     const RemoteDataset* d = find_remote_dataset(o->name);
     if (!d) {
