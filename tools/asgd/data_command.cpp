@@ -32,6 +32,7 @@ std::function<int()> add_data_command(CLI::App& app) {
       ->type_name("URL")  // refused empty (refuse_empty_paths): --mirror "$UNSET" meant the official servers
       ->check(CLI::Validator(
           [](std::string& url) -> std::string {  // a typo said "check the network", exit 1
+            if (url.empty()) return {};  // refuse_empty_paths says it
             for (const char* scheme : {"http://", "https://", "ftp://", "file://"})
               if (url.starts_with(scheme) && url.size() > std::string(scheme).size()) return {};
             return "'" + url + "' is not a URL this can download from (http://, https://, ftp:// or file://)";
