@@ -157,6 +157,12 @@ Result<FramedFile> read_framed(const std::string& path, const char (&magic)[8], 
     return Status::IOError(path + ": read failed: " + e.what());
   }
   constexpr std::size_t kFixed = sizeof kMagic + 8;
+  if (bytes.size() >= kFixed + 4 && std::memcmp(bytes.data(), magic, 4) == 0 &&
+      std::memcmp(bytes.data(), magic, sizeof kMagic) != 0)  // asgd's, of another kind: say which
+    return corrupt("an asgd file of another kind (" + std::string(bytes.data(), sizeof kMagic) + ", expected " +
+                   std::string(magic, sizeof kMagic) + (std::memcmp(bytes.data() + 4, "SHRD", 4) == 0
+                                                            ? "): a shard checkpoint, not a trained model"
+                                                            : ")"));
   if (bytes.size() < kFixed + 4 || std::memcmp(bytes.data(), magic, sizeof kMagic) != 0)
     return corrupt(std::string("not an asgd checkpoint (expected ") + std::string(magic, sizeof kMagic) + ")");
   std::uint32_t file_version = 0, header_len = 0, stored_crc = 0;

@@ -157,6 +157,17 @@ TEST(CheckpointFolderCli, ExportRefusesAFoldersFileNamesAndACheckpointThatDoesNo
   EXPECT_FALSE(fs::exists(scratch / "m.safetensors"));
   EXPECT_EQ(exported(*good).exit_code, 0);
 
+  // A shard's checkpoint copied in the model's place said only "not an
+  // asgd checkpoint (expected ASGDCKPT)".
+  const CliRun shards = asgd("train --epochs 1 --checkpoint-every 0.2 --data-dir " + mnist.string() +
+                             " --checkpoint-dir " + (scratch / "ck2").string() + kQuiet);
+  ASSERT_EQ(shards.exit_code, 0) << shards.err;
+  fs::remove_all(other);
+  fs::create_directories(other);
+  fs::copy_file(scratch / "ck2" / "shard-0.ckpt", other / "model.ckpt");
+  expect_one_line_error(asgd("export --checkpoint " + other.string() + " --out " + (scratch / "s.safetensors").string()),
+                        1, "a shard checkpoint, not a trained model");
+
   fs::remove_all(other);
   fs::create_directories(other);
   ASSERT_EQ(::mkfifo((other / "model.ckpt").c_str(), 0644), 0);
