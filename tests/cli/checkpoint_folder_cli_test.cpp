@@ -33,6 +33,14 @@ using asgd_test::slurp;
 
 const std::string kQuiet = " --validation-size 1000 --log-level warn";
 
+// One epoch of MNIST checkpointed into `ck` (shard checkpoints every 0.2 s
+// unless `flags` say otherwise).
+void train_one_epoch_into(const fs::path& mnist, const fs::path& ck, const std::string& flags = "") {
+  const CliRun r = asgd("train --epochs 1 --checkpoint-every 0.2 --data-dir " + mnist.string() + " --checkpoint-dir " +
+                        ck.string() + kQuiet + " " + flags);
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+}
+
 // A new job in a folder that holds an earlier job's shard checkpoints,
 // killed before it wrote its own: a --resume went on from the earlier
 // job's parameters and clocks ("resuming at epoch 2 of 3: 860 updates
@@ -41,9 +49,7 @@ TEST(CheckpointFolderCli, ANewJobRemovesTheEarlierJobsShardCheckpoints) {
   ASGD_REQUIRE_DATASET(mnist, "mnist");
   const asgd_test::TempDir scratch;
   const fs::path ck = scratch / "ck";
-  const CliRun earlier = asgd("train --epochs 1 --checkpoint-every 0.2 --data-dir " + mnist.string() +
-                              " --checkpoint-dir " + ck.string() + kQuiet);
-  ASSERT_EQ(earlier.exit_code, 0) << earlier.err;
+  ASSERT_NO_FATAL_FAILURE(train_one_epoch_into(mnist, ck));
   ASSERT_TRUE(fs::exists(ck / "shard-0.ckpt"));
   std::ofstream(ck / "shard-3.ckpt.7.tmp") << "a write an earlier job's process was killed in";
 
@@ -72,9 +78,7 @@ TEST(CheckpointFolderCli, AResumeKeepsTheBatchTakenAndRefusesAnotherSeedOrOtherD
   ASGD_REQUIRE_DATASET(fashion, "fashion-mnist");
   const asgd_test::TempDir scratch;
   const fs::path ck = scratch / "ck";
-  const CliRun first = asgd("train --epochs 1 --workers 8 --checkpoint-every 0.2 --data-dir " + mnist.string() +
-                            " --checkpoint-dir " + ck.string() + kQuiet);
-  ASSERT_EQ(first.exit_code, 0) << first.err;
+  ASSERT_NO_FATAL_FAILURE(train_one_epoch_into(mnist, ck, "--workers 8"));
   EXPECT_NE(slurp(ck / "job.toml").find("\nbatch = 32\n"), std::string::npos) << slurp(ck / "job.toml");
 
   const std::string resume = "train --resume " + ck.string() + " --epochs 2 --log-level off";
@@ -97,9 +101,7 @@ TEST(CheckpointFolderCli, AFolderFileTheJobCouldNotWriteIsRefusedBeforeTraining)
   ASGD_REQUIRE_DATASET(mnist, "mnist");
   const asgd_test::TempDir scratch;
   const fs::path ck = scratch / "ck";
-  const CliRun first = asgd("train --epochs 1 --checkpoint-every 0.2 --data-dir " + mnist.string() +
-                            " --checkpoint-dir " + ck.string() + kQuiet);
-  ASSERT_EQ(first.exit_code, 0) << first.err;
+  ASSERT_NO_FATAL_FAILURE(train_one_epoch_into(mnist, ck));
   std::ofstream(ck / "shard-0.ckpt.claim") << "xyz\n";
   expect_one_line_error(asgd("train --resume " + ck.string() + " --epochs 2 --log-level off"), 2,
                         "shard-0.ckpt.claim: holds no claim number");
@@ -129,8 +131,7 @@ TEST(CheckpointFolderCli, ExportRefusesAFoldersFileNamesAndACheckpointThatDoesNo
   ASGD_REQUIRE_DATASET(mnist, "mnist");
   const asgd_test::TempDir scratch;
   const fs::path ck = scratch / "ck", other = scratch / "other";
-  const CliRun first = asgd("train --epochs 1 --data-dir " + mnist.string() + " --checkpoint-dir " + ck.string() + kQuiet);
-  ASSERT_EQ(first.exit_code, 0) << first.err;
+  ASSERT_NO_FATAL_FAILURE(train_one_epoch_into(mnist, ck));
   fs::create_directories(other);
   for (const char* name : {"model.ckpt", "job.toml", "shard-7.ckpt"})
     expect_one_line_error(asgd("export --checkpoint " + ck.string() + " --out " + (other / name).string()), 2,
@@ -159,9 +160,7 @@ TEST(CheckpointFolderCli, ExportRefusesAFoldersFileNamesAndACheckpointThatDoesNo
 
   // A shard's checkpoint copied in the model's place said only "not an
   // asgd checkpoint (expected ASGDCKPT)".
-  const CliRun shards = asgd("train --epochs 1 --checkpoint-every 0.2 --data-dir " + mnist.string() +
-                             " --checkpoint-dir " + (scratch / "ck2").string() + kQuiet);
-  ASSERT_EQ(shards.exit_code, 0) << shards.err;
+  ASSERT_NO_FATAL_FAILURE(train_one_epoch_into(mnist, scratch / "ck2"));
   fs::remove_all(other);
   fs::create_directories(other);
   fs::copy_file(scratch / "ck2" / "shard-0.ckpt", other / "model.ckpt");

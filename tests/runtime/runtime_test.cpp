@@ -6,6 +6,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
 #include <mutex>
 #include <optional>
 #include <stdexcept>
@@ -168,6 +169,36 @@ TEST(Runtime, AJobsSummaryCarriesTheNormalisationAPredictorNeeds) {
   EXPECT_NEAR(r->input_stddev[0], 0.3081, 0.002);
 }
 
+// A short job run while a long one with the same `shared` setting trains
+// (in a Runtime of this process): its result then, and once the long one
+// was cancelled and has ended (`between` called before that second run).
+struct Contended {
+  Result<JobSummary> during = Status::Internal("not run");
+  Result<JobSummary> after = Status::Internal("not run");
+};
+Contended while_another_job_trains(const std::string& data, const std::function<void(JobConfig&)>& shared,
+                                   const std::function<void()>& between = [] {}) {
+  Contended out;
+  Runtime rt;
+  std::atomic<bool> training = false;
+  JobCallbacks cb;
+  cb.on_progress = [&](const Progress&) { training = true; };
+  JobConfig first = mnist_job(data, 200, 1);
+  shared(first);
+  auto job = rt.submit(first, cb);
+  EXPECT_TRUE(job.ok());
+  if (!job.ok()) return out;
+  EXPECT_TRUE(asgd_test::eventually([&] { return training.load(); }, 60s));
+  JobConfig second = mnist_job(data, 1, 2);
+  shared(second);
+  out.during = run_job(second);
+  job->cancel();
+  EXPECT_TRUE(job->wait_for(60s));
+  between();
+  out.after = run_job(second);
+  return out;
+}
+
 // Two jobs writing one checkpoint folder at once overwrote each other's
 // shard checkpoints (one's write failed, renamed from under it), and the
 // folder held whichever finished last: the second is refused now, in this
@@ -175,26 +206,13 @@ TEST(Runtime, AJobsSummaryCarriesTheNormalisationAPredictorNeeds) {
 TEST(Runtime, OneJobAtATimeWritesACheckpointFolder) {
   ASGD_REQUIRE_DATASET(dir, "mnist");
   const asgd_test::TempDir scratch;
-  Runtime rt;
-  std::atomic<bool> training = false;
-  JobCallbacks cb;
-  cb.on_progress = [&](const Progress&) { training = true; };
-  JobConfig first = mnist_job(dir.string(), 200, 1);
-  first.checkpoint_dir = (scratch / "ckpt").string();
-  auto job = rt.submit(first, cb);
-  ASSERT_TRUE(job.ok());
-  ASSERT_TRUE(asgd_test::eventually([&] { return training.load(); }, 60s));
-  JobConfig second = mnist_job(dir.string(), 1, 2);
-  second.checkpoint_dir = first.checkpoint_dir;
-  const auto refused = run_job(second);
-  EXPECT_EQ(refused.status().code(), StatusCode::invalid_argument);
-  EXPECT_EQ(refused.status().message(), "--checkpoint-dir " + first.checkpoint_dir +
-                                            ": another job is writing its checkpoints there (in this process or "
-                                            "another); give each job a folder of its own");
-  job->cancel();
-  ASSERT_TRUE(job->wait_for(60s));
-  const auto after = run_job(second);
-  EXPECT_TRUE(after.ok()) << after.status().to_string();
+  const std::string folder = (scratch / "ckpt").string();
+  const auto r = while_another_job_trains(dir.string(), [&](JobConfig& c) { c.checkpoint_dir = folder; });
+  EXPECT_EQ(r.during.status().code(), StatusCode::invalid_argument);
+  EXPECT_EQ(r.during.status().message(), "--checkpoint-dir " + folder +
+                                             ": another job is writing its checkpoints there (in this process or "
+                                             "another); give each job a folder of its own");
+  EXPECT_TRUE(r.after.ok()) << r.after.status().to_string();
 }
 
 // From the second embedding audit (2026-11-29): two jobs given one metrics
@@ -204,30 +222,18 @@ TEST(Runtime, OneJobAtATimeWritesACheckpointFolder) {
 TEST(Runtime, OneJobAtATimeWritesAMetricsFile) {
   ASGD_REQUIRE_DATASET(dir, "mnist");
   const asgd_test::TempDir scratch;
-  Runtime rt;
-  std::atomic<bool> training = false;
-  JobCallbacks cb;
-  cb.on_progress = [&](const Progress&) { training = true; };
-  JobConfig first = mnist_job(dir.string(), 200, 1);
-  first.metrics_out = (scratch / "m.jsonl").string();
-  auto job = rt.submit(first, cb);
-  ASSERT_TRUE(job.ok());
-  ASSERT_TRUE(asgd_test::eventually([&] { return training.load(); }, 60s));
-  JobConfig second = mnist_job(dir.string(), 1, 2);
-  second.metrics_out = first.metrics_out;
-  const auto refused = run_job(second);
-  EXPECT_EQ(refused.status().code(), StatusCode::invalid_argument);
-  EXPECT_NE(refused.status().message().find("another job is writing it"), std::string::npos)
-      << refused.status().message();
-  job->cancel();
-  ASSERT_TRUE(job->wait_for(60s));
-  std::ifstream in(first.metrics_out);
+  const std::string file = (scratch / "m.jsonl").string();
   std::size_t lines = 0;
-  for (std::string line; std::getline(in, line); ++lines)
-    EXPECT_TRUE(nlohmann::json::accept(line)) << "line " << lines << ": " << line;
-  EXPECT_GE(lines, 1u) << "the first job's lines, its stop line last";
-  const auto after = run_job(second);
-  EXPECT_TRUE(after.ok()) << after.status().to_string();
+  const auto r = while_another_job_trains(dir.string(), [&](JobConfig& c) { c.metrics_out = file; }, [&] {
+    std::ifstream in(file);  // the long job's, whole: the refused one wrote nothing, nor emptied it
+    for (std::string line; std::getline(in, line); ++lines)
+      EXPECT_TRUE(nlohmann::json::accept(line)) << "line " << lines << ": " << line;
+  });
+  EXPECT_GE(lines, 1u) << "the long job's lines, its stop line last";
+  EXPECT_EQ(r.during.status().code(), StatusCode::invalid_argument);
+  EXPECT_NE(r.during.status().message().find("another job is writing it"), std::string::npos)
+      << r.during.status().message();
+  EXPECT_TRUE(r.after.ok()) << r.after.status().to_string();
 }
 
 // wait_for(milliseconds::max()), a host's "for ever", overflowed inside the
