@@ -5,10 +5,11 @@
 // messages that arrive, so a call never blocks its caller.
 //
 // All-reduce: a ring over the live ranks, reduce-scatter then all-gather.
-// The vector (weight x data, with the weight appended) is cut into one chunk
-// per rank; at ring step s < m - 1 a rank adds the chunk its left neighbour
-// sent and passes the sum on; after m - 1 steps each holds one chunk summed
-// over every rank, and m - 1 more steps pass those around. Each link carries
+// The vector is cut into one chunk per rank; at ring step s < m - 1 a rank
+// folds its own data into the piece its left neighbour sent (a running
+// samples-weighted mean, the weight so far in the header: wire version 5)
+// and passes it on; after m - 1 steps each holds one chunk's mean over
+// every rank, and m - 1 more steps pass those around. Each link carries
 // 2 (m - 1) / m of the vector, in both directions at once. The sum of each
 // chunk is taken in ring order, the same in every run.
 //
