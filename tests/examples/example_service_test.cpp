@@ -25,6 +25,7 @@
 
 #include "dataset/idx.hpp"
 #include "http_client.hpp"
+#include "temp_dir.hpp"
 #include "test_data.hpp"
 
 namespace asgd {
@@ -47,7 +48,7 @@ constexpr const char* kServicePath = nullptr;  // built without Boost
 // descriptors the service may open (RLIMIT_NOFILE).
 class ServiceProcess {
  public:
-  explicit ServiceProcess(int idle_timeout_s = 0, rlim_t max_files = 0) {
+  explicit ServiceProcess(int idle_timeout_s = 0, rlim_t max_files = 0, const std::string& work_dir = "") {
     int out[2];
     if (::pipe(out) != 0) return;
     const std::string idle = std::to_string(idle_timeout_s);
@@ -62,6 +63,8 @@ class ServiceProcess {
       }
       if (idle_timeout_s > 0)
         ::execl(kServicePath, kServicePath, "0", "--idle-timeout", idle.c_str(), static_cast<char*>(nullptr));
+      else if (!work_dir.empty())
+        ::execl(kServicePath, kServicePath, "0", work_dir.c_str(), static_cast<char*>(nullptr));
       else
         ::execl(kServicePath, kServicePath, "0", static_cast<char*>(nullptr));
       ::_exit(127);
@@ -275,7 +278,8 @@ TEST(ExampleService, TrainsOnRequestAndClassifiesMnistDigits) {
   auto labels = data::read_idx_labels(mnist / "t10k-labels-idx1-ubyte.gz", 10);
   ASSERT_TRUE(images.ok() && labels.ok()) << images.status().to_string() << labels.status().to_string();
 
-  ServiceProcess service;
+  const asgd_test::TempDir work;
+  ServiceProcess service(0, 0, work.path().string());
   const int port = service.port();
   ASSERT_GT(port, 0) << "no 'listening on 127.0.0.1:PORT' line; output:\n" << service.output();
 
@@ -329,6 +333,15 @@ TEST(ExampleService, TrainsOnRequestAndClassifiesMnistDigits) {
   EXPECT_EQ(wrong_shape.status, 400) << wrong_shape.body;
   const auto out_of_range = http(port, "POST", "/predict", json{{"pixels", {std::vector<double>(kPixels, 255.0)}}}.dump());
   EXPECT_EQ(out_of_range.status, 400) << out_of_range.body;
+
+  // A second job's model replaces the first: the first's folder goes (each
+  // job's stayed, 2.8 MB apiece for a service that trains job after job).
+  ASSERT_EQ(http(port, "POST", "/train", settings.dump()).status, 202);
+  const json second = wait_for_job(port, std::chrono::seconds(180));
+  ASSERT_EQ(second.value("state", ""), "done") << second.dump() << "\nservice output:\n" << service.output();
+  EXPECT_EQ(second.value("model_version", 0), 2);
+  EXPECT_FALSE(std::filesystem::exists(work.path() / "job-1")) << "the replaced model's folder stayed";
+  EXPECT_TRUE(std::filesystem::exists(work.path() / "job-2" / "model.ckpt"));
 
   const auto exit = service.stop(SIGTERM, std::chrono::seconds(20));
   ASSERT_TRUE(exit.has_value()) << "the service did not exit within 20 s of SIGTERM";
