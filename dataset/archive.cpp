@@ -70,6 +70,18 @@ Status extract_tar_gz(const std::filesystem::path& archive, const std::filesyste
     return Status::Corruption(where + ": " + what + (code != Z_OK && msg ? std::string(" (") + msg + ")" : ""));
   };
   std::set<std::string> missing(wanted.begin(), wanted.end());
+  // Each member taken is written to BASE.part, and renamed to BASE only
+  // once the whole gzip stream was read and its CRC matched: zlib checks it
+  // at the end alone, and a member damaged inside (its tar header intact)
+  // was kept under its final name. Any error removes the parts.
+  std::vector<std::filesystem::path> parts;
+  struct RemoveParts {
+    std::vector<std::filesystem::path>& parts;
+    ~RemoveParts() {
+      std::error_code ignored;
+      for (const auto& p : parts) std::filesystem::remove(p, ignored);
+    }
+  } remove_parts{parts};
   std::string long_name;  // a GNU 'L' entry's name for the entry after it
   std::array<char, kBlock> h{};
   std::vector<char> buffer(1 << 20);
@@ -96,17 +108,15 @@ Status extract_tar_gz(const std::filesystem::path& archive, const std::filesyste
     }
     const bool take = regular && missing.count(base) > 0;
     std::unique_ptr<std::FILE, int (*)(std::FILE*)> out(nullptr, &std::fclose);
-    const std::filesystem::path target = dir / base, part = dir / (base + ".part");
+    const std::filesystem::path part = dir / (base + ".part");
     if (take) {
       out.reset(std::fopen(part.c_str(), "wb"));
       if (!out) return Status::IOError("cannot write " + part.string());
+      parts.push_back(part);
     }
     for (std::uint64_t left = padded; left > 0;) {
       const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(left, buffer.size()));
-      if (!read_exactly(buffer.data(), n)) {
-        if (out) std::filesystem::remove(part, ec);
-        return stream_error("member " + name + " is truncated");
-      }
+      if (!read_exactly(buffer.data(), n)) return stream_error("member " + name + " is truncated");
       const std::uint64_t offset = padded - left;
       if (out && offset < *size) {
         const std::size_t data = static_cast<std::size_t>(std::min<std::uint64_t>(n, *size - offset));
@@ -117,12 +127,21 @@ Status extract_tar_gz(const std::filesystem::path& archive, const std::filesyste
     if (!out) continue;
     if (std::fflush(out.get()) != 0) return Status::IOError("cannot write " + part.string());
     out.reset();
-    std::filesystem::rename(part, target, ec);
-    if (ec) return Status::IOError("cannot rename " + part.string() + " to " + target.string() + ": " + ec.message());
     missing.erase(base);
   }
   if (!missing.empty())
     return Status::NotFound(where + ": has no member named " + *missing.begin() + " (is it the right archive?)");
+  // The rest of the stream, to its end and its CRC.
+  for (int r; (r = gzread(gz.get(), buffer.data(), static_cast<unsigned>(buffer.size()))) != 0;)
+    if (r < 0) return stream_error("is damaged");
+  if (int code = 0; gzerror(gz.get(), &code) && code != Z_OK) return stream_error("is damaged");
+  for (std::filesystem::path& part : parts) {
+    std::filesystem::path target = part;
+    target.replace_extension();  // BASE.part -> BASE
+    std::filesystem::rename(part, target, ec);
+    if (ec) return Status::IOError("cannot rename " + part.string() + " to " + target.string() + ": " + ec.message());
+  }
+  parts.clear();  // renamed: nothing to remove
   return {};
 }
 

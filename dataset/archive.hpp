@@ -13,9 +13,11 @@
 namespace asgd::data {
 
 /// Writes the members of `archive` whose base name is in `wanted` into `dir`
-/// under their base names (the archive's folders dropped). Errors: not_found
-/// (no archive, or a wanted member it lacks, named), corruption (a bad gzip
-/// stream, a header that fails its checksum, a truncated member), io_error.
+/// under their base names (the archive's folders dropped), all of them only
+/// once the whole stream was read and its CRC matched (none on an error).
+/// Errors: not_found (no archive, or a wanted member it lacks, named),
+/// corruption (a bad gzip stream or CRC, a header that fails its checksum,
+/// a truncated member), io_error.
 Status extract_tar_gz(const std::filesystem::path& archive, const std::filesystem::path& dir,
                       const std::vector<std::string>& wanted);
 

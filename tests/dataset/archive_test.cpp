@@ -66,5 +66,34 @@ TEST(ExtractTarGz, AMissingMemberOrATruncatedArchiveIsNamed) {
   EXPECT_EQ(extract_tar_gz(tmp / "none.tar.gz", tmp / "out", {"a.bin"}).code(), StatusCode::not_found);
 }
 
+// A stream damaged inside a member whose tar header is intact inflated
+// without an error until zlib's CRC at the end, which was never read once
+// the last wanted member was out: the damaged member was kept under its
+// final name, and a bad trailer passed. Nothing is kept now.
+TEST(ExtractTarGz, AStreamWhoseCrcFailsKeepsNoMember) {
+  TempDir tmp;
+  make_archive(tmp);
+  // The wanted members first, then 2 MB that is not wanted: they are out
+  // long before the stream's end (zlib reads 256 KiB ahead).
+  std::string tail(2 << 20, '\0');
+  std::uint32_t x = 7;
+  for (char& c : tail) c = static_cast<char>((x = x * 1664525u + 1013904223u) >> 24);
+  std::ofstream(tmp / "src" / "folder" / "tail.bin", std::ios::binary) << tail;
+  const fs::path archive = tmp / "ordered.tar.gz";
+  const std::string cmd = "tar czf " + archive.string() + " -C " + (tmp / "src").string() +
+                          " folder/a.bin folder/b.bin folder/tail.bin";
+  ASSERT_EQ(std::system(cmd.c_str()), 0);
+  std::string bytes = read(archive);
+  bytes[bytes.size() - 8] = static_cast<char>(bytes[bytes.size() - 8] ^ 0xff);  // the gzip trailer's CRC-32
+  std::ofstream(tmp / "crc.tar.gz", std::ios::binary) << bytes;
+  fs::create_directories(tmp / "out");
+  const Status bad = extract_tar_gz(tmp / "crc.tar.gz", tmp / "out", {"a.bin", "b.bin"});
+  EXPECT_EQ(bad.code(), StatusCode::corruption) << bad.message();
+  EXPECT_NE(bad.message().find("is damaged ("), std::string::npos) << bad.message();
+  EXPECT_NE(bad.message().find("incorrect data check"), std::string::npos) << bad.message();
+  for (const char* name : {"a.bin", "b.bin", "a.bin.part", "b.bin.part"})
+    EXPECT_FALSE(fs::exists(tmp / "out" / name)) << name;
+}
+
 }  // namespace
 }  // namespace asgd::data
