@@ -302,8 +302,11 @@ Result<std::shared_ptr<const data::DatasetSplits>> job_data(const JobConfig& con
   auto loaded = data::load_dataset(config.dataset, dir, config.validation_size, config.seed, resolve_image_cache());
   if (!loaded) return loaded.status();
   auto data = std::make_shared<const data::DatasetSplits>(std::move(loaded).value());
-  logger().info("loaded {} from {}: {} train, {} validation, {} test images", config.dataset, dir, data->train.count,
-               data->validation.count, data->test.count);
+  logger().info("loaded {} from {}: {} train, {} validation, {} test images of {}x{}x{}; inputs normalised by "
+                "mean {} and stddev {} (per channel, measured on the training split)",
+                config.dataset, dir, data->train.count, data->validation.count, data->test.count, data->train.channels,
+                data->train.rows, data->train.cols, fmt::join(data->normalization.mean, ","),
+                fmt::join(data->normalization.stddev, ","));
   return data;
 }
 

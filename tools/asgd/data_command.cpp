@@ -33,9 +33,9 @@ std::function<int()> add_data_command(CLI::App& app) {
       ->check(CLI::Validator(
           [](std::string& url) -> std::string {  // a typo said "check the network", exit 1
             if (url.empty()) return {};  // refuse_empty_paths says it
-            for (const char* scheme : {"http://", "https://", "ftp://", "file://"})
+            for (const char* scheme : {"http://", "https://", "file://"})  // what libcurl here speaks
               if (url.starts_with(scheme) && url.size() > std::string(scheme).size()) return {};
-            return "'" + url + "' is not a URL this can download from (http://, https://, ftp:// or file://)";
+            return "'" + url + "' is not a URL this can download from (http://, https:// or file://)";
           },
           ""));
   fetch->add_option("--stall-timeout", o->stall_timeout_s,

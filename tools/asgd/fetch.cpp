@@ -1,5 +1,6 @@
 #include "tools/asgd/fetch.hpp"
 
+#include <algorithm>
 #include <curl/curl.h>
 #include <fcntl.h>
 #include <openssl/evp.h>
@@ -339,15 +340,17 @@ Status fetch_file(const RemoteDataset& d, const RemoteFile& file, const FetchOpt
                                               : std::string()));
 }
 
+// Whether every member of the archive is in the folder, each checked.
+bool members_present(const RemoteDataset& d, const FetchOptions& o) {
+  return std::all_of(d.members.begin(), d.members.end(),
+                     [&](const RemoteFile& m) { return mismatch(o.dir / m.name, m).empty(); });
+}
+
 // The archive's members in the folder, unpacked unless all are there.
 Status unpack_members(const RemoteDataset& d, const FetchOptions& o) {
+  if (members_present(d, o)) return {};
   std::vector<std::string> names;
-  bool present = true;
-  for (const RemoteFile& m : d.members) {
-    names.push_back(m.name);
-    present = present && mismatch(o.dir / m.name, m).empty();
-  }
-  if (present) return {};
+  for (const RemoteFile& m : d.members) names.push_back(m.name);
   const std::filesystem::path archive = o.dir / d.unpack;
   if (Status s = data::extract_tar_gz(archive, o.dir, names); !s.ok()) return s;
   for (const RemoteFile& m : d.members)
@@ -373,6 +376,13 @@ Status fetch_dataset(const RemoteDataset& d, const FetchOptions& o) {
                                            "the folder's lock), then run this one again to check the files",
                                            o.dir.string()));
   if (!lock) return lock.status();
+  // The unpacked files already here and whole: the archive is not needed
+  // (it was downloaded again, or the fetch failed offline, when it had been
+  // removed after unpacking).
+  if (!d.unpack.empty() && members_present(d, o)) {
+    if (o.say) o.say(fmt::format("{}: the {} unpacked files are here, each checked", d.name, d.members.size()));
+    return {};
+  }
   for (const RemoteFile& file : d.files)
     if (Status s = fetch_file(d, file, o); !s.ok()) return s;
   if (!d.unpack.empty()) return unpack_members(d, o);
