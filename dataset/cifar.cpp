@@ -20,6 +20,13 @@ Result<std::filesystem::path> find_cifar10_folder(const std::filesystem::path& d
   for (const std::filesystem::path& candidate :
        {dir, dir / "cifar-10-batches-bin", dir / "cifar10", dir / "cifar10" / "cifar-10-batches-bin"})
     if (std::filesystem::exists(candidate / cifar10_train_files().front(), ec)) return candidate;
+  // Only the archive here (a copy made by hand, or a fetch stopped before
+  // it unpacked): the fetch checks and unpacks it, no download.
+  for (const std::filesystem::path& folder : {dir, dir / "cifar10"})
+    if (std::filesystem::exists(folder / kCifar10Archive, ec))
+      return Status::NotFound((dir / cifar10_train_files().front()).string() + ": no such file, but " +
+                              (folder / kCifar10Archive).string() + " is: asgd data fetch cifar10 --data-dir " +
+                              folder.string() + " checks it and unpacks the batches without a download");
   return Status::NotFound((dir / cifar10_train_files().front()).string() +
                           ": no such file (CIFAR-10's binary batches; asgd data fetch cifar10 downloads them)");
 }

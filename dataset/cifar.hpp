@@ -22,6 +22,9 @@ namespace asgd::data {
 inline constexpr std::size_t kCifarSide = 32;
 inline constexpr std::size_t kCifarChannels = 3;
 inline constexpr std::size_t kCifarRecordBytes = 1 + kCifarChannels * kCifarSide * kCifarSide;
+/// The binary version's archive, as its authors publish it (asgd data fetch
+/// downloads and unpacks it).
+inline constexpr const char* kCifar10Archive = "cifar-10-binary.tar.gz";
 
 /// The training files, in order, and the test file.
 const std::vector<std::string>& cifar10_train_files();

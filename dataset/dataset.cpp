@@ -106,7 +106,10 @@ Result<ImagesAndLabels> read_images_and_labels(const std::filesystem::path& dir,
 Result<ImagesAndLabels> read_cifar10(const std::filesystem::path& dir, const std::vector<std::string>& files) {
   auto read = read_cifar10_batches(dir, files);
   if (!read) return read.status();
-  return ImagesAndLabels{dir / files.front(), std::move(read->images), std::move(read->labels)};
+  // (Named as the folder when the set is spread over several files: a
+  // message about the training set named data_batch_1.bin alone.)
+  return ImagesAndLabels{files.size() == 1 ? dir / files.front() : dir, std::move(read->images),
+                         std::move(read->labels)};
 }
 
 // The official training and test sets of `name` in `dir` (or in the

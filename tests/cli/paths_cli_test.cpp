@@ -42,6 +42,9 @@ TEST(PathsCli, APathThatCannotBeLookedAtIsOneLineNotAnAbort) {
   std::ofstream(file) << "not a folder";
   expect_one_line_error(asgd("train --epochs 1 --data-dir " + file.string()), 2,
                         "data directory " + file.string() + " is not a folder");
+  // A folder under a file "did not exist".
+  expect_one_line_error(asgd("train --epochs 1 --data-dir " + (file / "sub").string()), 2,
+                        "data directory " + (file / "sub").string() + " cannot be: " + file.string() + " is a file");
 }
 
 // A new job in a folder that holds an earlier job's model.ckpt: the earlier

@@ -98,5 +98,25 @@ TEST(Cifar10, ATruncatedFileABadLabelOrAMissingBatchIsNamed) {
   EXPECT_NE(missing.status().message().find("data_batch_5.bin: no such file"), std::string::npos);
 }
 
+// Only the archive in the folder: the message said to download it, when
+// the fetch would check and unpack the one here. A --validation-size too
+// large named data_batch_1.bin for a training set of five files.
+TEST(Cifar10, OnlyTheArchiveHereSaysTheFetchUnpacksItAndTheTrainingSetIsNamedByItsFolder) {
+  TempDir tmp;
+  fs::create_directories(tmp / "only");
+  std::ofstream(tmp / "only" / kCifar10Archive) << "an archive";
+  const auto only = find_cifar10_folder(tmp / "only");
+  EXPECT_EQ(only.status().code(), StatusCode::not_found);
+  EXPECT_NE(only.status().message().find(std::string(kCifar10Archive) + " is: asgd data fetch cifar10 --data-dir"),
+            std::string::npos)
+      << only.status().message();
+  asgd_test::write_cifar10(tmp / "batches", 10);  // 50 training images
+  const auto big = load_dataset("cifar10", tmp / "batches", 50, 1);
+  EXPECT_EQ(big.status().code(), StatusCode::invalid_argument);
+  EXPECT_NE(big.status().message().find("the 50 training images in " + (tmp / "batches").string()), std::string::npos)
+      << big.status().message();
+  EXPECT_EQ(big.status().message().find("data_batch_1.bin"), std::string::npos) << big.status().message();
+}
+
 }  // namespace
 }  // namespace asgd::data

@@ -18,6 +18,7 @@
 
 #include "base/folder_lock.hpp"
 #include "dataset/archive.hpp"
+#include "dataset/cifar.hpp"
 
 namespace asgd::cli {
 
@@ -54,8 +55,8 @@ const std::vector<RemoteDataset>& remote_datasets() {
        {}},
       {"cifar10",
        {"https://www.cs.toronto.edu/~kriz/"},
-       {{"cifar-10-binary.tar.gz", 170052171, "md5", "c32a1d4ab5d03f1284b67883e8d87530"}},
-       "cifar-10-binary.tar.gz",
+       {{data::kCifar10Archive, 170052171, "md5", "c32a1d4ab5d03f1284b67883e8d87530"}},
+       data::kCifar10Archive,
        {{"data_batch_1.bin", 30730000, "", ""},
         {"data_batch_2.bin", 30730000, "", ""},
         {"data_batch_3.bin", 30730000, "", ""},

@@ -140,9 +140,17 @@ std::optional<int> refuse_missing_data(const JobConfig& config) {
   const std::string dir = resolve_data_dir(config);
   const PathLook look = look_at(dir);
   if (look.kind == PathKind::folder) return std::nullopt;
-  const std::string what = look.kind == PathKind::missing      ? "does not exist"
-                           : look.kind == PathKind::unreadable ? "cannot be read (" + look.error + ")"
-                                                               : "is not a folder";
+  std::string what = look.kind == PathKind::missing      ? "does not exist"
+                     : look.kind == PathKind::unreadable ? "cannot be read (" + look.error + ")"
+                                                         : "is not a folder";
+  // A path under a file "did not exist": say which part is the file.
+  for (std::filesystem::path up = std::filesystem::path(dir).parent_path(); look.kind != PathKind::folder &&
+                                                                           !up.empty() && up != up.parent_path();
+       up = up.parent_path())
+    if (look_at(up).kind == PathKind::file) {
+      what = "cannot be: " + up.string() + " is a file";
+      break;
+    }
   print_error("data directory " + dir + " " + what + " (set --data-dir, or ASGD_DATA_DIR to the folder holding " +
               config.dataset + "/; asgd data fetch " + config.dataset + " downloads it there)");
   return kExitUsage;
