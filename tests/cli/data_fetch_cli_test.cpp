@@ -19,6 +19,7 @@
 #include <thread>
 
 #include "cli/cli_run.hpp"
+#include "dataset/cifar_files.hpp"
 #include "runtime/asgd_processes.hpp"
 #include "test_data.hpp"
 
@@ -269,6 +270,18 @@ TEST(DataFetch, ADamagedPartAFileThatCannotBeWrittenAndASecondFetchAreSaidForWha
   expect_one_line_error(asgd(fetch + " --mirror notaurl"), 2, "--mirror: 'notaurl' is not a URL this can download from");
   expect_one_line_error(asgd(fetch + " --stall-timeout 86401"), 2,
                         "--stall-timeout: expected a number of seconds from 0.001 to 86400, got 86401");
+}
+
+// CIFAR-10's six batches already here, each of its size: the archive is
+// not needed. The fetch downloaded it again (and failed offline) when it
+// had been removed after unpacking.
+TEST(DataFetch, Cifar10BatchesAlreadyUnpackedNeedNoArchive) {
+  const TempDir dir;
+  write_cifar10(dir.path(), 10000);  // the official batches' sizes
+  const CliRun r = asgd("data fetch cifar10 --data-dir " + dir.path().string() + " --mirror file:///nonexistent/");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("the 6 unpacked files are here, each checked"), std::string::npos) << r.out << r.err;
+  EXPECT_FALSE(fs::exists(dir.path() / "cifar-10-binary.tar.gz"));
 }
 
 }  // namespace
