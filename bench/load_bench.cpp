@@ -30,6 +30,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
@@ -460,8 +461,24 @@ int run_load(const LoadOptions& o) {
     return kExitFailure;
   };
 
+  // Ctrl-C or SIGTERM: stop early, and still stop the shard processes (from
+  // the start: one during the start-up ended the bench by the signal, its
+  // shard processes left to their heartbeat timeout).
+  const Interrupts interrupts;
+
   // The coordinator's side.
   auto coordination = std::make_shared<Coordination>();
+  // Up to 30 s for `ready` (the coordination's lock held), or until Ctrl-C;
+  // empty when ready, else why not.
+  auto await_ready = [&](std::unique_lock<std::mutex>& lock, const std::function<bool()>& ready,
+                         const std::string& late) -> std::string {
+    const auto deadline = SteadyClock::now() + std::chrono::seconds(30);
+    while (!coordination->cv.wait_for(lock, std::chrono::milliseconds(100), ready)) {
+      if (interrupts.token().stop_requested()) return "interrupted while the shard processes started";
+      if (SteadyClock::now() >= deadline) return late;
+    }
+    return {};
+  };
   BridgeOptions bo;
   bo.listen = "tcp://127.0.0.1:0";
   bo.name = "load bench";
@@ -485,10 +502,12 @@ int run_load(const LoadOptions& o) {
   }
   {
     std::unique_lock lock(coordination->mu);
-    if (!coordination->cv.wait_for(lock, std::chrono::seconds(30),
-                                   [&] { return coordination->registered.size() >= o.shards; }))
-      return fail(std::to_string(coordination->registered.size()) + " of " + std::to_string(o.shards) +
-                  " shard processes registered within 30 s");
+    if (const std::string why = await_ready(
+            lock, [&] { return coordination->registered.size() >= o.shards; },
+            std::to_string(coordination->registered.size()) + " of " + std::to_string(o.shards) +
+                " shard processes registered within 30 s");
+        !why.empty())
+      return fail(why);
     for (const auto& [peer, reg] : coordination->registered) {
       if (reg.role != Role::shard || reg.index >= o.shards) return fail("an unexpected registration");
       shards[reg.index]->peer = peer;
@@ -525,11 +544,15 @@ int run_load(const LoadOptions& o) {
   {
     // A shard's first heartbeat comes once it serves.
     std::unique_lock lock(coordination->mu);
-    if (!coordination->cv.wait_for(lock, std::chrono::seconds(30), [&] {
-          return std::all_of(shards.begin(), shards.end(),
-                             [&](const auto& s) { return coordination->beating.count(s->peer) > 0; });
-        }))
-      return fail("a shard process did not start serving within 30 s of its assignment");
+    if (const std::string why = await_ready(
+            lock,
+            [&] {
+              return std::all_of(shards.begin(), shards.end(),
+                                 [&](const auto& s) { return coordination->beating.count(s->peer) > 0; });
+            },
+            "a shard process did not start serving within 30 s of its assignment");
+        !why.empty())
+      return fail(why);
   }
 
   std::printf("bench load: %u workers -> %u shard processes (asgd shard), %llu floats (%llu per shard), %s, %s, "
@@ -549,7 +572,6 @@ int run_load(const LoadOptions& o) {
   std::vector<std::thread> workers;
   for (std::uint32_t w = 0; w < o.workers; ++w) workers.emplace_back([&run, w] { worker_loop(run, w); });
 
-  const Interrupts interrupts;  // Ctrl-C or SIGTERM: stop early, and still stop the shard processes
   const auto t0 = SteadyClock::now();
   std::uint64_t last_sent = 0, last_applied = 0;
   double last_t = 0;
@@ -557,7 +579,10 @@ int run_load(const LoadOptions& o) {
   std::uint64_t replies_seen = 0;  // a deadlock shows as no reply at all for a while
   auto replies_changed = SteadyClock::now();
   for (int tick = 1;; ++tick) {
-    std::this_thread::sleep_until(t0 + std::chrono::seconds(tick));
+    // (A run of under a second ran a whole one.)
+    std::this_thread::sleep_until(std::min(
+        t0 + std::chrono::seconds(tick),
+        t0 + std::chrono::duration_cast<SteadyClock::duration>(std::chrono::duration<double>(o.seconds))));
     const double t = std::chrono::duration<double>(SteadyClock::now() - t0).count();
     Sample sm{t, {}};
     for (std::uint32_t i = 0; i < o.shards; ++i) {
