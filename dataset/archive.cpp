@@ -53,7 +53,6 @@ class GzStream {
     if (gz_) gzbuffer(gz_.get(), 1 << 18);
   }
   bool open() const { return gz_ != nullptr; }
-  const std::string& where() const { return where_; }
 
   bool read_exactly(char* to, std::size_t n) {
     std::size_t got = 0;

@@ -311,9 +311,9 @@ Result<JobSummary> run_coordinator_process(const JobConfig& config, const Proces
 
   ClusterHooks hooks;
   hooks.make_placement = [&](caf::actor_system&,
-                             const data::DatasetSplits& data) -> Result<std::shared_ptr<RemotePlacement>> {
+                             std::uint32_t train_fingerprint) -> Result<std::shared_ptr<RemotePlacement>> {
     return std::shared_ptr<RemotePlacement>(std::make_shared<ClusterPlacement>(
-        bridge, registry, config, shard_endpoints, o.join_timeout_s, data.train.fingerprint()));
+        bridge, registry, config, shard_endpoints, o.join_timeout_s, train_fingerprint));
   };
   hooks.on_coordinator = [registry](caf::actor c) { caf::anon_send(registry, coordinator_atom::value, std::move(c)); };
   // Its evaluations share this process's CPUs only with the workers on

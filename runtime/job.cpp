@@ -330,7 +330,7 @@ Result<JobSummary> run_coordinator(CoordinatorSetup setup, const ClusterHooks& h
   {
     caf::actor_system system{cfg};
     if (hooks.make_placement) {
-      auto placement = hooks.make_placement(system, *setup.data);
+      auto placement = hooks.make_placement(system, setup.plan.train_fingerprint);
       if (!placement) return placement.status();
       setup.remote = std::move(placement).value();
     }

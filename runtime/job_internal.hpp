@@ -16,9 +16,10 @@ namespace asgd {
 
 struct ClusterHooks {
   /// Called once the job's actor system exists, before the coordinator
-  /// starts: where its shards and workers are. The data is what the
-  /// coordinator loaded (its workers check theirs against it).
-  std::function<Result<std::shared_ptr<RemotePlacement>>(caf::actor_system&, const data::DatasetSplits&)>
+  /// starts: where its shards and workers are. The plan's, of the data
+  /// the coordinator loaded: its training split's fingerprint (JobPlan::
+  /// train_fingerprint), which its workers check theirs against.
+  std::function<Result<std::shared_ptr<RemotePlacement>>(caf::actor_system&, std::uint32_t train_fingerprint)>
       make_placement;
   /// Called with the coordinator once it is spawned (to route reports to it).
   std::function<void(caf::actor)> on_coordinator;

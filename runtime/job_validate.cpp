@@ -168,10 +168,10 @@ Status device_usable_here(const std::string& text) {
   return {};
 }
 
-// What the job's plan would refuse of these data, said before it starts:
-// more workers than samples, a worker's share smaller than its batch.
-Status plannable(const JobConfig& c, const UserDataset& data, std::size_t params) {
-  const Shape shape = data.sample_shape.size() == 1 ? Shape{1, 1, data.sample_shape[0]} : Shape(data.sample_shape);
+// What the job's plan would refuse of these data (samples of `shape`),
+// said before it starts: more workers than samples, a worker's share
+// smaller than its batch.
+Status plannable(const JobConfig& c, const UserDataset& data, const Shape& shape, std::size_t params) {
   auto plan = plan_job(c, {params, data.train.count(), data.classes, shape, Placement::one_process, 1});
   return plan ? Status{} : plan.status();
 }
@@ -179,22 +179,22 @@ Status plannable(const JobConfig& c, const UserDataset& data, std::size_t params
 Status validate(const JobConfig& c, const UserDataset& data) {
   if (Status s = validate_config(c, false); !s.ok()) return s;
   if (Status s = validate(data); !s.ok()) return s;
+  // Vectors (N) reach a model as (1, 1, N).
+  const Shape shape = data.sample_shape.size() == 1 ? Shape{1, 1, data.sample_shape[0]} : Shape(data.sample_shape);
   if (c.model_spec) {
     auto n = validate(*c.model_spec, data.sample_shape, data.classes);
     if (!n) return n.status();
-    return plannable(c, data, *n);
+    return plannable(c, data, shape, *n);
   }
   if (auto a = data::parse_augment(c.augment, c.dataset); a && a->any() && data.sample_shape.size() != 3)
     return Status::InvalidArgument("--augment " + data::to_string(*a) +
                                    " shifts and mirrors images; this job's own samples are vectors (" +
                                    std::to_string(data.sample_shape.at(0)) + " values): use --augment none");
-  // A named model on these samples (vectors reach it as (1, 1, N)): built
-  // once here, unfilled, so that one that does not fit is refused before
-  // anything starts.
-  const Shape shape = data.sample_shape.size() == 1 ? Shape{1, 1, data.sample_shape[0]} : Shape(data.sample_shape);
+  // A named model on these samples: built once here, unfilled, so that one
+  // that does not fit is refused before anything starts.
   auto m = Model::build(c.model, nullptr, shape, data.classes);
   if (!m) return m.status();
-  return plannable(c, data, m->num_params());
+  return plannable(c, data, shape, m->num_params());
 }
 
 }  // namespace asgd

@@ -19,21 +19,15 @@ namespace {
 // any: Runtime::start marks every callback. That job waits for its
 // callback, so waiting for the job from there would never end.
 thread_local const void* t_in_callback_of = nullptr;
-// And the Runtime (its Impl) that job runs in.
-thread_local const void* t_in_callback_of_runtime = nullptr;
 
 template <class... Args>
-std::function<void(Args...)> marked(const void* job, const void* runtime, std::function<void(Args...)> callback) {
+std::function<void(Args...)> marked(const void* job, std::function<void(Args...)> callback) {
   if (!callback) return callback;
-  return [job, runtime, callback = std::move(callback)](Args... args) {
+  return [job, callback = std::move(callback)](Args... args) {
     struct Mark {
       const void* outer;
-      const void* outer_runtime;
-      ~Mark() {
-        t_in_callback_of = outer;
-        t_in_callback_of_runtime = outer_runtime;
-      }
-    } mark{std::exchange(t_in_callback_of, job), std::exchange(t_in_callback_of_runtime, runtime)};
+      ~Mark() { t_in_callback_of = outer; }
+    } mark{std::exchange(t_in_callback_of, job)};
     callback(std::forward<Args>(args)...);
   };
 }
@@ -45,6 +39,7 @@ struct JobHandle::State {
   mutable std::mutex mu;
   mutable std::condition_variable cv;
   std::optional<Result<JobSummary>> result;  // set once, when the job ends
+  const void* runtime = nullptr;             // the Runtime (its Impl) that runs the job
 };
 
 const Result<JobSummary>& JobHandle::wait() const {
@@ -183,11 +178,10 @@ Result<JobHandle> Runtime::start(const JobConfig& config, std::shared_ptr<const 
   // reads it later, on its thread): the job gets a copy of its own.
   if (data) data = std::make_shared<const UserDataset>(*data);
   auto state = std::make_shared<JobHandle::State>();
-  const void* runtime = impl_.get();
-  callbacks = {marked(state.get(), runtime, std::move(callbacks.on_epoch)),
-               marked(state.get(), runtime, std::move(callbacks.on_eval)),
-               marked(state.get(), runtime, std::move(callbacks.on_progress)),
-               marked(state.get(), runtime, std::move(callbacks.on_final_params))};
+  state->runtime = impl_.get();
+  callbacks = {marked(state.get(), std::move(callbacks.on_epoch)), marked(state.get(), std::move(callbacks.on_eval)),
+               marked(state.get(), std::move(callbacks.on_progress)),
+               marked(state.get(), std::move(callbacks.on_final_params))};
   std::lock_guard lock(impl_->mu);
   if (impl_->stopped) return Status::Cancelled("the runtime has been stopped");
   impl_->reap();
@@ -226,7 +220,8 @@ void Runtime::stop() {
   // elsewhere, which may be waiting for that very job, is not waited for.
   // From another Runtime's job's callback, a stop waits as any other does
   // (it returned with this Runtime's jobs still running).
-  const bool in_callback = t_in_callback_of_runtime == impl_.get();
+  const bool in_callback =
+      t_in_callback_of != nullptr && static_cast<const JobHandle::State*>(t_in_callback_of)->runtime == impl_.get();
   std::unique_lock stopping(impl_->stopping, std::defer_lock);
   if (!in_callback) stopping.lock();
   std::vector<Impl::Job> jobs;

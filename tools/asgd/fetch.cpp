@@ -347,9 +347,9 @@ bool members_present(const RemoteDataset& d, const FetchOptions& o) {
                      [&](const RemoteFile& m) { return mismatch(o.dir / m.name, m).empty(); });
 }
 
-// The archive's members in the folder, unpacked unless all are there.
+// The archive's members unpacked into the folder (fetch_dataset fetched the
+// archive only when they were not all there).
 Status unpack_members(const RemoteDataset& d, const FetchOptions& o) {
-  if (members_present(d, o)) return {};
   std::vector<std::string> names;
   for (const RemoteFile& m : d.members) names.push_back(m.name);
   const std::filesystem::path archive = o.dir / d.unpack;
