@@ -144,8 +144,7 @@ std::optional<int> refuse_missing_data(const JobConfig& config) {
                      : look.kind == PathKind::unreadable ? "cannot be read (" + look.error + ")"
                                                          : "is not a folder";
   // A path under a file "did not exist": say which part is the file.
-  for (std::filesystem::path up = std::filesystem::path(dir).parent_path(); look.kind != PathKind::folder &&
-                                                                           !up.empty() && up != up.parent_path();
+  for (std::filesystem::path up = std::filesystem::path(dir).parent_path(); !up.empty() && up != up.parent_path();
        up = up.parent_path())
     if (look_at(up).kind == PathKind::file) {
       what = "cannot be: " + up.string() + " is a file";
