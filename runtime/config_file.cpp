@@ -281,8 +281,8 @@ std::optional<TomlKind> toml_kind(const std::string& key) {
 
 // Why `value` is not of `key`'s type, if it is not. A user's file gives
 // numbers and booleans as such; asgd's own (job.toml, the coordinator's)
-// give every value as a string, which `strict` false accepts. "" (the
-// default) goes for any key.
+// give every value as a string, which `strict` false accepts. "" (the key
+// left out) goes for any key.
 std::optional<std::string> wrong_type(const std::string& key, const toml::value& value, bool strict) {
   const auto known = toml_kind(key);
   if (!known) return std::nullopt;  // set_job_field says it is not a setting ("bogus = 1" was told to quote it)
@@ -314,6 +314,10 @@ Result<ConfigSettings> toml_settings(const toml::value& root, const std::string&
     if (auto why = wrong_type(key, value, strict))
       return Status::InvalidArgument("config file " + origin + ": key '" + key + "' " + *why + ", not " +
                                      toml::format(value));
+    // "" is the key left out (its default, or on --resume the resumed
+    // job's value), as job.toml writes an empty path: `epochs = ""` was
+    // parsed as a number.
+    if (value.is_string() && value.as_string().str.empty() && toml_kind(key)) continue;
     std::string text;
     if (value.is_string()) {
       text = value.as_string().str;

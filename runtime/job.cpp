@@ -370,10 +370,7 @@ Result<JobSummary> run_coordinator(CoordinatorSetup setup, const ClusterHooks& h
 
 }  // namespace
 
-namespace {
-
-// The job's checkpoint folder (none without one), ready and held: one job
-// at a time writes it. Two at once (in this process or another) overwrote
+// Two jobs at once in one folder (in this process or another) overwrote
 // each other's shard checkpoints, and the folder kept whichever finished
 // last.
 Result<std::optional<FolderLock>> hold_checkpoint_dir(const JobConfig& config) {
@@ -387,6 +384,8 @@ Result<std::optional<FolderLock>> hold_checkpoint_dir(const JobConfig& config) {
   if (!held) return held.status();
   return std::optional<FolderLock>(std::move(held).value());
 }
+
+namespace {
 
 // `callback`, not called once `stop` is requested: the job is ending
 // cancelled, and epochs already reported (a small job's, queued behind

@@ -7,8 +7,10 @@
 
 #include <functional>
 #include <memory>
+#include <optional>
 
 #include "actors/coordinator.hpp"
+#include "base/folder_lock.hpp"
 #include "asgd/job.hpp"
 #include "compute/context.hpp"
 
@@ -64,6 +66,11 @@ void await_actors(caf::actor_system& system, std::chrono::milliseconds every);
 /// be written (or its model.ckpt is not a regular file), so that a job
 /// learns it before it trains, not at its first checkpoint.
 Status prepare_checkpoint_dir(const JobConfig& config);
+
+/// The job's checkpoint folder (none without one), ready
+/// (prepare_checkpoint_dir) and held: one job at a time writes it.
+/// Errors: invalid_argument naming the folder when another job holds it.
+Result<std::optional<FolderLock>> hold_checkpoint_dir(const JobConfig& config);
 
 /// validate(config), checking the device on this machine only when
 /// `devices_here` (a coordinator whose workers run on other hosts does not).

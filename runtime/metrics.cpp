@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "base/json_text.hpp"
+#include "base/log.hpp"
 #include "base/paths.hpp"
 #include "runtime/config_file.hpp"
 
@@ -242,31 +243,48 @@ Result<MetricsWriter> MetricsWriter::open(const std::string& path, bool append) 
     return refuse(errno == EWOULDBLOCK ? "another job is writing it (in this process or another); give each job a "
                                          "metrics file of its own"
                                        : std::string("cannot lock it: ") + std::strerror(errno));
-  if (!append && ::ftruncate(w.fd_, 0) != 0) return refuse(std::string("cannot empty it: ") + std::strerror(errno));
+  w.empty_first_ = !append;
   return w;
 }
 
 MetricsWriter::MetricsWriter(MetricsWriter&& other) noexcept
-    : path_(std::move(other.path_)), fd_(std::exchange(other.fd_, -1)) {}
+    : path_(std::move(other.path_)), fd_(std::exchange(other.fd_, -1)), empty_first_(other.empty_first_) {}
 
 MetricsWriter::~MetricsWriter() {
   if (fd_ >= 0) ::close(fd_);  // and the lock with it
 }
 
 Status MetricsWriter::write(const nlohmann::json& record) {
+  auto failed = [&](const char* what) {
+    return Status::IOError("writing metrics file " + path_ + " failed: " + what + std::strerror(errno));
+  };
+  if (empty_first_) {
+    if (::ftruncate(fd_, 0) != 0) return failed("cannot empty it: ");
+    empty_first_ = false;
+  }
+  const off_t start = ::lseek(fd_, 0, SEEK_END);
   const std::string line = json_text(record) + '\n';
   std::size_t done = 0;
   while (done < line.size()) {  // O_APPEND: each write lands at the end
     const ssize_t n = ::write(fd_, line.data() + done, line.size() - done);
     if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) return Status::IOError("writing metrics file " + path_ + " failed: " + std::strerror(errno));
+    if (n <= 0) {
+      const Status why = failed("");
+      if (done > 0 && start >= 0) {  // no torn line
+        [[maybe_unused]] const int cut = ::ftruncate(fd_, start);
+      }
+      return why;
+    }
     done += static_cast<std::size_t>(n);
   }
   return {};
 }
 
 void MetricsSink::write(const nlohmann::json& record) {
-  if (writer && error.ok()) error = writer->write(record);
+  if (!writer || !error.ok()) return;
+  error = writer->write(record);
+  if (!error.ok())
+    logger().error("{}: the job goes on without writing more lines there, and ends with this error", error.message());
 }
 
 void MetricsSink::stopped(const Status& why, double wall_s) {

@@ -38,8 +38,10 @@ Status check_metrics_path(const std::string& metrics_out, const std::string& che
 /// one job at a time writes it. Not thread-safe.
 class MetricsWriter {
  public:
-  /// Creates (truncates) `path`, or appends to it (a resumed job's file
-  /// goes on). Errors: invalid_argument naming the path when it cannot be
+  /// Creates `path` and locks it, or appends to it (a resumed job's file
+  /// goes on). An earlier file is emptied at the first write, not here: a
+  /// job refused after this (a usage error) leaves the file as it found
+  /// it. Errors: invalid_argument naming the path when it cannot be
   /// written, or when another job (in this process or another) writes it:
   /// two jobs' lines interleaved in one file, both ending ok.
   static Result<MetricsWriter> open(const std::string& path, bool append = false);
@@ -47,12 +49,15 @@ class MetricsWriter {
   MetricsWriter& operator=(MetricsWriter&&) = delete;
   MetricsWriter(const MetricsWriter&) = delete;
   ~MetricsWriter();
+  /// One line, whole or not at all: a write that fails part-way is cut
+  /// back, so the file stays valid JSON Lines.
   Status write(const nlohmann::json& record);
 
  private:
   MetricsWriter() = default;
   std::string path_;
   int fd_ = -1;
+  bool empty_first_ = false;  ///< the earlier file's lines go at the first write
 };
 
 /// A job's metrics file, when it has one: records go there until a write

@@ -2,10 +2,15 @@
 // again: one line and an exit status, never an abort, and never an earlier
 // job's model taken for this one's.
 
+#include <arpa/inet.h>
 #include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
 
 #include <filesystem>
 #include <fstream>
+#include <sstream>
 #include <string>
 
 #include "cli/cli_run.hpp"
@@ -83,6 +88,55 @@ TEST(PathsCli, AMetricsFileInPlaceOfTheJobsOwnFilesOrItsLogIsRefusedBeforeTheJob
   expect_one_line_error(missing, 2, "--metrics-out nowhere/run.jsonl: its folder nowhere does not exist");
   EXPECT_TRUE(missing.out.empty()) << "refused before the job: " << missing.out;
   EXPECT_FALSE(fs::exists(dir / "ck")) << "nothing written";
+}
+
+std::string contents(const fs::path& file) {
+  std::stringstream text;
+  text << std::ifstream(file).rdbuf();
+  return text.str();
+}
+
+// A job refused before it began (exit 2) leaves an earlier metrics file as
+// it found it, as the user guide says: a checkpoint folder that cannot be
+// written emptied it (it was emptied when opened, before that check). A
+// metrics or log file that is the --config file is refused: the config
+// was overwritten with JSON lines, exit 0.
+TEST(PathsCli, ARefusedJobLeavesTheMetricsFileAndNothingWritesOverTheConfigFile) {
+  ASGD_REQUIRE_DATASET(mnist, "mnist");
+  const asgd_test::TempDir dir;
+  const std::string earlier = "{\"event\":\"summary\"}\n";
+  std::ofstream(dir / "m.jsonl") << earlier;
+  const std::string job = " --epochs 1 --data-dir " + mnist.string() + " --metrics-out m.jsonl --checkpoint-dir ";
+  for (const char* command : {"train", "cluster"}) {
+    const CliRun r = asgd(command + job + "/proc/no-such-folder", dir.path());
+    EXPECT_EQ(r.exit_code, 2) << command << ": " << r.err;
+    EXPECT_NE(r.err.find("/proc/no-such-folder"), std::string::npos) << r.err;
+    EXPECT_EQ(contents(dir / "m.jsonl"), earlier) << command;
+  }
+  {  // refused inside the job, after it opened the file: a status port another holds
+    const int held = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    socklen_t len = sizeof addr;
+    ASSERT_EQ(::bind(held, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    ASSERT_EQ(::listen(held, 1), 0);
+    ASSERT_EQ(::getsockname(held, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+    const std::string port = std::to_string(ntohs(addr.sin_port));
+    expect_one_line_error(asgd("train --epochs 1 --data-dir " + mnist.string() + " --metrics-out m.jsonl --status-port " +
+                                   port, dir.path()),
+                          2, "--status-port " + port + ": cannot listen");
+    ::close(held);
+    EXPECT_EQ(contents(dir / "m.jsonl"), earlier);
+  }
+  const std::string settings = "epochs = 1\nmetrics-out = \"c.toml\"\n";
+  std::ofstream(dir / "c.toml") << settings;
+  expect_one_line_error(asgd("train --config c.toml --data-dir " + mnist.string(), dir.path()), 2,
+                        "--metrics-out c.toml: is the --config file; give another file");
+  expect_one_line_error(asgd("train --config ./c.toml --metrics-out m.jsonl --log-file c.toml --data-dir " +
+                                 mnist.string(), dir.path()),
+                        2, "--log-file c.toml: is the --config file; give another file");
+  EXPECT_EQ(contents(dir / "c.toml"), settings);
 }
 
 }  // namespace

@@ -204,6 +204,31 @@ TEST(ConfigFile, RejectsUnknownKeysAndWrongTypesNamingThem) {
   EXPECT_NE(s.message().find("key 'workers': the integer is out of range"), std::string::npos) << s.message();
 }
 
+// `""` in a TOML file is the key left out, for every kind of key (it was
+// parsed as the value: `epochs = ""` was "expected a non-negative
+// integer", `dataset = ""` an unknown dataset); an unknown key is still
+// refused.
+TEST(ConfigFile, AnEmptyStringIsTheKeyLeftOut) {
+  const asgd_test::TempDir scratch;
+  const auto path = scratch / "c.toml";
+  std::ofstream(path) << "epochs = \"\"\nlr = \"\"\ndataset = \"\"\npolicy = \"\"\nstatus-address = \"\"\n"
+                         "stop-at-target = \"\"\nmetrics-out = \"\"\nworkers = 5\n";
+  JobConfig c;
+  c.metrics_out = "kept.jsonl";  // as a resumed job's value is
+  const Status s = apply_toml_file(path.string(), c);
+  ASSERT_TRUE(s.ok()) << s.message();
+  const JobConfig defaults;
+  EXPECT_EQ(c.epochs, defaults.epochs);
+  EXPECT_FALSE(c.lr);
+  EXPECT_EQ(c.dataset, defaults.dataset);
+  EXPECT_EQ(c.policy, defaults.policy);
+  EXPECT_EQ(c.status_address, defaults.status_address);
+  EXPECT_EQ(c.metrics_out, "kept.jsonl");
+  EXPECT_EQ(c.workers, 5u);
+  std::ofstream(path) << "bogus = \"\"\n";
+  EXPECT_NE(apply_toml_file(path.string(), c).message().find("unknown setting 'bogus'"), std::string::npos);
+}
+
 // What asgd writes (job.toml, asgd compare --processes' runs/<run>.toml,
 // the coordinator's settings for its processes) is a config file a user's
 // --config reads: numbers as numbers, in their shortest exact form, and

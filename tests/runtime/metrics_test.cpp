@@ -4,10 +4,17 @@
 // error that names it.
 
 #include <gtest/gtest.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
 
+#include <csignal>
 #include <cmath>
+#include <fstream>
+#include <sstream>
 
 #include "runtime/metrics.hpp"
+#include "temp_dir.hpp"
 
 namespace asgd {
 namespace {
@@ -83,6 +90,63 @@ TEST(MetricsRecords, ARecordWithAFieldMissingOrMistypedIsAnErrorNamingIt) {
   auto epoch = to_json(EpochMetrics{});
   epoch["updates"] = "many";
   EXPECT_EQ(epoch_from_json(epoch).status().code(), StatusCode::invalid_argument);
+}
+
+// An earlier file is emptied at the first line, not when the writer opens
+// it: a job refused after opening it (a checkpoint folder it cannot
+// write, a status port in use) emptied the file it promised to leave.
+TEST(MetricsWriter, AnEarlierFileIsEmptiedAtTheFirstLineNotAtOpen) {
+  const asgd_test::TempDir dir;
+  const std::string file = (dir / "m.jsonl").string();
+  std::ofstream(file) << "{\"event\":\"summary\"}\n";
+  {
+    auto refused = MetricsWriter::open(file);
+    ASSERT_TRUE(refused.ok()) << refused.status().to_string();
+  }
+  std::stringstream kept;
+  kept << std::ifstream(file).rdbuf();
+  EXPECT_EQ(kept.str(), "{\"event\":\"summary\"}\n");
+  auto w = MetricsWriter::open(file);
+  ASSERT_TRUE(w.ok());
+  ASSERT_TRUE(w->write({{"event", "epoch"}}).ok());
+  std::stringstream now;
+  now << std::ifstream(file).rdbuf();
+  EXPECT_EQ(now.str(), "{\"event\":\"epoch\"}\n");
+}
+
+// A write that fails part-way (the file size limit here; a full disk
+// alike) is cut back to the last whole line: the file stays JSON Lines.
+TEST(MetricsWriter, AWriteThatFailsPartWayLeavesNoTornLine) {
+  const asgd_test::TempDir dir;
+  const std::string file = (dir / "m.jsonl").string();
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {  // the limit and the signal only for this process
+    std::signal(SIGXFSZ, SIG_IGN);
+    const rlimit limit{100, 100};
+    if (setrlimit(RLIMIT_FSIZE, &limit) != 0) _exit(3);
+    auto w = MetricsWriter::open(file);
+    if (!w.ok()) _exit(4);
+    for (int i = 0; i < 10; ++i)
+      if (!w->write({{"event", "epoch"}, {"epoch", i}, {"padding", "0123456789"}}).ok()) _exit(0);
+    _exit(5);  // the limit never bit
+  }
+  int status = 0;
+  ASSERT_EQ(waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  ASSERT_EQ(WEXITSTATUS(status), 0);
+  std::ifstream in(file);
+  std::size_t lines = 0;
+  std::string text, line;
+  for (; std::getline(in, line); ++lines) {
+    EXPECT_TRUE(nlohmann::json::accept(line)) << line;
+    text += line + "\n";
+  }
+  EXPECT_GE(lines, 1u);
+  EXPECT_LE(text.size(), 100u);
+  std::stringstream all;
+  all << std::ifstream(file).rdbuf();
+  EXPECT_EQ(all.str(), text) << "ends with a whole line";
 }
 
 }  // namespace

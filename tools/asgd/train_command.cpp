@@ -155,11 +155,28 @@ std::optional<int> refuse_missing_data(const JobConfig& config) {
   return kExitUsage;
 }
 
+namespace {
+
+bool same_file(const std::string& a, const std::string& b) {
+  std::error_code ec;
+  return !a.empty() && !b.empty() && std::filesystem::weakly_canonical(a, ec) == std::filesystem::weakly_canonical(b, ec);
+}
+
+// Why the job's log or metrics file would write over another file given:
+// the --config file (overwritten with JSON lines, exit 0) or each other.
+// `metrics_out` is the flag's, else the config file's.
+std::optional<std::string> overwriting(const std::string& log_file, const std::string& metrics_out,
+                                       const std::string& config_file) {
+  for (const auto& [flag, path] : {std::pair{"--metrics-out", metrics_out}, {"--log-file", log_file}})
+    if (same_file(path, config_file)) return std::string(flag) + " " + path + ": is the --config file; give another file";
+  if (same_file(log_file, metrics_out))
+    return "--log-file " + log_file + ": is the --metrics-out file too; give each its own";
+  return std::nullopt;
+}
+
+}  // namespace
+
 std::optional<int> load_job(const JobOptions& o, JobConfig& config, bool devices_here, bool data_here) {
-  if (Status s = setup_logging(o.log); !s.ok()) {
-    print_error(s.message());
-    return kExitUsage;
-  }
   // The config file's settings, read first: its `resume` resumes as the
   // flag does (the checkpointed job's settings under the file's).
   auto read = o.config_settings  ? Result<ConfigSettings>(*o.config_settings)
@@ -170,6 +187,20 @@ std::optional<int> load_job(const JobOptions& o, JobConfig& config, bool devices
     return kExitUsage;
   }
   const ConfigSettings& from_file = *read;
+  // Before the log file is emptied as logging starts.
+  std::string metrics_out;
+  for (const auto& [key, text] : from_file)
+    if (key == "metrics-out") metrics_out = text;
+  if (auto m = o.options.find("metrics-out"); m != o.options.end() && m->second->count() > 0)
+    metrics_out = o.flags.at("metrics-out");
+  if (auto why = overwriting(o.log.log_file, metrics_out, o.config_file)) {
+    print_error(*why);
+    return kExitUsage;
+  }
+  if (Status s = setup_logging(o.log); !s.ok()) {
+    print_error(s.message());
+    return kExitUsage;
+  }
   std::string resume_dir;
   if (auto r = o.options.find("resume"); r != o.options.end()) {
     if (r->second->count() > 0) resume_dir = o.flags.at("resume");
@@ -220,10 +251,8 @@ std::optional<int> load_job(const JobOptions& o, JobConfig& config, bool devices
     print_error(s.message());
     return kExitUsage;
   }
-  std::error_code ec;
-  if (!o.log.log_file.empty() && !config.metrics_out.empty() &&
-      std::filesystem::weakly_canonical(o.log.log_file, ec) == std::filesystem::weakly_canonical(config.metrics_out, ec)) {
-    print_error("--log-file " + o.log.log_file + ": is the --metrics-out file too; give each its own");
+  if (auto why = overwriting(o.log.log_file, config.metrics_out, o.config_file)) {  // a resumed job's metrics file
+    print_error(*why);
     return kExitUsage;
   }
   // Where this process writes it: before anything starts (not a job later).
@@ -231,7 +260,15 @@ std::optional<int> load_job(const JobOptions& o, JobConfig& config, bool devices
     print_error("--metrics-out " + config.metrics_out + ": " + s.message());
     return kExitUsage;
   }
-  return data_here ? refuse_missing_data(config) : std::nullopt;
+  if (!data_here) return std::nullopt;
+  if (auto refused = refuse_missing_data(config)) return refused;
+  // Said once, before any process starts: each of a cluster's processes
+  // said it after its coordinator.
+  if (auto held = hold_checkpoint_dir(config); !held) {
+    print_error(held.status().message());
+    return kExitUsage;
+  }
+  return std::nullopt;
 }
 
 std::string logs_at(const LogOptions& o) {
