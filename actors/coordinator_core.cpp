@@ -3,6 +3,7 @@
 #include "actors/coordinator_core.hpp"
 
 #include "base/log.hpp"
+#include "policies/registry.hpp"
 
 #include <algorithm>
 #include <cctype>
@@ -308,6 +309,9 @@ JobSummary CoordinatorCore::summary(double test_accuracy, const std::vector<std:
   const JobConfig& cfg = config_;
   JobSummary sum;
   sum.policy = plan_.policy_name;
+  if (auto options = resolve_policy_options(plan_.policy)) sum.policy_options = std::move(options).value();
+  sum.lr = plan_.training.lr;
+  sum.momentum = plan_.training.momentum;
   sum.staleness = plan_.staleness_bound;
   sum.workers = cfg.workers;
   sum.shards = cfg.shards;

@@ -1,5 +1,6 @@
 #include "policies/registry.hpp"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 
@@ -67,12 +68,14 @@ std::string names_of(const std::vector<const PolicyEntry*>& entries) {
 
 Status check_knob(const PolicyKnob& k, double v) {
   auto bad = [&](const std::string& why) {
-    return Status::InvalidArgument(fmt::format("--{} {:g}: must be {}", k.name, v, why));
+    return Status::InvalidArgument(fmt::format("--{} {}: must be {}", k.name, v, why));
   };
   if (!std::isfinite(v)) return bad("a finite number");
   if (k.whole && v != std::floor(v)) return bad("a whole number");
-  if (v < k.min) return bad(fmt::format(">= {:g}", k.min));
-  if (v > k.max) return bad(fmt::format("<= {:g}", k.max));
+  if (k.above_min && static_cast<float>(v) <= static_cast<float>(k.min))
+    return bad(fmt::format("> {} (as a 32-bit float)", k.min));
+  if (v < k.min) return bad(fmt::format(">= {}", k.min));
+  if (v > k.max) return bad(fmt::format("<= {}", k.max));
   return {};
 }
 
@@ -93,14 +96,17 @@ Result<double> argument_of(const PolicyEntry& e, const std::string& name, std::s
   const PolicyKnob* knob = nullptr;
   for (const PolicyKnob& k : e.knobs)
     if (k.name == e.argument) knob = &k;
-  std::uint32_t v = 0;
-  const auto [end, ec] = std::from_chars(arg.data(), arg.data() + arg.size(), v);
   if (!knob)
     return Status::InvalidArgument("'" + name + "': only " + with_argument() + " take a parameter (NAME:S)");
-  if (arg.empty() || ec != std::errc() || end != arg.data() + arg.size())
+  // Digits only, then their value, however large: check_knob says how
+  // large it may be (99999999999 was "not a whole number").
+  double v = 0;
+  const auto [end, ec] = std::from_chars(arg.data(), arg.data() + arg.size(), v);
+  if (arg.empty() || !std::all_of(arg.begin(), arg.end(), [](char c) { return c >= '0' && c <= '9'; }) ||
+      ec != std::errc() || end != arg.data() + arg.size())
     return Status::InvalidArgument("'" + name + "': write " + e.name + ":" + knob->metavar + " with " + knob->metavar +
                                    " a whole number >= 0");
-  return static_cast<double>(v);
+  return v;
 }
 
 }  // namespace
@@ -113,7 +119,7 @@ Result<PolicyOptions> resolve_policy_options(const PolicyConfig& c) {
     auto v = argument_of(*e, c.name, colon);
     if (!v) return v.status();
     if (auto it = given.find(e->argument); it != given.end() && it->second != *v)
-      return Status::InvalidArgument(fmt::format("'{}' disagrees with --{} {:g}", c.name, e->argument, it->second));
+      return Status::InvalidArgument(fmt::format("'{}' disagrees with --{} {}", c.name, e->argument, it->second));
     given[e->argument] = *v;
   }
   PolicyOptions out;

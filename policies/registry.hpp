@@ -25,6 +25,9 @@ struct PolicyKnob {
   double max = 0;            ///< the largest value allowed
   bool whole = true;         ///< a whole number
   std::string doc;           ///< one line, without the default
+  /// `min` itself is not allowed (easgd's moving rate: 0 never moves the
+  /// center the job evaluates), nor a value that is `min` as a float.
+  bool above_min = false;
 };
 
 /// One policy: what `--policy NAME` selects.

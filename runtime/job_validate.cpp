@@ -113,8 +113,10 @@ Status validate_config(const JobConfig& c, bool named_dataset, bool devices_here
   // Hogwild's lock-free shared buffer needs every worker in this process
   // with the parameters in host memory: true of every job run_job runs
   // today (CPU workers, one process). Multi-process roles must refuse it.
-  if (c.staleness_aware_lr.value_or(false) && (*policy)->name() != "async" && (*policy)->name().rfind("ssp", 0) != 0)
-    return bad("staleness-aware-lr", "true", "applies to --policy async and ssp only, not to " + (*policy)->name());
+  // Either value: `false` given to bsp was taken without a word.
+  if (c.staleness_aware_lr && (*policy)->name() != "async" && (*policy)->name().rfind("ssp", 0) != 0)
+    return bad("staleness-aware-lr", *c.staleness_aware_lr ? "true" : "false",
+               "applies to --policy async and ssp only, not to " + (*policy)->name());
   if (c.epochs < 1) return bad("epochs", std::to_string(c.epochs), "must be >= 1");
   if (c.batch && *c.batch < 1) return bad("batch", std::to_string(*c.batch), "must be >= 1");
   if (c.lr && !(*c.lr >= 1e-30 && *c.lr <= 1e6))  // (computed in float: 1e39 is inf there, 1e-50 zero)

@@ -64,6 +64,9 @@ nlohmann::json to_json(const EvalPoint& e) {
 nlohmann::json to_json(const JobSummary& s) {
   nlohmann::json j = {{"event", "summary"},
                       {"policy", s.policy},
+                      {"policy_options", s.policy_options},
+                      {"lr", s.lr},
+                      {"momentum", s.momentum},
                       {"staleness", nullptr},
                       {"workers", s.workers},
                       {"shards", s.shards},
@@ -173,6 +176,11 @@ Result<JobSummary> summary_from_json(const nlohmann::json& j) {
   return reading("summary", [&] {
     JobSummary s;
     s.policy = field<std::string>(j, "policy");
+    if (j.contains("policy_options")) {  // written since 2026-11-29
+      s.policy_options = field<std::map<std::string, double>>(j, "policy_options");
+      s.lr = field<double>(j, "lr");
+      s.momentum = field<double>(j, "momentum");
+    }
     if (!j.at("staleness").is_null()) s.staleness = j.at("staleness").get<std::uint32_t>();
     s.workers = field<std::uint32_t>(j, "workers");
     s.shards = field<std::uint32_t>(j, "shards");

@@ -275,6 +275,11 @@ struct EnergyUse {
 /// The job's outcome; the metrics file's "summary" record.
 struct JobSummary {
   std::string policy;                      ///< as JobConfig::policy named it ("ssp:3")
+  /// Every setting of the policy as the job ran it: given, default, or a
+  /// default the worker count changed ({"fetch-every": 1, "push-every": 4}).
+  std::map<std::string, double> policy_options;
+  double lr = 0.0;        ///< the learning rate the job took (JobConfig::lr, else its default)
+  double momentum = 0.0;  ///< the momentum it took
   std::optional<std::uint32_t> staleness;  ///< the policy's staleness bound; none for async
   std::uint32_t workers = 0;               ///< worker actors or processes
   std::uint32_t shards = 0;                ///< parameter shards

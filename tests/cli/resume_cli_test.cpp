@@ -158,6 +158,27 @@ TEST(ResumeCli, AChangedBatchOrASettingsFileCutShortIsRefused) {
   expect_one_line_error(asgd(resume), 2, "job.toml is cut short");
 }
 
+// The policy may change on resume (docs/user-guide.md): the old policy's
+// settings go with it unless given again. async's --push-every refused a
+// resume under bsp ("applies to --policy async only").
+TEST(ResumeCli, AnotherPolicyDropsTheOldPolicysSettings) {
+  ASGD_REQUIRE_DATASET(mnist, "mnist");
+  const asgd_test::TempDir scratch;
+  const fs::path ck = scratch / "ck";
+  ASSERT_EQ(asgd("train --epochs 1 --policy async --push-every 2 --staleness-aware-lr true --data-dir " +
+                 mnist.string() + " --checkpoint-dir " + ck.string() + kJob)
+                .exit_code,
+            0);
+  const CliRun bsp = asgd("train --resume " + ck.string() + " --epochs 2 --policy bsp --log-level warn");
+  EXPECT_EQ(bsp.exit_code, 0) << bsp.err;
+  const std::string settings = slurp(ck / "job.toml");
+  EXPECT_EQ(settings.find("push-every"), std::string::npos) << settings;
+  EXPECT_EQ(settings.find("staleness-aware-lr"), std::string::npos) << settings;
+  // Given again, a setting the new policy does not take is still refused.
+  expect_one_line_error(asgd("train --resume " + ck.string() + " --epochs 3 --policy bsp --fetch-every 2"), 2,
+                        "--fetch-every applies to --policy async only");
+}
+
 // The checkpoints hold the model's parameters cut into --shards pieces:
 // another model or shard count is refused by name, by the command line
 // when a flag changes it, by the job itself when the settings file does

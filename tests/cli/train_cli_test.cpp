@@ -554,6 +554,12 @@ TEST(TrainCli, TrainsAndWritesTheSummaryAsTheLastMetricsLine) {
   ASSERT_EQ(lines(m), 2u) << m;
   const std::string last = m.substr(m.rfind('\n', m.size() - 2) + 1);
   EXPECT_NE(last.find("\"event\":\"summary\""), std::string::npos) << last;
+  // The settings the job ran with, defaults included: async's two
+  // intervals, the default lr and momentum.
+  const nlohmann::json summary = nlohmann::json::parse(last);
+  EXPECT_EQ(summary.at("policy_options"), nlohmann::json({{"fetch-every", 1.0}, {"push-every", 1.0}})) << last;
+  EXPECT_DOUBLE_EQ(summary.at("lr").get<double>(), 0.02);
+  EXPECT_DOUBLE_EQ(summary.at("momentum").get<double>(), 0.9);
 }
 
 TEST(TrainCli, ResumeFromAFolderWithoutJobSettingsIsAUsageErrorSayingWhatIsMissing) {

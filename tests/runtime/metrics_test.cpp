@@ -26,6 +26,9 @@ WorkerPhases phases(double base) {
 TEST(MetricsRecords, ASummaryWrittenAndReadBackIsTheSame) {
   JobSummary s;
   s.policy = "ssp";
+  s.policy_options = {{"staleness", 3}};
+  s.lr = 0.013;
+  s.momentum = 0.9;
   s.staleness = 3;
   s.workers = 2;
   s.shards = 1;
@@ -67,6 +70,9 @@ TEST(MetricsRecords, ASummaryWrittenAndReadBackIsTheSame) {
   EXPECT_FALSE(empty->staleness);
   EXPECT_FALSE(empty->time_to_target_s);
   EXPECT_EQ(empty->energy.reason, "no RAPL here");
+  nlohmann::json older = to_json(none);  // a file of an asgd from before the policy's settings were written
+  for (const char* key : {"policy_options", "lr", "momentum"}) older.erase(key);
+  EXPECT_TRUE(summary_from_json(older).ok());
 }
 
 TEST(MetricsRecords, EpochsAndEvaluationsReadBackAndAMissingLossIsNaN) {

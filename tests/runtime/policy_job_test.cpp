@@ -188,9 +188,27 @@ TEST(Policies, ValidateNamesTheBadPolicySetting) {
             std::string::npos);
   EXPECT_NE(error([](JobConfig& c) { c.policy_options["speed"] = 2; }).find("no policy takes a setting 'speed'"),
             std::string::npos);
+  // `false` given to a policy that takes no such setting (it was taken
+  // without a word); a moving rate of 0 (or one that is 0 as a float)
+  // never moves the center the job evaluates (chance accuracy, exit 0);
+  // values as given, not rounded, and a huge S measured, not "not whole".
+  EXPECT_NE(error([](JobConfig& c) { c.policy = "bsp"; c.staleness_aware_lr = false; }).find("--staleness-aware-lr false"),
+            std::string::npos);
+  for (double alpha : {0.0, 1e-60})
+    EXPECT_NE(error([&](JobConfig& c) { c.policy = "easgd"; c.policy_options["moving-rate"] = alpha; }).find("must be > 0"),
+              std::string::npos)
+        << alpha;
+  EXPECT_NE(error([](JobConfig& c) { c.policy = "easgd"; c.policy_options["moving-rate"] = 1.0000001; })
+                .find("--moving-rate 1.0000001: must be <= 1"),
+            std::string::npos);
+  EXPECT_NE(error([](JobConfig& c) { c.policy = "ssp:99999999999"; }).find("--staleness 99999999999: must be <= 1000000000"),
+            std::string::npos);
   JobConfig ok;
   ok.policy = "ssp";
   ok.policy_options["staleness"] = 2;
+  EXPECT_TRUE(validate(ok).ok());
+  ok.policy = "easgd";
+  ok.policy_options = {{"moving-rate", 1e-4}};
   EXPECT_TRUE(validate(ok).ok());
 }
 

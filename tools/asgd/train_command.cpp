@@ -16,6 +16,7 @@
 #include <fstream>
 #include <iostream>
 #include <map>
+#include <set>
 #include <thread>
 
 #include "actors/checkpoint_claim.hpp"
@@ -231,6 +232,16 @@ std::optional<int> load_job(const JobOptions& o, JobConfig& config, bool devices
       print_error(s.message());
       return kExitUsage;
     }
+  }
+  if (resumed && config.policy != resumed->policy) {
+    // Resumed under another policy: the settings of the old one go unless
+    // given now (async's --push-every refused the bsp the docs allow).
+    std::set<std::string> given;
+    for (const auto& [key, text] : from_file) given.insert(key);
+    for (const auto& [key, opt] : o.options)
+      if (opt->count() > 0) given.insert(key);
+    std::erase_if(config.policy_options, [&](const auto& knob) { return !given.contains(knob.first); });
+    if (!given.contains("staleness-aware-lr")) config.staleness_aware_lr.reset();
   }
   if (Status s = resumed ? same_checkpointed_layout(*resumed, config) : Status{}; !s.ok()) {
     print_error("--resume " + resume_dir + ": " + s.message());
