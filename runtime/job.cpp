@@ -14,6 +14,7 @@
 #include <functional>
 #include <future>
 #include <thread>
+#include <tuple>
 
 #include <malloc.h>
 #include <unistd.h>
@@ -44,17 +45,21 @@ namespace asgd {
 
 namespace {
 
-// Downpour's n_push and n_fetch past a worker's steps in the whole job:
-// almost surely a mistake, though a legal one.
+// An interval past a worker's steps in the whole job (Downpour's n_push
+// and n_fetch, averaging's and easgd's tau, the decentralized policies'
+// publishing): almost surely a mistake, though a legal one.
 void warn_of_rare_exchanges(const JobConfig& config, const JobPlan& plan) {
   std::uint64_t steps = std::numeric_limits<std::uint64_t>::max();
   for (const WorkerPlan& w : plan.workers) steps = std::min(steps, w.steps_per_epoch * config.epochs);
-  for (const auto& [knob, what] :
-       {std::pair{"push-every", "pushes its summed gradients"}, std::pair{"fetch-every", "pulls"}}) {
+  const char* unseen = "; the evaluations before then see the initial parameters";
+  for (const auto& [knob, what, after] : {std::tuple{"push-every", "pushes its summed gradients", ""},
+                                          std::tuple{"fetch-every", "pulls", ""},
+                                          std::tuple{"local-steps", "averages with the others", unseen},
+                                          std::tuple{"publish-steps", "publishes its parameters", unseen}}) {
     const auto it = config.policy_options.find(knob);
     if (it != config.policy_options.end() && it->second > static_cast<double>(steps))
-      logger().warn("--{} {:g} is more than a worker's {} steps in the whole job: it {} once, at its end", knob,
-                    it->second, steps, what);
+      logger().warn("--{} {} is more than a worker's {} steps in the whole job: it {} once, at its end{}", knob,
+                    it->second, steps, what, after);
   }
 }
 

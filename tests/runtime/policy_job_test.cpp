@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "asgd/job.hpp"
+#include "captured_log.hpp"
 #include "test_data.hpp"
 
 namespace asgd {
@@ -156,6 +157,24 @@ TEST(Policies, ThePushesAfterTheLastEpochCountInTheJobsUpdates) {
     for (std::uint64_t n : s.staleness_histogram) pushes += n;
     EXPECT_EQ(s.updates_applied, pushes) << policy << " " << option << " " << value;
     EXPECT_GT(s.updates_applied, 0u);
+  }
+}
+
+// An interval longer than the whole job is legal but almost surely a
+// mistake: Downpour's were warned of, averaging's and the decentralized
+// policies' publishing were not (the epochs' evaluations stayed at the
+// initial parameters without a word).
+TEST(Policies, AnIntervalLongerThanTheJobIsWarnedOf) {
+  ASGD_REQUIRE_DATASET(dir, "mnist");
+  for (const auto& [policy, knob] : {std::pair{"averaging", "local-steps"}, std::pair{"allreduce", "publish-steps"},
+                                     std::pair{"async", "push-every"}}) {
+    asgd_test::CapturedLog log;
+    JobConfig c = mnist_job(dir.string(), policy);
+    c.epochs = 1;
+    c.validation_size = 1000;
+    c.policy_options[knob] = 100000;
+    ASSERT_TRUE(run_job(c).ok()) << policy;
+    EXPECT_EQ(log.count(std::string("--") + knob + " 100000 is more than a worker's"), 1u) << log.all();
   }
 }
 
