@@ -206,6 +206,11 @@ TEST(CompareCli, RejectsABadListRepeatsOrFolderWithExitCode2NamingTheValue) {
   expect_one_line_error(asgd("compare --policies ssp,ssp:3" + data + out), 2,
                         "'ssp' and 'ssp:3' are the same policy with the same settings");
   expect_one_line_error(asgd("compare --policies ssp:2,ssp:02" + data + out), 2, "'ssp:2' and 'ssp:02'");
+  // A policy's setting no listed policy takes had no effect, exit 0.
+  expect_one_line_error(asgd("compare --policies bsp,async --moving-rate 0.5" + data + out), 2,
+                        "--moving-rate: applies to --policy easgd only, and --policies bsp,async has none of them");
+  expect_one_line_error(asgd("compare --policies bsp,allreduce --staleness-aware-lr true" + data + out), 2,
+                        "--staleness-aware-lr: applies to --policy async and ssp only");
   EXPECT_EQ(asgd("compare --policies ssp,ssp:3 --staleness 5 --epochs 0" + data + out).err.find("same policy"),
             std::string::npos);  // ssp:5 and ssp:3 differ (the run is refused for --epochs 0)
   expect_one_line_error(asgd("compare --policies bsp --workers ''" + data + out), 2, "--workers : expected whole numbers");

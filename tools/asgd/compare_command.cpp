@@ -196,6 +196,32 @@ std::optional<int> refused_same_policies(const std::string& text, const Comparis
   return std::nullopt;
 }
 
+// A policy's setting that no policy of the list takes: each run drops the
+// settings of other policies, so it had no effect, exit 0. An exit code,
+// else nothing.
+std::optional<int> refused_settings_no_run_takes(const std::string& text, const Comparison& c) {
+  auto taken = [&](auto&& takes) {
+    return std::any_of(c.policies.begin(), c.policies.end(), [&](const std::string& p) {
+      return takes(experiments::config_for_run(c.base, p, c.worker_counts.front(), 0));
+    });
+  };
+  for (const auto& [name, value] : c.base.policy_options)
+    if (!taken([&](const JobConfig& run) { return run.policy_options.contains(name); })) {
+      std::string takers;
+      for (const KnobUse& use : policy_knobs())
+        if (use.knob->name == name)
+          for (const PolicyEntry* e : use.policies) takers += (takers.empty() ? "" : ", ") + e->name;
+      print_error("--" + name + ": applies to --policy " + takers + " only, and --policies " + text + " has none of them");
+      return kExitUsage;
+    }
+  if (c.base.staleness_aware_lr && !taken([](const JobConfig& run) { return run.staleness_aware_lr.has_value(); })) {
+    print_error("--staleness-aware-lr: applies to --policy async and ssp only, and --policies " + text +
+                " has neither");
+    return kExitUsage;
+  }
+  return std::nullopt;
+}
+
 // What compare sets apart from the shared job, for each run to set on its own.
 struct SetApart {
   ConfigSettings file;  ///< the --config file's settings
@@ -314,6 +340,7 @@ std::optional<int> plan_comparison(const CompareOptions& o, Comparison& c) {
       }
     }
   if (auto code = refused_same_policies(o.policies, c)) return *code;
+  if (auto code = refused_settings_no_run_takes(o.policies, c)) return *code;
   // A checkpoint folder that cannot be written fails now, not at the first
   // run with the comparison's folder already made.
   if (!c.base.checkpoint_dir.empty()) {
