@@ -104,7 +104,7 @@ void CoordinatorCore::evaluated(double accuracy, std::optional<std::uint64_t> ap
   const auto e = evals_.epoch();
   if (!e) return;
   EpochMetrics m = epochs_.evaluated(*e, accuracy);
-  if (applied) m.updates = *applied;  // what the evaluated parameters hold
+  if (applied) m.updates = shards_applied_ = *applied;  // what the evaluated parameters hold
   const bool reached = note_accuracy(accuracy, m.wall_s);
   last_point_ = members_.totals(training_seconds(now));
   out.push_back(act::EpochDone{m});
@@ -333,7 +333,8 @@ JobSummary CoordinatorCore::summary(double test_accuracy, const std::vector<std:
   sum.samples_per_s = sum.train_s > 0 ? static_cast<double>(samples) / sum.train_s : 0.0;
   sum.final_test_accuracy = test_accuracy;
   sum.time_to_target_s = time_to_target_s_;
-  sum.updates_applied = updates();
+  // Never fewer than the last epoch's record said the shards held.
+  sum.updates_applied = std::max(updates(), shards_applied_);
   const StalenessSummary stale = summarize_staleness(histogram);
   sum.staleness_mean = stale.mean;
   sum.staleness_p99 = stale.p99;

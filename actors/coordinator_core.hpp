@@ -171,6 +171,10 @@ class CoordinatorCore {
   ProgressTotals last_point_;  // at the previous epoch or eval point
   std::optional<double> time_to_target_s_;
   std::optional<double> last_val_accuracy_;
+  /// What the shards had applied when an epoch's parameters were read (the
+  /// fewest of any shard): a lost worker's pushes after its last report are
+  /// there, not in the workers' counts.
+  std::uint64_t shards_applied_ = 0;
   std::uint64_t evaluations_ = 0;
   std::uint32_t shard_restarts_ = 0;
   bool last_epoch_evaluated_ = false;
