@@ -43,9 +43,9 @@ void CoordinatorCore::calibrated(const std::vector<StepCost>& costs) {
 void CoordinatorCore::start_training(Instant now, Actions& out) {
   members_.start(config_.workers);
   const std::uint32_t first_epoch = resumed_ ? resumed_->first_epoch : 0;
-  std::uint64_t total = 0;
-  for (const auto& w : plan_.workers) total += w.share.partition.size() * (config_.epochs - first_epoch);
-  live_.set_total_samples(total);
+  std::vector<std::uint64_t> planned;
+  for (const auto& w : plan_.workers) planned.push_back(w.share.partition.size() * (config_.epochs - first_epoch));
+  live_.set_planned_samples(std::move(planned));
   train_start_ = now;
   if (evals_.periodic()) {
     evals_.start(now);

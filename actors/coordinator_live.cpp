@@ -7,6 +7,16 @@
 
 namespace asgd {
 
+void LiveView::set_planned_samples(std::vector<std::uint64_t> per_worker) { planned_ = std::move(per_worker); }
+
+std::uint64_t LiveView::total_samples(const Membership& members) const {
+  std::uint64_t total = 0;
+  const auto& workers = members.workers();
+  for (std::size_t w = 0; w < planned_.size(); ++w)
+    total += w < workers.size() && workers[w].lost ? std::min(planned_[w], workers[w].counted().samples) : planned_[w];
+  return total;
+}
+
 Progress LiveView::tick(const Membership& members, const ProgressTotals& now, std::uint32_t epochs,
                         std::optional<double> val_accuracy) {
   const double dt = now.at_s - last_.at_s;
@@ -17,12 +27,12 @@ Progress LiveView::tick(const Membership& members, const ProgressTotals& now, st
   for (const auto& w : members.workers())  // a lost worker's epoch holds no one back
     if (!w.finished && !w.lost) p.epoch = std::min<std::uint32_t>(p.epoch, static_cast<std::uint32_t>(w.latest.epoch + 1));
   p.samples = now.samples;
-  p.total_samples = total_samples_;
+  p.total_samples = total_samples(members);
   p.train_loss = loss_between(last_, now);
   p.samples_per_s = dt > 0 && now.samples >= last_.samples ? static_cast<double>(now.samples - last_.samples) / dt : 0.0;
   p.val_accuracy = val_accuracy;
-  if (now.samples > 0 && now.at_s > 0 && total_samples_ >= now.samples)
-    p.eta_s = static_cast<double>(total_samples_ - now.samples) * now.at_s / static_cast<double>(now.samples);
+  if (now.samples > 0 && now.at_s > 0 && p.total_samples >= now.samples)
+    p.eta_s = static_cast<double>(p.total_samples - now.samples) * now.at_s / static_cast<double>(now.samples);
   last_ = now;
   return p;
 }
@@ -32,7 +42,7 @@ void LiveView::fill(LiveSnapshot& snap, const Progress& p, const Membership& mem
   if (snap.state == "starting") snap.state = "training";
   snap.wall_s = p.wall_s;
   snap.epoch = p.epoch;
-  snap.progress = total_samples_ ? std::min(1.0, static_cast<double>(p.samples) / total_samples_) : 0.0;
+  snap.progress = p.total_samples ? std::min(1.0, static_cast<double>(p.samples) / p.total_samples) : 0.0;
   snap.eta_s = p.eta_s;
   snap.samples = p.samples;
   snap.total_samples = p.total_samples;

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <optional>
+#include <vector>
 
 #include "actors/coordinator_membership.hpp"
 #include "actors/live_status.hpp"
@@ -14,8 +15,11 @@ namespace asgd {
 /// Progress and the live status from the workers' latest progress.
 class LiveView {
  public:
-  void set_total_samples(std::uint64_t n) { total_samples_ = n; }
-  std::uint64_t total_samples() const { return total_samples_; }
+  /// Each worker's samples in the whole job, as planned.
+  void set_planned_samples(std::vector<std::uint64_t> per_worker);
+  /// The whole job's samples: each worker's planned ones, a lost worker's
+  /// as far as it came (its share is not done by anyone).
+  std::uint64_t total_samples(const Membership& members) const;
   /// Progress since the previous tick, which `now_totals` become.
   Progress tick(const Membership& members, const ProgressTotals& now_totals, std::uint32_t epochs,
                 std::optional<double> val_accuracy);
@@ -25,8 +29,8 @@ class LiveView {
             CoordinatorInstant now) const;
 
  private:
-  std::uint64_t total_samples_ = 0;  // the whole job's
-  ProgressTotals last_;              // at the previous tick
+  std::vector<std::uint64_t> planned_;  // per worker
+  ProgressTotals last_;                 // at the previous tick
 };
 
 /// Shard stats as the live status shows them; `now_unix` dates its checkpoint.

@@ -450,6 +450,8 @@ Result<JobSummary> run_job_unguarded(const JobConfig& requested, const JobCallba
   };
   if (!planned) return failed(planned.status());
   const JobPlan& plan = planned->plan;  // until it moves into the coordinator's setup
+  // As the summary names it ("ssp:3" for --policy ssp --staleness 3).
+  if (live) live->update([&](LiveSnapshot& s) { s.policy = plan.policy_name; });
   auto resumed = resume_and_save_settings(config, plan, own_data);
   if (!resumed) return failed(resumed.status());
 

@@ -175,9 +175,11 @@ TEST(CoordinatorCore, TheLiveStatusShowsTheSlowestWorkersEpochTheRateAndEachWork
   const Progress p = d.core.tick(at(2.0));
   EXPECT_EQ(p.epoch, 1u) << "worker 1, the slowest, is in epoch 1";
   EXPECT_EQ(p.samples, 600u);
-  EXPECT_EQ(p.total_samples, 1200u);
+  // Worker 2's share ends where it was lost (200 of its 400): the job's
+  // progress reaches 1 at its end, and the time left counts none of it.
+  EXPECT_EQ(p.total_samples, 1000u);
   EXPECT_DOUBLE_EQ(p.samples_per_s, 300.0);
-  EXPECT_DOUBLE_EQ(p.eta_s.value_or(-1.0), 2.0);
+  EXPECT_DOUBLE_EQ(p.eta_s.value_or(-1.0), 400.0 * 2.0 / 600.0);
 
   LiveSnapshot snap;
   d.core.fill_live(snap, p, at(2.0));
@@ -187,6 +189,7 @@ TEST(CoordinatorCore, TheLiveStatusShowsTheSlowestWorkersEpochTheRateAndEachWork
   EXPECT_EQ(snap.worker[1].samples, 100u);
   EXPECT_TRUE(snap.worker[0].alive);
   EXPECT_FALSE(snap.worker[2].alive);
+  EXPECT_DOUBLE_EQ(snap.progress, 0.6);
 
   d.finished(1);
   EXPECT_EQ(d.core.tick(at(3.0)).epoch, 2u) << "a finished worker holds no one back";
