@@ -89,4 +89,17 @@ TEST(SlurmRanksCli, PrintLayoutRunsWithoutTheDataFolderAndTheRankRefusesWithoutI
   EXPECT_NE(local.err.find("--port is for ranks under a launcher"), std::string::npos) << local.err << local.out;
 }
 
+// A worker's device under --device LIST is its item of the list, checked
+// as that item: --print-layout printed the whole list, and "cuda,cpu"
+// said worker 1 (cpu) would refuse to start while "cpu,cuda" said nothing.
+TEST(SlurmRanksCli, PrintLayoutShowsAWorkersItemOfADeviceList) {
+  const std::string rank3 = "env SLURM_PROCID=3 SLURM_NTASKS=4 SLURM_LOCALID=3 SLURM_JOB_NODELIST=127.0.0.1 "
+                            "SLURM_JOB_ID=78 SLURM_STEP_ID=0";
+  const CliRun layout =
+      asgd("cluster --shards 1 --workers 2 --device cuda,cpu --data-dir /nonexistent/mnist --print-layout", {}, rank3);
+  EXPECT_EQ(layout.exit_code, 0) << layout.err;
+  EXPECT_NE(layout.out.find("role: worker 1\n"), std::string::npos) << layout.out;
+  EXPECT_NE(layout.out.find("\ndevice: cpu\n"), std::string::npos) << layout.out;
+}
+
 }  // namespace

@@ -20,9 +20,11 @@
 #include <unistd.h>
 
 #include "actors/checkpoint.hpp"
+#include "actors/job_plan.hpp"
 #include "compute/device.hpp"
 #include "messaging/curve_auth.hpp"
 #include "runtime/cluster.hpp"
+#include "runtime/job_internal.hpp"
 #include "runtime/launcher.hpp"
 #include "tools/asgd/commands.hpp"
 #include "tools/asgd/mpi_session.hpp"
@@ -112,12 +114,16 @@ void print_layout(const Launch& l, const RoleOfRank& role, const std::string& co
                                                          : coordinator.c_str());
   std::printf("listens on: %s\n", listen.c_str());
   if (role.role == RankRole::worker) {
-    const std::string device = worker_device(l, config);
+    std::string device = worker_device(l, config);
+    if (device.empty()) {  // its item of a list (the whole list was printed, and checked as one)
+      auto devices = parse_worker_devices(config.device, config.workers);
+      device = devices && role.index < devices->size() ? (*devices)[role.index] : config.device;
+    }
     // Checked here as the worker would check it (a submission checked with
     // --print-layout said "device: cuda" on a host without one).
-    const bool none = config.device.starts_with("cuda") && cuda_device_count() == 0;
-    std::printf("device: %s%s\n", device.empty() ? config.device.c_str() : device.c_str(),
-                none ? " (no usable CUDA device on this host: the worker would refuse to start)" : "");
+    const Status usable = device_usable_here(device);
+    std::printf("device: %s%s\n", device.c_str(),
+                usable.ok() ? "" : (" (" + usable.message() + ": the worker would refuse to start)").c_str());
   }
   std::fflush(stdout);
 }
