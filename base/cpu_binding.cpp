@@ -1,11 +1,14 @@
 #include "base/cpu_binding.hpp"
 
 #include <sched.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
 #include <charconv>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <map>
 
@@ -65,6 +68,25 @@ std::string format_cpu_list(const std::vector<unsigned>& cpus) {
   return out;
 }
 
+namespace {
+
+// Calls `apply` with each of this process's threads but the calling one:
+// those a library started as it loaded (OpenBLAS's, idle) kept the CPUs
+// and the scheduling the process was started with, while the log said
+// every thread. Best effort: a thread may end meanwhile.
+template <class Apply>
+void for_other_threads(Apply apply) {
+  const pid_t self = static_cast<pid_t>(::syscall(SYS_gettid));
+  std::error_code ec;
+  for (const auto& entry : std::filesystem::directory_iterator("/proc/self/task", ec)) {
+    const std::string name = entry.path().filename().string();
+    pid_t tid = 0;
+    if (std::from_chars(name.data(), name.data() + name.size(), tid).ec == std::errc() && tid != self) apply(tid);
+  }
+}
+
+}  // namespace
+
 Status bind_to_cpus(const std::vector<unsigned>& cpus) {
   if (cpus.empty()) return Status::InvalidArgument("no CPUs to bind to");
   const std::vector<unsigned> allowed = allowed_cpus();
@@ -80,6 +102,7 @@ Status bind_to_cpus(const std::vector<unsigned>& cpus) {
   for (unsigned c : cpus) CPU_SET(c, &set);
   if (sched_setaffinity(0, sizeof set, &set) != 0)
     return Status::IOError("binding to CPUs " + format_cpu_list(cpus) + " failed (sched_setaffinity)");
+  for_other_threads([&](pid_t tid) { sched_setaffinity(tid, sizeof set, &set); });
   return {};
 }
 
@@ -87,6 +110,7 @@ Status use_batch_scheduling() {
   const sched_param none{};
   if (sched_setscheduler(0, SCHED_BATCH, &none) != 0)
     return Status::IOError(std::string("SCHED_BATCH refused: ") + std::strerror(errno));
+  for_other_threads([&](pid_t tid) { sched_setscheduler(tid, SCHED_BATCH, &none); });
   return {};
 }
 

@@ -21,13 +21,14 @@ Result<std::vector<unsigned>> parse_cpu_list(std::string_view text);
 /// `cpus` (increasing) as a list: runs of three or more as ranges, "0-3,8".
 std::string format_cpu_list(const std::vector<unsigned>& cpus);
 
-/// Binds the calling thread, and so every thread it starts afterwards, to
-/// `cpus`; each must be one it may use now (allowed_cpus()), else an
-/// InvalidArgument error names those that are not and the ones it may.
-/// Call it before a process starts its threads.
+/// Binds the process's threads (those running, such as a library's started
+/// as it loaded, and so those started afterwards) to `cpus`; each must be
+/// one it may use now (allowed_cpus()), else an InvalidArgument error
+/// names those that are not and the ones it may. Call it before a process
+/// starts threads of its own.
 Status bind_to_cpus(const std::vector<unsigned>& cpus);
 
-/// Puts the calling thread, and every thread it starts afterwards, under
+/// Puts the process's threads, and every thread started afterwards, under
 /// Linux's SCHED_BATCH: the same share of the CPU as before, but its
 /// wake-ups do not preempt the thread running on its CPU. For a process
 /// whose threads hand work to each other on CPUs of their own (a worker

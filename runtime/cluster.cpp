@@ -455,11 +455,17 @@ Result<WorkerPlans> plan_assigned_worker(Joined& j, const data::DatasetSplits& d
   // Its CPUs are shared by the job's workers that run on them, not by all.
   const unsigned sharers = std::max(1u, a.cpu_sharers);
   plan->compute_threads = compute_threads(cfg, cpus, sharers);
-  if (cfg.threads > 0)
+  if (cfg.threads > 0) {
     logger().info("worker {}: {} compute thread(s) (--threads)", a.index, plan->compute_threads);
-  else
+    // As asgd train warns: the cluster ran 7.6x slower without a word.
+    if (plan->compute_threads > 1 && sharers * plan->compute_threads > cpus)
+      logger().warn("worker {}: {} worker process(es) x {} compute threads on {} usable CPU(s): each layer waits for "
+                    "threads the others keep off the CPUs (--threads 0 gives each worker its share)",
+                    a.index, sharers, plan->compute_threads, cpus);
+  } else {
     logger().info("worker {}: {} compute thread(s): {} usable CPU(s), shared by {} worker process(es) of this job",
                   a.index, plan->compute_threads, cpus, sharers);
+  }
   // OpenBLAS's buffers before any model (the calibration's first).
   if (Status s = blas::reserve_buffers(plan->compute_threads); !s.ok()) return s;
   const auto& train = data.train;

@@ -7,7 +7,13 @@
 
 #include <gtest/gtest.h>
 
+#include <sched.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <condition_variable>
 #include <fstream>
+#include <mutex>
 #include <thread>
 
 #include "base/cpus.hpp"
@@ -79,9 +85,61 @@ TEST(CpuBinding, KeepsACoresHardwareThreadsAndAPackagesCoresTogether) {
   EXPECT_EQ(cores_of({0, 4, 9}, dir.path()), (std::vector<Cpus>{{0, 4}, {9}}));
 }
 
-TEST(CpuBinding, BindsAThreadAndTheThreadsItStartsOrSaysWhichCpusItMayNotUse) {
+// A thread that is there before the binding, as OpenBLAS's are (started
+// as the library loads): its id, and it waits until told to end.
+struct EarlierThread {
+  EarlierThread() {
+    thread = std::thread([this] {
+      tid = static_cast<pid_t>(::syscall(SYS_gettid));
+      std::unique_lock lock(mu);
+      cv.notify_all();
+      cv.wait(lock, [this] { return done; });
+    });
+    std::unique_lock lock(mu);
+    cv.wait(lock, [this] { return tid != 0; });
+  }
+  ~EarlierThread() {
+    {
+      std::lock_guard lock(mu);
+      done = true;
+    }
+    cv.notify_all();
+    thread.join();
+  }
+  Cpus cpus() const {
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    Cpus out;
+    if (sched_getaffinity(tid, sizeof set, &set) == 0)
+      for (unsigned c = 0; c < CPU_SETSIZE; ++c)
+        if (CPU_ISSET(c, &set)) out.push_back(c);
+    return out;
+  }
+  std::mutex mu;
+  std::condition_variable cv;
+  pid_t tid = 0;
+  bool done = false;
+  std::thread thread;
+};
+
+// The process's CPUs and scheduling put back for the tests after.
+void restore(const Cpus& cpus, const EarlierThread& earlier) {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (unsigned c : cpus) CPU_SET(c, &set);
+  sched_setaffinity(0, sizeof set, &set);
+  sched_setaffinity(earlier.tid, sizeof set, &set);
+  const sched_param none{};
+  sched_setscheduler(0, SCHED_OTHER, &none);
+  sched_setscheduler(earlier.tid, SCHED_OTHER, &none);
+}
+
+// Every thread of the process: the log said "every thread" while a
+// library's thread started before kept every CPU.
+TEST(CpuBinding, BindsEveryThreadOfTheProcessOrSaysWhichCpusItMayNotUse) {
   const Cpus allowed = allowed_cpus();
   ASSERT_FALSE(allowed.empty());
+  EarlierThread earlier;
   std::thread t([&] {
     ASSERT_TRUE(bind_to_cpus({allowed.back()}).ok());
     EXPECT_EQ(allowed_cpus(), (Cpus{allowed.back()}));
@@ -100,10 +158,13 @@ TEST(CpuBinding, BindsAThreadAndTheThreadsItStartsOrSaysWhichCpusItMayNotUse) {
     EXPECT_FALSE(bind_to_cpus({}).ok());
   });
   t.join();
-  EXPECT_EQ(allowed_cpus(), allowed) << "the test's own thread is not bound";
+  EXPECT_EQ(allowed_cpus(), (Cpus{allowed.back()})) << "the test's own thread, running before";
+  EXPECT_EQ(earlier.cpus(), (Cpus{allowed.back()})) << "a thread started before";
+  restore(allowed, earlier);
 }
 
-TEST(CpuBinding, BatchSchedulingHoldsForTheThreadAndTheThreadsItStarts) {
+TEST(CpuBinding, BatchSchedulingHoldsForEveryThreadOfTheProcess) {
+  EarlierThread earlier;
   EXPECT_FALSE(batch_scheduled()) << "the test's own thread runs as it was started";
   std::thread t([] {
     ASSERT_TRUE(use_batch_scheduling().ok());
@@ -113,7 +174,9 @@ TEST(CpuBinding, BatchSchedulingHoldsForTheThreadAndTheThreadsItStarts) {
     EXPECT_TRUE(inherited) << "a thread started afterwards";
   });
   t.join();
-  EXPECT_FALSE(batch_scheduled());
+  EXPECT_TRUE(batch_scheduled()) << "the test's own thread, running before";
+  EXPECT_EQ(sched_getscheduler(earlier.tid), SCHED_BATCH) << "a thread started before";
+  restore(allowed_cpus(), earlier);
 }
 
 TEST(CpuBinding, KeysOverlapOnTheSameMachineWhenTheirMasksShareACpu) {

@@ -175,7 +175,10 @@ void add_process_flags(CLI::App* cmd, ProcessFlags& f, bool listens, bool needs_
     add_busy_poll_flag(cmd, f.busy_poll_us);
     cmd->add_option("--cpus", f.cpus,
                     "run on these CPUs only, a list such as 0-3,8 (default: every CPU it was started with)")
-        ->type_name("LIST");
+        ->type_name("LIST")
+        ->check(CLI::Validator(  // "" ran unbound without a word
+            [](std::string& v) { return v.empty() ? std::string("an empty CPU list (write it as 0-3,8)") : std::string(); },
+            ""));
     cmd->add_option("--scheduling", f.scheduling,
                     "normal, or batch: Linux's SCHED_BATCH for every thread, whose wake-ups then do not preempt "
                     "what runs (asgd cluster starts its workers so; default normal)")
