@@ -162,7 +162,7 @@ int run_bench_compute(const ComputeOptions& o) {
     }
   }
   if (!o.json) {
-    std::printf("bench compute: forward + backward (Model::compute_gradients) on %s, %u BLAS threads (OpenBLAS %s "
+    std::printf("bench compute: forward + backward (Model::compute_gradients) on %s, %u compute threads (OpenBLAS %s "
                 "kernels); per model and batch %.1f s warm-up, then %u windows of %.2f s, median reported\n",
                 device_name.c_str(), o.threads, blas::core_name().c_str(), o.warmup, o.windows,
                 o.seconds / o.windows);
@@ -214,7 +214,7 @@ ComputeBench add_compute_bench(CLI::App* bench) {
   add_list_option(cmd, "--batches", o->batches, "batch sizes, comma-separated, each 1 to 65536 (default 64,128)", 1,
                   1u << 16);
   cmd->add_option("--device", o->device, "cpu, cuda or cuda:K (default cpu)")->type_name("DEV");
-  cmd->add_option("--threads", o->threads, "BLAS threads, 1 to 1024 (default 2)")
+  cmd->add_option("--threads", o->threads, "compute threads, 1 to 1024 (default 2)")
       ->type_name("N")
       ->check(quietly(CLI::Range(1u, 1024u)));
   cmd->add_option("--seconds", o->seconds, "timed seconds per model and batch, above 0, at most 3600 (default 2)")

@@ -10,6 +10,7 @@
 int main(int argc, char** argv) {
   using namespace asgd::cli;
   reexec_with_better_blas_kernels(argv);
+  name_this_process();
   keep_freed_memory_for_reuse();
   CLI::App app{"asgd bench: what the runtime, the wire, the kernels and the shards under load cost"};
   app.name("asgd bench");

@@ -143,7 +143,7 @@ int run_bench_runtime(const BenchOptions& o) {
     return kExitUsage;
   }
   if (!o.json)
-    std::printf("bench runtime: %s on %s, batch %u, %u BLAS threads (OpenBLAS %s kernels), %zu samples per run, "
+    std::printf("bench runtime: %s on %s, batch %u, %u compute threads (OpenBLAS %s kernels), %zu samples per run, "
                 "%u repeats\n",
                 c.model.c_str(), resolve_data_dir(c).c_str(), *c.batch, c.threads, blas::core_name().c_str(), data->train.count,
                 o.repeats);
@@ -201,7 +201,7 @@ std::function<int()> add_bench_commands(CLI::App& app) {
   rt->add_option("--batch", o->batch, "batch size, at least 1 (default 64)")
       ->type_name("B")
       ->check(positive());
-  rt->add_option("--threads", o->threads, "BLAS threads (default: all cores)")->type_name("N");
+  rt->add_option("--threads", o->threads, "compute threads of the worker (default: the usable CPUs)")->type_name("N");
   rt->add_option("--repeats", o->repeats, "alternating runs of (a) and (b), at least 1 (default 3)")
       ->type_name("N")
       ->check(positive());

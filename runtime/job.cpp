@@ -229,7 +229,7 @@ void log_blas(std::size_t threads, std::size_t workers, const char* per) {
     logger().warn("OpenBLAS runs its generic {} kernels on this CPU; set OPENBLAS_CORETYPE={} for faster matrix products",
                  blas::core_name(), better);
   }
-  logger().info("OpenBLAS {} kernels, {} thread(s) per {}", blas::core_name(), threads, per);
+  logger().info("OpenBLAS {} kernels, {} compute thread(s) per {}", blas::core_name(), threads, per);
   if (threads > 1 && workers * threads > usable_cpus())
     logger().warn("{} workers x {} compute threads on {} usable CPUs: each layer waits for threads the others "
                   "keep off the CPUs (--threads 0 gives each worker its share)",

@@ -125,6 +125,10 @@ void print_error(const std::string& message);
 /// Starts the program again with OPENBLAS_CORETYPE set where OpenBLAS picked
 /// its slow generic kernels for a CPU it does not know (see blas.hpp).
 void reexec_with_better_blas_kernels(char** argv);
+/// A process started as /proc/self/exe (asgd cluster's, a re-exec for
+/// OpenBLAS's kernels) is named "exe" in ps, top and pgrep: it takes its
+/// program's name ("asgd") instead.
+void name_this_process();
 
 /// Makes malloc keep the memory freed by large messages for the next ones
 /// (glibc's thresholds fixed at the largest its own adjustment reaches).

@@ -57,6 +57,7 @@ void raise_open_file_limit() {
 int main(int argc, char** argv) {
   using namespace asgd::cli;
   reexec_with_better_blas_kernels(argv);
+  name_this_process();
   keep_freed_memory_for_reuse();
   raise_open_file_limit();
   CLI::App app{"asgd: a runtime for data-parallel stochastic gradient descent"};

@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <ctime>
 #include <filesystem>
+#include <fstream>
 #include <system_error>
 #include <thread>
 
@@ -127,6 +128,15 @@ std::string error_text(const Status& s) {
 void keep_freed_memory_for_reuse() {
   (void)mallopt(M_MMAP_THRESHOLD, 32 << 20);
   (void)mallopt(M_TRIM_THRESHOLD, 64 << 20);
+}
+
+void name_this_process() {
+  std::ifstream comm("/proc/self/comm");
+  std::string name;
+  if (!std::getline(comm, name) || name != "exe") return;
+  std::error_code ec;
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).filename().string();
+  if (!ec && !self.empty()) ::prctl(PR_SET_NAME, self.substr(0, 15).c_str());
 }
 
 // OpenBLAS picks its kernels when it loads, before main(); where it picked
