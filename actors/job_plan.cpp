@@ -45,6 +45,7 @@ LrSchedule lr_schedule(const JobConfig& c, std::uint64_t total_steps) {
 }
 
 Result<std::vector<std::string>> parse_worker_devices(const std::string& text, std::uint32_t workers) {
+  if (text.empty()) return Status::InvalidArgument("--device: an empty value (give cpu, cuda or cuda:K)");
   const std::vector<std::string> items = split(text, ',');
   if (items.size() != 1 && items.size() != workers)
     return Status::InvalidArgument("--device " + text + ": " + std::to_string(items.size()) + " devices for " +

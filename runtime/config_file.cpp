@@ -259,7 +259,7 @@ Status set_job_field(JobConfig& config, const std::string& key, const std::strin
   auto it = std::find_if(fields.begin(), fields.end(), [&](const ConfigField& f) { return f.key == k; });
   if (it == fields.end()) return Status::InvalidArgument("unknown setting '" + key + "'");
   Status s = it->set(config, text);
-  if (!s.ok()) return Status::InvalidArgument("--" + k + " " + text + ": " + s.message());
+  if (!s.ok()) return Status::InvalidArgument("--" + k + (text.empty() ? "" : " " + text) + ": " + s.message());
   return {};
 }
 

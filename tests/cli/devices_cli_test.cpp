@@ -53,6 +53,10 @@ TEST(DevicesCli, AListNeedsOneDevicePerWorkerEachOneKnown) {
   expect_one_line_error(asgd("train --workers 2 --device cpu,cpu,cpu"), 2,
                         "--device cpu,cpu,cpu: 3 devices for 2 workers: give one for all of them, or one per worker");
   expect_one_line_error(asgd("train --workers 2 --device cpu,tpu"), 2, "--device cpu,tpu: worker 1's unknown device 'tpu'");
+  // An index past any int was "unknown device"; an empty value read "--device : unknown device ''".
+  expect_one_line_error(asgd("train --device cuda:99999999999"), 2,
+                        "--device cuda:99999999999: GPU index 99999999999 is past any GPU's");
+  expect_one_line_error(asgd("train --device ''"), 2, "--device: an empty value (give cpu, cuda or cuda:K)");
 }
 
 TEST(DevicesCli, AGpuMissingHereStopsTheJobNamingTheWorker) {

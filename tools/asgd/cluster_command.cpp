@@ -319,7 +319,8 @@ LocalClusterOptions local_cluster_options(const JobOptions& jo, const ProcessFla
     std::printf("asgd cluster: each worker process on CPUs of its own (%s)%s; --bind-workers off: all share them\n",
                 join_cpu_sets(cpu_sets).c_str(), batch ? ", under SCHED_BATCH" : "");
   else if (batch)
-    std::printf("asgd cluster: the worker processes under SCHED_BATCH, on every CPU\n");
+    std::printf("asgd cluster: the worker processes under SCHED_BATCH, on every CPU this process may use (%s)\n",
+                format_cpu_list(allowed_cpus()).c_str());
   std::fflush(stdout);
   o.shards = config.shards;
   o.workers = config.workers;

@@ -334,8 +334,10 @@ std::optional<int> plan_comparison(const CompareOptions& o, Comparison& c) {
       Status s = validate(run);
       if (s.ok() && o.processes) s = validate_for_cluster(run, WorkersOn::this_host);
       if (!s.ok()) {
-        const std::string with = c.worker_counts.size() > 1 ? "with --workers " + std::to_string(w) + ": " : "";
-        print_error("--policies " + o.policies + ": " + with + s.message());
+        // Named by the run it refuses: the whole --policies list was blamed
+        // for a --device list too short for one worker count.
+        const std::string with = c.worker_counts.size() > 1 ? " with --workers " + std::to_string(w) : "";
+        print_error("the " + p + " run" + with + ": " + s.message());
         return kExitUsage;
       }
     }

@@ -18,12 +18,19 @@ namespace asgd::cli {
 std::function<int()> add_devices_command(CLI::App& app) {
   app.add_subcommand("devices", "the CPUs and GPUs a job can compute on here, or why a GPU cannot be used");
   return [] {
+    // A list that could not be written (a full disk, a closed pipe) exited 0.
+    auto written = [] {
+      std::cout.flush();
+      if (std::cout) return kExitOk;
+      print_error("asgd devices: writing the list to standard output failed");
+      return kExitFailure;
+    };
     std::cout << "cpu: " << usable_cpus() << " usable CPU(s), OpenBLAS " << blas::core_name() << " kernels\n";
     std::string why;
     const int count = cuda_device_count(&why);
     if (count == 0) {
       std::cout << "cuda: none: " << why << "\n";
-      return kExitOk;
+      return written();
     }
     std::cout << "cuda: " << count << " device(s) (backend " << cuda_backend_location() << ")\n";
     Dense layer(4, 2);
@@ -34,7 +41,7 @@ std::function<int()> add_devices_command(CLI::App& app) {
                                       : "cuda:" + std::to_string(i) + ": " + made.status().message())
                 << "\n";
     }
-    return kExitOk;
+    return written();
   };
 }
 
