@@ -425,11 +425,7 @@ Result<JobSummary> run_job_unguarded(const JobConfig& requested, const JobCallba
   // A resumed job goes on checkpointing where it was resumed from.
   if (!config.resume.empty() && config.checkpoint_dir.empty()) config.checkpoint_dir = config.resume;
 
-  if (!config.metrics_out.empty()) {
-    auto w = MetricsWriter::open(config.metrics_out, !config.resume.empty());
-    if (!w) return w.status();
-    metrics.writer.emplace(std::move(w).value());
-  }
+  if (Status s = metrics.open(config.metrics_out, !config.resume.empty()); !s.ok()) return s;
   std::shared_ptr<LiveStatus> live;
   std::unique_ptr<StatusServer> status_server;
   if (config.status_port != 0) {

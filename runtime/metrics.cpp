@@ -288,6 +288,14 @@ Status MetricsWriter::write(const nlohmann::json& record) {
   return {};
 }
 
+Status MetricsSink::open(const std::string& path, bool append) {
+  if (path.empty()) return {};
+  auto w = MetricsWriter::open(path, append);
+  if (!w) return w.status();
+  writer.emplace(std::move(w).value());
+  return {};
+}
+
 void MetricsSink::write(const nlohmann::json& record) {
   if (!writer || !error.ok()) return;
   error = writer->write(record);

@@ -65,6 +65,8 @@ class MetricsWriter {
 struct MetricsSink {
   std::optional<MetricsWriter> writer;
   Status error;
+  /// The writer of `path` (MetricsWriter::open); none for an empty path.
+  Status open(const std::string& path, bool append);
   void write(const nlohmann::json& record);
   /// The last line of a job that failed or was cancelled, in
   /// place of the summary: {"event": "stopped", "status": "cancelled",

@@ -282,6 +282,22 @@ TEST(TrainCli, RejectsAnUnwritableMetricsFileWithExitCode2) {
   expect_one_line_error(asgd("train --metrics-out /nonexistent/dir/m.jsonl"), 2, "/nonexistent/dir/m.jsonl");
 }
 
+// A value out of range in a config file names the file, as a value of the
+// wrong type does; the same value as a flag does not.
+TEST(TrainCli, AConfigFilesValueOutOfRangeNamesTheFile) {
+  const asgd_test::TempDir dir;
+  const std::string file = (dir / "c.toml").string();
+  std::ofstream(file) << "lr = -0.5\n";
+  expect_one_line_error(asgd("train --config " + file), 2, "config file " + file + ": --lr -0.5: must be a positive");
+  const std::string easgd = (dir / "easgd.toml").string();
+  std::ofstream(easgd) << "policy = \"easgd\"\nmoving-rate = 0.0\n";
+  expect_one_line_error(asgd("train --config " + easgd), 2,
+                        "config file " + easgd + ": --policy easgd: --moving-rate 0: must be > 0");
+  const CliRun flag = asgd("train --config " + file + " --lr -1");
+  expect_one_line_error(flag, 2, "--lr -1: must be a positive");
+  EXPECT_EQ(flag.err.find("config file"), std::string::npos) << flag.err;
+}
+
 // Values past what a clock or a machine can take are refused, naming the
 // flag: they used to overflow (an --rpc-timeout of 1e10 s timed out at
 // once, a straggler factor of 1e30 slowed nothing) or to harm (a

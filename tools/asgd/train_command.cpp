@@ -175,6 +175,67 @@ std::optional<std::string> overwriting(const std::string& log_file, const std::s
   return std::nullopt;
 }
 
+bool flag_given(const JobOptions& o, const std::string& key) {
+  const auto flag = o.options.find(key);
+  return flag != o.options.end() && flag->second->count() > 0;
+}
+
+// Before the log file is emptied as logging starts: the log or metrics
+// file must not be the config file or each other. An exit code, else
+// nothing.
+std::optional<int> start_logging(const JobOptions& o, const ConfigSettings& from_file) {
+  std::string metrics_out;
+  for (const auto& [key, text] : from_file)
+    if (key == "metrics-out") metrics_out = text;
+  if (flag_given(o, "metrics-out")) metrics_out = o.flags.at("metrics-out");
+  if (auto why = overwriting(o.log.log_file, metrics_out, o.config_file)) {
+    print_error(*why);
+    return kExitUsage;
+  }
+  if (Status s = setup_logging(o.log); !s.ok()) {
+    print_error(s.message());
+    return kExitUsage;
+  }
+  return std::nullopt;
+}
+
+// The file's settings, then the flags', onto `config`.
+Status apply_given(const JobOptions& o, const ConfigSettings& from_file, JobConfig& config) {
+  for (const auto& [key, text] : from_file)
+    if (Status s = set_job_field(config, key, text); !s.ok())
+      return Status::InvalidArgument("config file " + o.config_file + ": " + s.message());
+  for (const auto& [key, opt] : o.options)
+    if (opt->count() > 0)
+      if (Status s = set_job_field(config, key, o.flags.at(key)); !s.ok()) return s;
+  return {};
+}
+
+// Resumed under another policy: the settings of the old one go unless
+// given now (async's --push-every refused the bsp the docs allow).
+void drop_resumed_policy_settings(const JobOptions& o, const ConfigSettings& from_file, JobConfig& config) {
+  std::set<std::string> given;
+  for (const auto& [key, text] : from_file) given.insert(key);
+  for (const auto& [key, opt] : o.options)
+    if (opt->count() > 0) given.insert(key);
+  std::erase_if(config.policy_options, [&](const auto& knob) { return !given.contains(knob.first); });
+  if (!given.contains("staleness-aware-lr")) config.staleness_aware_lr.reset();
+}
+
+// "config file F: " when `message` names (--KEY followed by a space or a
+// colon) a key the file gave and no flag did: its range errors read
+// "--lr -0.5: must be ...", its type errors named the file.
+std::string from_the_file(const JobOptions& o, const ConfigSettings& from_file, const std::string& message) {
+  for (const auto& [key, text] : from_file) {
+    const std::string named = "--" + key;
+    for (std::size_t at = message.find(named); !flag_given(o, key) && at != std::string::npos;
+         at = message.find(named, at + 1))
+      if (const std::size_t end = at + named.size();
+          end == message.size() || message[end] == ' ' || message[end] == ':')
+        return "config file " + o.config_file + ": ";
+  }
+  return "";
+}
+
 }  // namespace
 
 std::optional<int> load_job(const JobOptions& o, JobConfig& config, bool devices_here, bool data_here) {
@@ -188,20 +249,7 @@ std::optional<int> load_job(const JobOptions& o, JobConfig& config, bool devices
     return kExitUsage;
   }
   const ConfigSettings& from_file = *read;
-  // Before the log file is emptied as logging starts.
-  std::string metrics_out;
-  for (const auto& [key, text] : from_file)
-    if (key == "metrics-out") metrics_out = text;
-  if (auto m = o.options.find("metrics-out"); m != o.options.end() && m->second->count() > 0)
-    metrics_out = o.flags.at("metrics-out");
-  if (auto why = overwriting(o.log.log_file, metrics_out, o.config_file)) {
-    print_error(*why);
-    return kExitUsage;
-  }
-  if (Status s = setup_logging(o.log); !s.ok()) {
-    print_error(s.message());
-    return kExitUsage;
-  }
+  if (auto code = start_logging(o, from_file)) return code;
   std::string resume_dir;
   if (auto r = o.options.find("resume"); r != o.options.end()) {
     if (r->second->count() > 0) resume_dir = o.flags.at("resume");
@@ -220,37 +268,18 @@ std::optional<int> load_job(const JobOptions& o, JobConfig& config, bool devices
     // otherwise).
     config.checkpoint_dir = std::filesystem::absolute(resume_dir).lexically_normal().string();
   }
-  for (const auto& [key, text] : from_file) {
-    if (Status s = set_job_field(config, key, text); !s.ok()) {
-      print_error("config file " + o.config_file + ": " + s.message());
-      return kExitUsage;
-    }
+  if (Status s = apply_given(o, from_file, config); !s.ok()) {
+    print_error(s.message());
+    return kExitUsage;
   }
-  for (const auto& [key, opt] : o.options) {
-    if (opt->count() == 0) continue;
-    if (Status s = set_job_field(config, key, o.flags.at(key)); !s.ok()) {
-      print_error(s.message());
-      return kExitUsage;
-    }
-  }
-  if (resumed && config.policy != resumed->policy) {
-    // Resumed under another policy: the settings of the old one go unless
-    // given now (async's --push-every refused the bsp the docs allow).
-    std::set<std::string> given;
-    for (const auto& [key, text] : from_file) given.insert(key);
-    for (const auto& [key, opt] : o.options)
-      if (opt->count() > 0) given.insert(key);
-    std::erase_if(config.policy_options, [&](const auto& knob) { return !given.contains(knob.first); });
-    if (!given.contains("staleness-aware-lr")) config.staleness_aware_lr.reset();
-  }
+  if (resumed && config.policy != resumed->policy) drop_resumed_policy_settings(o, from_file, config);
   if (Status s = resumed ? same_checkpointed_layout(*resumed, config) : Status{}; !s.ok()) {
     print_error("--resume " + resume_dir + ": " + s.message());
     return kExitUsage;
   }
   // An interval with nowhere to write was taken without a word. (The flag:
   // a settings file written by asgd holds every key, this one too.)
-  const auto every = o.options.find("checkpoint-every");
-  if (every != o.options.end() && every->second->count() > 0 && config.checkpoint_dir.empty()) {
+  if (flag_given(o, "checkpoint-every") && config.checkpoint_dir.empty()) {
     print_error("--checkpoint-every: applies with --checkpoint-dir (where the checkpoints go); give both");
     return kExitUsage;
   }
@@ -259,7 +288,7 @@ std::optional<int> load_job(const JobOptions& o, JobConfig& config, bool devices
     return kExitUsage;
   }
   if (Status s = validate_settings(config, devices_here); !s.ok()) {
-    print_error(s.message());
+    print_error(from_the_file(o, from_file, s.message()) + s.message());
     return kExitUsage;
   }
   if (auto why = overwriting(o.log.log_file, config.metrics_out, o.config_file)) {  // a resumed job's metrics file
