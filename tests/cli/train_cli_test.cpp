@@ -439,7 +439,8 @@ TEST(ClusterCli, UnderALauncherEachRankRefusesWhatItCannotUseAtOnceAndSaysWhatIt
                                    (dir.path() / "rv").string(),
                                {}, under_mpirun(2, 0));
     EXPECT_EQ(layout.exit_code, 0) << layout.err;
-    EXPECT_NE(layout.out.find("device: cuda (no usable CUDA device on this host"), std::string::npos) << layout.out;
+    EXPECT_NE(layout.out.find("device: cuda (on this host, no usable CUDA device"), std::string::npos) << layout.out;
+    EXPECT_NE(layout.out.find("the worker would refuse to start)"), std::string::npos) << layout.out;
   }
   // An --address this host cannot listen on: a usage error naming the flag
   // before anything starts (it was a bind failure, exit 1). 192.0.2.1 is

@@ -122,8 +122,11 @@ void print_layout(const Launch& l, const RoleOfRank& role, const std::string& co
     // Checked here as the worker would check it (a submission checked with
     // --print-layout said "device: cuda" on a host without one).
     const Status usable = device_usable_here(device);
+    std::string why = usable.message();  // without its "--device X: "
+    if (const auto colon = why.find(": "); why.starts_with("--device ") && colon != std::string::npos)
+      why = why.substr(colon + 2);
     std::printf("device: %s%s\n", device.c_str(),
-                usable.ok() ? "" : (" (" + usable.message() + ": the worker would refuse to start)").c_str());
+                usable.ok() ? "" : (" (on this host, " + why + ": the worker would refuse to start)").c_str());
   }
   std::fflush(stdout);
 }
