@@ -105,9 +105,9 @@ TrainingSettings training_settings(const JobConfig& c, Placement where) {
   t.staleness_aware_lr = stale_steps;
   if (!c.staleness_aware_lr && stale_steps) {
     if (more)
-      say(fmt::format("staleness-aware steps (a step over {} updates stale takes momentum 0.5, one over {} twice "
-                      "the rate divided by its staleness over {})",
-                      std::max(1u, n / 4), std::max(1u, n / 2), std::max(1u, n / 2)));
+      say(fmt::format("staleness-aware steps (a step over {:g} updates stale takes momentum 0.5, one over {:g} the "
+                      "rate times {} / its staleness)",
+                      std::max(1.0, n / 4.0), std::max(1.0, n / 2.0), std::max(2u, n)));
   }
   return t;
 }

@@ -53,10 +53,11 @@ struct JobConfig {
   /// docs/policies.md and `asgd train --help`. A setting the policy does not
   /// take is an error; one not given takes the policy's default.
   std::map<std::string, double> policy_options;
-  /// async, ssp: a step staler than usual for the worker count (in updates
-  /// since its read) takes a rate divided by its staleness and momentum 0.5
-  /// (docs/policies.md). Unset: on for async and ssp unless lr or momentum
-  /// is set (training_settings).
+  /// async, ssp: a step more than workers / 2 updates stale (since its
+  /// read) takes the rate times workers / staleness (more than the rate
+  /// until the staleness passes the worker count), one more than
+  /// workers / 4 stale momentum 0.5 (docs/policies.md). Unset: on for async
+  /// and ssp unless lr or momentum is set (training_settings).
   std::optional<bool> staleness_aware_lr;
   /// Per-worker batch-size weights: "" (equal), "W0,W1,..." (one positive
   /// number per worker; batch and data partition scale with the weight), or
