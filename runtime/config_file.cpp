@@ -180,9 +180,8 @@ const std::vector<ConfigField>& job_config_fields() {
       {"model", "model: mlp | lenet | resnet-mini | resnet18 (default mlp)", "NAME", string_field(&JobConfig::model)},
       {"policy", "consistency policy: " + policy_spellings(" | ") + " (default async)", "NAME", string_field(&JobConfig::policy)},
       {"staleness-aware-lr",
-       "async, ssp: a step over workers/2 updates stale takes the rate times workers/staleness, one over "
-       "workers/4 momentum 0.5: "
-       "true | false (default true, false when --lr or --momentum is given)",
+       "async, ssp: a step over workers/2 updates stale takes the rate times workers/staleness, one over workers/4 "
+       "momentum 0.5: true | false (default true, false when --lr or --momentum is given)",
        "BOOL", staleness_aware_field()},
       {"worker-weights", "per-worker batch weights: W0,W1,... or auto (measured step costs: equally long steps) (default equal)", "LIST",
        string_field(&JobConfig::worker_weights)},

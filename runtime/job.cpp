@@ -412,6 +412,16 @@ JobCallbacks guarded_callbacks(const JobCallbacks& c, std::stop_token stop) {
           until_stopped(guard_callback("on_final_params", c.on_final_params), stop)};
 }
 
+// The settings a job runs with: a resumed job goes on checkpointing where
+// it was resumed from, and a job's own data is not augmented unless asked
+// (config.dataset, which it ignores, turned cifar10's default on).
+JobConfig as_run(const JobConfig& requested, bool own_data) {
+  JobConfig config = requested;
+  if (!config.resume.empty() && config.checkpoint_dir.empty()) config.checkpoint_dir = config.resume;
+  if (own_data && config.augment.empty()) config.augment = "none";
+  return config;
+}
+
 // `metrics` is opened here once the settings are checked, and the caller
 // ends it for a job that does not finish.
 Result<JobSummary> run_job_unguarded(const JobConfig& requested, const JobCallbacks& callbacks, std::stop_token stop,
@@ -421,9 +431,7 @@ Result<JobSummary> run_job_unguarded(const JobConfig& requested, const JobCallba
   const bool devices_here = !hooks.make_placement;
   if (Status s = user_data ? validate(requested, *user_data) : validate_settings(requested, devices_here); !s.ok())
     return s;
-  JobConfig config = requested;
-  // A resumed job goes on checkpointing where it was resumed from.
-  if (!config.resume.empty() && config.checkpoint_dir.empty()) config.checkpoint_dir = config.resume;
+  const JobConfig config = as_run(requested, user_data != nullptr);
 
   if (Status s = metrics.open(config.metrics_out, !config.resume.empty()); !s.ok()) return s;
   std::shared_ptr<LiveStatus> live;

@@ -36,7 +36,7 @@ struct UserDataset {
   /// (mlp, a ModelSpec) treat both alike.
   std::vector<std::size_t> sample_shape;
   std::size_t classes = 0;    ///< labels lie in [0, classes), classes >= 2
-  LabeledSamples train;       ///< what workers train on; at least one sample per worker
+  LabeledSamples train;       ///< what workers train on, a contiguous slice each: at least a batch per worker
   LabeledSamples validation;  ///< evaluated after each epoch; at least one sample
   LabeledSamples test;        ///< evaluated once at the end; may be empty (final_test_accuracy is then 0)
 };

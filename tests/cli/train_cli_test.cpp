@@ -309,6 +309,7 @@ TEST(TrainCli, RefusesValuesThatWouldOverflowAClockOrHarmTheJob) {
       {"--rpc-timeout 1e10", "--rpc-timeout 1e+10: must be more than 0 s and at most a week"},
       {"--eval-every 1e300", "--eval-every 1e+300: must be a number of seconds from 0 to a week"},
       {"--threads 100000", "--threads 100000: must be at most 256"},
+      {"--prefetch 100000000", "--prefetch 100000000: must be at most 256"},
       {"--straggler 0:1e30", "needs a factor of at least 1 and at most 1000000"},
       {"--straggler pause:0:100:1e10", "needs a pause of more than 0 s and at most 1 day"}};
   for (const auto& [flags, error] : cases) expect_one_line_error(asgd(std::string("train ") + flags), 2, error);

@@ -175,6 +175,13 @@ TEST(UserData, ValidateRefusesWhatTheJobWouldAndIgnoresTheValidationSize) {
       {"a status address that is none", [](JobConfig& j) { j.status_port = 1; j.status_address = "not an address"; },
        "--status-address not an address: not an IP address"},
       {"crops of vectors", [](JobConfig& j) { j.augment = "crop,flip"; }, "this job's own samples are vectors"},
+      // Under a ModelSpec too (it was taken, and blanked two samples in three).
+      {"crops of vectors under a model spec",
+       [](JobConfig& j) {
+         j.augment = "crop";
+         j.model_spec = std::make_shared<const ModelSpec>(ModelSpec("vec").dense(8).relu().dense(2));
+       },
+       "this job's own samples are vectors"},
       {"lenet on vectors", [](JobConfig& j) { j.model = "lenet"; }, "model 'lenet' needs image samples"},
   };
   for (const Case& k : cases) {
@@ -186,6 +193,18 @@ TEST(UserData, ValidateRefusesWhatTheJobWouldAndIgnoresTheValidationSize) {
     Runtime runtime;
     EXPECT_EQ(runtime.submit(bad, data).status().code(), StatusCode::invalid_argument) << k.what;
   }
+  // The default for a job's own data is none, whatever config.dataset
+  // names (cifar10's crop,flip refused vectors the job never asked to crop).
+  JobConfig cifar_named = small_job();
+  cifar_named.dataset = "cifar10";
+  EXPECT_TRUE(validate(cifar_named, *data).ok()) << validate(cifar_named, *data).to_string();
+  // Images under 8 pixels on a side: a crop's pixel is too much of them.
+  UserDataset rows = *data;
+  rows.sample_shape = {1, 1, 8};
+  JobConfig crop = small_job();
+  crop.augment = "crop";
+  EXPECT_NE(validate(crop, rows).message().find("images are 1x8, under 8 on a side"), std::string::npos)
+      << validate(crop, rows).message();
   JobConfig named;
   named.status_port = 1;
   named.status_address = "localhost";  // a name, not an address: the server binds addresses
