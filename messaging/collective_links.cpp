@@ -70,7 +70,7 @@ bool CollectiveLinks::send(Rank to, Header h, std::span<const float> values, Own
   h.from = static_cast<std::uint16_t>(rank_);
   h.count = values.size();
   auto bytes = std::as_bytes(values);
-  if (half_ && h.kind == Kind::chunk) {
+  if (half_ && h.kind == Kind::chunk && fits_half(values)) {  // else this one as float32 (fits_half)
     h.coding = 1;
     halves_.resize(values.size());
     to_half(values, halves_);

@@ -82,8 +82,9 @@ bool RingReduce::take(const Piece& p, const Send& send) {
       std::copy_n(p.values.data(), n, dst);  // (not memcpy: an empty piece's data may be null)
     if (step + 1 == m - 1) {  // the last fold of this chunk: its mean
       total_ = weight;
-      // In half precision every rank gets these bits, this one included.
-      if (half_)
+      // In half precision every rank gets these bits, this one included
+      // (unless a value is past its range: then it goes as float32 to all).
+      if (half_ && fits_half({dst, n}))
         for (std::size_t i = 0; i < n; ++i) dst[i] = from_half(to_half(dst[i]));
     }
   } else {

@@ -425,6 +425,7 @@ template <class M>
 Message encode(const M& msg, std::uint64_t request_id, std::vector<float> tensor, TensorCoding coding,
                std::shared_ptr<TensorPool> pool, std::optional<std::uint32_t> tensor_crc) {
   auto body = serialize_body([&](cereal::PortableBinaryOutputArchive& ar) { archive_message(ar, const_cast<M&>(msg)); });
+  if (coding == TensorCoding::float16 && !fits_half(tensor)) coding = TensorCoding::float32;  // this one as it is
   const std::uint16_t flags = coding == TensorCoding::float16 && !tensor.empty() ? kFlagFp16 : 0;
   if (coding != TensorCoding::float32) tensor_crc.reset();  // it was the float32 bytes'
   return build_frame(static_cast<std::uint16_t>(type_of<M>()), flags, request_id, body,

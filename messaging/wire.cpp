@@ -3,7 +3,9 @@
 #include <array>
 #include <bit>
 #include <cassert>
+#include <cmath>
 #include <cstring>
+#include <limits>
 
 #if defined(__x86_64__)
 #include <cpuid.h>
@@ -204,6 +206,15 @@ void to_half(std::span<const float> in, std::span<std::uint16_t> out) {
   if (has_f16c()) i = to_half_f16c(in.data(), out.data(), in.size());
 #endif
   for (; i < in.size(); ++i) out[i] = to_half(in[i]);
+}
+
+bool fits_half(std::span<const float> values) {
+  bool fits = true;
+  for (const float v : values) {
+    const float a = std::fabs(v);
+    fits &= !(a >= 65520.0f) || a == std::numeric_limits<float>::infinity();  // (NaN compares false)
+  }
+  return fits;
 }
 
 void from_half(std::span<const std::uint16_t> in, std::span<float> out) {

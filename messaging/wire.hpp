@@ -110,6 +110,11 @@ using asgd::crc32c_copy;
 std::uint16_t to_half(float f);
 float from_half(std::uint16_t h);
 void to_half(std::span<const float> in, std::span<std::uint16_t> out);
+/// Whether every finite value stays finite in half precision (|x| < 65520,
+/// which rounds to at most 65504). A tensor that does not goes as float32:
+/// a gradient's one large value made the whole push infinite, and the shard
+/// refused it as a NaN (858 of 860 pushes, exit 0).
+bool fits_half(std::span<const float> values);
 void from_half(std::span<const std::uint16_t> in, std::span<float> out);
 
 }  // namespace asgd::messaging

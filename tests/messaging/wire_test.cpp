@@ -308,6 +308,30 @@ TEST(WireMessages, Fp16HalvesTheTensorBytesAndKeepsValuesToHalfPrecision) {
   for (std::size_t i = 0; i < g.size(); ++i) EXPECT_NEAR(back[i], g[i], std::abs(g[i]) * 1e-3f + 1e-7f) << i;
 }
 
+// A value past half precision's range (65504) made the whole push
+// infinite, which the shard refused as a NaN: such a tensor goes as float32
+// that once. An infinity or a NaN of its own stays what it is.
+TEST(WireMessages, Fp16SendsATensorWithAValuePastItsRangeAsFloat32) {
+  std::vector<float> g(100, 0.5f);
+  g[7] = 70000.0f;
+  EXPECT_FALSE(fits_half(g));
+  Message m = encode(PushRequest{0, 0, 0, 1, false, {}}, 1, g, TensorCoding::float16);
+  Frame fr;
+  ASSERT_EQ(parse_frame(m, fr), FrameError::none);
+  EXPECT_FALSE(fr.header.flags & kFlagFp16);
+  std::vector<float> back;
+  ASSERT_EQ(decode_tensor(fr, back, g.size()), FrameError::none);
+  EXPECT_EQ(back, g);
+  g[7] = 65519.0f;  // rounds to 65504: fits
+  EXPECT_TRUE(fits_half(g));
+  g[7] = std::numeric_limits<float>::infinity();
+  EXPECT_TRUE(fits_half(g));
+  g[7] = std::numeric_limits<float>::quiet_NaN();
+  EXPECT_TRUE(fits_half(g));
+  g[8] = -65520.0f;
+  EXPECT_FALSE(fits_half(g));
+}
+
 TEST(WireMessages, AFloat32TensorIsSentWithoutCopying) {
   std::vector<float> g(1 << 20, 1.0f);
   const float* data = g.data();

@@ -4,6 +4,8 @@
 
 #include <gtest/gtest.h>
 
+#include <cmath>
+
 #include <zmq.hpp>
 
 #include <array>
@@ -124,6 +126,28 @@ TEST(ZmqCollective, InHalfPrecisionEveryRankGetsTheSameBitsAndTheMeanToAboutThre
     EXPECT_LT(worst, 0.01) << n << " ranks: the largest error of a mean of normal values";
     EXPECT_GT(worst, 0.0) << n << " ranks: nothing was rounded: the values did not go as float16";
   }
+}
+
+// A value past half precision's range: its chunk goes as float32, the same
+// bits to every rank (it was infinite in every copy, and the job diverged).
+TEST(ZmqCollective, InHalfPrecisionAValuePastItsRangeStaysFiniteAndTheSameOnEveryRank) {
+  std::vector<std::shared_ptr<NetworkCollective>> g;
+  std::vector<std::string> endpoints;
+  for (Rank r = 0; r < 2; ++r) {
+    g.push_back(ring_rank());
+    endpoints.push_back(g.back()->endpoint());
+  }
+  for (Rank r = 0; r < 2; ++r) {
+    g[r]->set_half_precision(true);
+    ASSERT_TRUE(g[r]->connect(r, endpoints).ok());
+  }
+  auto data = random_vectors(2, 1000, 5);
+  data[0][10] = 1e6f;
+  const auto means = allreduce(g, data, 0);
+  EXPECT_TRUE(means[1] == means[0]) << "other bits";
+  ASSERT_GT(means[0].size(), 10u);
+  EXPECT_TRUE(std::isfinite(means[0][10]));
+  EXPECT_NEAR(means[0][10], (1.0 * 1e6 + 2.0 * data[1][10]) / 3.0, 1.0);  // weights r + 1
 }
 
 TEST(ZmqCollective, TheSameInputsGiveTheSameBitsInAnotherGroup) {
