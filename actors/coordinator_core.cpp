@@ -7,6 +7,7 @@
 
 #include <algorithm>
 #include <cctype>
+#include <cmath>
 
 namespace asgd {
 
@@ -105,6 +106,7 @@ void CoordinatorCore::evaluated(double accuracy, std::optional<std::uint64_t> ap
   if (!e) return;
   EpochMetrics m = epochs_.evaluated(*e, accuracy);
   if (applied) m.updates = shards_applied_ = *applied;  // what the evaluated parameters hold
+  warn_if_diverging(m);
   const bool reached = note_accuracy(accuracy, m.wall_s);
   last_point_ = members_.totals(training_seconds(now));
   out.push_back(act::EpochDone{m});
@@ -264,9 +266,11 @@ std::string CoordinatorCore::divergence_hint() const {
   std::string from = c.lr ? "--lr" : "the default";
   for (const auto& a : t.adjusted)
     if (a.size() > 3 && a.rfind("lr ", 0) == 0 && std::isdigit(static_cast<unsigned char>(a[3]))) from = "the default, " + a;
-  std::string hint = fmt::format("; the job ran with lr {:g} ({}), momentum {:g}{}, {} workers under {}: try --lr {:g}",
-                                 t.lr, from, t.momentum, t.staleness_aware_lr ? ", staleness-aware steps" : "",
-                                 c.workers, c.policy, t.lr / 2);
+  const std::string momentum =
+      c.optimizer == "momentum" ? fmt::format("momentum {:g}", t.momentum) : "optimizer " + c.optimizer;
+  std::string hint = fmt::format("; the job ran with lr {:g} ({}), {}{}, {} workers under {}: try --lr {:g}", t.lr, from,
+                                 momentum, t.staleness_aware_lr ? ", staleness-aware steps" : "", c.workers, c.policy,
+                                 t.lr / 2);
   if (c.optimizer == "momentum" && t.momentum > 0.6) hint += fmt::format(" or --momentum {:g}", t.momentum - 0.3);
   return hint;
 }
@@ -305,13 +309,24 @@ JobSummary CoordinatorCore::finished(double test_accuracy, const std::vector<Sha
   return summary;
 }
 
+// A loss that stays finite but far above a uniform guess's (ln classes):
+// the job ran to its end, exit 0, at a loss of 6e21 without a word (only
+// a NaN or infinite one stops it).
+void CoordinatorCore::warn_if_diverging(const EpochMetrics& m) const {
+  const double guess = std::log(static_cast<double>(std::max<std::size_t>(2, plan_.classes)));
+  if (std::isfinite(m.train_loss) && m.train_loss > kDivergedLossFactor * guess)
+    logger().warn("epoch {}: training loss {:.4g}, over {:g} times a uniform guess's ({:.2f}): the job is likely "
+                  "diverging (a smaller --lr)",
+                  m.epoch, m.train_loss, kDivergedLossFactor, guess);
+}
+
 JobSummary CoordinatorCore::summary(double test_accuracy, const std::vector<std::uint64_t>& histogram) const {
   const JobConfig& cfg = config_;
   JobSummary sum;
   sum.policy = plan_.policy_name;
   if (auto options = resolve_policy_options(plan_.policy)) sum.policy_options = std::move(options).value();
   sum.lr = plan_.training.lr;
-  sum.momentum = plan_.training.momentum;
+  if (config_.optimizer == "momentum") sum.momentum = plan_.training.momentum;
   sum.staleness = plan_.staleness_bound;
   sum.workers = cfg.workers;
   sum.shards = cfg.shards;

@@ -170,6 +170,8 @@ class CoordinatorCore {
   Instant train_start_{};
   ProgressTotals last_point_;  // at the previous epoch or eval point
   std::optional<double> time_to_target_s_;
+  static constexpr double kDivergedLossFactor = 100.0;
+  void warn_if_diverging(const EpochMetrics& m) const;
   std::optional<double> last_val_accuracy_;
   /// What the shards had applied when an epoch's parameters were read (the
   /// fewest of any shard): a lost worker's pushes after its last report are

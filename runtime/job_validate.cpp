@@ -133,6 +133,11 @@ Status validate_config(const JobConfig& c, bool named_dataset, bool devices_here
     return bad("weight-decay", fmt::format("{:g}", c.weight_decay), "must be a number from 0 to 1e6");
   if (c.momentum && !(*c.momentum >= 0.0 && *c.momentum < 1.0))
     return bad("momentum", fmt::format("{:g}", *c.momentum), "must be in [0, 1)");
+  // Ignored by the others, while it still turned the staleness-aware steps
+  // and the smaller batches off.
+  if (c.momentum && c.optimizer != "momentum")
+    return bad("momentum", fmt::format("{:g}", *c.momentum),
+               "applies to --optimizer momentum only, not to " + c.optimizer);
   if (c.target_accuracy && !(*c.target_accuracy > 0.0 && *c.target_accuracy <= 1.0))
     return bad("target-accuracy", fmt::format("{:g}", *c.target_accuracy), "must be in (0, 1]");
   if (c.stop_at_target && !c.target_accuracy)

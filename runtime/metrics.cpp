@@ -66,7 +66,7 @@ nlohmann::json to_json(const JobSummary& s) {
                       {"policy", s.policy},
                       {"policy_options", s.policy_options},
                       {"lr", s.lr},
-                      {"momentum", s.momentum},
+                      {"momentum", nullptr},
                       {"staleness", nullptr},
                       {"workers", s.workers},
                       {"shards", s.shards},
@@ -100,6 +100,7 @@ nlohmann::json to_json(const JobSummary& s) {
                       {"input_mean", s.input_mean},
                       {"input_stddev", s.input_stddev}};
   if (s.staleness) j["staleness"] = *s.staleness;
+  if (s.momentum) j["momentum"] = *s.momentum;
   if (s.time_to_target_s) j["time_to_target_s"] = *s.time_to_target_s;
   return j;
 }
@@ -179,7 +180,7 @@ Result<JobSummary> summary_from_json(const nlohmann::json& j) {
     if (j.contains("policy_options")) {  // written since 2026-11-29
       s.policy_options = field<std::map<std::string, double>>(j, "policy_options");
       s.lr = field<double>(j, "lr");
-      s.momentum = field<double>(j, "momentum");
+      if (!j.at("momentum").is_null()) s.momentum = j.at("momentum").get<double>();
     }
     if (!j.at("staleness").is_null()) s.staleness = j.at("staleness").get<std::uint32_t>();
     s.workers = field<std::uint32_t>(j, "workers");

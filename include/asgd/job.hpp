@@ -280,7 +280,7 @@ struct JobSummary {
   /// default the worker count changed ({"fetch-every": 1, "push-every": 4}).
   std::map<std::string, double> policy_options;
   double lr = 0.0;        ///< the learning rate the job took (JobConfig::lr, else its default)
-  double momentum = 0.0;  ///< the momentum it took
+  std::optional<double> momentum;  ///< the momentum it took (none for an optimizer without one)
   std::optional<std::uint32_t> staleness;  ///< the policy's staleness bound; none for async
   std::uint32_t workers = 0;               ///< worker actors or processes
   std::uint32_t shards = 0;                ///< parameter shards

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "actors/coordinator_core.hpp"
+#include "captured_log.hpp"
 
 namespace asgd {
 namespace {
@@ -247,6 +248,20 @@ TEST(CoordinatorCore, AnEpochsRateNeverExceedsWhatItsBusiestWorkerTrained) {
   EXPECT_DOUBLE_EQ(only<act::EpochDone>(d.evaluated(0.5, 1.1)).metrics.samples_per_s, 100.0 / 1.0);
   EXPECT_NEAR(only<act::EpochDone>(d.evaluated(0.6, 1.2)).metrics.samples_per_s, 100.0 / 0.010, 1e-6)
       << "not 100 samples in a microsecond";
+}
+
+// A finite loss far above a uniform guess's ran to the end without a word.
+TEST(CoordinatorCore, AnEpochWhoseLossIsFarAboveAGuesssIsWarnedOf) {
+  asgd_test::CapturedLog log;
+  Driver d(config(2, 2));
+  d.report(0, 0, 1.0, 100, 50.0);  // loss 0.5
+  d.report(1, 0, 1.0, 100, 50.0);
+  d.evaluated(0.9, 1.5);
+  EXPECT_EQ(log.count("the job is likely diverging"), 0u) << log.all();
+  d.report(0, 1, 2.0, 100, 1e6);  // loss 1e4, against ln 10 = 2.30
+  d.report(1, 1, 2.0, 100, 1e6);
+  d.evaluated(0.1, 2.5);
+  EXPECT_EQ(log.count("epoch 2: training loss 1e+04, over 100 times a uniform guess's (2.30)"), 1u) << log.all();
 }
 
 TEST(CoordinatorCore, AnEpochWhoseEveryBatchWasDroppedHasNoLossNotZero) {

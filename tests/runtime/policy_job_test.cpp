@@ -222,6 +222,11 @@ TEST(Policies, ValidateNamesTheBadPolicySetting) {
             std::string::npos);
   EXPECT_NE(error([](JobConfig& c) { c.policy = "ssp:99999999999"; }).find("--staleness 99999999999: must be <= 1000000000"),
             std::string::npos);
+  // A momentum for an optimizer without one was ignored, and still turned
+  // the staleness-aware steps off.
+  EXPECT_NE(error([](JobConfig& c) { c.optimizer = "adam"; c.momentum = 0.5; })
+                .find("--momentum 0.5: applies to --optimizer momentum only, not to adam"),
+            std::string::npos);
   JobConfig ok;
   ok.policy = "ssp";
   ok.policy_options["staleness"] = 2;
