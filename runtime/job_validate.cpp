@@ -74,6 +74,30 @@ std::optional<std::vector<std::size_t>> dataset_sample_shape(const std::string& 
   return std::nullopt;
 }
 
+// The optimizer's settings: the rate and its schedule, the optimizer and
+// its coefficients.
+Status validate_training(const JobConfig& c) {
+  const auto& bad = bad_flag;
+  if (c.lr && !(*c.lr >= 1e-30 && *c.lr <= 1e6))  // (computed in float: 1e39 is inf there, 1e-50 zero)
+    return bad("lr", fmt::format("{:g}", *c.lr), "must be a positive number from 1e-30 to 1e6");
+  if (c.lr_warmup_epochs && (!(*c.lr_warmup_epochs >= 0.0) || !std::isfinite(*c.lr_warmup_epochs)))
+    return bad("lr-warmup", fmt::format("{:g}", *c.lr_warmup_epochs), "must be a number of epochs >= 0");
+  if (LrSchedule::Kind kind; !LrSchedule::parse(c.lr_schedule, kind))
+    return bad("lr-schedule", c.lr_schedule, "unknown schedule (known: constant, cosine, step)");
+  if (!contains(known_optimizers(), c.optimizer))
+    return bad("optimizer", c.optimizer, "unknown optimizer (known: " + join(known_optimizers()) + ")");
+  if (!(c.weight_decay >= 0.0 && c.weight_decay <= 1e6))
+    return bad("weight-decay", fmt::format("{:g}", c.weight_decay), "must be a number from 0 to 1e6");
+  if (c.momentum && !(*c.momentum >= 0.0 && *c.momentum < 1.0))
+    return bad("momentum", fmt::format("{:g}", *c.momentum), "must be in [0, 1)");
+  // Ignored by the others, while it still turned the staleness-aware steps
+  // and the smaller batches off.
+  if (c.momentum && c.optimizer != "momentum")
+    return bad("momentum", fmt::format("{:g}", *c.momentum),
+               "applies to --optimizer momentum only, not to " + c.optimizer);
+  return {};
+}
+
 // validate(), with the dataset-name check only for jobs that load one, and
 // the device checked on this machine only when the workers run here.
 Status validate_config(const JobConfig& c, bool named_dataset, bool devices_here = true) {
@@ -112,32 +136,13 @@ Status validate_config(const JobConfig& c, bool named_dataset, bool devices_here
                    ? s
                    : Status::InvalidArgument("--device " + c.device + ": worker " + std::to_string(w) + "'s " +
                                              s.message().substr(std::string("--device ").size()));
-  // Hogwild's lock-free shared buffer needs every worker in this process
-  // with the parameters in host memory: true of every job run_job runs
-  // today (CPU workers, one process). Multi-process roles must refuse it.
   // Either value: `false` given to bsp was taken without a word.
   if (c.staleness_aware_lr && (*policy)->name() != "async" && (*policy)->name().rfind("ssp", 0) != 0)
     return bad("staleness-aware-lr", *c.staleness_aware_lr ? "true" : "false",
                "applies to --policy async and ssp only, not to " + (*policy)->name());
   if (c.epochs < 1) return bad("epochs", std::to_string(c.epochs), "must be >= 1");
   if (c.batch && *c.batch < 1) return bad("batch", std::to_string(*c.batch), "must be >= 1");
-  if (c.lr && !(*c.lr >= 1e-30 && *c.lr <= 1e6))  // (computed in float: 1e39 is inf there, 1e-50 zero)
-    return bad("lr", fmt::format("{:g}", *c.lr), "must be a positive number from 1e-30 to 1e6");
-  if (c.lr_warmup_epochs && (!(*c.lr_warmup_epochs >= 0.0) || !std::isfinite(*c.lr_warmup_epochs)))
-    return bad("lr-warmup", fmt::format("{:g}", *c.lr_warmup_epochs), "must be a number of epochs >= 0");
-  if (LrSchedule::Kind kind; !LrSchedule::parse(c.lr_schedule, kind))
-    return bad("lr-schedule", c.lr_schedule, "unknown schedule (known: constant, cosine, step)");
-  if (!contains(known_optimizers(), c.optimizer))
-    return bad("optimizer", c.optimizer, "unknown optimizer (known: " + join(known_optimizers()) + ")");
-  if (!(c.weight_decay >= 0.0 && c.weight_decay <= 1e6))
-    return bad("weight-decay", fmt::format("{:g}", c.weight_decay), "must be a number from 0 to 1e6");
-  if (c.momentum && !(*c.momentum >= 0.0 && *c.momentum < 1.0))
-    return bad("momentum", fmt::format("{:g}", *c.momentum), "must be in [0, 1)");
-  // Ignored by the others, while it still turned the staleness-aware steps
-  // and the smaller batches off.
-  if (c.momentum && c.optimizer != "momentum")
-    return bad("momentum", fmt::format("{:g}", *c.momentum),
-               "applies to --optimizer momentum only, not to " + c.optimizer);
+  if (Status s = validate_training(c); !s.ok()) return s;
   if (c.target_accuracy && !(*c.target_accuracy > 0.0 && *c.target_accuracy <= 1.0))
     return bad("target-accuracy", fmt::format("{:g}", *c.target_accuracy), "must be in (0, 1]");
   if (c.stop_at_target && !c.target_accuracy)
