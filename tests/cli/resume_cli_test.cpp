@@ -171,6 +171,9 @@ TEST(ResumeCli, AnotherPolicyDropsTheOldPolicysSettings) {
             0);
   const CliRun bsp = asgd("train --resume " + ck.string() + " --epochs 2 --policy bsp --log-level warn");
   EXPECT_EQ(bsp.exit_code, 0) << bsp.err;
+  // More epochs spread the cosine schedule anew: said, not silent.
+  EXPECT_NE(bsp.err.find("--epochs 2 where the checkpointed job had 1: the cosine schedule"), std::string::npos)
+      << bsp.err;
   const std::string settings = slurp(ck / "job.toml");
   EXPECT_EQ(settings.find("push-every"), std::string::npos) << settings;
   EXPECT_EQ(settings.find("staleness-aware-lr"), std::string::npos) << settings;
