@@ -274,6 +274,21 @@ Status remove_earlier_job_files(const std::string& dir) {
 
 // --resume: where the workers start again, from checkpoints found to be
 // this job's; then the settings beside them (write_job_settings).
+// A resume with another --epochs: the schedule and the warm-up follow the
+// new count from the job's start (the cosine rate came back from 0 to 0.75
+// of the base without a word). Read from the checkpointed job's settings,
+// which the resume replaces once its shards are restored.
+void warn_of_a_respread_schedule(const JobConfig& config) {
+  JobConfig was;
+  const std::string saved = (std::filesystem::path(config.resume) / kJobSettingsFile).string();
+  if (config.lr_schedule == "constant" || !apply_toml_file(saved, was, /*written_by_asgd=*/true).ok() ||
+      was.epochs == config.epochs)
+    return;
+  logger().warn("--resume {}: --epochs {} where the checkpointed job had {}: the {} schedule and the warm-up are "
+                "spread over {} epochs from the job's start, so the rate goes on where a {}-epoch job has it",
+                config.resume, config.epochs, was.epochs, config.lr_schedule, config.epochs, config.epochs);
+}
+
 Result<std::optional<ResumePlan>> resume_and_save_settings(const JobConfig& config, const JobPlan& plan,
                                                            bool user_data) {
   std::optional<ResumePlan> resumed;
@@ -281,6 +296,7 @@ Result<std::optional<ResumePlan>> resume_and_save_settings(const JobConfig& conf
     auto r = plan_resume(config, plan);
     if (!r) return r.status();
     resumed = std::move(r).value();
+    warn_of_a_respread_schedule(config);
   }
   // A resumed job's settings are written once its shards restored
   // (CoordinatorSetup::on_restored): one a shard refused left job.toml

@@ -273,10 +273,6 @@ std::optional<int> load_job(const JobOptions& o, JobConfig& config, bool devices
     return kExitUsage;
   }
   if (resumed && config.policy != resumed->policy) drop_resumed_policy_settings(o, from_file, config);
-  if (resumed && config.epochs != resumed->epochs && config.lr_schedule != "constant")
-    logger().warn("--resume {}: --epochs {} where the checkpointed job had {}: the {} schedule and the warm-up are "
-                  "spread over {} epochs from the job's start, so the rate goes on where a {}-epoch job has it",
-                  resume_dir, config.epochs, resumed->epochs, config.lr_schedule, config.epochs, config.epochs);
   if (Status s = resumed ? same_checkpointed_layout(*resumed, config) : Status{}; !s.ok()) {
     print_error("--resume " + resume_dir + ": " + s.message());
     return kExitUsage;
