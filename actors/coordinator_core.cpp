@@ -44,9 +44,9 @@ void CoordinatorCore::calibrated(const std::vector<StepCost>& costs) {
 void CoordinatorCore::start_training(Instant now, Actions& out) {
   members_.start(config_.workers);
   const std::uint32_t first_epoch = resumed_ ? resumed_->first_epoch : 0;
-  std::vector<std::uint64_t> planned;
-  for (const auto& w : plan_.workers) planned.push_back(w.share.partition.size() * (config_.epochs - first_epoch));
-  live_.set_planned_samples(std::move(planned));
+  std::vector<std::uint64_t> per_epoch;
+  for (const auto& w : plan_.workers) per_epoch.push_back(w.share.partition.size());
+  live_.set_plan(std::move(per_epoch), first_epoch, config_.epochs);
   train_start_ = now;
   if (evals_.periodic()) {
     evals_.start(now);

@@ -7,13 +7,28 @@
 
 namespace asgd {
 
-void LiveView::set_planned_samples(std::vector<std::uint64_t> per_worker) { planned_ = std::move(per_worker); }
+void LiveView::set_plan(std::vector<std::uint64_t> per_epoch, std::uint64_t first_epoch, std::uint64_t epochs) {
+  per_epoch_ = std::move(per_epoch);
+  first_epoch_ = first_epoch;
+  epochs_ = std::max(epochs, first_epoch);
+}
 
 std::uint64_t LiveView::total_samples(const Membership& members) const {
   std::uint64_t total = 0;
   const auto& workers = members.workers();
-  for (std::size_t w = 0; w < planned_.size(); ++w)
-    total += w < workers.size() && workers[w].lost ? std::min(planned_[w], workers[w].counted().samples) : planned_[w];
+  for (std::size_t w = 0; w < per_epoch_.size(); ++w) {
+    const std::uint64_t planned = per_epoch_[w] * (epochs_ - first_epoch_);
+    if (w >= workers.size()) {
+      total += planned;
+    } else if (workers[w].lost) {
+      total += std::min(planned, workers[w].counted().samples);
+    } else if (workers[w].first_epoch > first_epoch_) {  // rejoined
+      const std::uint64_t from = std::min(workers[w].first_epoch, epochs_);
+      total += std::min(planned, workers[w].before.samples + per_epoch_[w] * (epochs_ - from));
+    } else {
+      total += planned;
+    }
+  }
   return total;
 }
 

@@ -356,6 +356,9 @@ TEST(CoordinatorCore, ALostWorkerRejoinsAtTheEpochAfterTheFurthestLiveWorkers) {
   EXPECT_FALSE(d.core.members().lost(2));
   EXPECT_EQ(d.core.members().rejoined(), 1u);
   EXPECT_EQ(d.core.members().stopped(), 0u);
+  // Its epochs 1 and 2 are skipped: the live total (progress, eta) plans
+  // 2 of its 4 epochs (it stopped short of 1 before).
+  EXPECT_EQ(d.core.tick(at(1.2)).total_samples, 800u + 800u + 400u);
 
   const auto& confirmed = d.call([&](CoordinatorActions& o) { d.core.rejoin_confirmed(2, 2, at(1.5), o); });
   EXPECT_EQ(only<act::StartWorker>(confirmed).first_epoch, 2u);
