@@ -20,6 +20,7 @@
 #include "messaging/curve_auth.hpp"
 #include "runtime/cluster.hpp"
 #include "runtime/local_cluster.hpp"
+#include "runtime/job_internal.hpp"
 #include "tools/asgd/commands.hpp"
 
 namespace asgd::cli {
@@ -366,6 +367,12 @@ int run_cluster(const JobOptions& jo, const ProcessFlags& pf, LaunchFlags lf) {
   if (auto code = load_job(jo, config, /*devices_here=*/true, /*data_here=*/!lf.print_layout)) return *code;
   if (Status s = validate_for_cluster(config, WorkersOn::this_host); !s.ok()) {
     print_error(s.message());
+    return kExitUsage;
+  }
+  // The checkpoint folder, said once before any process starts: each of
+  // the processes said it after their coordinator.
+  if (auto held = lf.print_layout ? std::optional<FolderLock>() : hold_checkpoint_dir(config); !held) {
+    print_error(held.status().message());
     return kExitUsage;
   }
   // The keys are checked here, for a clear error before anything starts;

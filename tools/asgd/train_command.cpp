@@ -300,15 +300,7 @@ std::optional<int> load_job(const JobOptions& o, JobConfig& config, bool devices
     print_error("--metrics-out " + config.metrics_out + ": " + s.message());
     return kExitUsage;
   }
-  if (!data_here) return std::nullopt;
-  if (auto refused = refuse_missing_data(config)) return refused;
-  // Said once, before any process starts: each of a cluster's processes
-  // said it after its coordinator.
-  if (auto held = hold_checkpoint_dir(config); !held) {
-    print_error(held.status().message());
-    return kExitUsage;
-  }
-  return std::nullopt;
+  return data_here ? refuse_missing_data(config) : std::nullopt;
 }
 
 std::string logs_at(const LogOptions& o) {
