@@ -62,6 +62,9 @@ inline constexpr std::size_t kPollsPerBusyMicrosecond = 100;
 /// back). run_coordinator calls it before its system goes out of scope.
 void await_actors(caf::actor_system& system, std::chrono::milliseconds every);
 
+/// The most batches a data feeder keeps ready (--prefetch).
+inline constexpr std::uint32_t kMaxPrefetch = 256;
+
 /// Creates config.checkpoint_dir; invalid_argument naming it when it cannot
 /// be written (or its model.ckpt is not a regular file), so that a job
 /// learns it before it trains, not at its first checkpoint.

@@ -26,8 +26,6 @@
 
 namespace asgd {
 
-constexpr std::uint32_t kMaxPrefetch = 256;
-
 namespace {
 
 template <class T>

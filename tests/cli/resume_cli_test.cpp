@@ -182,6 +182,35 @@ TEST(ResumeCli, AnotherPolicyDropsTheOldPolicysSettings) {
                         "--fetch-every applies to --policy async only");
 }
 
+// A job.toml of an asgd that took what this one refuses (--momentum with
+// adam, --staleness-aware-lr with bsp, a --prefetch over 256) still
+// resumes: those settings are dropped with a word (the resume was refused,
+// with no flag to clear them). A --log-file named like one of the folder's
+// files is refused (DIR/job.toml was emptied as logging started).
+TEST(ResumeCli, SettingsAnEarlierAsgdTookAreDroppedAndTheLogCannotBeAFoldersFile) {
+  ASGD_REQUIRE_DATASET(mnist, "mnist");
+  const asgd_test::TempDir scratch;
+  const fs::path ck = scratch / "ck";
+  ASSERT_EQ(asgd("train --epochs 1 --policy bsp --optimizer adam --data-dir " + mnist.string() + " --checkpoint-dir " +
+                 ck.string() + kJob)
+                .exit_code,
+            0);
+  std::string settings = slurp(ck / "job.toml");
+  ASSERT_NE(settings.find("\nprefetch = 4\n"), std::string::npos) << settings;
+  settings.replace(settings.find("\nprefetch = 4\n"), 14, "\nprefetch = 1000\n");
+  settings.insert(settings.find("# end of the settings"), "momentum = 0.9\nstaleness-aware-lr = false\n");
+  std::ofstream(ck / "job.toml") << settings;
+  expect_one_line_error(asgd("train --resume " + ck.string() + " --epochs 2 --log-file " + (ck / "job.toml").string()), 2,
+                        "job.toml is the name of a checkpoint folder's file");
+  EXPECT_EQ(slurp(ck / "job.toml"), settings);
+  const CliRun r = asgd("train --resume " + ck.string() + " --epochs 2 --log-level warn");
+  EXPECT_EQ(r.exit_code, 0) << r.err;
+  for (const char* dropped : {"--momentum 0.9, which --optimizer adam has no use for: dropped",
+                              "--staleness-aware-lr, which --policy bsp has no use for: dropped",
+                              "--prefetch 1000, more than the 256 taken now: 256"})
+    EXPECT_NE(r.err.find(dropped), std::string::npos) << dropped << " in " << r.err;
+}
+
 // The checkpoints hold the model's parameters cut into --shards pieces:
 // another model or shard count is refused by name, by the command line
 // when a flag changes it, by the job itself when the settings file does

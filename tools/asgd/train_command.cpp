@@ -180,10 +180,43 @@ bool flag_given(const JobOptions& o, const std::string& key) {
   return flag != o.options.end() && flag->second->count() > 0;
 }
 
+// Settings an earlier asgd took that this one refuses, in a resumed job's
+// job.toml: dropped with a word (a resume of such a job was refused, with
+// no flag to clear them), the defaults they changed kept as they ran.
+void forget_settings_no_longer_taken(JobConfig& config, const std::string& dir) {
+  const std::string policy = config.policy.substr(0, config.policy.find(':'));
+  if (config.momentum && config.optimizer != "momentum") {
+    const TrainingSettings ran = training_settings(config);  // with the momentum counted as given
+    if (!config.lr) config.lr = ran.lr;
+    if (!config.lr_warmup_epochs) config.lr_warmup_epochs = ran.lr_warmup_epochs;
+    if (!config.staleness_aware_lr && (policy == "async" || policy == "ssp")) config.staleness_aware_lr = false;
+    logger().warn("--resume {}: its job.toml gives --momentum {:g}, which --optimizer {} has no use for: dropped",
+                  dir, *config.momentum, config.optimizer);
+    config.momentum.reset();
+  }
+  if (config.prefetch > kMaxPrefetch) {
+    logger().warn("--resume {}: its job.toml gives --prefetch {}, more than the {} taken now: {}", dir, config.prefetch,
+                  kMaxPrefetch, kMaxPrefetch);
+    config.prefetch = kMaxPrefetch;
+  }
+  if (config.staleness_aware_lr && policy != "async" && policy != "ssp") {
+    logger().warn("--resume {}: its job.toml gives --staleness-aware-lr, which --policy {} has no use for: dropped",
+                  dir, config.policy);
+    config.staleness_aware_lr.reset();
+  }
+}
+
 // Before the log file is emptied as logging starts: the log or metrics
-// file must not be the config file or each other. An exit code, else
-// nothing.
+// file must not be the config file or each other, nor the log one of a
+// checkpoint folder's files (`--log-file DIR/job.toml` on a resume emptied
+// the settings it was to resume). An exit code, else nothing.
 std::optional<int> start_logging(const JobOptions& o, const ConfigSettings& from_file) {
+  if (const std::string name = std::filesystem::path(o.log.log_file).filename().string();
+      !name.empty() && is_checkpoint_folder_file(name)) {
+    print_error("--log-file " + o.log.log_file + ": " + name +
+                " is the name of a checkpoint folder's file (a job writes it, or --resume reads it); give another name");
+    return kExitUsage;
+  }
   std::string metrics_out;
   for (const auto& [key, text] : from_file)
     if (key == "metrics-out") metrics_out = text;
@@ -262,6 +295,7 @@ std::optional<int> load_job(const JobOptions& o, JobConfig& config, bool devices
       print_error(s.message());
       return kExitUsage;
     }
+    forget_settings_no_longer_taken(config, resume_dir);
     resumed = config;
     // The resumed folder is where the job goes on checkpointing, wherever
     // it was first written from (a --checkpoint-dir flag may still say
