@@ -222,7 +222,9 @@ Result<std::unique_ptr<Server>> start_server(const std::vector<std::string>& arg
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_adddup2(&fa, fds[1], STDOUT_FILENO);
   posix_spawn_file_actions_addclose(&fa, fds[0]);
-  std::vector<std::string> a = {"/proc/self/exe", "comm-server", "--parent", std::to_string(getpid())};
+  std::error_code ec;  // argv[0] its own path (ps showed "/proc/self/exe comm-server ...")
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
+  std::vector<std::string> a = {ec ? "/proc/self/exe" : self, "comm-server", "--parent", std::to_string(getpid())};
   a.insert(a.end(), args.begin(), args.end());
   std::vector<char*> argv;
   for (auto& s : a) argv.push_back(s.data());

@@ -61,10 +61,23 @@ nlohmann::json to_json(const EvalPoint& e) {
           {"updates", e.updates}, {"samples", e.samples}, {"train_loss", loss}};
 }
 
+namespace {
+
+// {"push-every": 4}, not 4.0: the settings that are counts read as counts.
+nlohmann::json whole_numbers_as_such(const std::map<std::string, double>& options) {
+  nlohmann::json j = nlohmann::json::object();
+  for (const auto& [name, v] : options)
+    if (v == std::floor(v) && std::fabs(v) < 9e15) j[name] = static_cast<std::int64_t>(v);
+    else j[name] = v;
+  return j;
+}
+
+}  // namespace
+
 nlohmann::json to_json(const JobSummary& s) {
   nlohmann::json j = {{"event", "summary"},
                       {"policy", s.policy},
-                      {"policy_options", s.policy_options},
+                      {"policy_options", whole_numbers_as_such(s.policy_options)},
                       {"lr", s.lr},
                       {"momentum", nullptr},
                       {"staleness", nullptr},

@@ -91,8 +91,9 @@ struct JobConfig {
   std::optional<double> lr_warmup_epochs;
   std::string lr_schedule = "cosine";  ///< constant | cosine (decays to 0 over the job's updates) | step (x0.1 at 50% and 75%)
   std::string optimizer = "momentum";  ///< shard-side optimizer: sgd | momentum | adagrad | adam
-  /// For optimizer = momentum, in [0, 1). Unset: the default for the
-  /// policy and the worker count (training_settings).
+  /// For optimizer = momentum only (refused with the others), in [0, 1).
+  /// Unset: the default for the policy and the worker count
+  /// (training_settings).
   std::optional<double> momentum;
   double weight_decay = 0.0;        ///< L2 coefficient added to every gradient, >= 0
   std::uint64_t seed = 1;           ///< seeds initialisation, the validation split and shuffling
@@ -124,7 +125,7 @@ struct JobConfig {
   /// affinity mask, capped by a cgroup CPU limit) divided by the workers
   /// (at least 1).
   std::uint32_t threads = 0;
-  std::uint32_t prefetch = 4;       ///< batches each data feeder keeps ready
+  std::uint32_t prefetch = 4;       ///< batches each data feeder keeps ready, 1 to 256
   double rpc_timeout_s = 60.0;      ///< longest wait for any reply (shard, feeder) before the job fails
   /// asgd cluster: a worker process silent this long is declared dead and
   /// the job goes on without it (< rpc_timeout_s, so that workers held at
