@@ -135,8 +135,16 @@ void name_this_process() {
   std::string name;
   if (!std::getline(comm, name) || name != "exe") return;
   std::error_code ec;
-  const std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).filename().string();
-  if (!ec && !self.empty()) ::prctl(PR_SET_NAME, self.substr(0, 15).c_str());
+  const std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).filename().string().substr(0, 15);
+  if (ec || self.empty()) return;
+  ::prctl(PR_SET_NAME, self.c_str());
+  // And the threads a library started before main() (OpenBLAS's), each
+  // named "exe" in top -H and ps -L.
+  for (const auto& task : std::filesystem::directory_iterator("/proc/self/task", ec)) {
+    std::string thread;
+    if (std::ifstream in(task.path() / "comm"); !std::getline(in, thread) || thread != "exe") continue;
+    std::ofstream(task.path() / "comm") << self;
+  }
 }
 
 // OpenBLAS picks its kernels when it loads, before main(); where it picked
