@@ -34,7 +34,9 @@ constexpr const char* kFactorRange = "needs a factor of at least 1 and at most 1
 Result<std::vector<Straggler>> parse_stragglers(const std::string& text, std::uint32_t workers, std::uint64_t seed) {
   std::vector<Straggler> out(workers);
   for (std::uint32_t w = 0; w < workers; ++w) out[w].stream = mix_seed(seed, w, 0x5354524147474c52ULL);
-  if (text.empty()) return out;
+  // "none": no straggler, as the empty default is (a resume clears the
+  // checkpointed job's so; a flag cannot be empty).
+  if (text.empty() || text == "none") return out;
   for (const std::string& item : split(text, ',')) {
     auto bad = [&](const std::string& why) {
       return Status::InvalidArgument("--straggler " + text + ": '" + item + "' " + why);

@@ -188,7 +188,7 @@ const std::vector<ConfigField>& job_config_fields() {
       {"straggler",
        "slow workers, for experiments: W:FACTOR (every step of worker W), random:P:FACTOR (each step of every "
        "worker with chance P), pause:W:EVERY:SECONDS (worker W stalls after every EVERY-th step); "
-       "combine with ','; seeded by --seed",
+       "combine with ','; none for none; seeded by --seed",
        "SPEC",
        string_field(&JobConfig::straggler)},
       {"augment",

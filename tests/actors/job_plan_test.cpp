@@ -392,6 +392,8 @@ std::vector<double> factors(const std::string& text, std::uint32_t workers) {
 
 TEST(Stragglers, ParseWorkerColonFactor) {
   EXPECT_EQ(factors("", 2), (std::vector<double>{1, 1}));
+  EXPECT_EQ(factors("none", 2), (std::vector<double>{1, 1}));  // a resume's way to drop the checkpointed job's
+  EXPECT_FALSE(parse_stragglers("none,0:4", 2, 1).ok());
   EXPECT_EQ(factors("0:4", 2), (std::vector<double>{4, 1}));
   EXPECT_EQ(factors("1:2,0:3", 2), (std::vector<double>{3, 2}));
   EXPECT_FALSE(parse_stragglers("2:4", 2, 1).ok());
