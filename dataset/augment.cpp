@@ -15,11 +15,14 @@ Result<Augment> parse_augment(const std::string& text, const std::string& datase
   }
   if (text == "none") return a;
   for (const std::string& item : split(text, ',')) {
-    if (item == "crop") a.crop = true;
-    else if (item == "flip") a.flip = true;
-    else
+    bool& on = item == "crop" ? a.crop : a.flip;
+    if (item == "none")
+      return Status::InvalidArgument("--augment " + text + ": 'none' stands alone (no crop, no flip)");
+    if (item != "crop" && item != "flip")
       return Status::InvalidArgument("--augment " + text + ": unknown item '" + item +
                                      "' (known: crop, flip, or none; join them with ',')");
+    if (on) return Status::InvalidArgument("--augment " + text + ": '" + item + "' given twice");
+    on = true;
   }
   return a;
 }

@@ -107,6 +107,9 @@ Result<Planned> plan_for(const JobConfig& config, const data::DatasetSplits& dat
                                 usable_cpus(), train.fingerprint()});
   if (!plan) return plan.status();
   warn_of_rare_exchanges(config, *plan);
+  if (plan->training.lr_warmup_epochs > config.epochs)
+    logger().warn("--lr-warmup {:g} is longer than the job's {} epoch(s): the rate never reaches its full value",
+                  plan->training.lr_warmup_epochs, config.epochs);
   return Planned{std::move(model).value(), std::move(plan).value()};
 }
 

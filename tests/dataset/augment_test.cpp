@@ -22,6 +22,8 @@ TEST(Augment, ParsesItsItemsWithADefaultPerDataset) {
   const auto bad = parse_augment("crop,rotate", "mnist");
   ASSERT_FALSE(bad.ok());
   EXPECT_NE(bad.status().message().find("unknown item 'rotate'"), std::string::npos) << bad.status().message();
+  EXPECT_NE(parse_augment("crop,crop", "mnist").status().message().find("'crop' given twice"), std::string::npos);
+  EXPECT_NE(parse_augment("crop,none", "mnist").status().message().find("'none' stands alone"), std::string::npos);
 }
 
 // A batch of `n` 2-channel 6x5 images whose every pixel value is distinct

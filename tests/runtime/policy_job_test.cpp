@@ -176,6 +176,14 @@ TEST(Policies, AnIntervalLongerThanTheJobIsWarnedOf) {
     ASSERT_TRUE(run_job(c).ok()) << policy;
     EXPECT_EQ(log.count(std::string("--") + knob + " 100000 is more than a worker's"), 1u) << log.all();
   }
+  // A warm-up longer than the job: the rate never reaches its full value.
+  asgd_test::CapturedLog log;
+  JobConfig c = mnist_job(dir.string(), "async");
+  c.epochs = 1;
+  c.validation_size = 1000;
+  c.lr_warmup_epochs = 2;
+  ASSERT_TRUE(run_job(c).ok());
+  EXPECT_EQ(log.count("--lr-warmup 2 is longer than the job's 1 epoch(s)"), 1u) << log.all();
 }
 
 TEST(Policies, ValidateNamesTheBadPolicySetting) {
