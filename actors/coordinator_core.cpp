@@ -196,6 +196,9 @@ void CoordinatorCore::rejoin(std::uint32_t w, bool placeable, Actions& out) {
                   " the workers' ring goes on without it: a new process cannot join it mid-job");
   if (members_.finished(w)) return refuse("worker " + std::to_string(w) + " had finished its share");
   const std::uint64_t first = members_.furthest_epoch_besides(w) + 1;
+  // (A worker that finished counts at its last epoch: with every other one
+  // done, a new process was taken for the last epoch of a job that was
+  // ending, when a slow worker was killed as the others finished.)
   if (first >= config_.epochs) return refuse("the others are in the last epoch: nothing is left for it to train");
   if (!members_.lost(w)) {
     // Its old process is dead (silent), though not yet past --heartbeat-timeout.

@@ -51,7 +51,7 @@ void Membership::completed(std::size_t w, std::uint64_t epoch) {
 std::uint64_t Membership::furthest_epoch_besides(std::size_t w) const {
   std::uint64_t furthest = 0;
   for (std::size_t i = 0; i < seen_.size(); ++i)
-    if (i != w && in_training(i)) furthest = std::max(furthest, seen_[i].latest.epoch);
+    if (i != w && !seen_[i].lost) furthest = std::max(furthest, seen_[i].latest.epoch);  // finished ones too
   return furthest;
 }
 

@@ -75,7 +75,8 @@ class Membership {
   /// Worker w reported epoch `epoch` (0-based) complete: it trains the next
   /// one, whatever its last progress said (which comes up to 0.25 s later).
   void completed(std::size_t w, std::uint64_t epoch);
-  /// The furthest epoch any other worker still training is in (0 for none).
+  /// The furthest epoch any other worker that is not lost is in (one that
+  /// finished: past its last; 0 for none).
   std::uint64_t furthest_epoch_besides(std::size_t w) const;
   ProgressTotals totals(double at_s) const;
 

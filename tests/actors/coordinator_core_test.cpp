@@ -415,6 +415,20 @@ TEST(CoordinatorCore, ARejoinForAWorkerNotYetDeclaredLostKillsItsOldProcessFirst
   EXPECT_EQ(std::get<act::Place>(out[2]).first_epoch, 1u);
 }
 
+// The others done with every epoch: a new process for a killed worker has
+// nothing left it could train before the job ends (it was taken for the
+// last epoch, once only the others had finished, not while they trained it).
+TEST(CoordinatorCore, ARejoinIsDismissedWhenEveryOtherWorkerHasFinished) {
+  Driver d(config(2, 2));
+  d.report(0, 0, 1.0);
+  d.report(0, 1, 2.0);
+  d.finished(0);
+  d.lost(1);
+  const auto& out = d.rejoin(1);
+  EXPECT_EQ(count<act::Place>(out), 0u);
+  EXPECT_EQ(count<act::Dismiss>(out), 1u);
+}
+
 TEST(CoordinatorCore, ARejoinIsDismissedWhenNothingIsLeftForIt) {
   Driver d(config(3, 2));
   EXPECT_EQ(only<act::Dismiss>(d.rejoin(1, false)).why, "no such worker");
