@@ -15,12 +15,12 @@ Result<Augment> parse_augment(const std::string& text, const std::string& datase
   }
   if (text == "none") return a;
   for (const std::string& item : split(text, ',')) {
-    bool& on = item == "crop" ? a.crop : a.flip;
     if (item == "none")
       return Status::InvalidArgument("--augment " + text + ": 'none' stands alone (no crop, no flip)");
     if (item != "crop" && item != "flip")
       return Status::InvalidArgument("--augment " + text + ": unknown item '" + item +
                                      "' (known: crop, flip, or none; join them with ',')");
+    bool& on = item == "crop" ? a.crop : a.flip;
     if (on) return Status::InvalidArgument("--augment " + text + ": '" + item + "' given twice");
     on = true;
   }

@@ -105,8 +105,7 @@ JobConfig config_for_run(const JobConfig& base, const std::string& policy, std::
     return !entry || std::none_of(entry->knobs.begin(), entry->knobs.end(),
                                   [&](const PolicyKnob& k) { return k.name == option.first; });
   });
-  const std::string name = policy.substr(0, policy.find(':'));
-  if (name != "async" && name != "ssp") c.staleness_aware_lr.reset();
+  if (!takes_staleness_aware_lr(policy)) c.staleness_aware_lr.reset();
   // Every run takes the defaults of its own policy and worker count, unless
   // the base job set a value (then every run uses it).
   return c;

@@ -140,6 +140,11 @@ Result<PolicyOptions> resolve_policy_options(const PolicyConfig& c) {
   return out;
 }
 
+bool takes_staleness_aware_lr(const std::string& policy) {
+  const std::string name = policy.substr(0, policy.find(':'));
+  return name == "async" || name == "ssp";
+}
+
 Result<std::unique_ptr<ConsistencyPolicy>> make_policy(const PolicyConfig& config) {
   auto options = resolve_policy_options(config);
   if (!options) return options.status();

@@ -65,4 +65,9 @@ std::vector<KnobUse> policy_knobs();
 /// its range, a knob the policy does not take).
 Result<PolicyOptions> resolve_policy_options(const PolicyConfig& config);
 
+/// Whether `policy` (as --policy spells it: "ssp", "ssp:3") takes
+/// --staleness-aware-lr: async and ssp, whose shards apply each worker's
+/// gradient on its own, however stale.
+bool takes_staleness_aware_lr(const std::string& policy);
+
 }  // namespace asgd

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "asgd/job.hpp"
+#include "policies/registry.hpp"
 
 namespace asgd {
 
@@ -45,12 +46,12 @@ TrainingSettings training_settings(const JobConfig& c, Placement where) {
   // samples per update: its rate grows with the workers (the linear
   // scaling rule from two workers). async and ssp instead apply staler gradients: their
   // staleness-aware steps (on by default, unless the rate or momentum is
-  // given) take a step staler than usual with less momentum and a rate
-  // divided by its staleness. Every policy but hogwild ramps the rate up
+  // given) take a step staler than usual with less momentum and the rate
+  // times workers / its staleness. Every policy but hogwild ramps the rate up
   // over the first epoch (bsp, allreduce and gossip over half of it).
   // (docs/policies.md has the measurements.)
   const bool more = n > 2 && policy != "hogwild";
-  const bool stale = policy == "async" || policy == "ssp";
+  const bool stale = takes_staleness_aware_lr(policy);
   // bsp and allreduce take one step per clock with the mean of every
   // worker's gradient, and gossip moves the workers' mean by it: at 0.02 x
   // N that is async's rate per sample (0.02 for each worker's gradient).

@@ -20,6 +20,7 @@
 #include "dataset/augment.hpp"
 #include "dataset/cifar.hpp"
 #include "dataset/dataset.hpp"
+#include "policies/registry.hpp"
 #include "runtime/job_internal.hpp"
 #include "runtime/metrics.hpp"
 #include "runtime/status_server.hpp"
@@ -135,7 +136,7 @@ Status validate_config(const JobConfig& c, bool named_dataset, bool devices_here
                    : Status::InvalidArgument("--device " + c.device + ": worker " + std::to_string(w) + "'s " +
                                              s.message().substr(std::string("--device ").size()));
   // Either value: `false` given to bsp was taken without a word.
-  if (c.staleness_aware_lr && (*policy)->name() != "async" && (*policy)->name().rfind("ssp", 0) != 0)
+  if (c.staleness_aware_lr && !takes_staleness_aware_lr(c.policy))
     return bad("staleness-aware-lr", *c.staleness_aware_lr ? "true" : "false",
                "applies to --policy async and ssp only, not to " + (*policy)->name());
   if (c.epochs < 1) return bad("epochs", std::to_string(c.epochs), "must be >= 1");

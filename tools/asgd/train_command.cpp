@@ -24,9 +24,10 @@
 #include "asgd/job.hpp"
 #include "base/log.hpp"
 #include "base/paths.hpp"
+#include "dataset/augment.hpp"
+#include "policies/registry.hpp"
 #include "runtime/config_file.hpp"
 #include "runtime/job_internal.hpp"
-#include "dataset/augment.hpp"
 #include "tools/asgd/commands.hpp"
 
 namespace asgd::cli {
@@ -184,12 +185,12 @@ bool flag_given(const JobOptions& o, const std::string& key) {
 // job.toml: dropped with a word (a resume of such a job was refused, with
 // no flag to clear them), the defaults they changed kept as they ran.
 void forget_settings_no_longer_taken(JobConfig& config, const std::string& dir) {
-  const std::string policy = config.policy.substr(0, config.policy.find(':'));
+  const bool stale_steps = takes_staleness_aware_lr(config.policy);
   if (config.momentum && config.optimizer != "momentum") {
     const TrainingSettings ran = training_settings(config);  // with the momentum counted as given
     if (!config.lr) config.lr = ran.lr;
     if (!config.lr_warmup_epochs) config.lr_warmup_epochs = ran.lr_warmup_epochs;
-    if (!config.staleness_aware_lr && (policy == "async" || policy == "ssp")) config.staleness_aware_lr = false;
+    if (!config.staleness_aware_lr && stale_steps) config.staleness_aware_lr = false;
     logger().warn("--resume {}: its job.toml gives --momentum {:g}, which --optimizer {} has no use for: dropped",
                   dir, *config.momentum, config.optimizer);
     config.momentum.reset();
@@ -199,7 +200,7 @@ void forget_settings_no_longer_taken(JobConfig& config, const std::string& dir) 
                   kMaxPrefetch, kMaxPrefetch);
     config.prefetch = kMaxPrefetch;
   }
-  if (config.staleness_aware_lr && policy != "async" && policy != "ssp") {
+  if (config.staleness_aware_lr && !stale_steps) {
     logger().warn("--resume {}: its job.toml gives --staleness-aware-lr, which --policy {} has no use for: dropped",
                   dir, config.policy);
     config.staleness_aware_lr.reset();
