@@ -40,4 +40,10 @@ std::string how_it_ended(int wait_status) {
   return "exited with status " + std::to_string(WIFEXITED(wait_status) ? WEXITSTATUS(wait_status) : 1);
 }
 
+std::string own_program_path() {
+  std::error_code ec;
+  const std::filesystem::path self = std::filesystem::read_symlink("/proc/self/exe", ec);
+  return ec || self.empty() ? "/proc/self/exe" : self.string();
+}
+
 }  // namespace asgd

@@ -26,4 +26,9 @@ bool process_runs(pid_t pid);
 /// killed by signal 9 (SIGKILL)".
 std::string how_it_ended(int wait_status);
 
+/// This program's own path (/proc/self/exe read), or "/proc/self/exe" where
+/// that cannot be read: the argv[0] of a child started as /proc/self/exe
+/// (ps showed "/proc/self/exe coordinator ..."), and the name it takes.
+std::string own_program_path();
+
 }  // namespace asgd

@@ -35,6 +35,7 @@
 #include <vector>
 
 #include "actors/parameter_shard.hpp"
+#include "base/process.hpp"
 #include "messaging/bridge.hpp"
 #include "messaging/curve_auth.hpp"
 #include "runtime/job_internal.hpp"
@@ -222,9 +223,7 @@ Result<std::unique_ptr<Server>> start_server(const std::vector<std::string>& arg
   posix_spawn_file_actions_init(&fa);
   posix_spawn_file_actions_adddup2(&fa, fds[1], STDOUT_FILENO);
   posix_spawn_file_actions_addclose(&fa, fds[0]);
-  std::error_code ec;  // argv[0] its own path (ps showed "/proc/self/exe comm-server ...")
-  const std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).string();
-  std::vector<std::string> a = {ec ? "/proc/self/exe" : self, "comm-server", "--parent", std::to_string(getpid())};
+  std::vector<std::string> a = {own_program_path(), "comm-server", "--parent", std::to_string(getpid())};
   a.insert(a.end(), args.begin(), args.end());
   std::vector<char*> argv;
   for (auto& s : a) argv.push_back(s.data());

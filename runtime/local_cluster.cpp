@@ -15,7 +15,6 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
 #include <optional>
 #include <sstream>
 #include <thread>
@@ -108,10 +107,7 @@ Result<std::unique_ptr<LocalCluster::Child>> spawn(const std::string& program, c
   posix_spawn_file_actions_adddup2(&actions, fds[1], STDOUT_FILENO);
   posix_spawn_file_actions_adddup2(&actions, fds[1], STDERR_FILENO);
   if (stdin_fd >= 0) posix_spawn_file_actions_adddup2(&actions, stdin_fd, STDIN_FILENO);
-  // argv[0] the program's own path (ps showed "/proc/self/exe coordinator ...").
-  std::error_code ec;
-  const std::filesystem::path own = std::filesystem::read_symlink(program, ec);
-  std::vector<std::string> argv_s = {program == "/proc/self/exe" && !ec ? own.string() : program};
+  std::vector<std::string> argv_s = {program == "/proc/self/exe" ? own_program_path() : program};
   argv_s.insert(argv_s.end(), args.begin(), args.end());
   std::vector<char*> argv;
   for (auto& a : argv_s) argv.push_back(a.data());

@@ -19,6 +19,7 @@
 #include <system_error>
 #include <thread>
 
+#include "base/process.hpp"
 #include "compute/blas.hpp"
 #include "runtime/cluster.hpp"
 #include "tools/asgd/commands.hpp"
@@ -134,12 +135,12 @@ void name_this_process() {
   std::ifstream comm("/proc/self/comm");
   std::string name;
   if (!std::getline(comm, name) || name != "exe") return;
+  const std::string path = own_program_path();
+  if (path == "/proc/self/exe") return;  // (its name would be "exe" again)
+  const std::string self = std::filesystem::path(path).filename().string().substr(0, 15);
+  // The main thread and those a library started before main() (OpenBLAS's),
+  // each named "exe" in top -H and ps -L.
   std::error_code ec;
-  const std::string self = std::filesystem::read_symlink("/proc/self/exe", ec).filename().string().substr(0, 15);
-  if (ec || self.empty()) return;
-  ::prctl(PR_SET_NAME, self.c_str());
-  // And the threads a library started before main() (OpenBLAS's), each
-  // named "exe" in top -H and ps -L.
   for (const auto& task : std::filesystem::directory_iterator("/proc/self/task", ec)) {
     std::string thread;
     if (std::ifstream in(task.path() / "comm"); !std::getline(in, thread) || thread != "exe") continue;
