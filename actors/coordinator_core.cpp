@@ -330,6 +330,10 @@ JobSummary CoordinatorCore::summary(double test_accuracy, const std::vector<std:
   if (auto options = resolve_policy_options(plan_.policy)) sum.policy_options = std::move(options).value();
   sum.lr = plan_.training.lr;
   if (config_.optimizer == "momentum") sum.momentum = plan_.training.momentum;
+  sum.optimizer = cfg.optimizer;
+  sum.lr_schedule = cfg.lr_schedule;
+  sum.weight_decay = cfg.weight_decay;
+  sum.seed = cfg.seed;
   sum.staleness = plan_.staleness_bound;
   sum.workers = cfg.workers;
   sum.shards = cfg.shards;

@@ -80,6 +80,10 @@ nlohmann::json to_json(const JobSummary& s) {
                       {"policy_options", whole_numbers_as_such(s.policy_options)},
                       {"lr", s.lr},
                       {"momentum", nullptr},
+                      {"optimizer", s.optimizer},
+                      {"lr_schedule", s.lr_schedule},
+                      {"weight_decay", s.weight_decay},
+                      {"seed", s.seed},
                       {"staleness", nullptr},
                       {"workers", s.workers},
                       {"shards", s.shards},
@@ -194,6 +198,12 @@ Result<JobSummary> summary_from_json(const nlohmann::json& j) {
       s.policy_options = field<std::map<std::string, double>>(j, "policy_options");
       s.lr = field<double>(j, "lr");
       if (!j.at("momentum").is_null()) s.momentum = j.at("momentum").get<double>();
+    }
+    if (j.contains("seed")) {  // written since 2026-11-29 (the thirty-third session)
+      s.optimizer = field<std::string>(j, "optimizer");
+      s.lr_schedule = field<std::string>(j, "lr_schedule");
+      s.weight_decay = field<double>(j, "weight_decay");
+      s.seed = field<std::uint64_t>(j, "seed");
     }
     if (!j.at("staleness").is_null()) s.staleness = j.at("staleness").get<std::uint32_t>();
     s.workers = field<std::uint32_t>(j, "workers");

@@ -282,6 +282,10 @@ struct JobSummary {
   std::map<std::string, double> policy_options;
   double lr = 0.0;        ///< the learning rate the job took (JobConfig::lr, else its default)
   std::optional<double> momentum;  ///< the momentum it took (none for an optimizer without one)
+  std::string optimizer;           ///< JobConfig::optimizer
+  std::string lr_schedule;         ///< JobConfig::lr_schedule
+  double weight_decay = 0.0;       ///< JobConfig::weight_decay
+  std::uint64_t seed = 0;          ///< JobConfig::seed: with the rest, what a rerun needs
   std::optional<std::uint32_t> staleness;  ///< the policy's staleness bound; none for async
   std::uint32_t workers = 0;               ///< worker actors or processes
   std::uint32_t shards = 0;                ///< parameter shards

@@ -54,7 +54,8 @@ TEST(RunJob, TrainsMnistAcrossTwoWorkersAndTwoShardsAndWritesTheMetricsFile) {
   }
   const auto& s = lines.back();
   EXPECT_EQ(s["event"], "summary");
-  const std::set<std::string> expected = {"event", "policy", "policy_options", "lr", "momentum", "staleness", "workers", "shards", "device", "model",
+  const std::set<std::string> expected = {"event", "policy", "policy_options", "lr", "momentum", "optimizer",
+                                          "lr_schedule", "weight_decay", "seed", "staleness", "workers", "shards", "device", "model",
                                           "dataset", "epochs", "wall_s", "train_s", "samples_per_s",
                                           "final_test_accuracy", "time_to_target_s", "updates_applied",
                                           "staleness_mean", "staleness_p99", "staleness_max",

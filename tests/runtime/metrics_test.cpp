@@ -29,6 +29,10 @@ TEST(MetricsRecords, ASummaryWrittenAndReadBackIsTheSame) {
   s.policy_options = {{"staleness", 3}};
   s.lr = 0.013;
   s.momentum = 0.9;
+  s.optimizer = "momentum";
+  s.lr_schedule = "step";
+  s.weight_decay = 5e-4;
+  s.seed = 12345678901ULL;
   s.staleness = 3;
   s.workers = 2;
   s.shards = 1;
@@ -62,6 +66,8 @@ TEST(MetricsRecords, ASummaryWrittenAndReadBackIsTheSame) {
   EXPECT_EQ(to_json(*back), to_json(s));
   EXPECT_EQ(back->staleness, 3u);
   EXPECT_EQ(back->energy.edp_js(), s.energy.edp_js());
+  EXPECT_EQ(back->seed, 12345678901ULL);
+  EXPECT_EQ(back->lr_schedule, "step");
 
   JobSummary none;  // no staleness bound, no target reached, energy not measured
   none.energy.reason = "no RAPL here";
@@ -71,7 +77,8 @@ TEST(MetricsRecords, ASummaryWrittenAndReadBackIsTheSame) {
   EXPECT_FALSE(empty->time_to_target_s);
   EXPECT_EQ(empty->energy.reason, "no RAPL here");
   nlohmann::json older = to_json(none);  // a file of an asgd from before the policy's settings were written
-  for (const char* key : {"policy_options", "lr", "momentum"}) older.erase(key);
+  for (const char* key : {"policy_options", "lr", "momentum", "optimizer", "lr_schedule", "weight_decay", "seed"})
+    older.erase(key);
   EXPECT_TRUE(summary_from_json(older).ok());
 }
 
