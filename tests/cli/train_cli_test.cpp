@@ -651,7 +651,9 @@ TEST(ClusterCli, RunsTheJobAsFiveProcessesAndWritesTheSameMetricsFormat) {
   CliRun r = asgd("cluster --workers 2 --shards 2 --epochs 1 --data-dir " + mnist.string() + " --metrics-out " +
                   metrics.string() + " --log-level warn --busy-poll-us 20");
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err;
-  for (const char* line : {"1 coordinator, 2 shard and 2 worker processes", "[coordinator] epoch 1/1",
+  // The job is named as asgd train names it, before its processes start.
+  for (const char* line : {"asgd cluster: mlp on mnist, policy async, 2 workers, 2 shards, 1 epoch, batch 64",
+                           "1 coordinator, 2 shard and 2 worker processes", "[coordinator] epoch 1/1",
                            "[coordinator] done"})
     EXPECT_NE(r.out.find(line), std::string::npos) << line << " missing in:\n" << r.out;
   const std::string m = slurp(metrics);

@@ -394,7 +394,7 @@ int run_cluster(const JobOptions& jo, const ProcessFlags& pf, LaunchFlags lf) {
                 "machine\n", config.shards, config.workers);
     return kExitOk;
   }
-  print_adjustments(training_settings(config, Placement::processes));
+  print_job_heading("cluster", config, Placement::processes);
   std::printf("asgd cluster: 1 coordinator, %u shard and %u worker processes on this machine%s\n", config.shards,
               config.workers, checked.curve ? ", authenticated and encrypted (CURVE)" : "");
   std::fflush(stdout);

@@ -194,9 +194,10 @@ int exit_code_for(const Status& s);
 std::string error_text(const Status& s);
 std::string logs_at(const LogOptions& o);
 
-/// One line on stdout naming the optimizer defaults adjusted for the job's
-/// policy and worker count (nothing when none is).
-void print_adjustments(const TrainingSettings& training);
+/// "asgd COMMAND: mlp on mnist, policy async, 2 workers, ..., lr 0.02
+/// (data: DIR)" on stdout, then the line naming the optimizer defaults
+/// adjusted for the job's policy and worker count (none when none is).
+void print_job_heading(const char* command, const JobConfig& config, Placement placement);
 
 /// Per-epoch progress lines on stdout.
 JobCallbacks progress_callbacks(const JobConfig& config);

@@ -476,7 +476,16 @@ int report_outcome(const Result<JobSummary>& result, const JobConfig& config, co
   return kExitOk;
 }
 
-void print_adjustments(const TrainingSettings& training) {
+void print_job_heading(const char* command, const JobConfig& config, Placement placement) {
+  auto plural = [](std::uint32_t n, const char* word) { return std::to_string(n) + " " + word + (n == 1 ? "" : "s"); };
+  const TrainingSettings training = training_settings(config, placement);
+  const auto augment = data::parse_augment(config.augment, config.dataset);  // validated by load_job
+  const std::string augmented = augment && augment->any() ? ", augment " + data::to_string(*augment) : "";
+  std::printf("asgd %s: %s on %s, policy %s, %s, %s, %s, batch %u, lr %g%s (data: %s)\n", command,
+              config.model.c_str(), config.dataset.c_str(), config.policy.c_str(),
+              plural(config.workers, "worker").c_str(), plural(config.shards, "shard").c_str(),
+              plural(config.epochs, "epoch").c_str(), training.batch, training.lr, augmented.c_str(),
+              resolve_data_dir(config).c_str());
   if (training.adjusted.empty()) return;
   std::string line;
   for (const auto& a : training.adjusted) line += (line.empty() ? "" : "; ") + a;
@@ -492,16 +501,7 @@ namespace {
 int run_train(const JobOptions& o) {
   JobConfig config;
   if (auto code = load_job(o, config)) return *code;
-  const std::string dir = resolve_data_dir(config);
-  auto plural = [](std::uint32_t n, const char* word) { return std::to_string(n) + " " + word + (n == 1 ? "" : "s"); };
-  const TrainingSettings training = training_settings(config);
-  const auto augment = data::parse_augment(config.augment, config.dataset);  // validated by load_job
-  const std::string augmented = augment && augment->any() ? ", augment " + data::to_string(*augment) : "";
-  std::printf("asgd train: %s on %s, policy %s, %s, %s, %s, batch %u, lr %g%s (data: %s)\n", config.model.c_str(),
-              config.dataset.c_str(), config.policy.c_str(), plural(config.workers, "worker").c_str(),
-              plural(config.shards, "shard").c_str(), plural(config.epochs, "epoch").c_str(), training.batch,
-              training.lr, augmented.c_str(), dir.c_str());
-  print_adjustments(training);
+  print_job_heading("train", config, Placement::one_process);
   std::fflush(stdout);
 
   Interrupts interrupts;
