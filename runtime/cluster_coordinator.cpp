@@ -243,8 +243,7 @@ std::string stop_reason(const Status& outcome) {
 // then everyone was sent away).
 Status status_port_free(const JobConfig& config) {
   if (config.status_port == 0) return {};
-  auto probe = StatusServer::start(config.status_address, config.status_port, std::make_shared<LiveStatus>(), "");
-  return probe ? Status{} : probe.status();
+  return StatusServer::can_listen(config.status_address, config.status_port);
 }
 
 Result<JobSummary> run_coordinator_process(const JobConfig& config, const ProcessOptions& o,

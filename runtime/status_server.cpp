@@ -7,6 +7,8 @@
 #include <boost/beast/http.hpp>
 
 #include <array>
+#include <optional>
+#include <string_view>
 #include <chrono>
 #include <thread>
 
@@ -23,17 +25,73 @@ namespace {
 
 constexpr auto kRequestTimeout = std::chrono::seconds(10);
 constexpr std::size_t kMaxRequestBytes = 16 * 1024;
+// Connections served at once. Past it the server stops accepting, and the
+// rest wait in the kernel's queue: a client that opens thousands and sends
+// nothing took a descriptor each, until the job could not open its own
+// checkpoint files ("Too many open files", the job failed).
+constexpr std::size_t kMaxSessions = 32;
+// After a failed accept (no descriptors left, say): a pause before the
+// next, which was tried at once, for ever, at a whole CPU.
+constexpr auto kAcceptRetry = std::chrono::milliseconds(200);
 
 struct Content {
   std::shared_ptr<const LiveStatus> status;
   std::string page;
+  bool loopback = true;  ///< bound to a loopback address: only loopback names in Host
 };
+
+// A request to a loopback server must name it by a loopback name or
+// address: a page from another site that has its name resolve to
+// 127.0.0.1 (DNS rebinding) sends its own in Host. No Host (HTTP/1.0) is
+// a local client's.
+bool host_allowed(const Content& content, std::string_view host) {
+  if (!content.loopback || host.empty()) return true;
+  if (host.starts_with('[')) host = host.substr(0, host.find(']') + 1);  // [::1]:8080
+  else host = host.substr(0, host.find(':'));
+  if (host == "localhost" || host == "[::1]" || host.ends_with(".localhost")) return true;
+  beast::error_code ec;
+  const auto ip = asio::ip::make_address(std::string(host), ec);
+  return !ec && ip.is_loopback();
+}
+
+void common_headers(http::response<http::string_body>& res) {
+  res.set(http::field::server, "asgd");
+  res.set(http::field::cache_control, "no-store");
+  res.set("X-Content-Type-Options", "nosniff");
+  res.keep_alive(false);
+}
+
+http::response<http::string_body> plain_answer(http::status code, unsigned version, const std::string& text) {
+  http::response<http::string_body> res{code, version};
+  common_headers(res);
+  res.set(http::field::content_type, "text/plain; charset=utf-8");
+  res.body() = text + "\n";
+  res.prepare_payload();
+  return res;
+}
+
+// What is refused from the header alone: another method (answered before
+// its body, which a client sending "Expect: 100-continue" waits to send),
+// or a Host this server is not.
+std::optional<http::response<http::string_body>> refused(const Content& content,
+                                                         const http::request<http::string_body>& req) {
+  if (req.method() != http::verb::get && req.method() != http::verb::head) {
+    auto res = plain_answer(http::status::method_not_allowed, req.version(), "only GET and HEAD are served");
+    res.set(http::field::allow, "GET, HEAD");
+    return res;
+  }
+  const auto given = req[http::field::host];
+  const std::string host(given.data(), given.size());
+  if (!host_allowed(content, host))
+    return plain_answer(http::status::forbidden, req.version(),
+                        "Host " + host +
+                            " is not this server's: it serves loopback names only (localhost, 127.0.0.1, [::1])");
+  return std::nullopt;
+}
 
 http::response<http::string_body> respond(const Content& content, const http::request<http::string_body>& req) {
   http::response<http::string_body> res{http::status::ok, req.version()};
-  res.set(http::field::server, "asgd");
-  res.set(http::field::cache_control, "no-store");
-  res.keep_alive(false);
+  common_headers(res);
   const std::string target(req.target());
   const std::string path = target.substr(0, target.find('?'));
   auto plain = [&](http::status code, const std::string& text) {
@@ -41,10 +99,7 @@ http::response<http::string_body> respond(const Content& content, const http::re
     res.set(http::field::content_type, "text/plain; charset=utf-8");
     res.body() = text + "\n";
   };
-  if (req.method() != http::verb::get && req.method() != http::verb::head) {
-    plain(http::status::method_not_allowed, "only GET and HEAD are served");
-    res.set(http::field::allow, "GET, HEAD");
-  } else if (path == "/metrics") {
+  if (path == "/metrics") {
     res.set(http::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
     res.body() = to_prometheus(content.status->get());
   } else if (path == "/status") {
@@ -66,43 +121,53 @@ http::response<http::string_body> respond(const Content& content, const http::re
 
 class Session : public std::enable_shared_from_this<Session> {
  public:
-  Session(tcp::socket socket, std::shared_ptr<const Content> content)
-      : stream_(std::move(socket)), content_(std::move(content)) {
+  Session(tcp::socket socket, std::shared_ptr<const Content> content, std::shared_ptr<void> slot)
+      : stream_(std::move(socket)), content_(std::move(content)), slot_(std::move(slot)) {
     parser_.body_limit(kMaxRequestBytes);
     parser_.header_limit(kMaxRequestBytes);
   }
 
   void run() {
     stream_.expires_after(kRequestTimeout);
-    http::async_read(stream_, buffer_, parser_, [self = shared_from_this()](beast::error_code ec, std::size_t) {
-      self->on_read(ec);
+    http::async_read_header(stream_, buffer_, parser_, [self = shared_from_this()](beast::error_code ec, std::size_t) {
+      self->on_header(ec);
     });
   }
 
  private:
+  void on_header(beast::error_code ec) {
+    if (ec) return on_read(ec);
+    if (auto no = refused(*content_, parser_.get())) return answer_unread(std::move(*no));
+    if (parser_.is_done()) return on_read(ec);
+    http::async_read(stream_, buffer_, parser_, [self = shared_from_this()](beast::error_code e, std::size_t) {
+      self->on_read(e);
+    });
+  }
+
   void on_read(beast::error_code ec) {
     if (ec == http::error::header_limit || ec == http::error::body_limit) {
       // Too large: said, so that a client does not take it for a crash.
       const bool header = ec == http::error::header_limit;
-      response_ = {header ? http::status::request_header_fields_too_large : http::status::payload_too_large, 11};
-      response_.set(http::field::server, "asgd");
-      response_.set(http::field::content_type, "text/plain; charset=utf-8");
-      response_.keep_alive(false);
-      response_.body() = std::string(header ? "request headers" : "request body") + " over " +
-                         std::to_string(kMaxRequestBytes / 1024) + " KiB\n";
-      response_.prepare_payload();
-      stream_.expires_after(kRequestTimeout);
-      http::async_write(stream_, response_,
-                        [self = shared_from_this()](beast::error_code, std::size_t) { self->drain_and_close(); });
-      return;
-    } else if (ec) {
-      close();  // timed out or not HTTP: nothing to answer
-      return;
-    } else {
-      response_ = respond(*content_, parser_.get());
+      return answer_unread(plain_answer(
+          header ? http::status::request_header_fields_too_large : http::status::payload_too_large, 11,
+          std::string(header ? "request headers" : "request body") + " over " +
+              std::to_string(kMaxRequestBytes / 1024) + " KiB"));
     }
+    if (ec && ec.category() == http::make_error_code(http::error::bad_method).category() &&
+        ec != http::error::end_of_stream && ec != http::error::partial_message)
+      return answer_unread(plain_answer(http::status::bad_request, 11, "not an HTTP/1.x request: " + ec.message()));
+    if (ec) return close();  // timed out, or closed before a whole request: no one to answer
+    response_ = respond(*content_, parser_.get());
     stream_.expires_after(kRequestTimeout);
     http::async_write(stream_, response_, [self = shared_from_this()](beast::error_code, std::size_t) { self->close(); });
+  }
+
+  // An answer to a request not read whole.
+  void answer_unread(http::response<http::string_body> res) {
+    response_ = std::move(res);
+    stream_.expires_after(kRequestTimeout);
+    http::async_write(stream_, response_,
+                      [self = shared_from_this()](beast::error_code, std::size_t) { self->drain_and_close(); });
   }
 
   void close() {
@@ -134,23 +199,79 @@ class Session : public std::enable_shared_from_this<Session> {
   http::request_parser<http::string_body> parser_;
   http::response<http::string_body> response_;
   std::shared_ptr<const Content> content_;
+  std::shared_ptr<void> slot_;  ///< one of kMaxSessions, given back when the session ends
   std::array<char, 4096> scratch_{};
   std::size_t drained_ = 0;
 };
 
+// "127.0.0.1:8080", "[::1]:8080".
+std::string host_port(const std::string& address, std::uint16_t port) {
+  const bool v6 = address.find(':') != std::string::npos;
+  return (v6 ? "[" + address + "]" : address) + ":" + std::to_string(port);
+}
+
+Status bind_to(tcp::acceptor& acceptor, const std::string& address, std::uint16_t port) {
+  const std::string where = host_port(address, port);
+  beast::error_code ec;
+  const auto ip = asio::ip::make_address(address, ec);
+  if (ec) return Status::InvalidArgument("--status-address " + address + ": not an IP address");
+  const tcp::endpoint endpoint(ip, port);
+  if (acceptor.open(endpoint.protocol(), ec); ec) return Status::IOError("status server on " + where + ": " + ec.message());
+  acceptor.set_option(asio::socket_base::reuse_address(true), ec);
+  if (acceptor.bind(endpoint, ec); ec)
+    return Status::InvalidArgument("--status-port " + std::to_string(port) + ": cannot listen on " + where + ": " +
+                                   ec.message());
+  if (acceptor.listen(asio::socket_base::max_listen_connections, ec); ec)
+    return Status::IOError("status server on " + where + ": " + ec.message());
+  return {};
+}
+
 }  // namespace
 
+// Every member is touched from the server's one thread only, but for the
+// destructor, which stops that thread first.
 struct StatusServer::Impl {
   asio::io_context io{1};
   tcp::acceptor acceptor{io};
+  asio::steady_timer retry{io};
   std::shared_ptr<const Content> content;
   std::thread thread;
+  // Sessions open now; whether an accept is pending. Shared with the
+  // sessions' slots, which may be destroyed with the io_context, after the
+  // acceptor: `stopped` then keeps them from accepting again.
+  struct Gate {
+    std::size_t open = 0;
+    bool accepting = false;
+    bool stopped = false;
+    bool warned = false;
+  };
+  std::shared_ptr<Gate> gate = std::make_shared<Gate>();
 
   void accept() {
+    if (gate->stopped || gate->accepting || gate->open >= kMaxSessions) return;
+    gate->accepting = true;
     acceptor.async_accept([this](beast::error_code ec, tcp::socket socket) {
-      if (ec == asio::error::operation_aborted) return;
-      if (!ec) std::make_shared<Session>(std::move(socket), content)->run();
+      gate->accepting = false;
+      if (ec == asio::error::operation_aborted || gate->stopped) return;
+      if (ec) return pause(ec);
+      ++gate->open;
+      std::shared_ptr<void> slot(nullptr, [this, g = gate](void*) {
+        --g->open;
+        if (!g->stopped) accept();
+      });
+      std::make_shared<Session>(std::move(socket), content, std::move(slot))->run();
       accept();
+    });
+  }
+
+  void pause(beast::error_code ec) {
+    if (!gate->warned)
+      logger().warn("status server: cannot accept a connection ({}); trying again every {} ms", ec.message(),
+                    kAcceptRetry.count());
+    gate->warned = true;
+    retry.expires_after(kAcceptRetry);
+    retry.async_wait([this](beast::error_code e) {
+      if (!e) accept();
     });
   }
 };
@@ -163,35 +284,32 @@ bool StatusServer::is_address(const std::string& address) {
   return !ec;
 }
 
+Status StatusServer::can_listen(const std::string& address, std::uint16_t port) {
+  asio::io_context io{1};
+  tcp::acceptor acceptor{io};
+  return bind_to(acceptor, address, port);
+}
+
 Result<std::unique_ptr<StatusServer>> StatusServer::start(const std::string& address, std::uint16_t port,
                                                          std::shared_ptr<const LiveStatus> status,
                                                          std::string page_html) {
   auto impl = std::make_unique<Impl>();
-  impl->content = std::make_shared<Content>(Content{std::move(status), std::move(page_html)});
-  const std::string where = address + ":" + std::to_string(port);
+  if (Status s = bind_to(impl->acceptor, address, port); !s.ok()) return s;
   beast::error_code ec;
-  const auto ip = asio::ip::make_address(address, ec);
-  if (ec) return Status::InvalidArgument("--status-address " + address + ": not an IP address");
-  const tcp::endpoint endpoint(ip, port);
-  if (impl->acceptor.open(endpoint.protocol(), ec); ec)
-    return Status::IOError("status server on " + where + ": " + ec.message());
-  impl->acceptor.set_option(asio::socket_base::reuse_address(true), ec);
-  if (impl->acceptor.bind(endpoint, ec); ec)
-    return Status::InvalidArgument("--status-port " + std::to_string(port) + ": cannot listen on " + where + ": " +
-                                   ec.message());
-  if (impl->acceptor.listen(asio::socket_base::max_listen_connections, ec); ec)
-    return Status::IOError("status server on " + where + ": " + ec.message());
+  const bool loopback = asio::ip::make_address(address, ec).is_loopback();
+  impl->content = std::make_shared<Content>(Content{std::move(status), std::move(page_html), loopback});
   impl->accept();
   Impl* raw = impl.get();
   impl->thread = std::thread([raw] { raw->io.run(); });
   std::unique_ptr<StatusServer> server(new StatusServer(std::move(impl)));
-  logger().info("status: http://{}:{}/ (also /status and /metrics)", address, server->port());
+  logger().info("status: http://{}/ (also /status and /metrics)", host_port(address, server->port()));
   return server;
 }
 
 StatusServer::~StatusServer() {
   impl_->io.stop();
   if (impl_->thread.joinable()) impl_->thread.join();
+  impl_->gate->stopped = true;  // the sessions the io_context still holds go with it
 }
 
 std::uint16_t StatusServer::port() const {

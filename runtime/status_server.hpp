@@ -5,8 +5,10 @@
 //   GET /status   the same state as JSON (actors/live_status.hpp)
 //   GET /         a page that polls /status and draws live charts
 // from a LiveStatus the coordinator keeps current. Anything else is 404 (or
-// 405 for another method). Each connection gets 10 s to send its request;
-// the server never blocks the job.
+// 405 for another method, 400 for what is not HTTP, 403 for a Host that is
+// not a loopback name when the server is bound to loopback). Each
+// connection gets 10 s to send its request, 32 are served at once (the
+// rest wait to be accepted), and the server never blocks the job.
 
 #include <cstdint>
 #include <memory>
@@ -28,6 +30,10 @@ class StatusServer {
   /// when it cannot bind.
   static Result<std::unique_ptr<StatusServer>> start(const std::string& address, std::uint16_t port,
                                                      std::shared_ptr<const LiveStatus> status, std::string page_html);
+  /// What start() would say of address:port, without serving or logging
+  /// (a coordinator checks the port before its processes register).
+  static Status can_listen(const std::string& address, std::uint16_t port);
+
   /// Stops serving and joins its thread.
   ~StatusServer();
   StatusServer(const StatusServer&) = delete;

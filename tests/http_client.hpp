@@ -36,13 +36,11 @@ inline int connect_loopback(int port) {
   return fd;
 }
 
-inline HttpReply http(int port, const std::string& method, const std::string& path, const std::string& body = "") {
+/// Sends `request` as it is, then reads the answer to EOF.
+inline HttpReply http_raw(int port, const std::string& request) {
   HttpReply reply;
   const int fd = connect_loopback(port);
   if (fd < 0) return reply;
-  const std::string request = method + " " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n" +
-                              "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
-                              "\r\n\r\n" + body;
   for (std::size_t sent = 0; sent < request.size();) {
     const ssize_t n = ::send(fd, request.data() + sent, request.size() - sent, MSG_NOSIGNAL);
     if (n <= 0) break;
@@ -53,11 +51,18 @@ inline HttpReply http(int port, const std::string& method, const std::string& pa
   for (ssize_t n; (n = ::recv(fd, buf, sizeof buf, 0)) > 0;) raw.append(buf, static_cast<std::size_t>(n));
   ::close(fd);
   const auto head_end = raw.find("\r\n\r\n");
-  if (raw.rfind("HTTP/1.1 ", 0) != 0 || head_end == std::string::npos) return reply;
+  if (raw.rfind("HTTP/1.", 0) != 0 || head_end == std::string::npos) return reply;
   reply.status = std::stoi(raw.substr(9, 3));
   reply.headers = raw.substr(0, head_end);
   reply.body = raw.substr(head_end + 4);
   return reply;
+}
+
+inline HttpReply http(int port, const std::string& method, const std::string& path, const std::string& body = "",
+                      const std::string& host = "127.0.0.1") {
+  return http_raw(port, method + " " + path + " HTTP/1.1\r\nHost: " + host + "\r\nConnection: close\r\n" +
+                            "Content-Type: application/json\r\nContent-Length: " + std::to_string(body.size()) +
+                            "\r\n\r\n" + body);
 }
 
 /// A TCP port on loopback that was free a moment ago (bound, read, closed).

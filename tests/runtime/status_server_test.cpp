@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <filesystem>
 #include <future>
 #include <regex>
 #include <set>
@@ -89,6 +90,25 @@ TEST(StatusServer, ServesMetricsStatusAndThePageAndRefusesTheRest) {
   EXPECT_EQ(http(port, "GET", "/" + std::string(100'000, 'a')).status, 431);
   EXPECT_EQ(http(port, "POST", "/status", std::string(100'000, 'b')).status, 413);
 
+  // Not HTTP: said (it was closed without a word).
+  EXPECT_EQ(asgd_test::http_raw(port, "hello there\r\n\r\n").status, 400);
+  EXPECT_EQ(asgd_test::http_raw(port, std::string("\x16\x03\x01\x02\x00\x01\x00\x01\xfc\r\n\r\n", 13)).status, 400);
+  // Another method is refused from its header: a client that waits for
+  // "100 Continue" before its body is answered at once (it waited 10 s).
+  const auto asked = Clock::now();
+  EXPECT_EQ(asgd_test::http_raw(port, "POST /status HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 5000\r\n"
+                                      "Expect: 100-continue\r\n\r\n").status,
+            405);
+  EXPECT_LT(Clock::now() - asked, std::chrono::seconds(2));
+  // A loopback server answers loopback names only: a page of another site
+  // whose name resolves to 127.0.0.1 (DNS rebinding) sends its own.
+  EXPECT_EQ(http(port, "GET", "/status", "", "evil.example.com").status, 403);
+  EXPECT_EQ(http(port, "GET", "/status", "", "127.0.0.1.evil.example.com:" + std::to_string(port)).status, 403);
+  for (const std::string& host : std::vector<std::string>{"localhost:" + std::to_string(port), "127.0.0.2", "[::1]:80", "app.localhost"})
+    EXPECT_EQ(http(port, "GET", "/status", "", host).status, 200) << host;
+  EXPECT_EQ(asgd_test::http_raw(port, "GET /status HTTP/1.0\r\n\r\n").status, 200) << "no Host: a local client";
+  EXPECT_NE(status.headers.find("X-Content-Type-Options: nosniff"), std::string::npos) << status.headers;
+
   // A later snapshot is what the next scrape sees.
   live->update([](LiveSnapshot& s) { s.samples = 100; });
   EXPECT_EQ(sample_value(http(port, "GET", "/metrics").body, "asgd_samples_total"), 100);
@@ -125,6 +145,41 @@ TEST(StatusServer, HistoryKeepsAPointEachTimeTrainingMovesOnAndThinsALongRun) {
   EXPECT_GE(kept.size(), LiveStatus::kMaxHistory / 2);
   EXPECT_EQ(kept.front().wall_s, 0.5) << "the run's start stays";
   EXPECT_EQ(kept.back().wall_s, 2.0 + static_cast<double>(LiveStatus::kMaxHistory - 1)) << "and its newest point";
+}
+
+// Descriptors this process has open.
+std::size_t open_descriptors() {
+  std::size_t n = 0;
+  for ([[maybe_unused]] const auto& e : std::filesystem::directory_iterator("/proc/self/fd")) ++n;
+  return n;
+}
+
+// Clients that connect and send nothing took a descriptor each from the
+// job, until it could not open its checkpoint files and failed: the server
+// holds 32 at most, the rest wait to be accepted, and it still answers
+// once the idle ones time out or go.
+TEST(StatusServer, IdleConnectionsTakeAtMostThirtyTwoDescriptorsAndTheServerAnswersWhenTheyGo) {
+  auto live = std::make_shared<LiveStatus>();
+  live->update([](LiveSnapshot& s) { s = two_workers(); });
+  auto server = StatusServer::start("127.0.0.1", 0, live, "");
+  ASSERT_TRUE(server.ok()) << server.status().to_string();
+  const int port = (*server)->port();
+  const std::size_t before = open_descriptors();
+  std::vector<int> idle;
+  for (int i = 0; i < 200; ++i) {
+    const int fd = asgd_test::connect_loopback(port);
+    ASSERT_GE(fd, 0) << "connection " << i;
+    idle.push_back(fd);
+  }
+  std::this_thread::sleep_for(std::chrono::milliseconds(300));  // the server accepts what it will
+  const std::size_t server_side = open_descriptors() - before - idle.size();
+  EXPECT_LE(server_side, 32u + 2u) << "descriptors the server took for 200 idle clients";
+  EXPECT_GE(server_side, 30u);
+  for (int fd : idle) ::close(fd);
+  const auto asked = Clock::now();
+  const auto reply = http(port, "GET", "/status");
+  EXPECT_EQ(reply.status, 200);
+  EXPECT_LT(Clock::now() - asked, std::chrono::seconds(5)) << "the closed clients' places were not given back";
 }
 
 TEST(StatusServer, LabelValuesAreEscaped) {
