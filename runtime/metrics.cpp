@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
@@ -268,14 +269,23 @@ Result<MetricsWriter> MetricsWriter::open(const std::string& path, bool append) 
   if (Status s = writable_file(path); !s.ok()) return refuse(s.message());
   MetricsWriter w;
   w.path_ = path;
-  w.fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0644);
+  // Not blocking at open: a named pipe no one reads held the job there, deaf
+  // to Ctrl-C (the open is restarted after the signal). Its writes block
+  // again once open: a reader that falls behind slows the lines, as a disk.
+  w.fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NONBLOCK, 0644);
+  if (w.fd_ < 0 && errno == ENXIO) return refuse("a named pipe that no process is reading");
   if (w.fd_ < 0) return refuse(std::string("cannot write it: ") + std::strerror(errno));
+  if (const int flags = ::fcntl(w.fd_, F_GETFL); flags < 0 || ::fcntl(w.fd_, F_SETFL, flags & ~O_NONBLOCK) != 0)
+    return refuse(std::string("cannot write it: ") + std::strerror(errno));
   // Locked before it is emptied: a second job must not cut the first's lines.
   if (::flock(w.fd_, LOCK_EX | LOCK_NB) != 0)
     return refuse(errno == EWOULDBLOCK ? "another job is writing it (in this process or another); give each job a "
                                          "metrics file of its own"
                                        : std::string("cannot lock it: ") + std::strerror(errno));
-  w.empty_first_ = !append;
+  // Only a file is emptied: /dev/null or /dev/stdout takes the lines as they
+  // come (emptying one failed at the first line, after the job had trained).
+  struct stat st{};
+  w.empty_first_ = !append && ::fstat(w.fd_, &st) == 0 && S_ISREG(st.st_mode);
   return w;
 }
 

@@ -4,10 +4,13 @@
 // error that names it.
 
 #include <gtest/gtest.h>
+#include <fcntl.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <chrono>
 #include <csignal>
 #include <cmath>
 #include <fstream>
@@ -125,6 +128,36 @@ TEST(MetricsWriter, AnEarlierFileIsEmptiedAtTheFirstLineNotAtOpen) {
   std::stringstream now;
   now << std::ifstream(file).rdbuf();
   EXPECT_EQ(now.str(), "{\"event\":\"epoch\"}\n");
+}
+
+// Not a file: /dev/null takes the lines (emptying it failed at the first
+// line, after the job had trained: exit 1); a named pipe with a reader gets
+// them; one that no process reads is refused at open (the job hung there,
+// deaf to Ctrl-C).
+TEST(MetricsWriter, DevNullAndAReadPipeTakeTheLinesAndAnUnreadPipeIsRefusedAtOnce) {
+  auto null = MetricsWriter::open("/dev/null");
+  ASSERT_TRUE(null.ok()) << null.status().to_string();
+  EXPECT_TRUE(null->write({{"event", "epoch"}}).ok());
+
+  const asgd_test::TempDir dir;
+  const std::string pipe = (dir / "pipe").string();
+  ASSERT_EQ(::mkfifo(pipe.c_str(), 0600), 0);
+  const auto asked = std::chrono::steady_clock::now();
+  auto unread = MetricsWriter::open(pipe);
+  ASSERT_FALSE(unread.ok());
+  EXPECT_NE(unread.status().message().find("a named pipe that no process is reading"), std::string::npos)
+      << unread.status().message();
+  EXPECT_LT(std::chrono::steady_clock::now() - asked, std::chrono::seconds(2));
+
+  const int reader = ::open(pipe.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  ASSERT_GE(reader, 0);
+  auto read = MetricsWriter::open(pipe);
+  ASSERT_TRUE(read.ok()) << read.status().to_string();
+  ASSERT_TRUE(read->write({{"event", "epoch"}}).ok());
+  char got[64] = {};
+  EXPECT_EQ(::read(reader, got, sizeof got - 1), 18);
+  EXPECT_STREQ(got, "{\"event\":\"epoch\"}\n");
+  ::close(reader);
 }
 
 // A write that fails part-way (the file size limit here; a full disk
