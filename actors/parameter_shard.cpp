@@ -293,9 +293,8 @@ bool ShardCore::apply(PushRequest& req, std::span<const float> payload, bool rem
   // since the worker read the parameters (Zhang et al. 2016): with N
   // workers pushing at once it is about N - 1, whatever the clocks say.
   const std::uint64_t behind = version_ > req.base_version ? version_ - req.base_version : 0;
-  // A decentralized policy's workers count their staleness themselves; what
-  // they push here only publishes their parameters.
-  if (policy_->exchange() == Exchange::none) record_staleness(req.clock, req.base_clock);
+  if (policy_->exchange() != Exchange::none) return publish(req, payload);
+  record_staleness(req.clock, req.base_clock);
   ++stats_.updates_applied;
   ++stats_.commits;
   ++version_;
@@ -336,6 +335,24 @@ bool ShardCore::apply(PushRequest& req, std::span<const float> payload, bool rem
   }
   out.push_back({ticket, std::move(r)});
   return true;
+}
+
+// A decentralized policy's workers count their staleness themselves; what
+// they push here only publishes their parameters. The newest copy stays: one
+// of an earlier clock that arrives late changes nothing (it replaced a newer
+// one). The updates counted are the workers' optimizer steps the copies
+// published carry, the unit of the summary and of bsp's pushes (a copy
+// each publish-steps steps was counted as one, which put allreduce eight
+// times ahead of bsp on a report's updates axis for the same steps).
+bool ShardCore::publish(const PushRequest& req, std::span<const float> payload) {
+  stats_.updates_applied = 0;
+  for (Clock c : clock_) stats_.updates_applied += c;
+  if (req.clock + 1 < newest_copy_) return false;
+  newest_copy_ = req.clock + 1;
+  ++stats_.commits;
+  ++version_;
+  fold(payload, 1.0f, {}, {});
+  return false;
 }
 
 void ShardCore::aggregate(PushRequest& req, std::span<const float> payload, bool remote) {

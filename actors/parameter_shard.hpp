@@ -182,6 +182,7 @@ class ShardCore {
   // A push the policy applies at once; true when it answered the push's
   // read in the same pass (the reply is in `out`).
   bool apply(PushRequest& req, std::span<const float> payload, bool remote, Ticket ticket, std::vector<Answer>& out);
+  bool publish(const PushRequest& req, std::span<const float> payload);
   // A push into its clock's aggregate, committed once complete.
   void aggregate(PushRequest& req, std::span<const float> payload, bool remote);
   void commit_ready_aggregates();
@@ -204,6 +205,7 @@ class ShardCore {
   std::vector<Clock> clock_;            // per worker: highest pushed clock + 1
   std::vector<bool> live_;              // per worker
   Clock committed_ = 0;
+  Clock newest_copy_ = 0;  ///< allreduce, gossip: 1 + the clock of the copy held (0: none since start)
   std::map<Clock, Aggregate> pending_;  // by clock, committed in order
   std::vector<float> mean_;             // (range.size(),) scratch for commits
   std::vector<Held> held_;

@@ -385,12 +385,15 @@ void WorkerCore::out_of_data(Actions& out) {
   // round, Downpour's n_push): carry them before leaving. Parameters are
   // tagged with the clock at which the plan would have pushed next, so
   // under averaging a worker with fewer steps joins the others' next
-  // average instead of committing alone; gradients with the clock of their
-  // last step (a later one would count them that much staler).
+  // average instead of committing alone; gradients, and the copies
+  // allreduce and gossip publish, with the clock of their last step (a
+  // later one would count them that much staler, or count steps never
+  // taken).
   finishing_ = true;
   step_ends_epoch_ = false;
   Clock clock = step_ - 1;
-  for (Clock s = step_ - 1; policy_->payload() == Payload::parameters && s < step_ + 1'000'000; ++s) {
+  const bool rounds = policy_->payload() == Payload::parameters && policy_->exchange() == Exchange::none;
+  for (Clock s = step_ - 1; rounds && s < step_ + 1'000'000; ++s) {
     if (policy_->plan(s).push) {
       clock = s;
       break;

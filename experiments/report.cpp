@@ -405,9 +405,11 @@ std::string report_html(const ReportInput& in) {
        "One line per run: color is the policy, dash pattern the repeat; large dots end an epoch, small ones are "
        "evaluations between epochs. The dashed gray line is the target."},
       {"acc-vs-updates", "Validation accuracy over updates applied",
-       "The same points against the number of gradient updates the shards had applied: how much each update "
-       "was worth, independent of how fast the machine ran them. Stale updates make a policy's line lie lower."},
-      {"loss", "Training loss", "Mean cross-entropy of the batches trained since the previous point."},
+       "The same points against the number of updates the shards had applied (gradient pushes; allreduce and "
+       "gossip: the optimizer steps in the copies the workers published): how much each update was worth, "
+       "independent of how fast the machine ran them. Stale updates make a policy's line lie lower."},
+      {"loss", "Training loss", "Mean cross-entropy of the batches trained since the previous point (an "
+                                 "epoch's mean over the whole epoch is left out where evaluations came within it)."},
       {"time-to-target-chart", "Time to target", ttt_desc.c_str()},
       {"throughput", "Throughput per run",
        "Training samples per second over the whole run (all workers together). Waiting for a slower worker or a "

@@ -140,9 +140,21 @@ constexpr std::string_view kDrawJs = R"JS(
     var acc = function (p) { return p.val_accuracy; };
     curveChart('acc-vs-time', 'training time (s)', 'validation accuracy', wall, acc, 4,
                {x: {min: 0}}, targetGuide(maxOf(wall)), 'no run has a validation point yet');
-    curveChart('acc-vs-updates', 'updates applied (gradient pushes)', 'validation accuracy', updates, acc, 4,
+    curveChart('acc-vs-updates', 'updates applied (gradient pushes or optimizer steps)', 'validation accuracy', updates, acc, 4,
                {x: {min: 0}}, targetGuide(maxOf(updates)), 'the runtime did not report updates with the evaluations');
-    curveChart('loss', 'training time (s)', 'training loss (cross-entropy)', wall, function (p) { return p.train_loss; }, 4,
+    // An epoch's line holds the mean over the whole epoch; an evaluation's
+    // the mean since the previous point. An epoch's mean is left out of
+    // this curve where an evaluation with a loss came since the epoch
+    // before (the curve jumped up at each epoch's end).
+    data.runs.forEach(function (r) {
+      var since = false;
+      r.curve.forEach(function (p) {
+        p.interval_loss = p.kind === 'epoch' && since ? null : p.train_loss;
+        if (p.kind === 'epoch') since = false;
+        else if (p.train_loss !== null) since = true;
+      });
+    });
+    curveChart('loss', 'training time (s)', 'training loss (cross-entropy)', wall, function (p) { return p.interval_loss; }, 4,
                {x: {min: 0}}, [], 'no training loss was reported');
 
     // Time to target: each group's min..max as a bar, its mean as a tick,

@@ -109,6 +109,29 @@ TEST(ShardCore, CopiesARemotePayloadIntoAnAggregateInsteadOfKeepingItsFrame) {
   EXPECT_EQ(shard.reply(t0).params, (std::vector<float>{0.0f, -1.0f, -2.0f}));
 }
 
+// Under allreduce and gossip a shard keeps the copies the workers publish:
+// the newest stays when an older one arrives late (it replaced it), and the
+// updates it counts are the workers' optimizer steps the copies carry, as
+// bsp's pushes count them (a copy every 8 steps was counted as one).
+TEST(ShardCore, UnderGossipKeepsTheNewestPublishedCopyAndCountsTheStepsItCarries) {
+  for (const char* policy : {"gossip:2", "allreduce"}) {
+    ShardSetup s = setup(2);
+    s.policy.name = policy;
+    auto core = ShardCore::make(s);
+    ASSERT_TRUE(core.ok()) << core.status().to_string();
+    ShardDriver shard(std::move(core).value());
+    shard.push_now(grad(0, 15, 15, {16.0f, 16.0f}, false));  // worker 0's copy after 16 steps
+    EXPECT_EQ(shard.core.params()[0], 16.0f) << policy;
+    EXPECT_EQ(shard.core.stats().updates_applied, 16u) << policy;
+    shard.push_now(grad(1, 7, 7, {8.0f, 8.0f}, false));  // worker 1's after 8, late
+    EXPECT_EQ(shard.core.params()[0], 16.0f) << policy << ": an older copy replaced a newer one";
+    EXPECT_EQ(shard.core.stats().updates_applied, 24u) << policy;
+    shard.push_now(grad(1, 23, 23, {24.0f, 24.0f}, false));
+    EXPECT_EQ(shard.core.params()[0], 24.0f) << policy;
+    EXPECT_EQ(shard.core.stats().updates_applied, 40u) << policy;
+  }
+}
+
 TEST(ShardCore, RejectsAGradientOfTheWrongSizeWithoutApplyingIt) {
   ShardDriver shard = make_shard(4);
   ShardReply r = shard.push_now(grad(0, 0, 0, {1.0f, 2.0f}));

@@ -89,6 +89,10 @@ def main():
         if c["datasets"] < 1 or c["points"] < 1 or not c["painted"]:
             fail("chart %s has no data: %s" % (chart_id, json.dumps(c)))
         print("chart %-22s %2d datasets, %4d points" % (chart_id, c["datasets"], c["points"]))
+    # The loss chart draws the loss since the previous evaluation: an epoch's
+    # mean (over the whole epoch) is left out of a run with evaluations.
+    if not drawn["loss"]["points"] < drawn["acc-vs-time"]["points"]:
+        fail("the loss chart has the epochs' means among its %d points" % drawn["loss"]["points"])
     # The energy column: a number where a meter measured the runs, else
     # "not measured" with the reason in the notes.
     if ">Energy</th>" not in dom or not re.search(r"(not measured|[0-9] J)", dom):
