@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <chrono>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -430,12 +431,21 @@ int main(int argc, char** argv) {
   }
   char* end = nullptr;
   const unsigned long port = !args.empty() ? std::strtoul(args[0].c_str(), &end, 10) : 0;
-  if (args.empty() || args.size() > 2 || *end != '\0' || port > 65535 || idle_s == 0) {
+  if (args.empty() || args.size() > 2 || args[0].empty() || *end != '\0' || port > 65535 || idle_s == 0) {
     std::fprintf(stderr, "usage: %s PORT [WORK_DIR] [--idle-timeout SECONDS]   (PORT 0: pick a free one; "
                          "SECONDS 1 to 86400, default 30)\n", argv[0]);
     return 2;
   }
-  // Checkpoints go to WORK_DIR, or to a fresh temporary folder removed at exit.
+  asio::io_context io;
+  tcp::acceptor acceptor(io);
+  try {
+    acceptor = tcp::acceptor(io, {asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port)});
+  } catch (const boost::system::system_error& e) {
+    std::fprintf(stderr, "cannot listen on 127.0.0.1:%lu: %s\n", port, e.code().message().c_str());
+    return 1;
+  }
+  // Checkpoints go to WORK_DIR, or to a fresh temporary folder removed at
+  // exit (made once the port is ours: a port in use left one behind).
   std::filesystem::path work_dir;
   bool temporary = false;
   if (args.size() == 2) {
@@ -450,14 +460,6 @@ int main(int argc, char** argv) {
     temporary = true;
   }
 
-  asio::io_context io;
-  tcp::acceptor acceptor(io);
-  try {
-    acceptor = tcp::acceptor(io, {asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port)});
-  } catch (const boost::system::system_error& e) {
-    std::fprintf(stderr, "cannot listen on 127.0.0.1:%lu: %s\n", port, e.code().message().c_str());
-    return 1;
-  }
   Service service(io, work_dir);
   std::printf("listening on 127.0.0.1:%u\n", acceptor.local_endpoint().port());
   std::fflush(stdout);
@@ -474,6 +476,13 @@ int main(int argc, char** argv) {
   });
   accepting.accept();
   io.run();
+  // Shutting down: a second Ctrl-C (timeout(1) sends two) must not kill the
+  // process half-way through it, as it did once signal_set was gone (it
+  // puts the default action back when it lets a signal go).
+  beast::error_code unregistered;
+  signals.clear(unregistered);
+  std::signal(SIGINT, SIG_IGN);
+  std::signal(SIGTERM, SIG_IGN);
 
   if (temporary) {
     std::error_code ignored;

@@ -42,12 +42,26 @@ for i in 0 1; do
   pids+=("$!")
 done
 
-status=0
-wait "$coordinator_pid" || status=$?
-# A coordinator that failed (at start, say: its port taken) tells nobody:
-# the others would wait out their --join-timeout for it. Stop them now.
-if ((status != 0)); then cleanup; fi
-for p in "${pids[@]:1}"; do wait "$p" || true; done
+# Waits for whichever process ends first. One that fails (at start, say:
+# its port taken) tells nobody: the others would wait out their
+# --join-timeout for it (60 s), so every process is stopped at once.
+declare -A names=([$coordinator_pid]=coordinator [${pids[1]}]="shard 0" [${pids[2]}]="shard 1"
+                  [${pids[3]}]="worker 0" [${pids[4]}]="worker 1")
+declare -A logs=([$coordinator_pid]=coordinator.log [${pids[1]}]=shard0.log [${pids[2]}]=shard1.log
+      [${pids[3]}]=worker0.log [${pids[4]}]=worker1.log)
+status=0 running=("${pids[@]}")
+while ((${#running[@]} > 0)); do
+  ended="" code=0
+  wait -n -p ended "${running[@]}" || code=$?
+  [[ -n $ended ]] || break
+  for i in "${!running[@]}"; do [[ ${running[$i]} != "$ended" ]] || unset "running[$i]"; done
+  if ((code != 0 && status == 0)); then  # the first to fail; the others stop because of it
+    echo "${names[$ended]} exited with status $code ($out/${logs[$ended]}): stopping the others" >&2
+    tail -n 3 "$out/${logs[$ended]}" >&2 || true
+    status=$code
+    cleanup
+  fi
+done
 grep -E "^done|test accuracy" "$out/coordinator.log" || cat "$out/coordinator.log"
 if [[ -s $out/run.jsonl ]]; then
   echo "metrics: $out/run.jsonl (logs beside it)"

@@ -189,8 +189,13 @@ def render():
 
 
 def main():
+    args = sys.argv[1:]
+    if args not in ([], ["--check"]):
+        print("usage: scripts/api_docs.py [--check]  (writes docs/api.md; --check: exit 1 when it is out of date)",
+              file=sys.stderr)
+        return 2
     text = render()
-    if "--check" in sys.argv[1:]:
+    if args == ["--check"]:
         if not OUT.exists() or OUT.read_text() != text:
             print(f"{OUT} is out of date with include/asgd/: run scripts/api_docs.py", file=sys.stderr)
             return 1
