@@ -490,6 +490,7 @@ void shards_serve(Self self) {
       return;
     }
     const nlohmann::json record = resume_record(st.setup.config, *st.core->resumed(), unix_seconds_now());
+    warn_of_worker_state_not_resumed(st.core->plan());
     if (st.setup.on_record) st.setup.on_record(record);
   }
   if (!start_workers(self)) return;

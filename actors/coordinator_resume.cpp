@@ -105,6 +105,22 @@ Result<ResumePlan> plan_resume(const JobConfig& cfg, const JobPlan& job) {
   return plan;
 }
 
+void warn_of_worker_state_not_resumed(const JobPlan& plan) {
+  auto policy = make_policy(plan.policy);
+  if (!policy || !(*policy)->plan(0).local_update) return;
+  const OptimizerConfig& o = plan.optimizer;
+  const bool stateful = o.kind == "adagrad" || o.kind == "adam" || (o.kind == "momentum" && o.momentum > 0.0f);
+  const bool own_params = (*policy)->combine().rule == Combine::Rule::elastic;  // easgd's workers drift from the center
+  if (!stateful && !own_params) return;
+  std::string lost;
+  if (stateful) lost = "each worker's " + o.kind + " state starts again from zero";
+  if (own_params) lost += std::string(lost.empty() ? "" : ", and ") + "each worker starts again from the center variable";
+  logger().warn("the checkpoints hold the shards' state, not the workers' own: under {} {} (the shards' parameters "
+                "and optimizer state are restored), so the resumed job's first steps differ from an uninterrupted "
+                "run's",
+                plan.policy_name, lost);
+}
+
 nlohmann::json resume_record(const JobConfig& cfg, const ResumePlan& resumed, double now_unix) {
   logger().info("resuming {} at epoch {} of {}: {} updates restored from checkpoints written {:.0f} s ago", cfg.resume,
                resumed.first_epoch + 1, cfg.epochs, resumed.updates, now_unix - resumed.written_unix_s);

@@ -30,6 +30,10 @@ Result<ResumePlan> plan_resume(const JobConfig& config, const JobPlan& plan);
 /// What --resume was given is the user's to fix, whatever is wrong with it:
 /// a usage error that names the folder and the file.
 Status resume_refused(const JobConfig& cfg, const Status& why);
+/// A warning where the policy's workers step optimizers of their own
+/// (hogwild, averaging, easgd, allreduce, gossip) whose state (momentum,
+/// Adam's moments; easgd's own parameters) the shard checkpoints lack.
+void warn_of_worker_state_not_resumed(const JobPlan& plan);
 /// The metrics file's "resume" record, logged.
 nlohmann::json resume_record(const JobConfig& cfg, const ResumePlan& resumed, double now_unix);
 /// The metrics file's "shard_restarted" record, logged: what the restarted

@@ -174,6 +174,16 @@ TEST(ResumeCli, AnotherPolicyDropsTheOldPolicysSettings) {
   // More epochs spread the cosine schedule anew: said, not silent.
   EXPECT_NE(bsp.err.find("--epochs 2 where the checkpointed job had 1: the cosine schedule"), std::string::npos)
       << bsp.err;
+  // bsp's workers keep no optimizer of their own: nothing of theirs is lost.
+  EXPECT_EQ(bsp.err.find("not the workers' own"), std::string::npos) << bsp.err;
+  // gossip's do, and their momentum is not in the shards' checkpoints:
+  // said (the resumed run's first steps differ from an uninterrupted one's).
+  const CliRun gossip = asgd("train --resume " + ck.string() + " --epochs 3 --policy gossip:2 --log-level warn");
+  EXPECT_EQ(gossip.exit_code, 0) << gossip.err;
+  EXPECT_NE(gossip.err.find("the checkpoints hold the shards' state, not the workers' own: under gossip:2 each "
+                            "worker's momentum state starts again from zero"),
+            std::string::npos)
+      << gossip.err;
   const std::string settings = slurp(ck / "job.toml");
   EXPECT_EQ(settings.find("push-every"), std::string::npos) << settings;
   EXPECT_EQ(settings.find("staleness-aware-lr"), std::string::npos) << settings;
