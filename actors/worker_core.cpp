@@ -25,6 +25,18 @@ Result<WorkerCore> WorkerCore::make(const WorkerSetup& setup, TimeSource now) {
   core.schedule_ = setup.schedule;
   core.shared_ = setup.shared;
   core.model_ = std::make_unique<Model>(std::move(model).value());
+  // The shards' ranges cut the model's parameters into consecutive pieces
+  // (a worker process takes them from the coordinator's assignment): other
+  // ranges would push and take in values past the model's end. None: a
+  // worker that only measures its step (--worker-weights auto).
+  std::size_t next = 0;
+  for (const KeyRange& r : core.ranges_) {
+    if (r.begin != next || r.end <= r.begin) break;
+    next = r.end;
+  }
+  if (!core.ranges_.empty() && next != core.model_->num_params())
+    return Status::Internal("the shards' key ranges do not cut the model's " +
+                            std::to_string(core.model_->num_params()) + " parameters into consecutive pieces");
   core.policy_ = std::move(policy).value();
   if (setup.compute) core.model_->use_compute(setup.compute);
   auto device = Device::parse(setup.device);

@@ -170,10 +170,36 @@ TEST(WorkerExchange, ADecentralizedPolicyWithoutACollectiveIsRefused) {
   s.model = "mlp";
   s.sample_shape = {1, 28, 28};
   s.policy.name = "allreduce";
-  s.ranges = {KeyRange{0, 10}};
+  s.ranges = partition_keys(235146, 2);  // the mlp's parameters
   const auto core = WorkerCore::make(s);
   ASSERT_FALSE(core.ok());
   EXPECT_NE(core.status().message().find("needs the collective"), std::string::npos) << core.status().to_string();
+}
+
+// A worker process takes the shards' ranges from the coordinator's
+// assignment: ranges that do not cut the model's parameters into
+// consecutive pieces (a gap, an overlap, short of the end, past it) would
+// push and read values past the model's end, and are refused. (None: a
+// worker that only measures its step, for --worker-weights auto.)
+TEST(WorkerExchange, KeyRangesThatDoNotCutTheModelIntoConsecutivePiecesAreRefused) {
+  for (const std::vector<KeyRange>& ranges :
+       std::vector<std::vector<KeyRange>>{{{0, 10}}, {{0, 100000}, {100001, 235146}},
+                                          {{0, 100000}, {90000, 235146}}, {{0, 300000}}, {{1, 235146}}}) {
+    WorkerSetup s;
+    s.model = "mlp";
+    s.sample_shape = {1, 28, 28};
+    s.ranges = ranges;
+    const auto core = WorkerCore::make(s);
+    ASSERT_FALSE(core.ok());
+    EXPECT_NE(core.status().message().find("do not cut the model's 235146 parameters into consecutive pieces"),
+              std::string::npos)
+        << core.status().to_string();
+  }
+  WorkerSetup s;
+  s.model = "mlp";
+  s.sample_shape = {1, 28, 28};
+  s.ranges = {{0, 100000}, {100000, 235146}};
+  EXPECT_TRUE(WorkerCore::make(s).ok());
 }
 
 }  // namespace
