@@ -71,7 +71,8 @@ Result<ResumePlan> plan_resume(const JobConfig& cfg, const JobPlan& job) {
                                                    std::to_string(saved->stats.keys) + " parameters, this job's shard " +
                                                    std::to_string(shard.index) + " has " +
                                                    std::to_string(shard.range.size()) +
-                                                   ": the checkpointed job had another model"));
+                                                   ": the checkpointed job had another model, or the folder holds shard files of jobs with other "
+                                                   "--shards counts"));
     if (saved->optimizer != job.optimizer.kind)
       return Status::InvalidArgument("--resume " + cfg.resume + ": " + path + " holds the state of the " +
                                      saved->optimizer + " optimizer, this job's is " + job.optimizer.kind +

@@ -439,6 +439,7 @@ std::string ShardCore::checkpoint_bytes(double taken_unix_s) const {
       {"refused_departed", stats_.refused_departed},
       {"nonfinite", stats_.nonfinite},
       {"staleness_histogram", stats_.staleness_histogram},
+      {"optimizer_s", stats_.optimizer_s},
       {"train_fingerprint", setup_.train_fingerprint},
       {"written_unix_s", taken_unix_s}};
   return framed_bytes(kShardMagic, kShardCheckpointVersion, header, blocks);
@@ -531,6 +532,9 @@ Status ShardCore::restore(const std::string& path, std::span<const Clock> restar
     stats_.restored_updates = stats_.updates_applied;
     stats_.nonfinite = h.at("nonfinite").get<std::uint64_t>();
     stats_.staleness_histogram = h.at("staleness_histogram").get<std::vector<std::uint64_t>>();
+    // Cumulative like the counts above (a restarted shard's began at 0
+    // again); absent before 2026-11-29.
+    stats_.optimizer_s = h.value("optimizer_s", 0.0);
   } catch (const nlohmann::json::exception& e) {
     return Status::Corruption(path + ": bad header: " + e.what());
   }

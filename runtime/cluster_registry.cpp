@@ -154,7 +154,7 @@ void take_place(Self self, const Member& fresh, const Member& old) {
     return;
   }
   logger().warn("shard {} registered again: pid {} on {}, at {}; it takes the place of pid {} and reloads its "
-               "checkpoint", reg.index, reg.pid, reg.host, reg.endpoint, old.reg.pid);
+               "checkpoint, if one was written", reg.index, reg.pid, reg.host, reg.endpoint, old.reg.pid);
   st.heard.erase(old.peer);
   Assignment a = *st.placed[reg.index]->assignment;
   a.restore = true;

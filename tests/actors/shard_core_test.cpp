@@ -8,6 +8,7 @@
 #include "compute/tensor.hpp"
 #include "messaging/wire.hpp"
 #include "shard_driver.hpp"
+#include "temp_dir.hpp"
 
 namespace asgd {
 namespace {
@@ -130,6 +131,24 @@ TEST(ShardCore, UnderGossipKeepsTheNewestPublishedCopyAndCountsTheStepsItCarries
     EXPECT_EQ(shard.core.params()[0], 24.0f) << policy;
     EXPECT_EQ(shard.core.stats().updates_applied, 40u) << policy;
   }
+}
+
+// A shard restarted from its checkpoint goes on counting the seconds its
+// optimizer took from where they were, like its update counts (the
+// summary's shard_optimizer_s began at 0 again, beside cumulative counts).
+TEST(ShardCore, ARestoredShardKeepsCountingItsOptimizerSeconds) {
+  ShardDriver shard = make_shard(100000);
+  for (Clock c = 0; c < 20; ++c) shard.push_now(grad(0, c, c, std::vector<float>(100000, 0.5f), false));
+  const double spent = shard.core.stats().optimizer_s;
+  ASSERT_GT(spent, 0.0);
+  const asgd_test::TempDir dir;
+  const std::string path = shard_checkpoint_path(dir.path().string(), 3);
+  ASSERT_TRUE(shard.core.save(path).ok());
+  auto again = ShardCore::make(setup(100000));
+  ASSERT_TRUE(again.ok());
+  ASSERT_TRUE(again->restore(path, {}).ok());
+  EXPECT_EQ(again->stats().optimizer_s, spent);
+  EXPECT_EQ(again->stats().updates_applied, 20u);
 }
 
 TEST(ShardCore, RejectsAGradientOfTheWrongSizeWithoutApplyingIt) {
