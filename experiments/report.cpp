@@ -323,14 +323,30 @@ std::string script_json(const nlohmann::json& value) {
   return out;
 }
 
+// A run's curve as the charts draw it: every epoch's point, and at most
+// kChartEvals evaluations, every k-th (a comparison run for hours at the
+// default --eval-every 0.5 made a report of tens of MB; curves.csv keeps
+// every point).
+constexpr std::size_t kChartEvals = 1024;
+
+json chart_curve(const std::vector<CurvePoint>& curve) {
+  std::size_t evals = 0;
+  for (const CurvePoint& p : curve) evals += p.kind == CurvePoint::Kind::eval;
+  const std::size_t every = (evals + kChartEvals - 1) / kChartEvals;
+  json out = json::array();
+  std::size_t seen = 0;
+  for (const CurvePoint& p : curve)
+    if (p.kind == CurvePoint::Kind::epoch || seen++ % std::max<std::size_t>(every, 1) == 0) out.push_back(to_json(p));
+  return out;
+}
+
 nlohmann::json report_data(const ReportInput& in) {
   const auto groups = group_stats(in.runs, in.policies, in.target);
   json runs = json::array();
   for (const RunRecord& r : in.runs) {
     json phases = json::array();
     for (const WorkerPhases& p : r.summary.worker_phases) phases.push_back(to_json(p));
-    json curve = json::array();
-    for (const CurvePoint& p : r.curve) curve.push_back(to_json(p));
+    json curve = chart_curve(r.curve);
     std::optional<double> ttt;
     if (in.target) ttt = time_to_target(r.curve, in.target->accuracy);
     runs.push_back({{"id", run_id(r)},

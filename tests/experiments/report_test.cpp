@@ -126,6 +126,30 @@ TEST(Report, HasACanvasForEveryChartAndTheDataForEveryRun) {
   EXPECT_EQ(data["runs"][1]["time_to_target_s"], 1.0);
 }
 
+// Hours at --eval-every 0.5 made a report of tens of MB: the charts draw
+// every epoch's point and at most 1024 evaluations a run, every k-th.
+TEST(Report, ALongRunsChartsDrawEveryEpochAndAtMost1024Evaluations) {
+  ReportInput in = sample_input();
+  RunRecord& long_run = in.runs[0];
+  long_run.curve.clear();
+  for (int i = 0; i < 7200; ++i) {
+    CurvePoint p;
+    p.kind = i % 720 == 719 ? CurvePoint::Kind::epoch : CurvePoint::Kind::eval;
+    if (p.kind == CurvePoint::Kind::epoch) p.epoch = static_cast<std::uint32_t>(i / 720 + 1);
+    p.wall_s = 0.5 * (i + 1);
+    p.val_accuracy = 0.9;
+    long_run.curve.push_back(p);
+  }
+  const nlohmann::json curve = report_data(in)["runs"][0]["curve"];
+  std::size_t epochs = 0, evals = 0;
+  for (const auto& p : curve) (p["kind"] == "epoch" ? epochs : evals)++;
+  EXPECT_EQ(epochs, 10u);
+  EXPECT_LE(evals, 1024u);
+  EXPECT_GE(evals, 700u);
+  EXPECT_EQ(curve.back()["epoch"], 10);
+  EXPECT_EQ(report_data(in)["runs"][1]["curve"].size(), 1u) << "a short run keeps every point";
+}
+
 TEST(Report, SaysHowTheTargetWasChosen) {
   ReportInput in = sample_input();
   EXPECT_NE(report_html(in).find("the highest validation accuracy that every run reached"), std::string::npos);
