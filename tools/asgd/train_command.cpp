@@ -101,6 +101,10 @@ Status same_checkpointed_layout(const JobConfig& resumed, const JobConfig& now) 
                       " training images held out for validation");
   if (now.shards != resumed.shards)
     return refuse("--shards", std::to_string(resumed.shards), "its checkpoints hold the parameters cut that many ways");
+  // (asgd cluster found out only once every process had started: seven
+  // lines of errors, where this says it before any starts.)
+  if (now.workers != resumed.workers)
+    return refuse("--workers", std::to_string(resumed.workers), "its checkpoints count each worker's steps");
   return {};
 }
 
