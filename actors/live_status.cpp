@@ -154,9 +154,7 @@ std::string to_prometheus(const LiveSnapshot& s) {
   for (const auto& sh : s.shard) rejected += sh.rejected + sh.malformed_frames + sh.nonfinite;
   e.family("asgd_samples_total", "counter", "Training samples the workers have trained on.");
   e.sample("asgd_samples_total", static_cast<double>(s.samples));
-  e.family("asgd_updates_total", "counter",
-           "Updates the workers have reported (pushes; optimizer steps under allreduce and gossip): a report ahead "
-           "of the shards' own counts.");
+  e.family("asgd_updates_total", "counter", "Updates the workers reported (pushes; allreduce, gossip: steps).");
   e.sample("asgd_updates_total", static_cast<double>(s.updates));
   e.family("asgd_rejected_messages_total", "counter", "Pushes the shards rejected (malformed, NaN or infinite) and frames their processes dropped.");
   e.sample("asgd_rejected_messages_total", static_cast<double>(rejected));
