@@ -257,6 +257,9 @@ void ShardCore::push(PushRequest&& req, Ticket ticket, Instant now, std::vector<
     remote = false;
     tick = true;
   }
+  // The steps the push sums (async's --push-every n: the gradients of n
+  // steps), whose weight decay its optimizer step takes n times.
+  summed_steps_ = req.clock + 1 > clock_[req.worker] ? req.clock + 1 - clock_[req.worker] : 1;
   clock_[req.worker] = std::max(clock_[req.worker], req.clock + 1);
   const PushInfo info{req.worker, req.clock, req.base_clock};
   const PullInfo read{req.worker, req.clock + 1};
@@ -304,6 +307,7 @@ bool ShardCore::apply(PushRequest& req, std::span<const float> payload, bool rem
   for (Clock c : clock_) progress += c;
   progress /= clock_.size();
   const float scale = lr_scale(progress > 0 ? progress - 1 : 0, behind);
+  optimizer_->set_decay_scale(static_cast<float>(summed_steps_));
   if (!req.want_params || !policy_->may_answer_pull(PullInfo{req.worker, req.clock + 1}, view())) {
     fold(payload, scale, {}, {});
     return false;

@@ -42,7 +42,7 @@ class Sgd final : public Optimizer {
     const FlushDenormals flush;
     assert(p.size() == g.size() && (copy.empty() || copy.size() == p.size()));
     const float lr = c_.lr * lr_scale;
-    const float wd = c_.weight_decay;
+    const float wd = c_.weight_decay * decay_scale_;
     if (copy.empty()) {
       for (std::size_t i = 0; i < p.size(); ++i) p[i] -= lr * (g[i] + wd * p[i]);
     } else {
@@ -83,7 +83,7 @@ class Momentum final : public Optimizer {
     const FlushDenormals flush;
     const float lr = c_.lr * lr_scale;
     const float mu = c_.momentum * momentum_scale_;
-    const float wd = c_.weight_decay;
+    const float wd = c_.weight_decay * decay_scale_;
     // Two loops rather than a branch inside one, so both vectorise.
     if (copy.empty()) {
       for (std::size_t i = 0; i < p.size(); ++i) {
@@ -111,7 +111,7 @@ class Adagrad final : public Optimizer {
     const FlushDenormals flush;
     assert(p.size() == sum_.size() && g.size() == sum_.size() && (copy.empty() || copy.size() == p.size()));
     const float lr = c_.lr * lr_scale;
-    const float wd = c_.weight_decay;
+    const float wd = c_.weight_decay * decay_scale_;
     float* s = sum_.data();
     // The copy (when wanted) may alias g: read g[i] before writing copy[i].
     float* out = copy.empty() ? p.data() : copy.data();
@@ -142,7 +142,7 @@ class Adam final : public Optimizer {
     const double bias2 = 1.0 - std::pow(static_cast<double>(kBeta2), static_cast<double>(t_));
     const auto step_size = static_cast<float>(c_.lr * lr_scale / bias1);
     const auto inv_sqrt_bias2 = static_cast<float>(1.0 / std::sqrt(bias2));
-    const float wd = c_.weight_decay;
+    const float wd = c_.weight_decay * decay_scale_;
     float* m = m_.data();
     float* v = v_.data();
     // The copy (when wanted) may alias g: read g[i] before writing copy[i].

@@ -58,12 +58,21 @@ class Optimizer {
   /// A shard takes a very stale update with less momentum (docs/policies.md).
   virtual void set_momentum_scale(float scale) { (void)scale; }
 
+  /// Multiplies the weight decay of the steps that follow, until set again
+  /// (1: as configured): a push that sums the gradients of n steps
+  /// (--push-every n) decays the parameters n times as much, as n steps of
+  /// their own would.
+  void set_decay_scale(float scale) { decay_scale_ = scale; }
+
   /// Its state, for checkpoints: the buffers it keeps (each (size,);
   /// momentum: 1, adagrad: 1, adam: 2, sgd: none), writable so a restored
   /// checkpoint can fill them, and the steps it has taken (adam's t).
   virtual std::vector<std::span<float>> state() { return {}; }
   virtual std::uint64_t steps() const { return 0; }
   virtual void set_steps(std::uint64_t) {}
+
+ protected:
+  float decay_scale_ = 1.0f;
 };
 
 /// Errors: invalid_argument for an unknown kind or an out-of-range value.

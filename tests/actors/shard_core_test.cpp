@@ -151,6 +151,21 @@ TEST(ShardCore, ARestoredShardKeepsCountingItsOptimizerSeconds) {
   EXPECT_EQ(again->stats().updates_applied, 20u);
 }
 
+// Under async's --push-every n a push sums the gradients of n steps: its
+// weight decay is taken n times too, as n steps of their own would (it was
+// taken once, so the decay per sample fell n-fold).
+TEST(ShardCore, APushSummingStepsDecaysTheWeightsOnceForEachStep) {
+  ShardSetup s = setup(1, 1.0f, 1);
+  s.optimizer.weight_decay = 0.1f;
+  auto core = ShardCore::make(s);
+  ASSERT_TRUE(core.ok());
+  ShardDriver shard(std::move(core).value());
+  shard.push_now(grad(0, 3, 0, {0.0f}, false));  // steps 0-3 summed: p -= 1 * (0 + 4 * 0.1 * p)
+  EXPECT_FLOAT_EQ(shard.core.params()[0], 0.6f);
+  shard.push_now(grad(0, 4, 4, {0.0f}, false));  // one step: p -= 0.1 * p
+  EXPECT_FLOAT_EQ(shard.core.params()[0], 0.54f);
+}
+
 TEST(ShardCore, RejectsAGradientOfTheWrongSizeWithoutApplyingIt) {
   ShardDriver shard = make_shard(4);
   ShardReply r = shard.push_now(grad(0, 0, 0, {1.0f, 2.0f}));
