@@ -84,8 +84,7 @@ bool RingReduce::take(const Piece& p, const Send& send) {
       total_ = weight;
       // In half precision every rank gets these bits, this one included
       // (unless a value is past its range: then it goes as float32 to all).
-      if (half_ && fits_half({dst, n}))
-        for (std::size_t i = 0; i < n; ++i) dst[i] = from_half(to_half(dst[i]));
+      if (half_ && fits_half({dst, n})) round_to_half({dst, n});
     }
   } else {
     std::copy_n(p.values.data(), n, dst);

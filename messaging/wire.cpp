@@ -1,5 +1,6 @@
 #include "messaging/wire.hpp"
 
+#include <algorithm>
 #include <array>
 #include <bit>
 #include <cassert>
@@ -209,12 +210,30 @@ void to_half(std::span<const float> in, std::span<std::uint16_t> out) {
 }
 
 bool fits_half(std::span<const float> values) {
-  bool fits = true;
-  for (const float v : values) {
-    const float a = std::fabs(v);
-    fits &= !(a >= 65520.0f) || a == std::numeric_limits<float>::infinity();  // (NaN compares false)
+  // On the bits, which vectorises (the float compares did not: a scalar
+  // pass of 0.55 ms per 512K floats, twice per ring piece): a finite value
+  // of magnitude 65520 or more is between those bits and infinity's.
+  constexpr std::uint32_t kFirstPast = 0x477FF000u;  // 65520.0f
+  constexpr std::uint32_t kInfinity = 0x7F800000u;
+  std::uint32_t past = 0;
+  const std::size_t n = values.size();
+  const float* v = values.data();
+  for (std::size_t i = 0; i < n; ++i) {
+    std::uint32_t bits;
+    std::memcpy(&bits, v + i, sizeof bits);
+    bits &= 0x7FFFFFFFu;
+    past |= static_cast<std::uint32_t>(bits >= kFirstPast) & static_cast<std::uint32_t>(bits < kInfinity);
   }
-  return fits;
+  return past == 0;
+}
+
+void round_to_half(std::span<float> values) {
+  std::array<std::uint16_t, 4096> half;
+  for (std::size_t at = 0; at < values.size(); at += half.size()) {
+    const std::size_t n = std::min(half.size(), values.size() - at);
+    to_half(values.subspan(at, n), std::span<std::uint16_t>(half.data(), n));
+    from_half(std::span<const std::uint16_t>(half.data(), n), values.subspan(at, n));
+  }
 }
 
 void from_half(std::span<const std::uint16_t> in, std::span<float> out) {

@@ -116,5 +116,8 @@ void to_half(std::span<const float> in, std::span<std::uint16_t> out);
 /// refused it as a NaN (858 of 860 pushes, exit 0).
 bool fits_half(std::span<const float> values);
 void from_half(std::span<const std::uint16_t> in, std::span<float> out);
+/// Each value as half precision would carry it, in place (F16C where the
+/// CPU has it, a block at a time).
+void round_to_half(std::span<float> values);
 
 }  // namespace asgd::messaging
