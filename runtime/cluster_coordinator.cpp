@@ -195,6 +195,7 @@ Result<std::shared_ptr<Bridge>> start_bridge(const JobConfig& config, const Proc
   BridgeOptions bo;
   bo.listen = o.listen;
   bo.coding = coding_of(config);
+  if (auto why = compress_changes_nothing(config)) logger().warn("{}", *why);
   bo.name = "coordinator";
   bo.curve = o.curve;
   bo.shared_memory = o.shared_memory;

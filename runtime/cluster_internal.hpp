@@ -74,6 +74,9 @@ void configure_shard_allocator();
 void reserve_push_buffers(std::size_t push_bytes, std::size_t buffers);
 
 messaging::TensorCoding coding_of(const JobConfig& c);
+/// Why --compress fp16 sends nothing as half floats under the job's policy
+/// (gossip; averaging, whose pushes the shards keep); none where it does.
+std::optional<std::string> compress_changes_nothing(const JobConfig& c);
 
 /// A thread-safe queue the bridge's handler fills and a main thread drains.
 template <class T>

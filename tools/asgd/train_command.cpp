@@ -506,6 +506,9 @@ int run_train(const JobOptions& o) {
   JobConfig config;
   if (auto code = load_job(o, config)) return *code;
   print_job_heading("train", config, Placement::one_process);
+  if (config.compress != "none")
+    logger().warn("--compress {} applies across processes (asgd cluster): in one process nothing goes over a wire",
+                  config.compress);
   std::fflush(stdout);
 
   Interrupts interrupts;
