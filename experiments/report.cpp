@@ -85,6 +85,19 @@ std::string energy_reason(const ReportInput& in) {
   return "no meter";
 }
 
+// The devices the runs' meters read ("cpu package 0, dram 0, gpu 0"): the
+// note said RAPL and NVML whatever had been read (a run that read one GPU
+// and no CPU claimed both).
+std::string measured_devices(const ReportInput& in) {
+  std::vector<std::string> seen;
+  for (const RunRecord& r : in.runs)
+    for (const DeviceEnergy& d : r.summary.energy.devices)
+      if (std::find(seen.begin(), seen.end(), d.device) == seen.end()) seen.push_back(d.device);
+  std::string out;
+  for (const std::string& d : seen) out += (out.empty() ? "" : ", ") + d;
+  return out.empty() ? "no device named" : out;
+}
+
 // Energy and EDP, the EDP also as a multiple of the first group's (the
 // baseline: the first policy at the fewest workers).
 std::string energy_text(const GroupStats& g, const std::optional<Spread>& baseline_edp) {
@@ -280,9 +293,11 @@ std::string notes_html(const ReportInput& in) {
   bool measured = false;
   for (const RunRecord& r : in.runs) measured = measured || r.energy_j.has_value();
   out += "<li>Energy: " +
-         (measured ? std::string("what the machine drew while each run trained and evaluated (RAPL for the CPUs' "
-                                 "packages and DRAM, NVML for GPUs); EDP is energy times that time, and the "
-                                 "multiple is of the first row's EDP.")
+         (measured ? "what the machine drew while each run trained and evaluated, as its devices measured it (" +
+                         html_escape(measured_devices(in)) + ")" +
+                         (energy_reason(in) == "no meter" ? std::string()
+                                                           : "; left out: " + html_escape(energy_reason(in))) +
+                         "; EDP is energy times that time, and the multiple is of the first row's EDP."
                    : "not measured: " + html_escape(energy_reason(in)) + ".") +
          " results.csv has energy_j and edp_js columns.</li>\n";
   out += "</ul>\n</section>\n";

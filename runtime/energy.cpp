@@ -38,7 +38,9 @@ struct RaplZone {
   fs::path counter;        // .../energy_uj
   std::uint64_t range = 0; // max_energy_range_uj: where the counter wraps
   std::uint64_t last = 0;
+  TimePoint last_at{};
   double joules = 0.0;
+  bool went_back = false;  // a counter that went back without wrapping (a reset): the energy since the last sample lost
 };
 
 struct Gpu {
@@ -49,6 +51,8 @@ struct Gpu {
   double last_w = 0.0;
   TimePoint last_at{};
   double joules = 0.0;
+  std::uint64_t missed = 0;  // samples NVML did not answer (its energy then is not counted)
+  bool went_back = false;    // the energy counter went back (a GPU reset)
 };
 
 }  // namespace energy_sources
@@ -59,6 +63,11 @@ using energy_sources::Gpu;
 using energy_sources::Nvml;
 using energy_sources::NvmlDevice;
 using energy_sources::RaplZone;
+
+// More than any CPU package or its DRAM draws: a RAPL counter that went
+// back by more energy than this in the time since the last sample was
+// reset, not wrapped.
+constexpr double kMaxZoneWatts = 5000.0;
 
 bool read_number(const fs::path& path, std::uint64_t& out) {
   std::ifstream in(path);
@@ -87,6 +96,10 @@ struct EnergyMeter::State {
   std::vector<Gpu> gpus;
   Nvml nvml;
   std::string rapl_reason, nvml_reason;
+  // What was left out while the rest was measured: a zone that could not
+  // be read, a GPU NVML would not answer for (the summary said "measured"
+  // and nothing else: a second package's joules missing without a word).
+  std::vector<std::string> gaps;
   TimePoint start{};
   bool stopped = false;
   std::condition_variable_any wake;
@@ -117,10 +130,13 @@ struct EnergyMeter::State {
       z.counter = zone / "energy_uj";
       if (!read_number(zone / "max_energy_range_uj", z.range) || !read_number(z.counter, z.last)) {
         unreadable = true;
+        gaps.push_back(z.device + ": " + z.counter.string() + " is not readable");
         continue;
       }
+      z.last_at = now();
       zones.push_back(z);
     }
+    if (zones.empty()) gaps.clear();  // said once, below
     if (zones.empty())
       rapl_reason = unreadable ? "the RAPL counters under " + root.string() +
                                      " are not readable (energy_uj is root's alone since Linux 5.10)"
@@ -158,11 +174,17 @@ struct EnergyMeter::State {
     for (unsigned i = 0; i < count; ++i) {
       Gpu g;
       g.device = "gpu " + std::to_string(i);
-      if (nvml.handle(i, &g.handle) != 0) continue;
+      if (nvml.handle(i, &g.handle) != 0) {
+        gaps.push_back(g.device + ": NVML gives no handle for it");
+        continue;
+      }
       g.counter = nvml.energy_mj(g.handle, &g.last_mj) == 0;
       unsigned mw = 0;
       if (!g.counter) {
-        if (nvml.power_mw(g.handle, &mw) != 0) continue;  // neither: this GPU cannot be measured
+        if (nvml.power_mw(g.handle, &mw) != 0) {  // neither: this GPU cannot be measured
+          gaps.push_back(g.device + ": NVML reads neither its energy nor its power");
+          continue;
+        }
         g.last_w = mw / 1000.0;
       }
       g.last_at = at;
@@ -170,6 +192,7 @@ struct EnergyMeter::State {
     }
     if (gpus.empty()) {
       nvml_reason = "NVML reads neither energy nor power on this machine's GPUs";
+      std::erase_if(gaps, [](const std::string& g) { return g.starts_with("gpu "); });
       close_nvml(true);
     }
   }
@@ -181,23 +204,40 @@ struct EnergyMeter::State {
   }
 
   void sample_locked() {
+    const TimePoint at = now();
     for (RaplZone& z : zones) {
       std::uint64_t now_uj = 0;
       if (!read_number(z.counter, now_uj)) continue;  // a torn read: the next sample has it
-      const std::uint64_t delta = now_uj >= z.last ? now_uj - z.last : now_uj + (z.range - z.last);
-      z.joules += static_cast<double>(delta) / 1e6;
+      // A wrap passes the range (0 to range inclusive) once. A counter that
+      // went back otherwise (a reset, or a value past the range) added
+      // nearly the whole range: 262,138 J in a second.
+      const double seconds = std::max(std::chrono::duration<double>(at - z.last_at).count(), 1e-3);
+      const bool wrapped = now_uj < z.last && z.last <= z.range;
+      const std::uint64_t delta = now_uj >= z.last ? now_uj - z.last : wrapped ? now_uj + (z.range - z.last) + 1 : 0;
+      if (now_uj < z.last && (!wrapped || static_cast<double>(delta) / 1e6 > kMaxZoneWatts * seconds)) {
+        z.went_back = true;
+      } else {
+        z.joules += static_cast<double>(delta) / 1e6;
+      }
       z.last = now_uj;
+      z.last_at = at;
     }
-    const TimePoint at = now();
     for (Gpu& g : gpus) {
       if (g.counter) {
         unsigned long long mj = 0;
-        if (nvml.energy_mj(g.handle, &mj) != 0) continue;
+        if (nvml.energy_mj(g.handle, &mj) != 0) {
+          ++g.missed;
+          continue;
+        }
         if (mj >= g.last_mj) g.joules += static_cast<double>(mj - g.last_mj) / 1e3;
+        else g.went_back = true;
         g.last_mj = mj;
       } else {
         unsigned mw = 0;
-        if (nvml.power_mw(g.handle, &mw) != 0) continue;
+        if (nvml.power_mw(g.handle, &mw) != 0) {
+          ++g.missed;
+          continue;
+        }
         const double w = mw / 1000.0;
         g.joules += std::chrono::duration<double>(at - g.last_at).count() * (w + g.last_w) / 2;  // trapezoids
         g.last_w = w;
@@ -259,9 +299,19 @@ EnergyUse EnergyMeter::stop() {
   for (const Gpu& g : s.gpus) r.devices.push_back({g.device, g.joules});
   for (const DeviceEnergy& d : r.devices) r.joules += d.joules;
   r.measured = !r.devices.empty();
-  const std::string cpu = s.rapl_reason.empty() ? "" : "CPU: " + s.rapl_reason;
-  const std::string gpu = s.nvml_reason.empty() ? "" : "GPU: " + s.nvml_reason;
-  r.reason = cpu + (!cpu.empty() && !gpu.empty() ? "; " : "") + gpu;
+  std::vector<std::string> parts = s.gaps;
+  for (const RaplZone& z : s.zones)
+    if (z.went_back) parts.push_back(z.device + ": its counter went back without wrapping (a reset?): the energy of "
+                                     "a sampling period is not counted");
+  for (const Gpu& g : s.gpus) {
+    if (g.missed > 0)
+      parts.push_back(g.device + ": NVML did not answer " + std::to_string(g.missed) +
+                      " sample(s): its energy is a lower bound");
+    if (g.went_back) parts.push_back(g.device + ": its energy counter went back (a GPU reset?): some energy not counted");
+  }
+  if (!s.rapl_reason.empty()) parts.insert(parts.begin(), "CPU: " + s.rapl_reason);
+  if (!s.nvml_reason.empty()) parts.push_back("GPU: " + s.nvml_reason);
+  for (const std::string& p : parts) r.reason += (r.reason.empty() ? "" : "; ") + p;
   return r;
 }
 

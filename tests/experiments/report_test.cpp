@@ -168,6 +168,16 @@ TEST(Report, SaysWhyEnergyWasNotMeasuredAndShowsEnergyAndEdpAgainstTheFirstRowWh
   const std::string html = report_html(in);
   EXPECT_NE(html.find("1,500 J, EDP 3,000 J&middot;s (1.00&times;)"), std::string::npos);
   EXPECT_NE(html.find("1,000 J, EDP 1,500 J&middot;s (0.50&times;)"), std::string::npos);
+  // What the meters read, and what they left out: it said "RAPL for the
+  // CPUs' packages and DRAM, NVML for GPUs" of a run that read one GPU.
+  for (auto& r : in.runs) {
+    r.summary.energy.measured = true;
+    r.summary.energy.devices = {{"gpu 0", 1000.0}};
+    r.summary.energy.reason = "CPU: no RAPL counters under /sys/class/powercap";
+  }
+  const std::string gpu_only = report_html(in);
+  EXPECT_NE(gpu_only.find("as its devices measured it (gpu 0); left out: CPU: no RAPL counters"), std::string::npos);
+  EXPECT_EQ(gpu_only.find("NVML for GPUs"), std::string::npos);
 }
 
 TEST(Report, ShowsSpeedupAndEfficiencyWithSeveralWorkerCountsNamingABaseThatIsNotOne) {

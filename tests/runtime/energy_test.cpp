@@ -68,6 +68,7 @@ TEST(EnergyMeter, AddsPackageAndDramJoulesAcrossACounterWrapAndLeavesCoreAndPsys
   meter.sample();
   clock.advance(1.0);
   write(root / "intel-rapl:0" / "energy_uj", "262142000000");  // +262,101 J
+  write(root / "intel-rapl:0:1" / "energy_uj", "65712000000");  // +65,700 J
   meter.sample();
   clock.advance(2.0);
   write(root / "intel-rapl:0" / "energy_uj", "9000000");       // wrapped: +1 J to the range, +9 J after
@@ -76,9 +77,10 @@ TEST(EnergyMeter, AddsPackageAndDramJoulesAcrossACounterWrapAndLeavesCoreAndPsys
   ASSERT_TRUE(e.measured) << e.reason;
   ASSERT_EQ(e.devices.size(), 2u);
   EXPECT_EQ(e.devices[0].device, "cpu package 0");
-  EXPECT_DOUBLE_EQ(e.devices[0].joules, 40.0 + 262'101.0 + 1.0 + 9.0);
+  EXPECT_DOUBLE_EQ(e.devices[0].joules, 40.0 + 262'101.0 + 1.000001 + 9.0);  // the range's own value counts
   EXPECT_EQ(e.devices[1].device, "dram 0");
-  EXPECT_DOUBLE_EQ(e.devices[1].joules, 5.0 + (65'712'999'613 - 12'000'000 + 2'000'000) / 1e6);
+  EXPECT_DOUBLE_EQ(e.devices[1].joules,
+                   5.0 + 65'700.0 + (65'712'999'613 - 65'712'000'000 + 1 + 2'000'000) / 1e6);
   EXPECT_DOUBLE_EQ(e.seconds, 4.0);
   EXPECT_DOUBLE_EQ(e.joules, e.devices[0].joules + e.devices[1].joules);
   EXPECT_DOUBLE_EQ(e.mean_power_w(), e.joules / 4.0);
@@ -122,6 +124,45 @@ TEST(EnergyMeter, WithNeitherSourceItSaysNotMeasuredAndWhy) {
   EXPECT_EQ(e.joules, 0.0);
   EXPECT_NE(e.reason.find("CPU: no RAPL counters under " + (tmp / "empty").string()), std::string::npos) << e.reason;
   EXPECT_NE(e.reason.find("GPU: no NVML (/nonexistent/libnvidia-ml.so.1"), std::string::npos) << e.reason;
+}
+
+// What was left out while the rest was measured is said: a second package
+// whose counter cannot be read, a counter that went back without wrapping
+// (a reset: it added nearly the whole range, 262,138 J), a GPU NVML stops
+// answering for. (The summary said "measured" and nothing else.)
+TEST(EnergyMeter, WhatWasLeftOutOfAMeasurementIsNamedInTheReason) {
+  TempDir tmp;
+  const fs::path root = tmp / "powercap";
+  zone(root, "intel-rapl:0", "package-0", 5'000'000, 262'143'000'000);
+  write(root / "intel-rapl:1" / "name", "package-1");
+  write(root / "intel-rapl:1" / "max_energy_range_uj", "262143000000");
+  fs::create_directories(root / "intel-rapl:1" / "energy_uj");  // not a number (root reads any file)
+  const fs::path state = tmp / "nvml.txt";
+  write(state, "count 2\nenergy 0 1000\nenergy 1 1000");
+  ::setenv("FAKE_NVML_STATE", state.c_str(), 1);
+  FakeClock clock;
+  EnergyMeter meter(sources(root, clock, fake_nvml_path()));
+  clock.advance(0.5);
+  write(root / "intel-rapl:0" / "energy_uj", "15000000");  // +10 J
+  write(state, "count 2\nenergy 0 11000\nenergy 1 11000");  // +10 J each
+  meter.sample();
+  clock.advance(0.5);
+  write(root / "intel-rapl:0" / "energy_uj", "100");  // back, 0.5 s later: a reset, not a wrap
+  write(state, "count 2\nenergy 0 21000");            // GPU 1 no longer answers
+  meter.sample();
+  clock.advance(0.5);
+  write(root / "intel-rapl:0" / "energy_uj", "2000100");  // +2 J after the reset
+  const EnergyUse e = meter.stop();
+  ::unsetenv("FAKE_NVML_STATE");
+  ASSERT_TRUE(e.measured) << e.reason;
+  ASSERT_EQ(e.devices.size(), 3u);
+  EXPECT_DOUBLE_EQ(e.devices[0].joules, 12.0) << "the reset is not counted as a wrap";
+  EXPECT_DOUBLE_EQ(e.devices[1].joules, 20.0);
+  EXPECT_DOUBLE_EQ(e.devices[2].joules, 10.0);
+  for (const char* said : {"cpu package 1: ", "is not readable", "cpu package 0: its counter went back without wrapping",
+                           "gpu 1: NVML did not answer 2 sample(s): its energy is a lower bound"})
+    EXPECT_NE(e.reason.find(said), std::string::npos) << said << " not in: " << e.reason;
+  EXPECT_EQ(e.reason.find("gpu 0"), std::string::npos) << e.reason;
 }
 
 TEST(EnergyMeter, CountersItCannotReadAreNamedAsSuch) {
