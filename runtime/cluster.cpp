@@ -427,15 +427,9 @@ namespace {
 Status calibrate_and_wait(Joined& j, const JobPlan& plan, const data::DatasetSplits& data, const std::string& device,
                           std::stop_token stop) {
   const std::uint32_t index = j.assignment.index;
-  WorkerPlan probe_plan = plan_worker(index, {{0, data.train.count}, plan.batch}, Straggler{}, 0);
-  probe_plan.device = device;
-  WorkerSetup ws = worker_setup(plan, probe_plan);
-  ws.compute = std::make_shared<ComputeContext>(plan.compute_threads);
-  auto core = WorkerCore::make(ws, [] { return std::chrono::steady_clock::now(); });
-  if (!core) return core.status();
-  const StepCost cost = core->calibrate(data::leading_batch(data.train, 2 * std::size_t{plan.batch}));
-  logger().info("worker {}: a step of B samples takes {:.3g} ms + B x {:.3g} us on {} in calibration", index,
-                cost.fixed_s * 1e3, cost.per_sample_s * 1e6, device);
+  auto measured = measure_step_cost(plan, data, device, index);
+  if (!measured) return measured.status();
+  const StepCost cost = *measured;
   j.bridge->send(j.coordinator, encode(Calibration{index, cost.fixed_s, cost.per_sample_s}, j.bridge->next_id()));
   const auto deadline = SteadyClock::now() + millis(j.config.rpc_timeout_s * (j.config.workers + 1));
   while (SteadyClock::now() < deadline) {

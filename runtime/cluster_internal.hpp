@@ -12,7 +12,10 @@
 #include <optional>
 #include <string>
 
+#include "actors/job_plan.hpp"
+#include "actors/step_cost.hpp"
 #include "asgd/job.hpp"
+#include "dataset/dataset.hpp"
 #include "messaging/bridge.hpp"
 #include "messaging/collective.hpp"
 
@@ -74,6 +77,10 @@ void configure_shard_allocator();
 void reserve_push_buffers(std::size_t push_bytes, std::size_t buffers);
 
 messaging::TensorCoding coding_of(const JobConfig& c);
+/// --worker-weights auto: this worker's step on `device`, measured (a
+/// failed or out-of-memory device is an error, not an abort).
+Result<StepCost> measure_step_cost(const JobPlan& plan, const data::DatasetSplits& data, const std::string& device,
+                                   std::uint32_t index);
 /// Why --compress fp16 sends nothing as half floats under the job's policy
 /// (gossip; averaging, whose pushes the shards keep); none where it does.
 std::optional<std::string> compress_changes_nothing(const JobConfig& c);

@@ -3,6 +3,9 @@
 #include <spdlog/fmt/fmt.h>
 
 #include "actors/job_plan.hpp"
+#include "actors/thrown.hpp"
+#include "actors/worker.hpp"
+#include "actors/worker_core.hpp"
 #include "base/log.hpp"
 #include "messaging/collective.hpp"
 #include "runtime/cluster_internal.hpp"
@@ -61,6 +64,30 @@ void log_collective_drops(const std::string& name, const NetworkCollective& coll
     logger().warn("{}: its collective dropped {} malformed or out-of-step message(s)", name, dropped);
   if (const std::uint64_t unsent = collective.unsent(); unsent > 0)
     logger().warn("{}: its collective dropped {} message(s) it could not send (see the warnings above)", name, unsent);
+}
+
+// A worker of one process's step, measured on the job's data and this
+// worker's device (--worker-weights auto). A device that fails or runs out
+// of memory at the probe batch (twice --batch) throws, as in a step: said
+// as the job's error, where it aborted the process (no handler between
+// here and main).
+Result<StepCost> measure_step_cost(const JobPlan& plan, const data::DatasetSplits& data, const std::string& device,
+                                   std::uint32_t index) {
+  WorkerPlan probe_plan = plan_worker(index, {{0, data.train.count}, plan.batch}, Straggler{}, 0);
+  probe_plan.device = device;
+  WorkerSetup ws = worker_setup(plan, probe_plan);
+  ws.compute = std::make_shared<ComputeContext>(plan.compute_threads);
+  auto core = WorkerCore::make(ws, [] { return std::chrono::steady_clock::now(); });
+  if (!core) return core.status();
+  StepCost cost;
+  try {
+    cost = core->calibrate(data::leading_batch(data.train, 2 * std::size_t{plan.batch}));
+  } catch (...) {
+    return thrown_status(std::current_exception(), "worker " + std::to_string(index) + " calibrating on " + device);
+  }
+  logger().info("worker {}: a step of B samples takes {:.3g} ms + B x {:.3g} us on {} in calibration", index,
+                cost.fixed_s * 1e3, cost.per_sample_s * 1e6, device);
+  return cost;
 }
 
 }  // namespace asgd::cluster_detail
