@@ -221,6 +221,9 @@ CudaModel::~CudaModel() {
   cudaStreamSynchronize(stream_.get());
   for (InPlace* r : {&params_in_place_, &grads_in_place_})
     if (r->registered) cudaHostUnregister(r->ptr);
+  // What failed here (a buffer freed while registered) must not be the
+  // next launch's error on this thread, which reads cudaGetLastError.
+  cudaGetLastError();
 }
 
 bool CudaModel::in_place(InPlace& r, const void* ptr, std::size_t bytes) {
