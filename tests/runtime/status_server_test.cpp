@@ -5,6 +5,7 @@
 #include <chrono>
 #include <filesystem>
 #include <future>
+#include <memory>
 #include <regex>
 #include <set>
 #include <string>
@@ -47,12 +48,19 @@ double sample_value(const std::string& text, const std::string& series) {
   return std::stod(text.substr(at + series.size() + 2));
 }
 
+// A server on a free loopback port serving two_workers() and `page`.
+std::unique_ptr<StatusServer> serve_two_workers(std::shared_ptr<LiveStatus> live, const std::string& page) {
+  live->update([](LiveSnapshot& s) { s = two_workers(); });
+  auto server = StatusServer::start("127.0.0.1", 0, std::move(live), page);
+  EXPECT_TRUE(server.ok()) << server.status().to_string();
+  return server ? std::move(server).value() : nullptr;
+}
+
 TEST(StatusServer, ServesMetricsStatusAndThePageAndRefusesTheRest) {
   auto live = std::make_shared<LiveStatus>();
-  live->update([](LiveSnapshot& s) { s = two_workers(); });
-  auto server = StatusServer::start("127.0.0.1", 0, live, "<html>live</html>");
-  ASSERT_TRUE(server.ok()) << server.status().to_string();
-  const int port = (*server)->port();
+  const auto server = serve_two_workers(live, "<html>live</html>");
+  ASSERT_TRUE(server);
+  const int port = server->port();
   ASSERT_GT(port, 0);
 
   const auto metrics = http(port, "GET", "/metrics");
@@ -159,11 +167,9 @@ std::size_t open_descriptors() {
 // holds 32 at most, the rest wait to be accepted, and it still answers
 // once the idle ones time out or go.
 TEST(StatusServer, IdleConnectionsTakeAtMostThirtyTwoDescriptorsAndTheServerAnswersWhenTheyGo) {
-  auto live = std::make_shared<LiveStatus>();
-  live->update([](LiveSnapshot& s) { s = two_workers(); });
-  auto server = StatusServer::start("127.0.0.1", 0, live, "");
-  ASSERT_TRUE(server.ok()) << server.status().to_string();
-  const int port = (*server)->port();
+  const auto server = serve_two_workers(std::make_shared<LiveStatus>(), "");
+  ASSERT_TRUE(server);
+  const int port = server->port();
   const std::size_t before = open_descriptors();
   std::vector<int> idle;
   for (int i = 0; i < 200; ++i) {
