@@ -86,8 +86,8 @@ FrameError parse_frame(const Message& message, Frame& out) {
   if (h.body_bytes > kMaxBody || h.tensor_bytes > kMaxTensorBytes) return FrameError::oversized;
   const std::size_t tensor_part = message.size() == 2 ? message[1].bytes.size() : 0;
   if (head.size() != kHeaderBytes + h.body_bytes || tensor_part != h.tensor_bytes ||
-      (message.size() == 2 && h.tensor_bytes == 0) || h.reserved != 0)
-    return FrameError::length_mismatch;
+      (message.size() == 2 && h.tensor_bytes == 0) || h.reserved != 0 || (h.flags & ~kFlagFp16) != 0)
+    return FrameError::length_mismatch;  // (a flag bit no version defines, like a reserved one: not a frame of ours)
   std::array<std::byte, kHeaderBytes> zeroed;
   std::memcpy(zeroed.data(), head.data(), kHeaderBytes);
   put<std::uint32_t>(zeroed.data() + kOffChecksum, 0);

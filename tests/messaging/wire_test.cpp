@@ -385,6 +385,9 @@ TEST_F(CorruptFrame, EveryCheckRejectsWithItsReason) {
   h.push_back(std::byte{0});  // body longer than the header says
   EXPECT_EQ(check_untrusted(with_head(h)), FrameError::length_mismatch);
   h = head();
+  h[8] |= std::byte{0x02};  // a flag bit no version defines (bit 0 is fp16), checked before the checksum
+  EXPECT_EQ(check_untrusted(with_head(h)), FrameError::length_mismatch);
+  h = head();
   h.back() ^= std::byte{0x40};  // a flipped bit in the body
   EXPECT_EQ(check_untrusted(with_head(h)), FrameError::bad_checksum);
   Message flipped_tensor;
