@@ -334,6 +334,7 @@ JobSummary CoordinatorCore::summary(double test_accuracy, const std::vector<std:
   sum.lr_schedule = cfg.lr_schedule;
   sum.weight_decay = cfg.weight_decay;
   sum.seed = cfg.seed;
+  sum.compress = plan_.placement == Placement::one_process ? "none" : cfg.compress;
   sum.staleness = plan_.staleness_bound;
   sum.workers = cfg.workers;
   sum.shards = cfg.shards;

@@ -85,6 +85,7 @@ nlohmann::json to_json(const JobSummary& s) {
                       {"lr_schedule", s.lr_schedule},
                       {"weight_decay", s.weight_decay},
                       {"seed", s.seed},
+                      {"compress", s.compress},
                       {"staleness", nullptr},
                       {"workers", s.workers},
                       {"shards", s.shards},
@@ -205,6 +206,7 @@ Result<JobSummary> summary_from_json(const nlohmann::json& j) {
       s.lr_schedule = field<std::string>(j, "lr_schedule");
       s.weight_decay = field<double>(j, "weight_decay");
       s.seed = field<std::uint64_t>(j, "seed");
+      s.compress = j.value("compress", std::string("none"));
     }
     if (!j.at("staleness").is_null()) s.staleness = j.at("staleness").get<std::uint32_t>();
     s.workers = field<std::uint32_t>(j, "workers");

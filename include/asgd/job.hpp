@@ -286,6 +286,7 @@ struct JobSummary {
   std::string lr_schedule;         ///< JobConfig::lr_schedule
   double weight_decay = 0.0;       ///< JobConfig::weight_decay
   std::uint64_t seed = 0;          ///< JobConfig::seed: with the rest, what a rerun needs
+  std::string compress;            ///< JobConfig::compress ("none" in one process, where nothing goes over a wire)
   std::optional<std::uint32_t> staleness;  ///< the policy's staleness bound; none for async
   std::uint32_t workers = 0;               ///< worker actors or processes
   std::uint32_t shards = 0;                ///< parameter shards

@@ -36,6 +36,7 @@ TEST(MetricsRecords, ASummaryWrittenAndReadBackIsTheSame) {
   s.lr_schedule = "step";
   s.weight_decay = 5e-4;
   s.seed = 12345678901ULL;
+  s.compress = "fp16";
   s.staleness = 3;
   s.workers = 2;
   s.shards = 1;
@@ -80,7 +81,8 @@ TEST(MetricsRecords, ASummaryWrittenAndReadBackIsTheSame) {
   EXPECT_FALSE(empty->time_to_target_s);
   EXPECT_EQ(empty->energy.reason, "no RAPL here");
   nlohmann::json older = to_json(none);  // a file of an asgd from before the policy's settings were written
-  for (const char* key : {"policy_options", "lr", "momentum", "optimizer", "lr_schedule", "weight_decay", "seed"})
+  for (const char* key : {"policy_options", "lr", "momentum", "optimizer", "lr_schedule", "weight_decay", "seed",
+                          "compress"})
     older.erase(key);
   EXPECT_TRUE(summary_from_json(older).ok());
 }
