@@ -205,8 +205,9 @@ class ShardCore {
   std::vector<Clock> clock_;            // per worker: highest pushed clock + 1
   std::vector<bool> live_;              // per worker
   Clock committed_ = 0;
-  Clock newest_copy_ = 0;
-  Clock summed_steps_ = 1;  ///< the steps the push being applied sums (async's --push-every)  ///< allreduce, gossip: 1 + the clock of the copy held (0: none since start)
+  Clock newest_copy_ = 0;              // allreduce, gossip: 1 + the clock of the copy held (0: none yet)
+  Clock summed_steps_ = 1;             // the steps the push being applied sums, 1 to push_every_
+  Clock push_every_ = 1;               // async's --push-every; 1 under every other policy
   std::map<Clock, Aggregate> pending_;  // by clock, committed in order
   std::vector<float> mean_;             // (range.size(),) scratch for commits
   std::vector<Held> held_;

@@ -125,7 +125,9 @@ const std::array kKinds = {
               [](const SpecLayer& l, json& j) { j.update({{"kernel", l.kernel}, {"stride", l.stride}}); },
               [](const json& j, SpecLayer& l) {
                 l.kernel = read_size(j, "kernel", l.kernel);
-                l.stride = read_size(j, "stride", l.stride);
+                // Absent: the kernel, as max_pool(k) and torch's MaxPool2d(k)
+                // have it (it read the conv2d default of 1).
+                l.stride = read_size(j, "stride", 0);
               }},
     LayerKind{K::batch_norm, "batch_norm",
               [](const SpecLayer& l, const Shape& in, const std::string& where) -> Built {

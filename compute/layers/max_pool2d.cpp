@@ -32,12 +32,13 @@ ASGD_VECTOR_LOOP void max_pool_2x2(const float* __restrict in, std::size_t w, st
       const auto at = base + static_cast<std::uint32_t>(2 * ox);
       float best = a;
       std::uint32_t where = at;
-      where = b > best ? at + 1 : where;
-      best = b > best ? b : best;
-      where = c > best ? at + static_cast<std::uint32_t>(w) : where;
-      best = c > best ? c : best;
-      where = d > best ? at + static_cast<std::uint32_t>(w) + 1 : where;
-      best = d > best ? d : best;
+      // (b > best || b != b): a NaN wins its window, as in torch's max_pool2d.
+      where = b > best || b != b ? at + 1 : where;
+      best = b > best || b != b ? b : best;
+      where = c > best || c != c ? at + static_cast<std::uint32_t>(w) : where;
+      best = c > best || c != c ? c : best;
+      where = d > best || d != d ? at + static_cast<std::uint32_t>(w) + 1 : where;
+      best = d > best || d != d ? d : best;
       out[oy * ow + ox] = best;
       arg[oy * ow + ox] = where;
     }
@@ -65,11 +66,12 @@ void MaxPool2D::forward(ConstTensorView x, Tensor& y) {
       for (std::size_t ox = 0; ox < ow; ++ox) {
         std::size_t best_at = oy * stride_ * w + ox * stride_;
         float best = in[best_at];
-        // Row-major scan with a strict > keeps the first maximum, as PyTorch.
+        // Row-major scan with a strict > keeps the first maximum, as PyTorch,
+        // and a NaN wins its window as there (a strict > alone lost it).
         for (std::size_t i = 0; i < k_; ++i)
           for (std::size_t j = 0; j < k_; ++j) {
             const std::size_t at = (oy * stride_ + i) * w + ox * stride_ + j;
-            if (in[at] > best) {
+            if (in[at] > best || in[at] != in[at]) {
               best = in[at];
               best_at = at;
             }

@@ -5,7 +5,9 @@
 namespace asgd {
 
 void ReLU::forward(ConstTensorView x, Tensor& y) {
-  map_elements(x, y, [](float v) { return v > 0.0f ? v : 0.0f; });
+  // A NaN stays one, as torch's relu keeps it (it became 0: a NaN made inside
+  // the model then trained on as a finite loss, past the dropped-batch guard).
+  map_elements(x, y, [](float v) { return v > 0.0f || v != v ? v : 0.0f; });
 }
 
 void ReLU::backward(ConstTensorView x, const Tensor& y, const Tensor& dy, Tensor* dx) {

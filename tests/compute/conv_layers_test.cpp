@@ -23,6 +23,8 @@
 #include "compute/layers/residual.hpp"
 #include "base/random.hpp"
 #include "compute/tensor.hpp"
+#include "compute/model.hpp"
+#include "asgd/model_spec.hpp"
 #include "compute/thread_pool.hpp"
 #include "gradcheck.hpp"
 
@@ -342,6 +344,31 @@ TEST(MaxPool2D, TiesSendTheGradientToTheFirstMaximumInRowMajorOrder) {
   pool.backward(view(x), y, dy, &dx);
   const float expected[] = {1, 0, 0, 0, 0, 1, 0, 0};
   for (std::size_t i = 0; i < 8; ++i) EXPECT_EQ(dx[i], expected[i]) << "element " << i;
+}
+
+// A NaN anywhere in a window wins it, as in torch's max_pool2d (a strict >
+// lost it unless it came first): on the 2x2 fast path and the general one.
+TEST(MaxPool2D, ANaNWinsItsWindowOnBothPaths) {
+  for (const std::size_t k : {std::size_t{2}, std::size_t{3}}) {
+    MaxPool2D pool(k);
+    Tensor x({1, 1, k, k}, 1.0f);
+    x[k * k - 1] = std::nanf("");  // last in its window
+    Tensor y;
+    pool.forward(view(x), y);
+    ASSERT_EQ(y.size(), 1u);
+    EXPECT_TRUE(std::isnan(y[0])) << "window " << k;
+  }
+}
+
+// A max_pool written in JSON without "stride" takes the kernel, as
+// max_pool(k) and torch's MaxPool2d(k) do (it read conv2d's default, 1).
+TEST(MaxPool2D, AJsonSpecWithoutAStrideTakesTheKernel) {
+  auto spec = ModelSpec::from_json(
+      R"({"name": "p", "layers": [{"kind": "max_pool", "kernel": 2}, {"kind": "flatten"}, {"kind": "dense", "units": 10}]})");
+  ASSERT_TRUE(spec.ok()) << spec.status().to_string();
+  auto model = Model::build(*spec, {1, 8, 8}, 10);
+  ASSERT_TRUE(model.ok()) << model.status().to_string();
+  EXPECT_EQ(model->num_params(), 4u * 4u * 10u + 10u);  // a 4x4 output, not 7x7
 }
 
 TEST(MaxPool2D, GradientsMatchFiniteDifferences) {

@@ -197,6 +197,21 @@ TEST(ReLU, ForwardClampsNegativesToZero) {
   for (std::size_t i = 0; i < 5; ++i) EXPECT_EQ(y[i], expected[i]) << "element " << i;
 }
 
+// A NaN made inside the model stays one, as torch.relu keeps it: it became
+// 0, and the batch trained on with a finite loss past the NaN guard.
+TEST(ReLU, KeepsANaN) {
+  ReLU relu;
+  Tensor x({1, 3});
+  x[0] = std::nanf("");
+  x[1] = -1.0f;
+  x[2] = 2.0f;
+  Tensor y;
+  relu.forward(view(x), y);
+  EXPECT_TRUE(std::isnan(y[0]));
+  EXPECT_EQ(y[1], 0.0f);
+  EXPECT_EQ(y[2], 2.0f);
+}
+
 TEST(ReLU, GradientsMatchFiniteDifferences) {
   Rng rng(6);
   ReLU relu;
