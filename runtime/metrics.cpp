@@ -1,12 +1,15 @@
 #include "runtime/metrics.hpp"
 
 #include <fcntl.h>
+#include <pthread.h>
+#include <signal.h>
 #include <sys/file.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <cmath>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <utility>
@@ -265,6 +268,43 @@ Status check_metrics_path(const std::string& metrics_out, const std::string& che
   return {};
 }
 
+namespace {
+
+// STDOUT_FILENO or STDERR_FILENO where `st` is the file it writes to; -1.
+int our_output(const struct stat& st) {
+  for (const int fd : {STDOUT_FILENO, STDERR_FILENO}) {
+    struct stat out{};
+    if (::fstat(fd, &out) == 0 && out.st_dev == st.st_dev && out.st_ino == st.st_ino) return fd;
+  }
+  return -1;
+}
+
+// write(2) to a pipe whose reader has gone raises SIGPIPE, which ended the
+// whole job (exit 141, no summary, no model): here it is held back for the
+// write and taken if it came, so the write fails with EPIPE instead, and
+// the job goes on without the file as after any failed write.
+ssize_t write_without_sigpipe(int fd, const char* data, std::size_t size) {
+  sigset_t pipe_only, before;
+  sigemptyset(&pipe_only);
+  sigaddset(&pipe_only, SIGPIPE);
+  sigset_t pending;
+  sigpending(&pending);
+  const bool was_pending = sigismember(&pending, SIGPIPE) == 1;
+  pthread_sigmask(SIG_BLOCK, &pipe_only, &before);
+  const ssize_t n = ::write(fd, data, size);
+  const int saved = errno;
+  if (n < 0 && saved == EPIPE && !was_pending) {
+    const timespec now{0, 0};
+    while (sigtimedwait(&pipe_only, nullptr, &now) < 0 && errno == EINTR) {
+    }
+  }
+  pthread_sigmask(SIG_SETMASK, &before, nullptr);
+  errno = saved;
+  return n;
+}
+
+}  // namespace
+
 Result<MetricsWriter> MetricsWriter::open(const std::string& path, bool append) {
   // A path that cannot be created is the user's to fix: a configuration error.
   auto refuse = [&](const std::string& why) { return Status::InvalidArgument("--metrics-out " + path + ": " + why); };
@@ -279,20 +319,39 @@ Result<MetricsWriter> MetricsWriter::open(const std::string& path, bool append) 
   if (w.fd_ < 0) return refuse(std::string("cannot write it: ") + std::strerror(errno));
   if (const int flags = ::fcntl(w.fd_, F_GETFL); flags < 0 || ::fcntl(w.fd_, F_SETFL, flags & ~O_NONBLOCK) != 0)
     return refuse(std::string("cannot write it: ") + std::strerror(errno));
-  // Locked before it is emptied: a second job must not cut the first's lines.
-  if (::flock(w.fd_, LOCK_EX | LOCK_NB) != 0)
+  struct stat st{};
+  if (::fstat(w.fd_, &st) != 0) return refuse(std::string("cannot look at it: ") + std::strerror(errno));
+  w.file_ = S_ISREG(st.st_mode);
+  // Locked before it is emptied: a second job must not cut the first's
+  // lines. Not /dev/null, a terminal or a pipe, which any job may share.
+  if (w.file_ && ::flock(w.fd_, LOCK_EX | LOCK_NB) != 0)
     return refuse(errno == EWOULDBLOCK ? "another job is writing it (in this process or another); give each job a "
                                          "metrics file of its own"
                                        : std::string("cannot lock it: ") + std::strerror(errno));
   // Only a file is emptied: /dev/null or /dev/stdout takes the lines as they
-  // come (emptying one failed at the first line, after the job had trained).
-  struct stat st{};
-  w.empty_first_ = !append && ::fstat(w.fd_, &st) == 0 && S_ISREG(st.st_mode);
+  // come (emptying one failed at the first line, after the job had trained),
+  // and so does the file this process's output goes to (/dev/stdout
+  // redirected to it: emptying it cut the lines printed before).
+  const int output = w.file_ ? our_output(st) : -1;
+  w.empty_first_ = !append && w.file_ && output < 0;
+  if (output >= 0) {
+    // Written through that descriptor, at its offset, after what the process
+    // printed: a descriptor of our own wrote over the printed lines.
+    const int shared = ::fcntl(output, F_DUPFD_CLOEXEC, 0);
+    if (shared < 0) return refuse(std::string("cannot write it: ") + std::strerror(errno));
+    ::close(w.fd_);
+    w.fd_ = shared;
+    w.flush_first_ = output == STDOUT_FILENO ? stdout : stderr;
+  }
   return w;
 }
 
 MetricsWriter::MetricsWriter(MetricsWriter&& other) noexcept
-    : path_(std::move(other.path_)), fd_(std::exchange(other.fd_, -1)), empty_first_(other.empty_first_) {}
+    : path_(std::move(other.path_)),
+      fd_(std::exchange(other.fd_, -1)),
+      empty_first_(other.empty_first_),
+      file_(other.file_),
+      flush_first_(other.flush_first_) {}
 
 MetricsWriter::~MetricsWriter() {
   if (fd_ >= 0) ::close(fd_);  // and the lock with it
@@ -306,11 +365,13 @@ Status MetricsWriter::write(const nlohmann::json& record) {
     if (::ftruncate(fd_, 0) != 0) return failed("cannot empty it: ");
     empty_first_ = false;
   }
-  const off_t start = ::lseek(fd_, 0, SEEK_END);
+  if (flush_first_) std::fflush(flush_first_);
+  const off_t start = flush_first_ ? ::lseek(fd_, 0, SEEK_CUR) : ::lseek(fd_, 0, SEEK_END);
   const std::string line = json_text(record) + '\n';
   std::size_t done = 0;
-  while (done < line.size()) {  // O_APPEND: each write lands at the end
-    const ssize_t n = ::write(fd_, line.data() + done, line.size() - done);
+  while (done < line.size()) {  // O_APPEND (or stdout's offset): each write lands at the end
+    const ssize_t n = file_ ? ::write(fd_, line.data() + done, line.size() - done)
+                            : write_without_sigpipe(fd_, line.data() + done, line.size() - done);
     if (n < 0 && errno == EINTR) continue;
     if (n <= 0) {
       const Status why = failed("");

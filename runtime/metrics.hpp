@@ -5,6 +5,7 @@
 // docs/metrics.md.
 
 #include <optional>
+#include <cstdio>
 #include <string>
 
 #include <nlohmann/json.hpp>
@@ -58,6 +59,8 @@ class MetricsWriter {
   std::string path_;
   int fd_ = -1;
   bool empty_first_ = false;  ///< the earlier file's lines go at the first write
+  bool file_ = true;          ///< a regular file (not /dev/null, a terminal or a pipe)
+  std::FILE* flush_first_ = nullptr;  ///< stdout or stderr, when the file is theirs: flushed before each line
 };
 
 /// A job's metrics file, when it has one: records go there until a write

@@ -5,6 +5,7 @@
 
 #include <gtest/gtest.h>
 #include <fcntl.h>
+#include <signal.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -12,6 +13,7 @@
 
 #include <chrono>
 #include <csignal>
+#include <cstdio>
 #include <cmath>
 #include <fstream>
 #include <sstream>
@@ -160,6 +162,52 @@ TEST(MetricsWriter, DevNullAndAReadPipeTakeTheLinesAndAnUnreadPipeIsRefusedAtOnc
   EXPECT_EQ(::read(reader, got, sizeof got - 1), 18);
   EXPECT_STREQ(got, "{\"event\":\"epoch\"}\n");
   ::close(reader);
+}
+
+// A pipe whose reader has gone: the write fails (EPIPE) and the job goes
+// on; SIGPIPE ended the whole process (exit 141, no summary, no model).
+TEST(MetricsWriter, APipeWhoseReaderWentFailsTheWriteWithoutSigpipe) {
+  const asgd_test::TempDir dir;
+  const std::string pipe = (dir / "pipe").string();
+  ASSERT_EQ(::mkfifo(pipe.c_str(), 0600), 0);
+  const int reader = ::open(pipe.c_str(), O_RDONLY | O_NONBLOCK | O_CLOEXEC);
+  ASSERT_GE(reader, 0);
+  auto w = MetricsWriter::open(pipe);
+  ASSERT_TRUE(w.ok()) << w.status().to_string();
+  ::close(reader);
+  const Status failed = w->write({{"event", "epoch"}});
+  EXPECT_EQ(failed.code(), StatusCode::io_error);
+  EXPECT_NE(failed.message().find("Broken pipe"), std::string::npos) << failed.message();
+  sigset_t pending;
+  sigpending(&pending);
+  EXPECT_NE(sigismember(&pending, SIGPIPE), 1) << "a SIGPIPE left pending";
+}
+
+// /dev/stdout when stdout goes to a file: the lines go after what the
+// process printed, through its offset (the file was emptied at the first
+// line, and a descriptor of its own then wrote over the printed lines).
+TEST(MetricsWriter, TheFileStdoutGoesToGetsTheLinesAfterWhatWasPrinted) {
+  const asgd_test::TempDir dir;
+  const std::string out = (dir / "out.txt").string();
+  const pid_t child = fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    const int fd = ::open(out.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+    if (fd < 0 || ::dup2(fd, STDOUT_FILENO) < 0) _exit(3);
+    std::printf("heading\n");
+    auto w = MetricsWriter::open("/dev/stdout");
+    if (!w.ok() || !w->write({{"event", "epoch"}}).ok()) _exit(4);
+    std::printf("done\n");
+    std::fflush(stdout);
+    _exit(0);
+  }
+  int status = 0;
+  ASSERT_EQ(::waitpid(child, &status, 0), child);
+  ASSERT_TRUE(WIFEXITED(status));
+  ASSERT_EQ(WEXITSTATUS(status), 0);
+  std::stringstream text;
+  text << std::ifstream(out).rdbuf();
+  EXPECT_EQ(text.str(), "heading\n{\"event\":\"epoch\"}\ndone\n");
 }
 
 // A write that fails part-way (the file size limit here; a full disk
