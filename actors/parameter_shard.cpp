@@ -543,9 +543,10 @@ Status ShardCore::restore(const std::string& path, std::span<const Clock> restar
     stats_.restored_updates = stats_.updates_applied;
     stats_.nonfinite = h.at("nonfinite").get<std::uint64_t>();
     stats_.staleness_histogram = h.at("staleness_histogram").get<std::vector<std::uint64_t>>();
-    // Cumulative like the counts above (a restarted shard's began at 0
-    // again); absent before 2026-11-29.
-    stats_.optimizer_s = h.value("optimizer_s", 0.0);
+    // A shard restarted mid-job goes on from its checkpoint's (it began at 0
+    // again beside cumulative counts); a resumed job counts its own time,
+    // as its train_s does. Absent before 2026-11-29.
+    if (restart.empty()) stats_.optimizer_s = h.value("optimizer_s", 0.0);
   } catch (const nlohmann::json::exception& e) {
     return Status::Corruption(path + ": bad header: " + e.what());
   }

@@ -6,7 +6,8 @@
 #
 #   examples/multi_process_cluster.sh ASGD_BINARY MNIST_DIR [OUT_DIR] [BASE_PORT]
 #
-# Prints the coordinator's summary; exits with the coordinator's status.
+# Prints the coordinator's summary; exits with the coordinator's status, or
+# the status of the first process that failed (the others are then stopped).
 # Any process that is still running when the script ends is stopped.
 set -euo pipefail
 asgd=${1:?usage: $0 ASGD_BINARY MNIST_DIR [OUT_DIR] [BASE_PORT]}
@@ -66,6 +67,6 @@ grep -E "^done|test accuracy" "$out/coordinator.log" || cat "$out/coordinator.lo
 if [[ -s $out/run.jsonl ]]; then
   echo "metrics: $out/run.jsonl (logs beside it)"
 else
-  echo "no metrics were written (the coordinator exited with status $status); logs: $out" >&2
+  echo "no metrics were written (exit status $status); logs: $out" >&2
 fi
 exit "$status"

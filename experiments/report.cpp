@@ -85,6 +85,15 @@ std::string energy_reason(const ReportInput& in) {
   return "no meter";
 }
 
+// What the runs that measured energy left out ("" for nothing): from a
+// measured run, not the first run's (an unmeasured one's reason read as a
+// gap in the others).
+std::string measured_gaps(const ReportInput& in) {
+  for (const RunRecord& r : in.runs)
+    if (r.summary.energy.measured && !r.summary.energy.reason.empty()) return r.summary.energy.reason;
+  return "";
+}
+
 // The devices the runs' meters read ("cpu package 0, dram 0, gpu 0"): the
 // note said RAPL and NVML whatever had been read (a run that read one GPU
 // and no CPU claimed both).
@@ -295,8 +304,7 @@ std::string notes_html(const ReportInput& in) {
   out += "<li>Energy: " +
          (measured ? "what the machine drew while each run trained and evaluated, as its devices measured it (" +
                          html_escape(measured_devices(in)) + ")" +
-                         (energy_reason(in) == "no meter" ? std::string()
-                                                           : "; left out: " + html_escape(energy_reason(in))) +
+                         (measured_gaps(in).empty() ? std::string() : "; left out: " + html_escape(measured_gaps(in))) +
                          "; EDP is energy times that time, and the multiple is of the first row's EDP."
                    : "not measured: " + html_escape(energy_reason(in)) + ".") +
          " results.csv has energy_j and edp_js columns.</li>\n";

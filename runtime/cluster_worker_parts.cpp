@@ -77,10 +77,10 @@ Result<StepCost> measure_step_cost(const JobPlan& plan, const data::DatasetSplit
   probe_plan.device = device;
   WorkerSetup ws = worker_setup(plan, probe_plan);
   ws.compute = std::make_shared<ComputeContext>(plan.compute_threads);
-  auto core = WorkerCore::make(ws, [] { return std::chrono::steady_clock::now(); });
-  if (!core) return core.status();
   StepCost cost;
-  try {
+  try {  // (making the model on the device may throw as well)
+    auto core = WorkerCore::make(ws, [] { return std::chrono::steady_clock::now(); });
+    if (!core) return core.status();
     cost = core->calibrate(data::leading_batch(data.train, 2 * std::size_t{plan.batch}));
   } catch (...) {
     return thrown_status(std::current_exception(), "worker " + std::to_string(index) + " calibrating on " + device);

@@ -51,7 +51,7 @@ struct Gpu {
   double last_w = 0.0;
   TimePoint last_at{};
   double joules = 0.0;
-  std::uint64_t missed = 0;  // samples NVML did not answer (its energy then is not counted)
+  std::uint64_t missed = 0;  // samples NVML has not answered since its last answer
   bool went_back = false;    // the energy counter went back (a GPU reset)
 };
 
@@ -229,6 +229,7 @@ struct EnergyMeter::State {
           ++g.missed;
           continue;
         }
+        g.missed = 0;  // the counter's next answer holds what the missed samples did
         if (mj >= g.last_mj) g.joules += static_cast<double>(mj - g.last_mj) / 1e3;
         else g.went_back = true;
         g.last_mj = mj;
@@ -238,6 +239,7 @@ struct EnergyMeter::State {
           ++g.missed;
           continue;
         }
+        g.missed = 0;  // the next answer's trapezoid spans the gap
         const double w = mw / 1000.0;
         g.joules += std::chrono::duration<double>(at - g.last_at).count() * (w + g.last_w) / 2;  // trapezoids
         g.last_w = w;
@@ -305,8 +307,8 @@ EnergyUse EnergyMeter::stop() {
                                      "a sampling period is not counted");
   for (const Gpu& g : s.gpus) {
     if (g.missed > 0)
-      parts.push_back(g.device + ": NVML did not answer " + std::to_string(g.missed) +
-                      " sample(s): its energy is a lower bound");
+      parts.push_back(g.device + ": NVML stopped answering for it (the last " + std::to_string(g.missed) +
+                      " sample(s)): its energy since is not counted");
     if (g.went_back) parts.push_back(g.device + ": its energy counter went back (a GPU reset?): some energy not counted");
   }
   if (!s.rapl_reason.empty()) parts.insert(parts.begin(), "CPU: " + s.rapl_reason);

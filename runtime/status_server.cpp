@@ -7,6 +7,7 @@
 #include <boost/beast/http.hpp>
 
 #include <array>
+#include <cctype>
 #include <optional>
 #include <string_view>
 #include <chrono>
@@ -44,13 +45,15 @@ struct Content {
 // address: a page from another site that has its name resolve to
 // 127.0.0.1 (DNS rebinding) sends its own in Host. No Host (HTTP/1.0) is
 // a local client's.
-bool host_allowed(const Content& content, std::string_view host) {
-  if (!content.loopback || host.empty()) return true;
-  if (host.starts_with('[')) host = host.substr(0, host.find(']') + 1);  // [::1]:8080
-  else host = host.substr(0, host.find(':'));
+bool host_allowed(const Content& content, std::string_view given) {
+  if (!content.loopback || given.empty()) return true;
+  std::string host(given.starts_with('[') ? given.substr(0, given.find(']') + 1)  // [::1]:8080
+                                          : given.substr(0, given.find(':')));
+  for (char& c : host) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));  // names are caseless
+  if (host.ends_with('.')) host.pop_back();  // "localhost." is localhost, fully qualified
   if (host == "localhost" || host == "[::1]" || host.ends_with(".localhost")) return true;
   beast::error_code ec;
-  const auto ip = asio::ip::make_address(std::string(host), ec);
+  const auto ip = asio::ip::make_address(host, ec);
   return !ec && ip.is_loopback();
 }
 

@@ -112,7 +112,8 @@ TEST(StatusServer, ServesMetricsStatusAndThePageAndRefusesTheRest) {
   // whose name resolves to 127.0.0.1 (DNS rebinding) sends its own.
   EXPECT_EQ(http(port, "GET", "/status", "", "evil.example.com").status, 403);
   EXPECT_EQ(http(port, "GET", "/status", "", "127.0.0.1.evil.example.com:" + std::to_string(port)).status, 403);
-  for (const std::string& host : std::vector<std::string>{"localhost:" + std::to_string(port), "127.0.0.2", "[::1]:80", "app.localhost"})
+  for (const std::string& host : std::vector<std::string>{"localhost:" + std::to_string(port), "127.0.0.2", "[::1]:80", "app.localhost",
+                                                                    "LOCALHOST", "localhost.:8080"})
     EXPECT_EQ(http(port, "GET", "/status", "", host).status, 200) << host;
   EXPECT_EQ(asgd_test::http_raw(port, "GET /status HTTP/1.0\r\n\r\n").status, 200) << "no Host: a local client";
   EXPECT_NE(status.headers.find("X-Content-Type-Options: nosniff"), std::string::npos) << status.headers;
