@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <optional>
@@ -199,11 +200,15 @@ std::vector<float> per_channel(const nlohmann::json& j) {
 }
 // In safetensors metadata, whose values are strings: "0.1307" or
 // "0.4914,0.4822,0.4465".
+// Each value in as many digits as read back to the same float (%.9g):
+// std::to_string's six decimals turned a stddev of 1.23e-5 into 0.000012.
 std::string per_channel_text(const std::vector<float>& v) {
   std::string out;
   for (float x : v) {
+    char digits[32];
+    std::snprintf(digits, sizeof digits, "%.9g", static_cast<double>(x));
     if (!out.empty()) out += ',';
-    out += std::to_string(x);
+    out += digits;
   }
   return out;
 }

@@ -44,6 +44,15 @@ TEST(CifarCli, TrainsResnetMiniOnColourImagesAndExportsPerChannelNormalisation) 
   const auto header = nlohmann::json::parse(file.substr(8, header_bytes));
   const std::string mean = header.at("__metadata__").at("input_mean");
   EXPECT_EQ(std::count(mean.begin(), mean.end(), ','), 2) << mean;
+  // Each as the float the job used (six decimals were written: a small
+  // stddev lost most of its digits).
+  const auto used = summary.at("input_mean").get<std::vector<float>>();
+  std::stringstream parts(mean);
+  std::size_t i = 0;
+  for (std::string part; std::getline(parts, part, ','); ++i) {
+    ASSERT_LT(i, used.size());
+    EXPECT_EQ(std::stof(part), used[i]) << part;
+  }
 }
 
 // The command on a small generated set: resnet18 with augmentation,
