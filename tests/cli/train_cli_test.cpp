@@ -143,6 +143,14 @@ TEST(ClusterCli, TheDeviceIsCheckedWhereTheWorkerRunsNotOnTheCoordinatorsHost) {
 TEST(ClusterCli, AWorkersDeviceFlagReplacesTheJobsItemForIt) {
   expect_one_line_error(asgd("worker --coordinator tcp://127.0.0.1:1 --device gpu"), 2,
                         "--device: unknown device 'gpu' (expected cpu, cuda or cuda:K)");
+  // A GPU this host lacks, said before joining (it waited out --join-timeout
+  // when no coordinator answered, then said "timeout").
+  if (asgd::cuda_device_count() == 0) {
+    const auto asked = std::chrono::steady_clock::now();
+    expect_one_line_error(asgd("worker --coordinator tcp://127.0.0.1:1 --device cuda:0"), 2,
+                          "--device cuda:0: no usable CUDA device");
+    EXPECT_LT(std::chrono::steady_clock::now() - asked, std::chrono::seconds(10));
+  }
   const ByHand r = run_by_hand("--device cuda:7 --epochs 1", "--device cpu");
   EXPECT_EQ(r.worker.exit_code, 0) << r.worker.err;
   ASSERT_EQ(r.coordinator.exit_code, 0) << r.coordinator.err;

@@ -254,6 +254,15 @@ int run_role(const ProcessFlags& pf, bool shard) {
     else if (batch_scheduled())
       logger().info("{}: every thread under SCHED_BATCH (--scheduling batch)", shard ? "shard" : "worker");
   }
+  // A --device given here is checked before joining: a GPU this host lacks
+  // was said only after the join (up to --join-timeout, 60 s, when no
+  // coordinator answered).
+  if (!shard && !pf.device.empty()) {
+    if (Status usable = device_usable_here(pf.device); !usable.ok()) {
+      print_error(usable.message());
+      return kExitUsage;
+    }
+  }
   ProcessOptions po = process_options(pf);
   if (auto code = load_auth(pf, po)) return *code;
   Interrupts interrupts;
