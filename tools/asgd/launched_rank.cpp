@@ -357,6 +357,8 @@ int run_launched_rank(const JobOptions& jo, const LaunchFlags& lf, const Launch&
       print_error("--collective mpi: for --policy allreduce only, not " + config.policy);
       return kExitUsage;
     }
+    if (config.compress == "fp16" && role->role == RankRole::coordinator)
+      logger().warn("--compress fp16 changes nothing for --collective mpi: MPI_Allreduce sends float32");
     auto started = MpiSession::start(role->role == RankRole::worker, role->index);
     if (!started) {
       print_error(started.status().message());
