@@ -335,6 +335,7 @@ JobSummary CoordinatorCore::summary(double test_accuracy, const std::vector<std:
   sum.weight_decay = cfg.weight_decay;
   sum.seed = cfg.seed;
   sum.compress = plan_.placement == Placement::one_process ? "none" : cfg.compress;
+  if (plan_.placement == Placement::one_process) sum.threads = static_cast<std::uint32_t>(plan_.compute_threads);
   sum.staleness = plan_.staleness_bound;
   sum.workers = cfg.workers;
   sum.shards = cfg.shards;

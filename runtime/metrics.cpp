@@ -89,6 +89,7 @@ nlohmann::json to_json(const JobSummary& s) {
                       {"weight_decay", s.weight_decay},
                       {"seed", s.seed},
                       {"compress", s.compress},
+                      {"threads", nullptr},
                       {"staleness", nullptr},
                       {"workers", s.workers},
                       {"shards", s.shards},
@@ -123,6 +124,7 @@ nlohmann::json to_json(const JobSummary& s) {
                       {"input_stddev", s.input_stddev}};
   if (s.staleness) j["staleness"] = *s.staleness;
   if (s.momentum) j["momentum"] = *s.momentum;
+  if (s.threads) j["threads"] = *s.threads;
   if (s.time_to_target_s) j["time_to_target_s"] = *s.time_to_target_s;
   return j;
 }
@@ -210,6 +212,7 @@ Result<JobSummary> summary_from_json(const nlohmann::json& j) {
       s.weight_decay = field<double>(j, "weight_decay");
       s.seed = field<std::uint64_t>(j, "seed");
       s.compress = j.value("compress", std::string("none"));
+      if (j.contains("threads") && !j.at("threads").is_null()) s.threads = j.at("threads").get<std::uint32_t>();
     }
     if (!j.at("staleness").is_null()) s.staleness = j.at("staleness").get<std::uint32_t>();
     s.workers = field<std::uint32_t>(j, "workers");

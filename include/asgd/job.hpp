@@ -287,6 +287,10 @@ struct JobSummary {
   double weight_decay = 0.0;       ///< JobConfig::weight_decay
   std::uint64_t seed = 0;          ///< JobConfig::seed: with the rest, what a rerun needs
   std::string compress;            ///< JobConfig::compress ("none" in one process, where nothing goes over a wire)
+  /// Compute threads per worker as the job took them (JobConfig::threads,
+  /// or its rule for 0); none across processes, where each worker process
+  /// chooses on its host (its log says).
+  std::optional<std::uint32_t> threads;
   std::optional<std::uint32_t> staleness;  ///< the policy's staleness bound; none for async
   std::uint32_t workers = 0;               ///< worker actors or processes
   std::uint32_t shards = 0;                ///< parameter shards

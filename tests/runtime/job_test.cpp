@@ -55,7 +55,7 @@ TEST(RunJob, TrainsMnistAcrossTwoWorkersAndTwoShardsAndWritesTheMetricsFile) {
   const auto& s = lines.back();
   EXPECT_EQ(s["event"], "summary");
   const std::set<std::string> expected = {"event", "policy", "policy_options", "lr", "momentum", "optimizer",
-                                          "lr_schedule", "weight_decay", "seed", "compress", "staleness", "workers", "shards", "device", "model",
+                                          "lr_schedule", "weight_decay", "seed", "compress", "threads", "staleness", "workers", "shards", "device", "model",
                                           "dataset", "epochs", "wall_s", "train_s", "samples_per_s",
                                           "final_test_accuracy", "time_to_target_s", "updates_applied",
                                           "staleness_mean", "staleness_p99", "staleness_max",

@@ -39,6 +39,7 @@ TEST(MetricsRecords, ASummaryWrittenAndReadBackIsTheSame) {
   s.weight_decay = 5e-4;
   s.seed = 12345678901ULL;
   s.compress = "fp16";
+  s.threads = 3;
   s.staleness = 3;
   s.workers = 2;
   s.shards = 1;
@@ -84,7 +85,7 @@ TEST(MetricsRecords, ASummaryWrittenAndReadBackIsTheSame) {
   EXPECT_EQ(empty->energy.reason, "no RAPL here");
   nlohmann::json older = to_json(none);  // a file of an asgd from before the policy's settings were written
   for (const char* key : {"policy_options", "lr", "momentum", "optimizer", "lr_schedule", "weight_decay", "seed",
-                          "compress"})
+                          "compress", "threads"})
     older.erase(key);
   EXPECT_TRUE(summary_from_json(older).ok());
 }
