@@ -355,6 +355,22 @@ TEST(TrainCli, AnEmptyPathFlagIsRefusedInEveryCommand) {
     const std::string flag = std::string(command).substr(std::string(command).rfind(" --") + 1);
     expect_one_line_error(asgd(std::string(command) + " ''"), 2, flag + ": an empty path (give one)");
   }
+  // Left out unquoted, the path is the next flag: a file named --help was
+  // written, and the job ran.
+  expect_one_line_error(asgd("train --epochs 1 --metrics-out --help"), 2,
+                        "--metrics-out: '--help' is a flag, not a path: was the value left out?");
+  expect_one_line_error(asgd("train --log-file -h"), 2, "--log-file: '-h' is a flag, not a path");
+}
+
+// Values past what the job can carry: a --seed of 2^63 was taken, then
+// refused in its own job.toml (and by asgd cluster's shards); a worker's
+// --index of -1 or past 2^32 became another index without a word.
+TEST(TrainCli, ASeedOrIndexPastWhatTheJobCarriesIsRefused) {
+  expect_one_line_error(asgd("train --seed 9223372036854775808"), 2,
+                        "--seed 9223372036854775808: expected an integer from 0 to 9223372036854775806");
+  for (const char* index : {"-1", "4294967296"})
+    expect_one_line_error(asgd(std::string("worker --coordinator tcp://127.0.0.1:5 --index ") + index), 2,
+                          "--index: Value " + std::string(index) + " not in range 0 to 4294967295");
 }
 
 // As a launcher prefix for asgd(): mpirun's variables for rank `rank` of 4

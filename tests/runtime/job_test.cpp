@@ -138,6 +138,11 @@ TEST(Validate, NamesTheFlagAndTheBadValue) {
   s = validate(c);
   EXPECT_NE(s.message().find("--policy petuum"), std::string::npos) << s.message();
   c = {};
+  c.seed = std::uint64_t{1} << 63;  // job.toml could not carry it back
+  s = validate(c);
+  EXPECT_NE(s.message().find("--seed 9223372036854775808: must be at most 9223372036854775806"), std::string::npos)
+      << s.message();
+  c = {};
   c.lr = -1;
   EXPECT_FALSE(validate(c).ok());
   c = {};

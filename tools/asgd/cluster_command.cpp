@@ -7,6 +7,7 @@
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <memory>
 #include <optional>
 #include <string>
@@ -170,7 +171,11 @@ void add_process_flags(CLI::App* cmd, ProcessFlags& f, bool listens, bool needs_
       ->type_name("S")
       ->check(positive(true, kMaxWaitS));
   if (needs_coordinator)
-    cmd->add_option("--index", f.index, "ask for this index (default: the first free one)")->type_name("K");
+    cmd->add_option("--index", f.index, "ask for this index, 0 or more (default: the first free one)")
+        ->type_name("K")
+        // (-1, the default's own value, was taken as "first free", and a number
+        // past 2^32 was cut to another index without a word.)
+        ->check(quietly(CLI::Range(std::int64_t{0}, std::int64_t{std::numeric_limits<std::uint32_t>::max()})));
   add_shared_memory_flag(cmd, f.shared_memory);
   if (needs_coordinator) {  // shard, worker
     add_busy_poll_flag(cmd, f.busy_poll_us);

@@ -98,7 +98,16 @@ void refuse_empty_paths(CLI::App& scope) {
       const std::string refusal = o->get_required()  ? "an empty path (give one)"
                                   : t == "URL"         ? "an empty URL (leave the flag out for the default)"
                                                        : "an empty path (leave the flag out for none)";
-      o->check(CLI::Validator([refusal](std::string& v) { return v.empty() ? refusal : std::string(); }, ""));
+      // A value like a flag is one that took the next flag's place: an unset
+      // variable (--metrics-out $OUT --epochs 1) wrote a file named --epochs.
+      o->check(CLI::Validator(
+          [refusal](std::string& v) {
+            if (v.empty()) return refusal;
+            if (v.size() > 1 && v[0] == '-')
+              return "'" + v + "' is a flag, not a path: was the value left out? (./" + v + " for a file of that name)";
+            return std::string();
+          },
+          ""));
     }
   for (CLI::App* sub : scope.get_subcommands({})) refuse_empty_paths(*sub);
 }
