@@ -534,6 +534,10 @@ TEST(TrainCli, AnUnknownFlagGetsTheNearestKnownOneAndWhereTheListIs) {
   expect_one_line_error(asgd("train --epoch=2"), 2, "did you mean --epochs?");
   expect_one_line_error(asgd("train --zzzzzzzz"), 2, "unknown flag --zzzzzzzz (asgd train --help lists them)");
   expect_one_line_error(asgd("traim"), 2, "unknown command traim; did you mean train? the commands: train, compare");
+  // A required flag misspelt is the unknown flag, not the missing one ("--policies is required").
+  expect_one_line_error(asgd("compare --polices async --out x"), 2,
+                        "unknown flag --polices; did you mean --policies? (asgd compare --help lists them)");
+  expect_one_line_error(asgd("export --out x"), 2, "--checkpoint is required");
 }
 
 TEST(TrainCli, ReportsAMissingDataDirectoryWithExitCode2) {

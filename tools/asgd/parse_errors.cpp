@@ -104,9 +104,9 @@ std::string explain_parse_error(CLI::App& app, const std::vector<std::string>& t
     command = at;
     where += " " + at->get_name();
   }
-  if (dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr) {
+  // The first argument the command did not take that looks like a flag.
+  const auto unknown_flag = [&]() -> std::string {
     const std::vector<std::string> flags = flags_of(command ? *command : app);
-    // The first argument the command did not take that looks like a flag.
     for (auto it = typed.begin(); it != typed.end(); ++it) {
       if (!it->starts_with("--")) continue;
       const std::string flag = it->substr(0, it->find('='));
@@ -115,8 +115,16 @@ std::string explain_parse_error(CLI::App& app, const std::vector<std::string>& t
       return "unknown flag " + flag + (best.empty() ? "" : "; did you mean " + best + "?") + " (" + where +
              " --help lists them)";
     }
+    return "";
+  };
+  if (dynamic_cast<const CLI::ExtrasError*>(&e) != nullptr) {
+    if (std::string said = unknown_flag(); !said.empty()) return said;
     return std::string(e.what()) + " (" + where + " --help lists what it takes)";
   }
+  // A required flag misspelt: CLI11 checks what is required first, and said
+  // "--policies is required" of `--polices async`.
+  if (dynamic_cast<const CLI::RequiredError*>(&e) != nullptr)
+    if (std::string said = unknown_flag(); !said.empty()) return said;
   // CLI11's "Could not convert: --repeats = -1": the flag, the value and what it takes.
   if (const std::string what = e.what(); dynamic_cast<const CLI::ConversionError*>(&e) != nullptr) {
     const std::string mark = "Could not convert: ";
