@@ -37,7 +37,8 @@ inline PolicyEntry averaging_policy_entry() {
   return {"averaging",
           "local SGD: K local steps, then the workers' parameters are averaged",
           "",
-          {{"local-steps", "K", 8, 1, 1e9, true, "averaging: local steps between parameter averages"}},
+          {{"local-steps", "K", 8, 1, 1e9, true, "averaging: local steps between parameter averages", false,
+            "8, 4 beyond 8 workers"}},
           [](const PolicyOptions& o) {
             return std::make_unique<AveragingPolicy>(static_cast<std::uint32_t>(o.at("local-steps")));
           }};

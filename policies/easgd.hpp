@@ -39,7 +39,7 @@ inline PolicyEntry easgd_policy_entry() {
           "",
           {{"local-steps", "TAU", 4, 1, 1e9, true, "easgd: local steps between elastic moves (tau)"},
            {"moving-rate", "ALPHA", 0.45, 0, 1, false,
-            "easgd: the share of their difference center and worker each move (alpha; 0.9 / workers)", true}},
+            "easgd: the share of their difference center and worker each move (alpha)", true, "0.9 / workers"}},
           [](const PolicyOptions& o) {
             return std::make_unique<EasgdPolicy>(static_cast<std::uint32_t>(o.at("local-steps")),
                                                  static_cast<float>(o.at("moving-rate")));

@@ -28,6 +28,9 @@ struct PolicyKnob {
   /// `min` itself is not allowed (easgd's moving rate: 0 never moves the
   /// center the job evaluates), nor a value that is `min` as a float.
   bool above_min = false;
+  /// For --help, where the default follows the job (training_settings
+  /// adjusts it for the worker count): "0.9 / workers"; empty: the value.
+  std::string default_doc = {};
 };
 
 /// One policy: what `--policy NAME` selects.

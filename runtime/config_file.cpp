@@ -120,7 +120,8 @@ std::vector<ConfigField> with_policy_knobs(std::vector<ConfigField> fields) {
       for (const PolicyKnob& k : e->knobs) {
         if (k.name != use.knob->name) continue;
         // Each doc starts with its policy's name ("ssp: how many ...").
-        doc += (doc.empty() ? "" : "; ") + k.doc + " (default " + fmt::format("{:g}", k.default_value) + ")";
+        const std::string value = k.default_doc.empty() ? fmt::format("{:g}", k.default_value) : k.default_doc;
+        doc += (doc.empty() ? "" : "; ") + k.doc + " (default " + value + ")";
       }
     }
     knobs.push_back({use.knob->name, doc, use.knob->metavar, knob_field(use.knob->name)});
