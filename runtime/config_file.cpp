@@ -1,5 +1,7 @@
 #include "runtime/config_file.hpp"
 
+#include "base/flag_text.hpp"
+
 #include <spdlog/fmt/fmt.h>
 #include <toml.hpp>
 
@@ -263,7 +265,13 @@ Status set_job_field(JobConfig& config, const std::string& key, const std::strin
   const std::string k = normalize(key);
   const auto& fields = job_config_fields();
   auto it = std::find_if(fields.begin(), fields.end(), [&](const ConfigField& f) { return f.key == k; });
-  if (it == fields.end()) return Status::InvalidArgument("unknown setting '" + key + "'");
+  if (it == fields.end()) {
+    std::vector<std::string> keys;
+    for (const ConfigField& f : fields) keys.push_back(f.key);
+    const std::string best = nearest(k, keys);
+    return Status::InvalidArgument("unknown setting '" + key + "'" +
+                                   (best.empty() ? "" : "; did you mean '" + best + "'?"));
+  }
   Status s = it->set(config, text);
   if (!s.ok()) return Status::InvalidArgument("--" + k + (text.empty() ? "" : " " + text) + ": " + s.message());
   return {};

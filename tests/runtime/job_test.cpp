@@ -233,6 +233,9 @@ TEST(ConfigFile, AnEmptyStringIsTheKeyLeftOut) {
   EXPECT_EQ(c.workers, 5u);
   std::ofstream(path) << "bogus = \"\"\n";
   EXPECT_NE(apply_toml_file(path.string(), c).message().find("unknown setting 'bogus'"), std::string::npos);
+  std::ofstream(path) << "epoch = 2\n";  // a key misspelt gets the nearest, as a flag does
+  EXPECT_NE(apply_toml_file(path.string(), c).message().find("unknown setting 'epoch'; did you mean 'epochs'?"),
+            std::string::npos);
 }
 
 // What asgd writes (job.toml, asgd compare --processes' runs/<run>.toml,

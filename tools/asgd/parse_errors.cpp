@@ -7,38 +7,11 @@
 #include <string>
 #include <vector>
 
+#include "base/flag_text.hpp"
 #include "tools/asgd/commands.hpp"
 
 namespace asgd::cli {
 namespace {
-
-// The edit distance between two flags, for "did you mean".
-std::size_t edit_distance(const std::string& a, const std::string& b) {
-  std::vector<std::size_t> row(b.size() + 1);
-  for (std::size_t j = 0; j <= b.size(); ++j) row[j] = j;
-  for (std::size_t i = 1; i <= a.size(); ++i) {
-    std::size_t diagonal = row[0];
-    row[0] = i;
-    for (std::size_t j = 1; j <= b.size(); ++j) {
-      const std::size_t up = row[j];
-      row[j] = std::min({row[j] + 1, row[j - 1] + 1, diagonal + (a[i - 1] == b[j - 1] ? 0 : 1)});
-      diagonal = up;
-    }
-  }
-  return row[b.size()];
-}
-
-// Of `names`, the nearest to `given` within two edits; empty when none is.
-std::string nearest(const std::string& given, const std::vector<std::string>& names) {
-  std::string best;
-  std::size_t best_distance = 3;  // farther than this is no suggestion
-  for (const std::string& name : names)
-    if (const std::size_t d = edit_distance(given, name); d < best_distance) {
-      best_distance = d;
-      best = name;
-    }
-  return best;
-}
 
 // The long flags `scope` takes, as typed ("--workers").
 std::vector<std::string> flags_of(const CLI::App& scope) {
