@@ -517,6 +517,8 @@ TEST(TrainCli, RejectsAnUnknownFlagWithExitCode2) {
   expect_one_line_error(asgd("train --wrokers 2"), 2, "wrokers");
   // A flag given twice says so (CLI11: "At Most 1 required but received 2").
   expect_one_line_error(asgd("train --epochs 1 --epochs 2"), 2, "--epochs given 2 times; give it once");
+  // A switch too (it was taken twice without a word).
+  expect_one_line_error(asgd("keys generate --out k --force --force"), 2, "--force given 2 times; give it once");
 }
 
 TEST(Cli, AsgdAlonePrintsItsHelpAndHowToTrainTheDefaultJob) {

@@ -109,6 +109,10 @@ void refuse_empty_paths(CLI::App& scope) {
           },
           ""));
     }
+  // A switch given twice is refused like any flag (--json --json was taken).
+  for (CLI::Option* o : scope.get_options({}))
+    if (o->get_expected_max() == 0 && o->get_name() != "--help" && o->get_name() != "--version")
+      o->multi_option_policy(CLI::MultiOptionPolicy::Throw);
   for (CLI::App* sub : scope.get_subcommands({})) refuse_empty_paths(*sub);
 }
 
