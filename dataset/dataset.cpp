@@ -248,8 +248,8 @@ Result<DatasetSplits> load_dataset(const std::string& name, const std::filesyste
     return Status::Corruption(train->images_path.string() + ": the training set is empty");
   const std::size_t n = train_images.count;
   if (validation_size >= n) {
-    return Status::InvalidArgument("validation_size " + std::to_string(validation_size) +
-                                   " must be smaller than the " + std::to_string(n) + " training images in " +
+    return Status::InvalidArgument("--validation-size " + std::to_string(validation_size) +
+                                   ": must be smaller than the " + std::to_string(n) + " training images in " +
                                    train->images_path.string());
   }
 

@@ -320,7 +320,7 @@ TEST(LoadDataset, RejectsAValidationSetAsLargeAsTheTrainingSet) {
   write_tiny_dataset(tmp.path(), 30, 10);
   auto d = load_dataset("mnist", tmp.path(), 30, 1);
   ASSERT_FALSE(d.ok());
-  expect_error(d.status(), StatusCode::invalid_argument, "validation_size 30");
+  expect_error(d.status(), StatusCode::invalid_argument, "--validation-size 30: must be smaller than the");
   EXPECT_TRUE(load_dataset("mnist", tmp.path(), 29, 1).ok());
 }
 
