@@ -47,6 +47,8 @@ Status parse_double(const std::string& text, double& out) {
   // leading spaces and hex, which a config value should not.
   const char* end = text.data() + text.size();
   auto [ptr, ec] = std::from_chars(text.data(), end, out);
+  if (!text.empty() && ptr == end && ec == std::errc::result_out_of_range)  // 1e400, 1e-400
+    return Status::InvalidArgument("a number past what a double holds (about 1.8e308, or below 2.2e-308)");
   if (text.empty() || ec != std::errc() || ptr != end || !std::isfinite(out))
     return Status::InvalidArgument("expected a number");
   return {};

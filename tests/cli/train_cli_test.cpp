@@ -51,6 +51,8 @@ TEST(TrainCli, RejectsAnInvalidFlagValueWithExitCode2NamingIt) {
   expect_one_line_error(asgd("train --policy petuum"), 2, "--policy petuum");
   expect_one_line_error(asgd("train --lr -3"), 2, "--lr");
   expect_one_line_error(asgd("train --dataset imagenet"), 2, "--dataset imagenet");
+  // A number, but past a double: said so ("expected a number").
+  expect_one_line_error(asgd("train --lr 1e400"), 2, "--lr 1e400: a number past what a double holds");
 }
 
 TEST(TrainCli, RejectsAnUnknownModelOrDeviceWithExitCode2) {
