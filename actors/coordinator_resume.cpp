@@ -71,8 +71,8 @@ Result<ResumePlan> plan_resume(const JobConfig& cfg, const JobPlan& job) {
                                                    std::to_string(saved->stats.keys) + " parameters, this job's shard " +
                                                    std::to_string(shard.index) + " has " +
                                                    std::to_string(shard.range.size()) +
-                                                   ": the checkpointed job had another model, or the folder holds shard files of jobs with other "
-                                                   "--shards counts"));
+                                                   ": the checkpointed job had another model, or the folder "
+                                                   "holds shard files of jobs with other --shards counts"));
     if (saved->optimizer != job.optimizer.kind)
       return Status::InvalidArgument("--resume " + cfg.resume + ": " + path + " holds the state of the " +
                                      saved->optimizer + " optimizer, this job's is " + job.optimizer.kind +
@@ -115,7 +115,8 @@ void warn_of_worker_state_not_resumed(const JobPlan& plan) {
   if (!stateful && !own_params) return;
   std::string lost;
   if (stateful) lost = "each worker's " + o.kind + " state starts again from zero";
-  if (own_params) lost += std::string(lost.empty() ? "" : ", and ") + "each worker starts again from the center variable";
+  if (own_params)
+    lost += std::string(lost.empty() ? "" : ", and ") + "each worker starts again from the center variable";
   logger().warn("the checkpoints hold the shards' state, not the workers' own: under {} {} (the shards' parameters "
                 "and optimizer state are restored), so the resumed job's first steps differ from an uninterrupted "
                 "run's",

@@ -265,16 +265,16 @@ void ShardCore::push(PushRequest&& req, Ticket ticket, Instant now, std::vector<
   // At most push-every: a shard restarted from its checkpoint holds clocks
   // behind the workers', and took the decay of every step since (a kill
   // 14 s into a --weight-decay 0.1 job sent validation accuracy to 0.105).
-  summed_steps_ = std::clamp<Clock>(req.clock + 1 > clock_[req.worker] ? req.clock + 1 - clock_[req.worker] : 1, 1,
-                                    push_every_);
-  clock_[req.worker] = std::max(clock_[req.worker], req.clock + 1);
+  const Clock next = req.clock + 1, had = clock_[req.worker];
+  const Clock summed = next > had ? std::min(next - had, push_every_) : 1;
+  clock_[req.worker] = std::max(had, next);
   const PushInfo info{req.worker, req.clock, req.base_clock};
   const PullInfo read{req.worker, req.clock + 1};
   PushOutcome outcome = PushOutcome::applied;
   switch (policy_->admit_push(info, view())) {
     case PushAction::apply:
       if (tick) break;
-      if (apply(req, payload, remote, ticket, out)) {
+      if (apply(req, payload, remote, summed, ticket, out)) {
         release_held(now, out);
         return;
       }
@@ -297,7 +297,7 @@ void ShardCore::push(PushRequest&& req, Ticket ticket, Instant now, std::vector<
   release_held(now, out);
 }
 
-bool ShardCore::apply(PushRequest& req, std::span<const float> payload, bool remote, Ticket ticket,
+bool ShardCore::apply(PushRequest& req, std::span<const float> payload, bool remote, Clock summed, Ticket ticket,
                       std::vector<Answer>& out) {
   // Staleness for the step size counts the updates this shard applied
   // since the worker read the parameters (Zhang et al. 2016): with N
@@ -314,7 +314,7 @@ bool ShardCore::apply(PushRequest& req, std::span<const float> payload, bool rem
   for (Clock c : clock_) progress += c;
   progress /= clock_.size();
   const float scale = lr_scale(progress > 0 ? progress - 1 : 0, behind);
-  optimizer_->set_decay_scale(static_cast<float>(summed_steps_));
+  optimizer_->set_decay_scale(static_cast<float>(summed));
   if (!req.want_params || !policy_->may_answer_pull(PullInfo{req.worker, req.clock + 1}, view())) {
     fold(payload, scale, {}, {});
     return false;

@@ -179,9 +179,11 @@ class ShardCore {
   ShardReply reply(PushOutcome outcome, std::vector<float> buffer, bool with_params) const;
   void answer_or_hold(Ticket ticket, PullInfo read, PushOutcome outcome, std::vector<float> buffer, Instant now,
                       std::vector<Answer>& out);
-  // A push the policy applies at once; true when it answered the push's
-  // read in the same pass (the reply is in `out`).
-  bool apply(PushRequest& req, std::span<const float> payload, bool remote, Ticket ticket, std::vector<Answer>& out);
+  // A push the policy applies at once, summing `summed` steps (its weight
+  // decay is taken that many times); true when it answered the push's read
+  // in the same pass (the reply is in `out`).
+  bool apply(PushRequest& req, std::span<const float> payload, bool remote, Clock summed, Ticket ticket,
+             std::vector<Answer>& out);
   bool publish(const PushRequest& req, std::span<const float> payload);
   // A push into its clock's aggregate, committed once complete.
   void aggregate(PushRequest& req, std::span<const float> payload, bool remote);
@@ -206,7 +208,6 @@ class ShardCore {
   std::vector<bool> live_;              // per worker
   Clock committed_ = 0;
   Clock newest_copy_ = 0;              // allreduce, gossip: 1 + the clock of the copy held (0: none yet)
-  Clock summed_steps_ = 1;             // the steps the push being applied sums, 1 to push_every_
   Clock push_every_ = 1;               // async's --push-every; 1 under every other policy
   std::map<Clock, Aggregate> pending_;  // by clock, committed in order
   std::vector<float> mean_;             // (range.size(),) scratch for commits

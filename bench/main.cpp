@@ -15,7 +15,7 @@ int main(int argc, char** argv) {
   CLI::App app{"asgd bench: what the runtime, the wire, the kernels and the shards under load cost"};
   app.name("asgd bench");
   auto run = add_bench_commands(app);
-  refuse_empty_paths(app);
+  refuse_mistyped_flags(app);
   const auto explain = [&app](const std::vector<std::string>& typed, const CLI::ParseError& e) {
     std::string names;
     for (const CLI::App* sub : app.get_subcommands({}))

@@ -78,19 +78,12 @@ json to_json(const CurvePoint& p) {
 
 json to_json(const Spread& s) { return {{"mean", s.mean}, {"min", s.min}, {"max", s.max}, {"n", s.n}}; }
 
-// Why no run measured energy: the first run's reason, or none known.
-std::string energy_reason(const ReportInput& in) {
+// The first reason a run's meter gave ("" for none): of the runs that
+// measured, what they left out; else why nothing was measured. (An
+// unmeasured run's reason read as a gap in the others.)
+std::string energy_reason(const ReportInput& in, bool of_measured) {
   for (const RunRecord& r : in.runs)
-    if (!r.summary.energy.reason.empty()) return r.summary.energy.reason;
-  return "no meter";
-}
-
-// What the runs that measured energy left out ("" for nothing): from a
-// measured run, not the first run's (an unmeasured one's reason read as a
-// gap in the others).
-std::string measured_gaps(const ReportInput& in) {
-  for (const RunRecord& r : in.runs)
-    if (r.summary.energy.measured && !r.summary.energy.reason.empty()) return r.summary.energy.reason;
+    if (r.summary.energy.measured == of_measured && !r.summary.energy.reason.empty()) return r.summary.energy.reason;
   return "";
 }
 
@@ -301,12 +294,13 @@ std::string notes_html(const ReportInput& in) {
          "worker's reads back.</li>\n";
   bool measured = false;
   for (const RunRecord& r : in.runs) measured = measured || r.energy_j.has_value();
+  const std::string why = energy_reason(in, measured);
   out += "<li>Energy: " +
          (measured ? "what the machine drew while each run trained and evaluated, as its devices measured it (" +
                          html_escape(measured_devices(in)) + ")" +
-                         (measured_gaps(in).empty() ? std::string() : "; left out: " + html_escape(measured_gaps(in))) +
+                         (why.empty() ? std::string() : "; left out: " + html_escape(why)) +
                          "; EDP is energy times that time, and the multiple is of the first row's EDP."
-                   : "not measured: " + html_escape(energy_reason(in)) + ".") +
+                   : "not measured: " + html_escape(why.empty() ? "no meter" : why) + ".") +
          " results.csv has energy_j and edp_js columns.</li>\n";
   out += "</ul>\n</section>\n";
   return out;

@@ -51,35 +51,6 @@ std::chrono::milliseconds millis(double seconds) {
   return std::chrono::milliseconds(static_cast<std::int64_t>(seconds * 1000.0));
 }
 
-// --compress fp16 rounds the steps' traffic between workers and shards.
-// Under allreduce and gossip that traffic is the workers' collective (which
-// rounds its own): what reaches the shards there, first parameters and
-// publishes, is what the job evaluates and checkpoints, and goes exact.
-// Under averaging the pushes are the parameters whose mean the shards keep:
-// rounded, they made the final model float16's (99.7% of its values).
-messaging::TensorCoding coding_of(const JobConfig& c) {
-  using messaging::TensorCoding;
-  if (c.compress != "fp16") return TensorCoding::float32;
-  auto settings = plan_settings(c, Placement::processes, 1);
-  if (!settings || settings->exchange != Exchange::none) return TensorCoding::float32;
-  auto policy = make_policy(settings->policy);
-  return policy && (*policy)->combine().rule == Combine::Rule::replace ? TensorCoding::float32
-                                                                       : TensorCoding::float16;
-}
-
-std::optional<std::string> compress_changes_nothing(const JobConfig& c) {
-  if (c.compress != "fp16") return std::nullopt;
-  auto settings = plan_settings(c, Placement::processes, 1);
-  if (!settings) return std::nullopt;
-  if (settings->exchange == Exchange::gossip)
-    return "--compress fp16 changes nothing under gossip: the copies the workers exchange, and what they publish to "
-           "the shards, go as float32";
-  if (settings->exchange == Exchange::none && coding_of(c) == messaging::TensorCoding::float32)
-    return "--compress fp16 changes nothing under " + settings->policy_name +
-           ": its pushes are the parameters the shards keep, sent exact so the model is not rounded";
-  return std::nullopt;
-}
-
 std::string host_name() {
   char buf[256] = {};
   if (gethostname(buf, sizeof buf - 1) != 0) return "?";

@@ -1,5 +1,6 @@
-// The parts of a worker process's start that need neither its connection
-// nor its actors (runtime/cluster.cpp runs them).
+// The parts of a process's start that need neither its connection nor its
+// actors (runtime/cluster.cpp and cluster_coordinator.cpp run them): a
+// worker's device, collective and step cost; how tensors are coded.
 #include <spdlog/fmt/fmt.h>
 
 #include "actors/job_plan.hpp"
@@ -88,6 +89,45 @@ Result<StepCost> measure_step_cost(const JobPlan& plan, const data::DatasetSplit
   logger().info("worker {}: a step of B samples takes {:.3g} ms + B x {:.3g} us on {} in calibration", index,
                 cost.fixed_s * 1e3, cost.per_sample_s * 1e6, device);
   return cost;
+}
+
+// --compress fp16 rounds the steps' traffic between workers and shards.
+// Under allreduce and gossip that traffic is the workers' collective (which
+// rounds its own): what reaches the shards there, first parameters and
+// publishes, is what the job evaluates and checkpoints, and goes exact.
+// Under averaging the pushes are the parameters whose mean the shards keep:
+// rounded, they made the final model float16's (99.7% of its values).
+namespace {
+
+// Averaging's pushes: the parameters the shards keep (their mean), not a
+// step's traffic.
+bool pushes_are_kept_parameters(const JobPlan& settings) {
+  auto policy = make_policy(settings.policy);
+  return policy && (*policy)->combine().rule == Combine::Rule::replace;
+}
+
+}  // namespace
+
+messaging::TensorCoding coding_of(const JobConfig& c) {
+  using messaging::TensorCoding;
+  if (c.compress != "fp16") return TensorCoding::float32;
+  auto settings = plan_settings(c, Placement::processes, 1);
+  return !settings || settings->exchange != Exchange::none || pushes_are_kept_parameters(*settings)
+             ? TensorCoding::float32
+             : TensorCoding::float16;
+}
+
+std::optional<std::string> compress_changes_nothing(const JobConfig& c) {
+  if (c.compress != "fp16") return std::nullopt;
+  auto settings = plan_settings(c, Placement::processes, 1);
+  if (!settings) return std::nullopt;
+  if (settings->exchange == Exchange::gossip)
+    return "--compress fp16 changes nothing under gossip: the copies the workers exchange, and what they publish to "
+           "the shards, go as float32";
+  if (settings->exchange == Exchange::none && pushes_are_kept_parameters(*settings))
+    return "--compress fp16 changes nothing under " + settings->policy_name +
+           ": its pushes are the parameters the shards keep, sent exact so the model is not rounded";
+  return std::nullopt;
 }
 
 }  // namespace asgd::cluster_detail

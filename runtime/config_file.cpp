@@ -30,11 +30,7 @@ Status parse_uint(const std::string& text, Int& out) {
   const char* end = text.data() + text.size();
   auto [ptr, ec] = std::from_chars(text.data(), end, v);
   const bool integer = !text.empty() && ptr == end && (ec == std::errc() || ec == std::errc::result_out_of_range);
-  // A TOML integer is signed 64-bit, and one past it reads as INT64_MAX,
-  // which the reader refuses: a --seed of 2^63 was taken, then its own
-  // job.toml refused (and asgd cluster failed at its shards).
-  constexpr std::uint64_t kMax = std::min<std::uint64_t>(std::numeric_limits<Int>::max(),
-                                                         std::numeric_limits<std::int64_t>::max() - 1);
+  constexpr std::uint64_t kMax = std::min<std::uint64_t>(std::numeric_limits<Int>::max(), kLargestSettingInteger);
   if (integer && (ec != std::errc() || v > kMax))
     return Status::InvalidArgument("expected an integer from 0 to " + std::to_string(kMax));
   if (!integer) return Status::InvalidArgument("expected a non-negative integer");

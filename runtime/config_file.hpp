@@ -2,7 +2,9 @@
 // One table of JobConfig's settable fields serves the command line and the
 // TOML config file alike, so a key parses, and fails, the same way in both.
 
+#include <cstdint>
 #include <functional>
+#include <limits>
 #include <optional>
 #include <string>
 #include <utility>
@@ -38,6 +40,11 @@ const std::vector<ConfigField>& job_config_fields();
 
 /// DIR/job.toml: the settings a checkpointing job writes beside its shard
 /// checkpoints; `--resume DIR` starts from them.
+/// The largest integer a setting may take: a TOML integer is signed
+/// 64-bit, and toml11 reads one past it as INT64_MAX, which the reader
+/// refuses (a --seed of 2^63 was taken, then its own job.toml refused).
+inline constexpr std::uint64_t kLargestSettingInteger = std::numeric_limits<std::int64_t>::max() - 1;
+
 inline constexpr const char* kJobSettingsFile = "job.toml";
 /// The last line of a job.toml: one without it was cut short.
 inline constexpr const char* kJobSettingsEnd = "# end of the settings";

@@ -113,7 +113,7 @@ struct EnergyMeter::State {
     std::vector<fs::path> entries;
     for (const auto& e : fs::directory_iterator(root, ec)) entries.push_back(e.path());
     std::sort(entries.begin(), entries.end());
-    bool unreadable = false;
+    std::vector<std::string> unreadable;  // zones left out: a gap beside zones read, else the reason
     for (const fs::path& zone : entries) {
       const std::string id = zone.filename().string();  // intel-rapl:N or intel-rapl:N:M
       if (!id.starts_with("intel-rapl:")) continue;
@@ -129,18 +129,19 @@ struct EnergyMeter::State {
       z.device = package ? "cpu package " + numbers : "dram " + numbers.substr(0, colon);
       z.counter = zone / "energy_uj";
       if (!read_number(zone / "max_energy_range_uj", z.range) || !read_number(z.counter, z.last)) {
-        unreadable = true;
-        gaps.push_back(z.device + ": " + z.counter.string() + " is not readable");
+        unreadable.push_back(z.device + ": " + z.counter.string() + " is not readable");
         continue;
       }
       z.last_at = now();
       zones.push_back(z);
     }
-    if (zones.empty()) gaps.clear();  // said once, below
-    if (zones.empty())
-      rapl_reason = unreadable ? "the RAPL counters under " + root.string() +
-                                     " are not readable (energy_uj is root's alone since Linux 5.10)"
-                               : "no RAPL counters under " + root.string() + " (a virtual machine, or no powercap)";
+    if (!zones.empty())
+      gaps.insert(gaps.end(), unreadable.begin(), unreadable.end());
+    else if (!unreadable.empty())
+      rapl_reason = "the RAPL counters under " + root.string() +
+                    " are not readable (energy_uj is root's alone since Linux 5.10)";
+    else
+      rapl_reason = "no RAPL counters under " + root.string() + " (a virtual machine, or no powercap)";
   }
 
   void open_nvml() {
@@ -171,18 +172,19 @@ struct EnergyMeter::State {
       return;
     }
     const TimePoint at = now();
+    std::vector<std::string> unmeasured;  // GPUs left out: a gap beside GPUs read, else the reason
     for (unsigned i = 0; i < count; ++i) {
       Gpu g;
       g.device = "gpu " + std::to_string(i);
       if (nvml.handle(i, &g.handle) != 0) {
-        gaps.push_back(g.device + ": NVML gives no handle for it");
+        unmeasured.push_back(g.device + ": NVML gives no handle for it");
         continue;
       }
       g.counter = nvml.energy_mj(g.handle, &g.last_mj) == 0;
       unsigned mw = 0;
       if (!g.counter) {
         if (nvml.power_mw(g.handle, &mw) != 0) {  // neither: this GPU cannot be measured
-          gaps.push_back(g.device + ": NVML reads neither its energy nor its power");
+          unmeasured.push_back(g.device + ": NVML reads neither its energy nor its power");
           continue;
         }
         g.last_w = mw / 1000.0;
@@ -190,9 +192,10 @@ struct EnergyMeter::State {
       g.last_at = at;
       gpus.push_back(g);
     }
-    if (gpus.empty()) {
+    if (!gpus.empty()) {
+      gaps.insert(gaps.end(), unmeasured.begin(), unmeasured.end());
+    } else {
       nvml_reason = "NVML reads neither energy nor power on this machine's GPUs";
-      std::erase_if(gaps, [](const std::string& g) { return g.starts_with("gpu "); });
       close_nvml(true);
     }
   }
@@ -309,7 +312,8 @@ EnergyUse EnergyMeter::stop() {
     if (g.missed > 0)
       parts.push_back(g.device + ": NVML stopped answering for it (the last " + std::to_string(g.missed) +
                       " sample(s)): its energy since is not counted");
-    if (g.went_back) parts.push_back(g.device + ": its energy counter went back (a GPU reset?): some energy not counted");
+    if (g.went_back)
+      parts.push_back(g.device + ": its energy counter went back (a GPU reset?): some energy not counted");
   }
   if (!s.rapl_reason.empty()) parts.insert(parts.begin(), "CPU: " + s.rapl_reason);
   if (!s.nvml_reason.empty()) parts.push_back("GPU: " + s.nvml_reason);

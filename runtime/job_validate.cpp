@@ -7,7 +7,6 @@
 #include <algorithm>
 #include <cmath>
 #include <optional>
-#include <limits>
 #include <string>
 #include <vector>
 
@@ -22,6 +21,7 @@
 #include "dataset/cifar.hpp"
 #include "dataset/dataset.hpp"
 #include "policies/registry.hpp"
+#include "runtime/config_file.hpp"
 #include "runtime/job_internal.hpp"
 #include "runtime/metrics.hpp"
 #include "runtime/status_server.hpp"
@@ -150,10 +150,9 @@ Status validate_config(const JobConfig& c, bool named_dataset, bool devices_here
   // User data brings its own validation split.
   if (named_dataset && c.validation_size < 1) return bad("validation-size", "0", "must be >= 1");
   if (c.prefetch < 1) return bad("prefetch", "0", "must be >= 1");
-  // job.toml and a cluster's settings carry it as a TOML integer (signed
-  // 64-bit, one past it read as INT64_MAX and refused).
-  if (c.seed > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max() - 1))
-    return bad("seed", std::to_string(c.seed), "must be at most 9223372036854775806");
+  // job.toml and a cluster's settings carry it as a TOML integer.
+  if (c.seed > kLargestSettingInteger)
+    return bad("seed", std::to_string(c.seed), "must be at most " + std::to_string(kLargestSettingInteger));
   // A feeder ahead by the whole job held every epoch's batches (1.7 GB
   // for 10 MNIST epochs) and made the steps staler, for no speed.
   if (c.prefetch > kMaxPrefetch)

@@ -97,11 +97,6 @@ http::response<http::string_body> respond(const Content& content, const http::re
   common_headers(res);
   const std::string target(req.target());
   const std::string path = target.substr(0, target.find('?'));
-  auto plain = [&](http::status code, const std::string& text) {
-    res.result(code);
-    res.set(http::field::content_type, "text/plain; charset=utf-8");
-    res.body() = text + "\n";
-  };
   if (path == "/metrics") {
     res.set(http::field::content_type, "text/plain; version=0.0.4; charset=utf-8");
     res.body() = to_prometheus(content.status->get());
@@ -115,7 +110,8 @@ http::response<http::string_body> respond(const Content& content, const http::re
     res.set(http::field::content_type, "text/html; charset=utf-8");
     res.body() = content.page;
   } else {
-    plain(http::status::not_found, "not found: " + path + " (try /, /status, /history or /metrics)");
+    res = plain_answer(http::status::not_found, req.version(),
+                       "not found: " + path + " (try /, /status, /history or /metrics)");
   }
   res.prepare_payload();
   if (req.method() == http::verb::head) res.body().clear();
@@ -219,7 +215,8 @@ Status bind_to(tcp::acceptor& acceptor, const std::string& address, std::uint16_
   const auto ip = asio::ip::make_address(address, ec);
   if (ec) return Status::InvalidArgument("--status-address " + address + ": not an IP address");
   const tcp::endpoint endpoint(ip, port);
-  if (acceptor.open(endpoint.protocol(), ec); ec) return Status::IOError("status server on " + where + ": " + ec.message());
+  if (acceptor.open(endpoint.protocol(), ec); ec)
+    return Status::IOError("status server on " + where + ": " + ec.message());
   acceptor.set_option(asio::socket_base::reuse_address(true), ec);
   if (acceptor.bind(endpoint, ec); ec)
     return Status::InvalidArgument("--status-port " + std::to_string(port) + ": cannot listen on " + where + ": " +

@@ -95,11 +95,13 @@ LoadBench add_load_bench(CLI::App* bench);
 using AllreduceBench = CommBench;
 AllreduceBench add_allreduce_bench(CLI::App* bench);
 
-/// Every flag that names a file, folder or URL (type name FILE, DIR, PATH or URL), in
-/// `scope` and its subcommands, refuses an empty one: `--metrics-out
-/// "$OUT"` with OUT unset used to mean no metrics file, silently. Call it
+/// In `scope` and its subcommands: every flag that names a file, folder or
+/// URL (type name FILE, DIR, PATH or URL) refuses an empty value (`--metrics-out
+/// "$OUT"` with OUT unset used to mean no metrics file, silently) and one
+/// that looks like a flag (the next flag, taken when the value was left
+/// out); every switch refuses to be given twice, as other flags do. Call it
 /// once every option is added.
-void refuse_empty_paths(CLI::App& scope);
+void refuse_mistyped_flags(CLI::App& scope);
 
 
 /// A comma-separated list flag (type name LIST): given twice it is refused

@@ -29,10 +29,10 @@ std::function<int()> add_data_command(CLI::App& app) {
   fetch->add_option("--data-dir", o->data_dir, "its folder (default $ASGD_DATA_DIR/NAME, else ./data/NAME)")
       ->type_name("DIR");
   fetch->add_option("--mirror", o->mirror, "download from this base URL instead of the official ones (and mirrors)")
-      ->type_name("URL")  // refused empty (refuse_empty_paths): --mirror "$UNSET" meant the official servers
+      ->type_name("URL")  // refused empty (refuse_mistyped_flags): --mirror "$UNSET" meant the official servers
       ->check(CLI::Validator(
           [](std::string& url) -> std::string {  // a typo said "check the network", exit 1
-            if (url.empty()) return {};  // refuse_empty_paths says it
+            if (url.empty()) return {};  // refuse_mistyped_flags says it
             for (const char* scheme : {"http://", "https://", "file://"})  // what libcurl here speaks
               if (url.starts_with(scheme) && url.size() > std::string(scheme).size()) return {};
             return "'" + url + "' is not a URL this can download from (http://, https:// or file://)";

@@ -72,7 +72,7 @@ int main(int argc, char** argv) {
   auto data = add_data_command(app);
   auto devices = add_devices_command(app);
   auto bench = add_bench_passthrough(app);
-  asgd::cli::refuse_empty_paths(app);
+  asgd::cli::refuse_mistyped_flags(app);
   // With no arguments at all, `asgd` says what it can do (`asgd train` runs
   // the embedded default job).
   std::vector<std::string> args(argv + 1, argv + argc);

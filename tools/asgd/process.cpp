@@ -92,28 +92,28 @@ void end_with_parent(pid_t parent) {
   if (::getppid() != parent) ::raise(SIGTERM);  // it ended before the line above
 }
 
-void refuse_empty_paths(CLI::App& scope) {
-  for (CLI::Option* o : scope.get_options({}))
-    if (const std::string t = o->get_type_name(); t == "FILE" || t == "DIR" || t == "PATH" || t == "URL") {
-      const std::string refusal = o->get_required()  ? "an empty path (give one)"
-                                  : t == "URL"         ? "an empty URL (leave the flag out for the default)"
-                                                       : "an empty path (leave the flag out for none)";
-      // A value like a flag is one that took the next flag's place: an unset
-      // variable (--metrics-out $OUT --epochs 1) wrote a file named --epochs.
-      o->check(CLI::Validator(
-          [refusal](std::string& v) {
-            if (v.empty()) return refusal;
-            if (v.size() > 1 && v[0] == '-')
-              return "'" + v + "' is a flag, not a path: was the value left out? (./" + v + " for a file of that name)";
-            return std::string();
-          },
-          ""));
-    }
-  // A switch given twice is refused like any flag (--json --json was taken).
-  for (CLI::Option* o : scope.get_options({}))
+void refuse_mistyped_flags(CLI::App& scope) {
+  for (CLI::Option* o : scope.get_options({})) {
+    // A switch given twice is refused like any flag (--json --json was taken).
     if (o->get_expected_max() == 0 && o->get_name() != "--help" && o->get_name() != "--version")
       o->multi_option_policy(CLI::MultiOptionPolicy::Throw);
-  for (CLI::App* sub : scope.get_subcommands({})) refuse_empty_paths(*sub);
+    const std::string t = o->get_type_name();
+    if (t != "FILE" && t != "DIR" && t != "PATH" && t != "URL") continue;
+    const std::string refusal = o->get_required()  ? "an empty path (give one)"
+                                : t == "URL"         ? "an empty URL (leave the flag out for the default)"
+                                                     : "an empty path (leave the flag out for none)";
+    // A value like a flag is one that took the next flag's place: an unset
+    // variable (--metrics-out $OUT --epochs 1) wrote a file named --epochs.
+    o->check(CLI::Validator(
+        [refusal](std::string& v) {
+          if (v.empty()) return refusal;
+          if (v.size() > 1 && v[0] == '-')
+            return "'" + v + "' is a flag, not a path: was the value left out? (./" + v + " for a file of that name)";
+          return std::string();
+        },
+        ""));
+  }
+  for (CLI::App* sub : scope.get_subcommands({})) refuse_mistyped_flags(*sub);
 }
 
 void print_error(const std::string& message) {
