@@ -416,24 +416,56 @@ struct Acceptor {
 
 }  // namespace
 
+// The idle timeout's seconds, 1 to 86400 (at most a day: seconds past
+// that overflowed the timer's nanoseconds); 0 for anything else.
+long idle_seconds(const std::string& text) {
+  char* end = nullptr;
+  errno = 0;
+  const long s = std::strtol(text.c_str(), &end, 10);
+  return !text.empty() && *end == '\0' && errno == 0 && s >= 1 && s <= 86400 ? s : 0;
+}
+
 int main(int argc, char** argv) {
-  std::vector<std::string> args(argv + 1, argv + argc);
+  const auto usage = [&](std::FILE* to) {
+    std::fprintf(to, "usage: %s PORT [WORK_DIR] [--idle-timeout SECONDS]   (PORT 0: pick a free one; "
+                     "SECONDS 1 to 86400, default 30)\n", argv[0]);
+  };
+  // Flags anywhere, as --idle-timeout S or --idle-timeout=S; any other
+  // argument that starts with '-' is a mistake (a mistyped flag became the
+  // work folder), not a path (give ./-name for one that starts so).
+  std::vector<std::string> args;
   long idle_s = 30;
-  for (auto it = args.begin(); it != args.end(); ++it) {
-    if (*it != "--idle-timeout") continue;
-    char* idle_end = nullptr;
-    errno = 0;
-    idle_s = it + 1 != args.end() ? std::strtol((it + 1)->c_str(), &idle_end, 10) : 0;
-    // At most a day: seconds past that overflowed the timer's nanoseconds.
-    if (idle_end == nullptr || *idle_end != '\0' || errno != 0 || idle_s < 1 || idle_s > 86400) idle_s = 0;
-    args.erase(it, std::min(it + 2, args.end()));
-    break;
+  for (int i = 1; i < argc; ++i) {
+    const std::string arg = argv[i];
+    if (arg == "--help" || arg == "-h") {
+      usage(stdout);
+      return 0;
+    }
+    if (arg == "--idle-timeout" || arg.starts_with("--idle-timeout=")) {
+      const bool joined = arg != "--idle-timeout";
+      if (!joined && i + 1 == argc) {
+        std::fprintf(stderr, "--idle-timeout needs a value\n");
+        usage(stderr);
+        return 2;
+      }
+      const std::string value = joined ? arg.substr(arg.find('=') + 1) : argv[++i];
+      if ((idle_s = idle_seconds(value)) == 0) {
+        std::fprintf(stderr, "--idle-timeout %s: expected whole seconds from 1 to 86400\n", value.c_str());
+        return 2;
+      }
+      continue;
+    }
+    if (arg.size() > 1 && arg[0] == '-') {
+      std::fprintf(stderr, "unknown flag %s\n", arg.c_str());
+      usage(stderr);
+      return 2;
+    }
+    args.push_back(arg);
   }
   char* end = nullptr;
   const unsigned long port = !args.empty() ? std::strtoul(args[0].c_str(), &end, 10) : 0;
-  if (args.empty() || args.size() > 2 || args[0].empty() || *end != '\0' || port > 65535 || idle_s == 0) {
-    std::fprintf(stderr, "usage: %s PORT [WORK_DIR] [--idle-timeout SECONDS]   (PORT 0: pick a free one; "
-                         "SECONDS 1 to 86400, default 30)\n", argv[0]);
+  if (args.empty() || args.size() > 2 || args[0].empty() || *end != '\0' || port > 65535) {
+    usage(stderr);
     return 2;
   }
   asio::io_context io;

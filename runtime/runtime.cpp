@@ -1,5 +1,7 @@
 #include "asgd/runtime.hpp"
 
+#include "actors/thrown.hpp"
+
 #include <malloc.h>
 
 #include <condition_variable>
@@ -42,10 +44,10 @@ struct JobHandle::State {
   const void* runtime = nullptr;             // the Runtime (its Impl) that runs the job
 };
 
-const Result<JobSummary>& JobHandle::wait() const {
-  static const Result<JobSummary> kOwnCallback = Status::InvalidArgument(
-      "JobHandle::wait() from the job's own callback would never return (the job waits for its callback)");
-  if (t_in_callback_of == state_.get()) return kOwnCallback;
+Result<JobSummary> JobHandle::wait() const {
+  if (t_in_callback_of == state_.get())
+    return Status::InvalidArgument(
+        "JobHandle::wait() from the job's own callback would never return (the job waits for its callback)");
   std::unique_lock lock(state_->mu);
   state_->cv.wait(lock, [&] { return state_->result.has_value(); });
   return *state_->result;
@@ -90,11 +92,53 @@ struct Runtime::Impl {
     std::erase_if(jobs, [](Job& job) {
       {
         std::lock_guard job_lock(job.state->mu);
-        if (!job.state->result) return false;
+        if (!job.state->result || !job.thread.joinable()) return false;
       }
       job.thread.join();  // it has set its result: only returning is left
       return true;
     });
+  }
+
+  // Every Runtime alive, for exit(): a job still running when the program
+  // exits would compute while the libraries' statics are torn down
+  // (OpenBLAS frees its buffers under a worker's sgemm: a SIGSEGV). An
+  // atexit handler, registered at the first submit, after those libraries
+  // and asgd's registries started, and so run before they end, stops every
+  // job first. Never destroyed, like the log.
+  struct Live {
+    std::mutex mu;
+    std::vector<Impl*> all;
+    bool exiting = false;  // exit() has begun: a Runtime made now starts stopped
+  };
+  static Live& live() {
+    static Live* const live = new Live;
+    return *live;
+  }
+
+  // Cancels every job and waits until each has ended (its result set; its
+  // thread may still be returning), except the one whose callback called
+  // exit(), which waits for that call. Not stop(): a callback may make or
+  // destroy a Runtime meanwhile, which takes the list's lock, so the wait
+  // is outside it (stop() under it never ended); and ~Runtime in a
+  // callback frees what a stop() of this thread would be using.
+  static void stop_every_job_at_exit() {
+    std::vector<std::shared_ptr<JobHandle::State>> running;
+    {
+      std::lock_guard lock(live().mu);
+      live().exiting = true;
+      for (Impl* impl : live().all) {
+        std::lock_guard impl_lock(impl->mu);
+        impl->stopped = true;
+        for (const Job& job : impl->jobs) {
+          job.state->stop.request_stop();
+          if (job.state.get() != t_in_callback_of) running.push_back(job.state);
+        }
+      }
+    }
+    for (const auto& state : running) {
+      std::unique_lock lock(state->mu);
+      state->cv.wait(lock, [&] { return state->result.has_value(); });
+    }
   }
 };
 
@@ -118,45 +162,28 @@ void give_freed_memory_back() {
   });
 }
 
-// Every Runtime alive, for exit(): a job still running when the program
-// exits would compute while the libraries' statics are torn down (OpenBLAS
-// frees its buffers under a worker's sgemm: a SIGSEGV). An atexit handler,
-// registered after those libraries started and so run before they end,
-// stops every Runtime first. Never destroyed, like the log.
-struct LiveRuntimes {
-  std::mutex mu;
-  std::vector<Runtime*> all;
-};
-
-LiveRuntimes& live_runtimes() {
-  static LiveRuntimes* const live = new LiveRuntimes;
-  return *live;
-}
-
-void stop_every_runtime_at_exit() {
-  auto& live = live_runtimes();
-  std::lock_guard lock(live.mu);
-  for (Runtime* r : live.all) r->stop();
-}
-
 }  // namespace
 
 Runtime::Runtime() : impl_(std::make_unique<Impl>()) {
   give_freed_memory_back();
-  static std::once_flag once;
-  std::call_once(once, [] { std::atexit(stop_every_runtime_at_exit); });
-  auto& live = live_runtimes();
+  auto& live = Impl::live();
   std::lock_guard lock(live.mu);
-  live.all.push_back(this);
+  live.all.push_back(impl_.get());
+  impl_->stopped = live.exiting;  // made by a callback while the program exits
 }
 
 Runtime::~Runtime() {
   {
-    auto& live = live_runtimes();
+    auto& live = Impl::live();
     std::lock_guard lock(live.mu);
-    std::erase(live.all, this);
+    std::erase(live.all, impl_.get());
   }
   stop();
+  // Destroyed from a callback of its own job: that job ends once the
+  // callback returns, on a thread left to itself (it holds nothing of this
+  // Runtime's). stop() took every other thread.
+  for (Impl::Job& job : impl_->jobs)
+    if (job.thread.joinable()) job.thread.detach();
 }
 
 Result<JobHandle> Runtime::submit(const JobConfig& config, JobCallbacks callbacks) {
@@ -173,7 +200,15 @@ Result<JobHandle> Runtime::submit(const JobConfig& config, std::shared_ptr<const
 // Validates, then runs the job on a thread of its own (on `data` when set).
 Result<JobHandle> Runtime::start(const JobConfig& config, std::shared_ptr<const UserDataset> data,
                                  JobCallbacks callbacks) {
+  {
+    std::lock_guard lock(impl_->mu);  // (before validate: it reads statics exit() may have torn down)
+    if (impl_->stopped) return Status::Cancelled("the runtime has been stopped");
+  }
   if (Status s = data ? validate(config, *data) : validate(config); !s.ok()) return s;
+  // Registered once the statics validate reads (the registries) exist:
+  // exit() runs it before it destroys them.
+  static std::once_flag once;
+  std::call_once(once, [] { std::atexit(&Impl::stop_every_job_at_exit); });
   // The caller may change or free its data once this returns (the job
   // reads it later, on its thread): the job gets a copy of its own.
   if (data) data = std::make_shared<const UserDataset>(*data);
@@ -185,15 +220,22 @@ Result<JobHandle> Runtime::start(const JobConfig& config, std::shared_ptr<const 
   std::lock_guard lock(impl_->mu);
   if (impl_->stopped) return Status::Cancelled("the runtime has been stopped");
   impl_->reap();
-  impl_->jobs.push_back({state, std::thread([state, config, data = std::move(data), callbacks = std::move(callbacks)]() mutable {
-    Result<JobSummary> r = data ? run_job(config, std::move(data), callbacks, state->stop.get_token())
-                                : run_job(config, callbacks, state->stop.get_token());
-    {
-      std::lock_guard job_lock(state->mu);
-      state->result.emplace(std::move(r));
-    }
-    state->cv.notify_all();
-  })});
+  // Nothing is thrown at the host: a thread that cannot start (a limit on
+  // threads or address space) is the job's unavailable.
+  try {
+    impl_->jobs.reserve(impl_->jobs.size() + 1);
+    impl_->jobs.push_back({state, std::thread([state, config, data = std::move(data), callbacks = std::move(callbacks)]() mutable {
+      Result<JobSummary> r = data ? run_job(config, std::move(data), callbacks, state->stop.get_token())
+                                  : run_job(config, callbacks, state->stop.get_token());
+      {
+        std::lock_guard job_lock(state->mu);
+        state->result.emplace(std::move(r));
+      }
+      state->cv.notify_all();
+    })});
+  } catch (...) {
+    return thrown_status(std::current_exception(), "starting the job");
+  }
   return JobHandle(state);
 }
 
@@ -216,27 +258,38 @@ std::size_t Runtime::running() const {
 void Runtime::stop() {
   // From a callback of one of this Runtime's jobs: that job waits for the
   // callback, so it is cancelled and left to end on its own once the
-  // callback returns (its handles see the end); and a stop() under way
-  // elsewhere, which may be waiting for that very job, is not waited for.
-  // From another Runtime's job's callback, a stop waits as any other does
-  // (it returned with this Runtime's jobs still running).
+  // callback returns (it stays among the jobs: a later stop() waits for
+  // it, running() counts it); and a stop() under way elsewhere, which may
+  // be waiting for that very job, is not waited for. From another
+  // Runtime's job's callback, a stop waits as any other does.
   const bool in_callback =
       t_in_callback_of != nullptr && static_cast<const JobHandle::State*>(t_in_callback_of)->runtime == impl_.get();
+  const void* own = in_callback ? t_in_callback_of : nullptr;
   std::unique_lock stopping(impl_->stopping, std::defer_lock);
   if (!in_callback) stopping.lock();
-  std::vector<Impl::Job> jobs;
+  std::vector<std::thread> threads;
+  std::vector<std::shared_ptr<JobHandle::State>> ending;
   {
     std::lock_guard lock(impl_->mu);
     impl_->stopped = true;
-    for (const auto& job : impl_->jobs) job.state->stop.request_stop();
-    jobs.swap(impl_->jobs);
+    for (Impl::Job& job : impl_->jobs) {
+      job.state->stop.request_stop();
+      if (job.state.get() == own) continue;
+      ending.push_back(job.state);
+      if (job.thread.joinable()) threads.push_back(std::move(job.thread));
+    }
   }
-  for (Impl::Job& job : jobs) {
-    if (job.state.get() == t_in_callback_of)
-      job.thread.detach();  // it holds nothing of this Runtime's
-    else
-      job.thread.join();
+  for (std::thread& thread : threads) thread.join();
+  // Those a stop() from a callback took to join: ended, if not yet joined.
+  for (const auto& state : ending) {
+    std::unique_lock lock(state->mu);
+    state->cv.wait(lock, [&] { return state->result.has_value(); });
   }
+  std::lock_guard lock(impl_->mu);
+  std::erase_if(impl_->jobs, [](const Impl::Job& job) {
+    std::lock_guard job_lock(job.state->mu);
+    return !job.thread.joinable() && job.state->result.has_value();
+  });
 }
 
 }  // namespace asgd

@@ -12,16 +12,21 @@
 
 namespace asgd {
 
-/// A job a Runtime runs. Copyable (copies share the job); every method is
+/// A job a Runtime runs. Copyable (copies share the job; a move copies
+/// too, so a handle moved from still refers to its job); every method is
 /// thread-safe. Outliving its Runtime is fine: the runtime's stop() or
 /// destruction cancels and finishes the job first.
 class JobHandle {
  public:
-  /// Blocks until the job has ended; every call returns the same result.
-  /// From the job's own callback (where the job waits for the callback)
-  /// it returns at once with invalid_argument, and wait_for() says whether
-  /// the job has ended without waiting.
-  const Result<JobSummary>& wait() const;
+  JobHandle(const JobHandle&) = default;
+  JobHandle& operator=(const JobHandle&) = default;
+
+  /// Blocks until the job has ended; every call returns the same result
+  /// (a copy: it lives as long as the caller keeps it). From the job's own
+  /// callback (where the job waits for the callback) it returns at once
+  /// with invalid_argument, and wait_for() says whether the job has ended
+  /// without waiting.
+  Result<JobSummary> wait() const;
   /// Waits at most `timeout`; true when the job has ended.
   bool wait_for(std::chrono::milliseconds timeout) const;
   /// True once the job has ended (wait() would not block).
@@ -46,7 +51,9 @@ class Runtime {
   /// A runtime with no jobs yet.
   Runtime();
   /// stop(). exit() stops every Runtime still alive too (cancelling its
-  /// jobs), before the libraries that jobs use are torn down; but not from
+  /// jobs and waiting until they have ended), before the libraries that
+  /// jobs use are torn down, also while a callback makes or destroys a
+  /// Runtime; a Runtime made during exit() refuses jobs. But not from
   /// inside a job's own callback, where exit() cannot wait for that job
   /// (call stop() and return instead).
   ~Runtime();
@@ -57,7 +64,8 @@ class Runtime {
   /// Callbacks run on the job's threads, one at a time per job, and the
   /// job waits for each: a slow on_progress or on_epoch holds training up.
   /// Errors: invalid_argument for a bad configuration (nothing starts),
-  /// cancelled after stop(). What depends on a named dataset's size (a
+  /// cancelled after stop(), unavailable when the job's thread cannot
+  /// start (a limit on threads or memory). What depends on a named dataset's size (a
   /// batch larger than a worker's share of the training set, more workers
   /// than samples) is checked once the job has loaded it: the job then
   /// ends with invalid_argument. (On the user's data, below, submit checks
@@ -82,8 +90,10 @@ class Runtime {
   /// when that one does, once every job has ended. Called from a callback
   /// of one of this Runtime's jobs it waits for the other jobs only: that
   /// job (which waits for its callback) ends once the callback returns,
-  /// cancelled. The same holds for destroying the Runtime there. (From a
-  /// callback of another Runtime's job it waits as from any thread.)
+  /// cancelled; a later stop() from elsewhere waits for it, and running()
+  /// counts it until it has. The same holds for destroying the Runtime
+  /// there. (From a callback of another Runtime's job it waits as from any
+  /// thread.)
   void stop();
 
  private:

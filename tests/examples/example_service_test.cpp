@@ -177,6 +177,35 @@ TEST(ExampleService, RefusesAnIdleTimeoutOutOfRange) {
   }
 }
 
+// From the embedding audit (2026-11-29): `0 --idle-timeout=10` started
+// with a work folder named "--idle-timeout=10" (an unknown flag became
+// WORK_DIR); the joined form is a flag now, and any other is refused.
+TEST(ExampleService, RefusesUnknownFlagsAndTakesTheJoinedIdleTimeout) {
+  if (!kServicePath) GTEST_SKIP() << "example_service was not built (no Boost)";
+  asgd_test::TempDir dir("flags");
+  const auto text_of = [&](const char* name) {
+    std::ifstream in(dir.path() / name);
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  };
+  const auto run = [&](const std::string& args) {
+    const int status = std::system(("cd " + dir.path().string() + " && timeout 2 " + kServicePath + " " + args +
+                                    " > out.txt 2> err.txt").c_str());
+    return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+  };
+  for (const char* wrong : {"0 --idle-timout 10", "0 -v", "0 work --verbose", "--port 0"}) {
+    EXPECT_EQ(run(wrong), 2) << wrong;
+    EXPECT_NE(text_of("err.txt").find("unknown flag"), std::string::npos) << wrong;
+  }
+  EXPECT_EQ(run("0 --idle-timeout"), 2);
+  EXPECT_EQ(run("0 --idle-timeout=0"), 2);
+  EXPECT_EQ(run("--help"), 0);
+  EXPECT_NE(text_of("out.txt").find("usage:"), std::string::npos);
+  EXPECT_EQ(run("0 work --idle-timeout=10"), 124) << "it served until timeout stopped it";
+  EXPECT_NE(text_of("out.txt").find("listening on 127.0.0.1:"), std::string::npos);
+  for (const auto& entry : std::filesystem::directory_iterator(dir.path()))
+    EXPECT_EQ(entry.path().filename().string().find('-'), std::string::npos) << entry.path();
+}
+
 TEST(ExampleService, RunningOutOfDescriptorsDoesNotMakeItDeaf) {
   if (!kServicePath) GTEST_SKIP() << "example_service was not built (no Boost)";
   ServiceProcess service(/*idle_timeout_s=*/1, /*max_files=*/64);

@@ -10,6 +10,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdlib>
 #include <cstdio>
 #include <fstream>
 #include <string>
@@ -286,6 +287,52 @@ int log_lines_go_where_the_host_says(const std::string& dir) {
   return written_to(out) == 0 ? 0 : 10;
 }
 
+// From the embedding audit (2026-11-29): exit() while a job's callback
+// destroyed a Runtime (or made one) hung for ever: the exit handler held
+// the list of Runtimes while it waited for the job, and the callback
+// waited for that list. `destroy` picks which; alarm() turns a hang into a
+// failure.
+int exit_while_a_callback_destroys_or_makes_a_runtime(const std::string& dir, bool destroy) {
+  alarm(60);
+  auto* rt = new Runtime;
+  std::atomic<bool> in_callback = false;
+  JobCallbacks cb;
+  cb.on_progress = [&, dir](const Progress&) {
+    if (in_callback.exchange(true)) return;
+    std::this_thread::sleep_for(300ms);  // exit() begins meanwhile
+    if (destroy) {
+      delete rt;
+      return;
+    }
+    Runtime late;  // made during exit(): it refuses jobs
+    if (late.submit(small_job(dir, 1, 3)).status().code() != StatusCode::cancelled) _exit(5);
+  };
+  if (!rt->submit(small_job(dir, 200, 1), cb).ok()) return 2;
+  while (!in_callback) std::this_thread::sleep_for(5ms);
+  std::exit(0);
+}
+
+int exit_while_a_callback_destroys_a_runtime(const std::string& dir) {
+  return exit_while_a_callback_destroys_or_makes_a_runtime(dir, true);
+}
+int exit_while_a_callback_makes_a_runtime(const std::string& dir) {
+  return exit_while_a_callback_destroys_or_makes_a_runtime(dir, false);
+}
+
+// A thread that cannot start (the address space full) made
+// Runtime::submit throw std::system_error at the host.
+int submit_without_room_for_a_thread(const std::string& dir) {
+  Runtime rt;
+  std::ifstream statm("/proc/self/statm");
+  std::uint64_t pages = 0;
+  statm >> pages;
+  asgd_test::limit_address_space(pages * static_cast<std::uint64_t>(sysconf(_SC_PAGESIZE)) + (4u << 20));
+  const auto job = rt.submit(small_job(dir, 1, 1));
+  if (job.ok()) return 2;
+  if (job.status().code() != StatusCode::unavailable) return 3;
+  return job.status().message().find("a thread could not start") != std::string::npos ? 0 : 4;
+}
+
 // Runs `body` on the MNIST folder in a child process of its own; its exit
 // status must be 0.
 void expect_child_succeeds(int (*body)(const std::string&), const std::string& dir) {
@@ -314,6 +361,22 @@ TEST(EmbeddingDeathTest, TwentyFourJobsOnTwoRuntimesGiveTheirMemoryBack) {
   if (kSanitized) GTEST_SKIP() << "resident memory says nothing under a sanitizer";
   ASGD_REQUIRE_DATASET(dir, "mnist");
   expect_child_succeeds(twenty_four_jobs, dir.string());
+}
+
+TEST(EmbeddingDeathTest, ExitEndsWhileAJobsCallbackDestroysItsRuntime) {
+  ASGD_REQUIRE_DATASET(dir, "mnist");
+  expect_child_succeeds(exit_while_a_callback_destroys_a_runtime, dir.string());
+}
+
+TEST(EmbeddingDeathTest, ExitEndsWhileAJobsCallbackMakesARuntime) {
+  ASGD_REQUIRE_DATASET(dir, "mnist");
+  expect_child_succeeds(exit_while_a_callback_makes_a_runtime, dir.string());
+}
+
+TEST(EmbeddingDeathTest, SubmitWithoutRoomForAThreadSaysUnavailableAndThrowsNothing) {
+  if (kSanitized) GTEST_SKIP() << "a sanitizer's shadow memory does not fit in the limit";
+  ASGD_REQUIRE_DATASET(dir, "mnist");
+  expect_child_succeeds(submit_without_room_for_a_thread, dir.string());
 }
 
 }  // namespace

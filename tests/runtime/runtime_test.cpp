@@ -122,6 +122,49 @@ TEST(Runtime, StopAndWaitFromAJobsOwnCallbackDoNotWaitForThatJob) {
   EXPECT_EQ(rt.submit(mnist_job(dir.string(), 1, 1)).status().code(), StatusCode::cancelled);
 }
 
+// From the embedding audit (2026-11-29): a stop() from a job's callback
+// took the job out of the Runtime's list and detached it, so the host's
+// own stop() returned (and running() said 0) while that job still ran.
+TEST(Runtime, AStopAfterOneFromAJobsOwnCallbackWaitsForThatJob) {
+  ASGD_REQUIRE_DATASET(dir, "mnist");
+  Runtime rt;
+  std::atomic<bool> stopped_inside = false;
+  JobCallbacks cb;
+  cb.on_progress = [&](const Progress&) {
+    if (stopped_inside.load()) return;
+    rt.stop();
+    stopped_inside = true;
+    std::this_thread::sleep_for(500ms);  // the job cannot end before this returns
+  };
+  auto job = rt.submit(mnist_job(dir.string(), 200, 1), cb);
+  ASSERT_TRUE(job.ok());
+  ASSERT_TRUE(asgd_test::eventually([&] { return stopped_inside.load(); }, 60s));
+  EXPECT_EQ(rt.running(), 1u) << "the job is still in its callback";
+  rt.stop();
+  EXPECT_TRUE(job->done()) << "stop() returned while the job still ran";
+  EXPECT_EQ(rt.running(), 0u);
+  EXPECT_EQ(job->wait().status().code(), StatusCode::cancelled);
+}
+
+// A JobHandle moved from crashed at its next call (its state was gone);
+// wait()'s result outlived the job's bookkeeping only while a handle did.
+TEST(Runtime, AHandleMovedFromStillRefersToItsJobAndWaitsResultIsTheCallers) {
+  ASGD_REQUIRE_DATASET(dir, "mnist");
+  Runtime rt;
+  auto job = rt.submit(mnist_job(dir.string(), 200, 1));
+  ASSERT_TRUE(job.ok());
+  JobHandle moved = std::move(*job);
+  EXPECT_FALSE(job->done());  // NOLINT(bugprone-use-after-move): what the test is about
+  job->cancel();
+  const auto& result = moved.wait();
+  EXPECT_TRUE(job->done());
+  const auto& first = rt.submit(mnist_job(dir.string(), 1, 2))->wait();  // its handle is gone at the ';'
+  ASSERT_TRUE(rt.submit(mnist_job(dir.string(), 1, 3)).ok());            // reaps the job above
+  EXPECT_EQ(result.status().code(), StatusCode::cancelled);
+  EXPECT_TRUE(first.ok()) << first.status().to_string();
+  EXPECT_EQ(first->epochs, 1u);
+}
+
 // A callback that throws stops the job as the host's doing (cancelled,
 // naming the callback), not as asgd's ("internal error: the coordinator
 // failed: ...").
