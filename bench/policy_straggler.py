@@ -157,7 +157,10 @@ def footing_flags(a, policy):
     if a.footing == "defaults":
         return []
     lr = a.lr * a.workers if policy == "bsp" else a.lr
-    return ["--lr", repr(lr), "--momentum", repr(a.momentum), "--staleness-aware-lr", "false", "--lr-warmup", "0"]
+    flags = ["--lr", repr(lr), "--momentum", repr(a.momentum), "--lr-warmup", "0"]
+    if policy == "async" or policy.startswith("ssp"):  # (asgd refuses it for the others)
+        flags += ["--staleness-aware-lr", "false"]
+    return flags
 
 
 def train_command(a, policy, scenario, seed, metrics_path):
