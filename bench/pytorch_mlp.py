@@ -7,20 +7,22 @@ One run of this script measures, for one batch size and thread count:
     55000 MNIST training images, data pre-loaded as one float32 tensor,
     per-epoch shuffled permutation, Linear(784,256) ReLU Linear(256,128) ReLU
     Linear(128,10), mean softmax cross-entropy, torch.optim.SGD(lr=0.02,
-    momentum=0.9) with a per-step CosineAnnealingLR; one epoch timed after a ~20-step warm-up, median of R repeats;
-  * ours: `asgd bench runtime --json` for the same batch, threads and repeats,
-    which reports (a) a plain single-threaded loop over our kernels and (b) the
-    actor runtime with 1 worker and 1 shard;
+    momentum=0.9) with a per-step CosineAnnealingLR; one epoch timed after a ~20-step warm-up;
+  * ours: `asgd bench runtime --json --repeats 1` for the same batch and
+    threads, which reports (a) a plain single-threaded loop over our kernels
+    and (b) the actor runtime with 1 worker and 1 shard;
 
-and prints a table with ours/PyTorch ratios (runtime over PyTorch is the
-headline, target >= 1.5) and one final JSON line with every number.
+the sides alternating, one epoch each per round, R rounds, medians reported;
+and prints a table with ours/PyTorch ratios (runtime over the best PyTorch
+is the headline, target >= 1.5) and one final JSON line with every number.
 
 With --threads > 1 PyTorch is timed a second time in a fresh process with
 OMP_WAIT_POLICY=PASSIVE (skip with --no-passive-check). Debian's torch runs its
 own ops on libgomp threads and its matmuls on OpenBLAS's separate pthread pool;
 with the default wait policy the idle OpenMP threads spin and take the cores
 from OpenBLAS, which made PyTorch 3-4x slower with 2 threads than with 1 on a
-2-core machine. The "vs best PyTorch" column is the fair comparison.
+2-core machine. The "vs best PyTorch" column, the faster of the two, is the
+fair comparison and the headline's.
 
 It also reports which BLAS torch really uses: Debian's python3-torch links the
 generic libblas.so.3, which is OpenBLAS only when libopenblas0-pthread (or
@@ -490,11 +492,11 @@ def time_pytorch(torch, x_train, y_train, x_val, y_val, batch, repeats, seed, la
     return runs, val_acc
 
 
-def run_passive_variant(a, env):
-    """PyTorch timed again in a fresh process with OMP_WAIT_POLICY=PASSIVE (libgomp
-    reads it once, at load), so idle OpenMP threads sleep instead of spinning."""
+def run_passive_variant(a, env, seed):
+    """One epoch of PyTorch timed again in a fresh process with OMP_WAIT_POLICY=PASSIVE
+    (libgomp reads it once, at load), so idle OpenMP threads sleep instead of spinning."""
     cmd = [sys.executable, os.path.abspath(__file__), "--torch-only", "--batch", str(a.batch),
-           "--threads", str(a.threads), "--repeats", str(a.repeats), "--asgd", a.asgd, "--seed", str(a.seed)]
+           "--threads", str(a.threads), "--repeats", "1", "--asgd", a.asgd, "--seed", str(seed)]
     if a.data_dir:
         cmd += ["--data-dir", a.data_dir]
     env = dict(env, OMP_WAIT_POLICY="PASSIVE")
@@ -591,21 +593,28 @@ def main():
     print(f"batch {a.batch}, threads {a.threads}, repeats {a.repeats}, {n} samples per epoch, "
           f"SGD lr {LR} momentum {MOMENTUM}, {WARMUP_STEPS} warm-up steps", flush=True)
 
-    cmd, ours = run_ours(asgd, a.batch, a.threads, a.repeats, data_dir, child_env)
-    print(f"ours: {' '.join(cmd)}\n  -> {json.dumps(ours)}", flush=True)
-
-    torch_runs, val_acc = time_pytorch(torch, x_train, y_train, x_val, y_val, a.batch, a.repeats, a.seed, "", True)
+    # The sides alternate, one epoch each per round, so the VM's drift falls
+    # on all of them alike.
+    with_passive = a.threads > 1 and not a.no_passive_check and "OMP_WAIT_POLICY" not in child_env
+    torch_runs, plain_runs, runtime_runs, val_acc = [], [], [], None
+    passive_runs = [] if with_passive else None
+    for r in range(a.repeats):
+        cmd, ours = run_ours(asgd, a.batch, a.threads, 1, data_dir, child_env)
+        plain_runs.append(float(ours["plain_samples_per_s"]))
+        runtime_runs.append(float(ours["runtime_samples_per_s"]))
+        print(f"  asgd repeat {r + 1}: plain loop {plain_runs[-1]:.0f}, runtime {runtime_runs[-1]:.0f} samples/s "
+              f"({' '.join(cmd)})", flush=True)
+        runs, val_acc = time_pytorch(torch, x_train, y_train, x_val, y_val, a.batch, 1, a.seed + r, "", False)
+        torch_runs += runs
+        print(f"  pytorch repeat {r + 1}: {runs[0]:.0f} samples/s (val accuracy {val_acc:.4f})", flush=True)
+        if with_passive:
+            passive_runs += run_passive_variant(a, os.environ, a.seed + r)["runs"]
+            print(f"  pytorch OMP_WAIT_POLICY=PASSIVE repeat {r + 1}: {passive_runs[-1]:.0f} samples/s", flush=True)
     pt = statistics.median(torch_runs)
-    passive_runs = None
-    if a.threads > 1 and not a.no_passive_check and "OMP_WAIT_POLICY" not in child_env:
-        passive = run_passive_variant(a, os.environ)
-        passive_runs = passive["runs"]
-        for r, v in enumerate(passive_runs):
-            print(f"  pytorch OMP_WAIT_POLICY=PASSIVE repeat {r + 1}: {v:.0f} samples/s", flush=True)
     pt_passive = statistics.median(passive_runs) if passive_runs else None
     pt_best = max(pt, pt_passive or 0.0)
-    plain = float(ours["plain_samples_per_s"])
-    runtime = float(ours["runtime_samples_per_s"])
+    plain = statistics.median(plain_runs)
+    runtime = statistics.median(runtime_runs)
 
     rows = [(f"PyTorch, set_num_threads({a.threads})", pt)]
     if pt_passive:
@@ -616,19 +625,21 @@ def main():
     print(f"  {'':40s} {'samples/s':>10s}  {'vs PyTorch':>10s}" + (f"  {'vs best PyTorch':>15s}" if pt_passive else ""))
     for name, v in rows:
         print(f"  {name:40s} {v:10.0f}  {v / pt:9.2f}x" + (f"  {v / pt_best:14.2f}x" if pt_passive else ""))
-    headline = runtime / pt
+    # The target is against PyTorch in its best configuration (the faster of
+    # its default and OMP_WAIT_POLICY=PASSIVE): the project's rule.
+    headline = runtime / pt_best
     verdict = "meets" if headline >= TARGET_RATIO else "BELOW"
     if not blas["optimised"]:
         verdict = f"NOT MEANINGFUL: torch uses {blas['provider']}; {verdict}"
-    print(f"headline: asgd runtime / PyTorch = {headline:.2f}x ({verdict} target >= {TARGET_RATIO}x)")
+    best_name = "PyTorch with OMP_WAIT_POLICY=PASSIVE" if pt_passive and pt_passive > pt else "PyTorch"
+    print(f"headline: asgd runtime / best PyTorch ({best_name}) = {headline:.2f}x ({verdict} target >= {TARGET_RATIO}x)")
     if pt_passive:
-        best_verdict = "meets" if runtime / pt_best >= TARGET_RATIO else "BELOW"
-        print(f"          asgd runtime / best PyTorch = {runtime / pt_best:.2f}x ({best_verdict} target)")
+        print(f"          asgd runtime / PyTorch's default = {runtime / pt:.2f}x")
         if pt_passive > 1.2 * pt:
             print(f"WARNING: PyTorch is {pt_passive / pt:.1f}x faster with OMP_WAIT_POLICY=PASSIVE: with the default "
                   f"policy libgomp's idle threads spin and fight OpenBLAS's own {blas.get('openblas_threads')} "
-                  f"pthreads for the cores, so the plain PyTorch number understates PyTorch; compare against "
-                  f"the best one.", file=sys.stderr, flush=True)
+                  f"pthreads for the cores, so the plain PyTorch number understates PyTorch; the headline "
+                  f"compares against the best one.", file=sys.stderr, flush=True)
     if not blas["optimised"]:
         print(f"WARNING: torch used {blas['provider']}; the PyTorch number is not representative.")
 
@@ -645,11 +656,12 @@ def main():
         "pytorch_passive_runs": [round(v, 1) for v in passive_runs] if passive_runs else None,
         "pytorch_val_accuracy": round(val_acc, 4),
         "plain_samples_per_s": plain, "runtime_samples_per_s": runtime,
+        "plain_runs": plain_runs, "runtime_runs": runtime_runs,
         "runtime_over_plain": round(runtime / plain, 4),
         "plain_over_pytorch": round(plain / pt, 4),
-        "runtime_over_pytorch": round(headline, 4),
-        "runtime_over_best_pytorch": round(runtime / pt_best, 4),
-        "target_runtime_over_pytorch": TARGET_RATIO,
+        "runtime_over_pytorch": round(runtime / pt, 4),
+        "runtime_over_best_pytorch": round(headline, 4),
+        "target_runtime_over_best_pytorch": TARGET_RATIO,
         "torch_blas_optimised": blas["optimised"],
     }
     print(json.dumps(result), flush=True)
