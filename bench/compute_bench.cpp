@@ -115,7 +115,7 @@ Measurement measure(Model& model, const std::vector<Batch>& pool, const ComputeO
   }
   std::vector<double> sorted = m.windows;
   std::sort(sorted.begin(), sorted.end());
-  m.median = sorted[sorted.size() / 2];
+  m.median = median(sorted);
   m.min = sorted.front();
   m.max = sorted.back();
   return m;

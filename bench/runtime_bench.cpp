@@ -38,11 +38,6 @@ struct BenchOptions {
   bool json = false;
 };
 
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 // (a): the loop a user would write by hand.
 // The job's model, initialised, with the optimizer and schedule its plan
 // gives the shard: both sides run the same kernels.

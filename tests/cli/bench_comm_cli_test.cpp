@@ -55,6 +55,19 @@ TEST(BenchCommCli, WithBusyPollingEveryRoundTripStillCompletesAndTheOutputSaysSo
   asgd_test::expect_one_line_error(asgd("bench comm --busy-poll-us -1"), 2, "--busy-poll-us");
 }
 
+// A size not a whole number of M floats was labelled by its whole Ms
+// (1536K read "1M"); raw ZeroMQ went through one echo process where ours
+// spread over --shards (a slower baseline, which flattered ours).
+TEST(BenchCommCli, EachSizeIsLabelledAsGivenAndRawSpreadsOverAsManyProcessesAsOurs) {
+  if (!has_bench()) GTEST_SKIP() << "asgd built without benchmarks";
+  const CliRun r = asgd("bench comm --sizes 3K,1000 --repeats 1 --shards 2");
+  ASSERT_EQ(r.exit_code, 0) << r.err;
+  EXPECT_NE(r.out.find("\n3K     "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("\n1000   "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("raw through as many echo processes, one a slice"), std::string::npos) << r.out;
+  asgd_test::expect_one_line_error(asgd("bench comm-server --mode foo"), 2, "--mode foo: raw or shard");
+}
+
 TEST(BenchCommCli, ASizeThatIsNoCountOfFloatsIsAUsageErrorThatSaysWhy) {
   if (!has_bench()) GTEST_SKIP() << "asgd built without benchmarks";
   asgd_test::expect_one_line_error(asgd("bench comm --sizes 0"), 2, "--sizes: size '0': at least 1 float");

@@ -116,6 +116,11 @@ CLI::Option* add_list_option(CLI::App* app, const std::string& name, std::vector
 /// A count of floats as the benchmarks take it: "4M", "512K", "1000".
 /// Errors: invalid_argument naming the text, for 0 or more than 256M.
 Result<std::uint64_t> parse_float_count(const std::string& text);
+/// The count as parse_float_count reads it back: "4M", "1536K", "1000".
+std::string float_count_text(std::uint64_t floats);
+/// The middle value, or the mean of the two middle ones for an even count
+/// (0 for none): the benchmarks' medians.
+double median(std::vector<double> values);
 
 /// Adds `cluster`, `coordinator`, `shard` and `worker` to `app`; the
 /// returned function runs whichever was chosen.
