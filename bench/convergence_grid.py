@@ -111,7 +111,8 @@ def main():
                     acc, train_s, adj, err = run_one(a, mode, policy, workers, seed, a.extra)
                     adjust = adjust or adj
                     accs.append(acc)
-                    times.append(train_s)
+                    if not err:  # (a failed run's figure is its wall time, not a training time)
+                        times.append(train_s)
                     if err:
                         errors.append(f"{mode} {policy} {workers} workers seed {seed}: {err}")
                     rec = {"mode": mode, "policy": policy, "workers": workers, "seed": seed, "epochs": a.epochs,
@@ -122,7 +123,7 @@ def main():
                         out.flush()
                     print(json.dumps(rec), file=sys.stderr, flush=True)
                 ok = min(accs) >= a.target
-                rows.append((mode, policy, workers, accs, statistics.median(times), ok, adjust))
+                rows.append((mode, policy, workers, accs, statistics.median(times) if times else None, ok, adjust))
 
     print(f"MNIST mlp, every default{(' plus ' + ' '.join(a.extra)) if a.extra else ''}, {a.epochs} epochs, "
           f"seeds {','.join(map(str, seeds))}; PASS when every seed reaches {a.target}")
@@ -130,7 +131,7 @@ def main():
     print(head + f" {'lowest':>8} {'train s':>8}  result")
     for mode, policy, workers, accs, med_t, ok, adjust in rows:
         print(f"{mode:<8} {policy:<10} {workers:>7}  " + " ".join(f"{x:>8.4f}" for x in accs) +
-              f" {min(accs):>8.4f} {med_t:>8.1f}  {'PASS' if ok else 'FAIL'}")
+              f" {min(accs):>8.4f} {(f'{med_t:.1f}' if med_t is not None else '-'):>8}  {'PASS' if ok else 'FAIL'}")
     for e in errors:
         print("  " + e)
     return 0 if all(r[5] for r in rows) else 1

@@ -423,7 +423,9 @@ int run_load(const LoadOptions& o) {
   }
   const double settle = o.settle ? *o.settle : std::min(60.0, o.seconds / 3.0);
   if (settle < 0 || settle >= o.seconds) {
-    print_error("--settle " + std::to_string(settle) + ": must be below --seconds");
+    char text[32];
+    std::snprintf(text, sizeof text, "%g", settle);
+    print_error(std::string("--settle ") + text + ": must be below --seconds");
     return kExitUsage;
   }
   std::string tmpl = (fs::temp_directory_path() / "asgd_bench_load_XXXXXX").string();
@@ -598,11 +600,12 @@ int run_load(const LoadOptions& o) {
         break;
       }
       if (*r > o.rss_abort_mib)
-        stopped_early = "shard process " + std::to_string(i) + "'s RSS passed --rss-abort " +
-                        std::to_string(static_cast<int>(o.rss_abort_mib)) + " MiB after " +
-                        std::to_string(static_cast<int>(t)) + " s";
+        stopped_early = "shard process " + std::to_string(i) + "'s RSS, " + std::to_string(static_cast<int>(*r)) +
+                        " MiB, passed --rss-abort " + std::to_string(static_cast<int>(o.rss_abort_mib)) +
+                        " MiB after " + std::to_string(static_cast<int>(t)) + " s";
       sm.rss.push_back(*r);
     }
+    if (sm.rss.size() == o.shards) samples.push_back(sm);  // (the one that passed --rss-abort too)
     std::uint64_t replies = 0;
     for (const auto& c : counters) replies += c.replies.load();
     if (replies != replies_seen) {
@@ -613,7 +616,6 @@ int run_load(const LoadOptions& o) {
     }
     if (interrupts.token().stop_requested()) stopped_early = "interrupted after " + std::to_string(static_cast<int>(t)) + " s";
     if (!stopped_early.empty()) break;
-    samples.push_back(sm);
     if (tick % 10 == 0 || t >= o.seconds) {
       std::uint64_t sent = 0, applied = 0;
       for (const auto& c : counters) {
@@ -634,6 +636,10 @@ int run_load(const LoadOptions& o) {
     if (t >= o.seconds) break;
   }
   const double wall = std::chrono::duration<double>(SteadyClock::now() - t0).count();
+  // The rates count pushes answered within the window: those still in
+  // flight at its end are answered while the workers stop, after it.
+  std::vector<std::uint64_t> answered_in_window;
+  for (const auto& c : counters) answered_in_window.push_back(c.replies.load());
   abandon = !stopped_early.empty();
   stop = true;
   for (auto& w : workers) w.join();
@@ -691,8 +697,9 @@ int run_load(const LoadOptions& o) {
   }
   bridge->stop();
 
-  std::uint64_t total_sent = 0;
-  for (const auto& s : summary) total_sent += s.sent;
+  std::uint64_t answered = 0;  // within the window, over every shard
+  for (std::uint64_t n : answered_in_window) answered += n;
+  const double pushes_per_s = static_cast<double>(answered) / wall;
   std::printf("\nshard  RSS@%.0fs   min      max      dev    pushes     answered   applied(workers)  applied(shard)  agree\n",
               settle);
   for (std::uint32_t i = 0; i < o.shards; ++i) {
@@ -703,8 +710,9 @@ int run_load(const LoadOptions& o) {
                 static_cast<unsigned long long>(s.stats->updates_applied), s.agree ? "yes" : "NO");
   }
   std::printf("(RSS in MiB over [%.0f s, %.0f s]; dev: the largest distance from RSS@%.0fs)\n", settle, wall, settle);
-  std::printf("%.0f pushes/s over %.0f s; load average %s at the start, %s at the end\n",
-              static_cast<double>(total_sent) / wall, wall, load_start.c_str(), load_end.c_str());
+  std::printf("%.0f pushes answered/s over %.0f s (a push is one shard's slice: %.0f whole-model updates/s); "
+              "load average %s at the start, %s at the end\n",
+              pushes_per_s, wall, pushes_per_s / o.shards, load_start.c_str(), load_end.c_str());
   for (std::uint32_t i = 0; i < o.shards; ++i)
     std::printf("shard %u: %.2f s of CPU, %.0f us per update applied (start-up included)\n", i, summary[i].cpu_s,
                 1e6 * summary[i].cpu_s / static_cast<double>(std::max<std::uint64_t>(1, summary[i].stats->updates_applied)));
@@ -718,13 +726,15 @@ int run_load(const LoadOptions& o) {
     nlohmann::json j = {{"workers", o.workers}, {"shards", o.shards}, {"keys", o.keys}, {"window", o.window},
                         {"seconds", wall}, {"settle_s", settle}, {"rss_tolerance_pct", o.rss_tolerance},
                         {"load_average_start", load_start}, {"load_average_end", load_end},
-                        {"pushes_per_s", static_cast<double>(total_sent) / wall}, {"rss_ok", rss_ok},
+                        {"pushes_per_s", pushes_per_s}, {"model_updates_per_s", pushes_per_s / o.shards},
+                        {"rss_ok", rss_ok},
                         {"counters_agree", counters_ok}, {"ok", ok}, {"problems", problems}};
     for (std::uint32_t i = 0; i < o.shards; ++i) {
       const ShardSummary& s = summary[i];
       j["per_shard"].push_back({{"shard", i}, {"rss_settled_mib", s.rss_ref}, {"rss_min_mib", s.rss_min},
                                 {"rss_max_mib", s.rss_max}, {"rss_deviation_pct", s.deviation_pct},
-                                {"pushes_sent", s.sent}, {"replies", s.replies}, {"applied_replies", s.applied},
+                                {"pushes_sent", s.sent}, {"replies", s.replies},
+                                {"replies_in_window", answered_in_window[i]}, {"applied_replies", s.applied},
                                 {"other_replies", s.other}, {"updates_applied", s.stats->updates_applied},
                                 {"rejected", s.stats->rejected}, {"duplicate_requests", s.stats->duplicate_requests},
                                 {"cpu_s", s.cpu_s}, {"agree", s.agree}});

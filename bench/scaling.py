@@ -9,9 +9,10 @@ Two parts, each run once in this order (quote it with the machine's load):
      model size  --keys 200K..64M floats (4 workers, 1 shard)
      workers     1..32 (1M floats, 2 shards)
      shards      1..8 (4M floats, 8 workers)
-   For each: updates/s, the bytes moved per second (pushes and their
-   replies), the shard processes' CPU time per update (mean over shards,
-   start-up included) and the largest shard RSS.
+   For each: updates/s (whole-model updates: a push of its slice to every
+   shard, answered within the run's window), the bytes moved per second
+   (pushes and their replies), the shard processes' CPU time per update
+   (summed over the shards, start-up included) and the largest shard RSS.
 
 2. The real job (MNIST mlp, 1 epoch, every default) with 1..16 workers, in
    one process (`asgd train`) and as processes (`asgd cluster`, shared memory
@@ -54,11 +55,13 @@ def run_load(asgd, row, seconds):
         with open(out) as f:
             j = json.load(f)
     shards = j["per_shard"]
-    updates = sum(s["updates_applied"] for s in shards)
-    per_s = updates / j["seconds"]
+    # An update is the whole model's: one push to each shard (its slice),
+    # answered within the run's window (not those answered while it stopped).
+    per_s = j["model_updates_per_s"]
+    updates = sum(s["updates_applied"] for s in shards) / row["shards"]
     cpu_us = 1e6 * sum(s["cpu_s"] for s in shards) / max(1, updates)
     return {"updates_per_s": per_s,
-            "mb_per_s": per_s * (row["keys"] / row["shards"]) * 4 * 2 / 1e6,
+            "mb_per_s": per_s * row["keys"] * 4 * 2 / 1e6,
             "shard_cpu_us_per_update": cpu_us,
             "shard_rss_mib": max(s["rss_max_mib"] for s in shards),
             "ok": j["counters_agree"]}
