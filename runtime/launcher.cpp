@@ -86,6 +86,7 @@ Status read_slurm(const Environment& env, Launch& l, std::uint16_t port) {
   if (hosts->empty()) return Status::InvalidArgument(std::string(list) + "=" + *nodes + " names no host");
   l.hosts = std::move(hosts).value();
   l.job_id = get(env, "SLURM_JOB_ID").value_or("");
+  if (port != 0) l.port_from = "given with --port";
   if (port == 0) {
     if (l.job_id.empty()) return Status::InvalidArgument("SLURM_JOB_ID is not set (or give --port)");
     // Two steps of one job at once each get a port of their own.
@@ -123,14 +124,34 @@ Status read_mpi(const Environment& env, Launch& l) {
   return read_ranks(env, l, "PMI_RANK", "PMI_SIZE", {"MPI_LOCALRANKID", "PMI_LOCAL_RANK"});
 }
 
-Status read_torchrun(const Environment& env, Launch& l) {
+Status read_torchrun(const Environment& env, Launch& l, std::uint16_t port) {
   if (Status s = read_ranks(env, l, "RANK", "WORLD_SIZE", {"LOCAL_RANK"}); !s.ok()) return s;
   const auto addr = get(env, "MASTER_ADDR");
   if (!addr) return Status::InvalidArgument("MASTER_ADDR is not set");
-  auto port = number(env, "MASTER_PORT");
-  if (!port) return port.status();
-  l.coordinator = tcp(*addr, *port);
+  auto master_port = number(env, "MASTER_PORT");
+  if (!master_port) return master_port.status();
+  if (*master_port < 1 || *master_port > 65535)
+    return Status::InvalidArgument("MASTER_PORT=" + std::to_string(*master_port) + " is not a port (1 to 65535)");
   l.from += ", LOCAL_RANK, MASTER_ADDR, MASTER_PORT";
+  // Under torchrun's static rendezvous (its default with --master-addr and
+  // --master-port) its agent holds MASTER_PORT for its own store and tells
+  // the workers so: rank 0 could never listen there.
+  std::string agent = get(env, "TORCHELASTIC_USE_AGENT_STORE").value_or("");
+  std::transform(agent.begin(), agent.end(), agent.begin(), [](unsigned char c) { return std::tolower(c); });
+  if (port != 0) {
+    l.port_from = "given with --port";
+  } else if (agent == "true" || agent == "1") {
+    const std::string master = *addr + ":" + std::to_string(*master_port);
+    port = port_for_job("torchrun " + master + " " + get(env, "TORCHELASTIC_RUN_ID").value_or(""));
+    l.port_from = "derived from MASTER_ADDR:MASTER_PORT=" + master +
+                  " (torchrun's agent holds MASTER_PORT for its store: TORCHELASTIC_USE_AGENT_STORE=" +
+                  get(env, "TORCHELASTIC_USE_AGENT_STORE").value_or("") + ")";
+    l.from += ", TORCHELASTIC_USE_AGENT_STORE";
+  } else {
+    port = static_cast<std::uint16_t>(*master_port);
+    l.port_from = "MASTER_PORT=" + std::to_string(*master_port);
+  }
+  l.coordinator = tcp(*addr, port);
   return {};
 }
 
@@ -142,11 +163,18 @@ std::string run_id(const Environment& env, LauncherKind kind) {
   };
   switch (kind) {
     case LauncherKind::slurm: {
-      const std::string job = first({"SLURM_JOB_ID"}), step = first({"SLURM_STEP_ID"});
+      const std::string job = first({"SLURM_JOB_ID"}), step = first({"SLURM_STEP_ID", "SLURM_STEPID"});
       return job.empty() || step.empty() ? job : job + " " + step;
     }
     case LauncherKind::mpi: return first({"OMPI_MCA_ess_base_jobid", "PMIX_NAMESPACE"});
-    case LauncherKind::torchrun: return first({"TORCHELASTIC_RUN_ID"});
+    case LauncherKind::torchrun: {
+      // "none" is torchrun's default, the same for every run: with it the
+      // rank-0 endpoint (where MASTER_ADDR:MASTER_PORT met) tells runs apart.
+      const std::string id = first({"TORCHELASTIC_RUN_ID"});
+      if (!id.empty() && id != "TORCHELASTIC_RUN_ID=none") return id;
+      const auto addr = get(env, "MASTER_ADDR"), port = get(env, "MASTER_PORT");
+      return addr && port ? "MASTER_ADDR:MASTER_PORT=" + *addr + ":" + *port : id;
+    }
     default: return {};
   }
 }
@@ -156,8 +184,15 @@ LauncherKind detect_kind(const Environment& env) {
   // mpirun inside a Slurm allocation: its ranks inherit SLURM_PROCID (of the
   // batch script, or of the step that started Open MPI's daemons).
   if (get(env, "OMPI_COMM_WORLD_RANK")) return LauncherKind::mpi;
+  // MPICH's or Intel MPI's mpiexec inside a Slurm job starts its proxies
+  // with srun, one a node, so its ranks inherit that step's SLURM_PROCID
+  // (the node's index) and SLURM_NTASKS (the nodes): a PMI_SIZE that is
+  // not SLURM_NTASKS is mpiexec's world. (srun --mpi=pmi2 sets PMI_RANK
+  // and PMI_SIZE to Slurm's own; --mpi=pmix, PMIX_RANK without a size.)
+  if (get(env, "PMI_RANK") && get(env, "PMI_SIZE") && get(env, "PMI_SIZE") != get(env, "SLURM_NTASKS"))
+    return LauncherKind::mpi;
   if (get(env, "SLURM_PROCID")) return LauncherKind::slurm;
-  if (get(env, "OMPI_COMM_WORLD_RANK") || get(env, "PMIX_RANK") || get(env, "PMI_RANK")) return LauncherKind::mpi;
+  if (get(env, "PMIX_RANK") || get(env, "PMI_RANK")) return LauncherKind::mpi;
   if (get(env, "JOB_COMPLETION_INDEX")) return LauncherKind::kubernetes;
   if (get(env, "RANK") && get(env, "WORLD_SIZE")) return LauncherKind::torchrun;
   return LauncherKind::local;
@@ -315,7 +350,7 @@ Result<Launch> detect_launch(const Environment& env, const std::string& wanted, 
     case LauncherKind::kubernetes:
       s = read_ranks(env, l, "JOB_COMPLETION_INDEX", "ASGD_WORLD_SIZE", {"ASGD_LOCAL_RANK"});
       break;
-    case LauncherKind::torchrun: s = read_torchrun(env, l); break;
+    case LauncherKind::torchrun: s = read_torchrun(env, l, port); break;
   }
   if (!s.ok()) return Status::InvalidArgument("launcher " + to_string(l.kind) + ": " + s.message());
   l.run_id = run_id(env, l.kind);
@@ -327,6 +362,7 @@ Result<Launch> detect_launch(const Environment& env, const std::string& wanted, 
       return Status::InvalidArgument("launcher " + to_string(l.kind) + ": ASGD_COORDINATOR " + split.status().message());
     l.coordinator = *c;
     l.from += ", ASGD_COORDINATOR";
+    l.port_from = "from ASGD_COORDINATOR";
   }
   if (l.coordinator.empty() && (l.kind == LauncherKind::env || l.kind == LauncherKind::kubernetes))
     return Status::InvalidArgument("launcher " + to_string(l.kind) +
@@ -338,9 +374,11 @@ Result<RoleOfRank> role_of_rank(const Launch& l, std::uint32_t shards, std::uint
   const std::uint64_t needed = 1ull + shards + workers;
   if (l.world_size != needed) {
     auto count = [](std::uint64_t n, const char* what) { return std::to_string(n) + " " + what + (n == 1 ? "" : "s"); };
-    const std::string could = l.world_size > 1ull + shards
-                                  ? "with these ranks give --workers " + std::to_string(l.world_size - 1 - shards)
-                                  : "start at least " + std::to_string(shards + 2) + " ranks";
+    std::string could = l.world_size > 1ull + shards
+                            ? "with these ranks give --workers " + std::to_string(l.world_size - 1 - shards)
+                            : "start at least " + std::to_string(shards + 2) + " ranks";
+    if (l.world_size == 1)  // srun -n 1, srun --pty bash, mpirun -np 1
+      could += ", or give --launcher local to start the job's processes on this node";
     return Status::InvalidArgument("launcher " + to_string(l.kind) + ": " + count(l.world_size, "rank") +
                                    ", but 1 coordinator, " + count(shards, "shard") + " and " +
                                    count(workers, "worker") + " take " + std::to_string(needed) + "; " + could);

@@ -40,8 +40,10 @@ struct Launch {
   /// block distribution: SLURM_TASKS_PER_NODE over the node list); else empty.
   std::vector<std::string> rank_hosts;
   std::string job_id;              ///< Slurm's
-  /// Where the coordinator's port came from when the launcher derived it
-  /// ("derived from SLURM_JOB_ID=49 and SLURM_STEP_ID=0"); else empty.
+  /// Where the coordinator's port came from ("derived from SLURM_JOB_ID=49
+  /// and SLURM_STEP_ID=0", "given with --port", "MASTER_PORT=29500", "from
+  /// ASGD_COORDINATOR"); empty where rank 0 takes --port or any free port
+  /// (under mpirun, with a rendezvous file).
   std::string port_from;
   /// This run's identity, the same on every rank and another for the next
   /// run, where the launcher gives one (Slurm's job and step, Open MPI's

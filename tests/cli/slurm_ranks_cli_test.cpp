@@ -71,6 +71,36 @@ TEST(SlurmRanksCli, ADerivedPortThatIsTakenIsNamedWithWhereItCameFrom) {
                             ": that port, derived from SLURM_JOB_ID=77 and SLURM_STEP_ID=5, is taken on this host");
 }
 
+// The same for a port given with --port, or in ASGD_COORDINATOR (both
+// were a bare "bind: Address already in use", exit 1); and asgd train
+// under a launcher of several ranks says it runs a whole job in each.
+TEST(SlurmRanksCli, AGivenPortThatIsTakenIsNamedAndTrainUnderALauncherSaysWhatItRuns) {
+  ASGD_REQUIRE_DATASET(mnist, "mnist");
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_ANY);
+  socklen_t len = sizeof addr;
+  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  ASSERT_EQ(::listen(fd, 1), 0);
+  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  const std::string port = std::to_string(ntohs(addr.sin_port));
+  const std::string job = "cluster --shards 1 --workers 1 --epochs 1 --join-timeout 4 --data-dir " + mnist.string();
+  expect_one_line_error(asgd(job + " --port " + port, {}, slurm_rank(0, 0)), 2,
+                        ": that port, given with --port, is taken on this host (by another job?); give every rank "
+                        "--port P (a free one)");
+  expect_one_line_error(
+      asgd(job, {}, "env ASGD_RANK=0 ASGD_WORLD_SIZE=3 ASGD_COORDINATOR=tcp://127.0.0.1:" + port), 2,
+      ": that port, from ASGD_COORDINATOR, is taken on this host (by another job?); give every rank an "
+      "ASGD_COORDINATOR with a free port");
+  ::close(fd);
+  const CliRun train = asgd("train --epochs 1 --validation-size 50000 --data-dir " + mnist.string(), {},
+                            slurm_rank(0, 0));
+  EXPECT_NE(train.err.find("asgd train runs a whole job in each of the 3 ranks slurm started"), std::string::npos)
+      << train.err;
+}
+
 // --print-layout checks a submission where the data may not be (a login
 // node): it does not look for the data folder; the rank itself does.
 TEST(SlurmRanksCli, PrintLayoutRunsWithoutTheDataFolderAndTheRankRefusesWithoutIt) {

@@ -166,6 +166,57 @@ TEST(Launcher, EachLauncherIsReadFromItsOwnVariables) {
   EXPECT_EQ(detect_launch({{"SLURM_PROCID", "3"}}, "local")->kind, LauncherKind::local) << "--launcher local wins";
 }
 
+// From the launcher audit (2026-11-29).
+TEST(Launcher, TorchrunsAgentStoreMpiexecInSlurmAndRunIdsThatTellRunsApart) {
+  const Environment torch = {{"RANK", "0"},         {"WORLD_SIZE", "5"},
+                             {"MASTER_ADDR", "h0"}, {"MASTER_PORT", "29500"},
+                             {"TORCHELASTIC_RUN_ID", "none"}};
+  auto plain = detect_launch(torch, "auto");
+  ASSERT_TRUE(plain.ok()) << plain.status().to_string();
+  EXPECT_EQ(plain->coordinator, "tcp://h0:29500");
+  EXPECT_EQ(plain->port_from, "MASTER_PORT=29500");
+  // torchrun's default run id is "none" for every run: the meeting point names it.
+  EXPECT_EQ(plain->run_id, "MASTER_ADDR:MASTER_PORT=h0:29500");
+  // Static rendezvous: torchrun's agent listens on MASTER_PORT itself.
+  Environment agent = torch;
+  agent["TORCHELASTIC_USE_AGENT_STORE"] = "True";
+  auto derived = detect_launch(agent, "auto");
+  ASSERT_TRUE(derived.ok()) << derived.status().to_string();
+  EXPECT_EQ(derived->coordinator, "tcp://h0:" + std::to_string(port_for_job("torchrun h0:29500 none")));
+  EXPECT_NE(derived->coordinator, "tcp://h0:29500");
+  EXPECT_NE(derived->port_from.find("torchrun's agent holds MASTER_PORT"), std::string::npos) << derived->port_from;
+  EXPECT_EQ(detect_launch(agent, "auto", 31000)->coordinator, "tcp://h0:31000") << "--port wins";
+  EXPECT_EQ(detect_launch(agent, "auto", 31000)->port_from, "given with --port");
+  // MPICH's mpiexec inside a Slurm job: its proxies' step says 1 task.
+  auto hydra = detect_launch({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "1"}, {"SLURM_STEP_ID", "0"},
+                              {"SLURM_JOB_ID", "7"}, {"SLURM_STEP_NODELIST", "n1"}, {"PMI_RANK", "3"},
+                              {"PMI_SIZE", "5"}},
+                             "auto");
+  ASSERT_TRUE(hydra.ok()) << hydra.status().to_string();
+  EXPECT_EQ(hydra->kind, LauncherKind::mpi);
+  EXPECT_EQ(hydra->rank, 3u);
+  EXPECT_EQ(hydra->world_size, 5u);
+  // srun --mpi=pmi2 sets PMI_RANK and PMI_SIZE to Slurm's own: still Slurm.
+  auto pmi2 = detect_launch({{"SLURM_PROCID", "2"}, {"SLURM_NTASKS", "5"}, {"SLURM_STEP_ID", "0"},
+                             {"SLURM_JOB_ID", "7"}, {"SLURM_STEP_NODELIST", "n1"}, {"PMI_RANK", "2"},
+                             {"PMI_SIZE", "5"}},
+                            "auto");
+  ASSERT_TRUE(pmi2.ok()) << pmi2.status().to_string();
+  EXPECT_EQ(pmi2->kind, LauncherKind::slurm);
+  // Older Slurm spells the step SLURM_STEPID: the run id has it.
+  auto old_slurm = detect_launch({{"SLURM_PROCID", "0"}, {"SLURM_NTASKS", "5"}, {"SLURM_STEPID", "3"},
+                                  {"SLURM_JOB_ID", "7"}, {"SLURM_JOB_NODELIST", "n1"}},
+                                 "auto");
+  ASSERT_TRUE(old_slurm.ok()) << old_slurm.status().to_string();
+  EXPECT_EQ(old_slurm->run_id, "SLURM_JOB_ID=7 SLURM_STEPID=3");
+  // One rank (srun -n 1, srun --pty): the way on is --launcher local.
+  Launch one = *plain;
+  one.world_size = 1;
+  auto lone = role_of_rank(one, 1, 2);
+  ASSERT_FALSE(lone.ok());
+  EXPECT_NE(lone.status().message().find("or give --launcher local"), std::string::npos) << lone.status().message();
+}
+
 TEST(Launcher, MissingOrBadVariablesAreOneLineErrorsNamingThem) {
   auto expect_error = [](const Environment& env, const std::string& wanted, const std::string& names) {
     auto got = detect_launch(env, wanted);
@@ -190,6 +241,10 @@ TEST(Launcher, MissingOrBadVariablesAreOneLineErrorsNamingThem) {
     expect_error({{"JOB_COMPLETION_INDEX", rank}, {"ASGD_WORLD_SIZE", "4"}, {"ASGD_COORDINATOR", "pod-0:29500"}},
                  "auto", "ASGD_COORDINATOR pod-0:29500: expected tcp://HOST:PORT");
   }
+  // MASTER_PORT past a port: named (rank 0 blamed ASGD_COORDINATOR, which was not set, and the others waited).
+  for (const char* rank : {"0", "3"})
+    expect_error({{"RANK", rank}, {"WORLD_SIZE", "5"}, {"MASTER_ADDR", "127.0.0.1"}, {"MASTER_PORT", "99999"}}, "auto",
+                 "launcher torchrun: MASTER_PORT=99999 is not a port (1 to 65535)");
   expect_error({}, "slurm", "launcher slurm: SLURM_PROCID is not set");
   expect_error({}, "mpi", "launcher mpi: none of OMPI_COMM_WORLD_RANK, PMIX_RANK and PMI_RANK is set");
   expect_error({}, "pbs", "--launcher pbs: expected auto, local, env, slurm, mpi, kubernetes or torchrun");

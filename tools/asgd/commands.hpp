@@ -206,8 +206,10 @@ std::string logs_at(const LogOptions& o);
 /// adjusted for the job's policy and worker count (none when none is).
 void print_job_heading(const char* command, const JobConfig& config, Placement placement);
 
-/// Per-epoch progress lines on stdout.
-JobCallbacks progress_callbacks(const JobConfig& config);
+/// Per-epoch progress lines on stdout; on a terminal a bar redrawn in
+/// place too, unless `plain` (a rank under a launcher: mpirun gives each
+/// rank a pseudo-terminal whose output goes to a log file).
+JobCallbacks progress_callbacks(const JobConfig& config, bool plain = false);
 /// Prints the summary or the error; the exit code.
 int report_outcome(const Result<JobSummary>& result, const JobConfig& config, const LogOptions& log);
 

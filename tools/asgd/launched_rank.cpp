@@ -217,13 +217,23 @@ std::string layout_listen(const LaunchFlags& lf, const Launch& launch, const Rol
   return (at.ok() ? *at : at.status().message()) + worker;
 }
 
+// Under mpirun a rank given --collective mpi when another was not (or the
+// other way) waits inside MPI_Init for ranks that never call it, and the
+// rest wait for that rank: what a wait that timed out there may be.
+std::string mpi_hint(const Launch& launch) {
+  return launch.kind == LauncherKind::mpi
+             ? "; under mpirun a rank given --collective mpi when the others were not (or the other way) waits "
+               "inside MPI_Init: give every rank the same flags"
+             : "";
+}
+
 int run_rank_coordinator(const JobOptions& jo, const LaunchFlags& lf, const Launch& launch, const JobConfig& config,
                          ProcessOptions po) {
   Interrupts interrupts;
   Status rendezvous;  // writing rank 0's endpoint for the others
   po.shards = config.shards;
   po.workers = config.workers;
-  auto result = run_coordinator_process(config, po, progress_callbacks(config), interrupts.token(),
+  auto result = run_coordinator_process(config, po, progress_callbacks(config, true), interrupts.token(),
                                         [&](const std::string& endpoint) {
                                           std::printf("coordinator listening on %s\n", endpoint.c_str());
                                           std::fflush(stdout);
@@ -232,15 +242,20 @@ int run_rank_coordinator(const JobOptions& jo, const LaunchFlags& lf, const Laun
                                           if (!rendezvous.ok()) interrupts.stop();  // nobody could find it
                                         });
   remove_rendezvous(lf.rendezvous);
+  if (!result && result.status().code() == StatusCode::timeout && !mpi_hint(launch).empty())
+    result = Status::Timeout(result.status().message() + mpi_hint(launch));
   if (!rendezvous.ok()) {
     print_error(rendezvous.message() + ": the other ranks cannot find rank 0; give a folder every rank can write");
     return kExitUsage;
   }
-  // A port the launcher derived may be another job's on this host.
-  if (!result && !launch.port_from.empty() && lf.port == 0 &&
-      result.status().message().find("Address already in use") != std::string::npos) {
-    print_error("rank 0 cannot listen on " + po.listen + ": that port, " + launch.port_from +
-                ", is taken on this host (by another job?); give every rank --port P");
+  // The port may be another job's on this host: said with where it came
+  // from and what to change (it was a bare "bind: Address already in use").
+  const std::string from = !launch.port_from.empty() ? launch.port_from : lf.port != 0 ? "given with --port" : "";
+  if (!result && !from.empty() && result.status().message().find("Address already in use") != std::string::npos) {
+    print_error("rank 0 cannot listen on " + po.listen + ": that port, " + from +
+                ", is taken on this host (by another job?); " +
+                (from == "from ASGD_COORDINATOR" ? "give every rank an ASGD_COORDINATOR with a free port"
+                                                 : "give every rank --port P (a free one)"));
     return kExitUsage;
   }
   return report_outcome(result, config, jo.log);
@@ -253,7 +268,7 @@ int run_rank_role(const LaunchFlags& lf, const Launch& launch, const RoleOfRank&
   if (po.coordinator.empty()) {
     auto found = await_rendezvous(lf.rendezvous, lf.join_timeout_s, launch.rank, launch.run_id);
     if (!found) {
-      print_error(found.status().message());
+      print_error(found.status().message() + mpi_hint(launch));
       return kExitFailure;
     }
     po.coordinator = *found;

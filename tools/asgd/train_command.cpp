@@ -28,6 +28,7 @@
 #include "policies/registry.hpp"
 #include "runtime/config_file.hpp"
 #include "runtime/job_internal.hpp"
+#include "runtime/launcher.hpp"
 #include "tools/asgd/commands.hpp"
 
 namespace asgd::cli {
@@ -369,7 +370,8 @@ std::string rate_text(double per_s) {
 // lines: the epoch and eval lines, and a progress line every kPlainEvery.
 class ProgressDisplay {
  public:
-  explicit ProgressDisplay(std::uint32_t epochs) : epochs_(epochs), tty_(::isatty(STDOUT_FILENO) == 1) {}
+  ProgressDisplay(std::uint32_t epochs, bool plain)
+      : epochs_(epochs), tty_(!plain && ::isatty(STDOUT_FILENO) == 1) {}
 
   void epoch(const EpochMetrics& m) {
     std::lock_guard lock(mu_);
@@ -447,8 +449,8 @@ class ProgressDisplay {
 
 }  // namespace
 
-JobCallbacks progress_callbacks(const JobConfig& config) {
-  auto display = std::make_shared<ProgressDisplay>(config.epochs);
+JobCallbacks progress_callbacks(const JobConfig& config, bool plain) {
+  auto display = std::make_shared<ProgressDisplay>(config.epochs, plain);
   JobCallbacks callbacks;
   callbacks.on_epoch = [display](const EpochMetrics& m) { display->epoch(m); };
   callbacks.on_eval = [display](const EvalPoint& e) { display->eval(e); };
@@ -509,6 +511,11 @@ int run_train(const JobOptions& o) {
   if (config.compress != "none")
     logger().warn("--compress {} applies across processes (asgd cluster): in one process nothing goes over a wire",
                   config.compress);
+  // srun -n 4 asgd train: four whole jobs, side by side, said once (rank 0).
+  if (auto launch = detect_launch(process_environment(), "auto"); launch && launch->world_size > 1 && launch->rank == 0)
+    logger().warn("asgd train runs a whole job in each of the {} ranks {} started; asgd cluster spreads one job "
+                  "over them",
+                  launch->world_size, to_string(launch->kind));
   std::fflush(stdout);
 
   Interrupts interrupts;
