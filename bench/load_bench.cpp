@@ -638,8 +638,11 @@ int run_load(const LoadOptions& o) {
   const double wall = std::chrono::duration<double>(SteadyClock::now() - t0).count();
   // The rates count pushes answered within the window: those still in
   // flight at its end are answered while the workers stop, after it.
-  std::vector<std::uint64_t> answered_in_window;
-  for (const auto& c : counters) answered_in_window.push_back(c.replies.load());
+  std::vector<std::uint64_t> answered_in_window, applied_in_window;
+  for (const auto& c : counters) {
+    answered_in_window.push_back(c.replies.load());
+    applied_in_window.push_back(c.applied.load());
+  }
   abandon = !stopped_early.empty();
   stop = true;
   for (auto& w : workers) w.join();
@@ -697,9 +700,13 @@ int run_load(const LoadOptions& o) {
   }
   bridge->stop();
 
-  std::uint64_t answered = 0;  // within the window, over every shard
-  for (std::uint64_t n : answered_in_window) answered += n;
+  std::uint64_t answered = 0, applied = 0;  // within the window, over every shard
+  for (std::uint32_t i = 0; i < o.shards; ++i) {
+    answered += answered_in_window[i];
+    applied += applied_in_window[i];
+  }
   const double pushes_per_s = static_cast<double>(answered) / wall;
+  const double model_updates_per_s = static_cast<double>(applied) / o.shards / wall;  // refused pushes are none
   std::printf("\nshard  RSS@%.0fs   min      max      dev    pushes     answered   applied(workers)  applied(shard)  agree\n",
               settle);
   for (std::uint32_t i = 0; i < o.shards; ++i) {
@@ -710,9 +717,9 @@ int run_load(const LoadOptions& o) {
                 static_cast<unsigned long long>(s.stats->updates_applied), s.agree ? "yes" : "NO");
   }
   std::printf("(RSS in MiB over [%.0f s, %.0f s]; dev: the largest distance from RSS@%.0fs)\n", settle, wall, settle);
-  std::printf("%.0f pushes answered/s over %.0f s (a push is one shard's slice: %.0f whole-model updates/s); "
-              "load average %s at the start, %s at the end\n",
-              pushes_per_s, wall, pushes_per_s / o.shards, load_start.c_str(), load_end.c_str());
+  std::printf("%.0f pushes answered/s over %.0f s (a push is one shard's slice: %.0f whole-model updates "
+              "applied/s); load average %s at the start, %s at the end\n",
+              pushes_per_s, wall, model_updates_per_s, load_start.c_str(), load_end.c_str());
   for (std::uint32_t i = 0; i < o.shards; ++i)
     std::printf("shard %u: %.2f s of CPU, %.0f us per update applied (start-up included)\n", i, summary[i].cpu_s,
                 1e6 * summary[i].cpu_s / static_cast<double>(std::max<std::uint64_t>(1, summary[i].stats->updates_applied)));
@@ -726,7 +733,7 @@ int run_load(const LoadOptions& o) {
     nlohmann::json j = {{"workers", o.workers}, {"shards", o.shards}, {"keys", o.keys}, {"window", o.window},
                         {"seconds", wall}, {"settle_s", settle}, {"rss_tolerance_pct", o.rss_tolerance},
                         {"load_average_start", load_start}, {"load_average_end", load_end},
-                        {"pushes_per_s", pushes_per_s}, {"model_updates_per_s", pushes_per_s / o.shards},
+                        {"pushes_per_s", pushes_per_s}, {"model_updates_per_s", model_updates_per_s},
                         {"rss_ok", rss_ok},
                         {"counters_agree", counters_ok}, {"ok", ok}, {"problems", problems}};
     for (std::uint32_t i = 0; i < o.shards; ++i) {
@@ -734,7 +741,8 @@ int run_load(const LoadOptions& o) {
       j["per_shard"].push_back({{"shard", i}, {"rss_settled_mib", s.rss_ref}, {"rss_min_mib", s.rss_min},
                                 {"rss_max_mib", s.rss_max}, {"rss_deviation_pct", s.deviation_pct},
                                 {"pushes_sent", s.sent}, {"replies", s.replies},
-                                {"replies_in_window", answered_in_window[i]}, {"applied_replies", s.applied},
+                                {"replies_in_window", answered_in_window[i]},
+                                {"applied_in_window", applied_in_window[i]}, {"applied_replies", s.applied},
                                 {"other_replies", s.other}, {"updates_applied", s.stats->updates_applied},
                                 {"rejected", s.stats->rejected}, {"duplicate_requests", s.stats->duplicate_requests},
                                 {"cpu_s", s.cpu_s}, {"agree", s.agree}});

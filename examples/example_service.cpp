@@ -25,6 +25,7 @@
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
@@ -418,7 +419,7 @@ struct Acceptor {
 
 // The idle timeout's seconds, 1 to 86400 (at most a day: seconds past
 // that overflowed the timer's nanoseconds); 0 for anything else.
-long idle_seconds(const std::string& text) {
+static long idle_seconds(const std::string& text) {
   char* end = nullptr;
   errno = 0;
   const long s = std::strtol(text.c_str(), &end, 10);
@@ -455,7 +456,7 @@ int main(int argc, char** argv) {
       }
       continue;
     }
-    if (arg.size() > 1 && arg[0] == '-') {
+    if (arg.size() > 1 && arg[0] == '-' && !std::isdigit(static_cast<unsigned char>(arg[1]))) {  // (-1: a bad PORT)
       std::fprintf(stderr, "unknown flag %s\n", arg.c_str());
       usage(stderr);
       return 2;

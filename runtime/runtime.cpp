@@ -1,13 +1,15 @@
 #include "asgd/runtime.hpp"
 
-#include "actors/thrown.hpp"
-
 #include <malloc.h>
+
+#include <algorithm>
 
 #include <condition_variable>
 #include <cstdlib>
 #include <mutex>
+#include <new>
 #include <optional>
+#include <system_error>
 #include <functional>
 #include <thread>
 #include <utility>
@@ -85,6 +87,9 @@ struct Runtime::Impl {
   std::mutex stopping;
   bool stopped = false;
   std::vector<Job> jobs;  // submitted, not yet reaped
+  // Jobs whose callback is inside stop(): another such stop() leaves their
+  // threads alone (each joining the other's would never end).
+  std::vector<const void*> stopping_from_callback;
 
   // Joins the threads of jobs that have ended, so a long-lived service that
   // runs many jobs does not collect threads. Caller holds mu.
@@ -103,11 +108,15 @@ struct Runtime::Impl {
   // exits would compute while the libraries' statics are torn down
   // (OpenBLAS frees its buffers under a worker's sgemm: a SIGSEGV). An
   // atexit handler, registered at the first submit, after those libraries
-  // and asgd's registries started, and so run before they end, stops every
-  // job first. Never destroyed, like the log.
+  // and asgd's registries started, stops every job first (statics a job
+  // first builds on its own threads may still be torn down before it).
+  // Never destroyed, like the log.
   struct Live {
     std::mutex mu;
     std::vector<Impl*> all;
+    // Jobs of Runtimes destroyed from a callback, left to end on their own
+    // threads (detached): exit() waits for them too.
+    std::vector<std::shared_ptr<JobHandle::State>> orphans;
     bool exiting = false;  // exit() has begun: a Runtime made now starts stopped
   };
   static Live& live() {
@@ -126,6 +135,10 @@ struct Runtime::Impl {
     {
       std::lock_guard lock(live().mu);
       live().exiting = true;
+      for (const auto& state : live().orphans) {
+        state->stop.request_stop();
+        if (state.get() != t_in_callback_of) running.push_back(state);
+      }
       for (Impl* impl : live().all) {
         std::lock_guard impl_lock(impl->mu);
         impl->stopped = true;
@@ -164,7 +177,7 @@ void give_freed_memory_back() {
 
 }  // namespace
 
-Runtime::Runtime() : impl_(std::make_unique<Impl>()) {
+Runtime::Runtime() : impl_(std::make_shared<Impl>()) {
   give_freed_memory_back();
   auto& live = Impl::live();
   std::lock_guard lock(live.mu);
@@ -180,10 +193,21 @@ Runtime::~Runtime() {
   }
   stop();
   // Destroyed from a callback of its own job: that job ends once the
-  // callback returns, on a thread left to itself (it holds nothing of this
-  // Runtime's). stop() took every other thread.
-  for (Impl::Job& job : impl_->jobs)
-    if (job.thread.joinable()) job.thread.detach();
+  // callback returns, and any whose callback is inside stop() too, on
+  // threads left to themselves (such a stop() keeps the Impl alive until
+  // it returns); exit() still waits for them.
+  auto& live = Impl::live();
+  std::lock_guard live_lock(live.mu);  // (before the Impl's, as exit()'s handler takes them)
+  std::lock_guard lock(impl_->mu);
+  std::erase_if(live.orphans, [](const auto& state) {
+    std::lock_guard state_lock(state->mu);
+    return state->result.has_value();
+  });
+  for (Impl::Job& job : impl_->jobs) {
+    if (!job.thread.joinable()) continue;
+    job.thread.detach();
+    live.orphans.push_back(job.state);
+  }
 }
 
 Result<JobHandle> Runtime::submit(const JobConfig& config, JobCallbacks callbacks) {
@@ -227,14 +251,26 @@ Result<JobHandle> Runtime::start(const JobConfig& config, std::shared_ptr<const 
     impl_->jobs.push_back({state, std::thread([state, config, data = std::move(data), callbacks = std::move(callbacks)]() mutable {
       Result<JobSummary> r = data ? run_job(config, std::move(data), callbacks, state->stop.get_token())
                                   : run_job(config, callbacks, state->stop.get_token());
+      // What the callbacks hold goes now, on this job's behalf: a host's
+      // shared_ptr to this Runtime in one may be its last (its destructor,
+      // here, then leaves this thread to end alone instead of joining it).
+      {
+        const void* outer = std::exchange(t_in_callback_of, state.get());
+        callbacks = {};
+        data.reset();
+        t_in_callback_of = outer;
+      }
       {
         std::lock_guard job_lock(state->mu);
         state->result.emplace(std::move(r));
       }
       state->cv.notify_all();
     })});
-  } catch (...) {
-    return thrown_status(std::current_exception(), "starting the job");
+  } catch (const std::system_error& e) {
+    return Status::Unavailable(std::string("starting the job failed: a thread could not start (") + e.what() +
+                               "); raise the process's limits on threads and address space");
+  } catch (const std::bad_alloc&) {
+    return Status::Unavailable("starting the job failed: out of memory");
   }
   return JobHandle(state);
 }
@@ -260,33 +296,41 @@ void Runtime::stop() {
   // callback, so it is cancelled and left to end on its own once the
   // callback returns (it stays among the jobs: a later stop() waits for
   // it, running() counts it); and a stop() under way elsewhere, which may
-  // be waiting for that very job, is not waited for. From another
-  // Runtime's job's callback, a stop waits as any other does.
+  // be waiting for that very job, is not waited for, nor are jobs whose
+  // callbacks are inside stop() too (each would wait for the other). From
+  // another Runtime's job's callback, a stop waits as any other does.
+  // The Impl is held here: a callback may destroy the Runtime meanwhile.
+  const std::shared_ptr<Impl> impl = impl_;
   const bool in_callback =
-      t_in_callback_of != nullptr && static_cast<const JobHandle::State*>(t_in_callback_of)->runtime == impl_.get();
+      t_in_callback_of != nullptr && static_cast<const JobHandle::State*>(t_in_callback_of)->runtime == impl.get();
   const void* own = in_callback ? t_in_callback_of : nullptr;
-  std::unique_lock stopping(impl_->stopping, std::defer_lock);
+  std::unique_lock stopping(impl->stopping, std::defer_lock);
   if (!in_callback) stopping.lock();
   std::vector<std::thread> threads;
   std::vector<std::shared_ptr<JobHandle::State>> ending;
   {
-    std::lock_guard lock(impl_->mu);
-    impl_->stopped = true;
-    for (Impl::Job& job : impl_->jobs) {
+    std::lock_guard lock(impl->mu);
+    impl->stopped = true;
+    auto& from_callback = impl->stopping_from_callback;
+    if (own) from_callback.push_back(own);
+    for (Impl::Job& job : impl->jobs) {
       job.state->stop.request_stop();
       if (job.state.get() == own) continue;
+      if (own && std::find(from_callback.begin(), from_callback.end(), job.state.get()) != from_callback.end())
+        continue;
       ending.push_back(job.state);
       if (job.thread.joinable()) threads.push_back(std::move(job.thread));
     }
   }
   for (std::thread& thread : threads) thread.join();
-  // Those a stop() from a callback took to join: ended, if not yet joined.
+  // Those another stop() took to join: ended, if not yet joined.
   for (const auto& state : ending) {
     std::unique_lock lock(state->mu);
     state->cv.wait(lock, [&] { return state->result.has_value(); });
   }
-  std::lock_guard lock(impl_->mu);
-  std::erase_if(impl_->jobs, [](const Impl::Job& job) {
+  std::lock_guard lock(impl->mu);
+  if (own) std::erase(impl->stopping_from_callback, own);
+  std::erase_if(impl->jobs, [](const Impl::Job& job) {
     std::lock_guard job_lock(job.state->mu);
     return !job.thread.joinable() && job.state->result.has_value();
   });

@@ -99,7 +99,7 @@ class Runtime {
  private:
   struct Impl;
   Result<JobHandle> start(const JobConfig& config, std::shared_ptr<const UserDataset> data, JobCallbacks callbacks);
-  std::unique_ptr<Impl> impl_;
+  std::shared_ptr<Impl> impl_;  // (a stop() under way holds it too)
 };
 
 }  // namespace asgd

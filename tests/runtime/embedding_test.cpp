@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <cstdio>
 #include <fstream>
+#include <memory>
 #include <string>
 #include <thread>
 #include <utility>
@@ -319,6 +320,37 @@ int exit_while_a_callback_makes_a_runtime(const std::string& dir) {
   return exit_while_a_callback_destroys_or_makes_a_runtime(dir, false);
 }
 
+// From a review (2026-11-29): a host's shared_ptr to its Runtime held in a
+// callback, the last one once the host let go of its own: the Runtime was
+// destroyed on its job's thread, which it then joined (std::terminate).
+int a_callback_holds_the_last_reference_to_its_runtime(const std::string& dir) {
+  alarm(60);
+  auto rt = std::make_shared<Runtime>();
+  JobCallbacks cb;
+  cb.on_epoch = [rt](const EpochMetrics&) {};
+  auto job = rt->submit(small_job(dir, 1, 1), cb);
+  if (!job.ok()) return 2;
+  rt.reset();  // the callback's copy is the last
+  if (!job->wait().ok()) return 3;
+  return job->wait()->epochs == 1 ? 0 : 4;
+}
+
+// ... and a Runtime destroyed from its job's callback, then exit() while
+// that job still ran: the job was left to itself, and exit() did not wait.
+int exit_after_a_callback_destroyed_its_runtime(const std::string& dir) {
+  alarm(60);
+  auto* rt = new Runtime;
+  std::atomic<bool> deleted = false;
+  JobCallbacks cb;
+  cb.on_progress = [&](const Progress&) {
+    if (deleted.exchange(true)) return;
+    delete rt;
+  };
+  if (!rt->submit(small_job(dir, 200, 1), cb).ok()) return 2;
+  while (!deleted) std::this_thread::sleep_for(1ms);
+  std::exit(0);
+}
+
 // A thread that cannot start (the address space full) made
 // Runtime::submit throw std::system_error at the host.
 int submit_without_room_for_a_thread(const std::string& dir) {
@@ -377,6 +409,16 @@ TEST(EmbeddingDeathTest, SubmitWithoutRoomForAThreadSaysUnavailableAndThrowsNoth
   if (kSanitized) GTEST_SKIP() << "a sanitizer's shadow memory does not fit in the limit";
   ASGD_REQUIRE_DATASET(dir, "mnist");
   expect_child_succeeds(submit_without_room_for_a_thread, dir.string());
+}
+
+TEST(EmbeddingDeathTest, ACallbackHoldingTheLastReferenceToItsRuntimeEndsCleanly) {
+  ASGD_REQUIRE_DATASET(dir, "mnist");
+  expect_child_succeeds(a_callback_holds_the_last_reference_to_its_runtime, dir.string());
+}
+
+TEST(EmbeddingDeathTest, ExitAfterACallbackDestroyedItsRuntimeWaitsForThatJob) {
+  ASGD_REQUIRE_DATASET(dir, "mnist");
+  expect_child_succeeds(exit_after_a_callback_destroyed_its_runtime, dir.string());
 }
 
 }  // namespace

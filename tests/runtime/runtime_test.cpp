@@ -146,6 +146,35 @@ TEST(Runtime, AStopAfterOneFromAJobsOwnCallbackWaitsForThatJob) {
   EXPECT_EQ(job->wait().status().code(), StatusCode::cancelled);
 }
 
+// Two jobs of one Runtime, each stopping it from its own callback at the
+// same time: neither waits for the other (each waiting to join the
+// other's thread would never end).
+TEST(Runtime, TwoJobsStoppingTheirRuntimeFromTheirCallbacksAtOnceBothEnd) {
+  ASGD_REQUIRE_DATASET(dir, "mnist");
+  Runtime rt;
+  std::atomic<int> inside = 0;
+  std::atomic<bool> a_done = false, b_done = false;
+  const auto stopping = [&](std::atomic<bool>& done) {
+    JobCallbacks cb;
+    cb.on_progress = [&](const Progress&) {
+      if (done.exchange(true)) return;
+      ++inside;
+      const auto until = std::chrono::steady_clock::now() + 10s;  // both inside at once
+      while (inside.load() < 2 && std::chrono::steady_clock::now() < until) std::this_thread::sleep_for(1ms);
+      rt.stop();
+    };
+    return cb;
+  };
+  auto a = rt.submit(mnist_job(dir.string(), 200, 1), stopping(a_done));
+  auto b = rt.submit(mnist_job(dir.string(), 200, 2), stopping(b_done));
+  ASSERT_TRUE(a.ok() && b.ok());
+  EXPECT_TRUE(a->wait_for(60s)) << "job a did not end";
+  EXPECT_TRUE(b->wait_for(60s)) << "job b did not end";
+  EXPECT_EQ(inside.load(), 2) << "both callbacks stopped the runtime";
+  rt.stop();
+  EXPECT_EQ(rt.running(), 0u);
+}
+
 // A JobHandle moved from crashed at its next call (its state was gone);
 // wait()'s result outlived the job's bookkeeping only while a handle did.
 TEST(Runtime, AHandleMovedFromStillRefersToItsJobAndWaitsResultIsTheCallers) {

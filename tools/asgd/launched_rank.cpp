@@ -242,7 +242,9 @@ int run_rank_coordinator(const JobOptions& jo, const LaunchFlags& lf, const Laun
                                           if (!rendezvous.ok()) interrupts.stop();  // nobody could find it
                                         });
   remove_rendezvous(lf.rendezvous);
-  if (!result && result.status().code() == StatusCode::timeout && !mpi_hint(launch).empty())
+  // (The registry's wait for the ranks only, not a timeout during training.)
+  if (!result && result.status().code() == StatusCode::timeout && launch.kind == LauncherKind::mpi &&
+      result.status().message().find("(--join-timeout)") != std::string::npos)
     result = Status::Timeout(result.status().message() + mpi_hint(launch));
   if (!rendezvous.ok()) {
     print_error(rendezvous.message() + ": the other ranks cannot find rank 0; give a folder every rank can write");
