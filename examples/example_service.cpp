@@ -426,16 +426,22 @@ static long idle_seconds(const std::string& text) {
   return !text.empty() && *end == '\0' && errno == 0 && s >= 1 && s <= 86400 ? s : 0;
 }
 
-int main(int argc, char** argv) {
+struct Arguments {
+  unsigned short port = 0;
+  std::string work_dir;  // empty: a temporary folder
+  long idle_s = 30;
+};
+
+// PORT [WORK_DIR] with the flags anywhere, as --idle-timeout S or
+// --idle-timeout=S; any other argument that starts with '-' is a mistake
+// (a mistyped flag became the work folder), not a path (give ./-name for
+// one that starts so). An exit code when there is nothing to serve.
+static std::optional<int> parse_arguments(int argc, char** argv, Arguments& out) {
   const auto usage = [&](std::FILE* to) {
     std::fprintf(to, "usage: %s PORT [WORK_DIR] [--idle-timeout SECONDS]   (PORT 0: pick a free one; "
                      "SECONDS 1 to 86400, default 30)\n", argv[0]);
   };
-  // Flags anywhere, as --idle-timeout S or --idle-timeout=S; any other
-  // argument that starts with '-' is a mistake (a mistyped flag became the
-  // work folder), not a path (give ./-name for one that starts so).
   std::vector<std::string> args;
-  long idle_s = 30;
   for (int i = 1; i < argc; ++i) {
     const std::string arg = argv[i];
     if (arg == "--help" || arg == "-h") {
@@ -450,7 +456,7 @@ int main(int argc, char** argv) {
         return 2;
       }
       const std::string value = joined ? arg.substr(arg.find('=') + 1) : argv[++i];
-      if ((idle_s = idle_seconds(value)) == 0) {
+      if ((out.idle_s = idle_seconds(value)) == 0) {
         std::fprintf(stderr, "--idle-timeout %s: expected whole seconds from 1 to 86400\n", value.c_str());
         return 2;
       }
@@ -469,20 +475,30 @@ int main(int argc, char** argv) {
     usage(stderr);
     return 2;
   }
+  out.port = static_cast<unsigned short>(port);
+  if (args.size() == 2) out.work_dir = args[1];
+  return std::nullopt;
+}
+
+int main(int argc, char** argv) {
+  Arguments a;
+  if (auto code = parse_arguments(argc, argv, a)) return *code;
+  const unsigned short port = a.port;
+  const long idle_s = a.idle_s;
   asio::io_context io;
   tcp::acceptor acceptor(io);
   try {
     acceptor = tcp::acceptor(io, {asio::ip::make_address("127.0.0.1"), static_cast<unsigned short>(port)});
   } catch (const boost::system::system_error& e) {
-    std::fprintf(stderr, "cannot listen on 127.0.0.1:%lu: %s\n", port, e.code().message().c_str());
+    std::fprintf(stderr, "cannot listen on 127.0.0.1:%u: %s\n", static_cast<unsigned>(port), e.code().message().c_str());
     return 1;
   }
   // Checkpoints go to WORK_DIR, or to a fresh temporary folder removed at
   // exit (made once the port is ours: a port in use left one behind).
   std::filesystem::path work_dir;
   bool temporary = false;
-  if (args.size() == 2) {
-    work_dir = args[1];
+  if (!a.work_dir.empty()) {
+    work_dir = a.work_dir;
   } else {
     std::string pattern = (std::filesystem::temp_directory_path() / "asgd-service-XXXXXX").string();
     if (::mkdtemp(pattern.data()) == nullptr) {

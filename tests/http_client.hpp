@@ -80,4 +80,35 @@ inline int free_port() {
   return port;
 }
 
+/// A TCP port held by a listening socket nobody answers (the kernel
+/// completes connections) until this is destroyed: on `address` (loopback
+/// unless given), at `port` (any free one when 0). port is 0 when it could
+/// not be had.
+class HeldPort {
+ public:
+  explicit HeldPort(std::uint16_t want = 0, in_addr_t address = INADDR_LOOPBACK, int backlog = 4)
+      : fd_(::socket(AF_INET, SOCK_STREAM, 0)) {
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_port = htons(want);
+    addr.sin_addr.s_addr = htonl(address);
+    socklen_t len = sizeof addr;
+    if (fd_ >= 0 && ::bind(fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr) == 0 && ::listen(fd_, backlog) == 0 &&
+        ::getsockname(fd_, reinterpret_cast<sockaddr*>(&addr), &len) == 0)
+      port = ntohs(addr.sin_port);
+  }
+  ~HeldPort() { release(); }
+  HeldPort(const HeldPort&) = delete;
+  HeldPort& operator=(const HeldPort&) = delete;
+  /// Lets the port go now.
+  void release() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+  std::uint16_t port = 0;
+
+ private:
+  int fd_;
+};
+
 }  // namespace asgd_test

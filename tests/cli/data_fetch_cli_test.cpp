@@ -20,6 +20,7 @@
 
 #include "cli/cli_run.hpp"
 #include "dataset/cifar_files.hpp"
+#include "http_client.hpp"
 #include "runtime/asgd_processes.hpp"
 #include "test_data.hpp"
 
@@ -171,19 +172,12 @@ TEST(DataFetch, AnInterruptedDownloadResumesWhereItStopped) {
 // connection and never answers): nothing to keep, so no empty .part is
 // left, and the message does not say what arrived is kept.
 TEST(DataFetch, InterruptedBeforeAnyByteArrivedItKeepsNoEmptyPart) {
-  const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
-  ASSERT_GE(listener, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof addr;
-  ASSERT_EQ(::bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-  ASSERT_EQ(::listen(listener, 4), 0);  // the kernel completes connections; nobody answers
-  ASSERT_EQ(::getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  asgd_test::HeldPort listener;  // the kernel completes connections; nobody answers
+  ASSERT_NE(listener.port, 0);
   TempDir tmp;
   const fs::path dir = tmp / "mnist";
   const pid_t pid = start_asgd({"data", "fetch", "mnist", "--mirror",
-                                "http://127.0.0.1:" + std::to_string(ntohs(addr.sin_port)) + "/", "--data-dir",
+                                "http://127.0.0.1:" + std::to_string(listener.port) + "/", "--data-dir",
                                 dir.string()},
                                tmp / "fetch.log");
   ASSERT_GT(pid, 0);
@@ -191,7 +185,7 @@ TEST(DataFetch, InterruptedBeforeAnyByteArrivedItKeepsNoEmptyPart) {
   std::this_thread::sleep_for(std::chrono::milliseconds(300));
   ASSERT_EQ(::kill(pid, SIGINT), 0);
   const auto code = wait_exit(pid, std::chrono::seconds(30));
-  ::close(listener);
+  listener.release();
   ASSERT_TRUE(code);
   EXPECT_EQ(*code, 1);
   const std::string said = read_file(tmp / "fetch.log");

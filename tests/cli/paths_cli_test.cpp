@@ -14,6 +14,7 @@
 #include <string>
 
 #include "cli/cli_run.hpp"
+#include "http_client.hpp"
 #include "temp_dir.hpp"
 #include "test_data.hpp"
 
@@ -114,19 +115,13 @@ TEST(PathsCli, ARefusedJobLeavesTheMetricsFileAndNothingWritesOverTheConfigFile)
     EXPECT_EQ(contents(dir / "m.jsonl"), earlier) << command;
   }
   {  // refused inside the job, after it opened the file: a status port another holds
-    const int held = ::socket(AF_INET, SOCK_STREAM, 0);
-    sockaddr_in addr{};
-    addr.sin_family = AF_INET;
-    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    socklen_t len = sizeof addr;
-    ASSERT_EQ(::bind(held, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-    ASSERT_EQ(::listen(held, 1), 0);
-    ASSERT_EQ(::getsockname(held, reinterpret_cast<sockaddr*>(&addr), &len), 0);
-    const std::string port = std::to_string(ntohs(addr.sin_port));
+    asgd_test::HeldPort held;
+    ASSERT_NE(held.port, 0);
+    const std::string port = std::to_string(held.port);
     expect_one_line_error(asgd("train --epochs 1 --data-dir " + mnist.string() + " --metrics-out m.jsonl --status-port " +
                                    port, dir.path()),
                           2, "--status-port " + port + ": cannot listen");
-    ::close(held);
+    held.release();
     EXPECT_EQ(contents(dir / "m.jsonl"), earlier);
   }
   const std::string settings = "epochs = 1\nmetrics-out = \"c.toml\"\n";

@@ -53,19 +53,11 @@ TEST(SlurmRanksCli, AProcessOfAnotherRunIsRefusedByTheCoordinator) {
 TEST(SlurmRanksCli, ADerivedPortThatIsTakenIsNamedWithWhereItCameFrom) {
   ASGD_REQUIRE_DATASET(mnist, "mnist");
   const std::uint16_t port = asgd::port_for_job("77.5");
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  ASSERT_GE(fd, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_port = htons(port);
-  addr.sin_addr.s_addr = htonl(INADDR_ANY);
-  if (::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr) != 0 || ::listen(fd, 1) != 0) {
-    ::close(fd);
-    GTEST_SKIP() << "port " << port << " is in use here already";
-  }
+  asgd_test::HeldPort held(port, INADDR_ANY, 1);
+  if (held.port == 0) GTEST_SKIP() << "port " << port << " is in use here already";
   const CliRun r = asgd("cluster --shards 1 --workers 1 --epochs 1 --join-timeout 4 --data-dir " + mnist.string(), {},
                         slurm_rank(0, 5));
-  ::close(fd);
+  held.release();
   expect_one_line_error(r, 2,
                         "rank 0 cannot listen on tcp://*:" + std::to_string(port) +
                             ": that port, derived from SLURM_JOB_ID=77 and SLURM_STEP_ID=5, is taken on this host");
@@ -76,16 +68,9 @@ TEST(SlurmRanksCli, ADerivedPortThatIsTakenIsNamedWithWhereItCameFrom) {
 // under a launcher of several ranks says it runs a whole job in each.
 TEST(SlurmRanksCli, AGivenPortThatIsTakenIsNamedAndTrainUnderALauncherSaysWhatItRuns) {
   ASGD_REQUIRE_DATASET(mnist, "mnist");
-  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
-  ASSERT_GE(fd, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_ANY);
-  socklen_t len = sizeof addr;
-  ASSERT_EQ(::bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
-  ASSERT_EQ(::listen(fd, 1), 0);
-  ASSERT_EQ(::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
-  const std::string port = std::to_string(ntohs(addr.sin_port));
+  asgd_test::HeldPort held(0, INADDR_ANY, 1);
+  ASSERT_NE(held.port, 0);
+  const std::string port = std::to_string(held.port);
   const std::string job = "cluster --shards 1 --workers 1 --epochs 1 --join-timeout 4 --data-dir " + mnist.string();
   expect_one_line_error(asgd(job + " --port " + port, {}, slurm_rank(0, 0)), 2,
                         ": that port, given with --port, is taken on this host (by another job?); give every rank "
@@ -94,7 +79,7 @@ TEST(SlurmRanksCli, AGivenPortThatIsTakenIsNamedAndTrainUnderALauncherSaysWhatIt
       asgd(job, {}, "env ASGD_RANK=0 ASGD_WORLD_SIZE=3 ASGD_COORDINATOR=tcp://127.0.0.1:" + port), 2,
       ": that port, from ASGD_COORDINATOR, is taken on this host (by another job?); give every rank an "
       "ASGD_COORDINATOR with a free port");
-  ::close(fd);
+  held.release();
   const CliRun train = asgd("train --epochs 1 --validation-size 50000 --data-dir " + mnist.string(), {},
                             slurm_rank(0, 0));
   EXPECT_NE(train.err.find("asgd train runs a whole job in each of the 3 ranks slurm started"), std::string::npos)
