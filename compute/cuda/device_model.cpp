@@ -37,6 +37,7 @@
 #include <memory>
 #include <string>
 #include <utility>
+#include <string_view>
 #include <vector>
 
 #include "compute/cuda/check.hpp"
@@ -148,15 +149,21 @@ class CudaModel final : public DeviceModel, public Gpu {
   void prepare(std::size_t batch, bool training);
   void layout(std::vector<Node>& seq, Carver& carver, std::size_t batch, bool training);
   void upload_params_and_stats(std::span<const float> params, bool direct);
-  // Host memory that the copies read and write in place, page-locked once
+  // Host memory that the copies read and write in place, page-locked
   // (cudaHostRegister), saving the pass through the pinned staging buffers;
-  // where registering fails (memory already registered, say), they stage.
+  // where registering fails, they stage. A worker's buffers rotate (its
+  // gradient goes out as a push, a reply's parameters come back in another
+  // buffer): the last few registrations are kept, for both directions, so
+  // each buffer is registered once, not at every step (one registration a
+  // direction unregistered and registered a buffer each step, and the
+  // parameters, in a buffer the gradients' record held, always staged).
   struct InPlace {
     void* ptr = nullptr;
     std::size_t bytes = 0;
     bool registered = false;
   };
-  bool in_place(InPlace& r, const void* ptr, std::size_t bytes);
+  static constexpr std::size_t kKeptRegistrations = 4;
+  bool in_place(const void* ptr, std::size_t bytes);
 
   CurrentDevice device_;
   std::string description_;
@@ -178,7 +185,7 @@ class CudaModel final : public DeviceModel, public Gpu {
   // pass, after the gradients are down.
   Event began_{true}, uploaded_{true}, forwarded_{true}, backwarded_{true}, downloaded_{true};
   StepPhases phases_;
-  InPlace params_in_place_, grads_in_place_;
+  std::vector<InPlace> in_place_;  // most recently used first, kKeptRegistrations at most
 
   std::size_t prepared_batch_ = 0;
   bool prepared_training_ = false;
@@ -219,24 +226,42 @@ CudaModel::~CudaModel() {
   // current and nothing of ours still running.
   cudaSetDevice(device_.index);
   cudaStreamSynchronize(stream_.get());
-  for (InPlace* r : {&params_in_place_, &grads_in_place_})
-    if (r->registered) cudaHostUnregister(r->ptr);
+  for (const InPlace& r : in_place_)
+    if (r.registered) cudaHostUnregister(r.ptr);
   // What failed here (a buffer freed while registered) must not be the
   // next launch's error on this thread, which reads cudaGetLastError.
   cudaGetLastError();
 }
 
-bool CudaModel::in_place(InPlace& r, const void* ptr, std::size_t bytes) {
-  if (r.ptr == ptr && r.bytes == bytes) return r.registered;
-  if (r.registered && cudaHostUnregister(r.ptr) != cudaSuccess) cudaGetLastError();  // freed since: nothing to undo
-  r = {const_cast<void*>(ptr), bytes, false};
+bool CudaModel::in_place(const void* ptr, std::size_t bytes) {
   if (ptr == nullptr || bytes == 0) return false;
+  const auto* begin = static_cast<const std::byte*>(ptr);
+  const auto found = std::find_if(in_place_.begin(), in_place_.end(),
+                                  [&](const InPlace& r) { return r.ptr == ptr && r.bytes == bytes; });
+  if (found != in_place_.end()) {
+    std::rotate(in_place_.begin(), found, found + 1);
+    return in_place_.front().registered;
+  }
+  // A kept range this one overlaps (the same address, another size) goes
+  // first: CUDA refuses to register a page twice. So does the oldest when
+  // all are taken.
+  const auto overlaps = [&](const InPlace& r) {
+    const auto* at = static_cast<const std::byte*>(r.ptr);
+    return at < begin + bytes && begin < at + r.bytes;
+  };
+  for (auto it = in_place_.begin(); it != in_place_.end();) {
+    const bool drop = overlaps(*it) || (in_place_.size() >= kKeptRegistrations && it + 1 == in_place_.end());
+    if (drop && it->registered && cudaHostUnregister(it->ptr) != cudaSuccess) cudaGetLastError();  // freed since
+    it = drop ? in_place_.erase(it) : it + 1;
+  }
+  InPlace r{const_cast<void*>(ptr), bytes, false};
   r.registered = cudaHostRegister(r.ptr, bytes, cudaHostRegisterDefault) == cudaSuccess;
   if (!r.registered) {
     cudaGetLastError();  // not sticky: clear it and stage instead
     logger().debug("cuda:{}: {} bytes at {} stay pageable; their copies go through pinned buffers", device_.index,
                    bytes, ptr);
   }
+  in_place_.insert(in_place_.begin(), r);
   return r.registered;
 }
 
@@ -337,7 +362,7 @@ void CudaModel::prepare(std::size_t batch, bool training) {
 }
 
 void CudaModel::upload_params_and_stats(std::span<const float> params, bool direct) {
-  if (direct && in_place(params_in_place_, params.data(), params.size_bytes())) {
+  if (direct && in_place(params.data(), params.size_bytes())) {
     ASGD_CUDA_CHECK(cudaMemcpyAsync(params_.data(), params.data(), params.size_bytes(), cudaMemcpyHostToDevice,
                                     stream_.get()));
   } else if (!params.empty()) {
@@ -371,6 +396,11 @@ float CudaModel::compute_gradients(std::span<const float> params, std::span<floa
     if (y[r] < 0 || static_cast<std::size_t>(y[r]) >= plan_.classes)
       throw Error("compute_gradients: label " + std::to_string(y[r]) + " of sample " + std::to_string(r) +
                   " is outside [0, " + std::to_string(plan_.classes) + ")");
+  // As every argument check, before anything is queued (a batchnorm's ran
+  // inside the forward pass, with the parameters' upload in flight).
+  for_each_node(plan_.nodes, [&](const Node& n) {
+    if (std::string_view(n.ops->kind) == "batchnorm2d") BatchNorm2D::check_values_per_channel(batch * n.in.h * n.in.w);
+  });
 
   ASGD_CUDA_CHECK(cudaSetDevice(device_.index));
   prepare(batch, true);
@@ -395,7 +425,7 @@ float CudaModel::compute_gradients(std::span<const float> params, std::span<floa
   backward(plan_.nodes, in.x, dlogits_, nullptr, batch);
   ASGD_CUDA_CHECK(cudaEventRecord(backwarded_.get(), stream_.get()));
 
-  const bool grads_direct = in_place(grads_in_place_, grads.data(), grads.size_bytes());
+  const bool grads_direct = in_place(grads.data(), grads.size_bytes());
   ASGD_CUDA_CHECK(cudaMemcpyAsync(grads_direct ? static_cast<void*>(grads.data()) : host_grads_.data(), grads_.data(),
                                   grads.size_bytes(), cudaMemcpyDeviceToHost, stream_.get()));
   if (plan_.stats > 0)

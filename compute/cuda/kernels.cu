@@ -61,7 +61,7 @@ __global__ void dropout_kernel(const float* in, float* out, std::size_t n, float
   ASGD_GRID_STRIDE(i, n) {
     // 24 random bits, uniform in [0, 1) like Rng::uniform.
     const float u = static_cast<float>(mix(seed + (i + 1) * 0x9E3779B97F4A7C15ULL) >> 40) * (1.0f / 16777216.0f);
-    out[i] = u >= p ? in[i] * scale : 0.0f;
+    out[i] = in[i] * (u >= p ? scale : 0.0f);  // a dropped NaN stays NaN, as the CPU's x * mask
   }
 }
 

@@ -90,7 +90,10 @@ Status lower_activation(Layer&, Node& n, PlanBuilder&, std::vector<Shape>&) {
 
 void activation_describe(Gpu& gpu, Node& n, std::size_t batch) {
   describe_in_out(gpu, n, batch);
-  ASGD_CUDNN_CHECK(cudnnSetActivationDescriptor(n.act_desc.get(), n.activation, CUDNN_NOT_PROPAGATE_NAN, 0.0));
+  // A NaN goes through, as on the CPU and in torch: not propagated, ReLU
+  // made max(NaN, 0) = 0 and a NaN inside the model trained on as a finite
+  // loss, past the worker's check of it.
+  ASGD_CUDNN_CHECK(cudnnSetActivationDescriptor(n.act_desc.get(), n.activation, CUDNN_PROPAGATE_NAN, 0.0));
 }
 
 void activation_forward(Gpu& gpu, Node& n, const float* x, std::size_t, bool) {
@@ -199,9 +202,11 @@ Status lower_maxpool(Layer& layer, Node& n, PlanBuilder&, std::vector<Shape>&) {
 void maxpool_describe(Gpu& gpu, Node& n, std::size_t batch) {
   describe_in_out(gpu, n, batch);
   // The deterministic mode: plain CUDNN_POOLING_MAX may route an
-  // overlapping window's gradient differently from run to run.
+  // overlapping window's gradient differently from run to run. A NaN wins
+  // its window, as on the CPU (not propagated, it was skipped, and a window
+  // of NaNs gave -FLT_MAX).
   ASGD_CUDNN_CHECK(cudnnSetPooling2dDescriptor(n.pool_desc.get(), CUDNN_POOLING_MAX_DETERMINISTIC,
-                                               CUDNN_NOT_PROPAGATE_NAN, to_int(n.kernel), to_int(n.kernel), 0, 0,
+                                               CUDNN_PROPAGATE_NAN, to_int(n.kernel), to_int(n.kernel), 0, 0,
                                                to_int(n.stride), to_int(n.stride)));
 }
 
@@ -262,8 +267,8 @@ void batchnorm_carve(Node& n, Carver& carver, std::size_t batch, bool training) 
   n.saved_inv_std = carver.take<float>(n.in.c);
 }
 
-void batchnorm_forward(Gpu& gpu, Node& n, const float* x, std::size_t batch, bool training) {
-  if (training) BatchNorm2D::check_values_per_channel(batch * n.in.h * n.in.w);
+void batchnorm_forward(Gpu& gpu, Node& n, const float* x, std::size_t, bool training) {
+  // (Its values per channel were checked before the step queued anything.)
   // cuDNN moves running_var towards the unbiased batch variance, as the
   // CPU layer and PyTorch do, and normalises with the biased one.
   float* gamma = gpu.param(n);

@@ -831,6 +831,32 @@ TEST(CudaBackend, ABadLabelThrowsAndLeavesTheModelUsable) {
   EXPECT_TRUE(std::isfinite((*made)->compute_gradients(host.params(), grads, x, std::vector<std::int32_t>{0, 4})));
 }
 
+// A NaN inside the model reaches the loss, as on the CPU (ReLU.KeepsANaN,
+// MaxPool2D.ANaNWinsItsWindowOnBothPaths): cuDNN's activations and pooling
+// were told not to propagate it (ReLU gave max(NaN, 0) = 0, max-pool skipped
+// it), and dropout wrote 0 for a dropped NaN, so the worker's check of the
+// loss never saw it. (From a reading review, 2026-11-29; not yet run on a GPU.)
+TEST(CudaBackend, ANaNInTheInputReachesTheLossThroughReluMaxPoolAndDropout) {
+  SKIP_WITHOUT_GPU();
+  const auto loss_of = [](Layers layers, const Shape& sample, std::size_t values) {
+    CpuNet host(std::move(layers), sample);
+    host.init(1);
+    auto made = make_cuda_model(host.layer_ptrs(), sample, host.params().size(), 0);
+    EXPECT_TRUE(made.ok()) << made.status().to_string();
+    if (!made.ok()) return 0.0f;
+    std::vector<float> x(2 * values, 0.5f), grads(host.params().size());
+    x[1] = std::numeric_limits<float>::quiet_NaN();  // one value of the first sample
+    return (*made)->compute_gradients(host.params(), grads, x, std::vector<std::int32_t>{0, 1});
+  };
+  EXPECT_TRUE(std::isnan(loss_of(seq(std::make_unique<ReLU>(), std::make_unique<Dense>(6, 3)), {6}, 6))) << "relu";
+  EXPECT_TRUE(std::isnan(loss_of(seq(std::make_unique<MaxPool2D>(2), std::make_unique<Flatten>(),
+                                     std::make_unique<Dense>(4, 3)),
+                                 {1, 4, 4}, 16)))
+      << "max-pool";
+  EXPECT_TRUE(std::isnan(loss_of(seq(std::make_unique<Dropout>(1.0f), std::make_unique<Dense>(6, 3)), {6}, 6)))
+      << "dropout dropping every unit";
+}
+
 // ---- Refusals ------------------------------------------------------------------------
 
 // A layer the CUDA backend has never heard of.
