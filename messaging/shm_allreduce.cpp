@@ -41,7 +41,9 @@
 #include <climits>
 #include <condition_variable>
 #include <cstring>
+#include <fstream>
 #include <mutex>
+#include <string>
 #include <thread>
 
 #include "base/log.hpp"
@@ -289,14 +291,42 @@ struct ShmAllreduce::State {
           first = false;
         }
       }
-    seg->slice[index].done.store(round + 1, std::memory_order_release);
+    // Only forward: a store of an earlier round must never undo a later one.
+    std::uint64_t summed = seg->slice[index].done.load(std::memory_order_acquire);
+    while (summed < round + 1 &&
+           !seg->slice[index].done.compare_exchange_weak(summed, round + 1, std::memory_order_acq_rel)) {
+    }
     ring();
+  }
+
+  bool own_bit_live() const { return (seg->live.load(std::memory_order_acquire) & rank_bit(rank)) != 0; }
+
+  // Whether rank q's process may still write into the segment: it runs and
+  // is not a zombie (killed, not yet reaped). A rank declared lost (its
+  // heartbeats stopped) may only be stopped (SIGSTOP, a long pause) and
+  // wake to finish what it was writing: its slice is taken over only once
+  // it cannot (an audit saw a paused rank, woken, overwrite two rounds
+  // later's mean in 12M places).
+  bool may_still_write(Rank q) const {
+    const auto pid = static_cast<pid_t>(seg->rank[q].pid.load(std::memory_order_acquire));
+    if (!process_runs(pid)) return false;  // (0: its collective was closed)
+    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+    std::string line;
+    if (!std::getline(stat, line)) return false;  // gone meanwhile
+    const auto close = line.rfind(')');
+    const char state = close != std::string::npos && close + 2 < line.size() ? line[close + 2] : '?';
+    return state != 'Z' && state != 'X';
   }
 
   // One round, on the group's thread (see the top of this file).
   bool run_round() {
     const std::size_t length = input.size();
     Segment::RankLine& me = seg->rank[rank];
+    if (!own_bit_live()) {  // declared lost: the others go on without it, and it writes nothing more
+      logger().error("worker {}'s collective: the others went on without this worker at step {} (it was declared "
+                     "lost)", rank, round);
+      return false;
+    }
     if (weight > 0) std::memcpy(area(rank), input.data(), length * sizeof(float));
     me.length.store(length);
     me.weight.store(std::bit_cast<std::uint64_t>(weight > 0 ? weight : 0.0), std::memory_order_release);
@@ -314,10 +344,12 @@ struct ShmAllreduce::State {
     std::uint64_t claimed = seg->claimed.load();
     while (claimed < mark && !seg->claimed.compare_exchange_weak(claimed, mark)) {
     }
-    if (claimed < mark) {  // this rank fixes who contributed
+    if (claimed < mark) {  // this rank fixes who contributed: those that came and are not lost
       std::uint64_t mask = 0;
+      const std::uint64_t live_now = seg->live.load(std::memory_order_acquire);
       for (Rank q = 0; q < ranks; ++q)
-        if (seg->rank[q].arrived.load(std::memory_order_acquire) >= mark) mask |= rank_bit(q);
+        if ((live_now & rank_bit(q)) && seg->rank[q].arrived.load(std::memory_order_acquire) >= mark)
+          mask |= rank_bit(q);
       seg->contributors.store(mask, std::memory_order_release);
       seg->frozen.store(mark, std::memory_order_release);
       ring();
@@ -345,13 +377,16 @@ struct ShmAllreduce::State {
     }
     phase = 3;
     auto live = [&](Rank q) { return (seg->live.load(std::memory_order_acquire) & rank_bit(q)) != 0; };
-    // Claims slice i for this round and sums it; false when a live rank
-    // holds it already.
+    // Gone for good: declared lost, and its process can write no more.
+    auto gone = [&](Rank q) { return !live(q) && !may_still_write(q); };
+    // Claims slice i for this round and sums it; false when a rank that is
+    // not gone holds it already, or this one was declared lost.
     auto try_sum = [&](std::size_t i) {
       std::uint64_t c = seg->slice[i].claim.load(std::memory_order_acquire);
       for (;;) {
         const auto holder = static_cast<Rank>(c & 0xFF);
-        if ((c >> 8) >= mark && (holder == rank || live(holder))) return false;
+        if ((c >> 8) >= mark && (holder == rank || !gone(holder))) return false;
+        if (!own_bit_live()) return false;
         if (seg->slice[i].claim.compare_exchange_weak(c, mark << 8 | rank, std::memory_order_acq_rel)) break;
       }
       sum_slice(i, contributors, sum, length);
@@ -363,10 +398,14 @@ struct ShmAllreduce::State {
       auto summed = [&] { return seg->slice[i].done.load(std::memory_order_acquire) >= mark; };
       auto orphaned = [&] {
         const std::uint64_t c = seg->slice[i].claim.load(std::memory_order_acquire);
-        return (c >> 8) >= mark ? !live(static_cast<Rank>(c & 0xFF)) : !live(contributors[i]);
+        return gone((c >> 8) >= mark ? static_cast<Rank>(c & 0xFF) : contributors[i]);
       };
       while (!summed()) {
-        if (!wait([&] { return summed() || orphaned(); })) return false;
+        if (!wait([&] { return summed() || orphaned() || !own_bit_live(); })) return false;
+        if (!own_bit_live()) {
+          logger().error("worker {}'s collective: declared lost during step {}; it stops", rank, round);
+          return false;
+        }
         if (!summed()) try_sum(i);
       }
     }
@@ -480,6 +519,9 @@ ShmAllreduce::~ShmAllreduce() {
   }
   state_->cv.notify_all();
   if (state_->thread.joinable()) state_->thread.join();
+  // It writes nothing more: the others may take over its slice once it is
+  // declared lost, as for a process that ended.
+  if (state_->seg) state_->seg->rank[state_->rank].pid.store(0, std::memory_order_release);
   if (state_->rank == 0 && state_->mode == kUnsettled) shm_unlink(state_->name.c_str());
 }
 

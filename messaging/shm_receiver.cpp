@@ -221,7 +221,7 @@ std::optional<Incoming> ShmReceiver::next_from_ring(const PeerId& from, InPeer& 
     p.blocked_at.reset();
     p.stalled.reset();
     ring_consume(*p.ring, next);
-    ++p.expected;
+    p.expected = next_seq(p.expected);
     ++counts_.ring_received;
     Incoming in{from, std::move(m)};
     if (auto rebuilt = rebuild(in, *c)) return Incoming{from, std::move(*rebuilt)};
@@ -264,7 +264,7 @@ std::optional<Incoming> ShmReceiver::on_sequenced(Incoming& in, const Control& c
       lost(in.from, p, c.seq);
     }
   }
-  ++p.expected;
+  p.expected = next_seq(p.expected);
   if (auto m = rebuild(in, c)) {
     ready_.push_back(Incoming{in.from, std::move(*m)});
   } else {

@@ -23,6 +23,12 @@
 
 namespace asgd::messaging::shm_detail {
 
+/// The sequence number after `seq` on a link through shared memory: 0
+/// means "not sequenced" there, so after 2^32 - 1 messages it wraps to 1
+/// (it wrapped to 0: that message was dropped from the ring, or overtook
+/// the ring's entries on the socket).
+inline std::uint32_t next_seq(std::uint32_t seq) { return seq == UINT32_MAX ? 1 : seq + 1; }
+
 using Clock = std::chrono::steady_clock;
 
 // A peer's slot as this process reads it.

@@ -406,7 +406,7 @@ class ShmTransport final : public Transport {
     if (!d) return false;
     const std::size_t through = d->used.size() + d->returned.size();
     Message m = d->take_message(
-        control_part(Kind::data, out.token, static_cast<std::uint32_t>(message.size()), out.seq + 1));
+        control_part(Kind::data, out.token, static_cast<std::uint32_t>(message.size()), next_seq(out.seq)));
     if (ring_entry_bytes(m) <= ring.capacity() / 4) {
       ring_write(ring, m);  // fits: at most a quarter, into at least half
       ring_notify(ring, out.bell->fd);
@@ -422,7 +422,7 @@ class ShmTransport final : public Transport {
       d->give_back(out);
       return sent;
     }
-    ++out.seq;
+    out.seq = next_seq(out.seq);
     counts_.shm_sent += through;
     return true;
   }

@@ -121,6 +121,34 @@ TEST(ShmAllreduce, TheSliceOfARankThatDiedAfterContributingIsSummedByTheOthers) 
   EXPECT_EQ(done[2].calls, 1);
 }
 
+// Rank 2 contributes to round 1 and is declared lost while its process
+// still runs (its heartbeats stopped: paused, say). It was still averaged
+// in, and still summed its slice when it woke, once the others had gone on
+// (an audit saw such a rank overwrite a later round's mean). Now only the
+// ranks not lost contribute, and it writes nothing more.
+TEST(ShmAllreduce, ARankDeclaredLostWhileItStillRunsIsNotAveragedInAndWritesNothingMore) {
+  const auto data = random_vectors(3, 3001, 6);
+  std::vector<Signal> done(3);
+  auto g = group(3);  // after what its threads may still use: destroyed first
+  for (Rank r = 0; r < 3; ++r) ASSERT_TRUE(g[r]->allreduce_mean(r, 0, data[r], 1.0, done[r].ready()).ok());
+  for (Rank r = 0; r < 3; ++r) ASSERT_TRUE(done[r].wait_for(1)) << g[r]->waiting_for(r);
+  ASSERT_TRUE(g[2]->allreduce_mean(2, 1, data[2], 2.0, done[2].ready()).ok());
+  std::this_thread::sleep_for(50ms);  // it has come, and waits for the others
+  g[0]->leave(2);
+  g[1]->leave(2);
+  for (Rank r = 0; r < 2; ++r) ASSERT_TRUE(g[r]->allreduce_mean(r, 1, data[r], 1.0, done[r].ready()).ok());
+  for (Rank r = 0; r < 2; ++r) ASSERT_TRUE(done[r].wait_for(2)) << g[r]->waiting_for(r);
+  EXPECT_EQ(g[0]->total_weight(0), 2.0) << "the lost rank's gradient is not averaged in";
+  const auto m0 = g[0]->mean(0);
+  for (std::size_t i : {std::size_t{0}, std::size_t{1500}, std::size_t{3000}})
+    EXPECT_NEAR(m0[i], (data[0][i] + data[1][i]) / 2.0, 1e-6) << i;
+  // Another round without it: its thread wrote nothing into it.
+  for (Rank r = 0; r < 2; ++r) ASSERT_TRUE(g[r]->allreduce_mean(r, 2, data[r], 1.0, done[r].ready()).ok());
+  for (Rank r = 0; r < 2; ++r) ASSERT_TRUE(done[r].wait_for(3)) << g[r]->waiting_for(r);
+  const auto m1 = g[1]->mean(1);
+  EXPECT_NEAR(m1[2999], (data[0][2999] + data[1][2999]) / 2.0, 1e-6);
+}
+
 TEST(ShmAllreduce, ARankThatLeavesIsNotWaitedForAndTheOthersGoOn) {
   const auto data = random_vectors(3, 64, 2);
   auto g = group(3);  // after what its threads may still use: destroyed first

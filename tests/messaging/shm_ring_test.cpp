@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "messaging/shm_receiver.hpp"
 #include "messaging/shm_ring.hpp"
 #include "messaging/shm_slots.hpp"
 #include "messaging/transport.hpp"
@@ -43,6 +44,15 @@ Message numbered(unsigned n) {
   std::string body(1 + (n * 37) % 500, static_cast<char>('a' + n % 26));
   std::string label = std::to_string(n);  // ("n" + to_string warns falsely in GCC 12's -Wrestrict)
   return message_of({label, body});
+}
+
+// 0 means "not sequenced" on a link: after 2^32 - 1 messages the number
+// wraps to 1 (a review found it wrapped to 0, and that message was dropped
+// from the ring or overtook the ring's entries on the socket).
+TEST(ShmRing, SequenceNumbersSkipZeroWhenTheyWrap) {
+  EXPECT_EQ(next_seq(1), 2u);
+  EXPECT_EQ(next_seq(UINT32_MAX - 1), UINT32_MAX);
+  EXPECT_EQ(next_seq(UINT32_MAX), 1u);
 }
 
 TEST(ShmRing, EntriesComeBackWholeAndInOrderAcrossManyWraps) {
