@@ -16,8 +16,13 @@ namespace asgd::messaging::shm_detail {
 namespace {
 
 // How long a ring's next message may wait for an earlier one that travels
-// on the wire before the receiver takes that one as lost and goes on.
+// on the wire before the receiver takes that one as lost and goes on: this
+// long while the receiver looks (a receiver paused by backpressure, or
+// busy, for longer than kLookedAway, starts counting again), and a look at
+// the socket that found nothing after that; or kRingStallAnyway in all.
 constexpr std::chrono::seconds kRingStall{5};
+constexpr std::chrono::seconds kLookedAway{3};
+constexpr std::chrono::seconds kRingStallAnyway{20};
 
 // Whether sequence number `a` comes after `b` (they wrap).
 bool seq_after(std::uint32_t a, std::uint32_t b) { return static_cast<std::int32_t>(a - b) > 0; }
@@ -231,10 +236,17 @@ std::optional<Incoming> ShmReceiver::next_from_ring(const PeerId& from, InPeer& 
 
 // The ring's next message is `seq`, and an earlier one is on the wire:
 // true when it has been waited for too long (then taken as lost).
+// (A review saw a message that was only late taken as lost: the receiver,
+// paused, read nothing for 5 s, then read the ring before the socket where
+// it waited, and dropped it when it came.)
 bool ShmReceiver::gave_up_waiting(const PeerId& from, InPeer& p, std::uint32_t seq) {
+  const Clock::time_point now = Clock::now();
+  if (!p.stalled || p.blocked_at != seq || now - p.looked > kLookedAway) p.stalled = now;
   p.blocked_at = seq;
-  if (!p.stalled) p.stalled = Clock::now();
-  if (Clock::now() - *p.stalled < kRingStall) return false;
+  p.looked = now;
+  const auto waited = now - *p.stalled;
+  const bool wire_read_since = wire_empty_at_ >= *p.stalled + kRingStall;
+  if (waited < kRingStallAnyway && (waited < kRingStall || !wire_read_since)) return false;
   lost(from, p, seq);
   return true;
 }

@@ -47,7 +47,8 @@ struct InPeer {
   std::uint32_t expected = 1;                 // the sequence number delivered next
   std::uint64_t seen_tail = 0;                // the ring's tail when it was last read
   std::optional<std::uint32_t> blocked_at;    // the next entry's number, when an earlier one is on the wire
-  std::optional<Clock::time_point> stalled;   // since when it waits so
+  std::optional<Clock::time_point> stalled;   // since when it waits so (while this process looks)
+  Clock::time_point looked{};                 // when it last found the ring so
 };
 
 /// The part at [offset, offset + length) of `region`, when the slot holds
@@ -83,9 +84,17 @@ class ShmReceiver {
   void wake_on_rings();
   /// Whether the doorbell was rung since the last look (it is read).
   bool rung();
+  /// The socket had nothing waiting when it was read: a message that
+  /// travels on it and has not come by then is lost, not late.
+  void wire_was_empty() { wire_empty_at_ = Clock::now(); }
   /// Backpressure: the rings of peers that connected to the bound endpoint
   /// are left unread, as the endpoint is.
-  void pause(bool paused) { paused_ = paused; }
+  void pause(bool paused) {
+    if (paused_ && !paused)  // a wait for a late message counts afresh from here
+      for (auto& [from, p] : in_)
+        if (p.stalled) p.stalled = p.looked = Clock::now();
+    paused_ = paused;
+  }
   void forget(const PeerId& peer) { in_.erase(peer); }
   /// Whether `peer`'s ring holds messages not yet read (or read and not
   /// yet returned by from_rings).
@@ -120,6 +129,7 @@ class ShmReceiver {
   std::optional<Bell> bell_;  // where peers' rings ring this process (bell())
   bool bell_failed_ = false;
   bool paused_ = false;
+  Clock::time_point wire_empty_at_{};  // wire_was_empty()
   std::deque<Incoming> ready_;  // read in sequence, not yet returned
   PeerId last_ring_;            // the ring read last
   std::map<PeerId, bool> logged_;

@@ -136,6 +136,7 @@ class ShmTransport final : public Transport {
       receiver_.wake_on_rings();
       if (!in.ok()) return in;
       if (!*in) {  // woken (by wake() or a doorbell), the time is up, or nothing on the wire at its turn
+        receiver_.wire_was_empty();
         const bool rung = left.count() > 0 && receiver_.rung();
         if (auto m = receiver_.from_rings()) return m;
         if ((rung || wire_turn) && Clock::now() < deadline) continue;  // rung for what was read already
