@@ -16,9 +16,9 @@
 // most 10% slower (repeated steps then give the same gradients): the choice
 // may differ between runs and GPUs, as in PyTorch with cudnn.benchmark.
 //
-// What differs from the CPU layers: dropout masks are a hash of (node,
-// step), not draws from the Dropout layer's generator, so they follow
-// neither its seed nor reseed(); BatchNorm's running statistics always move
+// What differs from the CPU layers: dropout masks are a hash of the
+// Dropout layer's seed (as last reseeded), the node and the step, not
+// draws from the layer's generator; BatchNorm's running statistics always move
 // by `momentum` (the cumulative average of a recalibration is CPU work:
 // Model::recalibrate_batchnorm runs its forwards there, and the next GPU
 // step uploads the result).

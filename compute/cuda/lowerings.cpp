@@ -315,13 +315,16 @@ Status lower_dropout(Layer& layer, Node& n, PlanBuilder&, std::vector<Shape>&) {
   const auto& dropout = as<Dropout>(layer);
   if (!(dropout.p() >= 0.0f && dropout.p() <= 1.0f)) return fail(n, "p must lie in [0, 1]");
   n.p = dropout.p();
+  n.dropout = &dropout;
   n.out = n.in;
   return {};
 }
 
 void dropout_forward(Gpu& gpu, Node& n, const float* x, std::size_t batch, bool training) {
   if (!training) return pass_forward(gpu, n, x, batch, training);
-  n.seed = mix_seed(kDropoutSeed, n.index, gpu.step);
+  // The layer's seed (the job's, through Model::init_params) folds in:
+  // the masks were the same for every --seed.
+  n.seed = mix_seed(kDropoutSeed ^ n.dropout->seed(), n.index, gpu.step);
   ASGD_CUDA_CHECK(kernels::dropout(x, n.y, batch * n.in.numel(), n.p, n.seed, gpu.stream));
 }
 

@@ -19,6 +19,7 @@
 
 namespace asgd {
 class BatchNorm2D;
+class Dropout;
 }
 
 namespace asgd::cuda {
@@ -56,6 +57,7 @@ struct Node {
   std::size_t kernel = 0, stride = 1, pad = 0;
   bool bias = false;
   float p = 0.0f;                     // dropout
+  const Dropout* dropout = nullptr;   // dropout: its CPU layer, whose seed() the masks follow
   float eps = 0.0f, momentum = 0.0f;  // batchnorm
   float slope = 0.0f;                 // leaky_relu: the slope below zero
   cudnnActivationMode_t activation{};  // cuDNN activations

@@ -831,6 +831,26 @@ TEST(CudaBackend, ABadLabelThrowsAndLeavesTheModelUsable) {
   EXPECT_TRUE(std::isfinite((*made)->compute_gradients(host.params(), grads, x, std::vector<std::int32_t>{0, 4})));
 }
 
+// The masks follow the Dropout layer's seed (a job's --seed, through
+// Model::init_params): they were a hash of the node and the step alone,
+// the same for every seed. (From a reading review; not yet run on a GPU.)
+TEST(CudaBackend, DropoutMasksFollowTheLayersSeed) {
+  SKIP_WITHOUT_GPU();
+  constexpr std::size_t n = 256;
+  const auto gradients_with_seed = [&](std::uint64_t seed) {
+    CpuNet host(seq(std::make_unique<Dropout>(0.5f, seed), std::make_unique<Dense>(n, 3)), {n});
+    host.init(3);  // the same weights on both sides
+    host.layer_ptrs()[0]->reseed(seed);
+    auto made = make_cuda_model(host.layer_ptrs(), {n}, host.params().size(), 0);
+    EXPECT_TRUE(made.ok()) << made.status().to_string();
+    std::vector<float> x(n, 1.0f), grads(host.params().size());
+    if (made.ok()) (*made)->compute_gradients(host.params(), grads, x, std::vector<std::int32_t>{1});
+    return grads;
+  };
+  EXPECT_EQ(gradients_with_seed(1), gradients_with_seed(1));
+  EXPECT_NE(gradients_with_seed(1), gradients_with_seed(2));
+}
+
 // A NaN inside the model reaches the loss, as on the CPU (ReLU.KeepsANaN,
 // MaxPool2D.ANaNWinsItsWindowOnBothPaths): cuDNN's activations and pooling
 // were told not to propagate it (ReLU gave max(NaN, 0) = 0, max-pool skipped
