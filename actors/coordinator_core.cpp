@@ -2,6 +2,8 @@
 // ends (coordinator_core.hpp).
 #include "actors/coordinator_core.hpp"
 
+#include <utility>
+
 #include "base/log.hpp"
 #include "policies/registry.hpp"
 
@@ -43,6 +45,12 @@ void CoordinatorCore::calibrated(const std::vector<StepCost>& costs) {
 
 void CoordinatorCore::start_training(Instant now, Actions& out) {
   members_.start(config_.workers);
+  // Workers whose processes ended before training began: lost now (the job
+  // waited out --join-timeout for their heartbeats, then went on).
+  for (const auto& [w, why] : std::exchange(gone_before_training_, {})) {
+    out.push_back(act::Kill{w});
+    lose(w, why + ", before training began", out);
+  }
   const std::uint32_t first_epoch = resumed_ ? resumed_->first_epoch : 0;
   std::vector<std::uint64_t> per_epoch;
   for (const auto& w : plan_.workers) per_epoch.push_back(w.share.partition.size());
@@ -156,7 +164,12 @@ void CoordinatorCore::worker_lost(std::uint32_t w, const std::string& why, Actio
 }
 
 void CoordinatorCore::worker_gone(std::uint32_t w, const std::string& why, Actions& out) {
-  if (done_ || w >= config_.workers || !members_.in_training(w)) return;
+  if (done_ || w >= config_.workers) return;
+  if (!members_.started()) {  // placing or calibrating: lost once training begins
+    gone_before_training_.emplace(w, why);
+    return;
+  }
+  if (!members_.in_training(w)) return;
   out.push_back(act::Kill{w});
   lose(w, why, out);
 }
@@ -189,7 +202,10 @@ void CoordinatorCore::lose(std::uint32_t w, const std::string& why, Actions& out
 // as done with it).
 void CoordinatorCore::rejoin(std::uint32_t w, bool placeable, Actions& out) {
   auto refuse = [&](const std::string& why) { refuse_rejoin(w, why, out); };
-  if (!placeable || w >= config_.workers || w >= members_.size()) return refuse("no such worker");
+  if (w >= config_.workers) return refuse("no such worker");
+  if (!placeable || w >= members_.size())  // (it said "no such worker")
+    return refuse("worker " + std::to_string(w) + "'s process ended while the job was being placed: the job goes "
+                  "on without it");
   if (done_ || finishing_ || stopped_) return refuse("the job is ending");
   if (plan_.exchange != Exchange::none)
     return refuse("under policy " + config_.policy +

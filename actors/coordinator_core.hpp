@@ -24,6 +24,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <map>
 #include <optional>
 #include <string>
 #include <variant>
@@ -163,6 +164,7 @@ class CoordinatorCore {
   JobPlan plan_;
   std::string dataset_;
   Membership members_;
+  std::map<std::uint32_t, std::string> gone_before_training_;  // worker_gone() before start_training()
   EpochTracker epochs_;
   EvalSchedule evals_;
   LiveView live_;

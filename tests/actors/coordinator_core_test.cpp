@@ -164,6 +164,23 @@ TEST(CoordinatorCore, AWorkerWhoseProcessEndedIsKilledAndTheJobGoesOnWithoutIt) 
   EXPECT_TRUE(d.call([&](CoordinatorActions& o) { d.core.worker_gone(1, "again", o); }).empty());
 }
 
+// A worker whose process ended while the job was being placed (before
+// training began) was not lost until its heartbeats had been missed for
+// --join-timeout (60 s): the other workers waited at bsp's barrier so long.
+TEST(CoordinatorCore, AWorkerWhoseProcessEndedBeforeTrainingBeganIsLostWhenItBegins) {
+  const JobConfig c = config(3, 2);
+  CoordinatorCore core(c, Driver::plan(c), "synthetic");
+  CoordinatorActions out;
+  core.worker_gone(1, "worker 1 (pid 7) was killed by signal 9", out);
+  EXPECT_TRUE(out.empty()) << "nothing to do before training";
+  core.start_training(at(0), out);
+  ASSERT_GE(out.size(), 2u);
+  EXPECT_EQ(std::get<act::Kill>(out[0]).worker, 1u);
+  EXPECT_EQ(std::get<act::Leave>(out[1]).worker, 1u);
+  EXPECT_TRUE(core.members().lost(1));
+  EXPECT_EQ(core.members().lost_count(), 1u);
+}
+
 // ---- live status -----------------------------------------------------------------
 
 TEST(CoordinatorCore, TheLiveStatusShowsTheSlowestWorkersEpochTheRateAndEachWorkersState) {
@@ -431,7 +448,8 @@ TEST(CoordinatorCore, ARejoinIsDismissedWhenEveryOtherWorkerHasFinished) {
 
 TEST(CoordinatorCore, ARejoinIsDismissedWhenNothingIsLeftForIt) {
   Driver d(config(3, 2));
-  EXPECT_EQ(only<act::Dismiss>(d.rejoin(1, false)).why, "no such worker");
+  EXPECT_EQ(only<act::Dismiss>(d.rejoin(1, false)).why,
+            "worker 1's process ended while the job was being placed: the job goes on without it");
   EXPECT_EQ(only<act::Dismiss>(d.rejoin(7)).why, "no such worker");
   d.finished(0);
   EXPECT_EQ(only<act::Dismiss>(d.rejoin(0)).why, "worker 0 had finished its share");
