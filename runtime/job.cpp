@@ -9,6 +9,7 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <optional>
 #include <functional>
@@ -256,11 +257,21 @@ Status remove_earlier_job_files(const std::string& dir) {
                              ec.message());
     return {};
   };
+  const auto holds_a_claim_number = [](const fs::path& file) {
+    std::ifstream in(file);
+    std::uint64_t number = 0;
+    std::string rest;
+    return static_cast<bool>(in >> number) && !(in >> rest);
+  };
   std::size_t shard_files = 0;
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
     // (Files only: what else bears such a name is no job's file.)
     if (!name.starts_with("shard-") || !is_checkpoint_folder_file(name) || !entry.is_regular_file(ec)) continue;
+    // A claim with its number stays: this job's shards claim past it, so a
+    // shard of the earlier job still writing (stopped, or slow at its end)
+    // is refused instead of replacing this job's checkpoint with its own.
+    if (name.ends_with(".claim") && holds_a_claim_number(entry.path())) continue;
     if (Status s = remove(entry.path()); !s.ok()) return s;
     ++shard_files;
   }

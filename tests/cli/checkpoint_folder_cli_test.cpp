@@ -51,6 +51,7 @@ TEST(CheckpointFolderCli, ANewJobRemovesTheEarlierJobsShardCheckpoints) {
   const fs::path ck = scratch / "ck";
   ASSERT_NO_FATAL_FAILURE(train_one_epoch_into(mnist, ck));
   ASSERT_TRUE(fs::exists(ck / "shard-0.ckpt"));
+  ASSERT_TRUE(fs::exists(ck / "shard-0.ckpt.claim"));
   std::ofstream(ck / "shard-3.ckpt.7.tmp") << "a write an earlier job's process was killed in";
 
   const fs::path log = scratch / "new.log";
@@ -65,6 +66,9 @@ TEST(CheckpointFolderCli, ANewJobRemovesTheEarlierJobsShardCheckpoints) {
   ASSERT_TRUE(asgd_test::wait_exit(pid, std::chrono::seconds(30)));
   EXPECT_FALSE(fs::exists(ck / "shard-0.ckpt")) << asgd_test::read_file(log);
   EXPECT_FALSE(fs::exists(ck / "shard-3.ckpt.7.tmp"));
+  // Its claim stays (a review saw an earlier job's shard, stopped, wake and
+  // write its checkpoint over the new job's: the claims began again at 1).
+  EXPECT_TRUE(fs::exists(ck / "shard-0.ckpt.claim"));
   expect_one_line_error(asgd("train --resume " + ck.string() + " --log-level off"), 2, "no checkpoint of shard 0");
 }
 
