@@ -118,6 +118,11 @@ class NetworkCollective : public Collective {
   /// rank joins by `settle` after connect() or the ring is used (ranks on
   /// other hosts never join). Before connect().
   virtual void set_shared_memory(bool on, std::chrono::milliseconds settle = std::chrono::seconds(5)) = 0;
+  /// Whether the group will all-reduce (allreduce) or only pass copies
+  /// (gossip, which never does): one that will not makes no shared-memory
+  /// segment (each gossip job made one, left in /dev/shm by a worker 0
+  /// killed). Before connect().
+  virtual void set_allreduces(bool /*will*/) {}
 };
 
 /// A rank listening at `listen` ("tcp://127.0.0.1:*"), with `curve`

@@ -299,6 +299,12 @@ struct ShmAllreduce::State {
     ring();
   }
 
+  bool went_on_without_this_rank() const {
+    logger().error("worker {}'s collective: the others went on without this worker at step {} (it was declared lost)",
+                   rank, round);
+    return false;
+  }
+
   bool own_bit_live() const { return (seg->live.load(std::memory_order_acquire) & rank_bit(rank)) != 0; }
 
   // Whether rank q's process may still write into the segment: it runs and
@@ -318,22 +324,19 @@ struct ShmAllreduce::State {
     return state != 'Z' && state != 'X';
   }
 
-  // One round, on the group's thread (see the top of this file).
-  bool run_round() {
-    const std::size_t length = input.size();
+  // This rank's contribution written and announced; then, once every live
+  // rank has come, who contributed fixed (by the first rank there): those
+  // that came and are not lost. False when the group stops, or this rank
+  // was declared lost.
+  bool contribute_and_freeze(std::size_t length, Round mark) {
     Segment::RankLine& me = seg->rank[rank];
-    if (!own_bit_live()) {  // declared lost: the others go on without it, and it writes nothing more
-      logger().error("worker {}'s collective: the others went on without this worker at step {} (it was declared "
-                     "lost)", rank, round);
-      return false;
-    }
+    if (!own_bit_live()) return went_on_without_this_rank();  // and it writes nothing more
     if (weight > 0) std::memcpy(area(rank), input.data(), length * sizeof(float));
     me.length.store(length);
     me.weight.store(std::bit_cast<std::uint64_t>(weight > 0 ? weight : 0.0), std::memory_order_release);
-    me.arrived.store(round + 1, std::memory_order_release);
+    me.arrived.store(mark, std::memory_order_release);
     ring();
     phase = 2;
-    const Round mark = round + 1;
     if (!wait([&] {
           const std::uint64_t live = seg->live.load(std::memory_order_acquire);
           for (Rank q = 0; q < ranks; ++q)
@@ -344,7 +347,7 @@ struct ShmAllreduce::State {
     std::uint64_t claimed = seg->claimed.load();
     while (claimed < mark && !seg->claimed.compare_exchange_weak(claimed, mark)) {
     }
-    if (claimed < mark) {  // this rank fixes who contributed: those that came and are not lost
+    if (claimed < mark) {
       std::uint64_t mask = 0;
       const std::uint64_t live_now = seg->live.load(std::memory_order_acquire);
       for (Rank q = 0; q < ranks; ++q)
@@ -354,30 +357,15 @@ struct ShmAllreduce::State {
       seg->frozen.store(mark, std::memory_order_release);
       ring();
     }
-    if (!wait([&] { return seg->frozen.load(std::memory_order_acquire) >= mark; })) return false;
-    std::vector<Rank> contributors;
-    const std::uint64_t mask = seg->contributors.load(std::memory_order_acquire);
-    double sum = 0;
-    for (Rank q = 0; q < ranks; ++q)
-      if (mask & rank_bit(q)) {
-        contributors.push_back(q);
-        if (weight_of(q) > 0 && seg->rank[q].length.load() != length) {
-          logger().error("worker {}'s collective: worker {} contributed {} values to an all-reduce of {}", rank, q,
-                         seg->rank[q].length.load(), length);
-          return false;
-        }
-        sum += weight_of(q);
-      }
-    const auto mine = static_cast<std::size_t>(std::find(contributors.begin(), contributors.end(), rank) -
-                                               contributors.begin());
-    if (mine == contributors.size()) {
-      logger().error("worker {}'s collective: the others went on without this worker at step {} (it was declared "
-                     "lost)", rank, round);
-      return false;
-    }
-    phase = 3;
+    return wait([&] { return seg->frozen.load(std::memory_order_acquire) >= mark; });
+  }
+
+  // Every slice summed for round `mark`: this rank's own first, then any
+  // whose holder is gone for good (declared lost, and its process can
+  // write no more). False when the group stops or this rank is declared lost.
+  bool sum_every_slice(const std::vector<Rank>& contributors, double sum, std::size_t length, Round mark,
+                       std::size_t mine) {
     auto live = [&](Rank q) { return (seg->live.load(std::memory_order_acquire) & rank_bit(q)) != 0; };
-    // Gone for good: declared lost, and its process can write no more.
     auto gone = [&](Rank q) { return !live(q) && !may_still_write(q); };
     // Claims slice i for this round and sums it; false when a rank that is
     // not gone holds it already, or this one was declared lost.
@@ -393,7 +381,6 @@ struct ShmAllreduce::State {
       return true;
     };
     try_sum(mine);
-    // Every slice summed: by its owner, or here when whoever holds it is gone.
     for (std::size_t i = 0; i < contributors.size(); ++i) {
       auto summed = [&] { return seg->slice[i].done.load(std::memory_order_acquire) >= mark; };
       auto orphaned = [&] {
@@ -409,6 +396,32 @@ struct ShmAllreduce::State {
         if (!summed()) try_sum(i);
       }
     }
+    return true;
+  }
+
+  // One round, on the group's thread (see the top of this file).
+  bool run_round() {
+    const std::size_t length = input.size();
+    const Round mark = round + 1;
+    if (!contribute_and_freeze(length, mark)) return false;
+    std::vector<Rank> contributors;
+    const std::uint64_t mask = seg->contributors.load(std::memory_order_acquire);
+    double sum = 0;
+    for (Rank q = 0; q < ranks; ++q)
+      if (mask & rank_bit(q)) {
+        contributors.push_back(q);
+        if (weight_of(q) > 0 && seg->rank[q].length.load() != length) {
+          logger().error("worker {}'s collective: worker {} contributed {} values to an all-reduce of {}", rank, q,
+                         seg->rank[q].length.load(), length);
+          return false;
+        }
+        sum += weight_of(q);
+      }
+    const auto mine = static_cast<std::size_t>(std::find(contributors.begin(), contributors.end(), rank) -
+                                               contributors.begin());
+    if (mine == contributors.size()) return went_on_without_this_rank();
+    phase = 3;
+    if (!sum_every_slice(contributors, sum, length, mark, mine)) return false;
     total = sum;
     mean = sum > 0 ? std::span<const float>(data, length) : std::span<const float>();
     return true;

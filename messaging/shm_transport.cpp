@@ -1,8 +1,7 @@
-// Shared memory between processes on one host, as a wrapper around another
-// transport (make_shm_transport in transport.hpp says what it promises):
-// the sending side, the offers and their answers. messaging/shm_slots.hpp
-// holds the control messages and slots, messaging/shm_ring.hpp the rings
-// and doorbells, messaging/shm_receiver.hpp the receiving side.
+// Shared memory between processes on one host, a wrapper around another
+// transport (make_shm_transport in transport.hpp says what it promises): the
+// sending side, the offers and their answers; shm_slots.hpp has the control
+// messages and slots, shm_ring.hpp rings and doorbells, shm_receiver.hpp the rest.
 
 #include <fcntl.h>
 #include <sys/mman.h>
@@ -109,9 +108,9 @@ class ShmTransport final : public Transport {
 
   // The peers' rings first, then the wire; a receiver with rings to wait
   // on says so in them (`sleeping`) before it waits, so their senders ring.
-  // After kRingTurns messages from the rings in a row the wire gets a look:
-  // a receiver that its rings keep busy (a shard applying pushes on this
-  // thread) still reads its socket (the coordinator, peers elsewhere).
+  // After kRingTurns messages from the rings in a row the wire gets a look: a
+  // receiver its rings keep busy (a shard applying pushes on this thread)
+  // still reads its socket (the coordinator, peers elsewhere).
   Result<std::optional<Incoming>> receive(std::chrono::milliseconds timeout) override {
     const auto deadline = Clock::now() + std::max(timeout, std::chrono::milliseconds(0));
     std::unique_lock lock(mu_);  // not while it waits: send_now() goes on meanwhile

@@ -89,9 +89,9 @@ class ZmqCollective final : public NetworkCollective {
     if (links_.authenticated() && ranks > 1)
       logger().info("worker {}'s collective: authenticated and encrypted (CURVE); its all-reduce goes round the ring "
                     "over tcp, never through shared memory", rank_);
-    else if (shared_memory_ && ranks > 1)
+    else if (shared_memory_ && ranks > 1 && allreduces_)
       shm_ = ShmAllreduce::join(endpoints, rank_, settle_);
-    else if (ranks > 1)
+    else if (ranks > 1 && allreduces_)
       logger().info("worker {}'s collective: --shared-memory off; its all-reduce goes round the ring", rank_);
     io_ = std::thread([this] { run(); });
     return {};
@@ -210,6 +210,7 @@ class ZmqCollective final : public NetworkCollective {
   std::uint64_t unsent() const override { return links_.unsent(); }
   std::string refused() const override { return links_.refused(); }
   void set_half_precision(bool on) override { links_.set_half_precision(on); }
+  void set_allreduces(bool will) override { allreduces_ = will; }
   void set_shared_memory(bool on, std::chrono::milliseconds settle) override {
     shared_memory_ = on;
     settle_ = settle;
@@ -460,6 +461,7 @@ class ZmqCollective final : public NetworkCollective {
   std::optional<Round> served_;  // the last round whose result went to the others
   bool any_done_ = false;
   bool shared_memory_ = true;  // set before connect(), with how long ranks have to join it
+  bool allreduces_ = true;     // set_allreduces(): false for gossip's group
   std::chrono::milliseconds settle_{5000};
   std::unique_ptr<ShmAllreduce> shm_;  // when every rank may share this host
   bool ring_only_ = false;  // they do not: every round goes round the ring

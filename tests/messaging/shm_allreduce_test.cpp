@@ -93,6 +93,16 @@ TEST(ShmAllreduce, ARankThatNeverContributesIsDroppedWhenTheOthersAreToldAndWait
   EXPECT_EQ(g[2]->total_weight(2), 2.0);
 }
 
+// Round 0 on all three ranks (weight 1 each), then rank 2 alone contributes
+// to round 1 (weight 2) and waits there for the others.
+void round_zero_then_rank_two_comes_alone(const std::vector<std::shared_ptr<NetworkCollective>>& g,
+                                          const std::vector<std::vector<float>>& data, std::vector<Signal>& done) {
+  for (Rank r = 0; r < 3; ++r) ASSERT_TRUE(g[r]->allreduce_mean(r, 0, data[r], 1.0, done[r].ready()).ok());
+  for (Rank r = 0; r < 3; ++r) ASSERT_TRUE(done[r].wait_for(1)) << g[r]->waiting_for(r);
+  ASSERT_TRUE(g[2]->allreduce_mean(2, 1, data[2], 2.0, done[2].ready()).ok());
+  std::this_thread::sleep_for(50ms);
+}
+
 // Rank 2 contributes to round 1, then its process ends before it sums its
 // slice (here: its collective is destroyed while it waits for the others).
 // Its contribution counts; once the others are told it is gone, they sum
@@ -101,10 +111,7 @@ TEST(ShmAllreduce, TheSliceOfARankThatDiedAfterContributingIsSummedByTheOthers) 
   const auto data = random_vectors(3, 3001, 5);
   std::vector<Signal> done(3);
   auto g = group(3);  // after what its threads may still use: destroyed first
-  for (Rank r = 0; r < 3; ++r) ASSERT_TRUE(g[r]->allreduce_mean(r, 0, data[r], 1.0, done[r].ready()).ok());
-  for (Rank r = 0; r < 3; ++r) ASSERT_TRUE(done[r].wait_for(1)) << g[r]->waiting_for(r);
-  ASSERT_TRUE(g[2]->allreduce_mean(2, 1, data[2], 2.0, done[2].ready()).ok());
-  std::this_thread::sleep_for(50ms);
+  ASSERT_NO_FATAL_FAILURE(round_zero_then_rank_two_comes_alone(g, data, done));
   g[2].reset();  // dies in the middle of round 1
   for (Rank r = 0; r < 2; ++r) ASSERT_TRUE(g[r]->allreduce_mean(r, 1, data[r], 1.0, done[r].ready()).ok());
   std::this_thread::sleep_for(50ms);
@@ -130,10 +137,7 @@ TEST(ShmAllreduce, ARankDeclaredLostWhileItStillRunsIsNotAveragedInAndWritesNoth
   const auto data = random_vectors(3, 3001, 6);
   std::vector<Signal> done(3);
   auto g = group(3);  // after what its threads may still use: destroyed first
-  for (Rank r = 0; r < 3; ++r) ASSERT_TRUE(g[r]->allreduce_mean(r, 0, data[r], 1.0, done[r].ready()).ok());
-  for (Rank r = 0; r < 3; ++r) ASSERT_TRUE(done[r].wait_for(1)) << g[r]->waiting_for(r);
-  ASSERT_TRUE(g[2]->allreduce_mean(2, 1, data[2], 2.0, done[2].ready()).ok());
-  std::this_thread::sleep_for(50ms);  // it has come, and waits for the others
+  ASSERT_NO_FATAL_FAILURE(round_zero_then_rank_two_comes_alone(g, data, done));
   g[0]->leave(2);
   g[1]->leave(2);
   for (Rank r = 0; r < 2; ++r) ASSERT_TRUE(g[r]->allreduce_mean(r, 1, data[r], 1.0, done[r].ready()).ok());
@@ -147,6 +151,20 @@ TEST(ShmAllreduce, ARankDeclaredLostWhileItStillRunsIsNotAveragedInAndWritesNoth
   for (Rank r = 0; r < 2; ++r) ASSERT_TRUE(done[r].wait_for(3)) << g[r]->waiting_for(r);
   const auto m1 = g[1]->mean(1);
   EXPECT_NEAR(m1[2999], (data[0][2999] + data[1][2999]) / 2.0, 1e-6);
+}
+
+// A group that only passes copies (gossip) made a segment it never used;
+// a worker 0 killed left it in /dev/shm until the next such job.
+TEST(ShmAllreduce, AGroupThatWillNotAllReduceMakesNoSegment) {
+  const auto g = asgd_test::collective_group(2, [] {
+    auto c = make_zmq_collective("tcp://127.0.0.1:*");
+    EXPECT_TRUE(c.ok());
+    (*c)->set_shared_memory(true, 5s);
+    (*c)->set_allreduces(false);
+    return *c;
+  });
+  std::this_thread::sleep_for(100ms);
+  EXPECT_FALSE(std::filesystem::exists(segment_of(g)));
 }
 
 TEST(ShmAllreduce, ARankThatLeavesIsNotWaitedForAndTheOthersGoOn) {

@@ -12,6 +12,7 @@
 
 #include <chrono>
 #include <cstring>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -187,40 +188,50 @@ class HandMadePeer {
   std::unique_ptr<Fd> bell_;
 };
 
+// A receiver bound on loopback, and a hand-made peer that opened its ring to it.
+struct RingLink {
+  std::unique_ptr<Transport> receiver = make_shm_transport(make_zmq_transport());
+  std::optional<HandMadePeer> peer;
+  bool open() {
+    auto bound = receiver->bind("tcp://127.0.0.1:0");
+    if (!bound.ok()) return false;
+    peer.emplace(*bound);
+    if (!sent(peer->wire(), peer->to(), {text("hello")})) return false;
+    auto hello = next(*receiver);
+    return hello && peer->take_answer(*receiver, hello->from);
+  }
+};
+
 TEST(ShmRing, AMessageMissingFromTheSequenceIsWaitedForThenTakenAsLost) {
   ASGD_REQUIRE_RINGS();
-  auto receiver = make_shm_transport(make_zmq_transport());
-  auto bound = receiver->bind("tcp://127.0.0.1:0");
-  ASSERT_TRUE(bound.ok());
-  HandMadePeer peer(*bound);
-  ASSERT_TRUE(sent(peer.wire(), peer.to(), {text("hello")}));
-  auto hello = next(*receiver);
-  ASSERT_TRUE(hello);
-  ASSERT_TRUE(peer.take_answer(*receiver, hello->from));
+  RingLink link;
+  ASSERT_TRUE(link.open());
+  Transport& receiver = *link.receiver;
+  HandMadePeer& peer = *link.peer;
 
   peer.write(1, "one");
   peer.write(3, "three");  // 2 would have come on the wire
-  auto one = next(*receiver);
+  auto one = next(receiver);
   ASSERT_TRUE(one);
   EXPECT_EQ(text_of(one->message[0]), "one");
   const auto start = Clock::now();
   std::optional<Incoming> three;
-  while (!three && Clock::now() - start < 3 * kArrives) three = next(*receiver, 1s);
+  while (!three && Clock::now() - start < 3 * kArrives) three = next(receiver, 1s);
   ASSERT_TRUE(three);
   EXPECT_EQ(text_of(three->message[0]), "three");
   EXPECT_GE(Clock::now() - start, 4s);  // waited for 2 first (5 s)
-  EXPECT_EQ(receiver->stats().shm_rejected, 1u);
-  EXPECT_EQ(receiver->stats().ring_received, 2u);
+  EXPECT_EQ(receiver.stats().shm_rejected, 1u);
+  EXPECT_EQ(receiver.stats().ring_received, 2u);
 
   // A ring gone bad is read no more; the wire still is.
   peer.ring().header()->tail.store(peer.ring().header()->tail.load() + 3);
   peer.write(4, "four");
   ASSERT_TRUE(sent(peer.wire(), peer.to(), {text("after")}));
-  auto after = next(*receiver);
+  auto after = next(receiver);
   ASSERT_TRUE(after);
   EXPECT_EQ(text_of(after->message[0]), "after");
-  EXPECT_FALSE(next(*receiver, kNothingComes));
-  EXPECT_EQ(receiver->stats().shm_rejected, 2u);
+  EXPECT_FALSE(next(receiver, kNothingComes));
+  EXPECT_EQ(receiver.stats().shm_rejected, 2u);
 }
 
 // Message 2 travels on the wire, 3 in the ring; the receiver saw 3 while 2
@@ -230,28 +241,24 @@ TEST(ShmRing, AMessageMissingFromTheSequenceIsWaitedForThenTakenAsLost) {
 // counts while it looks, and a look at the socket comes first.
 TEST(ShmRing, AMessageThatIsOnlyLateOnTheWireIsNotTakenAsLostWhileTheReceiverLooksAway) {
   ASGD_REQUIRE_RINGS();
-  auto receiver = make_shm_transport(make_zmq_transport());
-  auto bound = receiver->bind("tcp://127.0.0.1:0");
-  ASSERT_TRUE(bound.ok());
-  HandMadePeer peer(*bound);
-  ASSERT_TRUE(sent(peer.wire(), peer.to(), {text("hello")}));
-  auto hello = next(*receiver);
-  ASSERT_TRUE(hello);
-  ASSERT_TRUE(peer.take_answer(*receiver, hello->from));
+  RingLink link;
+  ASSERT_TRUE(link.open());
+  Transport& receiver = *link.receiver;
+  HandMadePeer& peer = *link.peer;
   peer.write(1, "one");
-  ASSERT_TRUE(next(*receiver));
+  ASSERT_TRUE(next(receiver));
   peer.write(3, "three");
-  EXPECT_FALSE(next(*receiver, 200ms)) << "3 waits for 2";
+  EXPECT_FALSE(next(receiver, 200ms)) << "3 waits for 2";
   std::this_thread::sleep_for(5500ms);  // looking away
   ASSERT_TRUE(peer.send_on_wire(2, "two"));
   std::this_thread::sleep_for(100ms);  // (it is in the receiver's socket)
-  auto two = next(*receiver);
+  auto two = next(receiver);
   ASSERT_TRUE(two);
   EXPECT_EQ(text_of(two->message[0]), "two");
-  auto three = next(*receiver);
+  auto three = next(receiver);
   ASSERT_TRUE(three);
   EXPECT_EQ(text_of(three->message[0]), "three");
-  EXPECT_EQ(receiver->stats().shm_rejected, 0u);
+  EXPECT_EQ(receiver.stats().shm_rejected, 0u);
 }
 
 }  // namespace
