@@ -539,10 +539,7 @@ Status run_worker_process(const ProcessOptions& o, std::stop_token stop) {
   ws.feeder = feeder;
   ws.coordinator = system.spawn(remote_coordinator, j.bridge, j.coordinator);
   if (plan->exchange != Exchange::none) {
-    if (Status s = connect_collective(*collective, a, name, cfg.compress == "fp16",
-                                      plan->exchange == Exchange::allreduce);
-        !s.ok())
-      return fail_early(s);
+    if (Status s = connect_collective(*collective, a, name, cfg, plan->exchange); !s.ok()) return fail_early(s);
     ws.collective = collective;
   }
   auto worker_actor = system.spawn(worker, std::move(ws));

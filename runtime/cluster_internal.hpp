@@ -53,7 +53,7 @@ std::string host_name();
 Result<std::string> device_of_worker(const JobConfig& cfg, std::uint32_t index);
 std::string collective_listen(const std::string& listen);
 Status connect_collective(messaging::NetworkCollective& collective, const messaging::Assignment& a,
-                          const std::string& name, bool fp16, bool allreduces);
+                          const std::string& name, const JobConfig& cfg, Exchange exchange);
 Status assignment_fits(const messaging::Assignment& a, std::size_t train_count, std::uint32_t epochs);
 void log_share(const std::string& name, const messaging::Assignment& a, std::size_t shards);
 // As a worker process ends: what its collective dropped, if anything.

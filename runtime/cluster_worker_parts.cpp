@@ -37,15 +37,15 @@ std::string collective_listen(const std::string& listen) {
 }
 
 // allreduce, gossip: this worker joins the others' collective.
-Status connect_collective(NetworkCollective& collective, const Assignment& a, const std::string& name, bool fp16,
-                          bool allreduces) {
+Status connect_collective(NetworkCollective& collective, const Assignment& a, const std::string& name,
+                          const JobConfig& cfg, Exchange exchange) {
   if (a.peer_endpoints.size() != a.workers || a.index >= a.workers)
     return Status::Internal(name + ": the assignment does not say where every worker's collective listens");
   for (std::size_t w = 0; w < a.peer_endpoints.size(); ++w)
     if (a.peer_endpoints[w].empty())
       return Status::InvalidArgument(fmt::format("{}: worker {} announced no collective", name, w));
-  collective.set_half_precision(fp16);
-  collective.set_allreduces(allreduces);
+  collective.set_half_precision(cfg.compress == "fp16");
+  collective.set_allreduces(exchange == Exchange::allreduce);
   return collective.connect(a.index, a.peer_endpoints);
 }
 
