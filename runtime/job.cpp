@@ -278,6 +278,11 @@ Status remove_earlier_job_files(const std::string& dir) {
   if (ec) return Status::IOError("--checkpoint-dir " + dir + ": cannot list it: " + ec.message());
   if (shard_files > 0)
     logger().info("--checkpoint-dir {}: removed {} shard checkpoint file(s) of an earlier job", dir, shard_files);
+  // What a write of the model or the settings left when its process was
+  // killed (write_atomically's FILE.tmp): no cleanup took it before.
+  for (const std::string& name : {std::string(kCheckpointFile) + ".tmp", std::string(kJobSettingsFile) + ".tmp"})
+    if (const fs::path tmp = fs::path(dir) / name; look_at(tmp).kind == PathKind::file)
+      if (Status s = remove(tmp); !s.ok()) return s;
   const fs::path model = fs::path(dir) / kCheckpointFile;
   if (look_at(model).kind != PathKind::file) return {};
   if (Status s = remove(model); !s.ok()) return s;

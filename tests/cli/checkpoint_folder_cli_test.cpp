@@ -53,6 +53,7 @@ TEST(CheckpointFolderCli, ANewJobRemovesTheEarlierJobsShardCheckpoints) {
   ASSERT_TRUE(fs::exists(ck / "shard-0.ckpt"));
   ASSERT_TRUE(fs::exists(ck / "shard-0.ckpt.claim"));
   std::ofstream(ck / "shard-3.ckpt.7.tmp") << "a write an earlier job's process was killed in";
+  std::ofstream(ck / "model.ckpt.tmp") << "and one of its trained model";
 
   const fs::path log = scratch / "new.log";
   const pid_t pid = asgd_test::start_asgd({"train", "--epochs", "50", "--checkpoint-every", "600", "--data-dir",
@@ -66,10 +67,16 @@ TEST(CheckpointFolderCli, ANewJobRemovesTheEarlierJobsShardCheckpoints) {
   ASSERT_TRUE(asgd_test::wait_exit(pid, std::chrono::seconds(30)));
   EXPECT_FALSE(fs::exists(ck / "shard-0.ckpt")) << asgd_test::read_file(log);
   EXPECT_FALSE(fs::exists(ck / "shard-3.ckpt.7.tmp"));
+  EXPECT_FALSE(fs::exists(ck / "model.ckpt.tmp")) << "(it stayed for ever)";
   // Its claim stays (a review saw an earlier job's shard, stopped, wake and
   // write its checkpoint over the new job's: the claims began again at 1).
   EXPECT_TRUE(fs::exists(ck / "shard-0.ckpt.claim"));
   expect_one_line_error(asgd("train --resume " + ck.string() + " --log-level off"), 2, "no checkpoint of shard 0");
+  // A first write that never ended is named (it asked whether the job ran
+  // with --checkpoint-dir, beside the unfinished file).
+  std::ofstream(ck / "shard-0.ckpt.1.tmp") << "half a checkpoint";
+  expect_one_line_error(asgd("train --resume " + ck.string() + " --log-level off"), 2,
+                        "only shard-0.ckpt.1.tmp is there, a write that never ended");
 }
 
 // The batch the job took by default (256 / 8 workers under async) is the
