@@ -10,6 +10,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <string_view>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
@@ -43,6 +44,7 @@ struct LocalCluster::Child {
   bool worker = false;
   std::uint32_t index = 0;
   bool replaced = false;  // dead, and dealt with: restarted, or left dead
+  bool restart = false;   // started again in a dead one's place
   pid_t pid = -1;
   int out = -1;         // read end of its stdout+stderr
   std::string partial;  // an unfinished line
@@ -161,9 +163,20 @@ Result<int> LocalCluster::run(std::stop_token stop) {
   // (When the job failed, the others were told so and exit with a failure too.)
   if (failed > 0 && ended.exit_status() == 0)
     logger().warn("{} of the shard and worker processes did not exit cleanly", failed);
+  // Restarts the coordinator refused (a usage error's exit) were no restarts.
+  const auto refused = [&](bool shard, std::uint32_t i) {
+    return std::count_if(children_.begin(), children_.end(), [&](const auto& c) {
+      return c->restart && c->shard == shard && c->index == i && WIFEXITED(c->status) &&
+             WEXITSTATUS(c->status) == options_.usage_exit_status;
+    });
+  };
   for (const auto& [role, counts] : {std::pair{"shard", &shard_restarts_}, std::pair{"worker", &worker_restarts_}})
     for (std::uint32_t i = 0; i < counts->size(); ++i)
-      if ((*counts)[i] > 0) logger().info("{} {}'s process was restarted {} time(s)", role, i, (*counts)[i]);
+      if ((*counts)[i] > 0) {
+        const auto no = refused(std::string_view(role) == "shard", i);
+        logger().info("{} {}'s process was restarted {} time(s){}", role, i, (*counts)[i],
+                      no > 0 ? fmt::format(" ({} of them refused by the coordinator)", no) : "");
+      }
   return ended.exit_status();
 }
 
@@ -330,6 +343,7 @@ void LocalCluster::restart_dead(std::stop_token stop) {
     (*again)->shard = c->shard;
     (*again)->worker = c->worker;
     (*again)->index = c->index;
+    (*again)->restart = true;
     restarted.push_back(std::move(again).value());
   }
   for (auto& c : restarted) children_.push_back(std::move(c));
