@@ -156,7 +156,8 @@ Result<int> LocalCluster::run(std::stop_token stop) {
   supervise(stop);
   drain_and_reap();
   const Child& ended = *children_[0];
-  if (WIFSIGNALED(ended.status)) logger().error("the coordinator (pid {}) {}", ended.pid, ended.how_it_ended());
+  if (WIFSIGNALED(ended.status) && !said_coordinator_end_)
+    logger().error("the coordinator (pid {}) {}", ended.pid, ended.how_it_ended());
   int failed = 0;
   for (std::size_t i = 1; i < children_.size(); ++i)
     if (children_[i]->exit_status() != 0 && !children_[i]->replaced) ++failed;
@@ -216,7 +217,15 @@ void LocalCluster::supervise(std::stop_token stop) {
       return;
     }
     restart_dead(stop);
-    if (coordinator.exited && !coordinator_done) coordinator_done = SteadyClock::now();
+    if (coordinator.exited && !coordinator_done) {
+      coordinator_done = SteadyClock::now();
+      // Said first: the others, stopped for it, each say they were
+      // interrupted (the cause came last, after all of theirs).
+      if (WIFSIGNALED(coordinator.status) && !said_coordinator_end_) {
+        logger().error("the coordinator (pid {}) {}: the job stops", coordinator.pid, coordinator.how_it_ended());
+        said_coordinator_end_ = true;
+      }
+    }
     const bool all_done =
         std::all_of(children_.begin(), children_.end(), [](const auto& c) { return c->exited && c->out < 0; });
     if (all_done) return;

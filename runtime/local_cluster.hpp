@@ -98,6 +98,7 @@ class LocalCluster {
   int to_coordinator_ = -1;  // the write end of the coordinator's stdin
   std::optional<std::chrono::steady_clock::time_point> last_alive_;  // the coordinator's last "alive" line
   bool stopping_ = false;  // the coordinator said the job has ended
+  bool said_coordinator_end_ = false;  // its death by a signal was logged as it was seen
 };
 
 /// A supervised coordinator's line, printed before it tells the processes

@@ -77,6 +77,27 @@ TEST(CoordinatorSupervision, AStoppedCoordinatorIsEndedWithinTheHeartbeatTimeout
   std::printf("a stopped coordinator: asgd cluster ended %.1f s later, exit %d\n", took, *code);
 }
 
+// A coordinator killed: its death is said first, then the others' lines
+// (each says it was interrupted: the cause came last, after all of them).
+TEST(CoordinatorSupervision, AKilledCoordinatorIsNamedBeforeTheOthersSayTheyWereStopped) {
+  ASGD_REQUIRE_DATASET(dir, "mnist");
+  const asgd_test::TempDir scratch;
+  const fs::path log = scratch / "cluster.log";
+  const pid_t cluster = start_long_cluster(dir, log);
+  ASSERT_FALSE(::testing::Test::HasFailure());
+  const auto coordinator = child_with_args(cluster, {"coordinator", "--supervised"});
+  ASSERT_TRUE(coordinator);
+  ASSERT_EQ(kill(*coordinator, SIGKILL), 0);
+  const auto code = wait_exit(cluster, std::chrono::seconds(60));
+  const std::string text = read_file(log);
+  ASSERT_TRUE(code) << text;
+  EXPECT_EQ(*code, 1) << text;
+  const auto named = text.find("the coordinator (pid " + std::to_string(*coordinator) + ") was killed by signal 9");
+  ASSERT_NE(named, std::string::npos) << text;
+  const auto interrupted = text.find("interrupted");
+  EXPECT_TRUE(interrupted == std::string::npos || named < interrupted) << text;
+}
+
 TEST(CoordinatorSupervision, WhenAsgdClusterDiesItsProcessesStopTheJobAndEnd) {
   ASGD_REQUIRE_DATASET(dir, "mnist");
   const asgd_test::TempDir scratch;
