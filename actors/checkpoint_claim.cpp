@@ -100,8 +100,17 @@ std::string temporary_of(const std::string& file, std::uint64_t claim) {
 // mid-write left (a live one that was given up for dead loses its write,
 // which the claim would refuse anyway).
 void remove_older_temporaries(const std::string& file, std::uint64_t claim) {
+  std::error_code ec;
+  for (const auto& [k, path] : unfinished_writes(file))
+    if (k < claim) fs::remove(path, ec);
+}
+
+}  // namespace
+
+std::vector<std::pair<std::uint64_t, std::string>> unfinished_writes(const std::string& file) {
   const fs::path path(file);
   const std::string prefix = path.filename().string() + ".";
+  std::vector<std::pair<std::uint64_t, std::string>> found;
   std::error_code ec;
   for (const auto& entry : fs::directory_iterator(path.has_parent_path() ? path.parent_path() : ".", ec)) {
     const std::string name = entry.path().filename().string();
@@ -110,11 +119,10 @@ void remove_older_temporaries(const std::string& file, std::uint64_t claim) {
     const char* first = name.data() + prefix.size();
     const char* last = name.data() + name.size() - 4;
     const auto [at, err] = std::from_chars(first, last, k);
-    if (err == std::errc() && at == last && k < claim) fs::remove(entry.path(), ec);
+    if (err == std::errc() && at == last) found.emplace_back(k, entry.path().string());
   }
+  return found;
 }
-
-}  // namespace
 
 Result<std::uint64_t> claim_checkpoint(const std::string& file) {
   if (Status s = create_parent(file); !s.ok()) return s;

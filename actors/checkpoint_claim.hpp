@@ -14,6 +14,8 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "asgd/status.hpp"
 
@@ -31,6 +33,10 @@ Result<std::uint64_t> claim_checkpoint(const std::string& file);
 /// anything else in it left a whole job without checkpoints, each write a
 /// warning). Errors: corruption naming FILE.claim, io_error.
 Status claimable(const std::string& file);
+
+/// The writes of `file` that never ended (FILE.K.tmp, its process killed
+/// mid-write): each claim K with the temporary's path.
+std::vector<std::pair<std::uint64_t, std::string>> unfinished_writes(const std::string& file);
 
 /// Writes `bytes` to `file` atomically, through FILE.K.tmp for claim K, if
 /// no newer claim was taken on it since `claim` (a claim file removed

@@ -47,23 +47,18 @@ Status not_this_jobs(const JobConfig& cfg, const JobPlan& job, Status otherwise)
                                  ")");
 }
 
-}  // namespace
-
 // Why a shard's checkpoint is not there: a write of it that never ended
 // (FILE.K.tmp: its process was killed while it wrote its first), or none.
-static std::string why_no_checkpoint(const std::string& path) {
-  namespace fs = std::filesystem;
-  const fs::path file(path);
-  const std::string prefix = file.filename().string() + ".";
-  std::error_code ec;
-  for (const auto& entry : fs::directory_iterator(file.parent_path(), ec)) {
-    const std::string name = entry.path().filename().string();
-    if (name.starts_with(prefix) && name.ends_with(".tmp"))
-      return "only " + name + " is there, a write that never ended: the shard's process was stopped while it wrote "
-             "its first checkpoint, so the job has nothing to resume from";
-  }
+std::string why_no_checkpoint(const std::string& path) {
+  const auto unfinished = unfinished_writes(path);
+  if (!unfinished.empty())
+    return "only " + std::filesystem::path(unfinished.front().second).filename().string() +
+           " is there, a write that never ended: the shard's process was stopped while it wrote its first "
+           "checkpoint, so the job has nothing to resume from";
   return "was the job run with --checkpoint-dir and --checkpoint-every?";
 }
+
+}  // namespace
 
 Result<ResumePlan> plan_resume(const JobConfig& cfg, const JobPlan& job) {
   const std::vector<WorkerPlan>& workers = job.workers;

@@ -9,7 +9,6 @@
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <limits>
 #include <optional>
 #include <functional>
@@ -21,6 +20,7 @@
 #include <unistd.h>
 
 #include "actors/checkpoint.hpp"
+#include "actors/checkpoint_claim.hpp"
 #include "actors/coordinator.hpp"
 #include "actors/thrown.hpp"
 #include "base/cpus.hpp"
@@ -257,12 +257,6 @@ Status remove_earlier_job_files(const std::string& dir) {
                              ec.message());
     return {};
   };
-  const auto holds_a_claim_number = [](const fs::path& file) {
-    std::ifstream in(file);
-    std::uint64_t number = 0;
-    std::string rest;
-    return static_cast<bool>(in >> number) && !(in >> rest);
-  };
   std::size_t shard_files = 0;
   for (const auto& entry : fs::directory_iterator(dir, ec)) {
     const std::string name = entry.path().filename().string();
@@ -271,7 +265,8 @@ Status remove_earlier_job_files(const std::string& dir) {
     // A claim with its number stays: this job's shards claim past it, so a
     // shard of the earlier job still writing (stopped, or slow at its end)
     // is refused instead of replacing this job's checkpoint with its own.
-    if (name.ends_with(".claim") && holds_a_claim_number(entry.path())) continue;
+    if (name.ends_with(".claim") && claimable((entry.path().parent_path() / entry.path().stem()).string()).ok())
+      continue;
     if (Status s = remove(entry.path()); !s.ok()) return s;
     ++shard_files;
   }
