@@ -8,6 +8,7 @@
 
 #include <cerrno>
 #include <cstring>
+#include <fstream>
 
 namespace asgd {
 
@@ -30,6 +31,16 @@ Result<pid_t> spawn_logged(const std::vector<std::string>& args, const std::file
 }
 
 bool process_runs(pid_t pid) { return pid > 0 && (kill(pid, 0) == 0 || errno == EPERM); }
+
+bool process_can_act(pid_t pid) {
+  if (!process_runs(pid)) return false;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string line;
+  if (!std::getline(stat, line)) return false;  // gone meanwhile
+  const auto close = line.rfind(')');  // the state follows the name, which may hold anything
+  const char state = close != std::string::npos && close + 2 < line.size() ? line[close + 2] : '?';
+  return state != 'Z' && state != 'X';
+}
 
 std::string how_it_ended(int wait_status) {
   if (WIFSIGNALED(wait_status)) {

@@ -21,6 +21,9 @@ Result<pid_t> spawn_logged(const std::vector<std::string>& argv, const std::file
 /// Whether process `pid` runs (also when it does, but this process may not
 /// signal it); false for pid 0.
 bool process_runs(pid_t pid);
+/// process_runs, and not a zombie (ended, not yet reaped by its parent):
+/// whether it can still do anything, such as write to shared memory.
+bool process_can_act(pid_t pid);
 
 /// How a child ended, from waitpid's status: "exited with status 3", "was
 /// killed by signal 9 (SIGKILL)".

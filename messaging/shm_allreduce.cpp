@@ -41,7 +41,6 @@
 #include <climits>
 #include <condition_variable>
 #include <cstring>
-#include <fstream>
 #include <mutex>
 #include <string>
 #include <thread>
@@ -314,14 +313,7 @@ struct ShmAllreduce::State {
   // it cannot (an audit saw a paused rank, woken, overwrite two rounds
   // later's mean in 12M places).
   bool may_still_write(Rank q) const {
-    const auto pid = static_cast<pid_t>(seg->rank[q].pid.load(std::memory_order_acquire));
-    if (!process_runs(pid)) return false;  // (0: its collective was closed)
-    std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-    std::string line;
-    if (!std::getline(stat, line)) return false;  // gone meanwhile
-    const auto close = line.rfind(')');
-    const char state = close != std::string::npos && close + 2 < line.size() ? line[close + 2] : '?';
-    return state != 'Z' && state != 'X';
+    return process_can_act(static_cast<pid_t>(seg->rank[q].pid.load(std::memory_order_acquire)));  // (0: closed)
   }
 
   // This rank's contribution written and announced; then, once every live

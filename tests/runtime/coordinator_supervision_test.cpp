@@ -11,10 +11,12 @@
 #include <chrono>
 #include <filesystem>
 #include <fstream>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "base/process.hpp"
 #include "runtime/asgd_processes.hpp"
 #include "temp_dir.hpp"
 #include "test_data.hpp"
@@ -44,37 +46,49 @@ pid_t start_long_cluster(const fs::path& data, const fs::path& log) {
 
 // Whether process `pid` has ended: gone, or a zombie nobody reaped yet
 // (an orphan's new parent may be slow to).
-bool ended(pid_t pid) {
-  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
-  std::string line;
-  if (!std::getline(stat, line)) return true;
-  const auto close = line.rfind(')');
-  return close == std::string::npos || close + 2 >= line.size() || line[close + 2] == 'Z';
+bool ended(pid_t pid) { return !process_can_act(pid); }
+
+// A long cluster whose coordinator was sent `signal`: the coordinator's pid
+// (-1 when it never got that far), asgd cluster's exit code, the seconds
+// from the signal to its end, and what it wrote.
+struct Signalled {
+  pid_t coordinator = -1;
+  std::optional<int> code;
+  double took_s = 0;
+  std::string text;
+};
+Signalled signal_the_coordinator(const fs::path& data, const fs::path& log, int signal) {
+  Signalled out;
+  const pid_t cluster = start_long_cluster(data, log);
+  if (::testing::Test::HasFailure()) return out;
+  const auto coordinator = child_with_args(cluster, {"coordinator", "--supervised"});
+  EXPECT_TRUE(coordinator);
+  if (!coordinator) return out;
+  out.coordinator = *coordinator;
+  const auto sent = Clock::now();
+  EXPECT_EQ(kill(*coordinator, signal), 0);
+  out.code = wait_exit(cluster, std::chrono::seconds(60));
+  out.took_s = std::chrono::duration<double>(Clock::now() - sent).count();
+  out.text = read_file(log);
+  return out;
 }
 
 TEST(CoordinatorSupervision, AStoppedCoordinatorIsEndedWithinTheHeartbeatTimeoutAndNamed) {
   ASGD_REQUIRE_DATASET(dir, "mnist");
   const asgd_test::TempDir scratch;
-  const fs::path log = scratch / "cluster.log";
-  const pid_t cluster = start_long_cluster(dir, log);
-  ASSERT_FALSE(::testing::Test::HasFailure());
-  const auto coordinator = child_with_args(cluster, {"coordinator", "--supervised"});
-  ASSERT_TRUE(coordinator);
-  const auto stopped = Clock::now();
-  ASSERT_EQ(kill(*coordinator, SIGSTOP), 0);
-  const auto code = wait_exit(cluster, std::chrono::seconds(60));
-  const double took = std::chrono::duration<double>(Clock::now() - stopped).count();
-  const std::string text = read_file(log);
-  ASSERT_TRUE(code) << "asgd cluster waited on a stopped coordinator: " << text;
-  EXPECT_EQ(*code, 1) << text;
-  EXPECT_LE(took, 10.0) << text;  // 3 s of silence, then at most the others' 5 s to stop
-  EXPECT_NE(text.find("the coordinator (pid " + std::to_string(*coordinator) + ") has said nothing for 3 s"),
+  const Signalled s = signal_the_coordinator(dir, scratch / "cluster.log", SIGSTOP);
+  ASSERT_GT(s.coordinator, 0);
+  const std::string& text = s.text;
+  ASSERT_TRUE(s.code) << "asgd cluster waited on a stopped coordinator: " << text;
+  EXPECT_EQ(*s.code, 1) << text;
+  EXPECT_LE(s.took_s, 10.0) << text;  // 3 s of silence, then at most the others' 5 s to stop
+  EXPECT_NE(text.find("the coordinator (pid " + std::to_string(s.coordinator) + ") has said nothing for 3 s"),
             std::string::npos)
       << text;
   EXPECT_EQ(text.find("starting it again"), std::string::npos) << "restarted a process while the coordinator was stopped: "
                                                               << text;
   EXPECT_EQ(text.find("asgd supervision:"), std::string::npos) << "the supervisor's own lines were shown: " << text;
-  std::printf("a stopped coordinator: asgd cluster ended %.1f s later, exit %d\n", took, *code);
+  std::printf("a stopped coordinator: asgd cluster ended %.1f s later, exit %d\n", s.took_s, *s.code);
 }
 
 // A coordinator killed: its death is said first, then the others' lines
@@ -82,17 +96,12 @@ TEST(CoordinatorSupervision, AStoppedCoordinatorIsEndedWithinTheHeartbeatTimeout
 TEST(CoordinatorSupervision, AKilledCoordinatorIsNamedBeforeTheOthersSayTheyWereStopped) {
   ASGD_REQUIRE_DATASET(dir, "mnist");
   const asgd_test::TempDir scratch;
-  const fs::path log = scratch / "cluster.log";
-  const pid_t cluster = start_long_cluster(dir, log);
-  ASSERT_FALSE(::testing::Test::HasFailure());
-  const auto coordinator = child_with_args(cluster, {"coordinator", "--supervised"});
-  ASSERT_TRUE(coordinator);
-  ASSERT_EQ(kill(*coordinator, SIGKILL), 0);
-  const auto code = wait_exit(cluster, std::chrono::seconds(60));
-  const std::string text = read_file(log);
-  ASSERT_TRUE(code) << text;
-  EXPECT_EQ(*code, 1) << text;
-  const auto named = text.find("the coordinator (pid " + std::to_string(*coordinator) + ") was killed by signal 9");
+  const Signalled s = signal_the_coordinator(dir, scratch / "cluster.log", SIGKILL);
+  ASSERT_GT(s.coordinator, 0);
+  const std::string& text = s.text;
+  ASSERT_TRUE(s.code) << text;
+  EXPECT_EQ(*s.code, 1) << text;
+  const auto named = text.find("the coordinator (pid " + std::to_string(s.coordinator) + ") was killed by signal 9");
   ASSERT_NE(named, std::string::npos) << text;
   const auto interrupted = text.find("interrupted");
   EXPECT_TRUE(interrupted == std::string::npos || named < interrupted) << text;
