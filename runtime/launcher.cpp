@@ -88,8 +88,9 @@ Status read_slurm(const Environment& env, Launch& l, std::uint16_t port) {
   if (hosts->empty()) return Status::InvalidArgument(std::string(list) + "=" + *nodes + " names no host");
   l.hosts = std::move(hosts).value();
   l.job_id = get(env, "SLURM_JOB_ID").value_or("");
-  if (port != 0) l.port_from = "given with --port";
-  if (port == 0) {
+  if (port != 0) {
+    l.port_from = "given with --port";
+  } else {
     if (l.job_id.empty()) return Status::InvalidArgument("SLURM_JOB_ID is not set (or give --port)");
     // Two steps of one job at once each get a port of their own.
     port = port_for_job(l.job_id + "." + step.value_or(""));
@@ -138,7 +139,8 @@ Status read_torchrun(const Environment& env, Launch& l, std::uint16_t port) {
   // Under torchrun's static rendezvous (its default with --master-addr and
   // --master-port) its agent holds MASTER_PORT for its own store and tells
   // the workers so: rank 0 could never listen there.
-  std::string agent = get(env, "TORCHELASTIC_USE_AGENT_STORE").value_or("");
+  const std::string agent_store = get(env, "TORCHELASTIC_USE_AGENT_STORE").value_or("");
+  std::string agent = agent_store;
   std::transform(agent.begin(), agent.end(), agent.begin(), [](unsigned char c) { return std::tolower(c); });
   if (port != 0) {
     l.port_from = "given with --port";
@@ -146,8 +148,8 @@ Status read_torchrun(const Environment& env, Launch& l, std::uint16_t port) {
     const std::string master = *addr + ":" + std::to_string(*master_port);
     port = port_for_job("torchrun " + master + " " + get(env, "TORCHELASTIC_RUN_ID").value_or(""));
     l.port_from = "derived from MASTER_ADDR:MASTER_PORT=" + master +
-                  " (torchrun's agent holds MASTER_PORT for its store: TORCHELASTIC_USE_AGENT_STORE=" +
-                  get(env, "TORCHELASTIC_USE_AGENT_STORE").value_or("") + ")";
+                  " (torchrun's agent holds MASTER_PORT for its store: TORCHELASTIC_USE_AGENT_STORE=" + agent_store +
+                  ")";
     l.from += ", TORCHELASTIC_USE_AGENT_STORE";
   } else {
     port = static_cast<std::uint16_t>(*master_port);

@@ -10,7 +10,6 @@
 #include <unistd.h>
 
 #include <algorithm>
-#include <string_view>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
@@ -171,11 +170,11 @@ Result<int> LocalCluster::run(std::stop_token stop) {
              WEXITSTATUS(c->status) == options_.usage_exit_status;
     });
   };
-  for (const auto& [role, counts] : {std::pair{"shard", &shard_restarts_}, std::pair{"worker", &worker_restarts_}})
-    for (std::uint32_t i = 0; i < counts->size(); ++i)
-      if ((*counts)[i] > 0) {
-        const auto no = refused(std::string_view(role) == "shard", i);
-        logger().info("{} {}'s process was restarted {} time(s){}", role, i, (*counts)[i],
+  for (const bool shard : {true, false})
+    for (std::uint32_t i = 0; i < (shard ? shard_restarts_ : worker_restarts_).size(); ++i)
+      if (const std::uint32_t count = (shard ? shard_restarts_ : worker_restarts_)[i]; count > 0) {
+        const auto no = refused(shard, i);
+        logger().info("{} {}'s process was restarted {} time(s){}", shard ? "shard" : "worker", i, count,
                       no > 0 ? fmt::format(" ({} of them refused by the coordinator)", no) : "");
       }
   return ended.exit_status();
