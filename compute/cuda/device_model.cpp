@@ -249,10 +249,17 @@ bool CudaModel::in_place(const void* ptr, std::size_t bytes) {
     const auto* at = static_cast<const std::byte*>(r.ptr);
     return at < begin + bytes && begin < at + r.bytes;
   };
-  for (auto it = in_place_.begin(); it != in_place_.end();) {
-    const bool drop = overlaps(*it) || (in_place_.size() >= kKeptRegistrations && it + 1 == in_place_.end());
-    if (drop && it->registered && cudaHostUnregister(it->ptr) != cudaSuccess) cudaGetLastError();  // freed since
-    it = drop ? in_place_.erase(it) : it + 1;
+  const auto let_go = [](const InPlace& r) {
+    if (r.registered && cudaHostUnregister(r.ptr) != cudaSuccess) cudaGetLastError();  // freed since
+  };
+  std::erase_if(in_place_, [&](const InPlace& r) {
+    if (!overlaps(r)) return false;
+    let_go(r);
+    return true;
+  });
+  if (in_place_.size() >= kKeptRegistrations) {
+    let_go(in_place_.back());
+    in_place_.pop_back();
   }
   InPlace r{const_cast<void*>(ptr), bytes, false};
   r.registered = cudaHostRegister(r.ptr, bytes, cudaHostRegisterDefault) == cudaSuccess;
